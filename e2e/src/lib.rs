@@ -1,0 +1,3 @@
+//! Helpers shared by the end-to-end suites: locating built binaries, running
+//! podman/ctr/CRI, and reading probe reports.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! One integration-test binary for the end-to-end suites.
+mod suite;

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's test command: prepares this machine (packages, services, images,
+# binaries) and runs every test: format, lints, unit tests and the e2e suites.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hack/setup.sh
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
