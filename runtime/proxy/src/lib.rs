@@ -1,0 +1,2 @@
+//! The per-sandbox egress proxy: the sandbox's only door to the network.
+#![forbid(unsafe_code)]
