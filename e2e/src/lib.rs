@@ -1,3 +1,7 @@
 //! Helpers shared by the end-to-end suites: locating built binaries, running
 //! podman/ctr/CRI, and reading probe reports.
 #![forbid(unsafe_code)]
+
+pub mod ctr;
+pub mod harness;
+pub mod podman;
