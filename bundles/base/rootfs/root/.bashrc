@@ -1,0 +1,3 @@
+# ~/.bashrc of the test image's root user. Sandboxed tools must not be able to
+# change this file: an appended line would run in the user's next shell.
+export PS1='root# '
