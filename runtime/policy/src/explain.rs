@@ -1,0 +1,192 @@
+//! A person-readable summary of what a sandbox allows and denies
+//! (`agent-sandbox policy explain PROFILE`).
+
+use std::fmt::Write as _;
+
+use crate::layers::{AppArmorRequirement, Requirement};
+use crate::policy::{NetworkMode, SandboxPolicy};
+
+fn requirement(r: Requirement) -> &'static str {
+    match r {
+        Requirement::Required => "required (the sandbox refuses to start without it)",
+        Requirement::Optional => "optional (reported inactive if the host lacks it)",
+    }
+}
+
+/// Explain `policy` in plain sentences, grouped as "allowed" and "denied".
+pub fn explain(policy: &SandboxPolicy) -> String {
+    let mut out = String::new();
+    let fs = &policy.filesystem;
+    let net = &policy.network;
+    let res = &policy.resources;
+    // Writing to a String cannot fail; results are ignored on purpose.
+    if !policy.description.is_empty() {
+        let _ = writeln!(out, "{}\n", policy.description);
+    }
+
+    out.push_str("ALLOWED\n");
+    out.push_str("  Files\n");
+    out.push_str("    - read and run anything in the image (the image itself is read-only)\n");
+    for s in &fs.scratch {
+        let _ = writeln!(
+            out,
+            "    - write in {} (empty scratch space, at most {}, gone when the sandbox ends)",
+            s.path, s.size
+        );
+    }
+    if let Some(w) = &fs.workspace {
+        let _ = writeln!(
+            out,
+            "    - write in {w}: the host directory mounted there is read-only underneath; \
+             changes go to a private overlay and never reach the host"
+        );
+    }
+    out.push_str("  Network\n");
+    match net.mode {
+        NetworkMode::None => {
+            out.push_str("    - loopback (127.0.0.1) only; nothing leaves the sandbox\n")
+        }
+        NetworkMode::Proxy => {
+            let _ = writeln!(
+                out,
+                "    - outbound connections only through the proxy at 127.0.0.1:{}, to:",
+                net.proxy_port
+            );
+            for rule in &net.allow {
+                let _ = writeln!(out, "        {rule}");
+            }
+            out.push_str("      (`*.x.com` means subdomains of x.com, not x.com itself)\n");
+        }
+    }
+    out.push_str("  Privileges\n");
+    if policy.privileges.capabilities.is_empty() {
+        out.push_str("    - none: every capability is dropped\n");
+    } else {
+        let caps: Vec<&str> = policy
+            .privileges
+            .capabilities
+            .iter()
+            .map(|c| c.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "    - only if the container asks for them: {}",
+            caps.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "    - root inside the sandbox is an unprivileged host user ({} ids mapped{})",
+        policy.identity.id_range,
+        policy
+            .identity
+            .host_start
+            .map(|s| format!(" from host id {s}"))
+            .unwrap_or_default()
+    );
+    out.push_str("  Resources (the most a container may use; it may ask for less)\n");
+    let _ = writeln!(out, "    - memory {} (no swap beyond it)", res.memory);
+    let _ = writeln!(out, "    - {} processes/threads", res.pids);
+    let _ = writeln!(
+        out,
+        "    - CPU {}us per {}us (about {:.2} CPUs), {} shares",
+        res.cpu_quota_us,
+        res.cpu_period_us,
+        res.cpu_quota_us as f64 / res.cpu_period_us as f64,
+        res.cpu_shares
+    );
+    let _ = writeln!(out, "    - runs for at most {}", res.wall_clock);
+
+    out.push_str("\nDENIED\n");
+    out.push_str("  - writing anywhere else, including the image's own files\n");
+    let names: Vec<String> = fs.protected_names().iter().map(|n| n.to_string()).collect();
+    let _ = writeln!(
+        out,
+        "  - changing these even inside writable places: {}",
+        names.join(" ")
+    );
+    let masked: Vec<String> = fs
+        .all_masked_paths()
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    let _ = writeln!(out, "  - seeing {}", masked.join(" "));
+    let readonly: Vec<String> = fs
+        .all_readonly_paths()
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    let _ = writeln!(
+        out,
+        "  - changing {} and anything under /sys",
+        readonly.join(" ")
+    );
+    match net.mode {
+        NetworkMode::None => out.push_str("  - any network access beyond loopback\n"),
+        NetworkMode::Proxy => {
+            out.push_str("  - every host not allowed above (default deny)\n");
+            for rule in &net.deny {
+                let _ = writeln!(out, "  - {rule} (deny wins over allow)");
+            }
+            out.push_str("  - connecting anywhere directly, bypassing the proxy\n");
+        }
+    }
+    out.push_str(
+        "  - gaining privileges (no_new_privs: setuid binaries do not elevate)\n\
+         \x20 - mounting, tracing other processes (ptrace, process_vm_*), loading kernel \
+         modules or BPF, io_uring, kernel keyrings, new namespaces, raw/packet/vsock sockets \
+         (seccomp)\n\
+         \x20 - host devices other than null, zero, full, random, urandom and terminals\n",
+    );
+    let _ = writeln!(
+        out,
+        "  - denied system calls fail with {:?}",
+        policy.syscalls.errno
+    );
+    if !policy.syscalls.deny.is_empty() {
+        let names: Vec<&str> = policy.syscalls.deny.iter().map(|n| n.as_str()).collect();
+        let _ = writeln!(out, "  - also denied by this profile: {}", names.join(", "));
+    }
+
+    out.push_str("\nENFORCED BY\n");
+    out.push_str("  - user, mount, pid, network, ipc, uts and cgroup namespaces (always)\n");
+    let l = &policy.layers;
+    let _ = writeln!(out, "  - seccomp: {}", requirement(l.seccomp));
+    let _ = writeln!(out, "  - landlock: {}", requirement(l.landlock));
+    let _ = writeln!(
+        out,
+        "  - apparmor: {}",
+        match l.apparmor {
+            AppArmorRequirement::Required => requirement(Requirement::Required),
+            AppArmorRequirement::Optional => requirement(Requirement::Optional),
+            AppArmorRequirement::LandlockFallback =>
+                "required where the host has AppArmor; elsewhere Landlock stands in",
+        }
+    );
+    let _ = writeln!(out, "  - cgroups: {}", requirement(l.cgroups));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explains_agent_profile() {
+        let text = explain(&SandboxPolicy::builtin("agent").unwrap());
+        assert!(text.contains("write in /workspace"));
+        assert!(text.contains("pypi.org:443"));
+        assert!(text.contains("gist.github.com (deny wins over allow)"));
+        assert!(text.contains(".git/hooks/"));
+        assert!(text.contains("memory 2G"));
+        assert!(text.contains("every capability is dropped"));
+    }
+
+    #[test]
+    fn explains_strict_profile() {
+        let text = explain(&SandboxPolicy::builtin("strict").unwrap());
+        assert!(text.contains("loopback (127.0.0.1) only"));
+        assert!(text.contains("runs for at most 15m"));
+        assert!(!text.contains("proxy at"));
+    }
+}

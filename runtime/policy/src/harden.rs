@@ -1,0 +1,844 @@
+//! Spec hardening: an incoming OCI `Spec` (podman's, containerd's or a user's
+//! `config.json`) in, the sandbox's `Spec` out. The policy is a ceiling: the incoming spec
+//! and its `io.agent.sandbox.*` annotations may narrow it, never widen it.
+//!
+//! What the result always has, whatever came in:
+//! - a new user namespace with the id mappings the runtime chose (`HardenContext`), never
+//!   one that maps host uid 0;
+//! - a new network namespace (or one the runtime created itself for this sandbox), never
+//!   a path that could be the host's;
+//! - a read-only root, the policy's tmpfs scratch areas, the workspace as an overlay whose
+//!   lower layer is the host directory, read-only binds over protected paths, masked and
+//!   read-only /proc and /sys paths, every other bind mount read-only;
+//! - capability sets reduced to what both the spec and the policy allow (none by
+//!   default), `no_new_privs`, the policy's seccomp filter;
+//! - cgroup limits at most the policy's, and only the standard safe devices.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{
+    LinuxCapabilities, LinuxCpu, LinuxDeviceCgroup, LinuxDeviceType, LinuxIdMapping,
+    LinuxIdMappingBuilder, LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPersonalityDomain,
+    LinuxPids, LinuxResources, Mount, Process, Spec,
+};
+
+use crate::narrow::{self, NarrowError};
+use crate::network::{DomainRule, NetworkError};
+use crate::policy::{NetworkMode, PolicyError, SandboxPolicy};
+use crate::seccomp::{self, SeccompError};
+use crate::value::{AbsPath, ByteSize, Capability, Seconds, ValueError};
+
+/// Annotation prefix for everything this module reads.
+pub const ANNOTATION_PREFIX: &str = "io.agent.sandbox.";
+/// Selects a built-in profile, which must be within the runtime's ceiling.
+pub const ANNOTATION_PROFILE: &str = "io.agent.sandbox.profile";
+
+/// Why a spec could not be hardened. Nothing is changed when this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum HardenError {
+    #[error("unknown annotation {annotation}")]
+    UnknownAnnotation { annotation: String },
+    #[error("annotation {annotation} has a bad value `{value}`")]
+    BadAnnotation {
+        annotation: String,
+        value: String,
+        #[source]
+        source: AnnotationValueError,
+    },
+    #[error("annotation {annotation} would widen the policy")]
+    AnnotationWidens {
+        annotation: String,
+        #[source]
+        source: NarrowError,
+    },
+    #[error("annotation {annotation} names an unknown profile")]
+    UnknownProfile {
+        annotation: String,
+        #[source]
+        source: Box<PolicyError>,
+    },
+    #[error("uid/gid mapping {container_id}->{host_id}+{size} would map host uid 0")]
+    HostRootMapping {
+        container_id: u32,
+        host_id: u32,
+        size: u32,
+    },
+    #[error("no {kind} mapping given for container id 0")]
+    MissingMapping { kind: &'static str },
+    #[error("{kind} mappings cover {total} ids, more than the policy's id range {limit}")]
+    MappingTooLarge {
+        kind: &'static str,
+        total: u64,
+        limit: u32,
+    },
+    #[error("{kind} mapping {host_id}+{size} lies outside the policy's host range")]
+    MappingOutsideRange {
+        kind: &'static str,
+        host_id: u32,
+        size: u32,
+    },
+    #[error("the spec mounts the workspace {path} but no overlay directories were given")]
+    MissingOverlayDirs { path: String },
+    #[error("protected path {path} is not a candidate for this spec")]
+    UnexpectedProtectedPath { path: PathBuf },
+    #[error("mount at {destination}: a writable {typ} outside the policy's writable paths")]
+    WritableMount { destination: PathBuf, typ: String },
+    #[error("mount at {destination}: type {typ} is not allowed in a sandbox")]
+    MountType { destination: PathBuf, typ: String },
+    #[error("mount at {destination}: host device {source_path} is not allowed")]
+    DeviceMount {
+        destination: PathBuf,
+        source_path: PathBuf,
+    },
+    #[error("device {path} is not one of the standard safe devices")]
+    Device { path: PathBuf },
+    #[error("sysctl {key} is not namespaced to the sandbox")]
+    Sysctl { key: String },
+    #[error("cgroup unified key {key} cannot be checked against the policy")]
+    UnifiedResource { key: String },
+    #[error("personality domain {domain} is not allowed")]
+    Personality { domain: String },
+    #[error("the spec has no process")]
+    NoProcess,
+    #[error("the spec has no root")]
+    NoRoot,
+    #[error("cannot build an OCI object")]
+    Oci {
+        #[source]
+        source: oci_spec::OciSpecError,
+    },
+    #[error("cannot compile the seccomp filter")]
+    Seccomp {
+        #[source]
+        source: SeccompError,
+    },
+}
+
+/// Why an annotation's value could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AnnotationValueError {
+    #[error(transparent)]
+    Value(#[from] ValueError),
+    #[error(transparent)]
+    Rule(#[from] NetworkError),
+    #[error("not a whole number")]
+    Number(#[from] std::num::ParseIntError),
+    #[error("expected `none` or `proxy`")]
+    NetworkMode,
+}
+
+/// One uid or gid mapping (container id, host id, count), as the runtime allocated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMapping {
+    pub container_id: u32,
+    pub host_id: u32,
+    pub size: u32,
+}
+
+/// The host directories the runtime created for the workspace overlay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayDirs {
+    pub upper: PathBuf,
+    pub work: PathBuf,
+}
+
+/// A protected path: where it appears in the container and the host path that stays
+/// visible there read-only.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ProtectedMount {
+    pub container_path: PathBuf,
+    pub host_path: PathBuf,
+    /// Written as a directory in the policy (`.ssh/`).
+    pub dir: bool,
+}
+
+/// What the runtime decided and found on the host; the only inputs besides the spec and
+/// the policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HardenContext {
+    /// uid mappings; must map container uid 0, never host uid 0.
+    pub uid_mappings: Vec<IdMapping>,
+    /// gid mappings; same rules.
+    pub gid_mappings: Vec<IdMapping>,
+    /// Upper and work directories for the workspace overlay; required when the spec
+    /// bind-mounts something at the policy's workspace path.
+    pub workspace: Option<OverlayDirs>,
+    /// The entries of [`protected_path_candidates`] that exist on the host (the runtime
+    /// checks with `lstat`; a symlink should be reported so it is covered too).
+    pub protected: Vec<ProtectedMount>,
+    /// A network namespace the runtime itself created for this sandbox (e.g. a pod's);
+    /// `None` makes a new one. Never pass a path taken from the spec.
+    pub network_namespace: Option<PathBuf>,
+}
+
+/// The hardened spec and the effective (possibly narrowed) policy that produced it. The
+/// runtime derives Landlock rules, the proxy allowlist and the wall-clock limit from
+/// `policy`, not from the ceiling it passed in.
+#[derive(Debug, Clone)]
+pub struct HardenedSpec {
+    pub spec: Spec,
+    pub policy: SandboxPolicy,
+}
+
+/// The host path bind-mounted at the policy's workspace in `spec`, if any.
+pub fn workspace_source(spec: &Spec, policy: &SandboxPolicy) -> Option<PathBuf> {
+    let workspace = policy.filesystem.workspace.as_ref()?;
+    spec.mounts()
+        .as_ref()?
+        .iter()
+        .rev()
+        .find(|m| m.destination() == workspace.as_path() && is_bind(m))
+        .and_then(|m| m.source().clone())
+}
+
+/// The protected paths the runtime should look for on the host: each protected name
+/// under the workspace's host directory. Pass the ones that exist back in
+/// [`HardenContext::protected`].
+pub fn protected_path_candidates(spec: &Spec, policy: &SandboxPolicy) -> Vec<ProtectedMount> {
+    let (Some(workspace), Some(source)) = (
+        policy.filesystem.workspace.as_ref(),
+        workspace_source(spec, policy),
+    ) else {
+        return Vec::new();
+    };
+    policy
+        .filesystem
+        .protected_names()
+        .into_iter()
+        .map(|name| ProtectedMount {
+            container_path: workspace.join(&name),
+            host_path: source.join(name.as_str()),
+            dir: name.is_dir(),
+        })
+        .collect()
+}
+
+/// Read the `io.agent.sandbox.*` annotations and return the policy they select and
+/// narrow. Fails on an unknown key, a bad value, or anything wider than `ceiling`.
+pub fn effective_policy(
+    annotations: &HashMap<String, String>,
+    ceiling: &SandboxPolicy,
+) -> Result<SandboxPolicy, HardenError> {
+    // Sorted so errors are deterministic.
+    let ours: BTreeMap<&str, &str> = annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut policy = ceiling.clone();
+    if let Some(name) = ours.get(ANNOTATION_PROFILE) {
+        let selected =
+            SandboxPolicy::builtin(name.trim()).map_err(|source| HardenError::UnknownProfile {
+                annotation: ANNOTATION_PROFILE.to_owned(),
+                source: Box::new(source),
+            })?;
+        narrow::within(&selected, ceiling).map_err(|source| HardenError::AnnotationWidens {
+            annotation: ANNOTATION_PROFILE.to_owned(),
+            source,
+        })?;
+        policy = selected;
+    }
+    for (&key, &value) in &ours {
+        if key == ANNOTATION_PROFILE {
+            continue;
+        }
+        let bad = |source: AnnotationValueError| HardenError::BadAnnotation {
+            annotation: key.to_owned(),
+            value: value.to_owned(),
+            source,
+        };
+        let before = policy.clone();
+        let suffix = key.trim_start_matches(ANNOTATION_PREFIX);
+        match suffix {
+            "network" => {
+                policy.network.mode = match value.trim() {
+                    "none" => NetworkMode::None,
+                    "proxy" => NetworkMode::Proxy,
+                    _ => return Err(bad(AnnotationValueError::NetworkMode)),
+                };
+                if policy.network.mode == NetworkMode::None {
+                    policy.network.allow.clear();
+                    policy.network.deny.clear();
+                }
+            }
+            "network.allow" => {
+                policy.network.allow = parse_rules(value).map_err(bad)?;
+                if policy.network.allow.is_empty() {
+                    policy.network.mode = NetworkMode::None;
+                    policy.network.deny.clear();
+                }
+            }
+            "network.deny" => {
+                if policy.network.mode == NetworkMode::Proxy {
+                    policy.network.deny.extend(parse_rules(value).map_err(bad)?);
+                }
+            }
+            "memory" => {
+                policy.resources.memory =
+                    ByteSize::try_from(value.trim()).map_err(|e| bad(e.into()))?;
+            }
+            "pids" => {
+                policy.resources.pids = value
+                    .trim()
+                    .parse()
+                    .map_err(|e| bad(AnnotationValueError::Number(e)))?
+            }
+            "cpu-shares" => {
+                policy.resources.cpu_shares = value
+                    .trim()
+                    .parse()
+                    .map_err(|e| bad(AnnotationValueError::Number(e)))?;
+            }
+            "cpu-quota-us" => {
+                policy.resources.cpu_quota_us = value
+                    .trim()
+                    .parse()
+                    .map_err(|e| bad(AnnotationValueError::Number(e)))?;
+            }
+            "wall-clock" => {
+                policy.resources.wall_clock =
+                    Seconds::try_from(value.trim()).map_err(|e| bad(e.into()))?;
+            }
+            "capabilities" => {
+                policy.privileges.capabilities = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| Capability::try_from(s.to_owned()))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| bad(e.into()))?;
+            }
+            _ => {
+                return Err(HardenError::UnknownAnnotation {
+                    annotation: key.to_owned(),
+                });
+            }
+        }
+        narrow::within(&policy, &before).map_err(|source| HardenError::AnnotationWidens {
+            annotation: key.to_owned(),
+            source,
+        })?;
+    }
+    // Belt and braces: the whole result against the ceiling.
+    narrow::within(&policy, ceiling).map_err(|source| HardenError::AnnotationWidens {
+        annotation: ANNOTATION_PREFIX.to_owned() + "*",
+        source,
+    })?;
+    Ok(policy)
+}
+
+fn parse_rules(value: &str) -> Result<Vec<DomainRule>, AnnotationValueError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| DomainRule::parse(s).map_err(AnnotationValueError::from))
+        .collect()
+}
+
+/// Harden `spec` under the ceiling `policy`. See the module docs for what the result
+/// always has.
+pub fn harden_spec(
+    mut spec: Spec,
+    policy: &SandboxPolicy,
+    ctx: &HardenContext,
+) -> Result<HardenedSpec, HardenError> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    let policy = effective_policy(&annotations, policy)?;
+    check_mappings("uid", &ctx.uid_mappings, &policy)?;
+    check_mappings("gid", &ctx.gid_mappings, &policy)?;
+
+    // Protected paths must be ones we asked the runtime to look for.
+    let candidates: HashSet<ProtectedMount> = protected_path_candidates(&spec, &policy)
+        .into_iter()
+        .collect();
+    if let Some(unexpected) = ctx.protected.iter().find(|p| !candidates.contains(p)) {
+        return Err(HardenError::UnexpectedProtectedPath {
+            path: unexpected.container_path.clone(),
+        });
+    }
+
+    let mut root = spec.root().clone().ok_or(HardenError::NoRoot)?;
+    root.set_readonly(Some(true));
+    spec.set_root(Some(root));
+
+    let process = spec.process().clone().ok_or(HardenError::NoProcess)?;
+    spec.set_process(Some(harden_process(process, &policy)?));
+
+    let mounts = harden_mounts(spec.mounts().clone().unwrap_or_default(), &policy, ctx)?;
+    spec.set_mounts(Some(mounts));
+
+    let mut linux = spec.linux().clone().unwrap_or_default();
+    linux.set_namespaces(Some(namespaces(ctx)));
+    linux.set_uid_mappings(Some(oci_mappings(&ctx.uid_mappings)?));
+    linux.set_gid_mappings(Some(oci_mappings(&ctx.gid_mappings)?));
+    let fs = &policy.filesystem;
+    linux.set_masked_paths(Some(union(
+        linux.masked_paths().clone(),
+        fs.all_masked_paths(),
+    )));
+    linux.set_readonly_paths(Some(union(
+        linux.readonly_paths().clone(),
+        fs.all_readonly_paths(),
+    )));
+    if let Some(bad) = linux
+        .devices()
+        .iter()
+        .flatten()
+        .find(|d| !is_safe_device(d.typ(), d.major(), d.minor()))
+    {
+        return Err(HardenError::Device {
+            path: bad.path().clone(),
+        });
+    }
+    if let Some(key) = linux
+        .sysctl()
+        .iter()
+        .flat_map(|s| s.keys())
+        .find(|k| !is_namespaced_sysctl(k))
+    {
+        return Err(HardenError::Sysctl { key: key.clone() });
+    }
+    if let Some(personality) = linux.personality()
+        && !matches!(
+            personality.domain(),
+            LinuxPersonalityDomain::PerLinux | LinuxPersonalityDomain::PerLinux32
+        )
+    {
+        return Err(HardenError::Personality {
+            domain: format!("{:?}", personality.domain()),
+        });
+    }
+    linux.set_resources(Some(clamp_resources(linux.resources().clone(), &policy)?));
+    let seccomp =
+        seccomp::oci_seccomp(&policy.syscalls).map_err(|source| HardenError::Seccomp { source })?;
+    linux.set_seccomp(Some(seccomp));
+    spec.set_linux(Some(linux));
+    tracing::debug!(
+        network = %policy.network.mode,
+        capabilities = policy.privileges.capabilities.len(),
+        "spec hardened"
+    );
+    Ok(HardenedSpec { spec, policy })
+}
+
+/// Clamp an exec'd process's spec (containerd and podman send one per exec) the same way
+/// as the init process: capabilities within the policy, `no_new_privs`, no negative OOM
+/// score adjustment. The runtime must apply the seccomp filter and Landlock to it too.
+pub fn harden_process(
+    mut process: Process,
+    policy: &SandboxPolicy,
+) -> Result<Process, HardenError> {
+    process.set_no_new_privileges(Some(true));
+    process.set_capabilities(Some(clamp_capabilities(
+        process.capabilities().as_ref(),
+        &policy.privileges.capabilities,
+    )));
+    if let Some(adj) = process.oom_score_adj() {
+        process.set_oom_score_adj(Some(adj.max(0)));
+    }
+    Ok(process)
+}
+
+fn clamp_capabilities(
+    incoming: Option<&LinuxCapabilities>,
+    allowed: &[Capability],
+) -> LinuxCapabilities {
+    let allowed: HashSet<&str> = allowed.iter().map(Capability::as_str).collect();
+    let keep = |set: Option<&oci_spec::runtime::Capabilities>| {
+        let kept: oci_spec::runtime::Capabilities = set
+            .into_iter()
+            .flatten()
+            .filter(|c| {
+                serde_json::to_value(c)
+                    .ok()
+                    .and_then(|v| v.as_str().map(|s| allowed.contains(s)))
+                    .unwrap_or(false)
+            })
+            .copied()
+            .collect();
+        Some(kept)
+    };
+    let mut caps = LinuxCapabilities::default();
+    caps.set_bounding(keep(incoming.and_then(|c| c.bounding().as_ref())));
+    caps.set_effective(keep(incoming.and_then(|c| c.effective().as_ref())));
+    caps.set_permitted(keep(incoming.and_then(|c| c.permitted().as_ref())));
+    caps.set_inheritable(keep(incoming.and_then(|c| c.inheritable().as_ref())));
+    caps.set_ambient(keep(incoming.and_then(|c| c.ambient().as_ref())));
+    caps
+}
+
+fn check_mappings(
+    kind: &'static str,
+    mappings: &[IdMapping],
+    policy: &SandboxPolicy,
+) -> Result<(), HardenError> {
+    let mut total: u64 = 0;
+    for m in mappings {
+        let end = u64::from(m.host_id) + u64::from(m.size);
+        if m.size == 0 || m.host_id == 0 {
+            return Err(HardenError::HostRootMapping {
+                container_id: m.container_id,
+                host_id: m.host_id,
+                size: m.size,
+            });
+        }
+        if let Some(start) = policy.identity.host_start {
+            let limit = u64::from(start) + u64::from(policy.identity.id_range);
+            if m.host_id < start || end > limit {
+                return Err(HardenError::MappingOutsideRange {
+                    kind,
+                    host_id: m.host_id,
+                    size: m.size,
+                });
+            }
+        }
+        total += u64::from(m.size);
+    }
+    if !mappings.iter().any(|m| m.container_id == 0) {
+        return Err(HardenError::MissingMapping { kind });
+    }
+    if total > u64::from(policy.identity.id_range) {
+        return Err(HardenError::MappingTooLarge {
+            kind,
+            total,
+            limit: policy.identity.id_range,
+        });
+    }
+    Ok(())
+}
+
+fn oci_mappings(mappings: &[IdMapping]) -> Result<Vec<LinuxIdMapping>, HardenError> {
+    mappings
+        .iter()
+        .map(|m| {
+            LinuxIdMappingBuilder::default()
+                .container_id(m.container_id)
+                .host_id(m.host_id)
+                .size(m.size)
+                .build()
+                .map_err(|source| HardenError::Oci { source })
+        })
+        .collect()
+}
+
+fn namespaces(ctx: &HardenContext) -> Vec<LinuxNamespace> {
+    [
+        LinuxNamespaceType::User,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Network,
+        LinuxNamespaceType::Ipc,
+        LinuxNamespaceType::Uts,
+        LinuxNamespaceType::Cgroup,
+    ]
+    .into_iter()
+    .map(|typ| {
+        let mut ns = LinuxNamespace::default();
+        ns.set_typ(typ);
+        if typ == LinuxNamespaceType::Network {
+            ns.set_path(ctx.network_namespace.clone());
+        } else {
+            ns.set_path(None);
+        }
+        ns
+    })
+    .collect()
+}
+
+fn union(existing: Option<Vec<String>>, required: Vec<AbsPath>) -> Vec<String> {
+    let mut all: Vec<String> = existing.unwrap_or_default();
+    all.extend(required.into_iter().map(String::from));
+    all.sort();
+    all.dedup();
+    all
+}
+
+fn is_bind(m: &Mount) -> bool {
+    m.typ().as_deref() == Some("bind")
+        || m.options()
+            .iter()
+            .flatten()
+            .any(|o| o == "bind" || o == "rbind")
+}
+
+/// Devices every container gets: null, zero, full, random, urandom, tty, console, ptmx and
+/// the pty slaves.
+fn is_safe_device(typ: LinuxDeviceType, major: i64, minor: i64) -> bool {
+    matches!(typ, LinuxDeviceType::C | LinuxDeviceType::U)
+        && matches!(
+            (major, minor),
+            (1, 3) | (1, 5) | (1, 7) | (1, 8) | (1, 9) | (5, 0) | (5, 1) | (5, 2)
+        )
+        || (typ == LinuxDeviceType::C && major == 136)
+}
+
+const SAFE_DEV_SOURCES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+];
+
+/// Sysctls the kernel scopes to the sandbox's own namespaces.
+fn is_namespaced_sysctl(key: &str) -> bool {
+    key.starts_with("net.")
+        || key.starts_with("fs.mqueue.")
+        || matches!(
+            key,
+            "kernel.msgmax"
+                | "kernel.msgmnb"
+                | "kernel.msgmni"
+                | "kernel.sem"
+                | "kernel.shmall"
+                | "kernel.shmmax"
+                | "kernel.shmmni"
+                | "kernel.shm_rmid_forced"
+        )
+}
+
+fn with_options(mut mount: Mount, add: &[&str], remove: &[&str]) -> Mount {
+    let mut options: Vec<String> = mount
+        .options()
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|o| !remove.contains(&o.as_str()) && !add.contains(&o.as_str()))
+        .collect();
+    options.extend(add.iter().map(|s| (*s).to_owned()));
+    mount.set_options(Some(options));
+    mount
+}
+
+fn harden_mounts(
+    incoming: Vec<Mount>,
+    policy: &SandboxPolicy,
+    ctx: &HardenContext,
+) -> Result<Vec<Mount>, HardenError> {
+    let fs = &policy.filesystem;
+    let scratch: Vec<&AbsPath> = fs.scratch.iter().map(|s| &s.path).collect();
+    let workspace = fs.workspace.as_ref();
+    let mut out = Vec::new();
+    let mut workspace_lower: Option<PathBuf> = None;
+    for mount in incoming {
+        let dest = mount.destination().clone();
+        let typ = mount.typ().clone().unwrap_or_default();
+        if scratch.iter().any(|s| s.as_path() == dest) {
+            continue; // replaced by the policy's tmpfs below
+        }
+        if workspace.is_some_and(|w| w.as_path() == dest) {
+            if is_bind(&mount) {
+                workspace_lower = mount.source().clone();
+            }
+            continue; // replaced by the overlay below
+        }
+        if is_bind(&mount) {
+            let source = mount.source().clone().unwrap_or_default();
+            if source.starts_with("/dev")
+                && !SAFE_DEV_SOURCES.iter().any(|s| Path::new(s) == source)
+            {
+                return Err(HardenError::DeviceMount {
+                    destination: dest,
+                    source_path: source,
+                });
+            }
+            if dest == Path::new("/dev/shm") {
+                // The engine's per-container shm tmpfs: writable by design, never exec.
+                out.push(with_options(
+                    mount,
+                    &["nosuid", "nodev", "noexec"],
+                    &["suid", "dev", "exec"],
+                ));
+            } else {
+                out.push(with_options(
+                    mount,
+                    &["ro", "nosuid", "nodev"],
+                    &["rw", "suid", "dev"],
+                ));
+            }
+            continue;
+        }
+        match typ.as_str() {
+            "proc" | "devpts" | "mqueue" => {
+                out.push(with_options(mount, &["nosuid", "nodev"], &["suid", "dev"]));
+            }
+            "sysfs" | "cgroup" | "cgroup2" => {
+                out.push(with_options(
+                    mount,
+                    &["ro", "nosuid", "nodev", "noexec"],
+                    &["rw", "suid", "dev", "exec"],
+                ));
+            }
+            "tmpfs" if dest.starts_with("/dev") => {
+                out.push(with_options(mount, &["nosuid"], &["suid"]));
+            }
+            "tmpfs" => {
+                return Err(HardenError::WritableMount {
+                    destination: dest,
+                    typ,
+                });
+            }
+            _ => {
+                return Err(HardenError::MountType {
+                    destination: dest,
+                    typ,
+                });
+            }
+        }
+    }
+    for s in &fs.scratch {
+        let mut m = Mount::default();
+        m.set_destination(s.path.as_path().to_path_buf());
+        m.set_typ(Some("tmpfs".to_owned()));
+        m.set_source(Some(PathBuf::from("tmpfs")));
+        m.set_options(Some(vec![
+            "nosuid".to_owned(),
+            "nodev".to_owned(),
+            "mode=1777".to_owned(),
+            format!("size={}", s.size.bytes()),
+        ]));
+        out.push(m);
+    }
+    if let (Some(workspace), Some(lower)) = (workspace, workspace_lower) {
+        let dirs = ctx
+            .workspace
+            .as_ref()
+            .ok_or_else(|| HardenError::MissingOverlayDirs {
+                path: workspace.to_string(),
+            })?;
+        let mut m = Mount::default();
+        m.set_destination(workspace.as_path().to_path_buf());
+        m.set_typ(Some("overlay".to_owned()));
+        m.set_source(Some(PathBuf::from("overlay")));
+        m.set_options(Some(vec![
+            format!("lowerdir={}", lower.display()),
+            format!("upperdir={}", dirs.upper.display()),
+            format!("workdir={}", dirs.work.display()),
+            "userxattr".to_owned(),
+            "nosuid".to_owned(),
+            "nodev".to_owned(),
+        ]));
+        out.push(m);
+    }
+    for p in &ctx.protected {
+        let mut m = Mount::default();
+        m.set_destination(p.container_path.clone());
+        m.set_typ(Some("bind".to_owned()));
+        m.set_source(Some(p.host_path.clone()));
+        m.set_options(Some(
+            ["rbind", "ro", "nosuid", "nodev"]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+        ));
+        out.push(m);
+    }
+    // Parents before children; stable, so equal depths keep their order.
+    out.sort_by_key(|m| m.destination().components().count());
+    Ok(out)
+}
+
+fn min_opt_i64(incoming: Option<i64>, policy: i64) -> i64 {
+    match incoming {
+        Some(v) if v > 0 => v.min(policy),
+        _ => policy,
+    }
+}
+
+fn clamp_resources(
+    incoming: Option<LinuxResources>,
+    policy: &SandboxPolicy,
+) -> Result<LinuxResources, HardenError> {
+    let r = &policy.resources;
+    let mut res = incoming.unwrap_or_default();
+    if let Some(key) = res.unified().as_ref().and_then(|u| u.keys().next()) {
+        return Err(HardenError::UnifiedResource { key: key.clone() });
+    }
+    let policy_memory = i64::try_from(r.memory.bytes()).unwrap_or(i64::MAX);
+    let old_mem = res.memory().unwrap_or_default();
+    let limit = min_opt_i64(old_mem.limit(), policy_memory);
+    let mut mem = LinuxMemory::default();
+    mem.set_limit(Some(limit));
+    // memory+swap equal to memory: no swap on top of the limit.
+    mem.set_swap(Some(limit));
+    if let Some(reservation) = old_mem.reservation() {
+        mem.set_reservation(Some(reservation.min(limit)));
+    }
+    mem.set_swappiness(old_mem.swappiness());
+    mem.set_disable_oom_killer(Some(false));
+    res.set_memory(Some(mem));
+
+    let mut pids = LinuxPids::default();
+    pids.set_limit(min_opt_i64(
+        res.pids().map(|p| p.limit()),
+        i64::from(r.pids),
+    ));
+    res.set_pids(Some(pids));
+
+    let old_cpu = res.cpu().clone().unwrap_or_default();
+    let mut cpu = LinuxCpu::default();
+    cpu.set_shares(Some(
+        old_cpu
+            .shares()
+            .filter(|s| *s > 0)
+            .map_or(r.cpu_shares, |s| s.min(r.cpu_shares)),
+    ));
+    let policy_quota = i64::try_from(r.cpu_quota_us).unwrap_or(i64::MAX);
+    let (quota, period) = match (old_cpu.quota(), old_cpu.period()) {
+        (Some(q), Some(p)) if q > 0 && p > 0 => {
+            let (q_u, p_u) = (q.unsigned_abs(), p);
+            // Keep the incoming pair only if its ratio is at most the policy's.
+            if u128::from(q_u) * u128::from(r.cpu_period_us)
+                <= u128::from(r.cpu_quota_us) * u128::from(p_u)
+            {
+                (q, p)
+            } else {
+                (policy_quota, r.cpu_period_us)
+            }
+        }
+        _ => (policy_quota, r.cpu_period_us),
+    };
+    cpu.set_quota(Some(quota));
+    cpu.set_period(Some(period));
+    cpu.set_cpus(old_cpu.cpus().clone());
+    cpu.set_mems(old_cpu.mems().clone());
+    res.set_cpu(Some(cpu));
+
+    res.set_devices(Some(device_rules()));
+    Ok(res)
+}
+
+/// Deny every device, then allow the standard safe ones.
+fn device_rules() -> Vec<LinuxDeviceCgroup> {
+    let rule = |allow: bool, major: Option<i64>, minor: Option<i64>| {
+        let mut d = LinuxDeviceCgroup::default();
+        d.set_allow(allow);
+        d.set_typ(Some(if allow {
+            LinuxDeviceType::C
+        } else {
+            LinuxDeviceType::A
+        }));
+        d.set_major(major);
+        d.set_minor(minor);
+        d.set_access(Some("rwm".to_owned()));
+        d
+    };
+    let mut rules = vec![rule(false, None, None)];
+    for (major, minor) in [
+        (1, 3),
+        (1, 5),
+        (1, 7),
+        (1, 8),
+        (1, 9),
+        (5, 0),
+        (5, 1),
+        (5, 2),
+    ] {
+        rules.push(rule(true, Some(major), Some(minor)));
+    }
+    rules.push(rule(true, Some(136), None));
+    rules
+}

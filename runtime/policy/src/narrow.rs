@@ -1,0 +1,207 @@
+//! The ceiling rule as a function: does one policy allow nothing that another forbids?
+//!
+//! Used to accept a profile chosen by annotation (`io.agent.sandbox.profile`) and every
+//! annotation-narrowed policy: the candidate must be within the runtime's configured
+//! ceiling in every dimension, or the request is refused.
+
+use crate::layers::{AppArmorRequirement, Requirement};
+use crate::policy::{NetworkMode, SandboxPolicy};
+
+/// The first dimension in which a candidate policy is wider than its ceiling.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NarrowError {
+    #[error("scratch path {path} is not writable under the ceiling")]
+    Scratch { path: String },
+    #[error("scratch {path} is larger than the ceiling's {ceiling}")]
+    ScratchSize { path: String, ceiling: String },
+    #[error("workspace {path} differs from the ceiling's")]
+    Workspace { path: String },
+    #[error("protected path {name} of the ceiling is missing")]
+    Protected { name: String },
+    #[error("masked or read-only path {path} of the ceiling is missing")]
+    ProcSys { path: String },
+    #[error("id range differs from the ceiling's")]
+    Identity,
+    #[error("capability {capability} is not allowed by the ceiling")]
+    Capability { capability: String },
+    #[error("syscall table is wider than the ceiling's")]
+    Syscalls,
+    #[error("network mode proxy is wider than the ceiling's none")]
+    NetworkMode,
+    #[error("proxy port differs from the ceiling's")]
+    ProxyPort,
+    #[error("allow rule {rule} is not covered by the ceiling's allow list")]
+    Allow { rule: String },
+    #[error("deny rule {rule} of the ceiling is missing")]
+    Deny { rule: String },
+    #[error("{resource} is larger than the ceiling's")]
+    Resource { resource: &'static str },
+    #[error("layer {layer} is less required than under the ceiling")]
+    Layer { layer: &'static str },
+}
+
+fn requirement_rank(r: Requirement) -> u8 {
+    match r {
+        Requirement::Optional => 0,
+        Requirement::Required => 2,
+    }
+}
+
+fn apparmor_rank(r: AppArmorRequirement) -> u8 {
+    match r {
+        AppArmorRequirement::Optional => 0,
+        AppArmorRequirement::LandlockFallback => 1,
+        AppArmorRequirement::Required => 2,
+    }
+}
+
+/// `Ok` if `candidate` allows nothing that `ceiling` forbids.
+pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), NarrowError> {
+    let (cf, pf) = (&candidate.filesystem, &ceiling.filesystem);
+    for scratch in &cf.scratch {
+        let Some(limit) = pf.scratch.iter().find(|s| s.path == scratch.path) else {
+            return Err(NarrowError::Scratch {
+                path: scratch.path.to_string(),
+            });
+        };
+        if scratch.size > limit.size {
+            return Err(NarrowError::ScratchSize {
+                path: scratch.path.to_string(),
+                ceiling: limit.size.to_string(),
+            });
+        }
+    }
+    if let Some(workspace) = &cf.workspace
+        && pf.workspace.as_ref() != Some(workspace)
+    {
+        return Err(NarrowError::Workspace {
+            path: workspace.to_string(),
+        });
+    }
+    let protected = cf.protected_names();
+    if let Some(missing) = pf
+        .protected_names()
+        .into_iter()
+        .find(|p| !protected.contains(p))
+    {
+        return Err(NarrowError::Protected {
+            name: missing.to_string(),
+        });
+    }
+    let (masked, readonly) = (cf.all_masked_paths(), cf.all_readonly_paths());
+    let missing = pf
+        .all_masked_paths()
+        .into_iter()
+        .find(|p| !masked.contains(p))
+        .or_else(|| {
+            pf.all_readonly_paths()
+                .into_iter()
+                .find(|p| !readonly.contains(p))
+        });
+    if let Some(path) = missing {
+        return Err(NarrowError::ProcSys {
+            path: path.to_string(),
+        });
+    }
+
+    let (ci, pi) = (&candidate.identity, &ceiling.identity);
+    if ci.id_range > pi.id_range || (pi.host_start.is_some() && ci.host_start != pi.host_start) {
+        return Err(NarrowError::Identity);
+    }
+
+    if let Some(cap) = candidate
+        .privileges
+        .capabilities
+        .iter()
+        .find(|c| !ceiling.privileges.capabilities.contains(c))
+    {
+        return Err(NarrowError::Capability {
+            capability: cap.to_string(),
+        });
+    }
+
+    let (cs, ps) = (&candidate.syscalls, &ceiling.syscalls);
+    if cs.errno != ps.errno || ps.deny.iter().any(|d| !cs.deny.contains(d)) {
+        return Err(NarrowError::Syscalls);
+    }
+
+    let (cn, pn) = (&candidate.network, &ceiling.network);
+    if cn.mode == NetworkMode::Proxy {
+        if pn.mode != NetworkMode::Proxy {
+            return Err(NarrowError::NetworkMode);
+        }
+        if cn.proxy_port != pn.proxy_port {
+            return Err(NarrowError::ProxyPort);
+        }
+        if let Some(rule) = cn
+            .allow
+            .iter()
+            .find(|a| !pn.allow.iter().any(|p| p.covers(a)))
+        {
+            return Err(NarrowError::Allow {
+                rule: rule.to_string(),
+            });
+        }
+        if let Some(rule) = pn
+            .deny
+            .iter()
+            .find(|d| !cn.deny.iter().any(|c| c.covers(d)))
+        {
+            return Err(NarrowError::Deny {
+                rule: rule.to_string(),
+            });
+        }
+    }
+
+    let (cr, pr) = (&candidate.resources, &ceiling.resources);
+    // Compare quota/period ratios exactly: a * d <= c * b.
+    let cpu_wider = u128::from(cr.cpu_quota_us) * u128::from(pr.cpu_period_us)
+        > u128::from(pr.cpu_quota_us) * u128::from(cr.cpu_period_us);
+    let resource = if cr.memory > pr.memory {
+        Some("memory")
+    } else if cr.pids > pr.pids {
+        Some("pids")
+    } else if cr.cpu_shares > pr.cpu_shares {
+        Some("cpu_shares")
+    } else if cpu_wider {
+        Some("cpu quota")
+    } else if cr.wall_clock > pr.wall_clock {
+        Some("wall_clock")
+    } else {
+        None
+    };
+    if let Some(resource) = resource {
+        return Err(NarrowError::Resource { resource });
+    }
+
+    let (cl, pl) = (&candidate.layers, &ceiling.layers);
+    let layer = if requirement_rank(cl.seccomp) < requirement_rank(pl.seccomp) {
+        Some("seccomp")
+    } else if requirement_rank(cl.landlock) < requirement_rank(pl.landlock) {
+        Some("landlock")
+    } else if requirement_rank(cl.cgroups) < requirement_rank(pl.cgroups) {
+        Some("cgroups")
+    } else if apparmor_rank(cl.apparmor) < apparmor_rank(pl.apparmor) {
+        Some("apparmor")
+    } else {
+        None
+    };
+    if let Some(layer) = layer {
+        return Err(NarrowError::Layer { layer });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_is_within_agent_and_not_the_reverse() {
+        let agent = SandboxPolicy::builtin("agent").unwrap();
+        let strict = SandboxPolicy::builtin("strict").unwrap();
+        assert_eq!(within(&strict, &agent), Ok(()));
+        assert_eq!(within(&agent, &agent), Ok(()));
+        assert!(within(&agent, &strict).is_err());
+    }
+}

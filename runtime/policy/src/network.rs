@@ -1,0 +1,449 @@
+//! Egress domain rules and the allow/deny decision the proxy takes for every connection.
+//!
+//! A rule is `host`, `*.host` or either with `:port`; IP literals (`10.0.0.1`, `[::1]:443`)
+//! match only themselves. Matching is case-insensitive, ignores one trailing dot and
+//! compares IDNA (punycode) forms. The decision is: a matching deny rule wins, then a
+//! matching allow rule, otherwise "default deny".
+//!
+//! ```
+//! use agent_sandbox_policy::network::{Allowlist, DomainRule};
+//! let allow = vec![DomainRule::parse("*.example.com").unwrap()];
+//! let deny = vec![DomainRule::parse("evil.example.com").unwrap()];
+//! let list = Allowlist::new(allow, deny);
+//! assert!(list.decide("api.example.com", 443).allowed);
+//! assert!(!list.decide("example.com", 443).allowed); // `*.` is strict subdomains
+//! assert_eq!(list.decide("EVIL.example.com.", 443).rule, "deny evil.example.com");
+//! ```
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+/// Why a domain rule or a host name is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkError {
+    #[error("empty host in rule `{rule}`")]
+    EmptyHost { rule: String },
+    #[error("rule `{rule}` allows every host; list the domains instead")]
+    WildcardAll { rule: String },
+    #[error("rule `{rule}` is a wildcard over the public suffix `{suffix}`")]
+    PublicSuffixWildcard { rule: String, suffix: String },
+    #[error("rule `{rule}` has `*` somewhere other than a leading `*.` label")]
+    MisplacedWildcard { rule: String },
+    #[error("rule `{rule}` puts a wildcard on an IP address")]
+    IpWildcard { rule: String },
+    #[error("rule `{rule}` has a bad port (1-65535)")]
+    BadPort { rule: String },
+    #[error("host `{host}` is not a valid domain name (IDNA/DNS rules)")]
+    BadHost { host: String },
+}
+
+/// What a rule's host part matches.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HostPattern {
+    /// Exactly this host (ASCII, lower case, no trailing dot).
+    Exact(String),
+    /// Strict subdomains of this domain (`*.example.com` matches `a.example.com`, not
+    /// `example.com`).
+    Subdomains(String),
+    /// Exactly this IP address.
+    Ip(IpAddr),
+}
+
+/// One allow or deny entry: a host pattern and an optional port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct DomainRule {
+    host: HostPattern,
+    port: Option<u16>,
+}
+
+/// A host as the proxy sees it, normalised for matching.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Host {
+    Name(String),
+    Ip(IpAddr),
+}
+
+/// Normalise a host name: one trailing dot dropped, IDNA to ASCII (lower case), DNS
+/// length and character rules enforced. IP literals (IPv6 with or without brackets)
+/// are returned as addresses.
+fn normalize_host(raw: &str) -> Result<Host, NetworkError> {
+    let trimmed = raw.strip_suffix('.').unwrap_or(raw);
+    let unbracketed = trimmed
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .unwrap_or(trimmed);
+    if let Ok(ip) = unbracketed.parse::<IpAddr>() {
+        return Ok(Host::Ip(ip));
+    }
+    let bad = || NetworkError::BadHost {
+        host: raw.to_owned(),
+    };
+    if trimmed.is_empty() || trimmed.ends_with('.') {
+        return Err(bad());
+    }
+    // The idna crate applies UTS #46 with STD3 ASCII rules and DNS length limits, so a
+    // Unicode name becomes its punycode form and malformed `xn--` labels are refused.
+    let ascii = idna::domain_to_ascii_strict(trimmed).map_err(|_| bad())?;
+    if ascii.is_empty() {
+        return Err(bad());
+    }
+    Ok(Host::Name(ascii))
+}
+
+impl DomainRule {
+    /// Parse one rule as written in a policy (`example.com`, `*.example.com:443`,
+    /// `10.1.2.3`, `[2001:db8::1]:8443`).
+    pub fn parse(rule: &str) -> Result<DomainRule, NetworkError> {
+        let err_rule = || rule.to_owned();
+        let (host_part, port_part) = split_port(rule);
+        let port = match port_part {
+            None => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(0) | Err(_) => return Err(NetworkError::BadPort { rule: err_rule() }),
+                Ok(port) => Some(port),
+            },
+        };
+        if host_part.is_empty() {
+            return Err(NetworkError::EmptyHost { rule: err_rule() });
+        }
+        if host_part == "*" || host_part == "*." {
+            return Err(NetworkError::WildcardAll { rule: err_rule() });
+        }
+        let (wildcard, base) = match host_part.strip_prefix("*.") {
+            Some(base) => (true, base),
+            None => (false, host_part),
+        };
+        if base.contains('*') {
+            return Err(NetworkError::MisplacedWildcard { rule: err_rule() });
+        }
+        let host = match normalize_host(base)? {
+            Host::Ip(ip) if wildcard => {
+                let _ = ip;
+                return Err(NetworkError::IpWildcard { rule: err_rule() });
+            }
+            Host::Ip(ip) => HostPattern::Ip(ip),
+            Host::Name(name) if wildcard => {
+                // `psl` carries the Public Suffix List compiled in. A name that is its own
+                // suffix (`com`, `co.uk`, `github.io`, or an unlisted single label, which
+                // the list's default `*` rule makes a suffix) must not be wildcarded.
+                if psl::suffix_str(&name) == Some(name.as_str()) {
+                    return Err(NetworkError::PublicSuffixWildcard {
+                        rule: err_rule(),
+                        suffix: name,
+                    });
+                }
+                HostPattern::Subdomains(name)
+            }
+            Host::Name(name) => HostPattern::Exact(name),
+        };
+        Ok(DomainRule { host, port })
+    }
+
+    /// The host pattern.
+    pub fn host(&self) -> &HostPattern {
+        &self.host
+    }
+
+    /// The port, if the rule restricts one.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    fn matches(&self, host: &Host, port: u16) -> bool {
+        if self.port.is_some_and(|p| p != port) {
+            return false;
+        }
+        match (&self.host, host) {
+            (HostPattern::Exact(a), Host::Name(b)) => a == b,
+            (HostPattern::Subdomains(base), Host::Name(b)) => is_strict_subdomain(b, base),
+            (HostPattern::Ip(a), Host::Ip(b)) => ip_eq(*a, *b),
+            _ => false,
+        }
+    }
+
+    /// Whether every host:port this rule's `other` matches is also matched by `self`.
+    pub fn covers(&self, other: &DomainRule) -> bool {
+        let ports = match (self.port, other.port) {
+            (None, _) => true,
+            (Some(a), Some(b)) => a == b,
+            (Some(_), None) => false,
+        };
+        ports
+            && match (&self.host, &other.host) {
+                (HostPattern::Exact(a), HostPattern::Exact(b)) => a == b,
+                (HostPattern::Subdomains(a), HostPattern::Exact(b)) => is_strict_subdomain(b, a),
+                (HostPattern::Subdomains(a), HostPattern::Subdomains(b)) => {
+                    a == b || is_strict_subdomain(b, a)
+                }
+                (HostPattern::Ip(a), HostPattern::Ip(b)) => ip_eq(*a, *b),
+                _ => false,
+            }
+    }
+}
+
+/// `host` ends with `.base` (label boundary) and is longer than `base`.
+fn is_strict_subdomain(host: &str, base: &str) -> bool {
+    host.len() > base.len() + 1
+        && host.ends_with(base)
+        && host.as_bytes().get(host.len() - base.len() - 1) == Some(&b'.')
+}
+
+/// IPv4 and its IPv4-mapped IPv6 form are the same address for matching.
+fn ip_eq(a: IpAddr, b: IpAddr) -> bool {
+    canonical_ip(a) == canonical_ip(b)
+}
+
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// Split `host[:port]`, keeping bare IPv6 literals (several colons, no brackets) whole.
+fn split_port(rule: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = rule.strip_prefix('[') {
+        if let Some(end) = rest.find(']') {
+            let host = &rule[..end + 2];
+            let after = &rest[end + 1..];
+            return match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None if after.is_empty() => (host, None),
+                // Garbage after the bracket: keep it in the port so it fails as a port.
+                None => (host, Some(after)),
+            };
+        }
+        return (rule, None);
+    }
+    if rule.matches(':').count() > 1 && rule.parse::<Ipv6Addr>().is_ok() {
+        return (rule, None);
+    }
+    match rule.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (rule, None),
+    }
+}
+
+impl TryFrom<String> for DomainRule {
+    type Error = NetworkError;
+    fn try_from(rule: String) -> Result<Self, NetworkError> {
+        DomainRule::parse(&rule)
+    }
+}
+
+impl From<DomainRule> for String {
+    fn from(rule: DomainRule) -> String {
+        rule.to_string()
+    }
+}
+
+impl fmt::Display for DomainRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.host, self.port) {
+            (HostPattern::Exact(h), _) => f.write_str(h)?,
+            (HostPattern::Subdomains(h), _) => write!(f, "*.{h}")?,
+            (HostPattern::Ip(IpAddr::V6(ip)), Some(_)) => write!(f, "[{ip}]")?,
+            (HostPattern::Ip(ip), _) => write!(f, "{ip}")?,
+        }
+        if let Some(port) = self.port {
+            write!(f, ":{port}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of [`Allowlist::decide`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    /// Whether the connection may proceed.
+    pub allowed: bool,
+    /// The rule that decided: `deny RULE`, `allow RULE`, `default deny`, or
+    /// `invalid host` when the host could not be normalised.
+    pub rule: String,
+}
+
+/// The allow and deny lists of a `proxy` network policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowlist {
+    allow: Vec<DomainRule>,
+    deny: Vec<DomainRule>,
+}
+
+impl Allowlist {
+    /// A list from already-validated rules.
+    pub fn new(allow: Vec<DomainRule>, deny: Vec<DomainRule>) -> Allowlist {
+        Allowlist { allow, deny }
+    }
+
+    /// The allow rules.
+    pub fn allow(&self) -> &[DomainRule] {
+        &self.allow
+    }
+
+    /// The deny rules.
+    pub fn deny(&self) -> &[DomainRule] {
+        &self.deny
+    }
+
+    /// Decide a connection to `host:port`. `host` is what the client asked for (a
+    /// CONNECT authority, a Host header, a SOCKS5 domain or an IP literal); it is
+    /// normalised the same way rules are. Deny wins over allow; no match is a deny.
+    pub fn decide(&self, host: &str, port: u16) -> Decision {
+        let host = match normalize_host(host) {
+            Ok(host) => host,
+            Err(_) => {
+                return Decision {
+                    allowed: false,
+                    rule: "invalid host".to_owned(),
+                };
+            }
+        };
+        if let Some(rule) = self.deny.iter().find(|r| r.matches(&host, port)) {
+            return Decision {
+                allowed: false,
+                rule: format!("deny {rule}"),
+            };
+        }
+        if let Some(rule) = self.allow.iter().find(|r| r.matches(&host, port)) {
+            return Decision {
+                allowed: true,
+                rule: format!("allow {rule}"),
+            };
+        }
+        Decision {
+            allowed: false,
+            rule: "default deny".to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(s: &str) -> DomainRule {
+        DomainRule::parse(s).unwrap()
+    }
+
+    #[test]
+    fn wildcard_is_strict_subdomains_only() {
+        let list = Allowlist::new(vec![rule("*.example.com")], vec![]);
+        assert!(list.decide("a.example.com", 443).allowed);
+        assert!(list.decide("a.b.example.com", 80).allowed);
+        assert!(!list.decide("example.com", 443).allowed);
+        assert!(!list.decide("badexample.com", 443).allowed);
+        assert!(!list.decide("example.com.evil.net", 443).allowed);
+    }
+
+    #[test]
+    fn deny_wins_and_names_the_rule() {
+        let list = Allowlist::new(
+            vec![rule("*.example.com"), rule("example.com")],
+            vec![rule("secret.example.com")],
+        );
+        let d = list.decide("Secret.Example.COM.", 443);
+        assert!(!d.allowed);
+        assert_eq!(d.rule, "deny secret.example.com");
+        let d = list.decide("example.com", 443);
+        assert_eq!(d.rule, "allow example.com");
+        assert_eq!(list.decide("other.org", 443).rule, "default deny");
+    }
+
+    #[test]
+    fn ports_restrict() {
+        let list = Allowlist::new(vec![rule("example.com:443")], vec![]);
+        assert!(list.decide("example.com", 443).allowed);
+        assert!(!list.decide("example.com", 80).allowed);
+    }
+
+    #[test]
+    fn ip_literals_are_exact_only() {
+        let list = Allowlist::new(vec![rule("10.0.0.1"), rule("[::1]:8080")], vec![]);
+        assert!(list.decide("10.0.0.1", 1).allowed);
+        assert!(list.decide("::ffff:10.0.0.1", 1).allowed);
+        assert!(!list.decide("10.0.0.2", 1).allowed);
+        assert!(list.decide("[::1]", 8080).allowed);
+        assert!(!list.decide("::1", 80).allowed);
+        assert!(matches!(
+            DomainRule::parse("*.10.0.0.1"),
+            Err(NetworkError::IpWildcard { .. })
+        ));
+    }
+
+    #[test]
+    fn idna_names_match_their_punycode() {
+        let list = Allowlist::new(vec![rule("bücher.example")], vec![]);
+        assert_eq!(list.allow()[0].to_string(), "xn--bcher-kva.example");
+        assert!(list.decide("xn--bcher-kva.example", 443).allowed);
+        assert!(list.decide("BÜCHER.example", 443).allowed);
+        assert_eq!(list.decide("bad..host", 443).rule, "invalid host");
+        assert_eq!(list.decide("under_score.example", 443).rule, "invalid host");
+    }
+
+    #[test]
+    fn rejects_broad_wildcards() {
+        assert!(matches!(
+            DomainRule::parse("*"),
+            Err(NetworkError::WildcardAll { .. })
+        ));
+        for suffix in ["*.com", "*.co.uk", "*.github.io", "*.localhost"] {
+            assert!(
+                matches!(
+                    DomainRule::parse(suffix),
+                    Err(NetworkError::PublicSuffixWildcard { .. })
+                ),
+                "{suffix}"
+            );
+        }
+        assert!(matches!(
+            DomainRule::parse("api.*.com"),
+            Err(NetworkError::MisplacedWildcard { .. })
+        ));
+        assert!(DomainRule::parse("*.example.co.uk").is_ok());
+        assert!(DomainRule::parse("github.io").is_ok());
+    }
+
+    #[test]
+    fn bad_ports() {
+        for bad in [
+            "example.com:0",
+            "example.com:65536",
+            "example.com:",
+            "example.com:x",
+        ] {
+            assert!(
+                matches!(DomainRule::parse(bad), Err(NetworkError::BadPort { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn covers() {
+        assert!(rule("*.example.com").covers(&rule("a.example.com:443")));
+        assert!(rule("*.example.com").covers(&rule("*.a.example.com")));
+        assert!(!rule("*.example.com").covers(&rule("example.com")));
+        assert!(!rule("example.com:443").covers(&rule("example.com")));
+        assert!(rule("example.com").covers(&rule("example.com:443")));
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            "example.com",
+            "*.example.com:443",
+            "10.0.0.1:80",
+            "[::1]:443",
+            "::1",
+        ] {
+            let r = rule(s);
+            assert_eq!(rule(&r.to_string()), r, "{s}");
+        }
+    }
+}

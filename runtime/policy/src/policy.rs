@@ -1,0 +1,601 @@
+//! `SandboxPolicy`: the typed policy, its TOML parser with located errors, the built-in
+//! profiles and the semantic validation that runs on every load.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::layers::{Layers, Requirement};
+use crate::network::{Allowlist, DomainRule};
+use crate::seccomp::SyscallPolicy;
+use crate::span::{self, KeyPath};
+use crate::value::{AbsPath, ByteSize, Capability, ProtectedName, Seconds};
+
+/// Paths that stay read-only inside every writable area, whatever the policy says.
+/// A trailing `/` marks a directory.
+pub const MANDATORY_PROTECTED: &[&str] = &[
+    ".git/hooks/",
+    ".git/config",
+    ".gitconfig",
+    ".gitmodules",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".zshrc",
+    ".zprofile",
+    ".profile",
+    ".ssh/",
+    ".mcp.json",
+    ".vscode/",
+    ".idea/",
+];
+
+/// Paths hidden from the sandbox in every policy (kernel state it has no business reading).
+pub const MANDATORY_MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/interrupts",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/sys/devices/virtual/powercap",
+    "/sys/firmware",
+];
+
+/// Paths mounted read-only in every policy.
+pub const MANDATORY_READONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The names of the built-in profiles; the first is the default.
+pub fn builtin_names() -> &'static [&'static str] {
+    &["agent", "strict"]
+}
+
+const BUILTIN_AGENT: &str = include_str!("../../../profiles/agent.toml");
+const BUILTIN_STRICT: &str = include_str!("../../../profiles/strict.toml");
+
+/// Why a policy text was refused. Every variant names the file (`origin`), the 1-based
+/// line and column, and the key path.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// TOML syntax, an unknown key, a wrong type or a malformed value.
+    #[error("{origin}:{line}:{column}: {key}: {message}")]
+    Parse {
+        origin: String,
+        line: usize,
+        column: usize,
+        key: String,
+        message: String,
+    },
+    /// Well-formed, but the values contradict each other or break a rule of the sandbox.
+    #[error("{origin}:{line}:{column}: {key}: invalid policy")]
+    Invalid {
+        origin: String,
+        line: usize,
+        column: usize,
+        key: String,
+        #[source]
+        violation: Box<Violation>,
+    },
+    #[error("unknown built-in profile `{name}` (known: agent, strict)")]
+    UnknownProfile { name: String },
+}
+
+impl PolicyError {
+    /// The violated rule, for errors found after parsing.
+    pub fn violation(&self) -> Option<&Violation> {
+        match self {
+            PolicyError::Invalid { violation, .. } => Some(violation.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// The key path the error is about (`network.allow[1]`).
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            PolicyError::Parse { key, .. } | PolicyError::Invalid { key, .. } => Some(key),
+            PolicyError::UnknownProfile { .. } => None,
+        }
+    }
+
+    /// The 1-based line of the error.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            PolicyError::Parse { line, .. } | PolicyError::Invalid { line, .. } => Some(*line),
+            PolicyError::UnknownProfile { .. } => None,
+        }
+    }
+}
+
+/// A rule of the sandbox that a well-formed policy broke.
+#[derive(Debug, thiserror::Error)]
+pub enum Violation {
+    #[error("the root filesystem is always read-only")]
+    WritableRootfs,
+    #[error("the root directory cannot be a writable scratch area")]
+    ScratchAtRoot,
+    #[error("writable path `{path}` overlaps writable path `{other}`")]
+    OverlappingWritable { path: AbsPath, other: AbsPath },
+    #[error("`{path}` is not under /proc or /sys")]
+    NotProcOrSys { path: AbsPath },
+    #[error("a sandbox always has its own user namespace")]
+    UserNamespaceRequired,
+    #[error("the id range must hold at least one id")]
+    EmptyIdRange,
+    #[error("host id range would include host uid 0")]
+    HostRootMapped,
+    #[error("host id range {start}+{size} does not fit in 32 bits")]
+    IdRangeOverflow { start: u32, size: u32 },
+    #[error("no_new_privs is always set")]
+    NoNewPrivsRequired,
+    #[error("capability {capability} cannot be granted to a sandbox")]
+    CapabilityForbidden { capability: Capability },
+    #[error("network mode `none` cannot have allow or deny rules")]
+    RulesWithoutProxy,
+    #[error("network mode `proxy` needs at least one allow rule")]
+    ProxyWithoutAllow,
+    #[error("allow rule `{allow}` is always denied by deny rule `{deny}`")]
+    AllowShadowedByDeny { allow: DomainRule, deny: DomainRule },
+    #[error("proxy port must be between 1 and 65535")]
+    BadProxyPort,
+    #[error("pids limit must be at least 1")]
+    ZeroPids,
+    #[error("cpu shares must be between 2 and 262144")]
+    CpuSharesRange,
+    #[error("cpu period must be between 1000 and 1000000 microseconds")]
+    CpuPeriodRange,
+    #[error("cpu quota must be at least 1000 microseconds")]
+    CpuQuotaRange,
+    #[error("the seccomp layer cannot be optional")]
+    SeccompOptional,
+    #[error("bad syscall table")]
+    Syscalls {
+        #[source]
+        source: crate::seccomp::SeccompError,
+    },
+}
+
+/// One writable scratch area: a fresh tmpfs of at most `size`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scratch {
+    pub path: AbsPath,
+    pub size: ByteSize,
+}
+
+/// The `[filesystem]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Filesystem {
+    /// Must be `true`; present so a profile can say it and a `false` is refused loudly.
+    pub readonly_rootfs: bool,
+    /// Writable tmpfs areas.
+    pub scratch: Vec<Scratch>,
+    /// Where the workspace appears: the host directory bind-mounted there becomes the
+    /// read-only lower layer of an overlay whose writes stay in the sandbox.
+    pub workspace: Option<AbsPath>,
+    /// Extra protected names, added to [`MANDATORY_PROTECTED`].
+    pub protected: Vec<ProtectedName>,
+    /// Extra masked paths under /proc or /sys, added to [`MANDATORY_MASKED`].
+    pub masked_paths: Vec<AbsPath>,
+    /// Extra read-only paths under /proc or /sys, added to [`MANDATORY_READONLY`].
+    pub readonly_paths: Vec<AbsPath>,
+}
+
+impl Default for Filesystem {
+    fn default() -> Self {
+        Filesystem {
+            readonly_rootfs: true,
+            scratch: vec![Scratch {
+                path: AbsPath::from_trusted("/tmp"),
+                size: ByteSize::from_trusted(64 << 20),
+            }],
+            workspace: None,
+            protected: Vec::new(),
+            masked_paths: Vec::new(),
+            readonly_paths: Vec::new(),
+        }
+    }
+}
+
+fn parse_all<T: TryFrom<&'static str>>(items: &'static [&'static str]) -> Vec<T> {
+    items.iter().filter_map(|s| T::try_from(s).ok()).collect()
+}
+
+fn merged<T: Clone + Ord>(mandatory: Vec<T>, extra: &[T]) -> Vec<T> {
+    let mut all = mandatory;
+    all.extend(extra.iter().cloned());
+    all.sort();
+    all.dedup();
+    all
+}
+
+impl Filesystem {
+    /// Every protected name: the mandatory ones plus the policy's extras, sorted.
+    pub fn protected_names(&self) -> Vec<ProtectedName> {
+        merged(parse_all(MANDATORY_PROTECTED), &self.protected)
+    }
+
+    /// Every masked path: the mandatory ones plus the policy's extras, sorted.
+    pub fn all_masked_paths(&self) -> Vec<AbsPath> {
+        merged(parse_all(MANDATORY_MASKED), &self.masked_paths)
+    }
+
+    /// Every read-only /proc or /sys path, sorted.
+    pub fn all_readonly_paths(&self) -> Vec<AbsPath> {
+        merged(parse_all(MANDATORY_READONLY), &self.readonly_paths)
+    }
+
+    /// The writable areas: scratch paths and the workspace.
+    pub fn writable_paths(&self) -> Vec<AbsPath> {
+        let mut paths: Vec<AbsPath> = self.scratch.iter().map(|s| s.path.clone()).collect();
+        paths.extend(self.workspace.clone());
+        paths
+    }
+}
+
+/// The `[identity]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Identity {
+    /// Must be `true`.
+    pub user_namespace: bool,
+    /// How many ids the sandbox gets (container ids `0..id_range`).
+    pub id_range: u32,
+    /// A fixed first host id for the range; when absent the runtime allocates one.
+    pub host_start: Option<u32>,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        Identity {
+            user_namespace: true,
+            id_range: 65536,
+            host_start: None,
+        }
+    }
+}
+
+/// The `[privileges]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Privileges {
+    /// Must be `true`.
+    pub no_new_privs: bool,
+    /// The capabilities a container may keep if its config asks for them (a ceiling).
+    pub capabilities: Vec<Capability>,
+}
+
+impl Default for Privileges {
+    fn default() -> Self {
+        Privileges {
+            no_new_privs: true,
+            capabilities: Vec::new(),
+        }
+    }
+}
+
+/// How the sandbox reaches the network.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NetworkMode {
+    /// Loopback only.
+    #[default]
+    None,
+    /// Loopback plus the egress proxy, which allows only the allow list.
+    Proxy,
+}
+
+/// The `[network]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Network {
+    pub mode: NetworkMode,
+    /// The port the proxy listens on inside the sandbox (127.0.0.1).
+    pub proxy_port: u16,
+    pub allow: Vec<DomainRule>,
+    pub deny: Vec<DomainRule>,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network {
+            mode: NetworkMode::None,
+            proxy_port: 3128,
+            allow: Vec::new(),
+            deny: Vec::new(),
+        }
+    }
+}
+
+impl Network {
+    /// The proxy's decision table (empty, so everything denied, in mode `none`).
+    pub fn allowlist(&self) -> Allowlist {
+        match self.mode {
+            NetworkMode::None => Allowlist::default(),
+            NetworkMode::Proxy => Allowlist::new(self.allow.clone(), self.deny.clone()),
+        }
+    }
+}
+
+/// The `[resources]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Resources {
+    /// Memory limit (swap is limited to the same figure: no extra swap).
+    pub memory: ByteSize,
+    pub pids: u32,
+    pub cpu_shares: u64,
+    /// CPU time per period, in microseconds.
+    pub cpu_quota_us: u64,
+    pub cpu_period_us: u64,
+    /// The sandbox is killed after this long.
+    pub wall_clock: Seconds,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            memory: ByteSize::from_trusted(1 << 30),
+            pids: 512,
+            cpu_shares: 1024,
+            cpu_quota_us: 100_000,
+            cpu_period_us: 100_000,
+            wall_clock: Seconds::from_trusted(3600),
+        }
+    }
+}
+
+/// A sandbox policy: everything the sandbox allows. Written as TOML (see
+/// `profiles/agent.toml`); every table may be omitted, and its defaults are the
+/// tightest sensible values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxPolicy {
+    /// One line for people.
+    pub description: String,
+    pub filesystem: Filesystem,
+    pub identity: Identity,
+    pub privileges: Privileges,
+    pub syscalls: SyscallPolicy,
+    pub network: Network,
+    pub resources: Resources,
+    pub layers: Layers,
+}
+
+impl SandboxPolicy {
+    /// Parse and validate a policy. `origin` names the text in errors (a file path or
+    /// `builtin:agent`).
+    pub fn parse(text: &str, origin: &str) -> Result<SandboxPolicy, PolicyError> {
+        let policy: SandboxPolicy = toml::from_str(text).map_err(|err| {
+            let offset = err.span().map_or(0, |s| s.start);
+            let (line, column) = span::line_col(text, offset);
+            PolicyError::Parse {
+                origin: origin.to_owned(),
+                line,
+                column,
+                key: span::path_at(text, offset).to_string(),
+                message: err.message().trim_end_matches('\n').to_owned(),
+            }
+        })?;
+        policy.validate().map_err(|(path, violation)| {
+            let (line, column) = span::line_col(text, span::offset_of(text, &path));
+            PolicyError::Invalid {
+                origin: origin.to_owned(),
+                line,
+                column,
+                key: path.to_string(),
+                violation: Box::new(violation),
+            }
+        })?;
+        Ok(policy)
+    }
+
+    /// A built-in profile by name (see [`builtin_names`]).
+    pub fn builtin(name: &str) -> Result<SandboxPolicy, PolicyError> {
+        let text = builtin_text(name)?;
+        SandboxPolicy::parse(text, &format!("profiles/{name}.toml"))
+    }
+
+    /// Check the rules that span several values. Returns the first violation with the
+    /// key it is about.
+    pub fn check(&self) -> Result<(), Violation> {
+        self.validate().map_err(|(_, v)| v)
+    }
+
+    fn validate(&self) -> Result<(), (KeyPath, Violation)> {
+        self.validate_filesystem()?;
+        self.validate_identity()?;
+        self.validate_privileges()?;
+        self.validate_network()?;
+        self.validate_resources()?;
+        if let Err(source) = self.syscalls.validate() {
+            return Err((
+                KeyPath::new("syscalls").key("deny"),
+                Violation::Syscalls { source },
+            ));
+        }
+        if self.layers.seccomp == Requirement::Optional {
+            return Err((
+                KeyPath::new("layers").key("seccomp"),
+                Violation::SeccompOptional,
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_filesystem(&self) -> Result<(), (KeyPath, Violation)> {
+        let fs = &self.filesystem;
+        let root = KeyPath::new("filesystem");
+        if !fs.readonly_rootfs {
+            return Err((root.key("readonly_rootfs"), Violation::WritableRootfs));
+        }
+        let mut writable: Vec<(KeyPath, &AbsPath)> = fs
+            .scratch
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (root.key("scratch").index(i).key("path"), &s.path))
+            .collect();
+        if let Some(workspace) = &fs.workspace {
+            writable.push((root.key("workspace"), workspace));
+        }
+        for (i, (key, path)) in writable.iter().enumerate() {
+            if path.as_str() == "/" {
+                return Err((key.clone(), Violation::ScratchAtRoot));
+            }
+            if let Some((_, other)) = writable[..i].iter().find(|(_, o)| o.overlaps(path)) {
+                return Err((
+                    key.clone(),
+                    Violation::OverlappingWritable {
+                        path: (*path).clone(),
+                        other: (*other).clone(),
+                    },
+                ));
+            }
+        }
+        for (name, list) in [
+            ("masked_paths", &fs.masked_paths),
+            ("readonly_paths", &fs.readonly_paths),
+        ] {
+            for (i, path) in list.iter().enumerate() {
+                let proc_or_sys = ["/proc", "/sys"]
+                    .iter()
+                    .filter_map(|p| AbsPath::try_from(*p).ok())
+                    .any(|base| path.is_within(&base) && *path != base);
+                if !proc_or_sys {
+                    return Err((
+                        root.key(name).index(i),
+                        Violation::NotProcOrSys { path: path.clone() },
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_identity(&self) -> Result<(), (KeyPath, Violation)> {
+        let id = &self.identity;
+        let root = KeyPath::new("identity");
+        if !id.user_namespace {
+            return Err((root.key("user_namespace"), Violation::UserNamespaceRequired));
+        }
+        if id.id_range == 0 {
+            return Err((root.key("id_range"), Violation::EmptyIdRange));
+        }
+        if let Some(start) = id.host_start {
+            if start == 0 {
+                return Err((root.key("host_start"), Violation::HostRootMapped));
+            }
+            if start.checked_add(id.id_range - 1).is_none() {
+                return Err((
+                    root.key("host_start"),
+                    Violation::IdRangeOverflow {
+                        start,
+                        size: id.id_range,
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_privileges(&self) -> Result<(), (KeyPath, Violation)> {
+        let root = KeyPath::new("privileges");
+        if !self.privileges.no_new_privs {
+            return Err((root.key("no_new_privs"), Violation::NoNewPrivsRequired));
+        }
+        for (i, cap) in self.privileges.capabilities.iter().enumerate() {
+            if !cap.is_grantable() {
+                return Err((
+                    root.key("capabilities").index(i),
+                    Violation::CapabilityForbidden {
+                        capability: cap.clone(),
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_network(&self) -> Result<(), (KeyPath, Violation)> {
+        let net = &self.network;
+        let root = KeyPath::new("network");
+        if net.proxy_port == 0 {
+            return Err((root.key("proxy_port"), Violation::BadProxyPort));
+        }
+        match net.mode {
+            NetworkMode::None => {
+                if !net.allow.is_empty() {
+                    return Err((root.key("allow"), Violation::RulesWithoutProxy));
+                }
+                if !net.deny.is_empty() {
+                    return Err((root.key("deny"), Violation::RulesWithoutProxy));
+                }
+            }
+            NetworkMode::Proxy => {
+                if net.allow.is_empty() {
+                    return Err((root.key("allow"), Violation::ProxyWithoutAllow));
+                }
+            }
+        }
+        for (i, allow) in net.allow.iter().enumerate() {
+            if let Some(deny) = net.deny.iter().find(|d| d.covers(allow)) {
+                return Err((
+                    root.key("allow").index(i),
+                    Violation::AllowShadowedByDeny {
+                        allow: allow.clone(),
+                        deny: deny.clone(),
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_resources(&self) -> Result<(), (KeyPath, Violation)> {
+        let r = &self.resources;
+        let root = KeyPath::new("resources");
+        if r.pids == 0 {
+            return Err((root.key("pids"), Violation::ZeroPids));
+        }
+        if !(2..=262_144).contains(&r.cpu_shares) {
+            return Err((root.key("cpu_shares"), Violation::CpuSharesRange));
+        }
+        if !(1000..=1_000_000).contains(&r.cpu_period_us) {
+            return Err((root.key("cpu_period_us"), Violation::CpuPeriodRange));
+        }
+        if r.cpu_quota_us < 1000 {
+            return Err((root.key("cpu_quota_us"), Violation::CpuQuotaRange));
+        }
+        Ok(())
+    }
+}
+
+/// The TOML text of a built-in profile.
+pub fn builtin_text(name: &str) -> Result<&'static str, PolicyError> {
+    match name {
+        "agent" => Ok(BUILTIN_AGENT),
+        "strict" => Ok(BUILTIN_STRICT),
+        _ => Err(PolicyError::UnknownProfile {
+            name: name.to_owned(),
+        }),
+    }
+}
+
+impl fmt::Display for NetworkMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NetworkMode::None => "none",
+            NetworkMode::Proxy => "proxy",
+        })
+    }
+}

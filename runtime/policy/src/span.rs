@@ -1,0 +1,176 @@
+//! Map between key paths (`network.allow[2]`) and positions in a TOML text, so that
+//! errors found after deserialising still name the file, line and key.
+
+use std::fmt;
+use std::ops::Range;
+
+use toml_edit::{ImDocument, Item, Value};
+
+/// One step of a key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// A path to a value inside a policy document.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPath(pub Vec<Segment>);
+
+impl KeyPath {
+    pub fn new(root: &str) -> KeyPath {
+        KeyPath(vec![Segment::Key(root.to_owned())])
+    }
+
+    pub fn key(&self, key: &str) -> KeyPath {
+        let mut path = self.clone();
+        path.0.push(Segment::Key(key.to_owned()));
+        path
+    }
+
+    pub fn index(&self, index: usize) -> KeyPath {
+        let mut path = self.clone();
+        path.0.push(Segment::Index(index));
+        path
+    }
+}
+
+impl fmt::Display for KeyPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, segment) in self.0.iter().enumerate() {
+            match segment {
+                Segment::Key(k) if i == 0 => f.write_str(k)?,
+                Segment::Key(k) => write!(f, ".{k}")?,
+                Segment::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// 1-based line and column of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(before.chars().count(), |nl| {
+        before.get(nl + 1..).map_or(0, |s| s.chars().count())
+    }) + 1;
+    (line, column)
+}
+
+#[derive(Clone, Copy)]
+enum Node<'a> {
+    Table(&'a toml_edit::Table),
+    Tables(&'a toml_edit::ArrayOfTables),
+    Value(&'a Value),
+    Empty,
+}
+
+impl<'a> Node<'a> {
+    fn from_item(item: &'a Item) -> Node<'a> {
+        match item {
+            Item::Table(t) => Node::Table(t),
+            Item::ArrayOfTables(a) => Node::Tables(a),
+            Item::Value(v) => Node::Value(v),
+            Item::None => Node::Empty,
+        }
+    }
+
+    fn span(&self) -> Option<Range<usize>> {
+        match self {
+            Node::Table(t) => t.span(),
+            Node::Tables(a) => a.span(),
+            Node::Value(v) => v.span(),
+            Node::Empty => None,
+        }
+    }
+
+    /// The child named by `segment`, with the span of its key when it has one.
+    fn child(&self, segment: &Segment) -> Option<(Node<'a>, Option<Range<usize>>)> {
+        match (*self, segment) {
+            (Node::Table(t), Segment::Key(k)) => {
+                let (key, item) = t.get_key_value(k)?;
+                Some((Node::from_item(item), key.span()))
+            }
+            (Node::Tables(a), Segment::Index(n)) => {
+                let table = a.get(*n)?;
+                Some((Node::Table(table), None))
+            }
+            (Node::Value(Value::InlineTable(t)), Segment::Key(k)) => {
+                let (key, item) = t.get_key_value(k)?;
+                Some((Node::from_item(item), key.span()))
+            }
+            (Node::Value(Value::Array(a)), Segment::Index(n)) => {
+                Some((Node::Value(a.get(*n)?), None))
+            }
+            _ => None,
+        }
+    }
+
+    fn segments(&self) -> Vec<Segment> {
+        match *self {
+            Node::Table(t) => t.iter().map(|(k, _)| Segment::Key(k.to_owned())).collect(),
+            Node::Value(Value::InlineTable(t)) => {
+                t.iter().map(|(k, _)| Segment::Key(k.to_owned())).collect()
+            }
+            Node::Tables(a) => (0..a.len()).map(Segment::Index).collect(),
+            Node::Value(Value::Array(a)) => (0..a.len()).map(Segment::Index).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The byte offset where `path` (or its nearest existing ancestor) starts in `text`.
+pub fn offset_of(text: &str, path: &KeyPath) -> usize {
+    let Ok(doc) = ImDocument::parse(text) else {
+        return 0;
+    };
+    let mut node = Node::from_item(doc.as_item());
+    let mut best = 0;
+    for segment in &path.0 {
+        match node.child(segment) {
+            Some((child, key_span)) => {
+                if let Some(span) = key_span.or_else(|| child.span()) {
+                    best = span.start;
+                }
+                node = child;
+            }
+            // The key is absent (a default applies): the nearest ancestor is the best place.
+            None => break,
+        }
+    }
+    best
+}
+
+/// The key path of the innermost value whose span contains `offset`.
+pub fn path_at(text: &str, offset: usize) -> KeyPath {
+    let mut path = KeyPath::default();
+    let Ok(doc) = ImDocument::parse(text) else {
+        return path;
+    };
+    let mut node = Node::from_item(doc.as_item());
+    loop {
+        let mut next = None;
+        for segment in node.segments() {
+            let Some((child, key_span)) = node.child(&segment) else {
+                continue;
+            };
+            let contains = |span: &Option<Range<usize>>| {
+                span.as_ref()
+                    .is_some_and(|s| s.start <= offset && offset <= s.end)
+            };
+            if contains(&child.span()) || contains(&key_span) {
+                next = Some((segment, child));
+                break;
+            }
+        }
+        match next {
+            Some((segment, child)) => {
+                path.0.push(segment);
+                node = child;
+            }
+            None => return path,
+        }
+    }
+}
