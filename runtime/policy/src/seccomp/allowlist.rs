@@ -381,9 +381,9 @@ pub const ALLOWLIST: &[Allowed] = &[
     ),
     any("pkey_free", "free a memory protection key"),
     any("pkey_mprotect", "mprotect with a protection key"),
-    x86(
+    any(
         "map_shadow_stack",
-        "CET shadow stacks for new threads (glibc with CET)",
+        "shadow stacks for new threads (glibc with x86 CET or arm64 GCS)",
     ),
     any("get_mempolicy", "NUMA policy query (libnuma, JVM)"),
     any("set_mempolicy", "NUMA policy of the caller"),

@@ -320,3 +320,6 @@ impl fmt::Display for Arch {
         f.write_str(self.name())
     }
 }
+
+#[cfg(test)]
+mod tests;
