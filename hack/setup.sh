@@ -1,4 +1,59 @@
 #!/usr/bin/env bash
-# Prepares this machine for the tests and the demo. Idempotent.
+# Prepares this machine for the tests and the demo. Idempotent: a rerun on a
+# prepared machine only rebuilds what changed.
+#   1. Debian packages (hack/install-deps.sh)
+#   2. podman configuration and the rootless test user (hack/podman.sh)
+#   3. release binaries, installed to /usr/local/bin
+#   4. the statically linked in-sandbox probe
+#   5. the test images (hack/images.sh), loaded into podman
+#   6. containerd, when hack/containerd.sh exists
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [[ $(id -u) != 0 ]]; then
+    echo "setup.sh: run as root (it installs packages and configures podman)" >&2
+    exit 1
+fi
+if ! command -v cargo >/dev/null && [[ -f $HOME/.cargo/env ]]; then
+    # shellcheck source=/dev/null
+    . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || { echo "setup.sh: cargo is not installed" >&2; exit 1; }
+
+step() { printf '\n== setup: %s (%ds)\n' "$1" "$SECONDS"; }
+
+step "packages"
+hack/install-deps.sh
+
+step "podman"
+hack/podman.sh
+
+step "release binaries"
+cargo build --release --locked -p agent-sandbox -p containerd-shim-agent-sandbox
+target_dir=${CARGO_TARGET_DIR:-target}
+for bin in agent-sandbox containerd-shim-agent-sandbox; do
+    if [[ ! -x $target_dir/release/$bin ]]; then
+        echo "setup.sh: cargo did not produce $target_dir/release/$bin" >&2
+        exit 1
+    fi
+    # Replace atomically: a running container may hold the old binary.
+    install -m 0755 "$target_dir/release/$bin" "/usr/local/bin/.$bin.new"
+    mv -f "/usr/local/bin/.$bin.new" "/usr/local/bin/$bin"
+done
+
+step "probe"
+# A separate target directory, so the static RUSTFLAGS do not invalidate the
+# workspace's own build cache.
+probe_target=$target_dir/probe
+RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$probe_target \
+    cargo build --release --locked -p agent-sandbox-probe --target x86_64-unknown-linux-gnu
+probe=$probe_target/x86_64-unknown-linux-gnu/release/probe
+
+step "images"
+hack/images.sh "$probe"
+
+if [[ -x hack/containerd.sh ]]; then
+    step "containerd"
+    hack/containerd.sh
+fi
+step "done"
