@@ -91,7 +91,7 @@ fn any_allowed(check: &'static str, attempts: &[(String, bool)]) -> Report {
 
 // ---------------------------------------------------------------- identity
 
-/// One line of /proc/self/uid_map: inside, outside, count.
+/// The uid map as text and as parsed lines.
 /// inside, outside, count
 type IdRange = (u64, u64, u64);
 
@@ -632,14 +632,37 @@ fn proc_root_escape() -> Report {
         Ok(m) => m,
         Err(err) => return not_applicable(CHECK, format!("stat /: {err}")),
     };
-    match fs::metadata("/proc/1/root/") {
-        Ok(m) if (m.dev(), m.ino()) != (own.dev(), own.ino()) => allowed(
-            CHECK,
-            "/proc/1/root is another filesystem root (pid 1 is outside the sandbox)",
-        ),
-        Ok(_) => blocked(CHECK, "/proc/1/root is the sandbox's own root"),
-        Err(err) => blocked(CHECK, format!("/proc/1/root: {err}")),
+    let entries = match fs::read_dir("/proc") {
+        Ok(e) => e,
+        Err(err) => return not_applicable(CHECK, format!("read /proc: {err}")),
+    };
+    // Any visible process whose root is another filesystem root hands that root
+    // to us through /proc/PID/root (pid namespace shared with the host).
+    let (mut seen, mut denied) = (0u32, 0u32);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        seen += 1;
+        match fs::metadata(format!("/proc/{pid}/root/")) {
+            Ok(m) if (m.dev(), m.ino()) != (own.dev(), own.ino()) => {
+                return allowed(
+                    CHECK,
+                    format!("/proc/{pid}/root is another filesystem root"),
+                );
+            }
+            Ok(_) => {}
+            Err(_) => denied += 1,
+        }
     }
+    blocked(
+        CHECK,
+        format!("{seen} processes visible, none with another root reachable ({denied} denied)"),
+    )
 }
 
 fn personality() -> Report {
@@ -783,55 +806,59 @@ fn userfaultfd() -> Report {
 
 fn open_by_handle_at() -> Report {
     const CHECK: &str = "open_by_handle_at";
-    // struct file_handle: handle_bytes u32, handle_type i32, then up to MAX_HANDLE_SZ bytes.
-    let mut handle = [0u64; 17];
-    handle[0] = 128;
-    let mut mount_id: libc::c_int = 0;
-    // SAFETY: handle is a writable buffer large enough for MAX_HANDLE_SZ; "/" is a C string.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_name_to_handle_at,
-            libc::AT_FDCWD,
-            c"/".as_ptr(),
-            handle.as_mut_ptr(),
-            &mut mount_id,
-            0,
-        )
-    };
-    if rc != 0 {
-        return blocked(CHECK, format!("name_to_handle_at(/): {}", errno()));
+    // Overlayfs roots usually cannot export handles (EOPNOTSUPP), so try a few
+    // filesystems a container commonly has: its root, /dev (tmpfs), /etc/hostname
+    // (a bind mount from the host's disk), /tmp.
+    let mut attempts = Vec::new();
+    for path in [c"/", c"/dev", c"/etc/hostname", c"/tmp"] {
+        let shown = path.to_string_lossy();
+        // struct file_handle: handle_bytes u32, handle_type i32, then up to MAX_HANDLE_SZ bytes.
+        let mut handle = [0u64; 17];
+        handle[0] = 128;
+        let mut mount_id: libc::c_int = 0;
+        // SAFETY: handle is a writable buffer large enough for MAX_HANDLE_SZ; path is a C string.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_name_to_handle_at,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                handle.as_mut_ptr(),
+                &mut mount_id,
+                0,
+            )
+        };
+        if rc != 0 {
+            attempts.push((format!("name_to_handle_at({shown}): {}", errno()), false));
+            continue;
+        }
+        // SAFETY: path is a valid C string.
+        let mount_fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if mount_fd < 0 {
+            attempts.push((format!("open {shown}: {}", errno()), false));
+            continue;
+        }
+        // SAFETY: mount_fd is a valid fd, handle was filled by the kernel above.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                mount_fd,
+                handle.as_mut_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        // SAFETY: closing the fd opened above.
+        unsafe { libc::close(mount_fd) };
+        if fd >= 0 {
+            close_raw(fd);
+            attempts.push((
+                format!("open_by_handle_at({shown}) succeeded: files reachable by handle"),
+                true,
+            ));
+            break;
+        }
+        attempts.push((format!("open_by_handle_at({shown}): {}", errno()), false));
     }
-    // SAFETY: the path is a valid C string.
-    let root = unsafe {
-        libc::open(
-            c"/".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if root < 0 {
-        return not_applicable(CHECK, format!("open /: {}", errno()));
-    }
-    // SAFETY: root is a valid fd, handle was filled by the kernel above.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_by_handle_at,
-            root,
-            handle.as_mut_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    let result = if fd >= 0 {
-        close_raw(fd);
-        allowed(
-            CHECK,
-            "open_by_handle_at succeeded (CAP_DAC_READ_SEARCH: host files reachable by handle)",
-        )
-    } else {
-        blocked(CHECK, format!("open_by_handle_at: {}", errno()))
-    };
-    // SAFETY: closing the fd opened above.
-    unsafe { libc::close(root) };
-    result
+    any_allowed(CHECK, &attempts)
 }
 
 /// Opens a file for writing without writing anything: enough to show the kernel
