@@ -35,6 +35,18 @@ fn quote(path: &str, glob: &str) -> String {
     out
 }
 
+/// `rel` may start with the glob `**/`; the rest is escaped, then `tail` appended.
+fn glob_escape(rel: &str, tail: &str) -> String {
+    let (glob, literal) = match rel.strip_prefix("**/") {
+        Some(rest) => ("**/", rest),
+        None => ("", rel),
+    };
+    let escaped = quote(literal, "");
+    // `quote` adds the surrounding quotes; strip them to splice into another pattern.
+    let inner = escaped.get(1..escaped.len() - 1).unwrap_or_default();
+    format!("{glob}{inner}{tail}")
+}
+
 /// The profile text for `policy`, named [`profile_name`]`(name)`.
 pub fn profile(policy: &SandboxPolicy, name: &str) -> String {
     let mut p = String::new();
@@ -57,7 +69,7 @@ pub fn profile(policy: &SandboxPolicy, name: &str) -> String {
          \x20 # Terminals, /dev/null and friends (the device cgroup limits which exist).\n\
          \x20 /dev/** rw,\n\
          \x20 # A process's own /proc files (oom_score_adj, comm, attr).\n\
-         \x20 owner @{PROC}/@{pid}/** w,\n\
+         \x20 owner /proc/[0-9]*/** w,\n\
          \n\
          \x20 # Writable paths.\n",
     );
@@ -65,20 +77,29 @@ pub fn profile(policy: &SandboxPolicy, name: &str) -> String {
         let _ = writeln!(p, "  {} rwlk,", quote(&format!("{path}/"), ""));
         let _ = writeln!(p, "  {} rwlk,", quote(&format!("{path}/"), "**"));
     }
-    p.push_str("\n  # Protected names stay read-only inside the writable paths.\n");
+    p.push_str(
+        "\n  # Protected names stay read-only inside the writable paths, at any depth\n\
+         \x20 # (a nested checkout's .git/hooks too), as files or as directories.\n",
+    );
     for path in fs.writable_paths() {
+        let base = format!("{path}/");
         for name in fs.protected_names() {
-            let target = format!("{path}/{}", name.as_str());
-            let _ = writeln!(p, "  deny {} wl,", quote(&target, ""));
-            // A directory, or a name a tool may create as one: nothing beneath it either.
-            let _ = writeln!(p, "  deny {} wl,", quote(&format!("{target}/"), "**"));
+            for depth in ["", "**/"] {
+                let target = format!("{depth}{}", name.as_str());
+                let _ = writeln!(p, "  deny {} wl,", quote(&base, &glob_escape(&target, "")));
+                let _ = writeln!(
+                    p,
+                    "  deny {} wl,",
+                    quote(&base, &glob_escape(&target, "/**"))
+                );
+            }
         }
     }
     p.push_str(
         "\n  # Kernel settings and devices.\n\
-         \x20 deny @{PROC}/sys/** wl,\n\
-         \x20 deny @{PROC}/sysrq-trigger rwl,\n\
-         \x20 deny @{PROC}/kcore rwl,\n\
+         \x20 deny /proc/sys/** wl,\n\
+         \x20 deny /proc/sysrq-trigger rwl,\n\
+         \x20 deny /proc/kcore rwl,\n\
          \x20 deny /sys/** wl,\n\
          \n\
          \x20 # Filesystem topology, tracing, privileges.\n\

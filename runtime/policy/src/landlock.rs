@@ -10,20 +10,27 @@
 //! express as an exception under a writable parent.
 //!
 //! Applying it (in the runtime, inside the container before exec):
-//! ```ignore
-//! use landlock::{Ruleset, RulesetAttr, RulesetCreatedAttr, PathBeneath, PathFd, NetPort};
+//! ```no_run
+//! use landlock::{
+//!     NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+//! };
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = agent_sandbox_policy::SandboxPolicy::builtin("agent")?;
 //! let rs = agent_sandbox_policy::landlock::ruleset(&policy);
 //! let mut created = Ruleset::default()
 //!     .handle_access(rs.handled_fs_flags())?
 //!     .handle_access(rs.handled_net_flags())?
 //!     .create()?;
 //! for rule in &rs.paths {
-//!     created = created.add_rule(PathBeneath::new(PathFd::new(&rule.path)?, rule.flags()))?;
+//!     let fd = PathFd::new(&rule.path)?;
+//!     created = created.add_rule(PathBeneath::new(fd, rule.flags()))?;
 //! }
 //! for rule in &rs.net {
 //!     created = created.add_rule(NetPort::new(rule.port, rule.flags()))?;
 //! }
 //! created.restrict_self()?;
+//! # Ok(())
+//! # }
 //! ```
 
 use std::collections::BTreeSet;

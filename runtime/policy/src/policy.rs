@@ -377,14 +377,21 @@ impl SandboxPolicy {
     /// `builtin:agent`).
     pub fn parse(text: &str, origin: &str) -> Result<SandboxPolicy, PolicyError> {
         let policy: SandboxPolicy = toml::from_str(text).map_err(|err| {
-            let offset = err.span().map_or(0, |s| s.start);
+            let message = err.message().trim_end_matches('\n').to_owned();
+            let mut offset = err.span().map_or(0, |s| s.start);
+            let mut path = span::path_at(text, offset);
+            // toml reports a bad array element at the array; point at the element.
+            if let Some((element, start)) = span::refine_to_element(text, &path, &message) {
+                path = element;
+                offset = start;
+            }
             let (line, column) = span::line_col(text, offset);
             PolicyError::Parse {
                 origin: origin.to_owned(),
                 line,
                 column,
-                key: span::path_at(text, offset).to_string(),
-                message: err.message().trim_end_matches('\n').to_owned(),
+                key: path.to_string(),
+                message,
             }
         })?;
         policy.validate().map_err(|(path, violation)| {

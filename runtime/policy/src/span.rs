@@ -143,10 +143,19 @@ pub fn offset_of(text: &str, path: &KeyPath) -> usize {
     best
 }
 
-/// The key path of the innermost value whose span contains `offset`.
+/// The key path of the innermost value whose span contains `offset`. For a text that is
+/// not valid TOML, the last table header before `offset`.
 pub fn path_at(text: &str, offset: usize) -> KeyPath {
     let mut path = KeyPath::default();
     let Ok(doc) = ImDocument::parse(text) else {
+        let before = text.get(..offset.min(text.len())).unwrap_or(text);
+        let header = before.lines().rev().find_map(|line| {
+            let name = line.trim().strip_prefix('[')?.split(']').next()?;
+            Some(name.trim_matches(|c| c == '[' || c == ' ').to_owned())
+        });
+        if let Some(name) = header {
+            path.0.push(Segment::Key(name));
+        }
         return path;
     };
     let mut node = Node::from_item(doc.as_item());
@@ -173,4 +182,24 @@ pub fn path_at(text: &str, offset: usize) -> KeyPath {
             None => return path,
         }
     }
+}
+
+/// Refine an error located at an array to the element it is about: the first string
+/// element that `message` quotes (our value errors quote the offending value as `x`).
+/// Returns the element's path and start offset.
+pub fn refine_to_element(text: &str, path: &KeyPath, message: &str) -> Option<(KeyPath, usize)> {
+    let doc = ImDocument::parse(text).ok()?;
+    let mut node = Node::from_item(doc.as_item());
+    for segment in &path.0 {
+        node = node.child(segment)?.0;
+    }
+    let Node::Value(Value::Array(array)) = node else {
+        return None;
+    };
+    array.iter().enumerate().find_map(|(i, value)| {
+        let s = value.as_str()?;
+        message
+            .contains(&format!("`{s}`"))
+            .then(|| (path.index(i), value.span().map_or(0, |r| r.start)))
+    })
 }

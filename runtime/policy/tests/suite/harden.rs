@@ -1,0 +1,497 @@
+//! Spec hardening against realistic incoming specs (oci-spec's default spec is the one
+//! `runc spec` writes, with the podman-style mounts added).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use agent_sandbox_policy::SandboxPolicy;
+use agent_sandbox_policy::harden::{
+    self, HardenContext, HardenError, HardenedSpec, IdMapping, OverlayDirs,
+};
+use agent_sandbox_policy::policy::NetworkMode;
+use oci_spec::runtime::{
+    LinuxCapabilities, LinuxDeviceBuilder, LinuxDeviceType, LinuxMemoryBuilder,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, Spec,
+};
+
+pub fn ctx() -> HardenContext {
+    HardenContext {
+        uid_mappings: vec![IdMapping {
+            container_id: 0,
+            host_id: 200_000,
+            size: 65536,
+        }],
+        gid_mappings: vec![IdMapping {
+            container_id: 0,
+            host_id: 200_000,
+            size: 65536,
+        }],
+        workspace: Some(OverlayDirs {
+            upper: "/run/agent-sandbox/c1/upper".into(),
+            work: "/run/agent-sandbox/c1/work".into(),
+        }),
+        protected: Vec::new(),
+        network_namespace: None,
+    }
+}
+
+fn bind(src: &str, dst: &str, opts: &[&str]) -> Mount {
+    MountBuilder::default()
+        .destination(dst)
+        .typ("bind")
+        .source(src)
+        .options(opts.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+        .build()
+        .unwrap()
+}
+
+/// `runc spec`'s default plus podman-style binds and the workspace.
+pub fn podman_like_spec() -> Spec {
+    let mut spec = Spec::default();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(bind("/var/lib/c/hosts", "/etc/hosts", &["rbind", "rw"]));
+    mounts.push(bind("/srv/project", "/workspace", &["rbind", "rw"]));
+    mounts.push(bind("/dev/null", "/dev/null", &["rbind"]));
+    mounts.push(
+        MountBuilder::default()
+            .destination("/tmp")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .options(vec!["rw".to_owned(), "size=100g".to_owned()])
+            .build()
+            .unwrap(),
+    );
+    spec.set_mounts(Some(mounts));
+    spec
+}
+
+fn agent() -> SandboxPolicy {
+    SandboxPolicy::builtin("agent").unwrap()
+}
+
+fn harden_ok(spec: Spec, policy: &SandboxPolicy, ctx: &HardenContext) -> HardenedSpec {
+    harden::harden_spec(spec, policy, ctx).unwrap_or_else(|e| panic!("{e}: {e:?}"))
+}
+
+fn mount_at<'a>(spec: &'a Spec, dest: &str) -> Vec<&'a Mount> {
+    spec.mounts()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|m| m.destination() == Path::new(dest))
+        .collect()
+}
+
+fn opts(m: &Mount) -> Vec<String> {
+    m.options().clone().unwrap_or_default()
+}
+
+#[test]
+fn default_spec_gets_every_protection() {
+    let HardenedSpec { spec, policy } = harden_ok(podman_like_spec(), &agent(), &ctx());
+    assert_eq!(policy, agent());
+    assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
+    let process = spec.process().as_ref().unwrap();
+    assert_eq!(process.no_new_privileges(), Some(true));
+    let caps = process.capabilities().as_ref().unwrap();
+    for set in [
+        caps.bounding(),
+        caps.effective(),
+        caps.permitted(),
+        caps.inheritable(),
+        caps.ambient(),
+    ] {
+        assert!(set.as_ref().unwrap().is_empty());
+    }
+    let linux = spec.linux().as_ref().unwrap();
+    let ns = linux.namespaces().as_ref().unwrap();
+    for typ in [
+        LinuxNamespaceType::User,
+        LinuxNamespaceType::Network,
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Pid,
+    ] {
+        let n = ns.iter().find(|n| n.typ() == typ).unwrap();
+        assert_eq!(n.path(), &None);
+    }
+    let uid = &linux.uid_mappings().as_ref().unwrap()[0];
+    assert_eq!(
+        (uid.container_id(), uid.host_id(), uid.size()),
+        (0, 200_000, 65536)
+    );
+    assert!(linux.seccomp().is_some());
+    let masked = linux.masked_paths().as_ref().unwrap();
+    assert!(masked.contains(&"/proc/kcore".to_owned()));
+    assert!(
+        linux
+            .readonly_paths()
+            .as_ref()
+            .unwrap()
+            .contains(&"/proc/sys".to_owned())
+    );
+    let res = linux.resources().as_ref().unwrap();
+    assert_eq!(res.memory().unwrap().limit(), Some(2 << 30));
+    assert_eq!(res.memory().unwrap().swap(), Some(2 << 30));
+    assert_eq!(res.pids().unwrap().limit(), 1024);
+    let devices = res.devices().as_ref().unwrap();
+    assert!(!devices[0].allow());
+
+    // Scratch: the incoming 100g /tmp is replaced by the policy's 512M tmpfs.
+    let tmp = mount_at(&spec, "/tmp");
+    assert_eq!(tmp.len(), 1);
+    assert!(opts(tmp[0]).contains(&format!("size={}", 512u64 << 20)));
+    // Other binds are read-only.
+    let hosts = mount_at(&spec, "/etc/hosts");
+    assert!(opts(hosts[0]).contains(&"ro".to_owned()));
+    assert!(!opts(hosts[0]).contains(&"rw".to_owned()));
+    // sysfs is read-only.
+    let sys = mount_at(&spec, "/sys");
+    assert!(opts(sys[0]).contains(&"ro".to_owned()));
+}
+
+#[test]
+fn workspace_becomes_an_overlay_with_protected_binds_on_top() {
+    let policy = agent();
+    let spec = podman_like_spec();
+    let candidates = harden::protected_path_candidates(&spec, &policy);
+    let hooks = candidates
+        .iter()
+        .find(|c| c.container_path == Path::new("/workspace/.git/hooks"))
+        .unwrap()
+        .clone();
+    assert_eq!(hooks.host_path, PathBuf::from("/srv/project/.git/hooks"));
+    assert!(hooks.dir);
+    assert!(
+        candidates
+            .iter()
+            .any(|c| c.container_path == Path::new("/workspace/.bashrc"))
+    );
+    let mut ctx = ctx();
+    ctx.protected = vec![hooks.clone()];
+    let out = harden_ok(spec, &policy, &ctx).spec;
+    let mounts = out.mounts().as_ref().unwrap();
+    let overlay_idx = mounts
+        .iter()
+        .position(|m| m.destination() == Path::new("/workspace"))
+        .unwrap();
+    let overlay = &mounts[overlay_idx];
+    assert_eq!(overlay.typ().as_deref(), Some("overlay"));
+    let o = opts(overlay);
+    assert!(o.contains(&"lowerdir=/srv/project".to_owned()));
+    assert!(o.contains(&"upperdir=/run/agent-sandbox/c1/upper".to_owned()));
+    let hooks_idx = mounts
+        .iter()
+        .position(|m| m.destination() == Path::new("/workspace/.git/hooks"))
+        .unwrap();
+    assert!(
+        hooks_idx > overlay_idx,
+        "protected bind must come after the overlay"
+    );
+    let h = &mounts[hooks_idx];
+    assert_eq!(
+        h.source().as_deref(),
+        Some(Path::new("/srv/project/.git/hooks"))
+    );
+    assert!(opts(h).contains(&"ro".to_owned()));
+    // No bind of the workspace itself survives (it would be writable through to the host).
+    assert_eq!(mount_at(&out, "/workspace").len(), 1);
+}
+
+#[test]
+fn workspace_without_overlay_dirs_is_an_error() {
+    let mut ctx = ctx();
+    ctx.workspace = None;
+    let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
+    assert!(
+        matches!(err, HardenError::MissingOverlayDirs { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn unexpected_protected_path_is_an_error() {
+    let mut ctx = ctx();
+    ctx.protected = vec![harden::ProtectedMount {
+        container_path: "/etc".into(),
+        host_path: "/etc".into(),
+        dir: true,
+    }];
+    let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
+    assert!(
+        matches!(err, HardenError::UnexpectedProtectedPath { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn host_network_path_is_stripped() {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    let mut ns = linux.namespaces().clone().unwrap();
+    ns.retain(|n| n.typ() != LinuxNamespaceType::Network);
+    ns.push(
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Network)
+            .path("/proc/1/ns/net")
+            .build()
+            .unwrap(),
+    );
+    linux.set_namespaces(Some(ns));
+    spec.set_linux(Some(linux));
+    let out = harden_ok(spec, &agent(), &ctx()).spec;
+    let net = out
+        .linux()
+        .as_ref()
+        .unwrap()
+        .namespaces()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|n| n.typ() == LinuxNamespaceType::Network)
+        .unwrap()
+        .clone();
+    assert_eq!(net.path(), &None);
+}
+
+#[test]
+fn host_root_mapping_is_refused() {
+    let mut ctx = ctx();
+    ctx.uid_mappings[0].host_id = 0;
+    let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
+    assert!(matches!(err, HardenError::HostRootMapping { .. }), "{err}");
+    let mut ctx = self::ctx();
+    ctx.gid_mappings[0].size = 1 << 20;
+    let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
+    assert!(matches!(err, HardenError::MappingTooLarge { .. }), "{err}");
+}
+
+#[test]
+fn capabilities_are_the_intersection_of_spec_and_policy() {
+    let policy = SandboxPolicy::parse(
+        "[privileges]\ncapabilities = [\"CAP_CHOWN\", \"CAP_KILL\"]\n",
+        "t.toml",
+    )
+    .unwrap();
+    let mut spec = podman_like_spec();
+    let mut process = spec.process().clone().unwrap();
+    let wanted: oci_spec::runtime::Capabilities = [
+        oci_spec::runtime::Capability::Chown,
+        oci_spec::runtime::Capability::SysAdmin,
+        oci_spec::runtime::Capability::NetRaw,
+    ]
+    .into_iter()
+    .collect();
+    let mut caps = LinuxCapabilities::default();
+    caps.set_bounding(Some(wanted.clone()));
+    caps.set_effective(Some(wanted.clone()));
+    caps.set_ambient(Some(wanted));
+    caps.set_permitted(Some(oci_spec::runtime::Capabilities::new()));
+    process.set_capabilities(Some(caps));
+    spec.set_process(Some(process));
+    let out = harden_ok(spec, &policy, &ctx()).spec;
+    let caps = out
+        .process()
+        .as_ref()
+        .unwrap()
+        .capabilities()
+        .clone()
+        .unwrap();
+    let only_chown: oci_spec::runtime::Capabilities =
+        [oci_spec::runtime::Capability::Chown].into_iter().collect();
+    assert_eq!(caps.bounding().as_ref(), Some(&only_chown));
+    assert_eq!(caps.effective().as_ref(), Some(&only_chown));
+    assert!(caps.permitted().as_ref().unwrap().is_empty());
+}
+
+#[test]
+fn resources_take_the_smaller_of_spec_and_policy() {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_resources(Some(
+        LinuxResourcesBuilder::default()
+            .memory(
+                LinuxMemoryBuilder::default()
+                    .limit(256i64 << 20)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    ));
+    spec.set_linux(Some(linux.clone()));
+    let out = harden_ok(spec.clone(), &agent(), &ctx()).spec;
+    let mem = out
+        .linux()
+        .as_ref()
+        .unwrap()
+        .resources()
+        .as_ref()
+        .unwrap()
+        .memory()
+        .unwrap();
+    assert_eq!(mem.limit(), Some(256 << 20));
+
+    linux.set_resources(Some(
+        LinuxResourcesBuilder::default()
+            .memory(
+                LinuxMemoryBuilder::default()
+                    .limit(64i64 << 30)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    ));
+    spec.set_linux(Some(linux));
+    let out = harden_ok(spec, &agent(), &ctx()).spec;
+    let mem = out
+        .linux()
+        .as_ref()
+        .unwrap()
+        .resources()
+        .as_ref()
+        .unwrap()
+        .memory()
+        .unwrap();
+    assert_eq!(mem.limit(), Some(2 << 30));
+}
+
+#[test]
+fn host_devices_and_extra_writable_mounts_are_refused() {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_devices(Some(vec![
+        LinuxDeviceBuilder::default()
+            .path("/dev/sda")
+            .typ(LinuxDeviceType::B)
+            .major(8)
+            .minor(0)
+            .build()
+            .unwrap(),
+    ]));
+    spec.set_linux(Some(linux));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::Device { .. }), "{err}");
+
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(bind("/dev/kvm", "/dev/kvm", &["rbind"]));
+    spec.set_mounts(Some(mounts));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::DeviceMount { .. }), "{err}");
+
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(
+        MountBuilder::default()
+            .destination("/data")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .build()
+            .unwrap(),
+    );
+    spec.set_mounts(Some(mounts));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::WritableMount { .. }), "{err}");
+}
+
+fn with_annotations(pairs: &[(&str, &str)]) -> Spec {
+    let mut spec = podman_like_spec();
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    spec.set_annotations(Some(map));
+    spec
+}
+
+#[test]
+fn annotations_narrow() {
+    let spec = with_annotations(&[
+        (
+            "io.agent.sandbox.network.allow",
+            "pypi.org:443, files.pythonhosted.org:443",
+        ),
+        ("io.agent.sandbox.memory", "512M"),
+        ("io.agent.sandbox.pids", "64"),
+        ("io.agent.sandbox.wall-clock", "10m"),
+        ("org.other.key", "ignored"),
+    ]);
+    let HardenedSpec { spec, policy } = harden_ok(spec, &agent(), &ctx());
+    assert_eq!(policy.network.allow.len(), 2);
+    assert!(policy.network.allowlist().decide("pypi.org", 443).allowed);
+    assert!(!policy.network.allowlist().decide("github.com", 443).allowed);
+    assert_eq!(policy.resources.wall_clock.get(), 600);
+    let res = spec.linux().as_ref().unwrap().resources().clone().unwrap();
+    assert_eq!(res.memory().unwrap().limit(), Some(512 << 20));
+    assert_eq!(res.pids().unwrap().limit(), 64);
+
+    let spec = with_annotations(&[("io.agent.sandbox.profile", "strict")]);
+    let policy = harden_ok(spec, &agent(), &ctx()).policy;
+    assert_eq!(policy.network.mode, NetworkMode::None);
+
+    let spec = with_annotations(&[("io.agent.sandbox.network", "none")]);
+    let policy = harden_ok(spec, &agent(), &ctx()).policy;
+    assert_eq!(policy.network.mode, NetworkMode::None);
+}
+
+fn annotation_error(pairs: &[(&str, &str)], ceiling: &SandboxPolicy) -> HardenError {
+    harden::harden_spec(with_annotations(pairs), ceiling, &ctx()).unwrap_err()
+}
+
+#[test]
+fn annotations_that_widen_are_errors_naming_the_annotation() {
+    let cases: &[(&str, &str)] = &[
+        ("io.agent.sandbox.network.allow", "evil.example"),
+        ("io.agent.sandbox.network.allow", "*.github.com"),
+        ("io.agent.sandbox.memory", "64G"),
+        ("io.agent.sandbox.pids", "100000"),
+        ("io.agent.sandbox.wall-clock", "48h"),
+        ("io.agent.sandbox.capabilities", "CAP_CHOWN"),
+        ("io.agent.sandbox.cpu-quota-us", "900000"),
+    ];
+    for (key, value) in cases {
+        let err = annotation_error(&[(key, value)], &agent());
+        match &err {
+            HardenError::AnnotationWidens { annotation, .. } => assert_eq!(annotation, key),
+            other => panic!("{key}={value}: {other}"),
+        }
+        assert!(err.to_string().contains(key), "{err}");
+    }
+    let strict = SandboxPolicy::builtin("strict").unwrap();
+    let err = annotation_error(&[("io.agent.sandbox.profile", "agent")], &strict);
+    assert!(
+        matches!(&err, HardenError::AnnotationWidens { annotation, .. } if annotation == "io.agent.sandbox.profile"),
+        "{err}"
+    );
+    let err = annotation_error(&[("io.agent.sandbox.network", "proxy")], &strict);
+    assert!(matches!(err, HardenError::AnnotationWidens { .. }), "{err}");
+}
+
+#[test]
+fn unknown_or_malformed_annotations_are_errors() {
+    let err = annotation_error(&[("io.agent.sandbox.netwrok", "none")], &agent());
+    assert!(
+        matches!(&err, HardenError::UnknownAnnotation { annotation } if annotation == "io.agent.sandbox.netwrok"),
+        "{err}"
+    );
+    let err = annotation_error(&[("io.agent.sandbox.memory", "lots")], &agent());
+    assert!(matches!(err, HardenError::BadAnnotation { .. }), "{err}");
+    let err = annotation_error(&[("io.agent.sandbox.network.allow", "*.com")], &agent());
+    assert!(matches!(err, HardenError::BadAnnotation { .. }), "{err}");
+    let err = annotation_error(&[("io.agent.sandbox.profile", "lax")], &agent());
+    assert!(matches!(err, HardenError::UnknownProfile { .. }), "{err}");
+}
+
+#[test]
+fn exec_process_is_clamped_too() {
+    let mut process = Spec::default().process().clone().unwrap();
+    process.set_no_new_privileges(Some(false));
+    process.set_oom_score_adj(Some(-999));
+    let out = harden::harden_process(process, &agent()).unwrap();
+    assert_eq!(out.no_new_privileges(), Some(true));
+    assert_eq!(out.oom_score_adj(), Some(0));
+    let caps = out.capabilities().clone().unwrap();
+    assert!(caps.bounding().as_ref().unwrap().is_empty());
+    assert!(caps.effective().as_ref().unwrap().is_empty());
+}

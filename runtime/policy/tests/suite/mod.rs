@@ -1,0 +1,5 @@
+mod apparmor;
+mod ceiling;
+mod golden;
+mod harden;
+mod invalid;
