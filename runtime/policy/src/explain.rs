@@ -138,11 +138,11 @@ pub fn explain(policy: &SandboxPolicy) -> String {
          (seccomp)\n\
          \x20 - host devices other than null, zero, full, random, urandom and terminals\n",
     );
-    let _ = writeln!(
-        out,
-        "  - denied system calls fail with {:?}",
-        policy.syscalls.errno
-    );
+    let errno = serde_json::to_value(policy.syscalls.errno)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{:?}", policy.syscalls.errno));
+    let _ = writeln!(out, "  - denied system calls fail with {errno}");
     if !policy.syscalls.deny.is_empty() {
         let names: Vec<&str> = policy.syscalls.deny.iter().map(|n| n.as_str()).collect();
         let _ = writeln!(out, "  - also denied by this profile: {}", names.join(", "));
@@ -176,7 +176,8 @@ mod tests {
         let text = explain(&SandboxPolicy::builtin("agent").unwrap());
         assert!(text.contains("write in /workspace"));
         assert!(text.contains("pypi.org:443"));
-        assert!(text.contains("gist.github.com (deny wins over allow)"));
+        assert!(text.contains("*.crates.io:443"));
+        assert!(text.contains("fail with EPERM"));
         assert!(text.contains(".git/hooks/"));
         assert!(text.contains("memory 2G"));
         assert!(text.contains("every capability is dropped"));
@@ -188,5 +189,9 @@ mod tests {
         assert!(text.contains("loopback (127.0.0.1) only"));
         assert!(text.contains("runs for at most 15m"));
         assert!(!text.contains("proxy at"));
+        let mut policy = SandboxPolicy::builtin("agent").unwrap();
+        policy.network.deny = vec![crate::network::DomainRule::parse("static.crates.io").unwrap()];
+        let text = explain(&policy);
+        assert!(text.contains("static.crates.io (deny wins over allow)"));
     }
 }

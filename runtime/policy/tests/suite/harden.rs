@@ -495,3 +495,73 @@ fn exec_process_is_clamped_too() {
     assert!(caps.bounding().as_ref().unwrap().is_empty());
     assert!(caps.effective().as_ref().unwrap().is_empty());
 }
+
+/// config.json files captured from real `podman run --runtime <capture script>` on this
+/// machine (podman 4.3.1), rootful and rootless, each with `-v DIR:/workspace`.
+const PODMAN_ROOTFUL: &str = include_str!("../fixtures/podman-4.3-rootful.json");
+const PODMAN_ROOTLESS: &str = include_str!("../fixtures/podman-4.3-rootless.json");
+
+#[test]
+fn real_podman_specs_harden() {
+    for (name, json, workspace) in [
+        ("rootful", PODMAN_ROOTFUL, "/tmp/policy-cap/ws"),
+        ("rootless", PODMAN_ROOTLESS, "/tmp/policy-cap/ws2"),
+    ] {
+        let spec: Spec = serde_json::from_str(json).unwrap();
+        // Podman's own seccomp profile is replaced by ours.
+        assert!(spec.linux().as_ref().unwrap().seccomp().is_some());
+        let policy = agent();
+        assert_eq!(
+            harden::workspace_source(&spec, &policy),
+            Some(PathBuf::from(workspace)),
+            "{name}"
+        );
+        let HardenedSpec {
+            spec: out,
+            policy: effective,
+        } = harden::harden_spec(spec, &policy, &ctx()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if name == "rootful" {
+            // The fixture carries `--annotation io.agent.sandbox.memory=256M`.
+            assert_eq!(effective.resources.memory.bytes(), 256 << 20);
+        }
+        let shm = mount_at(&out, "/dev/shm");
+        assert!(
+            !opts(shm[0]).contains(&"ro".to_owned()),
+            "{name}: /dev/shm must stay writable"
+        );
+        assert!(opts(shm[0]).contains(&"noexec".to_owned()));
+        for ro in [
+            "/etc/hosts",
+            "/etc/hostname",
+            "/run/.containerenv",
+            "/sys/fs/cgroup",
+        ] {
+            assert!(
+                opts(mount_at(&out, ro)[0]).contains(&"ro".to_owned()),
+                "{name}: {ro}"
+            );
+        }
+        let ws = mount_at(&out, "/workspace");
+        assert_eq!(ws.len(), 1);
+        assert!(
+            opts(ws[0]).contains(&format!("lowerdir={workspace}")),
+            "{name}"
+        );
+        // `/run` scratch comes before `/run/.containerenv` (parents first).
+        let mounts = out.mounts().as_ref().unwrap();
+        let run = mounts
+            .iter()
+            .position(|m| m.destination() == Path::new("/run"))
+            .unwrap();
+        let env = mounts
+            .iter()
+            .position(|m| m.destination() == Path::new("/run/.containerenv"))
+            .unwrap();
+        assert!(run < env, "{name}");
+        let seccomp = out.linux().as_ref().unwrap().seccomp().clone().unwrap();
+        assert_eq!(
+            seccomp.default_action(),
+            oci_spec::runtime::LinuxSeccompAction::ScmpActErrno
+        );
+    }
+}
