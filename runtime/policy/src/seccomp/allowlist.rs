@@ -101,6 +101,72 @@ pub const ERRNO_OVERRIDES: &[ErrnoOverride] = &[ErrnoOverride {
     reason: "flags sit in memory the filter cannot read; ENOSYS makes libc fall back to clone, whose flags are checked",
 }];
 
+/// An allowed syscall that the `strict` level removes, and why a sandboxed agent tool can
+/// do without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StrictDrop {
+    /// The kernel's name (also in [`ALLOWLIST`]).
+    pub name: &'static str,
+    /// Why strict drops it.
+    pub reason: &'static str,
+}
+
+const fn dropped(name: &'static str, reason: &'static str) -> StrictDrop {
+    StrictDrop { name, reason }
+}
+
+/// What `level = "strict"` removes from [`ALLOWLIST`]: facilities of servers and databases
+/// rather than of shells, compilers, git, curl, python or node, each one kernel code that an
+/// agent's tools then cannot reach.
+pub const STRICT_DROPS: &[StrictDrop] = &[
+    dropped(
+        "personality",
+        "execution domains are for 32-bit builds and old build scripts",
+    ),
+    dropped("msgget", "SysV IPC is for databases and legacy servers"),
+    dropped("msgsnd", "SysV IPC is for databases and legacy servers"),
+    dropped("msgrcv", "SysV IPC is for databases and legacy servers"),
+    dropped("msgctl", "SysV IPC is for databases and legacy servers"),
+    dropped("semget", "SysV IPC is for databases and legacy servers"),
+    dropped("semop", "SysV IPC is for databases and legacy servers"),
+    dropped("semtimedop", "SysV IPC is for databases and legacy servers"),
+    dropped("semctl", "SysV IPC is for databases and legacy servers"),
+    dropped("shmget", "SysV IPC is for databases and legacy servers"),
+    dropped("shmat", "SysV IPC is for databases and legacy servers"),
+    dropped("shmdt", "SysV IPC is for databases and legacy servers"),
+    dropped("shmctl", "SysV IPC is for databases and legacy servers"),
+    dropped("mq_open", "POSIX message queues are for servers"),
+    dropped("mq_unlink", "POSIX message queues are for servers"),
+    dropped("mq_timedsend", "POSIX message queues are for servers"),
+    dropped("mq_timedreceive", "POSIX message queues are for servers"),
+    dropped("mq_notify", "POSIX message queues are for servers"),
+    dropped("mq_getsetattr", "POSIX message queues are for servers"),
+    dropped(
+        "io_setup",
+        "libaio is for databases; tools use plain reads and writes",
+    ),
+    dropped("io_destroy", "libaio is for databases"),
+    dropped("io_submit", "libaio is for databases"),
+    dropped("io_getevents", "libaio is for databases"),
+    dropped("io_pgetevents", "libaio is for databases"),
+    dropped("io_cancel", "libaio is for databases"),
+    dropped("get_mempolicy", "NUMA tuning is for large servers"),
+    dropped("set_mempolicy", "NUMA tuning is for large servers"),
+    dropped("mbind", "NUMA tuning is for large servers"),
+    dropped("mlock", "locking memory is for key agents and databases"),
+    dropped("mlock2", "locking memory is for key agents and databases"),
+    dropped("mlockall", "locking memory is for key agents and databases"),
+    dropped(
+        "vmsplice",
+        "zero-copy pipe tricks; a past source of kernel exploits",
+    ),
+    dropped(
+        "sync",
+        "flushes every filesystem of the host: a noisy-neighbour lever",
+    ),
+    dropped("syncfs", "flushes a whole filesystem shared with the host"),
+];
+
 /// The newest syscall of the table this allowlist was reviewed against (Linux 6.17).
 /// Syscall numbers above it are newer than the review and return ENOSYS, so libc falls back
 /// to older calls instead of failing (see the module docs).

@@ -62,6 +62,7 @@
 //! let policy = SyscallPolicy {
 //!     errno: DenyErrno::Eperm,
 //!     deny: vec![SyscallName::try_from("memfd_create").unwrap()],
+//!     ..SyscallPolicy::default()
 //! };
 //! let program = compile_bpf(&policy, Arch::X86_64).unwrap();
 //! assert!(!program.is_empty());
@@ -139,6 +140,11 @@ pub struct SyscallPolicy {
     /// The errno a denied syscall returns (default `EPERM`).
     #[serde(default)]
     pub errno: DenyErrno,
+    /// `standard` (default) or `strict`, which also drops the calls in
+    /// [`allowlist::STRICT_DROPS`] (IPC, libaio, NUMA, memory locking and other facilities
+    /// that agent tools do not need).
+    #[serde(default)]
+    pub level: Level,
     /// Syscalls to remove from the allowlist entirely (narrowing only). Naming a syscall that
     /// is already denied is allowed and changes nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -159,9 +165,11 @@ impl SyscallPolicy {
         Ok(())
     }
 
-    /// Whether `name` is removed by this policy's `deny` list.
+    /// Whether `name` is removed by this policy's `deny` list or level.
     pub fn denies(&self, name: &str) -> bool {
         self.deny.iter().any(|d| d.as_str() == name)
+            || (self.level == Level::Strict
+                && allowlist::STRICT_DROPS.iter().any(|drop| drop.name == name))
     }
 
     /// The allowlist entries that stay allowed under this policy, in table order.
@@ -170,6 +178,17 @@ impl SyscallPolicy {
             .iter()
             .filter(move |entry| !self.denies(entry.name))
     }
+}
+
+/// How much of the allowlist a profile keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// The whole allowlist: what a normal Linux userland needs.
+    #[default]
+    Standard,
+    /// The allowlist without [`allowlist::STRICT_DROPS`].
+    Strict,
 }
 
 /// The errno a denied syscall returns.

@@ -644,7 +644,10 @@ fn policy_rejects_unknown_keys_names_and_errnos() {
 fn policy_serializes_back_to_the_same_table() {
     let p = policy(r#"{"errno": "ENOSYS", "deny": ["memfd_create"]}"#).unwrap();
     let text = serde_json::to_string(&p).unwrap();
-    assert_eq!(text, r#"{"errno":"ENOSYS","deny":["memfd_create"]}"#);
+    assert_eq!(
+        text,
+        r#"{"errno":"ENOSYS","level":"standard","deny":["memfd_create"]}"#
+    );
     assert_eq!(policy(&text).unwrap(), p);
 }
 
@@ -661,4 +664,50 @@ fn prologue_layout() {
         assert_eq!(program[2 + skip].k, 4);
         assert!(program.len() < 4096);
     }
+}
+
+// --- the strict level ---
+
+#[test]
+fn strict_drops_are_allowed_entries_with_reasons() {
+    let mut seen = BTreeSet::new();
+    for drop in allowlist::STRICT_DROPS {
+        assert!(seen.insert(drop.name), "{} dropped twice", drop.name);
+        assert!(drop.reason.trim().len() > 3, "{} has no reason", drop.name);
+        assert!(
+            ALLOWLIST.iter().any(|e| e.name == drop.name),
+            "{} is not in the allowlist",
+            drop.name
+        );
+    }
+}
+
+#[test]
+fn strict_level_removes_its_drops_from_both_outputs() {
+    let strict = policy(r#"{"level": "strict"}"#).unwrap();
+    assert_eq!(strict.level, Level::Strict);
+    let oci = oci_seccomp(&strict).unwrap();
+    for arch in Arch::ALL {
+        let p = compile_bpf(&strict, arch).unwrap();
+        for drop in allowlist::STRICT_DROPS {
+            assert_eq!(
+                eval(&p, arch, drop.name, [0; 6]),
+                ret_errno(EPERM),
+                "{arch} {}",
+                drop.name
+            );
+            assert_eq!(
+                oci_eval(&oci, drop.name, [0; 6]),
+                ret_errno(EPERM),
+                "{}",
+                drop.name
+            );
+        }
+        assert_eq!(eval(&p, arch, "read", [0; 6]), RET_ALLOW);
+        let standard = allowed_names(&SyscallPolicy::default(), arch).len();
+        let kept = allowed_names(&strict, arch).len();
+        assert_eq!(standard - kept, allowlist::STRICT_DROPS.len(), "{arch}");
+    }
+    let err = policy(r#"{"level": "paranoid"}"#).unwrap_err().to_string();
+    assert!(err.contains("paranoid"), "{err}");
 }
