@@ -97,6 +97,8 @@ pub enum HardenError {
     Sysctl { key: String },
     #[error("cgroup unified key {key} cannot be checked against the policy")]
     UnifiedResource { key: String },
+    #[error("moving host network device {device} into the sandbox is not allowed")]
+    NetDevice { device: String },
     #[error("personality domain {domain} is not allowed")]
     Personality { domain: String },
     #[error("the spec has no process")]
@@ -399,6 +401,20 @@ pub fn harden_spec(
         .find(|k| !is_namespaced_sysctl(k))
     {
         return Err(HardenError::Sysctl { key: key.clone() });
+    }
+    // OCI `netDevices` moves host interfaces into the sandbox's network namespace.
+    if let Some(device) = linux.net_devices().iter().flat_map(|d| d.keys()).next() {
+        return Err(HardenError::NetDevice {
+            device: device.clone(),
+        });
+    }
+    // Shared propagation would let mount events cross between host and sandbox.
+    if linux
+        .rootfs_propagation()
+        .as_deref()
+        .is_some_and(|p| p.contains("shared"))
+    {
+        linux.set_rootfs_propagation(Some("rslave".to_owned()));
     }
     if let Some(personality) = linux.personality()
         && !matches!(

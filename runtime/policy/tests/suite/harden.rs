@@ -565,3 +565,33 @@ fn real_podman_specs_harden() {
         );
     }
 }
+
+#[test]
+fn host_network_devices_are_refused_and_propagation_is_not_shared() {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_net_devices(Some(HashMap::from([(
+        "eth0".to_owned(),
+        oci_spec::runtime::LinuxNetDevice::default(),
+    )])));
+    spec.set_linux(Some(linux));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(
+        matches!(&err, HardenError::NetDevice { device } if device == "eth0"),
+        "{err}"
+    );
+
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_rootfs_propagation(Some("rshared".to_owned()));
+    spec.set_linux(Some(linux));
+    let out = harden_ok(spec, &agent(), &ctx()).spec;
+    assert_eq!(
+        out.linux()
+            .as_ref()
+            .unwrap()
+            .rootfs_propagation()
+            .as_deref(),
+        Some("rslave")
+    );
+}
