@@ -6,7 +6,8 @@
 //! The filter is **default-deny**: the data is the allowlist in [`allowlist`], where every
 //! allowed syscall and every argument check carries a one-line reason (Firecracker's
 //! `"comment"` style). A profile's `[syscalls]` table ([`SyscallPolicy`]) can only narrow it:
-//! pick the errno of a denial and remove more syscalls. Two compilers read the same table:
+//! pick the errno of a denial, pick `level = "strict"` (drops [`allowlist::STRICT_DROPS`]),
+//! and remove more syscalls with `deny`. Two compilers read the same table:
 //!
 //! - [`compile_bpf`] builds a classic BPF program for x86_64 or aarch64 with `seccompiler`'s
 //!   backend, ready for `seccompiler::apply_filter`;
@@ -38,7 +39,7 @@
 //! - **Foreign syscall ABIs are refused.** The BPF program kills the process if the audit
 //!   architecture is not the one it was built for (i386 `int 0x80` on x86_64, arm32 on
 //!   aarch64), so the 32-bit syscall table cannot be used to slip past the 64-bit rules. x32
-//!   calls (numbers with bit 30 set) match no allowed number and are denied.
+//!   calls (numbers with bit 30 set) lie above every reviewed number and get ENOSYS.
 //! - **Personality**: only values that do not weaken the address space are allowed: `0`
 //!   (`PER_LINUX`), `PER_LINUX32` (`setarch linux32` for 32-bit builds), `UNAME26` and
 //!   `PER_LINUX32|UNAME26` (old build systems that parse `uname -r`), and `0xffffffff` (query
@@ -51,6 +52,14 @@
 //! - **ioctl**: allowed except `TIOCSTI` (push input into a terminal: a sandboxed process
 //!   could type commands into the user's shell) and `TIOCLINUX` (the same through the Linux
 //!   console's paste buffer).
+//!
+//! # Applying the BPF
+//!
+//! The runtime loads [`compile_bpf`]'s program with `seccompiler::apply_filter` (which sets
+//! `PR_SET_NO_NEW_PRIVS` first) as the last step before `execve`, in the container's init
+//! *and* in every exec'd process: the filter denies `mount`, `pivot_root`, `setns`, `unshare`
+//! and namespace `clone`s, so all privileged set-up must be finished by then. A process that
+//! already runs several threads needs `apply_filter_all_threads` (TSYNC) instead.
 //!
 //! # Example
 //!
