@@ -12,7 +12,9 @@
 //!   returns ENOSYS;
 //! - without the filter the same calls get through or fail differently (io_uring, unshare,
 //!   personality and process_vm_readv succeed), so the test can fail;
-//! - the allowed calls and the busybox workload still work under the filter.
+//! - the allowed calls and the busybox workload still work under the filter;
+//! - (x86_64) a syscall entered through the i386 table (`int 0x80`) kills the process, while
+//!   without the filter it returns the pid.
 //!
 //! Attempting forbidden syscalls needs raw `libc::syscall`, hence `unsafe` in this file only.
 #![allow(unsafe_code)]
@@ -759,4 +761,84 @@ fn filter_blocks_required_syscalls_and_keeps_busybox_working() {
             run.workload
         );
     }
+}
+
+const INT80_ENV: &str = "AGENT_SANDBOX_SECCOMP_INT80";
+const INT80_TEST: &str = "i386_syscalls_kill_the_process";
+
+/// getpid through the i386 compat entry (`int 0x80`, eax = 20), which a filter that does
+/// not check the audit architecture would judge by the *x86_64* meaning of number 20
+/// (`writev`, allowed).
+#[cfg(target_arch = "x86_64")]
+fn int80_getpid() -> i64 {
+    let ret: i64;
+    // SAFETY: i386 getpid takes no arguments and touches no memory; the compat entry may
+    // clobber r8-r11, which are declared as clobbered.
+    unsafe {
+        std::arch::asm!(
+            "int 0x80",
+            inlateout("rax") 20i64 => ret,
+            out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+            options(nostack)
+        );
+    }
+    ret
+}
+
+/// The BPF checks the audit architecture first and kills a process that enters through the
+/// i386 table; without the filter the same call returns our pid.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn i386_syscalls_kill_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+
+    if let Ok(mode) = std::env::var(INT80_ENV) {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `no_core` is a live rlimit; lowering RLIMIT_CORE keeps the expected
+        // SIGSYS from writing a core file.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) }, 0);
+        if mode == "filtered" {
+            let program = compile_bpf(&SyscallPolicy::default(), Arch::X86_64).unwrap();
+            seccompiler::apply_filter(&program).unwrap();
+        }
+        println!("SECCOMP-INT80 {}", int80_getpid());
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let run = |mode: &str| {
+        Command::new(&exe)
+            .args([INT80_TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(INT80_ENV, mode)
+            .output()
+            .unwrap()
+    };
+    let open = run("open");
+    let stdout = String::from_utf8_lossy(&open.stdout);
+    assert!(open.status.success(), "{:?}\n{stdout}", open.status);
+    let pid: i64 = stdout
+        .lines()
+        .find_map(|l| {
+            l.find("SECCOMP-INT80 ")
+                .map(|at| l[at + 14..].trim().to_owned())
+        })
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        pid > 0,
+        "int 0x80 getpid works without the filter: {stdout}"
+    );
+
+    let filtered = run("filtered");
+    assert_eq!(
+        filtered.status.signal(),
+        Some(libc::SIGSYS),
+        "the filter must kill an i386 syscall: {:?}\n{}",
+        filtered.status,
+        String::from_utf8_lossy(&filtered.stdout)
+    );
+    assert!(!String::from_utf8_lossy(&filtered.stdout).contains("SECCOMP-INT80 "));
 }
