@@ -1,10 +1,4 @@
-//! The agent-sandbox policy: one typed description of a sandbox and the pure
-//! functions that compile it to a hardened OCI spec, a seccomp filter, an AppArmor
-//! profile and Landlock rules. No I/O and no syscalls live here.
-//!
-//! Start at [`SandboxPolicy`] (`SandboxPolicy::builtin("agent")` or
-//! `SandboxPolicy::parse(text, path)`), then [`harden::harden_spec`] for the OCI spec,
-//! [`landlock::ruleset`], [`apparmor::profile`], [`seccomp`] and [`explain::explain`].
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
 pub mod apparmor;

@@ -446,4 +446,84 @@ mod tests {
             assert_eq!(rule(&r.to_string()), r, "{s}");
         }
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn label() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("example".to_owned()),
+                Just("api".to_owned()),
+                Just("com".to_owned()),
+                Just("evil".to_owned()),
+                "[a-z]{1,3}",
+            ]
+        }
+
+        fn host() -> impl Strategy<Value = String> {
+            proptest::collection::vec(label(), 1..4).prop_map(|l| l.join("."))
+        }
+
+        fn rule() -> impl Strategy<Value = Option<DomainRule>> {
+            (
+                any::<bool>(),
+                host(),
+                proptest::option::of(prop_oneof![Just(80u16), Just(443u16)]),
+            )
+                .prop_map(|(wild, h, port)| {
+                    let mut text = if wild { format!("*.{h}") } else { h };
+                    if let Some(p) = port {
+                        text = format!("{text}:{p}");
+                    }
+                    DomainRule::parse(&text).ok()
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn decisions_follow_the_rules(
+                allow in proptest::collection::vec(rule(), 0..5),
+                deny in proptest::collection::vec(rule(), 0..3),
+                host in host(),
+                upper in any::<bool>(),
+                dot in any::<bool>(),
+                port in prop_oneof![Just(80u16), Just(443u16), Just(8080u16)],
+            ) {
+                let allow: Vec<DomainRule> = allow.into_iter().flatten().collect();
+                let deny: Vec<DomainRule> = deny.into_iter().flatten().collect();
+                let list = Allowlist::new(allow.clone(), deny.clone());
+                let mut asked = if upper { host.to_uppercase() } else { host.clone() };
+                if dot {
+                    asked.push('.');
+                }
+                let d = list.decide(&asked, port);
+                let target = Host::Name(host.clone());
+                let denied = deny.iter().any(|r| r.matches(&target, port));
+                let allowed = allow.iter().any(|r| r.matches(&target, port));
+                // Deny wins; otherwise allow only by a matching rule; otherwise default deny.
+                prop_assert_eq!(d.allowed, !denied && allowed, "{:?}", d);
+                if d.allowed {
+                    // A wildcard never matches its own apex.
+                    let rule = DomainRule::parse(d.rule.trim_start_matches("allow ")).unwrap();
+                    if let HostPattern::Subdomains(base) = rule.host() {
+                        prop_assert_ne!(base, &host);
+                        let suffix = format!(".{base}");
+                        prop_assert!(host.ends_with(&suffix));
+                    }
+                } else if !denied {
+                    prop_assert_eq!(d.rule, "default deny");
+                }
+            }
+
+            #[test]
+            fn parse_never_accepts_a_public_suffix_wildcard(h in host()) {
+                if let Ok(rule) = DomainRule::parse(&format!("*.{h}")) {
+                    if let HostPattern::Subdomains(base) = rule.host() {
+                        prop_assert_ne!(psl::suffix_str(base), Some(base.as_str()));
+                    }
+                }
+            }
+        }
+    }
 }
