@@ -518,10 +518,10 @@ mod tests {
 
             #[test]
             fn parse_never_accepts_a_public_suffix_wildcard(h in host()) {
-                if let Ok(rule) = DomainRule::parse(&format!("*.{h}")) {
-                    if let HostPattern::Subdomains(base) = rule.host() {
-                        prop_assert_ne!(psl::suffix_str(base), Some(base.as_str()));
-                    }
+                if let Ok(rule) = DomainRule::parse(&format!("*.{h}"))
+                    && let HostPattern::Subdomains(base) = rule.host()
+                {
+                    prop_assert_ne!(psl::suffix_str(base), Some(base.as_str()));
                 }
             }
         }
