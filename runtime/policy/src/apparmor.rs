@@ -116,8 +116,11 @@ pub fn profile(policy: &SandboxPolicy, name: &str) -> String {
          \x20 network inet dgram,\n\
          \x20 network inet6 dgram,\n\
          \x20 network unix,\n\
+         \x20 # NETLINK_ROUTE (getaddrinfo, getifaddrs); seccomp refuses other netlink families.\n\
          \x20 network netlink raw,\n\
-         \x20 deny network raw,\n\
+         \x20 network netlink dgram,\n\
+         \x20 deny network inet raw,\n\
+         \x20 deny network inet6 raw,\n\
          \x20 deny network packet,\n\
          \x20 unix,\n",
     );

@@ -842,3 +842,113 @@ fn i386_syscalls_kill_the_process() {
     );
     assert!(!String::from_utf8_lossy(&filtered.stdout).contains("SECCOMP-INT80 "));
 }
+
+const TOOLS_ENV: &str = "AGENT_SANDBOX_SECCOMP_TOOLS";
+const TOOLS_TEST: &str = "python_curl_and_git_work_under_both_levels";
+const PYTHON: &str = "/usr/bin/python3";
+const CURL: &str = "/usr/bin/curl";
+const GIT: &str = "/usr/bin/git";
+const PY_SCRIPT: &str = r#"
+import multiprocessing, socket, subprocess, sys, threading, urllib.request
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+print(subprocess.run(["/bin/busybox", "echo", "subprocess"], capture_output=True, text=True).stdout.strip())
+with multiprocessing.Pool(2) as pool: print(sum(pool.map(abs, [-1, -2])))
+print(bool(socket.getaddrinfo("localhost", 80)))
+print(urllib.request.urlopen("http://127.0.0.1:%s/py" % sys.argv[1]).read().decode().strip())
+"#;
+
+/// Child of `python_curl_and_git_work_under_both_levels`: load the filter at `level`, run the
+/// tools, print one `SECCOMP-TOOL` line each.
+fn tools_child(level: &str) {
+    let policy: SyscallPolicy = serde_json::from_value(json!({ "level": level })).expect("level");
+    let program = compile_bpf(&policy, Arch::host().expect("host arch")).expect("compile");
+    seccompiler::apply_filter(&program).expect("load the filter");
+    let port = std::env::var(PORT_ENV).expect("port");
+    let dir = std::env::var(FILE_ENV).expect("dir");
+    let repo = format!("{dir}/repo");
+    let script = format!(
+        "set -e; {GIT} init -q {repo}; \
+         {GIT} -C {repo} -c user.name=agent -c user.email=agent@sandbox commit -q --allow-empty -m sandboxed; \
+         {GIT} -C {repo} log --format=%s"
+    );
+    let runs: [(&str, Command); 3] = [
+        ("python", {
+            let mut c = Command::new(PYTHON);
+            c.args(["-c", PY_SCRIPT, &port]);
+            c
+        }),
+        ("curl", {
+            let mut c = Command::new(CURL);
+            c.args(["-sS", &format!("http://127.0.0.1:{port}/curl")]);
+            c
+        }),
+        ("git", {
+            let mut c = Command::new(BUSYBOX);
+            c.args(["sh", "-c", &script])
+                .env("HOME", &dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1");
+            c
+        }),
+    ];
+    for (tool, mut command) in runs {
+        let out = command.output().expect("spawn under the filter");
+        let line = json!({
+            "tool": tool,
+            "code": out.status.code(),
+            "stdout": String::from_utf8_lossy(&out.stdout),
+            "stderr": String::from_utf8_lossy(&out.stderr),
+        });
+        println!("SECCOMP-TOOL {line}");
+    }
+}
+
+/// Real agent tools (python with threads, subprocess, multiprocessing, DNS and HTTP; curl;
+/// git) keep working under the standard and the strict filter.
+#[test]
+fn python_curl_and_git_work_under_both_levels() {
+    if let Ok(level) = std::env::var(TOOLS_ENV) {
+        tools_child(&level);
+        return;
+    }
+    for tool in [PYTHON, CURL, GIT, BUSYBOX] {
+        assert!(
+            Path::new(tool).is_file(),
+            "{tool} is missing: install python3, curl, git and busybox-static (hack/install-deps.sh)"
+        );
+    }
+    let port = serve_http();
+    let exe = std::env::current_exe().unwrap();
+    for level in ["standard", "strict"] {
+        let dir =
+            std::env::temp_dir().join(format!("seccomp-tools-{}-{level}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new(&exe)
+            .args([TOOLS_TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(TOOLS_ENV, level)
+            .env(PORT_ENV, port.to_string())
+            .env(FILE_ENV, &dir)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{level}: {:?}\n{stdout}", out.status);
+        let results: BTreeMap<String, Value> = stdout
+            .lines()
+            .filter_map(|l| l.find("SECCOMP-TOOL ").map(|at| &l[at + 13..]))
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|v| (v["tool"].as_str().unwrap().to_owned(), v))
+            .collect();
+        let body = HTTP_BODY.trim_end();
+        let expected = [
+            ("python", format!("subprocess\n3\nTrue\n{body}\n")),
+            ("curl", HTTP_BODY.to_owned()),
+            ("git", "sandboxed\n".to_owned()),
+        ];
+        for (tool, stdout) in expected {
+            let got = &results[tool];
+            assert_eq!(got["code"], 0, "{level} {tool}: {got}");
+            assert_eq!(got["stdout"], stdout.as_str(), "{level} {tool}: {got}");
+        }
+    }
+}
