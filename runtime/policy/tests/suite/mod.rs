@@ -3,3 +3,4 @@ mod ceiling;
 mod golden;
 mod harden;
 mod invalid;
+mod landlock;
