@@ -218,3 +218,22 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_checker_catches_an_unhardened_spec() {
+    // Control for the properties above: the raw incoming specs fail the same checks, so
+    // the properties would notice a harden_spec that let them through.
+    let raw = build(&Incoming {
+        caps: vec![0],
+        readonly: Some(false),
+        namespaces: vec![(0, 1)],
+        spec_uid_host: 0,
+        seccomp: true,
+        annotations: vec![],
+        no_new_privs: Some(false),
+    });
+    assert!(std::panic::catch_unwind(|| assert_sandboxed(&raw)).is_err());
+    let podman: Spec =
+        serde_json::from_str(include_str!("../fixtures/podman-4.3-rootful.json")).unwrap();
+    assert!(std::panic::catch_unwind(|| assert_sandboxed(&podman)).is_err());
+}
