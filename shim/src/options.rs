@@ -1,0 +1,351 @@
+//! Runtime options: which runtime binary the shim drives, where that runtime keeps its state,
+//! and which policy profile it is asked to apply.
+//!
+//! containerd hands the shim whatever its configuration or the client supplied, wrapped in a
+//! protobuf `Any`. Three shapes reach us:
+//! - nothing (ctr without options): the defaults;
+//! - `runtimeoptions.v1.Options` (CRI for a non-runc runtime type, `ctr --runtime-config-path`):
+//!   a TOML table, inline as `config_body` or in the file named by `config_path`;
+//! - `containerd.runc.v1.Options` (runc-style options): `binary_name` and `root` are honoured.
+//!
+//! The shim never interprets the profile: it forwards the name to the runtime, which takes every
+//! policy decision.
+
+use std::path::{Path, PathBuf};
+
+use containerd_shim::protos::protobuf::{
+    CodedInputStream, Message, UnknownFields, rt::read_unknown_or_skip_group,
+    well_known_types::any::Any,
+};
+use containerd_shim::protos::shim::oci::Options as RuncOptions;
+use serde::{Deserialize, Serialize};
+
+/// The runtime binary used when no option names one.
+pub const DEFAULT_RUNTIME: &str = "/usr/local/bin/agent-sandbox";
+/// The runtime's state directories live below this path, one per containerd namespace.
+pub const DEFAULT_ROOT_BASE: &str = "/run/containerd/agent-sandbox";
+/// Environment variable through which the profile name reaches the runtime.
+pub const PROFILE_ENV: &str = "AGENT_SANDBOX_PROFILE";
+/// File in the bundle where the daemon records the options, so that `shim delete` after a crash
+/// drives the same runtime with the same root.
+pub const PERSISTED_FILE: &str = "agent-sandbox-shim.json";
+
+const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
+const RUNC_OPTIONS_TYPES: [&str; 2] = [
+    "containerd.runc.v1.Options",
+    "io.containerd.runc.v1.Options",
+];
+
+/// Errors while reading runtime options.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("Unsupported runtime options type {type_url}")]
+    UnsupportedType { type_url: String },
+    #[error("Malformed {type_url} runtime options")]
+    Decode {
+        type_url: String,
+        #[source]
+        source: containerd_shim::protos::protobuf::Error,
+    },
+    #[error("Cannot read runtime options file {path}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Invalid runtime options TOML{}", origin.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default())]
+    Toml {
+        origin: Option<PathBuf>,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("Runtime option {key} must be an absolute path, got {value:?}")]
+    NotAbsolute { key: &'static str, value: String },
+    #[error("Runtime option Profile must be a plain name, got {value:?}")]
+    BadProfile { value: String },
+    #[error("Cannot write {path}")]
+    Persist {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Cannot parse {path}")]
+    ParsePersisted {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The TOML table an administrator writes under
+/// `[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox.options]`.
+/// `TypeUrl` and `ConfigPath` are consumed by containerd itself and therefore tolerated.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OptionsTable {
+    #[serde(rename = "BinaryName")]
+    binary_name: Option<String>,
+    #[serde(rename = "Root")]
+    root: Option<String>,
+    #[serde(rename = "Profile")]
+    profile: Option<String>,
+    #[serde(rename = "TypeUrl")]
+    _type_url: Option<String>,
+    #[serde(rename = "ConfigPath")]
+    _config_path: Option<String>,
+}
+
+/// The options the shim acts on, after defaults are applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeOptions {
+    /// Absolute path of the runc-compatible runtime binary.
+    pub runtime: PathBuf,
+    /// The runtime's `--root` state directory.
+    pub root: PathBuf,
+    /// Policy profile name forwarded to the runtime, if configured.
+    pub profile: Option<String>,
+}
+
+impl RuntimeOptions {
+    /// Defaults for a containerd namespace.
+    pub fn defaults(namespace: &str) -> Self {
+        Self {
+            runtime: PathBuf::from(DEFAULT_RUNTIME),
+            root: Path::new(DEFAULT_ROOT_BASE).join(namespace),
+            profile: None,
+        }
+    }
+
+    /// Decodes the options containerd sent (absent, empty, or one of the supported types).
+    pub fn from_any(any: Option<&Any>, namespace: &str) -> Result<Self, OptionsError> {
+        let mut opts = Self::defaults(namespace);
+        let Some(any) = any else { return Ok(opts) };
+        let type_url = any.type_url.rsplit('/').next().unwrap_or_default();
+        if type_url.is_empty() && any.value.is_empty() {
+            return Ok(opts);
+        }
+        let decode_err = |source| OptionsError::Decode {
+            type_url: any.type_url.clone(),
+            source,
+        };
+        if type_url == RUNTIME_OPTIONS_TYPE {
+            let (config_path, config_body) =
+                decode_runtime_options(&any.value).map_err(decode_err)?;
+            let (text, origin) = if config_path.is_empty() {
+                (config_body, None)
+            } else {
+                let path = PathBuf::from(&config_path);
+                let text =
+                    std::fs::read_to_string(&path).map_err(|source| OptionsError::ReadFile {
+                        path: path.clone(),
+                        source,
+                    })?;
+                (text, Some(path))
+            };
+            let table: OptionsTable =
+                toml::from_str(&text).map_err(|source| OptionsError::Toml { origin, source })?;
+            opts.apply(table.binary_name, table.root, table.profile)?;
+        } else if RUNC_OPTIONS_TYPES.contains(&type_url) {
+            let runc = RuncOptions::parse_from_bytes(&any.value).map_err(decode_err)?;
+            let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+            opts.apply(non_empty(&runc.binary_name), non_empty(&runc.root), None)?;
+        } else {
+            return Err(OptionsError::UnsupportedType {
+                type_url: any.type_url.clone(),
+            });
+        }
+        Ok(opts)
+    }
+
+    fn apply(
+        &mut self,
+        binary: Option<String>,
+        root: Option<String>,
+        profile: Option<String>,
+    ) -> Result<(), OptionsError> {
+        if let Some(binary) = binary {
+            self.runtime = absolute("BinaryName", binary)?;
+        }
+        if let Some(root) = root {
+            self.root = absolute("Root", root)?;
+        }
+        if let Some(profile) = profile {
+            let plain = !profile.is_empty()
+                && profile
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                && !profile.starts_with('.');
+            if !plain {
+                return Err(OptionsError::BadProfile { value: profile });
+            }
+            self.profile = Some(profile);
+        }
+        Ok(())
+    }
+
+    /// Records the options in the bundle for a later `shim delete`.
+    pub fn persist(&self, bundle: &Path) -> Result<(), OptionsError> {
+        let path = bundle.join(PERSISTED_FILE);
+        let text = serde_json::to_vec(self).map_err(|source| OptionsError::ParsePersisted {
+            path: path.clone(),
+            source,
+        })?;
+        std::fs::write(&path, text).map_err(|source| OptionsError::Persist { path, source })
+    }
+
+    /// Reads the options recorded by [`RuntimeOptions::persist`]; defaults if there are none
+    /// (the daemon died before it could write them).
+    pub fn load_persisted(bundle: &Path, namespace: &str) -> Result<Self, OptionsError> {
+        let path = bundle.join(PERSISTED_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| OptionsError::ParsePersisted { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::defaults(namespace)),
+            Err(source) => Err(OptionsError::ReadFile { path, source }),
+        }
+    }
+}
+
+fn absolute(key: &'static str, value: String) -> Result<PathBuf, OptionsError> {
+    let path = PathBuf::from(&value);
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err(OptionsError::NotAbsolute { key, value })
+    }
+}
+
+/// Decodes `runtimeoptions.v1.Options { string type_url = 1; string config_path = 2;
+/// bytes config_body = 3; }`. containerd-shim-protos does not ship this message, and three
+/// fields do not justify generating code for it.
+fn decode_runtime_options(
+    bytes: &[u8],
+) -> Result<(String, String), containerd_shim::protos::protobuf::Error> {
+    let mut input = CodedInputStream::from_bytes(bytes);
+    let (mut path, mut body) = (String::new(), String::new());
+    while let Some(tag) = input.read_raw_tag_or_eof()? {
+        match tag {
+            10 => {
+                input.read_string()?;
+            }
+            18 => path = input.read_string()?,
+            26 => body = input.read_string()?,
+            _ => read_unknown_or_skip_group(tag, &mut input, &mut UnknownFields::new())?,
+        }
+    }
+    Ok((path, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use containerd_shim::protos::protobuf::CodedOutputStream;
+
+    fn runtime_any(path: &str, body: &str) -> Any {
+        let mut value = Vec::new();
+        {
+            let mut out = CodedOutputStream::vec(&mut value);
+            out.write_string(1, "agent-sandbox").unwrap();
+            if !path.is_empty() {
+                out.write_string(2, path).unwrap();
+            }
+            if !body.is_empty() {
+                out.write_bytes(3, body.as_bytes()).unwrap();
+            }
+            out.flush().unwrap();
+        }
+        Any {
+            type_url: "runtimeoptions.v1.Options".into(),
+            value,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn absent_options_give_defaults() {
+        let o = RuntimeOptions::from_any(None, "k8s.io").unwrap();
+        assert_eq!(o.runtime, Path::new(DEFAULT_RUNTIME));
+        assert_eq!(o.root, Path::new("/run/containerd/agent-sandbox/k8s.io"));
+        assert_eq!(o.profile, None);
+    }
+
+    #[test]
+    fn cri_toml_body_selects_binary_and_profile() {
+        let any = runtime_any(
+            "",
+            "BinaryName = \"/usr/sbin/runc\"\nProfile = \"strict\"\n",
+        );
+        let o = RuntimeOptions::from_any(Some(&any), "default").unwrap();
+        assert_eq!(o.runtime, Path::new("/usr/sbin/runc"));
+        assert_eq!(o.profile.as_deref(), Some("strict"));
+    }
+
+    #[test]
+    fn config_path_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("shim.toml");
+        std::fs::write(&file, "Root = \"/run/x\"\n").unwrap();
+        let any = runtime_any(file.to_str().unwrap(), "");
+        let o = RuntimeOptions::from_any(Some(&any), "default").unwrap();
+        assert_eq!(o.root, Path::new("/run/x"));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let any = runtime_any("", "SystemdCgroup = true\n");
+        let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(chain.contains("SystemdCgroup"), "{chain}");
+    }
+
+    #[test]
+    fn relative_binary_is_rejected() {
+        let any = runtime_any("", "BinaryName = \"runc\"\n");
+        let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
+        assert!(err.to_string().contains("BinaryName"), "{err}");
+    }
+
+    #[test]
+    fn profile_must_be_plain() {
+        let any = runtime_any("", "Profile = \"../etc\"\n");
+        assert!(matches!(
+            RuntimeOptions::from_any(Some(&any), "default"),
+            Err(OptionsError::BadProfile { .. })
+        ));
+    }
+
+    #[test]
+    fn runc_options_are_accepted() {
+        let runc = RuncOptions {
+            binary_name: "/usr/sbin/runc".into(),
+            ..Default::default()
+        };
+        let any = Any {
+            type_url: "containerd.runc.v1.Options".into(),
+            value: runc.write_to_bytes().unwrap(),
+            ..Default::default()
+        };
+        let o = RuntimeOptions::from_any(Some(&any), "default").unwrap();
+        assert_eq!(o.runtime, Path::new("/usr/sbin/runc"));
+    }
+
+    #[test]
+    fn unknown_type_is_named() {
+        let any = Any {
+            type_url: "example.com/Other".into(),
+            value: vec![1],
+            ..Default::default()
+        };
+        let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
+        assert!(err.to_string().contains("example.com/Other"));
+    }
+
+    #[test]
+    fn persisted_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = RuntimeOptions::defaults("ns");
+        o.profile = Some("agent".into());
+        o.persist(dir.path()).unwrap();
+        assert_eq!(RuntimeOptions::load_persisted(dir.path(), "ns").unwrap(), o);
+    }
+}

@@ -1,0 +1,377 @@
+//! A small client for a runc-compatible runtime CLI (`agent-sandbox`, or `runc` itself).
+//!
+//! The shim is a subreaper whose SIGCHLD handler (in containerd-shim) reaps every child and
+//! broadcasts the exit codes. A runtime command is therefore never `wait`ed on directly: the
+//! caller subscribes to the exit broadcast before spawning and picks its own pid out of it, so
+//! neither side steals the other's exit status.
+//!
+//! The `runc` crate from rust-extensions pins its own process plumbing and oci-spec version;
+//! the handful of subcommands the shim needs are simpler to drive here.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
+use serde::Deserialize;
+
+use crate::options::{PROFILE_ENV, RuntimeOptions};
+
+/// Errors from running the runtime binary.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("Cannot run {binary}")]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Cannot capture the output of {binary} {command}")]
+    Capture {
+        binary: PathBuf,
+        command: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{binary} {command} failed (exit {code}): {message}")]
+    Failed {
+        binary: PathBuf,
+        command: &'static str,
+        code: i32,
+        message: String,
+    },
+    #[error("Unexpected output from {binary} {command}")]
+    Output {
+        binary: PathBuf,
+        command: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("Cannot subscribe to child exits")]
+    Monitor(#[source] containerd_shim::Error),
+    #[error("Child exit monitor closed before {binary} {command} exited")]
+    MonitorClosed {
+        binary: PathBuf,
+        command: &'static str,
+    },
+}
+
+impl RuntimeError {
+    /// True if the runtime said the container does not exist (runc's wording).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Failed { message, .. } if message.contains("does not exist") || message.contains("not found"))
+    }
+}
+
+/// The standard streams given to a runtime command that starts a container process.
+pub struct Stdio3 {
+    pub stdin: Stdio,
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+}
+
+/// One runtime binary with its root, log file and profile.
+#[derive(Debug, Clone)]
+pub struct Runtime {
+    binary: PathBuf,
+    root: PathBuf,
+    profile: Option<String>,
+    log: PathBuf,
+}
+
+impl Runtime {
+    /// A client whose JSON log goes to `bundle/log.json` (as containerd-shim-runc-v2 does).
+    pub fn new(opts: &RuntimeOptions, bundle: &Path) -> Self {
+        Self {
+            binary: opts.runtime.clone(),
+            root: opts.root.clone(),
+            profile: opts.profile.clone(),
+            log: bundle.join("log.json"),
+        }
+    }
+
+    /// `create --bundle B --pid-file P [--console-socket S] ID` with the process's streams.
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Stdio3,
+    ) -> Result<(), RuntimeError> {
+        let mut args: Vec<&OsStr> = vec![
+            "create".as_ref(),
+            "--bundle".as_ref(),
+            bundle.as_os_str(),
+            "--pid-file".as_ref(),
+            pid_file.as_os_str(),
+        ];
+        if let Some(socket) = console_socket {
+            args.extend([OsStr::new("--console-socket"), socket.as_os_str()]);
+        }
+        args.push(id.as_ref());
+        self.run("create", &args, Some(stdio), false)
+            .await
+            .map(drop)
+    }
+
+    /// `exec --process F --detach --pid-file P [--console-socket S] ID`.
+    pub async fn exec(
+        &self,
+        id: &str,
+        process: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Stdio3,
+    ) -> Result<(), RuntimeError> {
+        let mut args: Vec<&OsStr> = vec![
+            "exec".as_ref(),
+            "--process".as_ref(),
+            process.as_os_str(),
+            "--detach".as_ref(),
+            "--pid-file".as_ref(),
+            pid_file.as_os_str(),
+        ];
+        if let Some(socket) = console_socket {
+            args.extend([OsStr::new("--console-socket"), socket.as_os_str()]);
+        }
+        args.push(id.as_ref());
+        self.run("exec", &args, Some(stdio), false).await.map(drop)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), RuntimeError> {
+        self.simple("start", &["start", id]).await
+    }
+
+    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<(), RuntimeError> {
+        let signal = signal.to_string();
+        let mut args = vec!["kill"];
+        if all {
+            args.push("--all");
+        }
+        args.extend([id, signal.as_str()]);
+        self.simple("kill", &args).await
+    }
+
+    pub async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError> {
+        let args: &[&str] = if force {
+            &["delete", "--force", id]
+        } else {
+            &["delete", id]
+        };
+        self.simple("delete", args).await
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
+        self.simple("pause", &["pause", id]).await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<(), RuntimeError> {
+        self.simple("resume", &["resume", id]).await
+    }
+
+    pub async fn update(&self, id: &str, resources: &Path) -> Result<(), RuntimeError> {
+        let args: [&OsStr; 4] = [
+            "update".as_ref(),
+            "--resources".as_ref(),
+            resources.as_os_str(),
+            id.as_ref(),
+        ];
+        self.run("update", &args, None, false).await.map(drop)
+    }
+
+    /// `ps --format json ID`: the pids of every process in the container.
+    pub async fn ps(&self, id: &str) -> Result<Vec<u32>, RuntimeError> {
+        let args: [&OsStr; 4] = [
+            "ps".as_ref(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            id.as_ref(),
+        ];
+        let out = self.run("ps", &args, None, true).await?;
+        let pids: Option<Vec<u32>> =
+            serde_json::from_slice(&out).map_err(|source| self.output_error("ps", source))?;
+        Ok(pids.unwrap_or_default())
+    }
+
+    fn output_error(&self, command: &'static str, source: serde_json::Error) -> RuntimeError {
+        RuntimeError::Output {
+            binary: self.binary.clone(),
+            command,
+            source,
+        }
+    }
+
+    async fn simple(&self, command: &'static str, args: &[&str]) -> Result<(), RuntimeError> {
+        let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        self.run(command, &args, None, false).await.map(drop)
+    }
+
+    /// Runs one command to completion; returns its stdout when `capture` is set. Output goes
+    /// to anonymous temporary files rather than pipes: nothing to drain while waiting.
+    async fn run(
+        &self,
+        command: &'static str,
+        args: &[&OsStr],
+        stdio: Option<Stdio3>,
+        capture: bool,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let capture_err = |source| RuntimeError::Capture {
+            binary: self.binary.clone(),
+            command,
+            source,
+        };
+        let log_offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--root")
+            .arg(&self.root)
+            .arg("--log")
+            .arg(&self.log)
+            .arg("--log-format")
+            .arg("json")
+            .args(args);
+        match &self.profile {
+            Some(profile) => cmd.env(PROFILE_ENV, profile),
+            None => cmd.env_remove(PROFILE_ENV),
+        };
+        let mut out_file = None;
+        let mut err_file = None;
+        match stdio {
+            Some(stdio) => {
+                cmd.stdin(stdio.stdin)
+                    .stdout(stdio.stdout)
+                    .stderr(stdio.stderr);
+            }
+            None => {
+                cmd.stdin(Stdio::null());
+                if capture {
+                    let f = tempfile::tempfile().map_err(capture_err)?;
+                    cmd.stdout(f.try_clone().map_err(capture_err)?);
+                    out_file = Some(f);
+                } else {
+                    cmd.stdout(Stdio::null());
+                }
+                let f = tempfile::tempfile().map_err(capture_err)?;
+                cmd.stderr(f.try_clone().map_err(capture_err)?);
+                err_file = Some(f);
+            }
+        }
+
+        let mut exits = monitor_subscribe(Topic::Pid)
+            .await
+            .map_err(RuntimeError::Monitor)?;
+        let spawned = cmd.spawn();
+        // The streams handed to the child must not stay open here (a reader would never see
+        // EOF), so the command goes before the wait.
+        drop(cmd);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(source) => {
+                let _ = monitor_unsubscribe(exits.id).await;
+                return Err(RuntimeError::Spawn {
+                    binary: self.binary.clone(),
+                    source,
+                });
+            }
+        };
+        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        // Dropping a std Child neither waits nor kills; the reaper collects it.
+        drop(child);
+        let code = loop {
+            match exits.rx.recv().await {
+                Some(ev) => {
+                    if matches!(ev.subject, Subject::Pid(p) if p == pid) {
+                        break Some(ev.exit_code);
+                    }
+                }
+                None => break None,
+            }
+        };
+        let _ = monitor_unsubscribe(exits.id).await;
+        let Some(code) = code else {
+            return Err(RuntimeError::MonitorClosed {
+                binary: self.binary.clone(),
+                command,
+            });
+        };
+        if code != 0 {
+            let stderr = err_file.map(read_all).unwrap_or_default();
+            let message = log_error(&self.log, log_offset)
+                .or_else(|| {
+                    let text = String::from_utf8_lossy(&stderr).trim().to_owned();
+                    (!text.is_empty()).then_some(text)
+                })
+                .unwrap_or_else(|| "no error message".to_owned());
+            return Err(RuntimeError::Failed {
+                binary: self.binary.clone(),
+                command,
+                code,
+                message,
+            });
+        }
+        Ok(out_file.map(read_all).unwrap_or_default())
+    }
+}
+
+fn read_all(mut f: File) -> Vec<u8> {
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(0)).is_ok() {
+        let _ = f.read_to_end(&mut buf);
+    }
+    buf
+}
+
+/// The last error message the runtime wrote to its JSON log after `offset`
+/// (logrus-style lines: `{"level":"error","msg":"..."}`).
+fn log_error(log: &Path, offset: u64) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(default)]
+        level: String,
+        #[serde(default)]
+        msg: String,
+    }
+    let mut f = File::open(log).ok()?;
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    let mut text = String::new();
+    f.read_to_string(&mut text).ok()?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Line>(l).ok())
+        .filter(|l| matches!(l.level.as_str(), "error" | "fatal" | "panic"))
+        .map(|l| l.msg)
+        .next_back()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_error_after_offset_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log.json");
+        std::fs::write(&log, "{\"level\":\"error\",\"msg\":\"old\"}\n").unwrap();
+        let offset = std::fs::metadata(&log).unwrap().len();
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str("{\"level\":\"info\",\"msg\":\"x\"}\n{\"level\":\"error\",\"msg\":\"container \\\"a\\\" does not exist\"}\nnot json\n");
+        std::fs::write(&log, text).unwrap();
+        assert_eq!(
+            log_error(&log, offset).as_deref(),
+            Some("container \"a\" does not exist")
+        );
+        assert_eq!(log_error(&log, 10_000), None);
+    }
+
+    #[test]
+    fn not_found_is_recognised() {
+        let e = RuntimeError::Failed {
+            binary: "/x".into(),
+            command: "state",
+            code: 1,
+            message: "container \"a\" does not exist".into(),
+        };
+        assert!(e.is_not_found());
+    }
+}
