@@ -4,7 +4,7 @@
 //! calls `restrict_self`.
 //!
 //! Landlock rules only add rights, so the ruleset says: read and execute everywhere,
-//! write only in the scratch areas and the workspace, device access in /dev, and (if the
+//! write only in the scratch areas, the workspace and /dev/shm, device access in /dev, and (if the
 //! kernel supports network rules) TCP connect only to the proxy port. Protected paths
 //! inside writable areas are read-only bind mounts (see `harden`), which Landlock cannot
 //! express as an exception under a writable parent.
@@ -226,10 +226,17 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
                 &[FsAccess::WriteFile, FsAccess::IoctlDev, FsAccess::Truncate],
             ]),
         },
-        // /proc/self/* writes (oom_score_adj, comm); /proc/sys is a read-only mount.
+        // POSIX shared memory and semaphores (shm_open, sem_open: Python
+        // multiprocessing) create files here; the engine mounts a private tmpfs.
+        PathRule {
+            path: "/dev/shm".to_owned(),
+            access: set(&[READ_EXEC, WRITE]),
+        },
+        // /proc/self/* writes (oom_score_adj, comm; shells open them with O_TRUNC);
+        // /proc/sys is a read-only mount.
         PathRule {
             path: "/proc".to_owned(),
-            access: set(&[READ_EXEC, &[FsAccess::WriteFile]]),
+            access: set(&[READ_EXEC, &[FsAccess::WriteFile, FsAccess::Truncate]]),
         },
     ];
     for path in policy.filesystem.writable_paths() {
@@ -265,11 +272,12 @@ mod tests {
         let rs = ruleset(&policy);
         for rule in &rs.paths {
             let writable = rule.access.contains(&FsAccess::MakeReg);
-            let expected = policy
-                .filesystem
-                .writable_paths()
-                .iter()
-                .any(|p| p.as_str() == rule.path);
+            let expected = rule.path == "/dev/shm"
+                || policy
+                    .filesystem
+                    .writable_paths()
+                    .iter()
+                    .any(|p| p.as_str() == rule.path);
             assert_eq!(writable, expected, "{}", rule.path);
             assert!(rs.handled_fs.is_superset(&rule.access));
         }

@@ -64,6 +64,7 @@ fn child(apply: bool, writable: &str, other: &str, proxy: u16, other_port: u16) 
     }
     // Distinct names per run, so the control run's files do not collide.
     let (f, d) = if apply { ("f-ll", "d-ll") } else { ("f", "d") };
+    let shm = format!("/dev/shm/policy-landlock-{f}-{}", std::process::id());
     let probes = [
         (
             "write_writable",
@@ -78,6 +79,17 @@ fn child(apply: bool, writable: &str, other: &str, proxy: u16, other_port: u16) 
             outcome(std::fs::create_dir(Path::new(other).join(d))),
         ),
         ("read_etc", outcome(std::fs::read("/etc/passwd"))),
+        ("create_dev_shm", outcome(std::fs::write(&shm, b"x"))),
+        (
+            "truncate_proc_comm",
+            outcome(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open("/proc/thread-self/comm")
+                    .and_then(|mut c| c.write_all(b"probe")),
+            ),
+        ),
         ("write_dev_null", outcome(std::fs::write("/dev/null", b"x"))),
         (
             "connect_proxy",
@@ -88,6 +100,8 @@ fn child(apply: bool, writable: &str, other: &str, proxy: u16, other_port: u16) 
             outcome(TcpStream::connect(("127.0.0.1", other_port))),
         ),
     ];
+    // Landlock allows removing it again (RemoveFile in /dev/shm).
+    let _ = std::fs::remove_file(&shm);
     let mut out = std::io::stdout().lock();
     for (name, result) in probes {
         writeln!(out, "PROBE {name} {result}").unwrap();
@@ -166,6 +180,8 @@ fn landlock_ruleset_enforces_writes_and_tcp() {
         "write_other",
         "mkdir_other",
         "read_etc",
+        "create_dev_shm",
+        "truncate_proc_comm",
         "write_dev_null",
         "connect_proxy",
         "connect_other",
@@ -177,6 +193,8 @@ fn landlock_ruleset_enforces_writes_and_tcp() {
     assert_eq!(get(&with, "write_other"), "err:13");
     assert_eq!(get(&with, "mkdir_other"), "err:13");
     assert_eq!(get(&with, "read_etc"), "ok");
+    assert_eq!(get(&with, "create_dev_shm"), "ok");
+    assert_eq!(get(&with, "truncate_proc_comm"), "ok");
     assert_eq!(get(&with, "write_dev_null"), "ok");
     assert_eq!(get(&with, "connect_proxy"), "ok");
     assert_eq!(get(&with, "connect_other"), "err:13");
