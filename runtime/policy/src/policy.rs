@@ -606,3 +606,54 @@ impl fmt::Display for NetworkMode {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mandatory_lists_are_valid() {
+        assert_eq!(
+            parse_all::<ProtectedName>(MANDATORY_PROTECTED).len(),
+            MANDATORY_PROTECTED.len()
+        );
+        assert_eq!(
+            parse_all::<AbsPath>(MANDATORY_MASKED).len(),
+            MANDATORY_MASKED.len()
+        );
+        assert_eq!(
+            parse_all::<AbsPath>(MANDATORY_READONLY).len(),
+            MANDATORY_READONLY.len()
+        );
+        assert_eq!(Filesystem::default().scratch[0].path.as_str(), "/tmp");
+    }
+
+    #[test]
+    fn policies_round_trip_through_json_and_toml() {
+        // The runtime stores the effective policy (JSON) for later execs.
+        for name in builtin_names() {
+            let policy = SandboxPolicy::builtin(name).unwrap();
+            let json = serde_json::to_string(&policy).unwrap();
+            assert_eq!(
+                serde_json::from_str::<SandboxPolicy>(&json).unwrap(),
+                policy
+            );
+            let toml_text = toml::to_string(&policy).unwrap();
+            assert_eq!(SandboxPolicy::parse(&toml_text, "rt.toml").unwrap(), policy);
+        }
+    }
+
+    #[test]
+    fn default_policy_is_the_tightest_network() {
+        let policy = SandboxPolicy::default();
+        assert_eq!(policy.network.mode, NetworkMode::None);
+        assert!(policy.check().is_ok());
+        assert!(
+            !policy
+                .network
+                .allowlist()
+                .decide("example.com", 443)
+                .allowed
+        );
+    }
+}
