@@ -28,7 +28,7 @@ fi
 
 # 2. configuration. The CRI settings matter only for the CRI path: root lacks
 # CAP_SYS_RESOURCE here (restrict_oom_score_adj), there is no systemd (cgroupfs).
-# `Profile` and `BinaryName` reach the shim as runtimeoptions.v1.Options.
+# `BinaryName`, `Root` and `Policy` reach the shim as runtimeoptions.v1.Options.
 desired=$(cat <<'EOF'
 version = 2
 
@@ -50,7 +50,7 @@ version = 2
         pod_annotations = ["io.agent.sandbox.*"]
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox.options]
           BinaryName = "/usr/local/bin/agent-sandbox"
-          Profile = "agent"
+          # Policy = "/etc/agent-sandbox/policy.toml"  (ceiling for every pod; default: built-in agent)
   [plugins."io.containerd.internal.v1.opt"]
     path = "/var/lib/containerd/opt"
 EOF

@@ -1,5 +1,5 @@
 //! Runtime options: which runtime binary the shim drives, where that runtime keeps its state,
-//! and which policy profile it is asked to apply.
+//! and which policy file (profile) it is asked to apply as the ceiling.
 //!
 //! containerd hands the shim whatever its configuration or the client supplied, wrapped in a
 //! protobuf `Any`. Three shapes reach us:
@@ -8,8 +8,9 @@
 //!   a TOML table, inline as `config_body` or in the file named by `config_path`;
 //! - `containerd.runc.v1.Options` (runc-style options): `binary_name` and `root` are honoured.
 //!
-//! The shim never interprets the profile: it forwards the name to the runtime, which takes every
-//! policy decision.
+//! The shim never interprets the policy: it forwards the file's path to the runtime (the
+//! runtime's `AGENT_SANDBOX_POLICY`, same as its `--policy`), which takes every policy decision.
+//! An environment variable rather than a flag keeps the command line runc-compatible.
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +25,8 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_RUNTIME: &str = "/usr/local/bin/agent-sandbox";
 /// The runtime's state directories live below this path, one per containerd namespace.
 pub const DEFAULT_ROOT_BASE: &str = "/run/containerd/agent-sandbox";
-/// Environment variable through which the profile name reaches the runtime.
-pub const PROFILE_ENV: &str = "AGENT_SANDBOX_PROFILE";
+/// Environment variable through which the policy file reaches the runtime.
+pub const POLICY_ENV: &str = "AGENT_SANDBOX_POLICY";
 /// File in the bundle where the daemon records the options, so that `shim delete` after a crash
 /// drives the same runtime with the same root.
 pub const PERSISTED_FILE: &str = "agent-sandbox-shim.json";
@@ -61,8 +62,6 @@ pub enum OptionsError {
     },
     #[error("Runtime option {key} must be an absolute path, got {value:?}")]
     NotAbsolute { key: &'static str, value: String },
-    #[error("Runtime option Profile must be a plain name, got {value:?}")]
-    BadProfile { value: String },
     #[error("Cannot write {path}")]
     Persist {
         path: PathBuf,
@@ -87,8 +86,8 @@ struct OptionsTable {
     binary_name: Option<String>,
     #[serde(rename = "Root")]
     root: Option<String>,
-    #[serde(rename = "Profile")]
-    profile: Option<String>,
+    #[serde(rename = "Policy")]
+    policy: Option<String>,
     #[serde(rename = "TypeUrl")]
     _type_url: Option<String>,
     #[serde(rename = "ConfigPath")]
@@ -102,8 +101,8 @@ pub struct RuntimeOptions {
     pub runtime: PathBuf,
     /// The runtime's `--root` state directory.
     pub root: PathBuf,
-    /// Policy profile name forwarded to the runtime, if configured.
-    pub profile: Option<String>,
+    /// Policy file (the ceiling) forwarded to the runtime, if configured.
+    pub policy: Option<PathBuf>,
 }
 
 impl RuntimeOptions {
@@ -112,7 +111,7 @@ impl RuntimeOptions {
         Self {
             runtime: PathBuf::from(DEFAULT_RUNTIME),
             root: Path::new(DEFAULT_ROOT_BASE).join(namespace),
-            profile: None,
+            policy: None,
         }
     }
 
@@ -144,7 +143,7 @@ impl RuntimeOptions {
             };
             let table: OptionsTable =
                 toml::from_str(&text).map_err(|source| OptionsError::Toml { origin, source })?;
-            opts.apply(table.binary_name, table.root, table.profile)?;
+            opts.apply(table.binary_name, table.root, table.policy)?;
         } else if RUNC_OPTIONS_TYPES.contains(&type_url) {
             let runc = RuncOptions::parse_from_bytes(&any.value).map_err(decode_err)?;
             let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
@@ -161,7 +160,7 @@ impl RuntimeOptions {
         &mut self,
         binary: Option<String>,
         root: Option<String>,
-        profile: Option<String>,
+        policy: Option<String>,
     ) -> Result<(), OptionsError> {
         if let Some(binary) = binary {
             self.runtime = absolute("BinaryName", binary)?;
@@ -169,16 +168,8 @@ impl RuntimeOptions {
         if let Some(root) = root {
             self.root = absolute("Root", root)?;
         }
-        if let Some(profile) = profile {
-            let plain = !profile.is_empty()
-                && profile
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                && !profile.starts_with('.');
-            if !plain {
-                return Err(OptionsError::BadProfile { value: profile });
-            }
-            self.profile = Some(profile);
+        if let Some(policy) = policy {
+            self.policy = Some(absolute("Policy", policy)?);
         }
         Ok(())
     }
@@ -266,18 +257,21 @@ mod tests {
         let o = RuntimeOptions::from_any(None, "k8s.io").unwrap();
         assert_eq!(o.runtime, Path::new(DEFAULT_RUNTIME));
         assert_eq!(o.root, Path::new("/run/containerd/agent-sandbox/k8s.io"));
-        assert_eq!(o.profile, None);
+        assert_eq!(o.policy, None);
     }
 
     #[test]
-    fn cri_toml_body_selects_binary_and_profile() {
+    fn cri_toml_body_selects_binary_and_policy() {
         let any = runtime_any(
             "",
-            "BinaryName = \"/usr/sbin/runc\"\nProfile = \"strict\"\n",
+            "BinaryName = \"/usr/sbin/runc\"\nPolicy = \"/etc/agent-sandbox/strict.toml\"\n",
         );
         let o = RuntimeOptions::from_any(Some(&any), "default").unwrap();
         assert_eq!(o.runtime, Path::new("/usr/sbin/runc"));
-        assert_eq!(o.profile.as_deref(), Some("strict"));
+        assert_eq!(
+            o.policy.as_deref(),
+            Some(Path::new("/etc/agent-sandbox/strict.toml"))
+        );
     }
 
     #[test]
@@ -306,12 +300,10 @@ mod tests {
     }
 
     #[test]
-    fn profile_must_be_plain() {
-        let any = runtime_any("", "Profile = \"../etc\"\n");
-        assert!(matches!(
-            RuntimeOptions::from_any(Some(&any), "default"),
-            Err(OptionsError::BadProfile { .. })
-        ));
+    fn relative_policy_is_rejected() {
+        let any = runtime_any("", "Policy = \"strict.toml\"\n");
+        let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
+        assert!(err.to_string().contains("Policy"), "{err}");
     }
 
     #[test]
@@ -344,7 +336,7 @@ mod tests {
     fn persisted_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let mut o = RuntimeOptions::defaults("ns");
-        o.profile = Some("agent".into());
+        o.policy = Some("/etc/agent-sandbox/agent.toml".into());
         o.persist(dir.path()).unwrap();
         assert_eq!(RuntimeOptions::load_persisted(dir.path(), "ns").unwrap(), o);
     }

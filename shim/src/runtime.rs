@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
 
-use crate::options::{PROFILE_ENV, RuntimeOptions};
+use crate::options::{POLICY_ENV, RuntimeOptions};
 
 /// Errors from running the runtime binary.
 #[derive(Debug, thiserror::Error)]
@@ -72,12 +72,12 @@ pub struct Stdio3 {
     pub stderr: Stdio,
 }
 
-/// One runtime binary with its root, log file and profile.
+/// One runtime binary with its root, log file and policy.
 #[derive(Debug, Clone)]
 pub struct Runtime {
     binary: PathBuf,
     root: PathBuf,
-    profile: Option<String>,
+    policy: Option<PathBuf>,
     log: PathBuf,
 }
 
@@ -87,7 +87,7 @@ impl Runtime {
         Self {
             binary: opts.runtime.clone(),
             root: opts.root.clone(),
-            profile: opts.profile.clone(),
+            policy: opts.policy.clone(),
             log: bundle.join("log.json"),
         }
     }
@@ -232,9 +232,9 @@ impl Runtime {
             .arg("--log-format")
             .arg("json")
             .args(args);
-        match &self.profile {
-            Some(profile) => cmd.env(PROFILE_ENV, profile),
-            None => cmd.env_remove(PROFILE_ENV),
+        match &self.policy {
+            Some(policy) => cmd.env(POLICY_ENV, policy),
+            None => cmd.env_remove(POLICY_ENV),
         };
         let mut out_file = None;
         let mut err_file = None;
