@@ -325,3 +325,38 @@ fn builtins_load_and_unknown_is_an_error() {
         Err(PolicyError::UnknownProfile { .. })
     ));
 }
+
+mod fuzz {
+    use agent_sandbox_policy::{PolicyError, SandboxPolicy};
+    use proptest::prelude::*;
+
+    const BASE: &str = include_str!("../../../../profiles/agent.toml");
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Any edit of a real profile either parses or names a line inside the file.
+        #[test]
+        fn edits_never_panic_and_errors_are_located(
+            at in 0usize..BASE.len(),
+            cut in 0usize..40,
+            insert in "[a-z_=\\[\\]\"*.:0-9 \n/-]{0,12}",
+        ) {
+            let mut text = BASE.to_owned();
+            let start = (0..=at).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            let end = (start + cut).min(text.len());
+            let end = (end..=text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+            text.replace_range(start..end, &insert);
+            if let Err(e) = SandboxPolicy::parse(&text, "fuzz.toml") {
+                let lines = text.lines().count() + 1;
+                match &e {
+                    PolicyError::Parse { line, .. } | PolicyError::Invalid { line, .. } => {
+                        prop_assert!(*line >= 1 && *line <= lines, "{e}");
+                    }
+                    PolicyError::UnknownProfile { .. } => prop_assert!(false, "{e}"),
+                }
+                prop_assert!(e.to_string().starts_with("fuzz.toml:"));
+            }
+        }
+    }
+}
