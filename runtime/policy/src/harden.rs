@@ -265,10 +265,19 @@ pub fn effective_policy(
                 }
             }
             "network.allow" => {
-                policy.network.allow = parse_rules(value).map_err(bad)?;
-                if policy.network.allow.is_empty() {
+                let rules = parse_rules(value).map_err(bad)?;
+                if rules.is_empty() {
                     policy.network.mode = NetworkMode::None;
+                    policy.network.allow.clear();
                     policy.network.deny.clear();
+                } else if policy.network.mode == NetworkMode::None {
+                    // Asking for hosts where the policy allows no network at all.
+                    return Err(HardenError::AnnotationWidens {
+                        annotation: key.to_owned(),
+                        source: NarrowError::NetworkMode,
+                    });
+                } else {
+                    policy.network.allow = rules;
                 }
             }
             "network.deny" => {

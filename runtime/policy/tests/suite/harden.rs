@@ -466,6 +466,11 @@ fn annotations_that_widen_are_errors_naming_the_annotation() {
     );
     let err = annotation_error(&[("io.agent.sandbox.network", "proxy")], &strict);
     assert!(matches!(err, HardenError::AnnotationWidens { .. }), "{err}");
+    let err = annotation_error(&[("io.agent.sandbox.network.allow", "pypi.org")], &strict);
+    assert!(
+        matches!(&err, HardenError::AnnotationWidens { annotation, .. } if annotation == "io.agent.sandbox.network.allow"),
+        "{err}"
+    );
 }
 
 #[test]
