@@ -84,6 +84,14 @@ pub enum HardenError {
     UnexpectedProtectedPath { path: PathBuf },
     #[error("mount at {destination}: a writable {typ} outside the policy's writable paths")]
     WritableMount { destination: PathBuf, typ: String },
+    #[error("mount at {destination}: path is not absolute and normalized")]
+    MountPath {
+        destination: PathBuf,
+        #[source]
+        source: ValueError,
+    },
+    #[error("mount at {destination}: writable only when /dev is the sandbox's own tmpfs")]
+    DevNotTmpfs { destination: PathBuf },
     #[error("mount at {destination}: type {typ} is not allowed in a sandbox")]
     MountType { destination: PathBuf, typ: String },
     #[error("mount at {destination}: host device {source_path} is not allowed")]
@@ -213,6 +221,23 @@ pub fn protected_path_candidates(spec: &Spec, policy: &SandboxPolicy) -> Vec<Pro
             host_path: source.join(name.as_str()),
             dir: name.is_dir(),
         })
+        .collect()
+}
+
+/// Destinations of the writable mounts in a hardened spec (tmpfs, overlay, the engine's
+/// `/dev/shm`). The runtime must check that none of them, nor any parent, is a symlink in
+/// the rootfs: a symlink in the image (`/tmp -> /etc`) would put the writable mount over a
+/// path the policy keeps read-only. (libcontainer resolves symlinks inside the rootfs.)
+pub fn writable_destinations(spec: &Spec) -> Vec<PathBuf> {
+    spec.mounts()
+        .iter()
+        .flatten()
+        .filter(|m| {
+            let typ = m.typ().as_deref().unwrap_or_default();
+            let ro = m.options().iter().flatten().any(|o| o == "ro");
+            !ro && (matches!(typ, "tmpfs" | "overlay") || is_bind(m))
+        })
+        .map(|m| m.destination().clone())
         .collect()
 }
 
@@ -648,9 +673,30 @@ fn harden_mounts(
     let workspace = fs.workspace.as_ref();
     let mut out = Vec::new();
     let mut workspace_lower: Option<PathBuf> = None;
+    // `..` or `.` in a path would defeat every prefix check below.
+    let check_path = |destination: &Path, path: &Path| {
+        AbsPath::try_from(path.to_string_lossy().into_owned())
+            .map(|_| ())
+            .map_err(|source| HardenError::MountPath {
+                destination: destination.to_path_buf(),
+                source,
+            })
+    };
+    // Writable mounts under /dev are safe only on the sandbox's own /dev tmpfs; on the
+    // image's /dev a symlink (`/dev/shm -> /etc`) could redirect them.
+    let dev_is_tmpfs = incoming
+        .iter()
+        .any(|m| m.destination() == Path::new("/dev") && m.typ().as_deref() == Some("tmpfs"));
     for mount in incoming {
         let dest = mount.destination().clone();
         let typ = mount.typ().clone().unwrap_or_default();
+        check_path(&dest, &dest)?;
+        if is_bind(&mount)
+            && let Some(source) = mount.source()
+        {
+            check_path(&dest, source)?;
+        }
+        let under_dev = dest.starts_with("/dev") && dest != Path::new("/dev");
         if scratch.iter().any(|s| s.as_path() == dest) {
             continue; // replaced by the policy's tmpfs below
         }
@@ -671,6 +717,9 @@ fn harden_mounts(
                 });
             }
             if dest == Path::new("/dev/shm") {
+                if !dev_is_tmpfs {
+                    return Err(HardenError::DevNotTmpfs { destination: dest });
+                }
                 // The engine's per-container shm tmpfs: writable by design, never exec.
                 out.push(with_options(
                     mount,
@@ -696,6 +745,9 @@ fn harden_mounts(
                     &["ro", "nosuid", "nodev", "noexec"],
                     &["rw", "suid", "dev", "exec"],
                 ));
+            }
+            "tmpfs" if under_dev && !dev_is_tmpfs => {
+                return Err(HardenError::DevNotTmpfs { destination: dest });
             }
             "tmpfs" if dest.starts_with("/dev") => {
                 out.push(with_options(mount, &["nosuid"], &["suid"]));

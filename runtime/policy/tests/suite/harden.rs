@@ -600,3 +600,63 @@ fn host_network_devices_are_refused_and_propagation_is_not_shared() {
         Some("rslave")
     );
 }
+
+#[test]
+fn dotdot_destinations_and_sources_are_refused() {
+    for (src, dst) in [("/srv/x", "/dev/../etc"), ("/tmp/../dev/kvm", "/data")] {
+        let mut spec = podman_like_spec();
+        let mut mounts = spec.mounts().clone().unwrap();
+        mounts.push(bind(src, dst, &["rbind"]));
+        spec.set_mounts(Some(mounts));
+        let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+        assert!(
+            matches!(err, HardenError::MountPath { .. }),
+            "{src} {dst}: {err}"
+        );
+    }
+    // A tmpfs "under /dev" that is really /etc.
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(
+        MountBuilder::default()
+            .destination("/dev/../etc")
+            .typ("tmpfs")
+            .source("tmpfs")
+            .build()
+            .unwrap(),
+    );
+    spec.set_mounts(Some(mounts));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::MountPath { .. }), "{err}");
+}
+
+#[test]
+fn writable_dev_mounts_need_the_sandbox_dev_tmpfs() {
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.retain(|m| m.destination() != Path::new("/dev"));
+    spec.set_mounts(Some(mounts));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::DevNotTmpfs { .. }), "{err}");
+}
+
+#[test]
+fn writable_destinations_are_listed_for_the_symlink_check() {
+    let spec: Spec = serde_json::from_str(PODMAN_ROOTFUL).unwrap();
+    let out = harden_ok(spec, &agent(), &ctx()).spec;
+    let mut dests = harden::writable_destinations(&out);
+    dests.sort();
+    let want: Vec<PathBuf> = [
+        "/dev",
+        "/dev/shm",
+        "/home",
+        "/run",
+        "/tmp",
+        "/var/tmp",
+        "/workspace",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    assert_eq!(dests, want);
+}
