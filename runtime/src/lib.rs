@@ -1,3 +1,14 @@
 //! The agent-sandbox runtime library: lifecycle, state and enforcement on top of
 //! youki's libcontainer. The `agent-sandbox` binary only parses arguments.
 #![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod enforce;
+pub mod executor;
+pub mod id;
+pub mod idmap;
+pub mod lifecycle;
+pub mod logging;
+pub mod mounts;
+pub mod paths;
+pub mod sandbox;

@@ -1,6 +1,58 @@
+//! The `agent-sandbox` binary: parses the runc-style command line and delegates
+//! to the library.
 #![forbid(unsafe_code)]
 
+use clap::Parser;
+
+use agent_sandbox::cli::{Cli, Outcome};
+
 fn main() {
-    eprintln!("agent-sandbox: not built yet");
+    let cli = Cli::parse();
+    if agent_sandbox::cli::needs_sealed_binary(&cli)
+        && let Err(err) = agent_sandbox_sys::reexec_from_sealed_copy()
+    {
+        fail(
+            &cli,
+            &anyhow::Error::new(err).context("cannot re-execute from a sealed copy"),
+        );
+    }
+    if let Err(err) = agent_sandbox::logging::init(cli.log.as_deref(), cli.log_format, cli.debug) {
+        eprintln!("agent-sandbox: {err}");
+        std::process::exit(1);
+    }
+    let (log, format) = (cli.log.clone(), cli.log_format);
+    match agent_sandbox::cli::run(cli) {
+        Ok(Outcome::Exit(code)) => std::process::exit(code),
+        Err(err) => {
+            let err = anyhow::Error::new(err);
+            report(log.as_deref(), format, &err);
+            std::process::exit(1);
+        }
+    }
+}
+
+fn fail(cli: &Cli, err: &anyhow::Error) -> ! {
+    report(cli.log.as_deref(), cli.log_format, err);
     std::process::exit(1);
+}
+
+/// Prints the whole error chain to stderr and, like runc, to the log file.
+fn report(
+    log: Option<&std::path::Path>,
+    format: agent_sandbox::logging::LogFormat,
+    err: &anyhow::Error,
+) {
+    let msg = format!("{err:#}");
+    eprintln!("agent-sandbox: {msg}");
+    if let Some(path) = log {
+        let line = agent_sandbox::logging::format_line(format, &tracing::Level::ERROR, &msg, &[]);
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            use std::io::Write;
+            let _ = writeln!(f, "{line}");
+        }
+    }
 }

@@ -1,3 +1,9 @@
 //! The single `unsafe` boundary of agent-sandbox. Every `unsafe` block names the
 //! invariant it relies on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
+
+pub mod loopback;
+pub mod selfexec;
+
+pub use loopback::{LoopbackError, bring_loopback_up_in};
+pub use selfexec::{SelfExecError, reexec_from_sealed_copy};

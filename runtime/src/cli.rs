@@ -1,0 +1,381 @@
+//! The runc-compatible command line (parsed by the binary, run here).
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::id::ContainerId;
+use crate::lifecycle::{CreateOpts, ExecOpts, Runtime};
+use crate::logging::LogFormat;
+use crate::sandbox::Resolved;
+
+/// agent-sandbox: an OCI runtime that runs every container as an AI-agent sandbox.
+#[derive(Debug, Parser)]
+#[command(name = "agent-sandbox", version = None, disable_version_flag = true)]
+pub struct Cli {
+    /// State directory (default: /run/agent-sandbox as root, $XDG_RUNTIME_DIR/agent-sandbox otherwise)
+    #[arg(long, global = true)]
+    pub root: Option<PathBuf>,
+    /// Log file (default: stderr)
+    #[arg(long, global = true)]
+    pub log: Option<PathBuf>,
+    /// Log format: text or json (logrus style, as runc)
+    #[arg(long = "log-format", value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
+    /// Debug logging
+    #[arg(long, global = true)]
+    pub debug: bool,
+    /// Accepted for runc compatibility; this runtime drives cgroupfs only and says so
+    #[arg(long = "systemd-cgroup", global = true)]
+    pub systemd_cgroup: bool,
+    /// Accepted for runc compatibility (rootless mode is detected)
+    #[arg(long, global = true, num_args = 0..=1, default_missing_value = "auto")]
+    pub rootless: Option<String>,
+    /// Policy file that overrides the profile for every container (admin only)
+    #[arg(long, global = true, env = "AGENT_SANDBOX_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Print the version
+    #[arg(short = 'v', long = "version")]
+    pub version: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a container from a bundle; its process waits for `start`
+    Create(CreateArgs),
+    /// Start a created container
+    Start { id: String },
+    /// Print the state of a container as JSON
+    State { id: String },
+    /// Send a signal to a container's init (or all its processes with --all)
+    Kill {
+        #[arg(short, long)]
+        all: bool,
+        id: String,
+        #[arg(default_value = "SIGTERM")]
+        signal: String,
+    },
+    /// Delete a container (--force kills it first; unknown ids succeed)
+    Delete {
+        #[arg(short, long)]
+        force: bool,
+        id: String,
+    },
+    /// Run a process inside a running container
+    Exec(ExecArgs),
+    /// List the processes of a container
+    Ps {
+        #[arg(short, long, default_value = "table")]
+        format: String,
+        id: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        ps_args: Vec<String>,
+    },
+    /// Update the resource limits of a container
+    Update {
+        /// JSON file with linux.resources ("-" for stdin)
+        #[arg(short, long)]
+        resources: PathBuf,
+        id: String,
+    },
+    /// Print the runtime's features as JSON
+    Features,
+    /// Write a default config.json into the bundle
+    Spec {
+        #[arg(short, long, default_value = ".")]
+        bundle: PathBuf,
+    },
+    /// List containers
+    List {
+        #[arg(short, long, default_value = "table")]
+        format: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[arg(short, long, default_value = ".")]
+    pub bundle: PathBuf,
+    #[arg(long = "console-socket")]
+    pub console_socket: Option<PathBuf>,
+    #[arg(long = "pid-file")]
+    pub pid_file: Option<PathBuf>,
+    #[arg(long = "no-pivot")]
+    pub no_pivot: bool,
+    #[arg(long = "no-new-keyring")]
+    pub no_new_keyring: bool,
+    #[arg(long = "preserve-fds", default_value_t = 0)]
+    pub preserve_fds: i32,
+    pub id: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[arg(long = "console-socket")]
+    pub console_socket: Option<PathBuf>,
+    #[arg(long)]
+    pub cwd: Option<PathBuf>,
+    #[arg(short, long)]
+    pub env: Vec<String>,
+    #[arg(short, long)]
+    pub tty: bool,
+    /// UID[:GID]
+    #[arg(short, long)]
+    pub user: Option<String>,
+    #[arg(short = 'p', long)]
+    pub process: Option<PathBuf>,
+    #[arg(short, long)]
+    pub detach: bool,
+    #[arg(long = "pid-file")]
+    pub pid_file: Option<PathBuf>,
+    #[arg(long = "process-label")]
+    pub process_label: Option<String>,
+    #[arg(long)]
+    pub apparmor: Option<String>,
+    #[arg(long = "no-new-privs")]
+    pub no_new_privs: bool,
+    /// Extra capabilities are refused by the sandbox; accepted only to report that
+    #[arg(short, long)]
+    pub cap: Vec<String>,
+    #[arg(long = "preserve-fds", default_value_t = 0)]
+    pub preserve_fds: i32,
+    pub id: String,
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// Errors of the command line layer.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Id(#[from] crate::id::IdError),
+    #[error(transparent)]
+    Lifecycle(#[from] crate::lifecycle::LifecycleError),
+    #[error("no command given (try --help)")]
+    NoCommand,
+    #[error("--user {value:?} is not UID[:GID]")]
+    User { value: String },
+    #[error("--cap {cap}: the sandbox grants no capabilities")]
+    Cap { cap: String },
+    #[error("exec needs --process or a command")]
+    NoExecCommand,
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--systemd-cgroup: this runtime drives cgroupfs (no systemd on this host)")]
+    Systemd,
+}
+
+/// What `run` asks the binary to do at the end.
+pub enum Outcome {
+    /// Exit with this code.
+    Exit(i32),
+}
+
+/// The version text (`--version`), runc's shape.
+pub fn version_text() -> String {
+    format!(
+        "agent-sandbox version {}\nspec: 1.0.2\nlibcontainer: 0.7\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+fn read_input(path: &PathBuf) -> Result<Vec<u8>, CliError> {
+    let mut buf = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .map_err(|source| CliError::Read {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(buf)
+    } else {
+        std::fs::read(path).map_err(|source| CliError::Read {
+            path: path.clone(),
+            source,
+        })
+    }
+}
+
+/// Whether this command enters a container (and so must run from a sealed
+/// copy of the binary first).
+pub fn needs_sealed_binary(cli: &Cli) -> bool {
+    matches!(
+        cli.command,
+        Some(Command::Create(_)) | Some(Command::Exec(_))
+    )
+}
+
+/// Runs one command.
+pub fn run(cli: Cli) -> Result<Outcome, CliError> {
+    if cli.version {
+        print!("{}", version_text());
+        return Ok(Outcome::Exit(0));
+    }
+    if cli.systemd_cgroup {
+        tracing::warn!("--systemd-cgroup ignored: cgroupfs is used (no systemd on this host)");
+    }
+    let command = cli.command.ok_or(CliError::NoCommand)?;
+    let rt = || Runtime::new(cli.root.as_deref());
+    match command {
+        Command::Create(a) => {
+            let id = ContainerId::try_from(a.id.as_str())?;
+            let config = a.bundle.join("config.json");
+            let spec = libcontainer::oci_spec::runtime::Spec::load(&config).ok();
+            let policy = Resolved::resolve(cli.policy.as_deref(), spec.as_ref())?;
+            let opts = CreateOpts {
+                bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
+                pid_file: a.pid_file,
+                console_socket: a.console_socket,
+                no_pivot: a.no_pivot,
+                preserve_fds: a.preserve_fds,
+            };
+            rt()?.create(&id, &opts, &policy)?;
+        }
+        Command::Start { id } => rt()?.start(&ContainerId::try_from(id.as_str())?)?,
+        Command::State { id } => {
+            let state = rt()?.state(&ContainerId::try_from(id.as_str())?)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&state).unwrap_or_default()
+            );
+        }
+        Command::Kill { all, id, signal } => {
+            rt()?.kill(&ContainerId::try_from(id.as_str())?, &signal, all)?
+        }
+        Command::Delete { force, id } => {
+            rt()?.delete(&ContainerId::try_from(id.as_str())?, force)?
+        }
+        Command::Exec(a) => {
+            if let Some(cap) = a.cap.first() {
+                return Err(CliError::Cap { cap: cap.clone() });
+            }
+            let id = ContainerId::try_from(a.id.as_str())?;
+            let user = match &a.user {
+                None => None,
+                Some(u) => Some(parse_user(u)?),
+            };
+            if a.process.is_none() && a.command.is_empty() {
+                return Err(CliError::NoExecCommand);
+            }
+            let runtime = rt()?;
+            let policy = Resolved::resolve(cli.policy.as_deref(), None)?;
+            let opts = ExecOpts {
+                process: a.process,
+                args: a.command,
+                env: a.env,
+                cwd: a.cwd,
+                tty: a.tty,
+                user,
+                detach: a.detach,
+                pid_file: a.pid_file,
+                console_socket: a.console_socket,
+                preserve_fds: a.preserve_fds,
+            };
+            if let Some(code) = runtime.exec(&id, &opts, &policy)? {
+                return Ok(Outcome::Exit(code));
+            }
+        }
+        Command::Ps { format, id, .. } => {
+            let pids = rt()?.pids(&ContainerId::try_from(id.as_str())?)?;
+            if format == "json" {
+                println!("{}", serde_json::to_string(&pids).unwrap_or_default());
+            } else {
+                println!("PID");
+                for p in pids {
+                    println!("{p}");
+                }
+            }
+        }
+        Command::Update { resources, id } => {
+            let bytes = read_input(&resources)?;
+            let res: libcontainer::oci_spec::runtime::LinuxResources =
+                serde_json::from_slice(&bytes).map_err(|source| CliError::Parse {
+                    path: resources.clone(),
+                    source,
+                })?;
+            rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
+        }
+        Command::Features => println!("{}", features_json()),
+        Command::Spec { bundle } => {
+            let path = bundle.join("config.json");
+            let spec = libcontainer::oci_spec::runtime::Spec::default();
+            let text = serde_json::to_string_pretty(&spec).unwrap_or_default();
+            std::fs::write(&path, text).map_err(|source| CliError::Write { path, source })?;
+        }
+        Command::List { format } => {
+            let runtime = rt()?;
+            let ids = runtime.list();
+            if format == "json" {
+                let states: Vec<serde_json::Value> = ids
+                    .iter()
+                    .filter_map(|i| ContainerId::try_from(i.as_str()).ok())
+                    .filter_map(|i| runtime.state(&i).ok())
+                    .collect();
+                println!("{}", serde_json::Value::Array(states));
+            } else {
+                println!("ID");
+                for i in ids {
+                    println!("{i}");
+                }
+            }
+        }
+    }
+    Ok(Outcome::Exit(0))
+}
+
+fn parse_user(u: &str) -> Result<(u32, Option<u32>), CliError> {
+    let bad = || CliError::User {
+        value: u.to_owned(),
+    };
+    let (uid, gid) = match u.split_once(':') {
+        Some((a, b)) => (a, Some(b)),
+        None => (u, None),
+    };
+    let uid = uid.parse().map_err(|_| bad())?;
+    let gid = match gid {
+        Some(g) => Some(g.parse().map_err(|_| bad())?),
+        None => None,
+    };
+    Ok((uid, gid))
+}
+
+fn features_json() -> String {
+    serde_json::json!({
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": "1.0.2",
+        "hooks": ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"],
+        "mountOptions": ["ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", "private", "rprivate"],
+        "linux": {
+            "namespaces": ["user", "mount", "pid", "ipc", "uts", "network", "cgroup"],
+            "capabilities": [],
+            "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
+            "seccomp": {"enabled": true, "actions": [], "operators": [], "archs": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]},
+            "apparmor": {"enabled": false},
+            "selinux": {"enabled": false}
+        },
+        "annotations": {
+            "io.agent.sandbox.enforced": "userns,readonly-rootfs,no-caps,no-new-privs,netns,seccomp,landlock,cgroups"
+        }
+    })
+    .to_string()
+}

@@ -1,0 +1,634 @@
+//! The runc-compatible operations: create, start, state, kill, delete, exec,
+//! ps, update. Each maps runc's contract onto libcontainer plus the sandbox's
+//! own preparation (id range, reachable rootfs, hardened spec) and cleanup.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::{Container, ContainerStatus};
+use libcontainer::oci_spec::runtime::{Process, Spec};
+use libcontainer::syscall::syscall::SyscallType;
+use serde::{Deserialize, Serialize};
+
+use crate::enforce::{self, EnforceError};
+use crate::id::ContainerId;
+use crate::idmap::{self, IdMapError, IdRange};
+use crate::mounts::{self, MountError};
+use crate::paths::{self, PathsError, StateDirs};
+
+/// Errors of the lifecycle operations. Messages read like runc's where callers
+/// match on them ("container ... does not exist").
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("container {id} does not exist")]
+    NotExist { id: ContainerId },
+    #[error("container with id {id} already exists")]
+    Exists { id: ContainerId },
+    #[error("cannot read bundle config {path}")]
+    BundleConfig {
+        path: PathBuf,
+        #[source]
+        source: libcontainer::oci_spec::OciSpecError,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("bundle {bundle} has no root.path in config.json")]
+    NoRoot { bundle: PathBuf },
+    #[error("container {id} is {status}, not {wanted}")]
+    WrongState {
+        id: ContainerId,
+        status: &'static str,
+        wanted: &'static str,
+    },
+    #[error("container not running")]
+    NotRunning,
+    #[error("invalid signal {signal:?}")]
+    Signal { signal: String },
+    #[error(transparent)]
+    Paths(#[from] PathsError),
+    #[error(transparent)]
+    IdMap(#[from] IdMapError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Enforce(#[from] EnforceError),
+    #[error("cannot bring lo up in the sandbox network namespace")]
+    Loopback(#[source] agent_sandbox_sys::LoopbackError),
+    #[error("cgroup layer: {detail}")]
+    Cgroup { detail: String },
+    #[error("{op} failed")]
+    Container {
+        op: &'static str,
+        #[source]
+        source: libcontainer::error::LibcontainerError,
+    },
+    #[error("exec failed")]
+    Exec {
+        #[source]
+        source: libcontainer::error::LibcontainerError,
+    },
+    #[error("cannot wait for process {pid}")]
+    Wait {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, LifecycleError>;
+
+/// What the runtime remembers about a sandbox besides libcontainer's state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// The bundle the caller gave (reported by `state`).
+    pub bundle: PathBuf,
+    pub ids: IdRange,
+    /// Whether `ids` came from the host allocation file (released on delete).
+    pub allocated: bool,
+    pub rootfs_mount: PathBuf,
+    pub profile: String,
+}
+
+/// Options of `create`.
+#[derive(Debug, Default)]
+pub struct CreateOpts {
+    pub bundle: PathBuf,
+    pub pid_file: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub no_pivot: bool,
+    pub preserve_fds: i32,
+}
+
+/// Options of `exec`.
+#[derive(Debug, Default)]
+pub struct ExecOpts {
+    pub process: Option<PathBuf>,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: Option<PathBuf>,
+    pub tty: bool,
+    pub user: Option<(u32, Option<u32>)>,
+    pub detach: bool,
+    pub pid_file: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub preserve_fds: i32,
+}
+
+/// The runtime, bound to one state root.
+pub struct Runtime {
+    pub dirs: StateDirs,
+}
+
+fn record_path(dirs: &StateDirs, id: &ContainerId) -> PathBuf {
+    dirs.sandbox(id).join("sandbox.json")
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_vec_pretty(value).map_err(|source| LifecycleError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    std::fs::write(path, text).map_err(|source| LifecycleError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read(path).map_err(|source| LifecycleError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_slice(&text).map_err(|source| LifecycleError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn status_name(s: ContainerStatus) -> &'static str {
+    match s {
+        ContainerStatus::Creating | ContainerStatus::Created => "created",
+        ContainerStatus::Running => "running",
+        ContainerStatus::Paused => "paused",
+        ContainerStatus::Stopped => "stopped",
+    }
+}
+
+impl Runtime {
+    pub fn new(root: Option<&Path>) -> Result<Self> {
+        let dirs = StateDirs::new(paths::state_root(root)?);
+        Ok(Self { dirs })
+    }
+
+    fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
+        self.dirs.ensure()?;
+        ContainerBuilder::new(id.as_str().to_owned(), SyscallType::default())
+            .with_root_path(self.dirs.containers())
+            .map_err(|source| LifecycleError::Container {
+                op: "create",
+                source,
+            })
+    }
+
+    /// Loads libcontainer's view of `id`, with a fresh status.
+    pub fn load(&self, id: &ContainerId) -> Result<Container> {
+        let dir = self.dirs.container(id);
+        if !dir.join("state.json").exists() {
+            return Err(LifecycleError::NotExist { id: id.clone() });
+        }
+        let mut c = Container::load(dir).map_err(|source| LifecycleError::Container {
+            op: "load state",
+            source,
+        })?;
+        c.refresh_status()
+            .map_err(|source| LifecycleError::Container {
+                op: "refresh state",
+                source,
+            })?;
+        Ok(c)
+    }
+
+    fn record(&self, id: &ContainerId) -> Result<SandboxRecord> {
+        read_json(&record_path(&self.dirs, id))
+    }
+
+    /// `create`: prepares the sandbox and leaves its init waiting for `start`.
+    pub fn create(
+        &self,
+        id: &ContainerId,
+        opts: &CreateOpts,
+        policy: &crate::sandbox::Resolved,
+    ) -> Result<()> {
+        if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
+            return Err(LifecycleError::Exists { id: id.clone() });
+        }
+        let config = opts.bundle.join("config.json");
+        let mut spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let result = self.create_inner(id, opts, &mut spec, policy);
+        if result.is_err() {
+            self.cleanup_sandbox(id);
+        }
+        result
+    }
+
+    fn create_inner(
+        &self,
+        id: &ContainerId,
+        opts: &CreateOpts,
+        spec: &mut Spec,
+        policy: &crate::sandbox::Resolved,
+    ) -> Result<()> {
+        self.dirs.ensure()?;
+        let rootless = paths::rootless()?;
+        let (ids, allocated) = if rootless {
+            (idmap::nested_range()?, false)
+        } else {
+            (
+                idmap::allocate(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id)?,
+                true,
+            )
+        };
+        let sandbox_dir = self.dirs.sandbox(id);
+        let mount_dir = crate::sandbox::mount_dir(&self.dirs, id)?;
+        let rootfs_src = {
+            let root = spec.root().as_ref().ok_or(LifecycleError::NoRoot {
+                bundle: opts.bundle.clone(),
+            })?;
+            let p = root.path();
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                opts.bundle.join(p)
+            }
+        };
+        mounts::mkdir_traversable(&sandbox_dir)?;
+        let record = SandboxRecord {
+            id: id.as_str().to_owned(),
+            bundle: opts.bundle.clone(),
+            ids,
+            allocated,
+            rootfs_mount: mount_dir.join("rootfs"),
+            profile: policy.name.clone(),
+        };
+        write_json(&record_path(&self.dirs, id), &record)?;
+        mounts::mkdir_traversable(&mount_dir)?;
+        policy.harden(spec, &record)?;
+        mounts::ensure_mount_points(&rootfs_src, spec)?;
+        mounts::bind_readonly(&rootfs_src, &record.rootfs_mount)?;
+
+        mounts::rebind_sources(spec, &mount_dir)?;
+        enforce::apply_runtime_facts(spec, ids, &record.rootfs_mount)?;
+        if rootless {
+            crate::sandbox::rootless_cgroups(spec, id)?;
+        }
+        enforce::verify(spec)?;
+
+        let bundle = sandbox_dir.join("bundle");
+        std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
+            path: bundle.clone(),
+            source,
+        })?;
+        let hardened = bundle.join("config.json");
+        spec.save(&hardened)
+            .map_err(|source| LifecycleError::BundleConfig {
+                path: hardened.clone(),
+                source,
+            })?;
+
+        let executor = policy.executor()?;
+        let container = self
+            .builder(id)?
+            .with_pid_file(opts.pid_file.as_ref())
+            .map_err(|source| LifecycleError::Container {
+                op: "create",
+                source,
+            })?
+            .with_console_socket(opts.console_socket.as_ref())
+            .with_preserved_fds(opts.preserve_fds)
+            .with_executor(executor)
+            .as_init(&bundle)
+            .with_systemd(false)
+            .with_detach(true)
+            .with_no_pivot(opts.no_pivot)
+            .build()
+            .map_err(|source| LifecycleError::Container {
+                op: "create",
+                source,
+            })?;
+        let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
+        agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
+        crate::sandbox::verify_cgroups(spec, id)
+            .map_err(|detail| LifecycleError::Cgroup { detail })?;
+        tracing::info!(id = %id, pid, profile = %policy.name, host_uid = ids.host_start, "sandbox created");
+        Ok(())
+    }
+
+    /// Removes everything `create` set up outside libcontainer. Best effort.
+    fn cleanup_sandbox(&self, id: &ContainerId) {
+        if let Ok(c) = self.load(id) {
+            let mut c = c;
+            let _ = c.delete(true);
+        }
+        let _ = std::fs::remove_dir_all(self.dirs.container(id));
+        let record = self.record(id).ok();
+        if let Ok(mount_dir) = crate::sandbox::mount_dir(&self.dirs, id) {
+            detach_all_under(&mount_dir);
+            let _ = std::fs::remove_dir_all(&mount_dir);
+        }
+        if let Some(r) = &record {
+            let _ = mounts::detach(&r.rootfs_mount);
+            if r.allocated {
+                let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
+            }
+        } else if !paths::rootless().unwrap_or(true) {
+            let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
+        }
+        let _ = std::fs::remove_dir_all(self.dirs.sandbox(id));
+    }
+
+    pub fn start(&self, id: &ContainerId) -> Result<()> {
+        let mut c = self.load(id)?;
+        if c.status() != ContainerStatus::Created {
+            return Err(LifecycleError::WrongState {
+                id: id.clone(),
+                status: status_name(c.status()),
+                wanted: "created",
+            });
+        }
+        c.start().map_err(|source| LifecycleError::Container {
+            op: "start",
+            source,
+        })
+    }
+
+    /// `state`: runc's JSON.
+    pub fn state(&self, id: &ContainerId) -> Result<serde_json::Value> {
+        let c = self.load(id)?;
+        let record = self.record(id).ok();
+        let status = status_name(c.status());
+        let pid = if status == "stopped" {
+            0
+        } else {
+            c.pid().map(|p| p.as_raw()).unwrap_or(0)
+        };
+        let bundle = record
+            .as_ref()
+            .map(|r| r.bundle.clone())
+            .unwrap_or_else(|| c.bundle().clone());
+        let mut annotations = c.state.annotations.clone().unwrap_or_default();
+        if let Some(r) = &record {
+            annotations.insert("io.agent.sandbox.active-profile".into(), r.profile.clone());
+        }
+        Ok(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "id": id.as_str(),
+            "pid": pid,
+            "status": status,
+            "bundle": bundle,
+            "rootfs": record.as_ref().map(|r| r.rootfs_mount.clone()),
+            "created": c.created().map(|t| t.to_rfc3339()),
+            "owner": "",
+            "annotations": annotations,
+        }))
+    }
+
+    pub fn kill(&self, id: &ContainerId, signal: &str, all: bool) -> Result<()> {
+        let sig =
+            libcontainer::signal::Signal::try_from(signal).map_err(|_| LifecycleError::Signal {
+                signal: signal.to_owned(),
+            })?;
+        let mut c = self.load(id)?;
+        if c.status() == ContainerStatus::Stopped && !all {
+            return Err(LifecycleError::NotRunning);
+        }
+        c.kill(sig, all)
+            .map_err(|source| LifecycleError::Container { op: "kill", source })
+    }
+
+    /// `delete`: with `force`, kills first; an unknown id with `force` is fine.
+    pub fn delete(&self, id: &ContainerId, force: bool) -> Result<()> {
+        match self.load(id) {
+            Ok(mut c) => {
+                if !force
+                    && !matches!(
+                        c.status(),
+                        ContainerStatus::Stopped | ContainerStatus::Created
+                    )
+                {
+                    return Err(LifecycleError::WrongState {
+                        id: id.clone(),
+                        status: status_name(c.status()),
+                        wanted: "stopped",
+                    });
+                }
+                c.delete(force)
+                    .map_err(|source| LifecycleError::Container {
+                        op: "delete",
+                        source,
+                    })?;
+                self.cleanup_sandbox(id);
+                Ok(())
+            }
+            Err(LifecycleError::NotExist { .. }) => {
+                let leftovers = self.dirs.sandbox(id).exists();
+                if leftovers {
+                    self.cleanup_sandbox(id);
+                }
+                if force || leftovers {
+                    Ok(())
+                } else {
+                    Err(LifecycleError::NotExist { id: id.clone() })
+                }
+            }
+            Err(e) => {
+                if force {
+                    self.cleanup_sandbox(id);
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// `exec`: runs a process in the sandbox, clamped like the init and under
+    /// the same seccomp filter and Landlock rules. Returns the exit code when
+    /// not detached.
+    pub fn exec(
+        &self,
+        id: &ContainerId,
+        opts: &ExecOpts,
+        policy: &crate::sandbox::Resolved,
+    ) -> Result<Option<i32>> {
+        let c = self.load(id)?;
+        if c.status() != ContainerStatus::Running {
+            return Err(LifecycleError::NotRunning);
+        }
+        let mut process: Process = match &opts.process {
+            Some(path) => read_json(path)?,
+            None => inline_process(&c, opts)?,
+        };
+        enforce::clamp_process(&mut process);
+        policy.clamp_exec(&mut process);
+        enforce::verify_process(&process)?;
+        let dir = self.dirs.sandbox(id);
+        let clamped = dir.join(format!("exec-{}.json", std::process::id()));
+        write_json(&clamped, &process)?;
+        let executor = policy.executor()?;
+        let result = self
+            .builder(id)?
+            .with_pid_file(opts.pid_file.as_ref())
+            .map_err(|source| LifecycleError::Exec { source })?
+            .with_console_socket(opts.console_socket.as_ref())
+            .with_preserved_fds(opts.preserve_fds)
+            .with_executor(executor)
+            .as_tenant()
+            .with_process(Some(&clamped))
+            .with_detach(opts.detach)
+            .build();
+        let _ = std::fs::remove_file(&clamped);
+        let pid = result.map_err(|source| LifecycleError::Exec { source })?;
+        if opts.detach {
+            return Ok(None);
+        }
+        wait_exit(pid.as_raw()).map(Some)
+    }
+
+    /// `ps`: the pids in the container's cgroup.
+    pub fn pids(&self, id: &ContainerId) -> Result<Vec<i32>> {
+        let c = self.load(id)?;
+        let cfg = c
+            .spec()
+            .map_err(|source| LifecycleError::Container { op: "ps", source })?;
+        let mgr = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
+            cgroup_path: cfg.cgroup_path,
+            systemd_cgroup: false,
+            container_name: id.as_str().to_owned(),
+        })
+        .map_err(|e| LifecycleError::Cgroup {
+            detail: e.to_string(),
+        })?;
+        use libcgroups::common::CgroupManager;
+        let pids = mgr.get_all_pids().map_err(|e| LifecycleError::Cgroup {
+            detail: e.to_string(),
+        })?;
+        Ok(pids.into_iter().map(|p| p.as_raw()).collect())
+    }
+
+    /// `update --resources`: applies new limits and verifies they took.
+    pub fn update(
+        &self,
+        id: &ContainerId,
+        resources: &libcontainer::oci_spec::runtime::LinuxResources,
+    ) -> Result<()> {
+        let c = self.load(id)?;
+        let cfg = c.spec().map_err(|source| LifecycleError::Container {
+            op: "update",
+            source,
+        })?;
+        let mgr = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
+            cgroup_path: cfg.cgroup_path,
+            systemd_cgroup: false,
+            container_name: id.as_str().to_owned(),
+        })
+        .map_err(|e| LifecycleError::Cgroup {
+            detail: e.to_string(),
+        })?;
+        use libcgroups::common::CgroupManager;
+        mgr.apply(&libcgroups::common::ControllerOpt {
+            resources,
+            freezer_state: None,
+            oom_score_adj: None,
+            disable_oom_killer: false,
+        })
+        .map_err(|e| LifecycleError::Cgroup {
+            detail: e.to_string(),
+        })
+    }
+
+    /// Ids of all containers in this state root.
+    pub fn list(&self) -> Vec<String> {
+        std::fs::read_dir(self.dirs.containers())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Detaches every mount at or below `dir` (deepest first), from /proc/self/mountinfo.
+fn detach_all_under(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = mounts::detach(&p);
+    }
+}
+
+fn inline_process(c: &Container, opts: &ExecOpts) -> Result<Process> {
+    let config = c.bundle().join("config.json");
+    let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        path: config.clone(),
+        source,
+    })?;
+    let mut p = spec.process().clone().unwrap_or_default();
+    p.set_args(Some(opts.args.clone()));
+    let mut env: HashMap<String, String> = p
+        .env()
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect();
+    for kv in &opts.env {
+        if let Some((k, v)) = kv.split_once('=') {
+            env.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    p.set_env(Some(
+        env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    ));
+    if let Some(cwd) = &opts.cwd {
+        p.set_cwd(cwd.clone());
+    }
+    p.set_terminal(Some(opts.tty));
+    if let Some((uid, gid)) = opts.user {
+        let mut u = libcontainer::oci_spec::runtime::User::default();
+        u.set_uid(uid);
+        u.set_gid(gid.unwrap_or(0));
+        p.set_user(u);
+    }
+    Ok(p)
+}
+
+fn wait_exit(pid: i32) -> Result<i32> {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    let p = nix::unistd::Pid::from_raw(pid);
+    loop {
+        match waitpid(p, None) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(_) => continue,
+            Err(nix::Error::EINTR) => continue,
+            Err(source) => return Err(LifecycleError::Wait { pid, source }),
+        }
+    }
+}
+
+/// Shared handle type for executor pieces.
+pub type Shared<T> = Arc<T>;

@@ -1,0 +1,215 @@
+//! Host-side mounts a sandbox needs before libcontainer takes over.
+//!
+//! The container's root user is an unprivileged host id, so it cannot traverse
+//! the 0700, host-root-owned directories in which podman and containerd keep
+//! the image rootfs (containerd's bundle dir is 0700). The runtime, still
+//! privileged, bind-mounts the rootfs read-only onto a mount point inside a
+//! per-container directory whose ancestors are traversable (mode 0711), and
+//! hands that path to libcontainer. `delete` detaches the mounts again.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+/// Why a host-side mount failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("cannot create {path}")]
+    Mkdir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot bind-mount {src} on {dst}")]
+    Bind {
+        src: PathBuf,
+        dst: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot make {dst} read-only")]
+    Remount {
+        dst: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot unmount {path}")]
+    Unmount {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot create mount point {path} in the rootfs: {detail}")]
+    MountPoint { path: PathBuf, detail: String },
+    #[error("{path} is not a directory owned by this user (refusing to use it)")]
+    Untrusted { path: PathBuf },
+}
+
+/// Creates `dir` (and parents) and makes it traversable but not listable.
+pub fn mkdir_traversable(dir: &Path) -> Result<(), MountError> {
+    std::fs::create_dir_all(dir).map_err(|source| MountError::Mkdir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| MountError::Mkdir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    use std::os::unix::fs::MetadataExt;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(MountError::Untrusted {
+            path: dir.to_owned(),
+        });
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(|source| {
+        MountError::Mkdir {
+            path: dir.to_owned(),
+            source,
+        }
+    })
+}
+
+/// Bind-mounts `src` on `dst` (created) and makes the mount read-only.
+pub fn bind_readonly(src: &Path, dst: &Path) -> Result<(), MountError> {
+    bind(src, dst, true)
+}
+
+/// Bind-mounts `src` (file or directory) on `dst`, which is created to match;
+/// `readonly` remounts it read-only.
+pub fn bind(src: &Path, dst: &Path, readonly: bool) -> Result<(), MountError> {
+    if src.is_dir() {
+        mkdir_traversable(dst)?;
+    } else {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dst)
+            .map_err(|source| MountError::Mkdir {
+                path: dst.to_owned(),
+                source,
+            })?;
+    }
+    mount(
+        Some(src),
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|source| MountError::Bind {
+        src: src.to_owned(),
+        dst: dst.to_owned(),
+        source,
+    })?;
+    // Private, so the container's later remounts never travel back to the host.
+    let _ = mount(
+        None::<&str>,
+        dst,
+        None::<&str>,
+        MsFlags::MS_PRIVATE | MsFlags::MS_REC,
+        None::<&str>,
+    );
+    if !readonly {
+        return Ok(());
+    }
+    mount(
+        None::<&str>,
+        dst,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(|source| {
+        let _ = umount2(dst, MntFlags::MNT_DETACH);
+        MountError::Remount {
+            dst: dst.to_owned(),
+            source,
+        }
+    })
+}
+
+/// Detaches `path` if it is mounted; a path that is not a mount point is fine.
+pub fn detach(path: &Path) -> Result<(), MountError> {
+    match umount2(path, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => Ok(()),
+        Err(source) => Err(MountError::Unmount {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Re-binds every bind mount of `spec` through `dir` (`dir/binds/<n>`), so the
+/// sandbox's unprivileged root can reach sources that live in directories only
+/// host root can traverse. Returns the mount points created, for cleanup.
+pub fn rebind_sources(
+    spec: &mut libcontainer::oci_spec::runtime::Spec,
+    dir: &Path,
+) -> Result<Vec<PathBuf>, MountError> {
+    let binds = dir.join("binds");
+    mkdir_traversable(&binds)?;
+    let mut created = Vec::new();
+    let Some(list) = spec.mounts_mut().as_mut() else {
+        return Ok(created);
+    };
+    for (n, m) in list.iter_mut().enumerate() {
+        let opts = m.options().clone().unwrap_or_default();
+        let is_bind =
+            m.typ().as_deref() == Some("bind") || opts.iter().any(|o| o == "bind" || o == "rbind");
+        if !is_bind {
+            continue;
+        }
+        let Some(src) = m.source().clone() else {
+            continue;
+        };
+        let readonly = opts.iter().any(|o| o == "ro");
+        let dst = binds.join(n.to_string());
+        bind(&src, &dst, readonly)?;
+        created.push(dst.clone());
+        m.set_source(Some(dst));
+    }
+    Ok(created)
+}
+
+/// Creates the mount points of `spec` that the image lacks, inside `rootfs`
+/// (host side, as the runtime, which the sandbox root could not do), resolving
+/// every path inside the rootfs so image symlinks cannot point it elsewhere.
+pub fn ensure_mount_points(
+    rootfs: &Path,
+    spec: &libcontainer::oci_spec::runtime::Spec,
+) -> Result<(), MountError> {
+    let root = pathrs::Root::open(rootfs).map_err(|e| MountError::MountPoint {
+        path: rootfs.to_owned(),
+        detail: e.to_string(),
+    })?;
+    let dir_perm = std::fs::Permissions::from_mode(0o755);
+    for m in spec.mounts().iter().flatten() {
+        let dest = m.destination();
+        if root.resolve(dest).is_ok() {
+            continue;
+        }
+        let file_source = m
+            .source()
+            .as_ref()
+            .is_some_and(|s| s.is_absolute() && s.is_file());
+        let err = |e: pathrs::error::Error| MountError::MountPoint {
+            path: dest.clone(),
+            detail: e.to_string(),
+        };
+        if file_source {
+            if let Some(parent) = dest.parent() {
+                root.mkdir_all(parent, &dir_perm).map_err(err)?;
+            }
+            root.create(
+                dest,
+                &pathrs::InodeType::File(std::fs::Permissions::from_mode(0o644)),
+            )
+            .map_err(err)?;
+        } else {
+            root.mkdir_all(dest, &dir_perm).map_err(err)?;
+        }
+    }
+    Ok(())
+}
