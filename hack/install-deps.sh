@@ -14,7 +14,7 @@ packages=(
     # rootless podman: subordinate ids, user-mode networking, fuse overlay
     uidmap slirp4netns fuse-overlayfs
     # image building without a registry
-    umoci skopeo busybox-static
+    umoci skopeo busybox-static file
     # the tools image copies these from the host's installed packages
     python3-minimal curl ca-certificates
     # build dependencies (libcontainer/seccomp, CRI protobufs)
