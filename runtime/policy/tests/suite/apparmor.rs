@@ -93,7 +93,8 @@ fn profile_has_the_required_denials() {
 fn odd_characters_in_paths_are_escaped() {
     let policy =
         SandboxPolicy::parse("[filesystem]\nworkspace = \"/work{a,b}*\"\n", "test.toml").unwrap();
-    let text = apparmor::profile(&policy, "odd");
+    let text = apparmor::profile(&policy, "/etc/agent sandbox/odd.toml");
+    assert!(text.contains("profile agent-sandbox-_etc_agent_sandbox_odd.toml "));
     assert!(text.contains(r#""/work\{a,b\}\*/**" rwlk,"#), "{text}");
     let (ok, stderr) = parse(&text);
     assert!(ok, "{stderr}");
