@@ -229,11 +229,9 @@ impl Cgroups {
             .map_err(|e| reg_err(e.into()))?;
         let line = format!("{} {}", efd.as_raw_fd(), oom_file.as_raw_fd());
         fs::write(mem.join("cgroup.event_control"), line).map_err(reg_err)?;
-        let kills = oom_kills(&control).unwrap_or(0);
         Ok(OomWatch {
             efd: crate::stdio::async_fd(efd).map_err(reg_err)?,
             control,
-            kills,
             _oom_file: oom_file,
         })
     }
@@ -243,14 +241,14 @@ impl Cgroups {
 pub struct OomWatch {
     efd: AsyncFd<OwnedFd>,
     control: PathBuf,
-    kills: u64,
     _oom_file: fs::File,
 }
 
 impl OomWatch {
-    /// Resolves when the cgroup hits an OOM; `None` once the cgroup is gone. The eventfd also
-    /// fires when the cgroup is removed, so a notification counts only if the cgroup's
-    /// `oom_kill` counter grew or it reports `under_oom`.
+    /// Resolves when the cgroup hits an OOM; `None` once the cgroup is gone. The kernel
+    /// signals the eventfd when the OOM starts (before the victim is killed, so the `oom_kill`
+    /// counter may not have moved yet) and again when the cgroup is removed; a notification
+    /// counts as an OOM while the cgroup still exists.
     pub async fn next(&mut self) -> Option<()> {
         loop {
             let mut guard = self.efd.readable().await.ok()?;
@@ -262,23 +260,9 @@ impl OomWatch {
                 Ok(Err(_)) => return None,
                 Err(_would_block) => continue,
             }
-            let text = fs::read_to_string(&self.control).ok()?;
-            let kv: HashMap<&str, u64> = key_values(&text).collect();
-            let kills = kv.get("oom_kill").copied().unwrap_or(0);
-            let under = kv.get("under_oom").copied().unwrap_or(0);
-            if kills > self.kills || under > 0 {
-                self.kills = kills;
-                return Some(());
-            }
+            return fs::metadata(&self.control).ok().map(drop);
         }
     }
-}
-
-fn oom_kills(control: &Path) -> Option<u64> {
-    let text = fs::read_to_string(control).ok()?;
-    key_values(&text)
-        .find(|(k, _)| *k == "oom_kill")
-        .map(|(_, v)| v)
 }
 
 fn read(path: &Path) -> Result<String, CgroupError> {
