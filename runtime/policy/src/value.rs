@@ -16,7 +16,7 @@ pub enum ValueError {
     ParentComponent { path: String },
     #[error("path `{path}` is not normalized (use `{normalized}`)")]
     NotNormalized { path: String, normalized: String },
-    #[error("path `{path}` contains a NUL byte or is empty")]
+    #[error("path {path:?} contains a control character or is empty")]
     BadPath { path: String },
     #[error(
         "protected name `{name}` must be relative to a writable area (no leading `/`, no `..`)"
@@ -75,7 +75,8 @@ impl AbsPath {
 impl TryFrom<String> for AbsPath {
     type Error = ValueError;
     fn try_from(path: String) -> Result<Self, ValueError> {
-        if path.is_empty() || path.contains('\0') {
+        // Control characters (NUL, newline) would also break the generated profiles.
+        if path.is_empty() || path.chars().any(char::is_control) {
             return Err(ValueError::BadPath { path });
         }
         if !path.starts_with('/') {
@@ -154,7 +155,7 @@ impl TryFrom<String> for ProtectedName {
         let name = raw.trim_end_matches('/');
         let valid = !name.is_empty()
             && !name.starts_with('/')
-            && !name.contains('\0')
+            && !name.chars().any(char::is_control)
             && name
                 .split('/')
                 .all(|part| !part.is_empty() && part != "." && part != "..");
@@ -466,6 +467,11 @@ mod tests {
             AbsPath::try_from("/a/./b"),
             Err(ValueError::NotNormalized { .. })
         ));
+        assert!(matches!(
+            AbsPath::try_from("/tmp/a\nb"),
+            Err(ValueError::BadPath { .. })
+        ));
+        assert!(ProtectedName::try_from(".bash\nrc").is_err());
         assert_eq!(AbsPath::try_from("/").map(String::from), Ok("/".to_owned()));
         assert_eq!(
             AbsPath::try_from("/a/b").map(String::from),
