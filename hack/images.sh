@@ -63,31 +63,25 @@ copy_packages() {
     rm -f "$list"
 }
 
-# Copies the shared-library closure of every ELF file in the rootfs.
+# Copies the shared libraries of every dynamically linked executable and shared
+# object in the rootfs. ldd prints the whole closure, so one pass suffices.
 copy_libraries() {
-    local rootfs=$1 missing lib dest
+    local rootfs=$1 missing lib dest f
     local -A seen=()
-    while :; do
-        local added=0
-        while IFS= read -r -d '' f; do
-            file -b "$f" | grep -q 'ELF.*dynamically linked' || continue
-            missing=$(ldd "$f" 2>&1 | grep 'not found' || true)
-            if [[ -n $missing ]]; then
-                echo "images.sh: $f needs libraries this host lacks: $missing" >&2
-                exit 1
-            fi
-            while read -r lib; do
-                [[ -n $lib && -z ${seen[$lib]:-} ]] || continue
-                seen[$lib]=1
-                dest="$rootfs/usr${lib#/usr}"
-                if [[ ! -e $dest ]]; then
-                    install -D -m 0755 "$(readlink -f "$lib")" "$dest"
-                    added=1
-                fi
-            done < <(ldd "$f" | awk '/=> \//{print $3} /^\t\/.*ld-linux/{print $1}')
-        done < <(find "$rootfs/usr" -type f -print0)
-        ((added)) || break
-    done
+    while IFS= read -r -d '' f; do
+        file -b "$f" | grep -q 'ELF.*dynamically linked' || continue
+        missing=$(ldd "$f" 2>&1 | grep 'not found' || true)
+        if [[ -n $missing ]]; then
+            echo "images.sh: $f needs libraries this host lacks: $missing" >&2
+            exit 1
+        fi
+        while read -r lib; do
+            [[ -n $lib && -z ${seen[$lib]:-} ]] || continue
+            seen[$lib]=1
+            dest="$rootfs/usr${lib#/usr}"
+            [[ -e $dest ]] || install -D -m 0755 "$(readlink -f "$lib")" "$dest"
+        done < <(ldd "$f" | awk '/=> \//{print $3} /^\t\/.*ld-linux/{print $1}')
+    done < <(find "$rootfs/usr" -type f \( -perm -u+x -o -name '*.so*' \) -print0)
 }
 
 build_rootfs() {
