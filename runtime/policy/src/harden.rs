@@ -80,6 +80,10 @@ pub enum HardenError {
     },
     #[error("the spec mounts the workspace {path} but no overlay directories were given")]
     MissingOverlayDirs { path: String },
+    #[error(
+        "overlay directory {path} contains `,`, `:`, `=` or `\\` and cannot be passed to overlayfs"
+    )]
+    OverlayPath { path: PathBuf },
     #[error("protected path {path} is not a candidate for this spec")]
     UnexpectedProtectedPath { path: PathBuf },
     #[error("mount at {destination}: a writable {typ} outside the policy's writable paths")]
@@ -786,6 +790,15 @@ fn harden_mounts(
             .ok_or_else(|| HardenError::MissingOverlayDirs {
                 path: workspace.to_string(),
             })?;
+        // Overlay options are a comma list and lowerdir a colon list: a `,` in a path
+        // could add `upperdir=/etc` and send the sandbox's writes to the host.
+        for path in [&lower, &dirs.upper, &dirs.work] {
+            let text = path.to_string_lossy();
+            let safe = !text.contains([',', ':', '\\', '=']) && !text.chars().any(char::is_control);
+            if !safe || !path.is_absolute() {
+                return Err(HardenError::OverlayPath { path: path.clone() });
+            }
+        }
         let mut m = Mount::default();
         m.set_destination(workspace.as_path().to_path_buf());
         m.set_typ(Some("overlay".to_owned()));

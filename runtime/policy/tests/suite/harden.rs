@@ -660,3 +660,22 @@ fn writable_destinations_are_listed_for_the_symlink_check() {
     .collect();
     assert_eq!(dests, want);
 }
+
+#[test]
+fn overlay_option_injection_is_refused() {
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.retain(|m| m.destination() != Path::new("/workspace"));
+    mounts.push(bind("/srv/p,upperdir=/etc", "/workspace", &["rbind"]));
+    spec.set_mounts(Some(mounts));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::OverlayPath { .. }), "{err}");
+
+    let mut ctx = ctx();
+    ctx.workspace = Some(OverlayDirs {
+        upper: "/run/a:b".into(),
+        work: "/run/w".into(),
+    });
+    let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
+    assert!(matches!(err, HardenError::OverlayPath { .. }), "{err}");
+}
