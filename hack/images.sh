@@ -193,5 +193,6 @@ for name in "${names[@]}"; do
         echo "images.sh: built $out/$name.tar ($(du -h "$out/$name.tar" | cut -f1), $((SECONDS - start)) s)"
     fi
     load "$name" "$hash"
-    load "$name" "$hash" "${as_test_user[@]}"
+    # From /: the test user may not be able to enter this checkout.
+    (cd / && load "$name" "$hash" "${as_test_user[@]}")
 done

@@ -56,6 +56,9 @@ impl User {
                     .arg(format!("HOME=/home/{TEST_USER}"))
                     .arg(format!("USER={TEST_USER}"))
                     .arg(program);
+                // The test user may not be able to enter the caller's directory
+                // (a checkout under /root).
+                cmd.current_dir("/");
                 cmd
             }
         }
