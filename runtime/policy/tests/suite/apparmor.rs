@@ -8,18 +8,25 @@ use std::process::Command;
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::apparmor;
 
-const PARSER: &str = "apparmor_parser";
+/// `apparmor_parser` lives in /usr/sbin, which a non-login PATH may lack.
+fn parser() -> String {
+    ["/usr/sbin/apparmor_parser", "/sbin/apparmor_parser"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .map_or_else(|| "apparmor_parser".to_owned(), |p| (*p).to_owned())
+}
 
 fn parse(profile_text: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("profile");
     std::fs::write(&file, profile_text).unwrap();
-    let out = Command::new(PARSER)
+    let parser = parser();
+    let out = Command::new(&parser)
         .args(["-Q", "-K"])
         .arg(Path::new(&file))
         .output()
         .unwrap_or_else(|e| {
-            panic!("cannot run {PARSER} ({e}): install the Debian package `apparmor` (hack/install-deps.sh)")
+            panic!("cannot run {parser} ({e}): install the Debian package `apparmor` (hack/install-deps.sh)")
         });
     (
         out.status.success(),
