@@ -22,6 +22,8 @@ pub const ALL: &[(&str, Check)] = &[
     ("no_new_privs", no_new_privs),
     ("seccomp_mode", seccomp_mode),
     ("write_rootfs", write_rootfs),
+    ("write_tmp", write_tmp),
+    ("write_workspace", write_workspace),
     ("write_bashrc", write_bashrc),
     ("write_git_hooks", write_git_hooks),
     ("read_ssh_key", read_ssh_key),
@@ -237,6 +239,27 @@ fn write_rootfs() -> Report {
         .map(|dir| try_create(&Path::new(dir).join(&name)))
         .collect();
     any_allowed("write_rootfs", &attempts)
+}
+
+/// A scratch write that a working sandbox allows: shows the probe is not merely
+/// running somewhere where every write fails.
+fn write_tmp() -> Report {
+    let path = std::env::temp_dir().join(unique_name("probe-write-tmp"));
+    any_allowed("write_tmp", &[try_create(&path)])
+}
+
+/// Writes `$WORKSPACE/agent-sandbox-probe.txt` (left in place, so a test can look
+/// for it on the host side of a workspace overlay).
+fn write_workspace() -> Report {
+    const CHECK: &str = "write_workspace";
+    let Some(ws) = workspace() else {
+        return not_applicable(CHECK, "WORKSPACE is not set");
+    };
+    let path = ws.join("agent-sandbox-probe.txt");
+    match fs::write(&path, b"written by the agent-sandbox probe\n") {
+        Ok(()) => allowed(CHECK, format!("wrote {}", path.display())),
+        Err(err) => blocked(CHECK, format!("{}: {err}", path.display())),
+    }
 }
 
 fn home() -> PathBuf {

@@ -58,6 +58,7 @@ fn runc_rootful_default_exposes_host_root_capabilities_and_writable_rootfs() -> 
         "cap_bnd",
         "no_new_privs",
         "write_rootfs",
+        "write_tmp",
         "write_bashrc",
         "net_ifaces",
         "ptrace",
@@ -144,7 +145,7 @@ fn runc_rootless_privileged_allows_mount_unshare_and_kernel_syscalls() -> anyhow
 }
 
 /// Bind-mounts a fresh host directory as the workspace and shows that the
-/// probe's writes to protected workspace paths reach the host.
+/// probe's writes, including to protected workspace paths, reach the host.
 fn workspace_writes_reach_host(user: User) -> anyhow::Result<()> {
     let dir = harness::temp_dir_for(user)?;
     let volume = format!("{}:/workspace", dir.path().display());
@@ -152,9 +153,11 @@ fn workspace_writes_reach_host(user: User) -> anyhow::Result<()> {
         user,
         &["-v", &volume, "-e", "WORKSPACE=/workspace"],
         BUSYBOX_IMAGE,
-        &["write_bashrc", "write_git_hooks"],
+        &["write_workspace", "write_bashrc", "write_git_hooks"],
     )?;
-    report.expect_allowed(&["write_bashrc", "write_git_hooks"])?;
+    report.expect_allowed(&["write_workspace", "write_bashrc", "write_git_hooks"])?;
+    harness::require_file(dir.path().join("agent-sandbox-probe.txt"))
+        .with_context(|| format!("workspace write did not reach the host\n{report}"))?;
     let bashrc = fs::read_to_string(dir.path().join(".bashrc"))
         .with_context(|| format!("host .bashrc missing\n{report}"))?;
     if !bashrc.contains("agent-sandbox probe") {
