@@ -37,12 +37,17 @@ fi
 epoch=1700000000
 created=2023-11-14T22:13:20Z
 
-# Prints the inputs of image $1 for hashing.
+# Prints the inputs of image $1 for hashing. An image that copies Debian packages
+# also depends on the libraries ldd finds, so it hashes every installed package's
+# version (a security update anywhere rebuilds it, which is what we want).
 inputs() {
     local name=$1
-    sha256sum hack/images.sh "bundles/$name/image.conf" "$probe" | awk '{print $1}'
+    sha256sum hack/images.sh "bundles/$name/image.conf" "$probe" /bin/busybox | awk '{print $1}'
     (cd bundles/base/rootfs && find . -type f -print0 | sort -z | xargs -0 sha256sum)
-    dpkg-query -W busybox-static "${packages[@]}"
+    if ((${#packages[@]} + ${#extra_files[@]})); then
+        dpkg-query -W
+        for f in "${extra_files[@]}"; do sha256sum "$f"; done
+    fi
 }
 
 # Copies the files of Debian packages, keeping symlinks, with /bin, /lib, ...
