@@ -344,15 +344,27 @@ fn read_ssh_key() -> Report {
 
 // ---------------------------------------------------------------- network
 
-fn net_ifaces() -> Report {
-    const CHECK: &str = "net_ifaces";
+/// Interface names from /proc/net/dev (no socket needed, so a seccomp filter that
+/// denies netlink does not hide them).
+fn proc_net_dev() -> io::Result<Vec<String>> {
+    let text = fs::read_to_string("/proc/net/dev")?;
+    Ok(text
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(|n| n.trim().to_owned())
+        .collect())
+}
+
+/// Interface names from if_nameindex (a netlink socket underneath).
+fn if_names() -> io::Result<Vec<String>> {
     let mut names = Vec::new();
     // SAFETY: if_nameindex returns a heap array terminated by a zero entry, or null;
     // we read it up to the terminator and free it once with if_freenameindex.
     unsafe {
         let list = libc::if_nameindex();
         if list.is_null() {
-            return not_applicable(CHECK, format!("if_nameindex: {}", errno()));
+            return Err(errno());
         }
         let mut cursor = list;
         while (*cursor).if_index != 0 && !(*cursor).if_name.is_null() {
@@ -365,11 +377,28 @@ fn net_ifaces() -> Report {
         }
         libc::if_freenameindex(list);
     }
-    let others: Vec<&String> = names.iter().filter(|n| n.as_str() != "lo").collect();
-    if others.is_empty() {
-        blocked(CHECK, format!("interfaces: {}", names.join(",")))
+    Ok(names)
+}
+
+fn net_ifaces() -> Report {
+    const CHECK: &str = "net_ifaces";
+    let (source, names) = match proc_net_dev() {
+        Ok(names) => ("/proc/net/dev", names),
+        Err(proc_err) => match if_names() {
+            Ok(names) => ("if_nameindex", names),
+            Err(err) => {
+                return not_applicable(
+                    CHECK,
+                    format!("/proc/net/dev: {proc_err}; if_nameindex: {err}"),
+                );
+            }
+        },
+    };
+    let detail = format!("interfaces ({source}): {}", names.join(","));
+    if names.iter().any(|n| n != "lo") {
+        allowed(CHECK, detail)
     } else {
-        allowed(CHECK, format!("interfaces: {}", names.join(",")))
+        blocked(CHECK, detail)
     }
 }
 
