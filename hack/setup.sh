@@ -9,6 +9,12 @@
 #   6. containerd, when hack/containerd.sh exists
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Root's tools (useradd, runuser, iptables) live in the sbin directories, which a
+# minimal CI environment may leave off PATH.
+for d in /usr/local/sbin /usr/sbin /sbin; do
+    [[ :$PATH: == *":$d:"* ]] || PATH=$PATH:$d
+done
+export PATH
 
 if [[ $(id -u) != 0 ]]; then
     echo "setup.sh: run as root (it installs packages and configures podman)" >&2

@@ -3,6 +3,12 @@
 # binaries) and runs every test: format, lints, unit tests and the e2e suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Root's tools (useradd, runuser, iptables) live in the sbin directories, which a
+# minimal CI environment may leave off PATH.
+for d in /usr/local/sbin /usr/sbin /sbin; do
+    [[ :$PATH: == *":$d:"* ]] || PATH=$PATH:$d
+done
+export PATH
 hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
