@@ -9,6 +9,10 @@ for d in /usr/local/sbin /usr/sbin /sbin; do
     [[ :$PATH: == *":$d:"* ]] || PATH=$PATH:$d
 done
 export PATH
+if ! command -v cargo >/dev/null && [[ -f $HOME/.cargo/env ]]; then
+    # shellcheck source=/dev/null
+    . "$HOME/.cargo/env"
+fi
 hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
