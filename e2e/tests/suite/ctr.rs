@@ -181,6 +181,38 @@ fn ctr_run_reports_stdout_stderr_and_exit_code() -> anyhow::Result<()> {
 }
 
 #[test]
+fn ctr_run_passes_stdin_through_to_end_of_file() -> anyhow::Result<()> {
+    let l = Lifecycle::new()?;
+    let id = unique_id("stdin");
+    let _guard = Container::guard(&id);
+    let mut args = vec![
+        "run",
+        "--rm",
+        "--runtime",
+        Shim::AgentSandbox.runtime_name(),
+    ];
+    args.extend(l.args(&[]));
+    args.extend([
+        BUSYBOX_IMAGE,
+        id.as_str(),
+        "sh",
+        "-c",
+        "cat; echo after-eof",
+    ]);
+    let line = format!("printf 'piped-in\\n' | {}", ctr_shell(&args));
+    let out = harness::run(
+        std::process::Command::new("sh").args(["-c", &line]),
+        DEFAULT_TIMEOUT,
+    )?;
+    ensure!(out.success(), "{out}");
+    ensure!(
+        out.stdout == "piped-in\nafter-eof\n",
+        "stdin not passed through to EOF\n{out}"
+    );
+    Ok(())
+}
+
+#[test]
 fn ctr_run_with_tty_gets_a_terminal_of_the_clients_size() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;
     let id = unique_id("tty");
