@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::id::ContainerId;
 use crate::lifecycle::{CreateOpts, ExecOpts, Runtime};
 use crate::logging::LogFormat;
-use crate::sandbox::Resolved;
+use crate::sandbox::Ceiling;
 
 /// agent-sandbox: an OCI runtime that runs every container as an AI-agent sandbox.
 #[derive(Debug, Parser)]
@@ -88,10 +88,31 @@ pub enum Command {
         #[arg(short, long, default_value = ".")]
         bundle: PathBuf,
     },
+    /// Explain a policy for a person: `policy explain PROFILE`
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+    /// Print a generated artifact: `profile seccomp|apparmor|landlock PROFILE`
+    Profile {
+        #[arg(value_parser = ["seccomp", "apparmor", "landlock"])]
+        kind: String,
+        /// Built-in profile name or policy file path
+        profile: PathBuf,
+    },
     /// List containers
     List {
         #[arg(short, long, default_value = "table")]
         format: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// What the sandbox allows and denies
+    Explain {
+        /// Built-in profile name or policy file path
+        profile: PathBuf,
     },
 }
 
@@ -180,8 +201,14 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
-    #[error("--systemd-cgroup: this runtime drives cgroupfs (no systemd on this host)")]
-    Systemd,
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("profile {profile}")]
+    Artifact {
+        profile: String,
+        #[source]
+        source: agent_sandbox_policy::generated::GeneratedError,
+    },
 }
 
 /// What `run` asks the binary to do at the end.
@@ -239,9 +266,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
     match command {
         Command::Create(a) => {
             let id = ContainerId::try_from(a.id.as_str())?;
-            let config = a.bundle.join("config.json");
-            let spec = libcontainer::oci_spec::runtime::Spec::load(&config).ok();
-            let policy = Resolved::resolve(cli.policy.as_deref(), spec.as_ref())?;
+            let ceiling = Ceiling::load(cli.policy.as_deref())?;
             let opts = CreateOpts {
                 bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
                 pid_file: a.pid_file,
@@ -249,7 +274,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 no_pivot: a.no_pivot,
                 preserve_fds: a.preserve_fds,
             };
-            rt()?.create(&id, &opts, &policy)?;
+            rt()?.create(&id, &opts, &ceiling)?;
         }
         Command::Start { id } => rt()?.start(&ContainerId::try_from(id.as_str())?)?,
         Command::State { id } => {
@@ -278,7 +303,6 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 return Err(CliError::NoExecCommand);
             }
             let runtime = rt()?;
-            let policy = Resolved::resolve(cli.policy.as_deref(), None)?;
             let opts = ExecOpts {
                 process: a.process,
                 args: a.command,
@@ -291,7 +315,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 console_socket: a.console_socket,
                 preserve_fds: a.preserve_fds,
             };
-            if let Some(code) = runtime.exec(&id, &opts, &policy)? {
+            if let Some(code) = runtime.exec(&id, &opts)? {
                 return Ok(Outcome::Exit(code));
             }
         }
@@ -316,6 +340,26 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
         }
         Command::Features => println!("{}", features_json()),
+        Command::Policy {
+            action: PolicyAction::Explain { profile },
+        } => {
+            let c = Ceiling::load(Some(&profile))?;
+            print!("{}", agent_sandbox_policy::explain::explain(&c.policy));
+        }
+        Command::Profile { kind, profile } => {
+            let c = Ceiling::load(Some(&profile))?;
+            let name = profile
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| c.origin.clone());
+            let text = agent_sandbox_policy::generated::artifact(&c.policy, &name, &kind).map_err(
+                |source| CliError::Artifact {
+                    profile: c.origin.clone(),
+                    source,
+                },
+            )?;
+            print!("{text}");
+        }
         Command::Spec { bundle } => {
             let path = bundle.join("config.json");
             let spec = libcontainer::oci_spec::runtime::Spec::default();

@@ -7,71 +7,25 @@
 
 use std::path::Path;
 
-use libcontainer::oci_spec::runtime::{
-    LinuxIdMappingBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType, Spec,
-};
-
-use crate::idmap::IdRange;
+use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 
 /// Why a spec cannot be turned into a sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum EnforceError {
     #[error("config.json has no {what} section")]
     Missing { what: &'static str },
-    #[error("cannot build the {what} of the sandbox spec")]
-    Build {
-        what: &'static str,
+    #[error("cannot open the container's user namespace {path}")]
+    OpenNs {
+        path: std::path::PathBuf,
         #[source]
-        source: libcontainer::oci_spec::OciSpecError,
+        source: std::io::Error,
     },
     #[error("hardened spec violates the sandbox invariant: {invariant}")]
     Invariant { invariant: &'static str },
 }
 
-/// Namespaces every sandbox gets fresh (no `path`): user, mount, pid, ipc,
-/// uts, network, cgroup.
-const FRESH: [LinuxNamespaceType; 7] = [
-    LinuxNamespaceType::User,
-    LinuxNamespaceType::Mount,
-    LinuxNamespaceType::Pid,
-    LinuxNamespaceType::Ipc,
-    LinuxNamespaceType::Uts,
-    LinuxNamespaceType::Network,
-    LinuxNamespaceType::Cgroup,
-];
-
-/// Writes the runtime's facts into the spec: the user namespace mapping onto
-/// `range`, fresh namespaces (the sandbox never joins a host or pod network
-/// namespace), and the reachable, read-only rootfs mount.
-pub fn apply_runtime_facts(
-    spec: &mut Spec,
-    range: IdRange,
-    rootfs: &Path,
-) -> Result<(), EnforceError> {
-    let linux = spec
-        .linux_mut()
-        .as_mut()
-        .ok_or(EnforceError::Missing { what: "linux" })?;
-    let map = LinuxIdMappingBuilder::default()
-        .container_id(0u32)
-        .host_id(range.host_start)
-        .size(range.size)
-        .build()
-        .map_err(|source| EnforceError::Build {
-            what: "id mapping",
-            source,
-        })?;
-    linux.set_uid_mappings(Some(vec![map]));
-    linux.set_gid_mappings(Some(vec![map]));
-    let namespaces = FRESH
-        .iter()
-        .map(|typ| LinuxNamespaceBuilder::default().typ(*typ).build())
-        .collect::<Result<Vec<LinuxNamespace>, _>>()
-        .map_err(|source| EnforceError::Build {
-            what: "namespaces",
-            source,
-        })?;
-    linux.set_namespaces(Some(namespaces));
+/// Points the spec at the reachable, read-only rootfs mount the runtime made.
+pub fn apply_runtime_facts(spec: &mut Spec, rootfs: &Path) -> Result<(), EnforceError> {
     let root = spec
         .root_mut()
         .as_mut()
@@ -152,16 +106,45 @@ pub fn verify_process(
     Ok(())
 }
 
-/// Clamps a process (init or exec) to no capabilities and no_new_privs.
-pub fn clamp_process(process: &mut libcontainer::oci_spec::runtime::Process) {
-    use libcontainer::oci_spec::runtime::LinuxCapabilities;
-    let empty = std::collections::HashSet::new();
+/// Rewrites a verified exec process for libcontainer's tenant path, which does
+/// not join the user namespace: the process starts as host root holding only
+/// CAP_SYS_ADMIN and CAP_SETGID, and the executor's [`JoinUserns`] step joins
+/// the container's user namespace, takes the requested ids and drops every
+/// capability before anything of the workload runs.
+pub fn tenant_join_userns(
+    mut process: libcontainer::oci_spec::runtime::Process,
+    init_pid: i32,
+) -> Result<
+    (
+        libcontainer::oci_spec::runtime::Process,
+        crate::executor::JoinUserns,
+    ),
+    EnforceError,
+> {
+    use libcontainer::oci_spec::runtime::{Capability, LinuxCapabilities};
+    let path = std::path::PathBuf::from(format!("/proc/{init_pid}/ns/user"));
+    let ns = std::fs::File::open(&path).map_err(|source| EnforceError::OpenNs { path, source })?;
+    let user = process.user().clone();
+    let join = crate::executor::JoinUserns {
+        ns: ns.into(),
+        uid: user.uid(),
+        gid: user.gid(),
+    };
+    let mut host_user = user;
+    host_user.set_uid(0);
+    host_user.set_gid(0);
+    host_user.set_additional_gids(None);
+    process.set_user(host_user);
+    let keep: std::collections::HashSet<Capability> = [Capability::SysAdmin, Capability::Setgid]
+        .into_iter()
+        .collect();
     let mut caps = LinuxCapabilities::default();
-    caps.set_bounding(Some(empty.clone()));
-    caps.set_effective(Some(empty.clone()));
-    caps.set_permitted(Some(empty.clone()));
-    caps.set_inheritable(Some(empty.clone()));
-    caps.set_ambient(Some(empty));
+    caps.set_bounding(Some(keep.clone()));
+    caps.set_effective(Some(keep.clone()));
+    caps.set_permitted(Some(keep));
+    caps.set_inheritable(Some(Default::default()));
+    caps.set_ambient(Some(Default::default()));
     process.set_capabilities(Some(caps));
     process.set_no_new_privileges(Some(true));
+    Ok((process, join))
 }

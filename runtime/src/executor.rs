@@ -22,10 +22,66 @@ pub trait LandlockApply: Send + Sync {
 pub struct SandboxExecutor {
     pub seccomp: Option<Arc<BpfProgram>>,
     pub landlock: Option<Arc<dyn LandlockApply>>,
+    /// For exec'd processes: the container's user namespace to join.
+    pub join_userns: Option<Arc<JoinUserns>>,
+}
+
+/// libcontainer's exec (tenant) path joins every namespace of the container
+/// except the user namespace, which would leave an exec'd process as host
+/// root (capabilities dropped, but owning every host-root file it can reach).
+/// The runtime closes that gap: the tenant keeps only CAP_SYS_ADMIN and
+/// CAP_SETGID (host side) until this step, which clears the supplementary
+/// groups, joins the container's user namespace (opened by the runtime before
+/// forking), switches to the requested in-container ids and drops every
+/// capability in every set.
+pub struct JoinUserns {
+    pub ns: std::os::fd::OwnedFd,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl JoinUserns {
+    fn join(&self) -> Result<(), String> {
+        use nix::sched::{CloneFlags, setns};
+        use nix::unistd::{Gid, Uid, setgroups, setresgid, setresuid};
+        setgroups(&[]).map_err(|e| format!("clear supplementary groups: {e}"))?;
+        setns(&self.ns, CloneFlags::CLONE_NEWUSER)
+            .map_err(|e| format!("join user namespace: {e}"))?;
+        let (u, g) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
+        setresgid(g, g, g).map_err(|e| format!("setresgid {}: {e}", self.gid))?;
+        setresuid(u, u, u).map_err(|e| format!("setresuid {}: {e}", self.uid))?;
+        drop_all_caps()
+    }
+}
+
+/// Empties the bounding, ambient, inheritable, permitted and effective sets.
+fn drop_all_caps() -> Result<(), String> {
+    use caps::CapSet;
+    for cap in caps::all() {
+        // Dropping from the bounding set needs CAP_SETPCAP, held until the end.
+        if cap != caps::Capability::CAP_SETPCAP {
+            caps::drop(None, CapSet::Bounding, cap).map_err(|e| format!("bounding {cap}: {e}"))?;
+        }
+    }
+    caps::drop(None, CapSet::Bounding, caps::Capability::CAP_SETPCAP)
+        .map_err(|e| format!("bounding CAP_SETPCAP: {e}"))?;
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set).map_err(|e| format!("clear {set:?}: {e}"))?;
+    }
+    Ok(())
 }
 
 impl Executor for SandboxExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        if let Some(join) = &self.join_userns {
+            join.join()
+                .map_err(|e| ExecutorError::Other(format!("user namespace: {e}")))?;
+        }
         if let Some(landlock) = &self.landlock {
             landlock
                 .apply()

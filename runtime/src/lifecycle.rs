@@ -70,9 +70,11 @@ pub enum LifecycleError {
     Mount(#[from] MountError),
     #[error(transparent)]
     Enforce(#[from] EnforceError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("cannot bring lo up in the sandbox network namespace")]
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
-    #[error("cgroup layer: {detail}")]
+    #[error("cgroups layer: {detail}")]
     Cgroup { detail: String },
     #[error("{op} failed")]
     Container {
@@ -216,17 +218,17 @@ impl Runtime {
         &self,
         id: &ContainerId,
         opts: &CreateOpts,
-        policy: &crate::sandbox::Resolved,
+        ceiling: &crate::sandbox::Ceiling,
     ) -> Result<()> {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
         let config = opts.bundle.join("config.json");
-        let mut spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
-        let result = self.create_inner(id, opts, &mut spec, policy);
+        let result = self.create_inner(id, opts, spec, ceiling);
         if result.is_err() {
             self.cleanup_sandbox(id);
         }
@@ -237,8 +239,8 @@ impl Runtime {
         &self,
         id: &ContainerId,
         opts: &CreateOpts,
-        spec: &mut Spec,
-        policy: &crate::sandbox::Resolved,
+        mut spec: Spec,
+        ceiling: &crate::sandbox::Ceiling,
     ) -> Result<()> {
         self.dirs.ensure()?;
         let rootless = paths::rootless()?;
@@ -264,26 +266,38 @@ impl Runtime {
             }
         };
         mounts::mkdir_traversable(&sandbox_dir)?;
-        let record = SandboxRecord {
+        let mut record = SandboxRecord {
             id: id.as_str().to_owned(),
             bundle: opts.bundle.clone(),
             ids,
             allocated,
             rootfs_mount: mount_dir.join("rootfs"),
-            profile: policy.name.clone(),
+            profile: ceiling.origin.clone(),
         };
         write_json(&record_path(&self.dirs, id), &record)?;
+        ceiling.save(&sandbox_dir)?;
         mounts::mkdir_traversable(&mount_dir)?;
-        policy.harden(spec, &record)?;
-        mounts::ensure_mount_points(&rootfs_src, spec)?;
+        // Bind sources the sandbox root could not reach are re-bound (read-only)
+        // under the per-container dir first, so the policy sees reachable paths.
+        mounts::rebind_sources(&mut spec, &mount_dir)?;
+        let facts = crate::sandbox::Facts {
+            ids,
+            overlay_base: mount_dir.join("workspace"),
+        };
+        let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        record.profile = prepared
+            .spec_profile_name()
+            .unwrap_or_else(|| ceiling.origin.clone());
+        let mut spec = prepared.spec;
+        write_json(&record_path(&self.dirs, id), &record)?;
+        mounts::ensure_mount_points(&rootfs_src, &spec)?;
+        crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
         mounts::bind_readonly(&rootfs_src, &record.rootfs_mount)?;
-
-        mounts::rebind_sources(spec, &mount_dir)?;
-        enforce::apply_runtime_facts(spec, ids, &record.rootfs_mount)?;
+        enforce::apply_runtime_facts(&mut spec, &record.rootfs_mount)?;
         if rootless {
-            crate::sandbox::rootless_cgroups(spec, id)?;
+            crate::sandbox::rootless_cgroups(&mut spec, id)?;
         }
-        enforce::verify(spec)?;
+        enforce::verify(&spec)?;
 
         let bundle = sandbox_dir.join("bundle");
         std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
@@ -297,7 +311,6 @@ impl Runtime {
                 source,
             })?;
 
-        let executor = policy.executor()?;
         let container = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
@@ -307,7 +320,7 @@ impl Runtime {
             })?
             .with_console_socket(opts.console_socket.as_ref())
             .with_preserved_fds(opts.preserve_fds)
-            .with_executor(executor)
+            .with_executor(prepared.executor)
             .as_init(&bundle)
             .with_systemd(false)
             .with_detach(true)
@@ -319,9 +332,21 @@ impl Runtime {
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
         agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
-        crate::sandbox::verify_cgroups(spec, id)
-            .map_err(|detail| LifecycleError::Cgroup { detail })?;
-        tracing::info!(id = %id, pid, profile = %policy.name, host_uid = ids.host_start, "sandbox created");
+        if prepared
+            .plan
+            .apply
+            .contains(&agent_sandbox_policy::Layer::Cgroups)
+        {
+            crate::sandbox::verify_cgroups(&spec, id)?;
+        }
+        tracing::info!(
+            id = %id,
+            pid,
+            profile = %record.profile,
+            host_uid = ids.host_start,
+            layers = ?prepared.plan.apply,
+            "sandbox created"
+        );
         Ok(())
     }
 
@@ -456,27 +481,35 @@ impl Runtime {
     /// `exec`: runs a process in the sandbox, clamped like the init and under
     /// the same seccomp filter and Landlock rules. Returns the exit code when
     /// not detached.
-    pub fn exec(
-        &self,
-        id: &ContainerId,
-        opts: &ExecOpts,
-        policy: &crate::sandbox::Resolved,
-    ) -> Result<Option<i32>> {
+    pub fn exec(&self, id: &ContainerId, opts: &ExecOpts) -> Result<Option<i32>> {
         let c = self.load(id)?;
         if c.status() != ContainerStatus::Running {
             return Err(LifecycleError::NotRunning);
         }
-        let mut process: Process = match &opts.process {
+        let process: Process = match &opts.process {
             Some(path) => read_json(path)?,
             None => inline_process(&c, opts)?,
         };
-        enforce::clamp_process(&mut process);
-        policy.clamp_exec(&mut process);
-        enforce::verify_process(&process)?;
         let dir = self.dirs.sandbox(id);
+        // The same ceiling and annotations as at create: same policy, same layers.
+        let ceiling = crate::sandbox::Ceiling::load_saved(&dir)?;
+        let config = c.bundle().join("config.json");
+        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let (policy, plan) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let process = crate::sandbox::harden_exec(process, &policy)?;
+        enforce::verify_process(&process)?;
+        let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
+        let init_pid = c
+            .pid()
+            .map(|p| p.as_raw())
+            .ok_or(LifecycleError::NotRunning)?;
+        let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
+        executor.join_userns = Some(Arc::new(join));
         let clamped = dir.join(format!("exec-{}.json", std::process::id()));
         write_json(&clamped, &process)?;
-        let executor = policy.executor()?;
         let result = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())

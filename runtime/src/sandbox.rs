@@ -1,69 +1,378 @@
-//! The bridge between a container and its policy: which profile applies, the
-//! spec hardening, the in-process layers (seccomp, Landlock) handed to the
-//! executor, and the checks that the cgroup limits took.
+//! The bridge between a container and the policy crate: which policy is the
+//! ceiling, hardening the spec with the runtime's facts (id mapping, overlay
+//! dirs, protected paths found on the host), the layer plan, the in-process
+//! layers handed to the executor (seccomp BPF, Landlock), and checking that the
+//! cgroup limits took.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use agent_sandbox_policy::harden::{self, HardenContext, HardenError, IdMapping, OverlayDirs};
+use agent_sandbox_policy::layers::{HostSupport, LayerError, LayerPlan};
+use agent_sandbox_policy::seccomp::{Arch, SeccompError};
+use agent_sandbox_policy::{Layer, PolicyError, SandboxPolicy};
 use libcontainer::oci_spec::runtime::{Process, Spec};
 
-use crate::executor::SandboxExecutor;
+use crate::executor::{LandlockApply, SandboxExecutor};
 use crate::id::ContainerId;
-use crate::lifecycle::{LifecycleError, SandboxRecord};
+use crate::idmap::IdRange;
 use crate::mounts;
 use crate::paths::{self, StateDirs};
 
-/// Annotation that selects the profile.
-pub const PROFILE_ANNOTATION: &str = "io.agent.sandbox.profile";
-/// The profile used when nothing selects one.
+/// The profile used when nothing else selects one.
 pub const DEFAULT_PROFILE: &str = "agent";
 
-/// The policy resolved for one container.
-pub struct Resolved {
-    pub name: String,
+/// Errors of the policy bridge; each names the layer, file or annotation.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot read policy file {path}")]
+    ReadPolicy {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid policy")]
+    Policy(#[source] PolicyError),
+    #[error("cannot harden the container spec")]
+    Harden(#[source] HardenError),
+    #[error("layer plan")]
+    Layer(#[source] LayerError),
+    #[error("seccomp layer: cannot compile the filter")]
+    Seccomp(#[source] SeccompError),
+    #[error("seccomp layer: this architecture has no filter")]
+    NoArch,
+    #[error("writable mount {path} would land on a symlink in the rootfs ({component}); refusing")]
+    SymlinkedWritable { path: PathBuf, component: PathBuf },
+    #[error("cannot prepare the workspace overlay dir {path}")]
+    Overlay {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cgroups layer: {detail}")]
+    Cgroup { detail: String },
+    #[error(transparent)]
+    Mount(#[from] mounts::MountError),
+    #[error(transparent)]
+    Paths(#[from] paths::PathsError),
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-impl Resolved {
-    /// Picks the profile: the admin override (`--policy` / `AGENT_SANDBOX_POLICY`)
-    /// wins, then the annotation, then `agent`.
-    pub fn resolve(admin: Option<&Path>, spec: Option<&Spec>) -> Result<Self, LifecycleError> {
-        let name = if let Some(path) = admin {
-            path.display().to_string()
-        } else {
-            spec.and_then(|s| s.annotations().as_ref())
-                .and_then(|a| a.get(PROFILE_ANNOTATION).cloned())
-                .unwrap_or_else(|| DEFAULT_PROFILE.to_owned())
-        };
-        Ok(Self { name })
+/// The ceiling policy: the admin's file, or the built-in `agent`. Saved in the
+/// sandbox dir at create so every exec uses the same one.
+#[derive(Debug, Clone)]
+pub struct Ceiling {
+    pub policy: SandboxPolicy,
+    /// Built-in name or file path, for logs.
+    pub origin: String,
+    text: String,
+}
+
+impl Ceiling {
+    /// `admin` (from `--policy` / `AGENT_SANDBOX_POLICY`) is a file path or a
+    /// built-in profile name.
+    pub fn load(admin: Option<&Path>) -> Result<Self, SandboxError> {
+        match admin {
+            None => Self::builtin(DEFAULT_PROFILE),
+            Some(p)
+                if !p.exists()
+                    && agent_sandbox_policy::builtin_names()
+                        .contains(&p.to_string_lossy().as_ref()) =>
+            {
+                Self::builtin(&p.to_string_lossy())
+            }
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| SandboxError::ReadPolicy {
+                        path: path.to_owned(),
+                        source,
+                    })?;
+                let origin = path.display().to_string();
+                let policy = SandboxPolicy::parse(&text, &origin).map_err(SandboxError::Policy)?;
+                Ok(Self {
+                    policy,
+                    origin,
+                    text,
+                })
+            }
+        }
     }
 
-    /// Hardens `spec` for the sandbox described by `record`.
-    pub fn harden(&self, spec: &mut Spec, _record: &SandboxRecord) -> Result<(), LifecycleError> {
-        if let Some(process) = spec.process_mut().as_mut() {
-            crate::enforce::clamp_process(process);
+    fn builtin(name: &str) -> Result<Self, SandboxError> {
+        let text =
+            agent_sandbox_policy::policy::builtin_text(name).map_err(SandboxError::Policy)?;
+        let policy = SandboxPolicy::builtin(name).map_err(SandboxError::Policy)?;
+        Ok(Self {
+            policy,
+            origin: name.to_owned(),
+            text: text.to_owned(),
+        })
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<(), SandboxError> {
+        let path = dir.join("ceiling.toml");
+        std::fs::write(&path, format!("# origin: {}\n{}", self.origin, self.text))
+            .map_err(|source| SandboxError::Write { path, source })
+    }
+
+    /// The ceiling saved at create (exec uses it, whatever flags it got).
+    pub fn load_saved(dir: &Path) -> Result<Self, SandboxError> {
+        let path = dir.join("ceiling.toml");
+        let text = std::fs::read_to_string(&path).map_err(|source| SandboxError::ReadPolicy {
+            path: path.clone(),
+            source,
+        })?;
+        let origin = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# origin: "))
+            .unwrap_or("saved")
+            .to_owned();
+        let policy = SandboxPolicy::parse(&text, &path.display().to_string())
+            .map_err(SandboxError::Policy)?;
+        Ok(Self {
+            policy,
+            origin,
+            text,
+        })
+    }
+}
+
+/// What the host supports, measured.
+pub fn host_support() -> HostSupport {
+    HostSupport {
+        seccomp: std::fs::read_to_string("/proc/self/status")
+            .map(|s| s.contains("Seccomp:"))
+            .unwrap_or(false),
+        landlock: landlock_abi() >= 1,
+        apparmor: std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+            .map(|s| s.trim() == "Y")
+            .unwrap_or(false),
+        cgroups: Path::new("/sys/fs/cgroup/memory").is_dir()
+            || Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+    }
+}
+
+fn landlock_abi() -> i32 {
+    use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
+    // Probe by creating (not applying) a ruleset that needs ABI 1.
+    match Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(ABI::V1))
+        .and_then(|r| r.create())
+    {
+        Ok(_) => 1,
+        Err(_) => 0,
+    }
+}
+
+/// Inputs the runtime measured for hardening.
+pub struct Facts {
+    pub ids: IdRange,
+    /// Where the workspace overlay's upper/work dirs go (reachable, per container).
+    pub overlay_base: PathBuf,
+}
+
+/// The outcome of preparing a sandbox.
+pub struct Prepared {
+    pub spec: Spec,
+    pub policy: SandboxPolicy,
+    pub plan: LayerPlan,
+    pub executor: SandboxExecutor,
+}
+
+/// Hardens `spec` under `ceiling` with the runtime's facts and builds the
+/// executor for the layers the plan applies.
+pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared, SandboxError> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    let effective =
+        harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
+    let map = IdMapping {
+        container_id: 0,
+        host_id: facts.ids.host_start,
+        size: facts.ids.size,
+    };
+    let workspace = match harden::workspace_source(&spec, &effective) {
+        Some(_) => {
+            let upper = facts.overlay_base.join("upper");
+            let work = facts.overlay_base.join("work");
+            for d in [&facts.overlay_base, &upper, &work] {
+                std::fs::create_dir_all(d).map_err(|source| SandboxError::Overlay {
+                    path: d.clone(),
+                    source,
+                })?;
+            }
+            mounts::mkdir_traversable(&facts.overlay_base)?;
+            // The sandbox's root owns upper and work so it can write through the overlay.
+            for d in [&upper, &work] {
+                std::os::unix::fs::chown(d, Some(map.host_id), Some(map.host_id)).map_err(
+                    |source| SandboxError::Overlay {
+                        path: d.clone(),
+                        source,
+                    },
+                )?;
+            }
+            Some(OverlayDirs { upper, work })
         }
-        // A sandbox never sees the host's cgroup tree.
-        if let Some(mounts) = spec.mounts_mut().as_mut() {
-            mounts.retain(|m| m.typ().as_deref() != Some("cgroup"));
+        None => None,
+    };
+    let protected = harden::protected_path_candidates(&spec, &effective)
+        .into_iter()
+        .filter(|p| std::fs::symlink_metadata(&p.host_path).is_ok())
+        .collect();
+    let ctx = HardenContext {
+        uid_mappings: vec![map],
+        gid_mappings: vec![map],
+        workspace,
+        protected,
+        network_namespace: None,
+    };
+    let mut hardened =
+        harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
+    allow_pty_devices(&mut hardened.spec);
+    let plan = hardened
+        .policy
+        .layers
+        .plan(&host_support())
+        .map_err(SandboxError::Layer)?;
+    for (layer, reason) in &plan.inactive {
+        tracing::warn!(layer = %layer, reason = %reason, "sandbox layer inactive");
+    }
+    let executor = executor_for(&hardened.policy, &plan)?;
+    Ok(Prepared {
+        spec: hardened.spec,
+        policy: hardened.policy,
+        plan,
+        executor,
+    })
+}
+
+/// The effective policy of a running sandbox (for exec): the saved ceiling
+/// narrowed by the annotations of its hardened spec.
+pub fn effective_for_exec(
+    ceiling: &Ceiling,
+    hardened: &Spec,
+) -> Result<(SandboxPolicy, LayerPlan), SandboxError> {
+    let annotations = hardened.annotations().clone().unwrap_or_default();
+    let policy =
+        harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
+    let plan = policy
+        .layers
+        .plan(&host_support())
+        .map_err(SandboxError::Layer)?;
+    Ok((policy, plan))
+}
+
+/// Clamps an exec'd process with the policy.
+pub fn harden_exec(process: Process, policy: &SandboxPolicy) -> Result<Process, SandboxError> {
+    harden::harden_process(process, policy).map_err(SandboxError::Harden)
+}
+
+/// Builds the executor for the layers in `plan`.
+pub fn executor_for(
+    policy: &SandboxPolicy,
+    plan: &LayerPlan,
+) -> Result<SandboxExecutor, SandboxError> {
+    let mut executor = SandboxExecutor::default();
+    if plan.apply.contains(&Layer::Seccomp) {
+        let arch = Arch::host().ok_or(SandboxError::NoArch)?;
+        let bpf = agent_sandbox_policy::seccomp::compile_bpf(&policy.syscalls, arch)
+            .map_err(SandboxError::Seccomp)?;
+        executor.seccomp = Some(Arc::new(bpf));
+    }
+    if plan.apply.contains(&Layer::Landlock) {
+        executor.landlock = Some(Arc::new(LandlockRules(
+            agent_sandbox_policy::landlock::ruleset(policy),
+        )));
+    }
+    Ok(executor)
+}
+
+/// The policy's Landlock ruleset, applied inside the container.
+struct LandlockRules(agent_sandbox_policy::landlock::LandlockRuleset);
+
+impl LandlockApply for LandlockRules {
+    fn apply(&self) -> Result<(), String> {
+        use landlock::{
+            CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+            RulesetCreatedAttr, RulesetStatus,
+        };
+        let rs = &self.0;
+        let mut created = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(rs.handled_fs_flags())
+            .and_then(|r| r.handle_access(rs.handled_net_flags()))
+            .and_then(|r| r.create())
+            .map_err(|e| e.to_string())?;
+        for rule in &rs.paths {
+            // A path missing in this container gets no rights, which is narrower.
+            let Ok(fd) = PathFd::new(&rule.path) else {
+                continue;
+            };
+            created = created
+                .add_rule(PathBeneath::new(fd, rule.flags()))
+                .map_err(|e| format!("{}: {e}", rule.path))?;
+        }
+        for rule in &rs.net {
+            created = created
+                .add_rule(NetPort::new(rule.port, rule.flags()))
+                .map_err(|e| format!("port {}: {e}", rule.port))?;
+        }
+        let status = created.restrict_self().map_err(|e| e.to_string())?;
+        if status.ruleset != RulesetStatus::FullyEnforced {
+            return Err(format!("ruleset only {:?}", status.ruleset));
         }
         Ok(())
     }
+}
 
-    /// Clamps an exec'd process to the policy.
-    pub fn clamp_exec(&self, process: &mut Process) {
-        crate::enforce::clamp_process(process);
+/// A `devpts` mount with `nodev` makes `/dev/ptmx` unopenable (EACCES), so no
+/// terminal works (`podman run -t`, `exec -t`). A new devpts instance only holds
+/// pty devices, and the device cgroup still limits them, so `nodev` is dropped
+/// from it (asked of the policy crate in runtime/policy/REQUESTS.md).
+fn allow_pty_devices(spec: &mut Spec) {
+    if let Some(mounts) = spec.mounts_mut().as_mut() {
+        for m in mounts
+            .iter_mut()
+            .filter(|m| m.typ().as_deref() == Some("devpts"))
+        {
+            if let Some(opts) = m.options_mut().as_mut() {
+                opts.retain(|o| o != "nodev");
+            }
+        }
     }
+}
 
-    /// The executor carrying this policy's seccomp filter and Landlock rules.
-    pub fn executor(&self) -> Result<SandboxExecutor, LifecycleError> {
-        Ok(SandboxExecutor::default())
+/// Refuses a spec whose writable mounts (or a parent) are symlinks in the rootfs.
+pub fn check_writable_destinations(spec: &Spec, rootfs: &Path) -> Result<(), SandboxError> {
+    for dest in harden::writable_destinations(spec) {
+        let mut cur = rootfs.to_path_buf();
+        for comp in dest.components().skip(1) {
+            cur.push(comp);
+            if let Ok(meta) = std::fs::symlink_metadata(&cur)
+                && meta.file_type().is_symlink()
+            {
+                return Err(SandboxError::SymlinkedWritable {
+                    path: dest.clone(),
+                    component: cur,
+                });
+            }
+        }
     }
+    Ok(())
 }
 
 /// Where the reachable mounts of a sandbox live. As real root: inside the
 /// state root (`/run/agent-sandbox/sandbox/<id>/mnt`, ancestors 0711). Inside a
 /// rootless user namespace the state root (`$XDG_RUNTIME_DIR`) is 0700 and
 /// unreachable for the sandbox's root, so `/tmp/agent-sandbox-<host uid>/<id>`.
-pub fn mount_dir(dirs: &StateDirs, id: &ContainerId) -> Result<PathBuf, LifecycleError> {
+pub fn mount_dir(dirs: &StateDirs, id: &ContainerId) -> Result<PathBuf, SandboxError> {
     if paths::rootless()? {
         let host_uid = host_uid_of_self().unwrap_or_else(|| nix::unistd::geteuid().as_raw());
         let base = PathBuf::from(format!("/tmp/agent-sandbox-{host_uid}"));
@@ -77,7 +386,7 @@ pub fn mount_dir(dirs: &StateDirs, id: &ContainerId) -> Result<PathBuf, Lifecycl
     }
 }
 
-/// The host uid that our uid 0 maps to, read from `/proc/self/uid_map`.
+/// The host uid that our uid maps to, read from `/proc/self/uid_map`.
 fn host_uid_of_self() -> Option<u32> {
     let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
     let me = nix::unistd::geteuid().as_raw();
@@ -92,15 +401,18 @@ fn host_uid_of_self() -> Option<u32> {
 
 /// In a rootless user namespace on cgroup v1 only a delegated cgroup is
 /// writable: put the sandbox under the runtime's own memory cgroup.
-pub fn rootless_cgroups(spec: &mut Spec, id: &ContainerId) -> Result<(), LifecycleError> {
-    let current = current_v1_cgroup("memory").ok_or(LifecycleError::Cgroup {
+pub fn rootless_cgroups(spec: &mut Spec, id: &ContainerId) -> Result<(), SandboxError> {
+    let current = current_v1_cgroup("memory").ok_or(SandboxError::Cgroup {
         detail: "cannot find the runtime's memory cgroup in /proc/self/cgroup".into(),
     })?;
     let dir = Path::new("/sys/fs/cgroup/memory").join(current.trim_start_matches('/'));
-    if nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_err() {
-        return Err(LifecycleError::Cgroup {
+    let owned = std::fs::metadata(&dir)
+        .map(|m| m.uid() == nix::unistd::geteuid().as_raw())
+        .unwrap_or(false);
+    if !owned {
+        return Err(SandboxError::Cgroup {
             detail: format!(
-                "cgroup {} is not writable: delegate a v1 cgroup to this user (hack/setup.sh does) so limits can be enforced",
+                "cgroup {} is not delegated to this user: limits cannot be enforced (delegate a v1 cgroup, see e2e/src/podman.rs)",
                 dir.display()
             ),
         });
@@ -128,7 +440,7 @@ fn current_v1_cgroup(controller: &str) -> Option<String> {
 }
 
 /// Reads the v1 limits back and compares them with the spec.
-pub fn verify_cgroups(spec: &Spec, id: &ContainerId) -> Result<(), String> {
+pub fn verify_cgroups(spec: &Spec, id: &ContainerId) -> Result<(), SandboxError> {
     let Some(linux) = spec.linux().as_ref() else {
         return Ok(());
     };
@@ -137,16 +449,22 @@ pub fn verify_cgroups(spec: &Spec, id: &ContainerId) -> Result<(), String> {
     };
     let rel = libcontainer::utils::get_cgroup_path(linux.cgroups_path(), id.as_str());
     let rel = rel.to_string_lossy().trim_start_matches('/').to_owned();
-    let check = |ctrl: &str, file: &str, want: i64| -> Result<(), String> {
+    let read = |ctrl: &str, file: &str| -> Result<String, SandboxError> {
         let path = Path::new("/sys/fs/cgroup").join(ctrl).join(&rel).join(file);
-        let got = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let got: i64 = got
-            .trim()
-            .parse()
-            .map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
+        std::fs::read_to_string(&path)
+            .map(|s| s.trim().to_owned())
+            .map_err(|e| SandboxError::Cgroup {
+                detail: format!("cannot read {}: {e}", path.display()),
+            })
+    };
+    let expect = |ctrl: &str, file: &str, want: String| -> Result<(), SandboxError> {
+        let got = read(ctrl, file)?;
         if got != want {
-            return Err(format!("{} is {got}, wanted {want}", path.display()));
+            return Err(SandboxError::Cgroup {
+                detail: format!(
+                    "{ctrl}/{rel}/{file} is {got}, wanted {want}: the limit did not take"
+                ),
+            });
         }
         Ok(())
     };
@@ -154,36 +472,39 @@ pub fn verify_cgroups(spec: &Spec, id: &ContainerId) -> Result<(), String> {
         && let Some(limit) = mem.limit()
         && limit > 0
     {
-        // The kernel rounds to pages.
         let page = 4096;
-        check("memory", "memory.limit_in_bytes", limit / page * page)?;
+        expect(
+            "memory",
+            "memory.limit_in_bytes",
+            (limit / page * page).to_string(),
+        )?;
     }
     if let Some(pids) = res.pids().as_ref()
         && pids.limit() > 0
     {
-        let path = Path::new("/sys/fs/cgroup/pids").join(&rel).join("pids.max");
-        let got = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        if got.trim() != pids.limit().to_string() {
-            return Err(format!(
-                "{} is {}, wanted {}",
-                path.display(),
-                got.trim(),
-                pids.limit()
-            ));
-        }
+        expect("pids", "pids.max", pids.limit().to_string())?;
     }
     if let Some(cpu) = res.cpu().as_ref() {
         if let Some(q) = cpu.quota()
             && q > 0
         {
-            check("cpu", "cpu.cfs_quota_us", q)?;
+            expect("cpu", "cpu.cfs_quota_us", q.to_string())?;
         }
         if let Some(s) = cpu.shares()
             && s > 0
         {
-            check("cpu", "cpu.shares", i64::try_from(s).unwrap_or(i64::MAX))?;
+            expect("cpu", "cpu.shares", s.to_string())?;
         }
     }
     Ok(())
+}
+
+impl Prepared {
+    /// The profile name for logs and `state`: the selecting annotation, if any.
+    pub fn spec_profile_name(&self) -> Option<String> {
+        self.spec
+            .annotations()
+            .as_ref()
+            .and_then(|a| a.get("io.agent.sandbox.profile").cloned())
+    }
 }
