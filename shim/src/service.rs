@@ -69,13 +69,13 @@ pub enum ServiceError {
     Signal { signal: u32 },
     #[error("Exec {exec_id} has no process spec")]
     NoSpec { exec_id: String },
-    #[error("Runtime options")]
+    #[error(transparent)]
     Options(#[from] OptionsError),
-    #[error("Runtime")]
+    #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    #[error("Process streams")]
+    #[error(transparent)]
     Stdio(#[from] StdioError),
-    #[error("Cgroup")]
+    #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error("Container {id} has no cgroup to read")]
     NoCgroup { id: String },
