@@ -1,3 +1,18 @@
-//! The per-sandbox audit trail: one append-only, hash-chained JSON-lines log, and the
-//! review of what a sandbox changed in its writable overlay.
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+
+pub mod log;
+pub mod record;
+pub mod scratch;
+pub mod timeline;
+
+pub use log::{
+    AuditError, AuditLog, Broken, TornTail, VerifyReport, genesis, read_records, repair_torn_tail,
+    verify,
+};
+pub use record::{Event, ExitStatus, Record, Verdict};
+pub use scratch::{
+    Change, ChangeKind, ExportSummary, ExportTarget, FileKind, ScratchError, diff, export,
+    files_changed,
+};
+pub use timeline::render_timeline;

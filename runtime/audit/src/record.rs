@@ -1,0 +1,198 @@
+//! Audit record types: what one line of the log says.
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the line format written by this crate (the `v` field).
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Most paths a `files_changed` record lists; the counts always cover every change.
+pub const MAX_CHANGED_PATHS: usize = 256;
+
+/// One line of an audit log, as read back.
+///
+/// The JSON field order on disk is `v, seq, time, sandbox, kind, data, prev, hash`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Line format version ([`FORMAT_VERSION`]).
+    pub v: u32,
+    /// Position in the log, starting at 1 (equal to the line number).
+    pub seq: u64,
+    /// RFC 3339 UTC time with nanoseconds, taken while holding the log lock.
+    pub time: String,
+    /// The sandbox (container) id the log belongs to.
+    pub sandbox: String,
+    /// What happened.
+    #[serde(flatten)]
+    pub event: Event,
+    /// sha256 (hex) of the previous line's exact bytes (without its newline), or the
+    /// genesis value for the first record.
+    pub prev: String,
+    /// sha256 (hex) of this line's bytes with the `,"hash":"…"` member removed.
+    pub hash: String,
+}
+
+/// What a record reports: `kind` names the variant, `data` holds its fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum Event {
+    /// The sandbox was created.
+    Create {
+        /// Digest of the effective policy (e.g. `sha256:…`).
+        policy_digest: String,
+        /// Protection layers that are in force.
+        layers_active: Vec<String>,
+        /// Optional layers that could not be applied.
+        layers_inactive: Vec<String>,
+    },
+    /// A process was started in the sandbox (init or exec).
+    Exec {
+        /// Command line.
+        argv: Vec<String>,
+        /// Names of the environment variables; never their values.
+        env_keys: Vec<String>,
+        /// Working directory inside the sandbox.
+        cwd: String,
+        /// User id inside the sandbox.
+        uid: u32,
+        /// The agent's tool-call id, when the caller tagged the exec.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
+    },
+    /// A process ended.
+    Exit {
+        /// Exit code or terminating signal.
+        status: ExitStatus,
+        /// Whether the cgroup reported an OOM kill.
+        oom: bool,
+        /// Tool-call id of the exec that ended, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
+    },
+    /// An egress proxy decision.
+    Net {
+        /// Allowed or denied.
+        verdict: Verdict,
+        /// The policy rule that decided (or the reason for a default deny).
+        rule: String,
+        /// Requested host name or address.
+        host: String,
+        /// Requested port.
+        port: u16,
+        /// Bytes sent by the sandbox.
+        bytes_up: u64,
+        /// Bytes received by the sandbox.
+        bytes_down: u64,
+        /// Connection duration in milliseconds.
+        duration_ms: u64,
+    },
+    /// The seccomp filter refused a syscall.
+    SyscallDenied {
+        /// Syscall name, when known.
+        syscall: String,
+        /// Syscall number.
+        nr: i64,
+        /// Process id (as seen from the host).
+        pid: i32,
+        /// Process command name.
+        comm: String,
+    },
+    /// Landlock (or another filesystem layer) refused an access.
+    FsDenied {
+        /// Path as reported.
+        path: String,
+        /// Access that was refused (e.g. `write_file`).
+        access: String,
+        /// Process id, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<i32>,
+        /// Process command name, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        comm: Option<String>,
+    },
+    /// Summary of the writable overlay at exit (see [`crate::scratch::files_changed`]).
+    FilesChanged {
+        /// Number of added entries.
+        added: u64,
+        /// Number of modified entries.
+        modified: u64,
+        /// Number of deleted entries.
+        deleted: u64,
+        /// Number of directories that replace their lower directory wholesale.
+        opaque_dirs: u64,
+        /// Up to [`MAX_CHANGED_PATHS`] entries, each `A /path`, `M /path`, `D /path` or `O /path`.
+        paths: Vec<String>,
+        /// True when `paths` was cut at [`MAX_CHANGED_PATHS`].
+        truncated: bool,
+    },
+    /// The sandbox was deleted.
+    Delete {},
+    /// An optional protection layer is not in force.
+    LayerInactive {
+        /// Layer name (e.g. `apparmor`).
+        layer: String,
+        /// Why it could not be applied.
+        reason: String,
+    },
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitStatus {
+    /// Normal exit with this code.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+/// A network decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The connection was allowed.
+    Allow,
+    /// The connection was refused.
+    Deny,
+}
+
+impl Event {
+    /// An `exec` record from a process's `KEY=VALUE` environment: only the keys are kept.
+    pub fn exec(
+        argv: Vec<String>,
+        env: &[String],
+        cwd: impl Into<String>,
+        uid: u32,
+        tool_call_id: Option<String>,
+    ) -> Self {
+        let env_keys = env
+            .iter()
+            .map(|kv| {
+                kv.split_once('=')
+                    .map_or(kv.as_str(), |(k, _)| k)
+                    .to_owned()
+            })
+            .collect();
+        Event::Exec {
+            argv,
+            env_keys,
+            cwd: cwd.into(),
+            uid,
+            tool_call_id,
+        }
+    }
+
+    /// The `kind` string of this event.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::Create { .. } => "create",
+            Event::Exec { .. } => "exec",
+            Event::Exit { .. } => "exit",
+            Event::Net { .. } => "net",
+            Event::SyscallDenied { .. } => "syscall_denied",
+            Event::FsDenied { .. } => "fs_denied",
+            Event::FilesChanged { .. } => "files_changed",
+            Event::Delete {} => "delete",
+            Event::LayerInactive { .. } => "layer_inactive",
+        }
+    }
+}

@@ -1,0 +1,860 @@
+//! Scratch review: what a sandbox changed in its overlayfs upper dir, and exporting it.
+//!
+//! Every lookup is descriptor-relative with `O_NOFOLLOW` on each component (`openat`,
+//! `fstatat(AT_SYMLINK_NOFOLLOW)`), so a symlink in the upper dir, even one swapped in while
+//! we walk, is reported or copied as a symlink and never followed.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read, Write as _};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
+
+use crate::record::{Event, MAX_CHANGED_PATHS};
+
+/// Manifest (in an export's root) of deleted paths: each relative path followed by a NUL.
+pub const DELETED_MANIFEST: &str = ".agent-sandbox-deleted";
+/// Manifest of opaque directories (whose lower content is entirely gone), NUL-terminated.
+pub const OPAQUE_MANIFEST: &str = ".agent-sandbox-opaque";
+/// Manifest of changed entries that an export cannot carry (sockets; devices in a dir
+/// export), NUL-terminated.
+pub const SKIPPED_MANIFEST: &str = ".agent-sandbox-skipped";
+
+const XATTR_PREFIXES: [&str; 2] = ["trusted.overlay.", "user.overlay."];
+
+/// Errors of scratch review.
+#[derive(Debug, thiserror::Error)]
+pub enum ScratchError {
+    /// A filesystem operation failed.
+    #[error("cannot {op} {path}")]
+    Io {
+        /// What was being done (e.g. `read directory`).
+        op: &'static str,
+        /// Full path concerned.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The export target already holds something.
+    #[error("export target {path} already exists and is not an empty directory")]
+    TargetExists {
+        /// Target path.
+        path: PathBuf,
+    },
+    /// The upper dir has an entry with a manifest's name at its root.
+    #[error("upper dir {upper} has an entry named {name}, which the export uses as a manifest")]
+    ManifestClash {
+        /// Upper dir.
+        upper: PathBuf,
+        /// Manifest name.
+        name: &'static str,
+    },
+    /// A file changed between the diff and the copy.
+    #[error("{path} changed while being exported")]
+    Changed {
+        /// Full path in the upper dir.
+        path: PathBuf,
+    },
+}
+
+/// How an entry differs from the lower layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChangeKind {
+    /// Not in the lower layer.
+    Added,
+    /// In the lower layer, replaced or copied up (content, metadata or type may differ).
+    Modified,
+    /// A whiteout: the lower entry is hidden.
+    Deleted,
+    /// An opaque directory: it replaces the lower directory wholesale (everything the lower
+    /// one held is gone; its entries in the upper dir are reported as added).
+    OpaqueDir,
+}
+
+impl ChangeKind {
+    /// One-letter code: `A`, `M`, `D`, `O`.
+    pub fn letter(self) -> char {
+        match self {
+            ChangeKind::Added => 'A',
+            ChangeKind::Modified => 'M',
+            ChangeKind::Deleted => 'D',
+            ChangeKind::OpaqueDir => 'O',
+        }
+    }
+}
+
+/// File type of a changed entry (for a deletion: the type it had in the lower layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe.
+    Fifo,
+    /// Unix socket.
+    Socket,
+    /// Character device.
+    CharDevice,
+    /// Block device.
+    BlockDevice,
+    /// Unknown (a deletion without a lower layer to look in).
+    Unknown,
+}
+
+impl FileKind {
+    fn of(st: &Stat) -> Self {
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => FileKind::File,
+            FileType::Directory => FileKind::Dir,
+            FileType::Symlink => FileKind::Symlink,
+            FileType::Fifo => FileKind::Fifo,
+            FileType::Socket => FileKind::Socket,
+            FileType::CharacterDevice => FileKind::CharDevice,
+            FileType::BlockDevice => FileKind::BlockDevice,
+            FileType::Unknown => FileKind::Unknown,
+        }
+    }
+
+    /// Lower-case name (`file`, `dir`, `symlink`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            FileKind::File => "file",
+            FileKind::Dir => "dir",
+            FileKind::Symlink => "symlink",
+            FileKind::Fifo => "fifo",
+            FileKind::Socket => "socket",
+            FileKind::CharDevice => "char-device",
+            FileKind::BlockDevice => "block-device",
+            FileKind::Unknown => "unknown",
+        }
+    }
+}
+
+/// One changed entry of the upper dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Path relative to the overlay root (no leading `/`).
+    pub path: PathBuf,
+    /// How it changed.
+    pub kind: ChangeKind,
+    /// Its type (upper type; lower type for a deletion).
+    pub file_type: FileKind,
+    /// Size in bytes (regular files; the target length for symlinks; lower size for a
+    /// deleted file; 0 otherwise).
+    pub size: u64,
+    /// Permission bits (`0o7777` part of the mode).
+    pub mode: u32,
+    /// Target of a symlink, as stored (never resolved).
+    pub link_target: Option<PathBuf>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} /{} ({}",
+            self.kind.letter(),
+            self.path.display(),
+            self.file_type.name()
+        )?;
+        if let Some(t) = &self.link_target {
+            write!(f, " -> {}", t.display())?;
+        } else if self.file_type == FileKind::File {
+            write!(f, ", {} bytes", self.size)?;
+        }
+        write!(f, ")")
+    }
+}
+
+fn io_err(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> ScratchError {
+    move |e| ScratchError::Io {
+        op,
+        path,
+        source: e.into(),
+    }
+}
+
+fn open_root(path: &Path, flags: OFlags) -> Result<OwnedFd, ScratchError> {
+    rustix::fs::open(
+        path,
+        flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err("open directory", path.to_owned()))
+}
+
+/// Reads `<prefix>overlay.<suffix>` for both the `trusted.` and (userxattr) `user.` prefixes.
+fn overlay_xattr(
+    fd: BorrowedFd<'_>,
+    suffix: &str,
+    path: &Path,
+) -> Result<Option<Vec<u8>>, ScratchError> {
+    for prefix in XATTR_PREFIXES {
+        let name = format!("{prefix}{suffix}");
+        let mut buf = [0u8; 64];
+        match rustix::fs::fgetxattr(fd, name.as_str(), &mut buf[..]) {
+            Ok(n) => return Ok(Some(buf.get(..n).unwrap_or_default().to_vec())),
+            // Longer than any marker we interpret: present, value not "y".
+            Err(Errno::RANGE) => return Ok(Some(b"?".to_vec())),
+            Err(Errno::NODATA | Errno::OPNOTSUPP) => {}
+            Err(e) => return Err(io_err("read overlay xattrs of", path.to_owned())(e)),
+        }
+    }
+    Ok(None)
+}
+
+fn sorted_names(dir: &OwnedFd, path: &Path) -> Result<Vec<CString>, ScratchError> {
+    let mut names = Vec::new();
+    let d = Dir::read_from(dir).map_err(io_err("read directory", path.to_owned()))?;
+    for entry in d {
+        let entry = entry.map_err(io_err("read directory", path.to_owned()))?;
+        let name = entry.file_name();
+        if name.to_bytes() != b"." && name.to_bytes() != b".." {
+            names.push(name.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn lstat_at(
+    dir: BorrowedFd<'_>,
+    name: &CString,
+    path: &Path,
+) -> Result<Option<Stat>, ScratchError> {
+    match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(Errno::NOENT | Errno::NOTDIR) => Ok(None),
+        Err(e) => Err(io_err("stat", path.to_owned())(e)),
+    }
+}
+
+fn perm(st: &Stat) -> u32 {
+    st.st_mode & 0o7777
+}
+
+fn size_of(st: &Stat) -> u64 {
+    u64::try_from(st.st_size).unwrap_or(0)
+}
+
+struct Walker<'a> {
+    upper: &'a Path,
+    lower: Option<&'a Path>,
+    out: Vec<Change>,
+}
+
+impl Walker<'_> {
+    fn walk(
+        &mut self,
+        dir: &OwnedFd,
+        rel: &Path,
+        lower: Option<&OwnedFd>,
+    ) -> Result<(), ScratchError> {
+        let dir_path = self.upper.join(rel);
+        for name in sorted_names(dir, &dir_path)? {
+            let child = rel.join(OsStr::from_bytes(name.to_bytes()));
+            let upath = self.upper.join(&child);
+            let Some(st) = lstat_at(dir.as_fd(), &name, &upath)? else {
+                continue; // removed while we walk
+            };
+            let lower_st = match lower {
+                Some(l) => {
+                    let lpath = self.lower.map(|p| p.join(&child)).unwrap_or_default();
+                    lstat_at(l.as_fd(), &name, &lpath)?
+                }
+                None => None,
+            };
+            let ft = FileType::from_raw_mode(st.st_mode);
+            let deleted = |lower_st: Option<Stat>| Change {
+                path: child.clone(),
+                kind: ChangeKind::Deleted,
+                file_type: lower_st.as_ref().map_or(FileKind::Unknown, FileKind::of),
+                size: lower_st
+                    .as_ref()
+                    .filter(|s| FileType::from_raw_mode(s.st_mode) == FileType::RegularFile)
+                    .map_or(0, size_of),
+                mode: lower_st.as_ref().map_or(0, perm),
+                link_target: None,
+            };
+            match ft {
+                FileType::CharacterDevice if st.st_rdev == 0 => self.out.push(deleted(lower_st)),
+                FileType::RegularFile
+                    if st.st_size == 0 && self.is_xwhiteout(dir, &name, &upath)? =>
+                {
+                    self.out.push(deleted(lower_st));
+                }
+                FileType::Directory => {
+                    let sub = rustix::fs::openat(
+                        dir,
+                        name.as_c_str(),
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(io_err("open directory", upath.clone()))?;
+                    let opaque =
+                        overlay_xattr(sub.as_fd(), "opaque", &upath)?.as_deref() == Some(b"y");
+                    let lower_is_dir = lower_st
+                        .as_ref()
+                        .is_some_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Directory);
+                    let (kind, sub_lower) = if opaque {
+                        (Some(ChangeKind::OpaqueDir), None)
+                    } else if let (Some(ls), true, Some(l)) = (&lower_st, lower_is_dir, lower) {
+                        let same = perm(ls) == perm(&st)
+                            && ls.st_uid == st.st_uid
+                            && ls.st_gid == st.st_gid;
+                        let lpath = self.lower.map(|p| p.join(&child)).unwrap_or_default();
+                        let lfd = rustix::fs::openat(
+                            l,
+                            name.as_c_str(),
+                            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(io_err("open directory", lpath))?;
+                        ((!same).then_some(ChangeKind::Modified), Some(lfd))
+                    } else if lower_st.is_some() {
+                        (Some(ChangeKind::Modified), None)
+                    } else {
+                        (Some(ChangeKind::Added), None)
+                    };
+                    if let Some(kind) = kind {
+                        self.out.push(Change {
+                            path: child.clone(),
+                            kind,
+                            file_type: FileKind::Dir,
+                            size: 0,
+                            mode: perm(&st),
+                            link_target: None,
+                        });
+                    }
+                    self.walk(&sub, &child, sub_lower.as_ref())?;
+                }
+                _ => {
+                    let link_target = if ft == FileType::Symlink {
+                        let t = rustix::fs::readlinkat(dir, name.as_c_str(), Vec::new())
+                            .map_err(io_err("read symlink", upath.clone()))?;
+                        Some(PathBuf::from(OsString::from_vec(t.into_bytes())))
+                    } else {
+                        None
+                    };
+                    self.out.push(Change {
+                        path: child.clone(),
+                        kind: if lower_st.is_some() {
+                            ChangeKind::Modified
+                        } else {
+                            ChangeKind::Added
+                        },
+                        file_type: FileKind::of(&st),
+                        size: if matches!(ft, FileType::RegularFile | FileType::Symlink) {
+                            size_of(&st)
+                        } else {
+                            0
+                        },
+                        mode: perm(&st),
+                        link_target,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A zero-size regular file carrying an `overlay.whiteout` xattr is a whiteout too
+    /// (the xattr form overlayfs accepts besides the 0/0 character device).
+    fn is_xwhiteout(
+        &self,
+        dir: &OwnedFd,
+        name: &CString,
+        path: &Path,
+    ) -> Result<bool, ScratchError> {
+        let fd = match rustix::fs::openat(
+            dir,
+            name.as_c_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::LOOP) => return Ok(false),
+            Err(e) => return Err(io_err("open", path.to_owned())(e)),
+        };
+        Ok(overlay_xattr(fd.as_fd(), "whiteout", path)?.is_some())
+    }
+}
+
+/// Lists what the overlay upper dir `upper` changes relative to `lower` (the layer the
+/// overlay was mounted over; without it nothing can be told apart from an addition, so every
+/// entry is `Added` and deletions have type `Unknown`). Entries come in path order, parents
+/// before children. Directories present in both layers with the same mode and owner are
+/// not listed themselves (only what changed below them). Symlinks are never followed.
+///
+/// `trusted.overlay.*` markers are only readable by root; unprivileged callers see
+/// `user.overlay.*` (userxattr mounts) and 0/0 character-device whiteouts.
+pub fn diff(upper: &Path, lower: Option<&Path>) -> Result<Vec<Change>, ScratchError> {
+    let ufd = open_root(upper, OFlags::RDONLY)?;
+    let lfd = lower.map(|l| open_root(l, OFlags::PATH)).transpose()?;
+    let mut w = Walker {
+        upper,
+        lower,
+        out: Vec::new(),
+    };
+    w.walk(&ufd, Path::new(""), lfd.as_ref())?;
+    Ok(w.out)
+}
+
+/// A `files_changed` event summarising `changes` (paths capped at [`MAX_CHANGED_PATHS`]).
+pub fn files_changed(changes: &[Change]) -> Event {
+    let count = |k| changes.iter().filter(|c| c.kind == k).count() as u64;
+    let paths: Vec<String> = changes
+        .iter()
+        .take(MAX_CHANGED_PATHS)
+        .map(|c| format!("{} /{}", c.kind.letter(), c.path.to_string_lossy()))
+        .collect();
+    Event::FilesChanged {
+        added: count(ChangeKind::Added),
+        modified: count(ChangeKind::Modified),
+        deleted: count(ChangeKind::Deleted),
+        opaque_dirs: count(ChangeKind::OpaqueDir),
+        truncated: changes.len() > MAX_CHANGED_PATHS,
+        paths,
+    }
+}
+
+/// Where [`export`] writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportTarget {
+    /// A directory that does not exist yet (or is empty).
+    Dir(PathBuf),
+    /// A tar archive that does not exist yet.
+    Tar(PathBuf),
+}
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExportSummary {
+    /// Regular files copied.
+    pub files: u64,
+    /// Bytes of regular-file content copied.
+    pub bytes: u64,
+    /// Directories written.
+    pub dirs: u64,
+    /// Symlinks written (as symlinks).
+    pub symlinks: u64,
+    /// Fifos and devices written.
+    pub special: u64,
+    /// Paths listed in the deleted manifest.
+    pub deleted: Vec<PathBuf>,
+    /// Paths listed in the opaque manifest.
+    pub opaque: Vec<PathBuf>,
+    /// Paths listed in the skipped manifest.
+    pub skipped: Vec<PathBuf>,
+}
+
+/// Opens the parent of `rel` under `root` (no symlink followed) and returns it with the
+/// final name.
+fn open_parent(
+    root: &OwnedFd,
+    rel: &Path,
+    root_path: &Path,
+) -> Result<(OwnedFd, CString), ScratchError> {
+    let mut comps: Vec<&OsStr> = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => comps.push(n),
+            _ => {
+                return Err(ScratchError::Io {
+                    op: "resolve",
+                    path: root_path.join(rel),
+                    source: io::Error::from(io::ErrorKind::InvalidInput),
+                });
+            }
+        }
+    }
+    let Some((last, parents)) = comps.split_last() else {
+        return Err(ScratchError::Io {
+            op: "resolve",
+            path: root_path.join(rel),
+            source: io::Error::from(io::ErrorKind::InvalidInput),
+        });
+    };
+    let mut cur = rustix::io::fcntl_dupfd_cloexec(root, 0)
+        .map_err(io_err("open directory", root_path.to_owned()))?;
+    for p in parents {
+        cur = rustix::fs::openat(
+            &cur,
+            *p,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io_err("open directory", root_path.join(rel)))?;
+    }
+    let name = CString::new(last.as_bytes()).map_err(|e| ScratchError::Io {
+        op: "resolve",
+        path: root_path.join(rel),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })?;
+    Ok((cur, name))
+}
+
+/// Creates (if needed) and opens every directory of `rel` under `root`, refusing symlinks.
+fn ensure_dirs(root: &OwnedFd, rel: &Path, root_path: &Path) -> Result<OwnedFd, ScratchError> {
+    let mut cur = rustix::io::fcntl_dupfd_cloexec(root, 0)
+        .map_err(io_err("open directory", root_path.to_owned()))?;
+    for c in rel.components() {
+        let Component::Normal(n) = c else { continue };
+        match rustix::fs::mkdirat(&cur, n, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io_err("create directory", root_path.join(rel))(e)),
+        }
+        cur = rustix::fs::openat(
+            &cur,
+            n,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io_err("open directory", root_path.join(rel)))?;
+    }
+    Ok(cur)
+}
+
+/// Opens a changed regular file for reading and checks it is still a regular file.
+fn open_source(upper_fd: &OwnedFd, upper: &Path, rel: &Path) -> Result<(File, Stat), ScratchError> {
+    let upath = upper.join(rel);
+    let (parent, name) = open_parent(upper_fd, rel, upper)?;
+    let fd = rustix::fs::openat(
+        &parent,
+        name.as_c_str(),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_err("open", upath.clone()))?;
+    let st = rustix::fs::fstat(&fd).map_err(io_err("stat", upath.clone()))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(ScratchError::Changed { path: upath });
+    }
+    Ok((File::from(fd), st))
+}
+
+fn read_link(upper_fd: &OwnedFd, upper: &Path, rel: &Path) -> Result<OsString, ScratchError> {
+    let (parent, name) = open_parent(upper_fd, rel, upper)?;
+    let t = rustix::fs::readlinkat(&parent, name.as_c_str(), Vec::new())
+        .map_err(io_err("read symlink", upper.join(rel)))?;
+    Ok(OsString::from_vec(t.into_bytes()))
+}
+
+/// Reads exactly `remaining` bytes or fails (the file shrank while being exported).
+struct ExactReader {
+    inner: File,
+    remaining: u64,
+}
+
+impl Read for ExactReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 {
+            return Ok(0);
+        }
+        let want = usize::try_from(self.remaining)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = self.inner.read(buf.get_mut(..want).unwrap_or_default())?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shrank while being exported",
+            ));
+        }
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
+fn nul_list(paths: &[PathBuf]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in paths {
+        out.extend_from_slice(p.as_os_str().as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// Writes the changes of `upper` (see [`diff`]) to `to`, for review before anything is
+/// promoted. Regular files, directories, symlinks (as symlinks, never followed) and fifos
+/// are written; devices too in a tar. The export root also holds three manifests, each a
+/// list of relative paths, every one terminated by a NUL byte (`xargs -0` reads them):
+/// [`DELETED_MANIFEST`] (whiteouts), [`OPAQUE_MANIFEST`] (directories whose lower content
+/// is gone) and [`SKIPPED_MANIFEST`] (entries the target cannot hold: sockets, and devices
+/// in a dir export). Set-id bits are dropped. A dir target must not exist or be empty; a
+/// tar target must not exist (a failed tar export removes its partial file).
+pub fn export(
+    upper: &Path,
+    lower: Option<&Path>,
+    to: &ExportTarget,
+) -> Result<ExportSummary, ScratchError> {
+    let changes = diff(upper, lower)?;
+    for name in [DELETED_MANIFEST, OPAQUE_MANIFEST, SKIPPED_MANIFEST] {
+        if changes.iter().any(|c| c.path == Path::new(name)) {
+            return Err(ScratchError::ManifestClash {
+                upper: upper.to_owned(),
+                name,
+            });
+        }
+    }
+    let upper_fd = open_root(upper, OFlags::RDONLY)?;
+    match to {
+        ExportTarget::Dir(dest) => export_dir(&changes, &upper_fd, upper, dest),
+        ExportTarget::Tar(dest) => {
+            let r = export_tar(&changes, &upper_fd, upper, dest);
+            if r.is_err()
+                && let Err(e) = std::fs::remove_file(dest)
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %dest.display(), error = %e, "cannot remove partial export");
+            }
+            r
+        }
+    }
+}
+
+fn export_dir(
+    changes: &[Change],
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    dest: &Path,
+) -> Result<ExportSummary, ScratchError> {
+    match std::fs::create_dir(dest) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let empty = std::fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir())
+                && std::fs::read_dir(dest).is_ok_and(|mut d| d.next().is_none());
+            if !empty {
+                return Err(ScratchError::TargetExists {
+                    path: dest.to_owned(),
+                });
+            }
+        }
+        Err(source) => {
+            return Err(ScratchError::Io {
+                op: "create directory",
+                path: dest.to_owned(),
+                source,
+            });
+        }
+    }
+    let dest_fd = open_root(dest, OFlags::RDONLY)?;
+    let mut sum = ExportSummary::default();
+    for c in changes {
+        let dpath = dest.join(&c.path);
+        match (c.kind, c.file_type) {
+            (ChangeKind::Deleted, _) => sum.deleted.push(c.path.clone()),
+            (_, FileKind::Dir) => {
+                if c.kind == ChangeKind::OpaqueDir {
+                    sum.opaque.push(c.path.clone());
+                }
+                let fd = ensure_dirs(&dest_fd, &c.path, dest)?;
+                rustix::fs::fchmod(&fd, Mode::from_raw_mode((c.mode & 0o777) | 0o700))
+                    .map_err(io_err("chmod", dpath))?;
+                sum.dirs += 1;
+            }
+            (_, FileKind::File) => {
+                let (src, st) = open_source(upper_fd, upper, &c.path)?;
+                let parent = ensure_dirs(&dest_fd, c.path.parent().unwrap_or(Path::new("")), dest)?;
+                let name = c.path.file_name().unwrap_or_default();
+                let dst = rustix::fs::openat(
+                    &parent,
+                    name,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(st.st_mode & 0o777),
+                )
+                .map_err(io_err("create", dpath.clone()))?;
+                let mut dst = File::from(dst);
+                let size = size_of(&st);
+                let mut reader = ExactReader {
+                    inner: src,
+                    remaining: size,
+                };
+                io::copy(&mut reader, &mut dst).map_err(|source| ScratchError::Io {
+                    op: "copy to",
+                    path: dpath.clone(),
+                    source,
+                })?;
+                dst.flush().map_err(|source| ScratchError::Io {
+                    op: "write",
+                    path: dpath,
+                    source,
+                })?;
+                sum.files += 1;
+                sum.bytes += size;
+            }
+            (_, FileKind::Symlink) => {
+                let target = read_link(upper_fd, upper, &c.path)?;
+                let parent = ensure_dirs(&dest_fd, c.path.parent().unwrap_or(Path::new("")), dest)?;
+                rustix::fs::symlinkat(
+                    target.as_os_str(),
+                    &parent,
+                    c.path.file_name().unwrap_or_default(),
+                )
+                .map_err(io_err("create symlink", dpath))?;
+                sum.symlinks += 1;
+            }
+            (_, FileKind::Fifo) => {
+                let parent = ensure_dirs(&dest_fd, c.path.parent().unwrap_or(Path::new("")), dest)?;
+                rustix::fs::mknodat(
+                    &parent,
+                    c.path.file_name().unwrap_or_default(),
+                    FileType::Fifo,
+                    Mode::from_raw_mode(c.mode & 0o777),
+                    0,
+                )
+                .map_err(io_err("create fifo", dpath))?;
+                sum.special += 1;
+            }
+            _ => sum.skipped.push(c.path.clone()),
+        }
+    }
+    for (name, list) in [
+        (DELETED_MANIFEST, &sum.deleted),
+        (OPAQUE_MANIFEST, &sum.opaque),
+        (SKIPPED_MANIFEST, &sum.skipped),
+    ] {
+        let fd = rustix::fs::openat(
+            &dest_fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(io_err("create", dest.join(name)))?;
+        File::from(fd)
+            .write_all(&nul_list(list))
+            .map_err(|source| ScratchError::Io {
+                op: "write",
+                path: dest.join(name),
+                source,
+            })?;
+    }
+    Ok(sum)
+}
+
+fn export_tar(
+    changes: &[Change],
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    dest: &Path,
+) -> Result<ExportSummary, ScratchError> {
+    let tar_err = |source| ScratchError::Io {
+        op: "write tar",
+        path: dest.to_owned(),
+        source,
+    };
+    let file = File::create_new(dest).map_err(|source| {
+        if source.kind() == io::ErrorKind::AlreadyExists {
+            ScratchError::TargetExists {
+                path: dest.to_owned(),
+            }
+        } else {
+            ScratchError::Io {
+                op: "create",
+                path: dest.to_owned(),
+                source,
+            }
+        }
+    })?;
+    let mut b = tar::Builder::new(file);
+    let mut sum = ExportSummary::default();
+    for c in changes {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(
+            (c.mode & 0o777)
+                | if c.file_type == FileKind::Dir {
+                    0o700
+                } else {
+                    0
+                },
+        );
+        h.set_size(0);
+        match (c.kind, c.file_type) {
+            (ChangeKind::Deleted, _) => {
+                sum.deleted.push(c.path.clone());
+                continue;
+            }
+            (_, FileKind::Dir) => {
+                if c.kind == ChangeKind::OpaqueDir {
+                    sum.opaque.push(c.path.clone());
+                }
+                h.set_entry_type(tar::EntryType::Directory);
+                b.append_data(&mut h, &c.path, io::empty())
+                    .map_err(tar_err)?;
+                sum.dirs += 1;
+            }
+            (_, FileKind::File) => {
+                let (src, st) = open_source(upper_fd, upper, &c.path)?;
+                let size = size_of(&st);
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(st.st_mode & 0o777);
+                h.set_size(size);
+                h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
+                b.append_data(
+                    &mut h,
+                    &c.path,
+                    ExactReader {
+                        inner: src,
+                        remaining: size,
+                    },
+                )
+                .map_err(tar_err)?;
+                sum.files += 1;
+                sum.bytes += size;
+            }
+            (_, FileKind::Symlink) => {
+                let target = read_link(upper_fd, upper, &c.path)?;
+                h.set_entry_type(tar::EntryType::Symlink);
+                b.append_link(&mut h, &c.path, Path::new(&target))
+                    .map_err(tar_err)?;
+                sum.symlinks += 1;
+            }
+            (_, FileKind::Fifo | FileKind::CharDevice | FileKind::BlockDevice) => {
+                let (parent, name) = open_parent(upper_fd, &c.path, upper)?;
+                let st = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(io_err("stat", upper.join(&c.path)))?;
+                h.set_entry_type(match c.file_type {
+                    FileKind::Fifo => tar::EntryType::Fifo,
+                    FileKind::CharDevice => tar::EntryType::Char,
+                    _ => tar::EntryType::Block,
+                });
+                h.set_device_major(rustix::fs::major(st.st_rdev))
+                    .map_err(tar_err)?;
+                h.set_device_minor(rustix::fs::minor(st.st_rdev))
+                    .map_err(tar_err)?;
+                b.append_data(&mut h, &c.path, io::empty())
+                    .map_err(tar_err)?;
+                sum.special += 1;
+            }
+            _ => sum.skipped.push(c.path.clone()),
+        }
+    }
+    for (name, list) in [
+        (DELETED_MANIFEST, &sum.deleted),
+        (OPAQUE_MANIFEST, &sum.opaque),
+        (SKIPPED_MANIFEST, &sum.skipped),
+    ] {
+        let data = nul_list(list);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, data.as_slice())
+            .map_err(tar_err)?;
+    }
+    let file = b.into_inner().map_err(tar_err)?;
+    file.sync_all().map_err(tar_err)?;
+    Ok(sum)
+}

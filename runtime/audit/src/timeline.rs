@@ -1,0 +1,150 @@
+//! A readable timeline of audit records, one line per record.
+
+use std::fmt::Write as _;
+
+use crate::record::{Event, ExitStatus, Record, Verdict};
+
+/// Renders one line per record: `TIME  #SEQ  KIND  details`. Times are shown as in the log
+/// (UTC, nanoseconds); the sandbox id is left out because a log holds one sandbox.
+pub fn render_timeline(records: &[Record]) -> String {
+    let mut out = String::new();
+    for r in records {
+        // Writing to a String cannot fail.
+        let _ = writeln!(
+            out,
+            "{}  #{:<4} {:<14} {}",
+            r.time,
+            r.seq,
+            r.event.kind(),
+            details(&r.event)
+        );
+    }
+    out
+}
+
+fn quote_args(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+            {
+                a.clone()
+            } else {
+                format!("{a:?}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn details(event: &Event) -> String {
+    match event {
+        Event::Create {
+            policy_digest,
+            layers_active,
+            layers_inactive,
+        } => {
+            let mut s = format!(
+                "policy {policy_digest}; active: {}",
+                layers_active.join(",")
+            );
+            if !layers_inactive.is_empty() {
+                let _ = write!(s, "; INACTIVE: {}", layers_inactive.join(","));
+            }
+            s
+        }
+        Event::Exec {
+            argv,
+            env_keys,
+            cwd,
+            uid,
+            tool_call_id,
+        } => {
+            let mut s = format!("uid {uid} cwd {cwd:?} $ {}", quote_args(argv));
+            if !env_keys.is_empty() {
+                let _ = write!(s, "  [env: {}]", env_keys.join(","));
+            }
+            if let Some(t) = tool_call_id {
+                let _ = write!(s, "  [tool call {t}]");
+            }
+            s
+        }
+        Event::Exit {
+            status,
+            oom,
+            tool_call_id,
+        } => {
+            let mut s = match status {
+                ExitStatus::Code(c) => format!("exit code {c}"),
+                ExitStatus::Signal(n) => format!("killed by signal {n}"),
+            };
+            if *oom {
+                s.push_str(" (OOM)");
+            }
+            if let Some(t) = tool_call_id {
+                let _ = write!(s, "  [tool call {t}]");
+            }
+            s
+        }
+        Event::Net {
+            verdict,
+            rule,
+            host,
+            port,
+            bytes_up,
+            bytes_down,
+            duration_ms,
+        } => {
+            let v = match verdict {
+                Verdict::Allow => "ALLOW",
+                Verdict::Deny => "DENY",
+            };
+            format!(
+                "{v} {host}:{port} by {rule}; up {bytes_up} B, down {bytes_down} B, {duration_ms} ms"
+            )
+        }
+        Event::SyscallDenied {
+            syscall,
+            nr,
+            pid,
+            comm,
+        } => format!("{syscall} (nr {nr}) by pid {pid} ({comm})"),
+        Event::FsDenied {
+            path,
+            access,
+            pid,
+            comm,
+        } => {
+            let mut s = format!("{access} {path:?}");
+            if let Some(p) = pid {
+                let _ = write!(s, " by pid {p}");
+            }
+            if let Some(c) = comm {
+                let _ = write!(s, " ({c})");
+            }
+            s
+        }
+        Event::FilesChanged {
+            added,
+            modified,
+            deleted,
+            opaque_dirs,
+            paths,
+            truncated,
+        } => {
+            let mut s = format!(
+                "{added} added, {modified} modified, {deleted} deleted, {opaque_dirs} opaque dirs"
+            );
+            if !paths.is_empty() {
+                let _ = write!(s, ": {}", paths.join(", "));
+            }
+            if *truncated {
+                s.push_str(", …");
+            }
+            s
+        }
+        Event::Delete {} => "sandbox deleted".to_owned(),
+        Event::LayerInactive { layer, reason } => format!("{layer}: {reason}"),
+    }
+}
