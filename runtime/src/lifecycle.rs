@@ -294,9 +294,11 @@ impl Runtime {
         crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
         mounts::bind_readonly(&rootfs_src, &record.rootfs_mount)?;
         enforce::apply_runtime_facts(&mut spec, &record.rootfs_mount)?;
-        if rootless {
-            crate::sandbox::rootless_cgroups(&mut spec, id)?;
-        }
+        let rootless_limits = if rootless {
+            crate::sandbox::rootless_cgroups(&mut spec, id)?
+        } else {
+            None
+        };
         enforce::verify(&spec)?;
 
         let bundle = sandbox_dir.join("bundle");
@@ -332,6 +334,12 @@ impl Runtime {
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
         agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
+        if let Some(res) = &rootless_limits {
+            crate::sandbox::apply_v1_limits(&spec, id, res)?;
+            if let Some(linux) = spec.linux_mut().as_mut() {
+                linux.set_resources(Some(res.clone()));
+            }
+        }
         if prepared
             .plan
             .apply

@@ -401,7 +401,10 @@ fn host_uid_of_self() -> Option<u32> {
 
 /// In a rootless user namespace on cgroup v1 only a delegated cgroup is
 /// writable: put the sandbox under the runtime's own memory cgroup.
-pub fn rootless_cgroups(spec: &mut Spec, id: &ContainerId) -> Result<(), SandboxError> {
+pub fn rootless_cgroups(
+    spec: &mut Spec,
+    id: &ContainerId,
+) -> Result<Option<libcontainer::oci_spec::runtime::LinuxResources>, SandboxError> {
     let current = current_v1_cgroup("memory").ok_or(SandboxError::Cgroup {
         detail: "cannot find the runtime's memory cgroup in /proc/self/cgroup".into(),
     })?;
@@ -421,8 +424,22 @@ pub fn rootless_cgroups(spec: &mut Spec, id: &ContainerId) -> Result<(), Sandbox
         linux.set_cgroups_path(Some(
             PathBuf::from(&current).join(format!("agent-sandbox-{id}")),
         ));
+        // v1 device rules need CAP_SYS_ADMIN in the host namespace, which a
+        // rootless runtime never has, and libcontainer writes them whenever it
+        // applies resources. So the resources are taken out here and the runtime
+        // writes the limits itself after create (`apply_v1_limits`), before the
+        // workload starts. Device access stays bounded: the sandbox's /dev holds
+        // only the policy's bind-mounted nodes and a user namespace cannot mknod.
+        let taken = linux.resources_mut().take();
+        if taken.as_ref().is_some_and(|r| r.devices().is_some()) {
+            tracing::warn!(
+                layer = "cgroups",
+                "device cgroup rules not applied: rootless on cgroup v1"
+            );
+        }
+        return Ok(taken);
     }
-    Ok(())
+    Ok(None)
 }
 
 fn current_v1_cgroup(controller: &str) -> Option<String> {
@@ -507,4 +524,53 @@ impl Prepared {
             .as_ref()
             .and_then(|a| a.get("io.agent.sandbox.profile").cloned())
     }
+}
+
+/// Writes the memory, pids and cpu limits of `res` into the container's v1
+/// cgroup (rootless path: the runtime owns the delegated cgroup).
+pub fn apply_v1_limits(
+    spec: &Spec,
+    id: &ContainerId,
+    res: &libcontainer::oci_spec::runtime::LinuxResources,
+) -> Result<(), SandboxError> {
+    let Some(linux) = spec.linux().as_ref() else {
+        return Ok(());
+    };
+    let rel = libcontainer::utils::get_cgroup_path(linux.cgroups_path(), id.as_str());
+    let rel = rel.to_string_lossy().trim_start_matches('/').to_owned();
+    let write = |ctrl: &str, file: &str, value: String| -> Result<(), SandboxError> {
+        let path = Path::new("/sys/fs/cgroup").join(ctrl).join(&rel).join(file);
+        std::fs::write(&path, &value).map_err(|e| SandboxError::Cgroup {
+            detail: format!("cannot write {value} to {}: {e}", path.display()),
+        })
+    };
+    if let Some(mem) = res.memory().as_ref()
+        && let Some(limit) = mem.limit()
+        && limit > 0
+    {
+        write("memory", "memory.limit_in_bytes", limit.to_string())?;
+    }
+    if let Some(pids) = res.pids().as_ref()
+        && pids.limit() > 0
+    {
+        write("pids", "pids.max", pids.limit().to_string())?;
+    }
+    if let Some(cpu) = res.cpu().as_ref() {
+        if let Some(p) = cpu.period()
+            && p > 0
+        {
+            write("cpu", "cpu.cfs_period_us", p.to_string())?;
+        }
+        if let Some(q) = cpu.quota()
+            && q > 0
+        {
+            write("cpu", "cpu.cfs_quota_us", q.to_string())?;
+        }
+        if let Some(sh) = cpu.shares()
+            && sh > 0
+        {
+            write("cpu", "cpu.shares", sh.to_string())?;
+        }
+    }
+    Ok(())
 }
