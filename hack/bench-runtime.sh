@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Start-latency benchmark of agent-sandbox against crun and runc, interleaved in one
+# run so that machine drift cancels (see docs/benchmarks.md):
+#   1. the runtime alone: create + start + wait + delete of /bin/true from a busybox
+#      bundle, each runtime with its own --root;
+#   2. podman run --rm --network none localhost/agent-sandbox/busybox:latest true,
+#      with --runtime agent-sandbox, crun and runc.
+# Prints medians, p90 and ratios, and writes JSON (default target/bench/runtime.json).
+#
+# Usage: hack/bench-runtime.sh [--rounds N] [--podman-rounds N] [--sections runtime,podman]
+#                              [--agent-sandbox PATH] [--out FILE] [--max-seconds S]
+# Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_MAX_SECONDS (300),
+# AGENT_SANDBOX_BIN (default /usr/local/bin/agent-sandbox).
+#
+# Installs from Debian only what is missing. The agent-sandbox rows need the
+# runtime installed (hack/setup.sh); without it they say so and the others run.
+# The timing loop is hack/bench/bench.py (stdlib Python) rather than hyperfine:
+# hyperfine runs one command to the end before the next, and cannot alternate
+# runtimes round by round or time the phases of one lifecycle.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ $(id -u) != 0 ]]; then
+    echo "bench-runtime.sh: run as root (the runtimes need it)" >&2
+    exit 1
+fi
+
+# package -> a file it installs
+declare -A packages=(
+    [runc]=/usr/sbin/runc
+    [crun]=/usr/bin/crun
+    [busybox-static]=/bin/busybox
+    [podman]=/usr/bin/podman
+    [python3]=/usr/bin/python3
+)
+missing=()
+for pkg in "${!packages[@]}"; do
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    if [[ $status != "install ok installed" || ! -x ${packages[$pkg]} ]]; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]})); then
+    echo "bench-runtime.sh: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get -o DPkg::Lock::Timeout=900 update -qq
+    apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The podman rows use the locally built image; load it from the archive that
+# hack/images.sh leaves behind if podman's store lacks it.
+image=localhost/agent-sandbox/busybox:latest
+archive=/var/cache/agent-sandbox/images/busybox.tar
+if ! podman image exists "$image" && [[ -f $archive ]]; then
+    echo "bench-runtime.sh: loading $archive into podman" >&2
+    podman load --quiet -i "$archive" >/dev/null
+fi
+if ! grep -qs '^default_ulimits' /etc/containers/containers.conf; then
+    echo "bench-runtime.sh: warning: /etc/containers/containers.conf has no default_ulimits;" \
+        "podman runs fail on this machine until hack/podman.sh has run" >&2
+fi
+
+exec /usr/bin/python3 hack/bench/bench.py "$@"

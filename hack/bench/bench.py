@@ -1,0 +1,699 @@
+#!/usr/bin/env python3
+"""Interleaved start-latency benchmark: agent-sandbox against crun and runc.
+
+Run through hack/bench-runtime.sh, which installs the packages this needs. Only the
+Python standard library is used, so the system python3 runs it.
+
+Method. A *section* is a set of *cases* measured against each other (for example
+"runtime lifecycle": agent-sandbox, crun, runc). Each round runs every case of the
+section once, in an order rotated by one every round; so every case sees the same
+machine drift, and no case always runs first or last. Each sample is the wall time
+of one whole operation on a monotonic clock; the runtime cases also record the time
+of each phase (create, start, wait, delete), which is where profiling starts when a
+figure misses its target. Warm-up iterations run first and are not recorded; a
+case that fails there (or later) is reported as failed with the runtime's own error
+text, and never gets a number.
+
+The cgroup view. This machine's cgroups are hybrid: v1 controllers under
+/sys/fs/cgroup/<ctrl> and a cgroup2 tree at /sys/fs/cgroup/unified holding only
+hugetlb. crun 1.8 refuses that layout ("cgroups in hybrid mode not supported"),
+even with --cgroup-manager=disabled. So crun runs in a private mount namespace in
+which the cgroup2 mount is detached (the "v1" view: the same v1 controllers, no
+unified tree; the host is not changed). The harness enters that namespace with
+setns(2) before it starts the timer, so crun pays no extra process. runc runs in
+both views, interleaved, as a control that shows what the view itself costs.
+
+Adding a section for issue 8 (ctr, CRI, proxy, density): write a Case subclass
+whose run_once() returns a Sample, and a function that builds the Section; list it
+in SECTIONS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import platform
+import select
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# --- Linux primitives (ctypes; Python 3.11 has no os.setns) -------------------------
+
+CLONE_NEWNS = 0x00020000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def set_child_subreaper(on: bool) -> None:
+    """Makes orphaned descendants (container inits) our children, so we reap them.
+
+    PID 1 on this machine is not a reaping init, and a container init whose runtime
+    has exited would otherwise stay a zombie.
+    """
+    _check(_libc.prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def reap_children() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+class Views:
+    """The mount namespaces the cases run in: "host" and, on hybrid cgroups, "v1"."""
+
+    def __init__(self, hybrid: bool) -> None:
+        self.fds = {"host": os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)}
+        self.current = "host"
+        if hybrid:
+            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+            _check(_libc.umount2(b"/sys/fs/cgroup/unified", MNT_DETACH), "umount /sys/fs/cgroup/unified")
+            self.fds["v1"] = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            self.enter("host")
+
+    def enter(self, view: str) -> None:
+        if view != self.current:
+            _check(_libc.setns(self.fds[view], CLONE_NEWNS), f"setns({view})")
+            os.chdir("/")
+            self.current = view
+
+
+# --- machine description -------------------------------------------------------------
+
+
+def read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def cgroup_layout() -> dict:
+    mounts = [line.split() for line in read("/proc/self/mounts").splitlines()]
+    v1 = sorted(
+        opt
+        for m in mounts
+        if m[2] == "cgroup"
+        for opt in m[3].split(",")
+        if opt not in ("rw", "ro", "relatime", "nosuid", "nodev", "noexec")
+    )
+    v2 = [m[1] for m in mounts if m[2] == "cgroup2"]
+    unified_controllers = read(f"{v2[0]}/cgroup.controllers").split() if v2 else []
+    if v1 and v2:
+        layout = "hybrid"
+    elif v2:
+        layout = "unified (v2)"
+    else:
+        layout = "legacy (v1)"
+    return {"layout": layout, "v1_controllers": v1, "cgroup2_mounts": v2, "cgroup2_controllers": unified_controllers}
+
+
+def first_line(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unavailable ({e})"
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else f"unavailable (exit {out.returncode})"
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines() if line.startswith("model name")), "")
+    mem_kib = next((int(line.split()[1]) for line in read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), 0)
+    os_name = next((line.split("=", 1)[1].strip('"') for line in read("/etc/os-release").splitlines() if line.startswith("PRETTY_NAME=")), "")
+    return {
+        "os": os_name,
+        "kernel": platform.release(),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory_mib": mem_kib // 1024,
+        "cgroups": cgroup_layout(),
+        "systemd": Path("/run/systemd/system").is_dir(),
+        "loadavg": read("/proc/loadavg").split()[:3],
+    }
+
+
+# --- samples and statistics ----------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    total_ns: int
+    phases_ns: dict[str, int] = field(default_factory=dict)
+
+
+class CaseFailed(Exception):
+    pass
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(values_ms: list[float]) -> dict:
+    s = sorted(values_ms)
+    return {
+        "n": len(s),
+        "median": round(statistics.median(s), 3),
+        "p90": round(percentile(s, 0.9), 3),
+        "min": round(s[0], 3),
+        "max": round(s[-1], 3),
+        "mean": round(statistics.fmean(s), 3),
+    }
+
+
+# --- cases -----------------------------------------------------------------------------
+
+
+class Case:
+    """One thing measured. Subclasses set name/view and implement run_once()."""
+
+    name = ""
+    view = "host"
+    reference = False  # shown for context, not a competitor (e.g. the harness floor)
+
+    def __init__(self) -> None:
+        self.status = "ok"
+        self.error = ""
+        self.samples: list[Sample | None] = []  # index = round; None = did not run
+
+    def unavailable(self) -> str:
+        """A reason this case cannot run at all here, or ""."""
+        return ""
+
+    def run_once(self, tag: str) -> Sample:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        pass
+
+
+class CommandRunner:
+    """Runs commands with stdin/stdout on /dev/null and stderr in a file.
+
+    stderr goes to a file, not a pipe: the container init inherits the runtime's
+    stdio, and a pipe would stay open until the container exits.
+    """
+
+    def __init__(self, workdir: Path, name: str, timeout: float) -> None:
+        self.err = open(workdir / f"{name}.stderr", "w+b")  # noqa: SIM115 (closed at exit)
+        self.timeout = timeout
+
+    def __call__(self, argv: list[str]) -> None:
+        self.err.seek(0)
+        self.err.truncate()
+        try:
+            rc = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err, timeout=self.timeout, check=False
+            ).returncode
+        except subprocess.TimeoutExpired as e:
+            raise CaseFailed(f"`{' '.join(argv)}` did not finish within {self.timeout:.0f} s") from e
+        except OSError as e:
+            raise CaseFailed(f"`{argv[0]}`: {e}") from e
+        if rc != 0:
+            self.err.seek(0)
+            text = self.err.read().decode(errors="replace").strip()
+            raise CaseFailed(f"`{' '.join(argv)}` exited {rc}: {text[-600:] or '(no stderr)'}")
+
+
+class LifecycleCase(Case):
+    """create --pid-file, start, wait for the init to exit (pidfd), delete."""
+
+    def __init__(self, name: str, binary: str | None, view: str, bundle: Path, workdir: Path, global_args: list[str] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.binary = binary
+        self.view = view
+        self.bundle = bundle
+        slug = name.replace(" ", "-").replace("(", "").replace(")", "")
+        self.root = workdir / f"root-{slug}"
+        self.pidfile = workdir / f"{slug}.pid"
+        self.global_args = [*(global_args or []), "--root", str(self.root)]
+        self.run = CommandRunner(workdir, slug, timeout=30)
+        self.last_id = ""
+
+    def unavailable(self) -> str:
+        if not self.binary:
+            return "binary not found"
+        if not os.access(self.binary, os.X_OK):
+            return f"{self.binary} is not installed"
+        return ""
+
+    def cmd(self, *args: str) -> list[str]:
+        return [self.binary, *self.global_args, *args]
+
+    def run_once(self, tag: str) -> Sample:
+        cid = f"bench-{os.getpid()}-{tag}"
+        self.last_id = cid
+        self.pidfile.unlink(missing_ok=True)
+        t0 = time.perf_counter_ns()
+        self.run(self.cmd("create", "--bundle", str(self.bundle), "--pid-file", str(self.pidfile), cid))
+        t1 = time.perf_counter_ns()
+        try:
+            pid = int(self.pidfile.read_text().strip())
+            pidfd = os.pidfd_open(pid)
+        except (OSError, ValueError) as e:
+            raise CaseFailed(f"create succeeded but the pid file {self.pidfile} is unusable: {e}") from e
+        try:
+            self.run(self.cmd("start", cid))
+            t2 = time.perf_counter_ns()
+            if not select.select([pidfd], [], [], 30)[0]:
+                raise CaseFailed(f"the container's /bin/true (pid {pid}) did not exit within 30 s of start")
+            t3 = time.perf_counter_ns()
+        finally:
+            os.close(pidfd)
+        self.run(self.cmd("delete", cid))
+        t4 = time.perf_counter_ns()
+        reap_children()
+        self.last_id = ""
+        return Sample(t4 - t0, {"create": t1 - t0, "start": t2 - t1, "wait": t3 - t2, "delete": t4 - t3})
+
+    def cleanup(self) -> None:
+        if self.last_id and self.binary:
+            subprocess.run(self.cmd("delete", "--force", self.last_id), capture_output=True, timeout=30, check=False)
+            self.last_id = ""
+        reap_children()
+
+
+class FloorCase(Case):
+    """What the harness itself costs: three fork+exec of /bin/true (as for create, start, delete)."""
+
+    reference = True
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__()
+        self.name = "harness floor"
+        self.run = CommandRunner(workdir, "floor", timeout=10)
+
+    def run_once(self, tag: str) -> Sample:
+        t0 = time.perf_counter_ns()
+        for _ in range(3):
+            self.run(["/bin/true"])
+        return Sample(time.perf_counter_ns() - t0)
+
+
+class PodmanCase(Case):
+    """podman run --rm --network none IMAGE true, with --runtime PATH."""
+
+    def __init__(self, name: str, runtime: str | None, view: str, image: str, workdir: Path) -> None:
+        super().__init__()
+        self.name = name
+        self.runtime = runtime
+        self.view = view
+        self.image = image
+        slug = "podman-" + name.replace(" ", "-").replace("(", "").replace(")", "")
+        self.run = CommandRunner(workdir, slug, timeout=120)
+        self.last_name = ""
+
+    def unavailable(self) -> str:
+        if not shutil.which("podman"):
+            return "podman is not installed"
+        if not self.runtime:
+            return "runtime binary not found"
+        if not os.access(self.runtime, os.X_OK):
+            return f"{self.runtime} is not installed"
+        if subprocess.run(["podman", "image", "exists", self.image], capture_output=True, timeout=60, check=False).returncode != 0:
+            return f"image {self.image} is not in podman's store (hack/setup.sh builds and loads it)"
+        return ""
+
+    def run_once(self, tag: str) -> Sample:
+        cname = f"bench-{os.getpid()}-{tag}"
+        self.last_name = cname
+        t0 = time.perf_counter_ns()
+        self.run(["podman", "run", "--rm", "--network", "none", "--runtime", self.runtime, "--name", cname, self.image, "true"])
+        t1 = time.perf_counter_ns()
+        self.last_name = ""
+        reap_children()
+        return Sample(t1 - t0)
+
+    def cleanup(self) -> None:
+        if self.last_name:
+            subprocess.run(["podman", "rm", "--force", "--ignore", self.last_name], capture_output=True, timeout=60, check=False)
+            self.last_name = ""
+        reap_children()
+
+
+# --- sections --------------------------------------------------------------------------
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    cases: list[Case]
+    rounds: int
+    warmup: int
+    subreaper: bool
+    # (numerator, denominator) case names whose ratio is reported
+    ratios: list[tuple[str, str]]
+    # (case, reference, max ratio, text): a target from the issues
+    target: tuple[str, str, float, str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def make_bundle(workdir: Path, busybox: str, runc: str | None) -> Path:
+    """A busybox rootfs and the config.json of `runc spec`, adjusted: no terminal, /bin/true."""
+    bundle = workdir / "bundle"
+    (bundle / "rootfs" / "bin").mkdir(parents=True)
+    shutil.copy2(busybox, bundle / "rootfs" / "bin" / "busybox")
+    for applet in ("true", "sh"):
+        (bundle / "rootfs" / "bin" / applet).symlink_to("busybox")
+    # The mount points of the spec exist, as in any image: runc and crun would make
+    # them on first use (changing the shared bundle), a runtime that maps root to an
+    # unprivileged id cannot.
+    for d in ("proc", "dev", "sys", "tmp", "etc"):
+        (bundle / "rootfs" / d).mkdir(mode=0o755)
+    (bundle / "rootfs" / "tmp").chmod(0o1777)
+    if not runc:
+        raise SystemExit("bench: runc is needed to generate config.json (`runc spec`)")
+    subprocess.run([runc, "spec"], cwd=bundle, check=True)
+    config = json.loads((bundle / "config.json").read_text())
+    config["process"]["terminal"] = False
+    config["process"]["args"] = ["/bin/true"]
+    (bundle / "config.json").write_text(json.dumps(config, indent=2))
+    # A runtime that maps the container's root to an unprivileged host id must be
+    # able to traverse the bundle; tempfile makes the work dir 0700.
+    for p in (workdir, bundle, bundle / "rootfs", bundle / "rootfs" / "bin", *(bundle / "rootfs" / d for d in ("proc", "dev", "sys", "etc"))):
+        p.chmod(0o755)
+    return bundle
+
+
+def which(name: str) -> str | None:
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin")
+
+
+def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
+    bundle = make_bundle(workdir, args.busybox, which("runc"))
+    crun_view = "v1" if hybrid else "host"
+    cases: list[Case] = [
+        LifecycleCase("agent-sandbox", args.agent_sandbox, "host", bundle, workdir),
+        LifecycleCase("crun", which("crun"), crun_view, bundle, workdir),
+        LifecycleCase("runc", which("runc"), "host", bundle, workdir),
+    ]
+    notes = []
+    if hybrid:
+        cases.append(LifecycleCase("runc (v1 view)", which("runc"), "v1", bundle, workdir))
+        notes.append("crun runs in the v1 view (cgroup2 mount detached in a private mount namespace): crun 1.8 refuses hybrid cgroups")
+    cases.append(FloorCase(workdir))
+    return Section(
+        key="runtime",
+        title="runtime lifecycle: create + start + wait + delete of /bin/true (busybox bundle, runc spec config)",
+        cases=cases,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        subreaper=True,
+        ratios=[("agent-sandbox", "crun"), ("agent-sandbox", "runc"), ("crun", "runc")],
+        target=("agent-sandbox", "crun", 1.0, "issue 3: agent-sandbox not slower than crun"),
+        notes=notes,
+    )
+
+
+def section_podman(args, workdir: Path, hybrid: bool) -> Section:
+    crun_view = "v1" if hybrid else "host"
+    cases: list[Case] = [
+        PodmanCase("agent-sandbox", args.agent_sandbox, "host", args.image, workdir),
+        PodmanCase("crun", which("crun"), crun_view, args.image, workdir),
+        PodmanCase("runc", which("runc"), "host", args.image, workdir),
+    ]
+    notes = []
+    if hybrid:
+        cases.append(PodmanCase("runc (v1 view)", which("runc"), "v1", args.image, workdir))
+        notes.append("podman --runtime crun runs in the v1 view: crun 1.8 refuses hybrid cgroups")
+    return Section(
+        key="podman",
+        title=f"podman run --rm --network none {args.image} true",
+        cases=cases,
+        rounds=args.podman_rounds,
+        warmup=args.warmup,
+        subreaper=False,  # conmon daemonizes; let it go to init as podman expects
+        ratios=[("agent-sandbox", "crun"), ("agent-sandbox", "runc"), ("crun", "runc")],
+        notes=notes,
+    )
+
+
+SECTIONS = {"runtime": section_runtime, "podman": section_podman}
+
+
+# --- running -----------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def run_section(section: Section, views: Views, deadline: float) -> None:
+    set_child_subreaper(section.subreaper)
+    active = []
+    for case in section.cases:
+        if case.view not in views.fds:
+            case.status, case.error = "missing", f"view {case.view} is not available"
+            continue
+        reason = case.unavailable()
+        if reason:
+            case.status, case.error = "missing", reason
+            log(f"{section.key}/{case.name}: not measured: {reason}")
+            continue
+        views.enter(case.view)
+        try:
+            for i in range(section.warmup):
+                case.run_once(f"{section.key}-w{i}")
+            active.append(case)
+        except CaseFailed as e:
+            case.status, case.error = "failed", f"warm-up failed: {e}"
+            log(f"{section.key}/{case.name}: {case.error}")
+            case.cleanup()
+        finally:
+            views.enter("host")
+    for case in section.cases:
+        case.samples = [None] * section.rounds
+    for r in range(section.rounds):
+        if time.monotonic() > deadline:
+            log(f"{section.key}: time budget spent after {r} rounds")
+            break
+        running = [c for c in active if c.status == "ok"]
+        if not running:
+            break
+        shift = r % len(running)
+        for case in running[shift:] + running[:shift]:
+            views.enter(case.view)
+            try:
+                case.samples[r] = case.run_once(f"{section.key}-{r}")
+            except CaseFailed as e:
+                case.status, case.error = "failed", f"round {r + 1}: {e}"
+                log(f"{section.key}/{case.name}: {case.error}")
+                case.cleanup()
+            finally:
+                views.enter("host")
+        if (r + 1) % 10 == 0:
+            log(f"{section.key}: {r + 1}/{section.rounds} rounds")
+    for case in section.cases:
+        case.cleanup()
+    set_child_subreaper(False)
+
+
+def ms(ns: int) -> float:
+    return ns / 1e6
+
+
+def section_result(section: Section) -> dict:
+    rows = []
+    by_name = {}
+    for case in section.cases:
+        got = [s for s in case.samples if s is not None]
+        row = {"name": case.name, "view": case.view, "status": case.status, "reference": case.reference}
+        if case.error:
+            row["error"] = case.error
+        if case.status == "ok" and got:
+            row["stats_ms"] = summarize([ms(s.total_ns) for s in got])
+            phases = sorted({p for s in got for p in s.phases_ns})
+            if phases:
+                row["phase_median_ms"] = {p: round(statistics.median(ms(s.phases_ns[p]) for s in got), 3) for p in phases}
+            row["samples_ms"] = [None if s is None else round(ms(s.total_ns), 3) for s in case.samples]
+        elif case.status == "ok":
+            row["status"] = "failed"
+            row["error"] = "no samples"
+        rows.append(row)
+        by_name[case.name] = (row, case)
+    ratios = []
+    for num, den in section.ratios:
+        a, b = by_name.get(num), by_name.get(den)
+        entry = {"numerator": num, "denominator": den}
+        if not (a and b and "stats_ms" in a[0] and "stats_ms" in b[0]):
+            missing = [n for n, x in ((num, a), (den, b)) if not (x and "stats_ms" in x[0])]
+            entry["status"] = f"pending: no figure for {', '.join(missing)}"
+        else:
+            entry["status"] = "ok"
+            entry["ratio_of_medians"] = round(a[0]["stats_ms"]["median"] / b[0]["stats_ms"]["median"], 3)
+            paired = [
+                x.total_ns / y.total_ns for x, y in zip(a[1].samples, b[1].samples, strict=True) if x is not None and y is not None
+            ]
+            entry["paired_rounds"] = len(paired)
+            if paired:
+                entry["median_of_round_ratios"] = round(statistics.median(paired), 3)
+        ratios.append(entry)
+    out = {"title": section.title, "rounds": section.rounds, "warmup": section.warmup, "unit": "ms", "rows": rows, "ratios": ratios, "notes": section.notes}
+    if section.target:
+        num, den, limit, text = section.target
+        r = next((x for x in ratios if x["numerator"] == num and x["denominator"] == den), None)
+        if r and r["status"] == "ok":
+            value = r.get("median_of_round_ratios", r["ratio_of_medians"])
+            verdict = "met" if value <= limit else "missed"
+        else:
+            value, verdict = None, "pending"
+        out["target"] = {"text": text, "limit_ratio": limit, "ratio": value, "verdict": verdict}
+    return out
+
+
+def print_section(res: dict) -> None:
+    print(f"\n{res['title']}")
+    print(f"  {res['rounds']} rounds, interleaved (order rotated each round), {res['warmup']} warm-up runs per case not counted")
+    phases = sorted({p for row in res["rows"] for p in row.get("phase_median_ms", {})}, key=["create", "start", "wait", "delete"].index)
+    head = f"  {'case':<16} {'view':<5} {'median':>9} {'p90':>9} {'min':>9} {'n':>4}"
+    if phases:
+        head += "   median per phase: " + " ".join(f"{p:>7}" for p in phases)
+    print(head)
+    for row in res["rows"]:
+        name = row["name"] + (" *" if row["reference"] else "")
+        if "stats_ms" in row:
+            s = row["stats_ms"]
+            line = f"  {name:<16} {row['view']:<5} {s['median']:>6.2f} ms {s['p90']:>6.2f} ms {s['min']:>6.2f} ms {s['n']:>4}"
+            if phases:
+                pm = row.get("phase_median_ms", {})
+                line += "                      " + " ".join(f"{pm[p]:>7.2f}" if p in pm else f"{'':>7}" for p in phases)
+            print(line)
+        else:
+            label = "NOT MEASURED" if row["status"] == "missing" else "FAILED"
+            print(f"  {name:<16} {row['view']:<5} {label}: {row.get('error', '')}")
+    for r in res["ratios"]:
+        label = f"{r['numerator']} / {r['denominator']}"
+        if r["status"] == "ok":
+            paired = r.get("median_of_round_ratios")
+            extra = f"   (median of per-round ratios {paired:.2f}, {r['paired_rounds']} rounds)" if paired is not None else ""
+            print(f"  ratio {label:<26} {r['ratio_of_medians']:.2f}{extra}")
+        else:
+            print(f"  ratio {label:<26} {r['status']}")
+    if "target" in res:
+        t = res["target"]
+        value = f" (ratio {t['ratio']:.2f})" if t["ratio"] is not None else ""
+        print(f"  target: {t['text']}: {t['verdict'].upper()}{value}")
+    for note in res["notes"]:
+        print(f"  note: {note}")
+    if any(row["reference"] for row in res["rows"]):
+        print("  * reference row: the harness's own cost of spawning three processes, included in every row above")
+
+
+def versions(args) -> dict:
+    def ver(binary: str | None) -> str:
+        return first_line([binary, "--version"]) if binary and os.access(binary, os.X_OK) else "not installed"
+
+    repo = Path(__file__).resolve().parents[2]
+    commit = first_line(["git", "-C", str(repo), "rev-parse", "HEAD"])
+    return {
+        "agent-sandbox": ver(args.agent_sandbox),
+        "agent-sandbox_path": args.agent_sandbox,
+        "crun": ver(which("crun")),
+        "runc": ver(which("runc")),
+        "podman": ver(which("podman")),
+        "conmon": ver(which("conmon")),
+        "busybox": first_line([args.busybox]) if os.access(args.busybox, os.X_OK) else "not installed",
+        "git_commit": commit,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", default="runtime,podman", help="comma-separated: " + ", ".join(SECTIONS))
+    p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 30)), help="rounds of the runtime section (env BENCH_ROUNDS)")
+    p.add_argument(
+        "--podman-rounds", type=int, default=int(os.environ.get("BENCH_PODMAN_ROUNDS", 0)) or None, help="rounds of the podman section (default: --rounds)"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="unrecorded runs per case before measuring")
+    p.add_argument("--max-seconds", type=float, default=float(os.environ.get("BENCH_MAX_SECONDS", 300)), help="stop starting new rounds after this long")
+    p.add_argument("--agent-sandbox", default=os.environ.get("AGENT_SANDBOX_BIN", "/usr/local/bin/agent-sandbox"), help="runtime under test (env AGENT_SANDBOX_BIN)")
+    p.add_argument("--image", default="localhost/agent-sandbox/busybox:latest")
+    p.add_argument("--busybox", default="/bin/busybox", help="static busybox for the bundle's rootfs")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "target" / "bench" / "runtime.json"))
+    args = p.parse_args()
+    if args.podman_rounds is None:
+        args.podman_rounds = args.rounds
+    if args.rounds < 1 or args.podman_rounds < 1:
+        p.error("--rounds and --podman-rounds must be at least 1")
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    if os.geteuid() != 0:
+        p.error("run as root (runtimes and mount namespaces need it)")
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    mach = machine()
+    cg = mach["cgroups"]
+    hybrid = cg["layout"] == "hybrid" and bool(cg["cgroup2_controllers"]) and "/sys/fs/cgroup/unified" in cg["cgroup2_mounts"]
+    views = Views(hybrid)
+    deadline = time.monotonic() + args.max_seconds
+    result = {
+        "schema": "agent-sandbox-bench/1",
+        "started": started.isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "machine": mach,
+        "versions": versions(args),
+        "views": {"host": "the host's mount namespace", **({"v1": "private mount namespace with /sys/fs/cgroup/unified detached"} if hybrid else {})},
+        "sections": {},
+    }
+    print(
+        f"machine: {mach['os']}, kernel {mach['kernel']}, {mach['nproc']} CPUs ({mach['cpu']}), {mach['memory_mib']} MiB, "
+        f"load {' '.join(mach['loadavg'])}, cgroups {cg['layout']} (v1: {' '.join(cg['v1_controllers'])}; cgroup2 controllers: {' '.join(cg['cgroup2_controllers']) or 'none'})"
+    )
+    for k in ("agent-sandbox", "crun", "runc", "podman"):
+        print(f"{k}: {result['versions'][k]}")
+    with tempfile.TemporaryDirectory(prefix="agent-sandbox-bench.") as tmp:
+        workdir = Path(tmp)
+        for key in wanted:
+            section = SECTIONS[key](args, workdir, hybrid)
+            log(f"{key}: {section.rounds} rounds of {len(section.cases)} cases")
+            run_section(section, views, deadline)
+            res = section_result(section)
+            result["sections"][key] = res
+            print_section(res)
+    result["loadavg_at_end"] = read("/proc/loadavg").split()[:3]
+    result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nload average at end: {' '.join(result['loadavg_at_end'])}")
+    print(f"result: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
