@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -616,11 +617,20 @@ def versions(args) -> dict:
     def ver(binary: str | None) -> str:
         return first_line([binary, "--version"]) if binary and os.access(binary, os.X_OK) else "not installed"
 
+    def identity(binary: str) -> dict:
+        try:
+            data = Path(binary).read_bytes()
+            mtime = datetime.datetime.fromtimestamp(Path(binary).stat().st_mtime, datetime.timezone.utc)
+        except OSError:
+            return {}
+        return {"sha256": hashlib.sha256(data).hexdigest(), "modified": mtime.isoformat(timespec="seconds")}
+
     repo = Path(__file__).resolve().parents[2]
     commit = first_line(["git", "-C", str(repo), "rev-parse", "HEAD"])
     return {
         "agent-sandbox": ver(args.agent_sandbox),
         "agent-sandbox_path": args.agent_sandbox,
+        "agent-sandbox_binary": identity(args.agent_sandbox),
         "crun": ver(which("crun")),
         "runc": ver(which("runc")),
         "podman": ver(which("podman")),
