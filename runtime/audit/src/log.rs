@@ -387,9 +387,9 @@ impl AuditLog {
     /// Appends one record and fsyncs it; returns the record as written.
     ///
     /// Under an exclusive flock: reads the last line (refusing a torn or invalid one), builds
-    /// the record with `seq = last + 1` and `prev = sha256(last line)`, writes it with one
-    /// `write(2)` on the O_APPEND descriptor, then `fdatasync`. A failed or short write is
-    /// rolled back (`ftruncate` to the old length) and returned as [`AuditError::Write`].
+    /// the record with `seq = last + 1` and `prev = sha256(last line)`, writes it with
+    /// `write(2)` on the O_APPEND descriptor, then `fdatasync`. A failed write is rolled back
+    /// (`ftruncate` to the old length) and returned as [`AuditError::Write`].
     pub fn append(&self, event: &Event) -> Result<Record, AuditError> {
         check_event(event)?;
         let kind = event.kind();
@@ -470,22 +470,11 @@ impl AuditLog {
         })
     }
 
-    /// One write(2); anything short of the whole line is rolled back.
+    /// Writes the line with `write(2)` on the O_APPEND descriptor: one call, unless the kernel
+    /// writes short, when the rest follows under the same lock (so the real errno, e.g.
+    /// ENOSPC, is what the caller sees). Any failure is rolled back to `old_len`.
     fn write_line(&self, line: &[u8], old_len: u64, kind: &'static str) -> Result<(), AuditError> {
-        let result = loop {
-            match (&self.file).write(line) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Ok(n) if n == line.len() => break Ok(()),
-                Ok(n) => {
-                    break Err(io::Error::new(
-                        io::ErrorKind::WriteZero,
-                        format!("short write: {n} of {} bytes", line.len()),
-                    ));
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        if let Err(source) = result {
+        if let Err(source) = (&self.file).write_all(line) {
             if let Err(e) = self.file.set_len(old_len) {
                 return Err(AuditError::Rollback {
                     path: self.path.clone(),

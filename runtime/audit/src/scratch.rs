@@ -858,3 +858,110 @@ fn export_tar(
     file.sync_all().map_err(tar_err)?;
     Ok(sum)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory swapped for a symlink between the diff and the copy (a still-running
+    /// sandbox can do that) must not let the export read what the link points to.
+    #[test]
+    fn export_refuses_a_directory_swapped_for_a_symlink_after_the_diff()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path().join("upper");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(upper.join("newdir"))?;
+        std::fs::write(upper.join("newdir/f"), "agent output")?;
+        std::fs::create_dir(&outside)?;
+        std::fs::write(outside.join("f"), "host secret")?;
+        let changes = diff(&upper, None)?;
+        assert_eq!(changes.len(), 2);
+
+        std::fs::remove_dir_all(upper.join("newdir"))?;
+        std::os::unix::fs::symlink(&outside, upper.join("newdir"))?;
+        // A path-based copy follows the link and picks up the host file.
+        assert_eq!(
+            std::fs::read_to_string(upper.join("newdir/f"))?,
+            "host secret"
+        );
+
+        let upper_fd = open_root(&upper, OFlags::RDONLY)?;
+        let dest = dir.path().join("export");
+        let err = export_dir(&changes, &upper_fd, &upper, &dest).err();
+        let Some(ScratchError::Io { source, .. }) = &err else {
+            return Err(format!("expected an I/O refusal, got {err:?}").into());
+        };
+        assert_eq!(source.raw_os_error(), Some(libc::ENOTDIR), "{source}");
+        assert!(!dest.join("newdir/f").exists());
+
+        let tar_path = dir.path().join("x.tar");
+        assert!(export_tar(&changes, &upper_fd, &upper, &tar_path).is_err());
+        let tar_bytes = std::fs::read(&tar_path).unwrap_or_default();
+        assert!(!String::from_utf8_lossy(&tar_bytes).contains("host secret"));
+        Ok(())
+    }
+
+    #[test]
+    fn xattr_whiteouts_and_opaque_markers_made_by_hand_are_understood()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let (upper, lower) = (dir.path().join("upper"), dir.path().join("lower"));
+        std::fs::create_dir_all(upper.join("o"))?;
+        std::fs::create_dir_all(lower.join("o"))?;
+        std::fs::write(lower.join("gone"), "12345")?;
+        std::fs::write(lower.join("empty-but-real"), "x")?;
+        std::fs::write(upper.join("gone"), "")?;
+        std::fs::write(upper.join("empty-but-real"), "")?;
+        let flags = rustix::fs::XattrFlags::empty();
+        rustix::fs::lsetxattr(
+            upper.join("gone").as_path(),
+            "user.overlay.whiteout",
+            b"",
+            flags,
+        )?;
+        rustix::fs::lsetxattr(
+            upper.join("o").as_path(),
+            "user.overlay.opaque",
+            b"y",
+            flags,
+        )?;
+        let got: Vec<_> = diff(&upper, Some(&lower))?
+            .into_iter()
+            .map(|c| {
+                (
+                    c.path.to_string_lossy().into_owned(),
+                    c.kind,
+                    c.file_type,
+                    c.size,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "empty-but-real".to_owned(),
+                    ChangeKind::Modified,
+                    FileKind::File,
+                    0
+                ),
+                ("gone".to_owned(), ChangeKind::Deleted, FileKind::File, 5),
+                ("o".to_owned(), ChangeKind::OpaqueDir, FileKind::Dir, 0),
+            ]
+        );
+        // "x" marks a directory holding xattr whiteouts, not an opaque one.
+        rustix::fs::lsetxattr(
+            upper.join("o").as_path(),
+            "user.overlay.opaque",
+            b"x",
+            flags,
+        )?;
+        assert!(
+            diff(&upper, Some(&lower))?
+                .iter()
+                .all(|c| c.kind != ChangeKind::OpaqueDir)
+        );
+        Ok(())
+    }
+}

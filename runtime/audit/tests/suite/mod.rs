@@ -1,0 +1,3 @@
+mod log;
+mod mounts;
+mod scratch;
