@@ -39,6 +39,7 @@ import os
 import platform
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -474,6 +475,23 @@ def log(msg: str) -> None:
 
 def run_section(section: Section, views: Views, deadline: float) -> None:
     set_child_subreaper(section.subreaper)
+    for case in section.cases:
+        case.samples = [None] * section.rounds
+    try:
+        active = warm_up(section, views)
+        run_rounds(section, active, views, deadline)
+    finally:
+        # Also on Ctrl-C: leave no container behind, each removed from its own view.
+        for case in section.cases:
+            if case.view in views.fds:
+                views.enter(case.view)
+                case.cleanup()
+        views.enter("host")
+        set_child_subreaper(False)
+
+
+def warm_up(section: Section, views: Views) -> list[Case]:
+    """Runs each case `warmup` times unrecorded; returns the cases that work."""
     active = []
     for case in section.cases:
         if case.view not in views.fds:
@@ -495,8 +513,10 @@ def run_section(section: Section, views: Views, deadline: float) -> None:
             case.cleanup()
         finally:
             views.enter("host")
-    for case in section.cases:
-        case.samples = [None] * section.rounds
+    return active
+
+
+def run_rounds(section: Section, active: list[Case], views: Views, deadline: float) -> None:
     for r in range(section.rounds):
         if time.monotonic() > deadline:
             log(f"{section.key}: time budget spent after {r} rounds")
@@ -517,9 +537,6 @@ def run_section(section: Section, views: Views, deadline: float) -> None:
                 views.enter("host")
         if (r + 1) % 10 == 0:
             log(f"{section.key}: {r + 1}/{section.rounds} rounds")
-    for case in section.cases:
-        case.cleanup()
-    set_child_subreaper(False)
 
 
 def ms(ns: int) -> float:
@@ -705,5 +722,17 @@ def main() -> int:
     return 0
 
 
+def interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # SIGTERM and SIGINT (even when started in the background, where SIGINT is ignored)
+    # unwind through the cleanup: no container, mount or state directory left behind.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); containers removed, no result written")
+        sys.exit(130)
