@@ -7,8 +7,8 @@ pub mod scratch;
 pub mod timeline;
 
 pub use log::{
-    AuditError, AuditLog, Broken, TornTail, VerifyReport, genesis, read_records, repair_torn_tail,
-    verify,
+    Anchor, Appended, AuditError, AuditLog, Broken, TornTail, VerifyReport, genesis, read_records,
+    repair_torn_tail, verify, verify_with_anchor,
 };
 pub use record::{Event, ExitStatus, Record, Verdict};
 pub use scratch::{

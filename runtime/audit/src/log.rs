@@ -1,7 +1,7 @@
 //! The append-only, hash-chained audit log: writer, reader and verifier.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, BufRead as _, Read as _, Write as _};
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
@@ -210,6 +210,22 @@ pub enum Broken {
         /// Length of the fragment.
         bytes: u64,
     },
+    /// The anchored line no longer hashes to the anchored head: the chain was rewritten.
+    #[error("chain rewritten: line hashes to {found}, anchor says {expected}")]
+    AnchorMismatch {
+        /// Anchored head.
+        expected: String,
+        /// Hash of the line now.
+        found: String,
+    },
+    /// The log ends before the anchored line: records were cut off the end.
+    #[error("records cut off: anchor is at line {anchored}, the log has {found}")]
+    Truncated {
+        /// Anchored line.
+        anchored: u64,
+        /// Lines present.
+        found: u64,
+    },
 }
 
 /// The result of a successful [`verify`].
@@ -316,6 +332,15 @@ fn split_hash(line: &[u8]) -> Result<(Vec<u8>, &str), String> {
     Ok((hashed, stored))
 }
 
+/// What [`AuditLog::append`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The record as written.
+    pub record: Record,
+    /// The chain's new end; keep it outside the log to detect later truncation.
+    pub anchor: Anchor,
+}
+
 /// A writer for one sandbox's log. Several processes may hold one for the same file: each
 /// append takes an exclusive `flock` for read-last-line + write + fsync.
 #[derive(Debug)]
@@ -384,13 +409,13 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one record and fsyncs it; returns the record as written.
+    /// Appends one record and fsyncs it; returns the record and the new [`Anchor`].
     ///
     /// Under an exclusive flock: reads the last line (refusing a torn or invalid one), builds
     /// the record with `seq = last + 1` and `prev = sha256(last line)`, writes it with
     /// `write(2)` on the O_APPEND descriptor, then `fdatasync`. A failed write is rolled back
     /// (`ftruncate` to the old length) and returned as [`AuditError::Write`].
-    pub fn append(&self, event: &Event) -> Result<Record, AuditError> {
+    pub fn append(&self, event: &Event) -> Result<Appended, AuditError> {
         check_event(event)?;
         let kind = event.kind();
         rustix::fs::flock(&self.file, FlockOperation::LockExclusive).map_err(|e| {
@@ -459,14 +484,21 @@ impl AuditLog {
             source,
         })?;
         tracing::debug!(path = %self.path.display(), seq, kind, "audit record appended");
-        Ok(Record {
-            v: FORMAT_VERSION,
-            seq,
-            time,
-            sandbox: self.sandbox.clone(),
-            event: event.clone(),
-            prev,
-            hash,
+        let written = line.strip_suffix(b"\n").unwrap_or(&line);
+        Ok(Appended {
+            anchor: Anchor {
+                seq,
+                head: sha256_hex(written),
+            },
+            record: Record {
+                v: FORMAT_VERSION,
+                seq,
+                time,
+                sandbox: self.sandbox.clone(),
+                event: event.clone(),
+                prev,
+                hash,
+            },
         })
     }
 
@@ -557,40 +589,126 @@ fn read_all(path: &Path) -> Result<Vec<u8>, AuditError> {
     Ok(data)
 }
 
+/// One line as the streaming reader sees it.
+enum Line {
+    /// A newline-terminated line (newline removed).
+    Complete(Vec<u8>),
+    /// The file ends with this many bytes and no newline.
+    Torn(u64),
+    /// A line longer than [`MAX_LINE`].
+    TooLong,
+}
+
+/// Reads the log line by line without holding more than one line (at most [`MAX_LINE`]).
+struct Lines {
+    reader: io::BufReader<File>,
+    path: PathBuf,
+}
+
+impl Lines {
+    fn open(path: &Path) -> Result<Self, AuditError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|source| AuditError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Lines {
+            reader: io::BufReader::new(file),
+            path: path.to_owned(),
+        })
+    }
+
+    fn next_line(&mut self) -> Result<Option<Line>, AuditError> {
+        let mut buf = Vec::new();
+        let n = (&mut self.reader)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| AuditError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+            return Ok(Some(Line::Complete(buf)));
+        }
+        if buf.len() > MAX_LINE {
+            return Ok(Some(Line::TooLong));
+        }
+        Ok(Some(Line::Torn(buf.len() as u64)))
+    }
+}
+
+/// A point of the chain kept outside the log (e.g. in the sandbox state): line `seq` of the
+/// log must still hash to `head`. It catches cutting records off the end and rewriting the
+/// chain from an earlier line, which a keyless chain alone cannot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Anchor {
+    /// Line number (= seq) of the anchored record; 0 anchors the empty log.
+    pub seq: u64,
+    /// sha256 (hex) of that line's bytes without the newline.
+    pub head: String,
+}
+
+impl VerifyReport {
+    /// The anchor for the log's current end.
+    pub fn anchor(&self) -> Anchor {
+        Anchor {
+            seq: self.records,
+            head: self.head.clone(),
+        }
+    }
+}
+
 /// Checks every line of the log at `path`: its own hash, `seq` equal to the line number,
 /// `prev` equal to the hash of the line before (genesis for line 1), one sandbox id, and a
-/// final newline. Returns the first break as [`AuditError::Broken`].
+/// final newline. Returns the first break as [`AuditError::Broken`]. The file is streamed.
 ///
 /// A keyless chain proves the log is internally consistent. Cutting records off the end, or
-/// rewriting the tail with recomputed hashes, is only detectable against a head value kept
-/// elsewhere ([`VerifyReport::head`]).
+/// rewriting the tail with recomputed hashes, is only detectable against an [`Anchor`] kept
+/// elsewhere: see [`verify_with_anchor`].
 pub fn verify(path: &Path) -> Result<VerifyReport, AuditError> {
-    let data = read_all(path)?;
+    verify_inner(path, None)
+}
+
+/// [`verify`], and also require that line `anchor.seq` still hashes to `anchor.head`
+/// ([`Broken::AnchorMismatch`] or [`Broken::Truncated`] otherwise).
+pub fn verify_with_anchor(path: &Path, anchor: &Anchor) -> Result<VerifyReport, AuditError> {
+    verify_inner(path, Some(anchor))
+}
+
+fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, AuditError> {
     let broken = |line: u64, problem| AuditError::Broken {
         path: path.to_owned(),
         line,
         verified: line - 1,
         problem,
     };
+    let mut lines = Lines::open(path)?;
     let mut expected_prev: Option<String> = None;
     let mut sandbox: Option<String> = None;
     let mut n: u64 = 0;
-    let mut rest: &[u8] = &data;
-    while !rest.is_empty() {
+    while let Some(line) = lines.next_line()? {
         let line_no = n + 1;
-        let Some(end) = rest.iter().position(|&b| b == b'\n') else {
-            return Err(broken(
-                line_no,
-                Broken::TornLine {
-                    bytes: rest.len() as u64,
-                },
-            ));
+        let line = match line {
+            Line::Complete(l) => l,
+            Line::Torn(bytes) => return Err(broken(line_no, Broken::TornLine { bytes })),
+            Line::TooLong => {
+                return Err(broken(
+                    line_no,
+                    Broken::Malformed {
+                        reason: format!("line longer than {MAX_LINE} bytes"),
+                    },
+                ));
+            }
         };
-        let line = &rest[..end];
-        rest = &rest[end + 1..];
-
         let (hashed, stored) =
-            split_hash(line).map_err(|reason| broken(line_no, Broken::Malformed { reason }))?;
+            split_hash(&line).map_err(|reason| broken(line_no, Broken::Malformed { reason }))?;
         let computed = sha256_hex(&hashed);
         if computed != stored {
             return Err(broken(
@@ -601,7 +719,7 @@ pub fn verify(path: &Path) -> Result<VerifyReport, AuditError> {
                 },
             ));
         }
-        let rec: Record = serde_json::from_slice(line).map_err(|e| {
+        let rec: Record = serde_json::from_slice(&line).map_err(|e| {
             broken(
                 line_no,
                 Broken::Malformed {
@@ -648,8 +766,32 @@ pub fn verify(path: &Path) -> Result<VerifyReport, AuditError> {
                 },
             ));
         }
-        expected_prev = Some(sha256_hex(line));
+        let line_hash = sha256_hex(&line);
+        if let Some(a) = anchor
+            && a.seq == line_no
+            && a.head != line_hash
+        {
+            return Err(broken(
+                line_no,
+                Broken::AnchorMismatch {
+                    expected: a.head.clone(),
+                    found: line_hash,
+                },
+            ));
+        }
+        expected_prev = Some(line_hash);
         n = line_no;
+    }
+    if let Some(a) = anchor
+        && a.seq > n
+    {
+        return Err(broken(
+            n + 1,
+            Broken::Truncated {
+                anchored: a.seq,
+                found: n,
+            },
+        ));
     }
     let head = match (expected_prev, &sandbox) {
         (Some(h), _) => h,
@@ -662,21 +804,24 @@ pub fn verify(path: &Path) -> Result<VerifyReport, AuditError> {
 /// Parses every complete line of the log (no chain checks: use [`verify`] for that). A torn
 /// last line is ignored; a malformed complete line is an error.
 pub fn read_records(path: &Path) -> Result<Vec<Record>, AuditError> {
-    let data = read_all(path)?;
+    let mut lines = Lines::open(path)?;
     let mut out = Vec::new();
-    for (i, line) in data.split_inclusive(|&b| b == b'\n').enumerate() {
-        let Some(line) = line.strip_suffix(b"\n") else {
-            break;
-        };
-        let rec = serde_json::from_slice(line).map_err(|e| AuditError::Broken {
+    let mut line_no = 0u64;
+    while let Some(line) = lines.next_line()? {
+        line_no += 1;
+        let malformed = |reason: String| AuditError::Broken {
             path: path.to_owned(),
-            line: i as u64 + 1,
+            line: line_no,
             verified: 0,
-            problem: Broken::Malformed {
-                reason: e.to_string(),
-            },
-        })?;
-        out.push(rec);
+            problem: Broken::Malformed { reason },
+        };
+        match line {
+            Line::Complete(l) => {
+                out.push(serde_json::from_slice(&l).map_err(|e| malformed(e.to_string()))?);
+            }
+            Line::Torn(_) => break,
+            Line::TooLong => return Err(malformed(format!("line longer than {MAX_LINE} bytes"))),
+        }
     }
     Ok(out)
 }

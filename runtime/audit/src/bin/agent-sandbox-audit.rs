@@ -32,7 +32,12 @@ enum Cmd {
         count: u64,
     },
     /// Check the hash chain; exit 1 naming the first broken line
-    Verify { log: PathBuf },
+    Verify {
+        log: PathBuf,
+        /// Also require line SEQ to hash to HEAD (an anchor kept outside the log), as SEQ:HEAD
+        #[arg(long)]
+        anchor: Option<String>,
+    },
     /// Print a readable timeline, or the raw JSON lines with --json
     Show {
         log: PathBuf,
@@ -80,8 +85,18 @@ fn run(cli: Cli) -> Result<()> {
                 w.append(&event)?;
             }
         }
-        Cmd::Verify { log } => {
-            let r = agent_sandbox_audit::verify(&log)?;
+        Cmd::Verify { log, anchor } => {
+            let r = match anchor {
+                None => agent_sandbox_audit::verify(&log)?,
+                Some(a) => {
+                    let (seq, head) = a.split_once(':').context("--anchor must be SEQ:HEAD")?;
+                    let anchor = agent_sandbox_audit::Anchor {
+                        seq: seq.parse().context("--anchor SEQ must be a number")?,
+                        head: head.to_owned(),
+                    };
+                    agent_sandbox_audit::verify_with_anchor(&log, &anchor)?
+                }
+            };
             println!("ok: {} records, head {}", r.records, r.head);
         }
         Cmd::Show { log, json } => {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox_audit::{
     AuditError, AuditLog, Broken, Event, ExitStatus, Record, Verdict, genesis, read_records,
-    render_timeline, repair_torn_tail, verify,
+    render_timeline, repair_torn_tail, verify, verify_with_anchor,
 };
 use anyhow::{Result, bail};
 use sha2::{Digest as _, Sha256};
@@ -66,7 +66,7 @@ fn sample(i: u64) -> Event {
 
 fn write_log(path: &Path, sandbox: &str, n: u64) -> Result<Vec<Record>> {
     let log = AuditLog::open(path, sandbox)?;
-    (0..n).map(|i| Ok(log.append(&sample(i))?)).collect()
+    (0..n).map(|i| Ok(log.append(&sample(i))?.record)).collect()
 }
 
 fn lines(path: &Path) -> Result<Vec<String>> {
@@ -589,5 +589,59 @@ fn timeline_has_one_readable_line_per_record() -> Result<()> {
         .args(["verify", &path.to_string_lossy()])
         .output()?;
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("ok: 6 records"));
+    Ok(())
+}
+
+#[test]
+fn anchor_catches_cut_tail_and_rewritten_chain_that_plain_verify_accepts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("a.jsonl");
+    let log = AuditLog::open(&path, "sb")?;
+    let mut anchors = Vec::new();
+    for i in 0..8 {
+        anchors.push(log.append(&sample(i))?.anchor);
+    }
+    assert_eq!(verify(&path)?.anchor(), anchors[7]);
+    // The log may grow past an anchor.
+    verify_with_anchor(&path, &anchors[4])?;
+    let genuine = lines(&path)?;
+
+    // Cut the last two records: the chain alone still verifies, the anchor does not.
+    write_lines(&path, &genuine[..6])?;
+    assert_eq!(verify(&path)?.records, 6);
+    match verify_with_anchor(&path, &anchors[7]) {
+        Err(AuditError::Broken {
+            line: 7,
+            problem:
+                Broken::Truncated {
+                    anchored: 8,
+                    found: 6,
+                },
+            ..
+        }) => {}
+        other => bail!("expected Truncated, got {other:?}"),
+    }
+
+    // Rewrite from line 5 with a recomputed chain: consistent, but not the anchored line 5.
+    let mut ls = genuine[..4].to_vec();
+    let exit = "\"kind\":\"exit\",\"data\":{\"status\":{\"code\":0},\"oom\":false}";
+    ls.push(forge(5, "sb", &sha_hex(ls[3].as_bytes()), exit));
+    write_lines(&path, &ls)?;
+    assert_eq!(verify(&path)?.records, 5);
+    match verify_with_anchor(&path, &anchors[4]) {
+        Err(AuditError::Broken {
+            line: 5,
+            problem: Broken::AnchorMismatch { .. },
+            ..
+        }) => {}
+        other => bail!("expected AnchorMismatch, got {other:?}"),
+    }
+    // The CLI takes the anchor as SEQ:HEAD.
+    let out = Command::new(CLI)
+        .args(["verify", &path.to_string_lossy(), "--anchor"])
+        .arg(format!("{}:{}", anchors[4].seq, anchors[4].head))
+        .output()?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 5: chain rewritten"));
     Ok(())
 }
