@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import select
 import shutil
 import signal
@@ -166,6 +167,15 @@ def machine() -> dict:
 class Sample:
     total_ns: int
     phases_ns: dict[str, int] = field(default_factory=dict)
+    # CPU time (user + system) of every process the operation ran, where all of them
+    # are reaped by the harness; None where some escape (podman's conmon daemonizes).
+    cpu_ns: int | None = None
+
+
+def children_cpu_ns() -> int:
+    """User + system time of all reaped descendants so far (the kernel's precise runtime)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round((ru.ru_utime + ru.ru_stime) * 1e9)
 
 
 class CaseFailed(Exception):
@@ -278,6 +288,8 @@ class LifecycleCase(Case):
         cid = f"bench-{os.getpid()}-{tag}"
         self.last_id = cid
         self.pidfile.unlink(missing_ok=True)
+        reap_children()
+        c0 = children_cpu_ns()
         t0 = time.perf_counter_ns()
         self.run(self.cmd("create", "--bundle", str(self.bundle), "--pid-file", str(self.pidfile), cid))
         t1 = time.perf_counter_ns()
@@ -298,7 +310,8 @@ class LifecycleCase(Case):
         t4 = time.perf_counter_ns()
         reap_children()
         self.last_id = ""
-        return Sample(t4 - t0, {"create": t1 - t0, "start": t2 - t1, "wait": t3 - t2, "delete": t4 - t3})
+        phases = {"create": t1 - t0, "start": t2 - t1, "wait": t3 - t2, "delete": t4 - t3}
+        return Sample(t4 - t0, phases, children_cpu_ns() - c0)
 
     def cleanup(self) -> None:
         if self.last_id and self.binary:
@@ -318,10 +331,11 @@ class FloorCase(Case):
         self.run = CommandRunner(workdir, "floor", timeout=10)
 
     def run_once(self, tag: str) -> Sample:
+        c0 = children_cpu_ns()
         t0 = time.perf_counter_ns()
         for _ in range(3):
             self.run(["/bin/true"])
-        return Sample(time.perf_counter_ns() - t0)
+        return Sample(time.perf_counter_ns() - t0, cpu_ns=children_cpu_ns() - c0)
 
 
 class PodmanCase(Case):
@@ -553,6 +567,8 @@ def section_result(section: Section) -> dict:
             row["error"] = case.error
         if case.status == "ok" and got:
             row["stats_ms"] = summarize([ms(s.total_ns) for s in got])
+            if all(s.cpu_ns is not None for s in got):
+                row["cpu_stats_ms"] = summarize([ms(s.cpu_ns) for s in got])
             phases = sorted({p for s in got for p in s.phases_ns})
             if phases:
                 row["phase_median_ms"] = {p: round(statistics.median(ms(s.phases_ns[p]) for s in got), 3) for p in phases}
@@ -578,6 +594,8 @@ def section_result(section: Section) -> dict:
             entry["paired_rounds"] = len(paired)
             if paired:
                 entry["median_of_round_ratios"] = round(statistics.median(paired), 3)
+            if "cpu_stats_ms" in a[0] and "cpu_stats_ms" in b[0] and b[0]["cpu_stats_ms"]["median"] > 0:
+                entry["cpu_ratio_of_medians"] = round(a[0]["cpu_stats_ms"]["median"] / b[0]["cpu_stats_ms"]["median"], 3)
         ratios.append(entry)
     out = {"title": section.title, "rounds": section.rounds, "warmup": section.warmup, "unit": "ms", "rows": rows, "ratios": ratios, "notes": section.notes}
     if section.target:
@@ -595,37 +613,48 @@ def section_result(section: Section) -> dict:
 def print_section(res: dict) -> None:
     print(f"\n{res['title']}")
     print(f"  {res['rounds']} rounds, interleaved (order rotated each round), {res['warmup']} warm-up runs per case not counted")
-    phases = sorted({p for row in res["rows"] for p in row.get("phase_median_ms", {})}, key=["create", "start", "wait", "delete"].index)
-    head = f"  {'case':<16} {'view':<5} {'median':>9} {'p90':>9} {'min':>9} {'n':>4}"
+    order = ["create", "start", "wait", "delete"]
+    phases = sorted({p for row in res["rows"] for p in row.get("phase_median_ms", {})}, key=order.index)
+    cpu = any("cpu_stats_ms" in row for row in res["rows"])
+    head = f"  {'case':<17} {'view':<5} {'median':>9} {'p90':>9} {'min':>9} {'n':>4}"
+    if cpu:
+        head += f" {'cpu med':>9}"
     if phases:
-        head += "   median per phase: " + " ".join(f"{p:>7}" for p in phases)
+        head += "  | phase medians: " + " ".join(f"{p:>6}" for p in phases)
     print(head)
     for row in res["rows"]:
         name = row["name"] + (" *" if row["reference"] else "")
-        if "stats_ms" in row:
-            s = row["stats_ms"]
-            line = f"  {name:<16} {row['view']:<5} {s['median']:>6.2f} ms {s['p90']:>6.2f} ms {s['min']:>6.2f} ms {s['n']:>4}"
-            if phases:
-                pm = row.get("phase_median_ms", {})
-                line += "                      " + " ".join(f"{pm[p]:>7.2f}" if p in pm else f"{'':>7}" for p in phases)
-            print(line)
-        else:
+        if "stats_ms" not in row:
             label = "NOT MEASURED" if row["status"] == "missing" else "FAILED"
-            print(f"  {name:<16} {row['view']:<5} {label}: {row.get('error', '')}")
+            print(f"  {name:<17} {row['view']:<5} {label}: {row.get('error', '')}")
+            continue
+        s = row["stats_ms"]
+        line = f"  {name:<17} {row['view']:<5} {s['median']:>6.2f} ms {s['p90']:>6.2f} ms {s['min']:>6.2f} ms {s['n']:>4}"
+        if cpu:
+            line += f" {row['cpu_stats_ms']['median']:>6.2f} ms" if "cpu_stats_ms" in row else f" {'':>9}"
+        if phases and "phase_median_ms" in row:
+            pm = row["phase_median_ms"]
+            line += "  |                " + " ".join(f"{pm[p]:>6.2f}" if p in pm else f"{'':>6}" for p in phases)
+        print(line)
     for r in res["ratios"]:
         label = f"{r['numerator']} / {r['denominator']}"
-        if r["status"] == "ok":
-            paired = r.get("median_of_round_ratios")
-            extra = f"   (median of per-round ratios {paired:.2f}, {r['paired_rounds']} rounds)" if paired is not None else ""
-            print(f"  ratio {label:<26} {r['ratio_of_medians']:.2f}{extra}")
-        else:
+        if r["status"] != "ok":
             print(f"  ratio {label:<26} {r['status']}")
+            continue
+        text = f"  ratio {label:<26} {r['ratio_of_medians']:.2f}"
+        if "median_of_round_ratios" in r:
+            text += f"   per-round median {r['median_of_round_ratios']:.2f} ({r['paired_rounds']} rounds)"
+        if "cpu_ratio_of_medians" in r:
+            text += f"   cpu {r['cpu_ratio_of_medians']:.2f}"
+        print(text)
     if "target" in res:
         t = res["target"]
         value = f" (ratio {t['ratio']:.2f})" if t["ratio"] is not None else ""
         print(f"  target: {t['text']}: {t['verdict'].upper()}{value}")
     for note in res["notes"]:
         print(f"  note: {note}")
+    if cpu:
+        print("  cpu: user + system time of all the processes of one run (less sensitive to load than wall time)")
     if any(row["reference"] for row in res["rows"]):
         print("  * reference row: the harness's own cost of spawning three processes, included in every row above")
 
@@ -640,7 +669,12 @@ def versions(args) -> dict:
             mtime = datetime.datetime.fromtimestamp(Path(binary).stat().st_mtime, datetime.timezone.utc)
         except OSError:
             return {}
-        return {"sha256": hashlib.sha256(data).hexdigest(), "modified": mtime.isoformat(timespec="seconds")}
+        return {
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size_bytes": len(data),
+            "modified": mtime.isoformat(timespec="seconds"),
+            "file": first_line(["file", "-b", binary]),
+        }
 
     repo = Path(__file__).resolve().parents[2]
     commit = first_line(["git", "-C", str(repo), "rev-parse", "HEAD"])
@@ -703,6 +737,11 @@ def main() -> int:
     )
     for k in ("agent-sandbox", "crun", "runc", "podman"):
         print(f"{k}: {result['versions'][k]}")
+    ident = result["versions"]["agent-sandbox_binary"]
+    if ident:
+        print(f"agent-sandbox binary: {args.agent_sandbox}, {ident['size_bytes'] / 1e6:.1f} MB, modified {ident['modified']}, sha256 {ident['sha256'][:12]}")
+        if "debug_info" in ident["file"]:
+            print("  warning: this binary carries debug info (a debug build?): its figures are not release figures")
     with tempfile.TemporaryDirectory(prefix="agent-sandbox-bench.") as tmp:
         workdir = Path(tmp)
         for key in wanted:
