@@ -85,13 +85,22 @@ fn ctr_maps_container_root_to_unprivileged_host_ids() -> anyhow::Result<()> {
 }
 
 #[test]
-fn ctr_drops_every_capability_and_sets_no_new_privs() -> anyhow::Result<()> {
-    sandbox_blocks_what_runc_allows(&[], &["cap_eff", "cap_bnd", "no_new_privs"])
+fn ctr_drops_every_capability() -> anyhow::Result<()> {
+    sandbox_blocks_what_runc_allows(&[], &["cap_eff", "cap_bnd"])
+}
+
+#[test]
+fn ctr_sets_no_new_privs_even_when_the_spec_allows_new_privileges() -> anyhow::Result<()> {
+    // containerd's default spec already sets noNewPrivileges; ask for the opposite.
+    sandbox_blocks_what_runc_allows(&["--allow-new-privs"], &["no_new_privs"])
 }
 
 #[test]
 fn ctr_privileged_request_still_gets_no_capabilities() -> anyhow::Result<()> {
-    sandbox_blocks_what_runc_allows(&["--privileged"], &["cap_eff", "cap_bnd", "no_new_privs"])
+    sandbox_blocks_what_runc_allows(
+        &["--privileged", "--allow-new-privs"],
+        &["cap_eff", "cap_bnd", "no_new_privs"],
+    )
 }
 
 #[test]
@@ -139,7 +148,7 @@ fn ctr_exec_is_sandboxed_like_the_init_process() -> anyhow::Result<()> {
     let exec_probe = |shim: Shim| -> anyhow::Result<ProbeReport> {
         let c = Container::start_detached(
             shim,
-            &[],
+            &["--allow-new-privs"],
             BUSYBOX_IMAGE,
             &unique_id("exprobe"),
             &["sleep", "300"],
@@ -230,8 +239,9 @@ fn ctr_run_with_tty_gets_a_terminal_of_the_clients_size() -> anyhow::Result<()> 
         id.as_str(),
         "sh",
         "-c",
-        "tty; stty size </dev/tty; exit 3",
+        "sleep 1; tty; stty size </dev/tty; exit 3",
     ]);
+    // ctr sends the terminal size right after Start: give the resize a moment.
     let out = run_in_pty(&format!("stty cols 123 rows 45; {}", ctr_shell(&args)))?;
     ensure!(out.code == Some(3), "expected exit code 3\n{out}");
     ensure!(
@@ -325,14 +335,23 @@ fn ctr_kill_ps_pause_and_delete_drive_the_task() -> anyhow::Result<()> {
     )?;
     let pid = c.wait_status("RUNNING", Duration::from_secs(30))?;
 
-    let ps = c.task_cmd(&["ps"], &[])?;
-    ensure!(ps.success(), "ctr task ps failed\n{ps}");
-    let pids: Vec<u32> = ps
-        .stdout
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .collect();
+    // The shell forks its two sleeps right after starting: poll until ps lists all three.
+    let mut tries = 0;
+    let (ps, pids) = loop {
+        let ps = c.task_cmd(&["ps"], &[])?;
+        ensure!(ps.success(), "ctr task ps failed\n{ps}");
+        let pids: Vec<u32> = ps
+            .stdout
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect();
+        tries += 1;
+        if pids.len() >= 3 || tries >= 50 {
+            break (ps, pids);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     ensure!(
         pids.contains(&pid) && pids.len() >= 3,
         "ps should list the shell and both sleeps\n{ps}"
