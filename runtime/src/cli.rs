@@ -100,6 +100,13 @@ pub enum Command {
         /// Built-in profile name or policy file path
         profile: PathBuf,
     },
+    /// Internal: the wall-clock watchdog that `start` spawns
+    #[command(hide = true)]
+    Watchdog {
+        #[arg(long)]
+        seconds: u64,
+        id: String,
+    },
     /// List containers
     List {
         #[arg(short, long, default_value = "table")]
@@ -340,6 +347,9 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
         }
         Command::Features => println!("{}", features_json()),
+        Command::Watchdog { seconds, id } => {
+            rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds)?
+        }
         Command::Policy {
             action: PolicyAction::Explain { profile },
         } => {

@@ -360,6 +360,14 @@ impl Runtime {
 
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
+        if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
+            && let Ok(pid) = text.trim().parse::<i32>()
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         if let Ok(c) = self.load(id) {
             let mut c = c;
             let _ = c.delete(true);
@@ -393,7 +401,73 @@ impl Runtime {
         c.start().map_err(|source| LifecycleError::Container {
             op: "start",
             source,
-        })
+        })?;
+        self.arm_wall_clock(id, &c)
+    }
+
+    /// Starts the wall-clock watchdog for the policy's `wall_clock` limit: a
+    /// detached `agent-sandbox watchdog` that SIGKILLs every process of the
+    /// sandbox when the time is up (the limit is not part of the OCI spec).
+    fn arm_wall_clock(&self, id: &ContainerId, c: &Container) -> Result<()> {
+        let dir = self.dirs.sandbox(id);
+        let ceiling = crate::sandbox::Ceiling::load_saved(&dir)?;
+        let config = c.bundle().join("config.json");
+        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let secs = policy.resources.wall_clock.get();
+        if secs == 0 {
+            return Ok(());
+        }
+        let exe = std::env::current_exe().map_err(|source| LifecycleError::Read {
+            path: PathBuf::from("/proc/self/exe"),
+            source,
+        })?;
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new(exe)
+            .arg("--root")
+            .arg(&self.dirs.root)
+            .arg("watchdog")
+            .arg("--seconds")
+            .arg(secs.to_string())
+            .arg(id.as_str())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|source| LifecycleError::Write {
+                path: PathBuf::from("watchdog"),
+                source,
+            })?;
+        let pid_file = dir.join("watchdog.pid");
+        std::fs::write(&pid_file, child.id().to_string()).map_err(|source| {
+            LifecycleError::Write {
+                path: pid_file,
+                source,
+            }
+        })?;
+        tracing::info!(id = %id, seconds = secs, "wall-clock limit armed");
+        Ok(())
+    }
+
+    /// The watchdog body: waits, then kills the sandbox if it still runs the
+    /// same init.
+    pub fn watchdog(&self, id: &ContainerId, seconds: u64) -> Result<()> {
+        let pid = self.load(id)?.pid();
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let mut c = self.load(id)?;
+        if c.pid() != pid || c.status() == ContainerStatus::Stopped {
+            return Ok(());
+        }
+        tracing::warn!(id = %id, seconds, "wall-clock limit reached: killing the sandbox");
+        c.kill(
+            libcontainer::signal::Signal::from(nix::sys::signal::Signal::SIGKILL),
+            true,
+        )
+        .map_err(|source| LifecycleError::Container { op: "kill", source })
     }
 
     /// `state`: runc's JSON.
@@ -558,13 +632,22 @@ impl Runtime {
         Ok(pids.into_iter().map(|p| p.as_raw()).collect())
     }
 
-    /// `update --resources`: applies new limits and verifies they took.
+    /// `update --resources`: applies new limits and verifies they took. The
+    /// policy stays the ceiling: a limit above it (or none) is refused.
     pub fn update(
         &self,
         id: &ContainerId,
         resources: &libcontainer::oci_spec::runtime::LinuxResources,
     ) -> Result<()> {
         let c = self.load(id)?;
+        let ceiling = crate::sandbox::Ceiling::load_saved(&self.dirs.sandbox(id))?;
+        let config = c.bundle().join("config.json");
+        let mut hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        crate::sandbox::check_update_within(resources, &policy)?;
         let cfg = c.spec().map_err(|source| LifecycleError::Container {
             op: "update",
             source,
@@ -586,7 +669,12 @@ impl Runtime {
         })
         .map_err(|e| LifecycleError::Cgroup {
             detail: e.to_string(),
-        })
+        })?;
+        if let Some(linux) = hardened.linux_mut().as_mut() {
+            linux.set_resources(Some(resources.clone()));
+        }
+        crate::sandbox::verify_cgroups(&hardened, id)?;
+        Ok(())
     }
 
     /// Ids of all containers in this state root.

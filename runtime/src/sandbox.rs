@@ -574,3 +574,67 @@ pub fn apply_v1_limits(
     }
     Ok(())
 }
+
+/// Refuses an `update` that would lift a limit above the policy or remove it.
+pub fn check_update_within(
+    res: &libcontainer::oci_spec::runtime::LinuxResources,
+    policy: &SandboxPolicy,
+) -> Result<(), SandboxError> {
+    let over = |what: &str, got: String, max: String| SandboxError::Cgroup {
+        detail: format!("update would set {what} to {got}, above the policy's {max}"),
+    };
+    let max_mem = i64::try_from(policy.resources.memory.bytes()).unwrap_or(i64::MAX);
+    if let Some(mem) = res.memory().as_ref() {
+        for (what, v) in [("memory.limit", mem.limit()), ("memory.swap", mem.swap())] {
+            if let Some(v) = v
+                && (v <= 0 || v > max_mem)
+            {
+                return Err(over(what, v.to_string(), max_mem.to_string()));
+            }
+        }
+    }
+    if let Some(pids) = res.pids().as_ref() {
+        let max = i64::from(policy.resources.pids);
+        if pids.limit() <= 0 || pids.limit() > max {
+            return Err(over(
+                "pids.limit",
+                pids.limit().to_string(),
+                max.to_string(),
+            ));
+        }
+    }
+    if let Some(cpu) = res.cpu().as_ref() {
+        if let Some(sh) = cpu.shares()
+            && sh > policy.resources.cpu_shares
+        {
+            return Err(over(
+                "cpu.shares",
+                sh.to_string(),
+                policy.resources.cpu_shares.to_string(),
+            ));
+        }
+        let quota = cpu.quota();
+        let period = cpu.period().unwrap_or(policy.resources.cpu_period_us);
+        if let Some(q) = quota {
+            // quota/period must not exceed the policy's ratio (compared crosswise).
+            let lhs = i128::from(q) * i128::from(policy.resources.cpu_period_us);
+            let rhs = i128::from(policy.resources.cpu_quota_us) * i128::from(period);
+            if q <= 0 || lhs > rhs {
+                return Err(over(
+                    "cpu quota/period",
+                    format!("{q}/{period}"),
+                    format!(
+                        "{}/{}",
+                        policy.resources.cpu_quota_us, policy.resources.cpu_period_us
+                    ),
+                ));
+            }
+        }
+    }
+    if res.devices().as_ref().is_some_and(|d| !d.is_empty()) {
+        return Err(SandboxError::Cgroup {
+            detail: "update may not change device rules".into(),
+        });
+    }
+    Ok(())
+}

@@ -355,3 +355,72 @@ fn runtime_state_reports_runc_statuses_and_unknown_ids_like_runc() -> anyhow::Re
     }
     Ok(())
 }
+
+fn wall_clock_kills_long_runner(user: User) -> anyhow::Result<()> {
+    let args = [
+        "run",
+        "--rm",
+        "--annotation",
+        "io.agent.sandbox.wall-clock=2s",
+        BUSYBOX_IMAGE,
+        "sleep",
+        "6",
+    ];
+    let ours = sandbox(user).run(&args)?;
+    if ours.code != Some(137) || ours.elapsed >= std::time::Duration::from_secs(6) {
+        bail!("expected the wall-clock limit to kill the sandbox (137) before 6 s\n{ours}");
+    }
+    let base = runc(user).run(&args)?;
+    if !base.success() {
+        bail!("runc baseline: sleep 6 should finish without a wall clock\n{base}");
+    }
+    Ok(())
+}
+
+#[test]
+fn rootful_wall_clock_limit_kills_a_sandbox_that_runc_lets_finish() -> anyhow::Result<()> {
+    wall_clock_kills_long_runner(User::Root)
+}
+
+#[test]
+fn rootless_wall_clock_limit_kills_a_sandbox_that_runc_lets_finish() -> anyhow::Result<()> {
+    wall_clock_kills_long_runner(User::Rootless)
+}
+
+#[test]
+fn rootful_update_cannot_lift_memory_above_the_policy_but_can_lower_it() -> anyhow::Result<()> {
+    let p = sandbox(User::Root);
+    let name = unique_name("upd");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    p.run_ok(&["run", "-d", "--name", &name, BUSYBOX_IMAGE, "sleep", "600"])?;
+    let id = p
+        .run_ok(&["inspect", "-f", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    let dir = tempfile::tempdir()?;
+    let res = |bytes: i64| -> anyhow::Result<harness::Output> {
+        let f = dir.path().join("res.json");
+        fs::write(&f, format!("{{\"memory\":{{\"limit\":{bytes}}}}}"))?;
+        let mut cmd = std::process::Command::new(harness::RUNTIME_BIN);
+        cmd.arg("update").arg("--resources").arg(&f).arg(&id);
+        harness::run(&mut cmd, harness::DEFAULT_TIMEOUT)
+    };
+    let wider = res(64 << 30)?;
+    if wider.success() || !wider.stderr.contains("above the policy") {
+        bail!("a 64 GiB memory limit must be refused\n{wider}");
+    }
+    let narrower = res(128 << 20)?;
+    if !narrower.success() {
+        bail!("lowering the memory limit must work\n{narrower}");
+    }
+    let file = format!("/sys/fs/cgroup/memory/libpod_parent/libpod-{id}/memory.limit_in_bytes");
+    let got = fs::read_to_string(&file).with_context(|| format!("cannot read {file}"))?;
+    if got.trim() != (128u64 << 20).to_string() {
+        bail!("memory limit after update is {got}");
+    }
+    Ok(())
+}

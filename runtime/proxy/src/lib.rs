@@ -1,2 +1,23 @@
-//! The per-sandbox egress proxy: the sandbox's only door to the network.
+#![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
+
+pub mod env;
+pub mod events;
+pub mod guard;
+mod http;
+pub mod listener;
+mod proxy;
+mod pump;
+pub mod resolve;
+pub mod rules;
+mod socks;
+
+pub use env::{NO_PROXY, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command};
+pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};
+pub use guard::{SpecialRange, classify};
+pub use http::HttpError;
+pub use listener::{ListenerError, bind_in_netns};
+pub use proxy::{DENIED_HEADER, ERROR_HEADER, Proxy, ProxyConfig, ProxyError};
+pub use resolve::{BoxFuture, Resolver, StaticResolver, SystemResolver};
+pub use rules::{EgressRules, Host, HostError, Verdict};
+pub use socks::SocksError;

@@ -1,0 +1,275 @@
+//! Compares the egress proxy with direct loopback in one interleaved run and prints ratios.
+//!
+//! `cargo run --release -p agent-sandbox-proxy --example bench [-- MEGABYTES REQUESTS ROUNDS]`
+//!
+//! - bulk: MEGABYTES (default 100) sent through a CONNECT tunnel vs directly; prints the
+//!   throughput ratio (target >= 0.9);
+//! - small: REQUESTS (default 1000) sequential one-connection HTTP GETs, absolute-form through
+//!   the proxy vs origin-form directly; prints the added time per request (target <= 0.3 ms).
+//!
+//! Rounds alternate direct and proxied so machine drift hits both alike; medians are reported.
+//! Servers live on 127.0.0.2; nothing leaves loopback.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agent_sandbox_proxy::{
+    EgressRules, Host, NullSink, Proxy, ProxyConfig, StaticResolver, Verdict,
+};
+use anyhow::{Context, Result, ensure};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const SERVER_IP: &str = "127.0.0.2";
+const IDLE_TUNNELS: usize = 400;
+
+/// The process's resident set size in KiB, from /proc/self/status.
+fn rss_kib() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS in /proc/self/status")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("malformed VmRSS line")?
+        .parse()?)
+}
+
+struct BenchRules;
+
+impl EgressRules for BenchRules {
+    fn decide(&self, host: &Host, _port: u16) -> Verdict {
+        match host {
+            Host::Domain(d) if d == "bench.test" => Verdict::allow("allow bench.test"),
+            _ => Verdict::deny("default deny"),
+        }
+    }
+
+    fn allows_special_address(&self, _host: &Host, _port: u16, addr: IpAddr) -> Option<String> {
+        (addr.to_string() == SERVER_IP).then(|| "bench server".to_owned())
+    }
+}
+
+/// Reads everything until EOF and answers with the byte count (8 bytes, big endian).
+async fn sink_server() -> Result<SocketAddr> {
+    let listener = TcpListener::bind((SERVER_IP, 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut total: u64 = 0;
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                }
+                let _ = s.write_all(&total.to_be_bytes()).await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// Holds connections open, reading into a small buffer (for the memory figure).
+async fn hold_server() -> Result<SocketAddr> {
+    let listener = TcpListener::bind((SERVER_IP, 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 256];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// Answers every request with a small fixed response and closes.
+async fn web_server() -> Result<SocketAddr> {
+    let listener = TcpListener::bind((SERVER_IP, 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 2048];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+async fn read_head(s: &mut TcpStream) -> Result<()> {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        ensure!(s.read(&mut b).await? == 1, "closed inside the head");
+        head.push(b[0]);
+    }
+    ensure!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "not 200: {}",
+        String::from_utf8_lossy(&head)
+    );
+    Ok(())
+}
+
+async fn bulk(mut s: TcpStream, bytes: u64) -> Result<Duration> {
+    let start = Instant::now();
+    let chunk = vec![0x5au8; 256 * 1024];
+    let mut sent = 0u64;
+    while sent < bytes {
+        s.write_all(&chunk).await?;
+        sent += chunk.len() as u64;
+    }
+    s.shutdown().await?;
+    let mut count = [0u8; 8];
+    s.read_exact(&mut count).await?;
+    ensure!(
+        u64::from_be_bytes(count) == sent,
+        "server counted {} of {sent}",
+        u64::from_be_bytes(count)
+    );
+    Ok(start.elapsed())
+}
+
+async fn small(connect_to: SocketAddr, request: &[u8], n: usize) -> Result<Duration> {
+    let start = Instant::now();
+    for _ in 0..n {
+        let mut s = TcpStream::connect(connect_to).await?;
+        s.set_nodelay(true)?;
+        s.write_all(request).await?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        ensure!(
+            out.ends_with(b"\r\n\r\nok"),
+            "bad answer {}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+    Ok(start.elapsed())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse()
+                .context("arguments are numbers: MEGABYTES REQUESTS ROUNDS")
+        })
+        .collect::<Result<_>>()?;
+    let megabytes = args.first().copied().unwrap_or(100);
+    let requests = usize::try_from(args.get(1).copied().unwrap_or(1000))?;
+    let rounds = args.get(2).copied().unwrap_or(3);
+    let bytes = megabytes * 1024 * 1024;
+
+    let sink = sink_server().await?;
+    let web = web_server().await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let proxy_addr = listener.local_addr()?;
+    let resolver = StaticResolver::new().with("bench.test", [SERVER_IP.parse()?]);
+    let proxy = Proxy::with_config(
+        Arc::new(BenchRules),
+        Arc::new(resolver),
+        Arc::new(NullSink),
+        ProxyConfig::default(),
+    );
+    // The proxy runs on its own thread and runtime, as it would in its own process.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::spawn(move || runtime.block_on(proxy.serve_std(listener)));
+
+    let direct_get = format!("GET /x HTTP/1.1\r\nHost: bench.test:{}\r\n\r\n", web.port());
+    let proxied_get = format!(
+        "GET http://bench.test:{0}/x HTTP/1.1\r\nHost: bench.test:{0}\r\n\r\n",
+        web.port()
+    );
+
+    let (mut bulk_direct, mut bulk_proxied, mut small_direct, mut small_proxied) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let d = bulk(TcpStream::connect(sink).await?, bytes).await?;
+        let mut tunnel = TcpStream::connect(proxy_addr).await?;
+        tunnel
+            .write_all(format!("CONNECT bench.test:{} HTTP/1.1\r\n\r\n", sink.port()).as_bytes())
+            .await?;
+        read_head(&mut tunnel).await?;
+        let p = bulk(tunnel, bytes).await?;
+        let sd = small(web, direct_get.as_bytes(), requests).await?;
+        let sp = small(proxy_addr, proxied_get.as_bytes(), requests).await?;
+        let mb = bytes as f64 / (1024.0 * 1024.0);
+        println!(
+            "round {round}: bulk direct {:.0} MB/s, proxied {:.0} MB/s; {requests} small: direct {:.3} ms/req, proxied {:.3} ms/req",
+            mb / d.as_secs_f64(),
+            mb / p.as_secs_f64(),
+            sd.as_secs_f64() * 1000.0 / requests as f64,
+            sp.as_secs_f64() * 1000.0 / requests as f64,
+        );
+        bulk_direct.push(mb / d.as_secs_f64());
+        bulk_proxied.push(mb / p.as_secs_f64());
+        small_direct.push(sd.as_secs_f64() * 1000.0 / requests as f64);
+        small_proxied.push(sp.as_secs_f64() * 1000.0 / requests as f64);
+    }
+    // Memory: many open, mostly idle tunnels (each has carried one small message).
+    let hold = hold_server().await?;
+    let rss_before = rss_kib()?;
+    let mut tunnels = Vec::new();
+    for _ in 0..IDLE_TUNNELS {
+        let mut tunnel = TcpStream::connect(proxy_addr).await?;
+        tunnel
+            .write_all(format!("CONNECT bench.test:{} HTTP/1.1\r\n\r\n", hold.port()).as_bytes())
+            .await?;
+        read_head(&mut tunnel).await?;
+        tunnel.write_all(b"ping").await?;
+        tunnels.push(tunnel);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_after = rss_kib()?;
+    println!(
+        "memory: {IDLE_TUNNELS} open tunnels add {} KiB RSS ({:.1} KiB each, test client and server included)",
+        rss_after.saturating_sub(rss_before),
+        rss_after.saturating_sub(rss_before) as f64 / IDLE_TUNNELS as f64
+    );
+    drop(tunnels);
+
+    let ratio = median(bulk_proxied) / median(bulk_direct);
+    let added = median(small_proxied) - median(small_direct);
+    println!(
+        "bulk throughput ratio (proxied/direct, {megabytes} MB): {ratio:.3} (target >= 0.9: {})",
+        if ratio >= 0.9 { "met" } else { "NOT met" }
+    );
+    println!(
+        "added per small request ({requests} requests): {added:.3} ms (target <= 0.3 ms: {})",
+        if added <= 0.3 { "met" } else { "NOT met" }
+    );
+    Ok(())
+}

@@ -1,0 +1,681 @@
+//! The proxy server: accepting on a given listener, telling the protocols apart, deciding,
+//! resolving once, checking the address, dialling it and relaying.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+
+use crate::events::{EgressEvent, EventSink, Outcome, Protocol, Stage};
+use crate::guard::{SpecialRange, classify};
+use crate::http::{self, HttpError, Request};
+use crate::pump::{Counters, PumpEnd, pump};
+use crate::resolve::Resolver;
+use crate::rules::{EgressRules, Host};
+use crate::socks::{self, Reply, SocksError};
+
+/// Limits and timeouts. The defaults suit one sandbox's tools.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Time a client has to finish its HTTP head or SOCKS5 handshake.
+    pub handshake_timeout: Duration,
+    /// Time the host-side name lookup may take.
+    pub resolve_timeout: Duration,
+    /// Time one TCP connect to a checked address may take.
+    pub connect_timeout: Duration,
+    /// A relayed connection with no bytes either way for this long is closed.
+    pub idle_timeout: Duration,
+    /// Connections handled at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+    /// The largest HTTP request head accepted (larger gets a 400).
+    pub max_head_bytes: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            resolve_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            max_connections: 512,
+            max_head_bytes: 32 * 1024,
+        }
+    }
+}
+
+/// Why the proxy stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// The listener handed over could not be made non-blocking or registered with tokio.
+    #[error("proxy listener cannot be used")]
+    Listener(#[source] io::Error),
+    /// `accept` failed with an error that is not transient.
+    #[error("accepting a proxy connection failed")]
+    Accept(#[source] io::Error),
+}
+
+/// A per-sandbox egress proxy. Cheap to clone; clones share rules, resolver, sink and counters.
+#[derive(Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    rules: Arc<dyn EgressRules>,
+    resolver: Arc<dyn Resolver>,
+    sink: Arc<dyn EventSink>,
+    config: ProxyConfig,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proxy {
+    /// A proxy with default limits.
+    pub fn new(
+        rules: Arc<dyn EgressRules>,
+        resolver: Arc<dyn Resolver>,
+        sink: Arc<dyn EventSink>,
+    ) -> Self {
+        Self::with_config(rules, resolver, sink, ProxyConfig::default())
+    }
+
+    /// A proxy with the given limits.
+    pub fn with_config(
+        rules: Arc<dyn EgressRules>,
+        resolver: Arc<dyn Resolver>,
+        sink: Arc<dyn EventSink>,
+        config: ProxyConfig,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                rules,
+                resolver,
+                sink,
+                config,
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Serves a listener created elsewhere (for a sandbox: bound to 127.0.0.1 inside its
+    /// network namespace). Runs until `accept` fails for good; dropping the future closes the
+    /// listener and aborts every connection it is relaying.
+    pub async fn serve_std(&self, listener: std::net::TcpListener) -> Result<(), ProxyError> {
+        listener
+            .set_nonblocking(true)
+            .map_err(ProxyError::Listener)?;
+        let listener = TcpListener::from_std(listener).map_err(ProxyError::Listener)?;
+        self.serve(listener).await
+    }
+
+    /// Serves a tokio listener; see [`Proxy::serve_std`].
+    pub async fn serve(&self, listener: TcpListener) -> Result<(), ProxyError> {
+        let slots = Arc::new(Semaphore::new(self.inner.config.max_connections.max(1)));
+        let mut tasks = JoinSet::new();
+        loop {
+            tokio::select! {
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(e) = done {
+                        tracing::error!(error = %e, "proxy connection task failed");
+                    }
+                }
+                accepted = accept(&listener, &slots) => match accepted {
+                    Ok((stream, client, permit)) => {
+                        let inner = Arc::clone(&self.inner);
+                        tasks.spawn(async move {
+                            inner.handle(stream, client).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(e) if is_transient(&e) => {
+                        tracing::warn!(error = %e, "proxy accept failed, retrying");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(ProxyError::Accept(e)),
+                },
+            }
+        }
+    }
+}
+
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> io::Result<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    let permit = Arc::clone(slots)
+        .acquire_owned()
+        .await
+        .map_err(|_| io::Error::other("connection limit semaphore closed"))?;
+    let (stream, client) = listener.accept().await?;
+    Ok((stream, client, permit))
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    use nix::errno::Errno;
+    // Out of descriptors or buffers: the listener itself is fine, retry after a pause.
+    const RESOURCE: [Errno; 4] = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM];
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::OutOfMemory
+    ) || e
+        .raw_os_error()
+        .is_some_and(|code| RESOURCE.contains(&Errno::from_raw(code)))
+}
+
+/// What is known about a connection so far, for its events.
+struct Record {
+    id: u64,
+    client: SocketAddr,
+    start: Instant,
+    protocol: Protocol,
+    host: Option<Host>,
+    port: Option<u16>,
+    rule: Option<String>,
+    address_rule: Option<String>,
+    resolved: Option<SocketAddr>,
+}
+
+/// Why `open` did not produce an upstream connection.
+enum Refusal {
+    Denied { rule: String },
+    Special { addr: IpAddr, range: SpecialRange },
+    Resolve { reason: String },
+    Upstream { reason: String, kind: io::ErrorKind },
+}
+
+impl Refusal {
+    fn outcome(&self) -> Outcome {
+        match self {
+            Self::Denied { .. } => Outcome::Denied,
+            Self::Special { addr, range } => Outcome::SpecialAddress {
+                addr: *addr,
+                range: *range,
+            },
+            Self::Resolve { reason } => Outcome::ResolveFailed {
+                reason: reason.clone(),
+            },
+            Self::Upstream { reason, .. } => Outcome::UpstreamFailed {
+                reason: reason.clone(),
+            },
+        }
+    }
+
+    fn socks_reply(&self) -> Reply {
+        match self {
+            Self::Denied { .. } | Self::Special { .. } => Reply::NotAllowed,
+            Self::Resolve { .. } => Reply::HostUnreachable,
+            Self::Upstream { kind, .. } => match kind {
+                io::ErrorKind::ConnectionRefused => Reply::ConnectionRefused,
+                io::ErrorKind::NetworkUnreachable => Reply::NetworkUnreachable,
+                io::ErrorKind::HostUnreachable | io::ErrorKind::TimedOut => Reply::HostUnreachable,
+                _ => Reply::GeneralFailure,
+            },
+        }
+    }
+
+    fn http_response(&self, host: &Host, port: u16) -> Vec<u8> {
+        match self {
+            Self::Denied { rule } => http::response(
+                403,
+                "Forbidden",
+                (DENIED_HEADER, rule),
+                &format!(
+                    "agent-sandbox: connection to {host}:{port} denied by policy rule \"{rule}\""
+                ),
+            ),
+            Self::Special { addr, range } => http::response(
+                403,
+                "Forbidden",
+                (DENIED_HEADER, &format!("{} address {addr}", range.name())),
+                &format!(
+                    "agent-sandbox: {host} resolves to {addr}, a {} address the policy does not allow",
+                    range.name()
+                ),
+            ),
+            Self::Resolve { reason } => http::response(
+                502,
+                "Bad Gateway",
+                (ERROR_HEADER, "resolve"),
+                &format!("agent-sandbox: {host} could not be resolved: {reason}"),
+            ),
+            Self::Upstream { reason, .. } => http::response(
+                502,
+                "Bad Gateway",
+                (ERROR_HEADER, "upstream"),
+                &format!("agent-sandbox: connecting to {host}:{port} failed: {reason}"),
+            ),
+        }
+    }
+}
+
+/// Header naming the rule (or refused address class) on a policy refusal.
+pub const DENIED_HEADER: &str = "X-Agent-Sandbox-Denied";
+/// Header naming the kind of failure on a 400 or 502 from the proxy itself.
+pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
+
+/// An error with its sources, for messages sent back to the client.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+impl Inner {
+    async fn handle(&self, mut stream: TcpStream, client: SocketAddr) {
+        let mut rec = Record {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            client,
+            start: Instant::now(),
+            protocol: Protocol::Unknown,
+            host: None,
+            port: None,
+            rule: None,
+            address_rule: None,
+            resolved: None,
+        };
+        let counters = Counters::new();
+        // Small requests should not wait for Nagle; failure only costs latency.
+        let _ = stream.set_nodelay(true);
+        let outcome = self.dispatch(&mut stream, &mut rec, &counters).await;
+        close_gracefully(&mut stream).await;
+        self.emit(&rec, Stage::Finished, outcome, &counters);
+    }
+
+    async fn dispatch(
+        &self,
+        stream: &mut TcpStream,
+        rec: &mut Record,
+        counters: &Counters,
+    ) -> Outcome {
+        let mut first = [0u8; 1];
+        match timeout(self.config.handshake_timeout, stream.peek(&mut first)).await {
+            Err(_) => return client_error("no request within the handshake timeout"),
+            Ok(Err(e)) => return client_error(&e.to_string()),
+            Ok(Ok(0)) => return client_error("closed before sending a request"),
+            Ok(Ok(_)) => {}
+        }
+        // One port serves both protocols: a SOCKS5 greeting starts with its version byte 0x05,
+        // an HTTP request with an ASCII method name.
+        match first[0] {
+            0x05 => self.serve_socks(stream, rec, counters).await,
+            b if b.is_ascii_alphabetic() => self.serve_http(stream, rec, counters).await,
+            other => {
+                let reason = format!(
+                    "unrecognised protocol (first byte {other:#04x}): speak HTTP proxy or SOCKS5"
+                );
+                let reply = if other == 0x04 {
+                    // A SOCKS4 client understands only a SOCKS4 rejection.
+                    vec![0x00, 0x5b, 0, 0, 0, 0, 0, 0]
+                } else {
+                    http::response(400, "Bad Request", (ERROR_HEADER, "bad-request"), &reason)
+                };
+                let _ = stream.write_all(&reply).await;
+                Outcome::BadRequest { reason }
+            }
+        }
+    }
+
+    async fn serve_http(
+        &self,
+        stream: &mut TcpStream,
+        rec: &mut Record,
+        counters: &Counters,
+    ) -> Outcome {
+        rec.protocol = Protocol::HttpForward;
+        let read = timeout(
+            self.config.handshake_timeout,
+            http::read_request(stream, self.config.max_head_bytes),
+        )
+        .await;
+        let request = match read {
+            Err(_) => {
+                let reason = "request head not complete within the handshake timeout";
+                let _ = stream
+                    .write_all(&http::response(
+                        408,
+                        "Request Timeout",
+                        (ERROR_HEADER, "timeout"),
+                        reason,
+                    ))
+                    .await;
+                return client_error(reason);
+            }
+            Ok(Err(e @ (HttpError::Truncated | HttpError::Read(_)))) => {
+                return client_error(&chain(&e));
+            }
+            Ok(Err(e)) => {
+                let reason = chain(&e);
+                let _ = stream
+                    .write_all(&http::response(
+                        400,
+                        "Bad Request",
+                        (ERROR_HEADER, "bad-request"),
+                        &format!("agent-sandbox: bad proxy request: {reason}"),
+                    ))
+                    .await;
+                if let HttpError::HostMismatch { .. } = e {
+                    tracing::warn!(connection = rec.id, %reason, "egress host header mismatch");
+                }
+                return Outcome::BadRequest { reason };
+            }
+            Ok(Ok(request)) => request,
+        };
+        let (host, port, first_bytes, is_connect) = match request {
+            Request::Connect { host, port, early } => (host, port, early, true),
+            Request::Forward { host, port, head } => (host, port, head, false),
+        };
+        if is_connect {
+            rec.protocol = Protocol::HttpConnect;
+        }
+        rec.host = Some(host.clone());
+        rec.port = Some(port);
+        let mut upstream = match self.open(&host, port, rec).await {
+            Ok(upstream) => upstream,
+            Err(refusal) => {
+                let _ = stream.write_all(&refusal.http_response(&host, port)).await;
+                return refusal.outcome();
+            }
+        };
+        if is_connect && let Err(e) = stream.write_all(http::CONNECT_OK).await {
+            return client_error(&e.to_string());
+        }
+        if !first_bytes.is_empty() {
+            if let Err(e) = upstream.write_all(&first_bytes).await {
+                return Outcome::UpstreamFailed {
+                    reason: e.to_string(),
+                };
+            }
+            counters.up.fetch_add(
+                u64::try_from(first_bytes.len()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+        }
+        self.relay(stream, upstream, rec, counters).await
+    }
+
+    async fn serve_socks(
+        &self,
+        stream: &mut TcpStream,
+        rec: &mut Record,
+        counters: &Counters,
+    ) -> Outcome {
+        rec.protocol = Protocol::Socks5;
+        let (host, port) = match timeout(self.config.handshake_timeout, socks::handshake(stream))
+            .await
+        {
+            Err(_) => {
+                return client_error("socks5 handshake not complete within the handshake timeout");
+            }
+            Ok(Err(SocksError::Io(e))) => return client_error(&e.to_string()),
+            Ok(Err(e)) => {
+                if let Some(reply) = e.reply() {
+                    let _ = socks::write_reply(stream, reply).await;
+                }
+                return Outcome::BadRequest { reason: chain(&e) };
+            }
+            Ok(Ok(target)) => target,
+        };
+        rec.host = Some(host.clone());
+        rec.port = Some(port);
+        let upstream = match self.open(&host, port, rec).await {
+            Ok(upstream) => upstream,
+            Err(refusal) => {
+                let _ = socks::write_reply(stream, refusal.socks_reply()).await;
+                return refusal.outcome();
+            }
+        };
+        if let Err(e) = socks::write_reply(stream, Reply::Succeeded).await {
+            return client_error(&e.to_string());
+        }
+        self.relay(stream, upstream, rec, counters).await
+    }
+
+    async fn relay(
+        &self,
+        stream: &mut TcpStream,
+        mut upstream: TcpStream,
+        rec: &Record,
+        counters: &Counters,
+    ) -> Outcome {
+        self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
+        match pump(stream, &mut upstream, self.config.idle_timeout, counters).await {
+            PumpEnd::Closed => {}
+            PumpEnd::Idle => tracing::debug!(connection = rec.id, "egress connection idle, closed"),
+            PumpEnd::Failed(e) => {
+                tracing::debug!(connection = rec.id, error = %e, "egress connection ended with an error");
+            }
+        }
+        Outcome::Allowed
+    }
+
+    /// Decides, resolves once, checks every address and dials the first checked one that
+    /// answers. The returned stream is connected to an address that passed the checks.
+    async fn open(&self, host: &Host, port: u16, rec: &mut Record) -> Result<TcpStream, Refusal> {
+        let verdict = self.rules.decide(host, port);
+        rec.rule = Some(verdict.rule.clone());
+        if !verdict.allowed {
+            return Err(Refusal::Denied { rule: verdict.rule });
+        }
+        let addrs = match host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Domain(name) => {
+                match timeout(self.config.resolve_timeout, self.resolver.resolve(name)).await {
+                    Err(_) => {
+                        return Err(Refusal::Resolve {
+                            reason: "lookup timed out".into(),
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        return Err(Refusal::Resolve {
+                            reason: e.to_string(),
+                        });
+                    }
+                    Ok(Ok(addrs)) if addrs.is_empty() => {
+                        return Err(Refusal::Resolve {
+                            reason: "no addresses".into(),
+                        });
+                    }
+                    Ok(Ok(addrs)) => addrs,
+                }
+            }
+        };
+
+        let mut refused: Option<(IpAddr, SpecialRange)> = None;
+        let mut checked = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            match classify(addr) {
+                None => checked.push((addr, None)),
+                Some(range) => match self.rules.allows_special_address(host, port, addr) {
+                    Some(rule) => {
+                        tracing::debug!(connection = rec.id, %addr, range = range.name(), %rule, "special address allowed by policy");
+                        checked.push((addr, Some(rule)));
+                    }
+                    None => {
+                        tracing::warn!(connection = rec.id, %host, %addr, range = range.name(), "egress address refused");
+                        refused.get_or_insert((addr, range));
+                    }
+                },
+            }
+        }
+        if checked.is_empty() {
+            let (addr, range) = refused.ok_or(Refusal::Resolve {
+                reason: "no addresses".into(),
+            })?;
+            return Err(Refusal::Special { addr, range });
+        }
+
+        let mut last = Refusal::Upstream {
+            reason: "no address answered".into(),
+            kind: io::ErrorKind::Other,
+        };
+        for (addr, address_rule) in checked {
+            let target = SocketAddr::new(addr, port);
+            // Dial the SocketAddr that was checked: no name goes to the OS again.
+            match timeout(self.config.connect_timeout, TcpStream::connect(target)).await {
+                Ok(Ok(upstream)) => {
+                    let _ = upstream.set_nodelay(true);
+                    rec.resolved = Some(target);
+                    rec.address_rule = address_rule;
+                    return Ok(upstream);
+                }
+                Ok(Err(e)) => {
+                    last = Refusal::Upstream {
+                        reason: format!("{target}: {e}"),
+                        kind: e.kind(),
+                    };
+                }
+                Err(_) => {
+                    last = Refusal::Upstream {
+                        reason: format!("{target}: connect timed out"),
+                        kind: io::ErrorKind::TimedOut,
+                    };
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn emit(&self, rec: &Record, stage: Stage, outcome: Outcome, counters: &Counters) {
+        let event = EgressEvent {
+            stage,
+            connection: rec.id,
+            client: rec.client,
+            protocol: rec.protocol,
+            host: rec.host.as_ref().map(ToString::to_string),
+            port: rec.port,
+            rule: rec.rule.clone(),
+            address_rule: rec.address_rule.clone(),
+            resolved: rec.resolved,
+            outcome,
+            bytes_up: counters.up.load(Ordering::Relaxed),
+            bytes_down: counters.down.load(Ordering::Relaxed),
+            duration: rec.start.elapsed(),
+        };
+        tracing::info!(
+            target: "agent_sandbox::egress",
+            stage = ?event.stage,
+            connection = event.connection,
+            client = %event.client,
+            protocol = ?event.protocol,
+            host = event.host.as_deref().unwrap_or(""),
+            port = event.port.unwrap_or(0),
+            rule = event.rule.as_deref().unwrap_or(""),
+            address_rule = event.address_rule.as_deref().unwrap_or(""),
+            resolved = ?event.resolved,
+            outcome = ?event.outcome,
+            bytes_up = event.bytes_up,
+            bytes_down = event.bytes_down,
+            duration_ms = event.duration.as_secs_f64() * 1000.0,
+            "egress"
+        );
+        self.sink.record(&event);
+    }
+}
+
+/// Closes our sending half, then reads and discards what the client still sends (bounded in
+/// time and bytes), so that a refusal written just before is not lost to a TCP reset caused by
+/// unread request bytes.
+async fn close_gracefully(stream: &mut TcpStream) {
+    const DRAIN_LIMIT: usize = 256 * 1024;
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut scratch = [0u8; 4096];
+        let mut total = 0usize;
+        while total < DRAIN_LIMIT {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = timeout(Duration::from_millis(500), drain).await;
+}
+
+fn client_error(reason: &str) -> Outcome {
+    Outcome::ClientError {
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_errors_that_keep_the_listener_are_transient() {
+        for code in [
+            libc_code(nix::errno::Errno::EMFILE),
+            libc_code(nix::errno::Errno::ENFILE),
+        ] {
+            assert!(is_transient(&io::Error::from_raw_os_error(code)), "{code}");
+        }
+        assert!(is_transient(&io::Error::from(
+            io::ErrorKind::ConnectionAborted
+        )));
+        assert!(!is_transient(&io::Error::from_raw_os_error(libc_code(
+            nix::errno::Errno::EBADF
+        ))));
+        assert!(!is_transient(&io::Error::from_raw_os_error(libc_code(
+            nix::errno::Errno::EINVAL
+        ))));
+    }
+
+    fn libc_code(e: nix::errno::Errno) -> i32 {
+        e as i32
+    }
+
+    #[test]
+    fn refusals_map_to_socks_codes() {
+        let upstream = |kind| Refusal::Upstream {
+            reason: String::new(),
+            kind,
+        };
+        assert_eq!(
+            Refusal::Denied { rule: "r".into() }.socks_reply(),
+            Reply::NotAllowed
+        );
+        assert_eq!(
+            upstream(io::ErrorKind::ConnectionRefused).socks_reply(),
+            Reply::ConnectionRefused
+        );
+        assert_eq!(
+            upstream(io::ErrorKind::NetworkUnreachable).socks_reply(),
+            Reply::NetworkUnreachable
+        );
+        assert_eq!(
+            upstream(io::ErrorKind::TimedOut).socks_reply(),
+            Reply::HostUnreachable
+        );
+        assert_eq!(
+            Refusal::Resolve {
+                reason: String::new()
+            }
+            .socks_reply(),
+            Reply::HostUnreachable
+        );
+    }
+}
