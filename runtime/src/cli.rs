@@ -433,3 +433,97 @@ fn features_json() -> String {
     })
     .to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("agent-sandbox").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn parses_what_conmon_passes_to_create() {
+        let cli = parse(&[
+            "--log-format",
+            "json",
+            "--log",
+            "/l",
+            "--systemd-cgroup",
+            "create",
+            "--bundle",
+            "/b",
+            "--pid-file",
+            "/p",
+            "--console-socket",
+            "/s",
+            "--no-pivot",
+            "--preserve-fds",
+            "2",
+            "id1",
+        ])
+        .unwrap();
+        assert_eq!(cli.log_format, LogFormat::Json);
+        assert!(cli.systemd_cgroup);
+        let Some(Command::Create(c)) = cli.command else {
+            panic!("not create");
+        };
+        assert_eq!(c.bundle, PathBuf::from("/b"));
+        assert_eq!(c.preserve_fds, 2);
+        assert!(c.no_pivot);
+        assert_eq!(c.id, "id1");
+    }
+
+    #[test]
+    fn parses_exec_with_process_file_and_inline_form() {
+        let cli = parse(&[
+            "exec",
+            "--process",
+            "/f",
+            "--detach",
+            "--pid-file",
+            "/p",
+            "--console-socket",
+            "/s",
+            "id1",
+        ])
+        .unwrap();
+        let Some(Command::Exec(e)) = cli.command else {
+            panic!("not exec");
+        };
+        assert!(e.detach && e.process.is_some() && e.command.is_empty());
+        let cli = parse(&["exec", "-t", "id1", "sh", "-c", "echo -n x"]).unwrap();
+        let Some(Command::Exec(e)) = cli.command else {
+            panic!("not exec");
+        };
+        assert_eq!(e.command, ["sh", "-c", "echo -n x"]);
+        assert!(e.tty);
+    }
+
+    #[test]
+    fn parses_kill_numbers_names_and_all() {
+        let cli = parse(&["kill", "--all", "id1", "9"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Kill { all: true, ref signal, .. }) if signal == "9")
+        );
+        let cli = parse(&["kill", "id1"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Kill { ref signal, .. }) if signal == "SIGTERM")
+        );
+    }
+
+    #[test]
+    fn unknown_flag_is_named() {
+        let err = parse(&["create", "--frobnicate", "id1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--frobnicate"), "{err}");
+    }
+
+    #[test]
+    fn user_spec_is_validated() {
+        assert_eq!(parse_user("1000:100").unwrap(), (1000, Some(100)));
+        assert_eq!(parse_user("7").unwrap(), (7, None));
+        assert!(parse_user("root").is_err());
+    }
+}
