@@ -530,11 +530,29 @@ impl Runtime {
                         wanted: "stopped",
                     });
                 }
-                c.delete(force)
-                    .map_err(|source| LifecycleError::Container {
+                let mut result = c.delete(force);
+                // Processes SIGKILLed by a forced delete may still be exiting, and
+                // a v1 cgroup cannot be removed until they are gone: retry for up
+                // to two seconds before reporting the failure.
+                let mut tries = 0;
+                while result.is_err() && force && tries < 20 {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    result = match self.load(id) {
+                        Ok(mut again) => again.delete(true),
+                        Err(LifecycleError::NotExist { .. }) => Ok(()),
+                        Err(_) => continue,
+                    };
+                }
+                if let Err(source) = result {
+                    if force {
+                        self.cleanup_sandbox(id);
+                    }
+                    return Err(LifecycleError::Container {
                         op: "delete",
                         source,
-                    })?;
+                    });
+                }
                 self.cleanup_sandbox(id);
                 Ok(())
             }

@@ -424,3 +424,47 @@ fn rootful_update_cannot_lift_memory_above_the_policy_but_can_lower_it() -> anyh
     }
     Ok(())
 }
+
+#[test]
+fn rootful_created_container_waits_in_a_sealed_memfd_copy_and_rm_force_cleans_up()
+-> anyhow::Result<()> {
+    let p = sandbox(User::Root);
+    let name = unique_name("memfd");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    p.run_ok(&["create", "--name", &name, BUSYBOX_IMAGE, "true"])?;
+    // `podman init` runs the runtime's `create`; the container's init then waits
+    // for `start` inside the runtime binary, which must be the sealed memfd copy
+    // (CVE-2019-5736: a container process cannot reach the host binary).
+    p.run_ok(&["init", &name])?;
+    let pid = p
+        .run_ok(&["inspect", "-f", "{{.State.Pid}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    let exe = fs::read_link(format!("/proc/{pid}/exe"))
+        .with_context(|| format!("cannot read /proc/{pid}/exe"))?;
+    if !exe.to_string_lossy().starts_with("/memfd:agent-sandbox") {
+        bail!(
+            "the waiting init runs {}, not the sealed memfd copy",
+            exe.display()
+        );
+    }
+    let id = p
+        .run_ok(&["inspect", "-f", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    p.run_ok(&["rm", "-f", &name])?;
+    for dir in [
+        format!("/run/agent-sandbox/containers/{id}"),
+        format!("/run/agent-sandbox/sandbox/{id}"),
+    ] {
+        if std::path::Path::new(&dir).exists() {
+            bail!("rm -f of a created container left {dir}");
+        }
+    }
+    Ok(())
+}
