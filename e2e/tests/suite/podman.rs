@@ -264,8 +264,16 @@ fn lifecycle(user: User) -> anyhow::Result<()> {
         BUSYBOX_IMAGE,
         "sh",
         "-c",
-        "trap 'exit 3' TERM; while :; do sleep 0.1; done",
+        "trap 'exit 3' TERM; echo ready; while :; do sleep 0.1; done",
     ])?;
+    // SIGTERM before the trap is set would be ignored by PID 1: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !p.run_ok(&["logs", &name])?.stdout.contains("ready") {
+        if std::time::Instant::now() > deadline {
+            bail!("the container never printed ready");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     p.run_ok(&["stop", "-t", "5", &name])?;
     let code = p.run_ok(&["inspect", "-f", "{{.State.ExitCode}}", &name])?;
     if code.stdout.trim() != "3" {
