@@ -222,9 +222,16 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         }
         None => None,
     };
+    // Protected paths that exist in the host workspace are bound read-only over
+    // the overlay. A symlink is left out: binding it would follow the link on
+    // the host and show the host file it points to inside the sandbox (an
+    // information leak); left in the overlay it resolves inside the sandbox's
+    // own view, and writes through it never reach the host (see REQUESTS.md).
     let protected = harden::protected_path_candidates(&spec, &effective)
         .into_iter()
-        .filter(|p| std::fs::symlink_metadata(&p.host_path).is_ok())
+        .filter(|p| {
+            std::fs::symlink_metadata(&p.host_path).is_ok_and(|m| !m.file_type().is_symlink())
+        })
         .collect();
     let ctx = HardenContext {
         uid_mappings: vec![map],

@@ -476,3 +476,35 @@ fn rootful_created_container_waits_in_a_sealed_memfd_copy_and_rm_force_cleans_up
     }
     Ok(())
 }
+
+#[test]
+fn rootful_symlinked_protected_path_in_workspace_does_not_expose_the_host_target()
+-> anyhow::Result<()> {
+    // A workspace whose .bashrc links to a host file outside it: binding the
+    // protected path read-only would follow the link on the host and show the
+    // host file in the sandbox. The sandbox must resolve it in its own view.
+    let secret_dir = tempfile::tempdir()?;
+    let secret = secret_dir.path().join("secret");
+    fs::write(&secret, "host-secret-4711\n")?;
+    // World-readable in a traversable dir: a bind would make it visible.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(secret_dir.path(), fs::Permissions::from_mode(0o755))?;
+    fs::set_permissions(&secret, fs::Permissions::from_mode(0o644))?;
+    let ws = harness::temp_dir_for(User::Root)?;
+    std::os::unix::fs::symlink(&secret, ws.path().join(".bashrc"))?;
+    let volume = format!("{}:/workspace", ws.path().display());
+    let out = sandbox(User::Root).run(&[
+        "run",
+        "--rm",
+        "-v",
+        &volume,
+        BUSYBOX_IMAGE,
+        "sh",
+        "-c",
+        "cat /workspace/.bashrc; true",
+    ])?;
+    if !out.success() || out.stdout.contains("host-secret-4711") {
+        bail!("the sandbox showed the host file behind a symlinked protected path\n{out}");
+    }
+    Ok(())
+}
