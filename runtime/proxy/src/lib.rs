@@ -6,6 +6,7 @@ pub mod events;
 pub mod guard;
 mod http;
 pub mod listener;
+mod policy;
 mod proxy;
 mod pump;
 pub mod resolve;
