@@ -50,6 +50,10 @@ pub enum Command {
     Start { id: String },
     /// Print the state of a container as JSON
     State { id: String },
+    /// Freeze every process of a running container (cgroup freezer)
+    Pause { id: String },
+    /// Thaw a paused container
+    Resume { id: String },
     /// Send a signal to a container's init (or all its processes with --all)
     Kill {
         #[arg(short, long)]
@@ -284,6 +288,8 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             rt()?.create(&id, &opts, &ceiling)?;
         }
         Command::Start { id } => rt()?.start(&ContainerId::try_from(id.as_str())?)?,
+        Command::Pause { id } => rt()?.pause(&ContainerId::try_from(id.as_str())?, true)?,
+        Command::Resume { id } => rt()?.pause(&ContainerId::try_from(id.as_str())?, false)?,
         Command::State { id } => {
             let state = rt()?.state(&ContainerId::try_from(id.as_str())?)?;
             println!(

@@ -470,6 +470,17 @@ impl Runtime {
         .map_err(|source| LifecycleError::Container { op: "kill", source })
     }
 
+    /// `pause` (`freeze = true`) and `resume`.
+    pub fn pause(&self, id: &ContainerId, freeze: bool) -> Result<()> {
+        let mut c = self.load(id)?;
+        let (op, result) = if freeze {
+            ("pause", c.pause())
+        } else {
+            ("resume", c.resume())
+        };
+        result.map_err(|source| LifecycleError::Container { op, source })
+    }
+
     /// `state`: runc's JSON.
     pub fn state(&self, id: &ContainerId) -> Result<serde_json::Value> {
         let c = self.load(id)?;

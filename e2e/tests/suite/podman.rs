@@ -508,3 +508,32 @@ fn rootful_symlinked_protected_path_in_workspace_does_not_expose_the_host_target
     }
     Ok(())
 }
+
+#[test]
+fn rootful_pause_and_unpause_freeze_the_sandbox() -> anyhow::Result<()> {
+    let p = sandbox(User::Root);
+    let name = unique_name("pause");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    p.run_ok(&["run", "-d", "--name", &name, BUSYBOX_IMAGE, "sleep", "600"])?;
+    p.run_ok(&["pause", &name])?;
+    let id = p
+        .run_ok(&["inspect", "-f", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    let mut cmd = std::process::Command::new(harness::RUNTIME_BIN);
+    cmd.args(["state", &id]);
+    let state = harness::run_ok(&mut cmd, harness::DEFAULT_TIMEOUT)?;
+    if !state.stdout.contains("\"status\": \"paused\"") {
+        bail!("runtime state must say paused\n{state}");
+    }
+    p.run_ok(&["unpause", &name])?;
+    let st = p.run_ok(&["inspect", "-f", "{{.State.Status}}", &name])?;
+    if st.stdout.trim() != "running" {
+        bail!("unpause: expected running\n{st}");
+    }
+    Ok(())
+}
