@@ -7,10 +7,12 @@ pub mod scratch;
 pub mod timeline;
 
 pub use log::{
-    Anchor, Appended, AuditError, AuditLog, Broken, TornTail, VerifyReport, genesis, read_records,
-    repair_torn_tail, verify, verify_with_anchor,
+    Anchor, Appended, AuditError, AuditLog, Broken, TornTail, VerifyReport, genesis, log_path,
+    read_records, repair_torn_tail, verify, verify_with_anchor,
 };
-pub use record::{Event, ExitStatus, Record, Verdict};
+pub use record::{
+    Event, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict, tool_call_id,
+};
 pub use scratch::{
     Change, ChangeKind, ExportSummary, ExportTarget, FileKind, ScratchError, diff, export,
     files_changed,

@@ -249,6 +249,20 @@ pub struct TornTail {
     pub fragment: Vec<u8>,
 }
 
+/// The default place of a sandbox's log: `<root>/<sandbox_id>.jsonl`, where `root` is a
+/// directory kept apart from the per-container state (so the log outlives `delete` until
+/// pruned), e.g. `<runtime state dir>/audit`. The id must be one path component.
+pub fn log_path(root: &Path, sandbox_id: &str) -> Result<PathBuf, AuditError> {
+    check_sandbox_id(sandbox_id)?;
+    if sandbox_id.contains('/') || sandbox_id == "." || sandbox_id == ".." {
+        return Err(AuditError::InvalidSandboxId {
+            id: sandbox_id.to_owned(),
+            reason: "not a single path component",
+        });
+    }
+    Ok(root.join(format!("{sandbox_id}.jsonl")))
+}
+
 /// The `prev` of a log's first record: sha256 hex of `"agent-sandbox-audit/v1/genesis\0" + id`.
 pub fn genesis(sandbox_id: &str) -> String {
     let mut h = Sha256::new();

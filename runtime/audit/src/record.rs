@@ -196,3 +196,49 @@ impl Event {
         }
     }
 }
+
+/// Annotation (in config.json, or on an exec's process spec) naming the agent's tool call.
+pub const TOOL_CALL_ANNOTATION: &str = "io.agent-sandbox.tool-call-id";
+
+/// Environment variable of an exec'd process naming the agent's tool call.
+pub const TOOL_CALL_ENV: &str = "AGENT_SANDBOX_TOOL_CALL_ID";
+
+/// The tool-call id of an exec: the annotation if present, else the [`TOOL_CALL_ENV`] entry
+/// of its `KEY=VALUE` environment. Empty values count as absent.
+pub fn tool_call_id(annotation: Option<&str>, env: &[String]) -> Option<String> {
+    annotation
+        .filter(|a| !a.is_empty())
+        .map(str::to_owned)
+        .or_else(|| {
+            env.iter()
+                .filter_map(|kv| kv.split_once('='))
+                .find(|(k, v)| *k == TOOL_CALL_ENV && !v.is_empty())
+                .map(|(_, v)| v.to_owned())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_keeps_env_names_only_and_finds_the_tool_call() {
+        let env = vec![
+            "PATH=/bin".to_owned(),
+            format!("{TOOL_CALL_ENV}=toolu_9"),
+            "SECRET=x=y".to_owned(),
+            "BARE".to_owned(),
+        ];
+        let id = tool_call_id(None, &env);
+        assert_eq!(id.as_deref(), Some("toolu_9"));
+        assert_eq!(
+            tool_call_id(Some("toolu_a"), &env).as_deref(),
+            Some("toolu_a")
+        );
+        assert_eq!(tool_call_id(Some(""), &[]), None);
+        let Event::Exec { env_keys, .. } = Event::exec(vec!["sh".into()], &env, "/", 0, id) else {
+            return;
+        };
+        assert_eq!(env_keys, ["PATH", TOOL_CALL_ENV, "SECRET", "BARE"]);
+    }
+}
