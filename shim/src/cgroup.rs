@@ -216,6 +216,14 @@ impl Cgroups {
         Ok(m)
     }
 
+    /// The memory cgroup's `oom_kill` counter (kernels from 4.13 report it).
+    pub fn oom_kills(&self) -> Option<u64> {
+        let text = fs::read_to_string(self.dir("memory").ok()?.join("memory.oom_control")).ok()?;
+        key_values(&text)
+            .find(|(k, _)| *k == "oom_kill")
+            .map(|(_, v)| v)
+    }
+
     /// Registers for memory OOM notifications (cgroup v1 `cgroup.event_control`).
     pub fn oom_watch(&self) -> Result<OomWatch, CgroupError> {
         let mem = self.dir("memory")?.to_owned();

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -217,6 +218,10 @@ struct Container {
     execs: HashMap<String, Process>,
     cgroups: Option<Cgroups>,
     oom_task: Option<JoinHandle<()>>,
+    /// Set once TaskOOM went out (by the notification or the exit check, whichever is first).
+    oom_published: Arc<AtomicBool>,
+    /// The cgroup's `oom_kill` counter when the container was created.
+    oom_kills_at_create: u64,
     rootfs_mounted: bool,
 }
 
@@ -440,6 +445,21 @@ impl TaskService {
             let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
         }
         let mut st = self.inner.state.lock().await;
+        if exec_id.is_empty()
+            && let Ok(c) = st.container(cid)
+            && let Some(kills) = c.cgroups.as_ref().and_then(Cgroups::oom_kills)
+            && kills > c.oom_kills_at_create
+            && !c.oom_published.swap(true, Ordering::SeqCst)
+        {
+            // The kernel's notification can be missed (it is sent only by the task that wins
+            // the cgroup's OOM lock); the kill counter is authoritative.
+            info!("container {cid} was OOM-killed");
+            self.publish(TaskOOM {
+                container_id: cid.to_owned(),
+                ..Default::default()
+            })
+            .await;
+        }
         let Ok(p) = st
             .container_mut(cid)
             .and_then(|c| c.process_mut(cid, exec_id))
@@ -522,13 +542,19 @@ impl TaskService {
         let cgroups = Cgroups::of_pid(pid)
             .inspect_err(|e| warn!("cgroups of {pid}: {e}"))
             .ok();
+        let oom_published = Arc::new(AtomicBool::new(false));
+        let oom_kills_at_create = cgroups.as_ref().and_then(Cgroups::oom_kills).unwrap_or(0);
         let oom_task = cgroups.as_ref().and_then(|cg| match cg.oom_watch() {
             Ok(mut watch) => {
                 let s = self.clone();
                 let id = req.id.clone();
+                let published = oom_published.clone();
                 Some(tokio::spawn(async move {
                     while watch.next().await.is_some() {
                         info!("container {id} hit its memory limit");
+                        // Every notification is reported (a container can survive an OOM
+                        // kill of one of its processes and hit the limit again).
+                        published.store(true, Ordering::SeqCst);
                         s.publish(TaskOOM {
                             container_id: id.clone(),
                             ..Default::default()
@@ -553,6 +579,8 @@ impl TaskService {
             execs: HashMap::new(),
             cgroups,
             oom_task,
+            oom_published,
+            oom_kills_at_create,
             rootfs_mounted,
         };
         self.inner
