@@ -374,7 +374,11 @@ impl Runtime {
         }
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
         let record = self.record(id).ok();
-        if let Ok(mount_dir) = crate::sandbox::mount_dir(&self.dirs, id) {
+        let mount_dir = record
+            .as_ref()
+            .and_then(|r| r.rootfs_mount.parent().map(Path::to_path_buf))
+            .or_else(|| crate::sandbox::mount_dir(&self.dirs, id).ok());
+        if let Some(mount_dir) = mount_dir {
             detach_all_under(&mount_dir);
             let _ = std::fs::remove_dir_all(&mount_dir);
         }

@@ -375,22 +375,32 @@ pub fn check_writable_destinations(spec: &Spec, rootfs: &Path) -> Result<(), San
     Ok(())
 }
 
-/// Where the reachable mounts of a sandbox live. As real root: inside the
-/// state root (`/run/agent-sandbox/sandbox/<id>/mnt`, ancestors 0711). Inside a
-/// rootless user namespace the state root (`$XDG_RUNTIME_DIR`) is 0700 and
-/// unreachable for the sandbox's root, so `/tmp/agent-sandbox-<host uid>/<id>`.
+/// Where the reachable mounts of a sandbox live: a directory every ancestor of
+/// which the sandbox's unprivileged root can traverse. The state root cannot be
+/// used for that: a caller's `--root` may sit under a 0700 directory (the shim's
+/// `/run/containerd/agent-sandbox/<ns>`), and rootless `$XDG_RUNTIME_DIR` is 0700.
+/// As real root: `/run/agent-sandbox/mnt/<tag>/<id>`; rootless:
+/// `/tmp/agent-sandbox-<host uid>/<tag>/<id>`, where `<tag>` is a short hash of
+/// the state root, so equal ids under different roots never collide. The path
+/// is recorded in `sandbox.json`, and cleanup uses the recorded one.
 pub fn mount_dir(dirs: &StateDirs, id: &ContainerId) -> Result<PathBuf, SandboxError> {
-    if paths::rootless()? {
+    use sha2::Digest;
+    let tag = hex::encode(&sha2::Sha256::digest(dirs.root.as_os_str().as_encoded_bytes())[..6]);
+    let base = if paths::rootless()? {
         let host_uid = host_uid_of_self().unwrap_or_else(|| nix::unistd::geteuid().as_raw());
-        let base = PathBuf::from(format!("/tmp/agent-sandbox-{host_uid}"));
-        mounts::mkdir_traversable(&base)?;
-        Ok(base.join(id.as_str()))
+        let top = PathBuf::from(format!("/tmp/agent-sandbox-{host_uid}"));
+        mounts::mkdir_traversable(&top)?;
+        top
     } else {
-        for d in [dirs.root.clone(), dirs.root.join("sandbox")] {
-            mounts::mkdir_traversable(&d)?;
-        }
-        Ok(dirs.sandbox(id).join("mnt"))
-    }
+        let top = PathBuf::from("/run/agent-sandbox");
+        mounts::mkdir_traversable(&top)?;
+        let mnt = top.join("mnt");
+        mounts::mkdir_traversable(&mnt)?;
+        mnt
+    };
+    let tagged = base.join(tag);
+    mounts::mkdir_traversable(&tagged)?;
+    Ok(tagged.join(id.as_str()))
 }
 
 /// The host uid that our uid maps to, read from `/proc/self/uid_map`.
