@@ -430,8 +430,23 @@ impl AuditLog {
     /// `write(2)` on the O_APPEND descriptor, then `fdatasync`. A failed write is rolled back
     /// (`ftruncate` to the old length) and returned as [`AuditError::Write`].
     pub fn append(&self, event: &Event) -> Result<Appended, AuditError> {
-        check_event(event)?;
-        let kind = event.kind();
+        let mut all = self.append_all(std::slice::from_ref(event))?;
+        all.pop().ok_or_else(|| AuditError::InvalidEvent {
+            kind: event.kind(),
+            reason: "nothing was appended".to_owned(),
+        })
+    }
+
+    /// Appends several records as one batch: one lock, one `write(2)` of all lines, one
+    /// `fdatasync` (for busy writers such as the proxy, which can queue `net` records and
+    /// flush them together). All or nothing: a failed write rolls the whole batch back.
+    pub fn append_all(&self, events: &[Event]) -> Result<Vec<Appended>, AuditError> {
+        for event in events {
+            check_event(event)?;
+        }
+        let Some(first) = events.first() else {
+            return Ok(Vec::new());
+        };
         rustix::fs::flock(&self.file, FlockOperation::LockExclusive).map_err(|e| {
             AuditError::Lock {
                 path: self.path.clone(),
@@ -448,7 +463,7 @@ impl AuditLog {
                 source,
             })?
             .len();
-        let (seq, prev) = match self.last_line(len)? {
+        let (mut seq, mut prev) = match self.last_line(len)? {
             None => (1, genesis(&self.sandbox)),
             Some(line) => {
                 let last: Record =
@@ -467,53 +482,63 @@ impl AuditLog {
             }
         };
 
-        let time = Utc::now().to_rfc3339_opts(SecondsFormat::Nanos, true);
-        let body = Body {
-            v: FORMAT_VERSION,
-            seq,
-            time: &time,
-            sandbox: &self.sandbox,
-            event,
-            prev: &prev,
-        };
-        let mut line =
-            serde_json::to_vec(&body).map_err(|source| AuditError::Serialize { kind, source })?;
-        let hash = sha256_hex(&line);
-        line.pop(); // the closing brace; serde_json always ends an object with it
-        line.extend_from_slice(HASH_MEMBER);
-        line.extend_from_slice(hash.as_bytes());
-        line.extend_from_slice(b"\"}\n");
-        if line.len() > MAX_LINE {
-            return Err(AuditError::TooLarge {
-                kind,
-                len: line.len(),
-                limit: MAX_LINE,
-            });
-        }
-
-        self.write_line(&line, len, kind)?;
-        self.file.sync_data().map_err(|source| AuditError::Sync {
-            path: self.path.clone(),
-            seq,
-            source,
-        })?;
-        tracing::debug!(path = %self.path.display(), seq, kind, "audit record appended");
-        let written = line.strip_suffix(b"\n").unwrap_or(&line);
-        Ok(Appended {
-            anchor: Anchor {
-                seq,
-                head: sha256_hex(written),
-            },
-            record: Record {
+        let mut batch = Vec::new();
+        let mut out = Vec::with_capacity(events.len());
+        for event in events {
+            let kind = event.kind();
+            let time = Utc::now().to_rfc3339_opts(SecondsFormat::Nanos, true);
+            let body = Body {
                 v: FORMAT_VERSION,
                 seq,
-                time,
-                sandbox: self.sandbox.clone(),
-                event: event.clone(),
-                prev,
-                hash,
-            },
-        })
+                time: &time,
+                sandbox: &self.sandbox,
+                event,
+                prev: &prev,
+            };
+            let mut line = serde_json::to_vec(&body)
+                .map_err(|source| AuditError::Serialize { kind, source })?;
+            let hash = sha256_hex(&line);
+            line.pop(); // the closing brace; serde_json always ends an object with it
+            line.extend_from_slice(HASH_MEMBER);
+            line.extend_from_slice(hash.as_bytes());
+            line.extend_from_slice(b"\"}");
+            if line.len() + 1 > MAX_LINE {
+                return Err(AuditError::TooLarge {
+                    kind,
+                    len: line.len() + 1,
+                    limit: MAX_LINE,
+                });
+            }
+            let head = sha256_hex(&line);
+            batch.extend_from_slice(&line);
+            batch.push(b'\n');
+            out.push(Appended {
+                anchor: Anchor {
+                    seq,
+                    head: head.clone(),
+                },
+                record: Record {
+                    v: FORMAT_VERSION,
+                    seq,
+                    time,
+                    sandbox: self.sandbox.clone(),
+                    event: event.clone(),
+                    prev: std::mem::replace(&mut prev, head),
+                    hash,
+                },
+            });
+            seq = seq.saturating_add(1);
+        }
+
+        self.write_line(&batch, len, first.kind())?;
+        let last_seq = seq.saturating_sub(1);
+        self.file.sync_data().map_err(|source| AuditError::Sync {
+            path: self.path.clone(),
+            seq: last_seq,
+            source,
+        })?;
+        tracing::debug!(path = %self.path.display(), seq = last_seq, records = out.len(), "audit records appended");
+        Ok(out)
     }
 
     /// Writes the line with `write(2)` on the O_APPEND descriptor: one call, unless the kernel

@@ -30,6 +30,9 @@ enum Cmd {
         /// Append the event this many times (one locked append each)
         #[arg(long, default_value_t = 1)]
         count: u64,
+        /// Write this many records per locked write + fsync
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
     },
     /// Check the hash chain; exit 1 naming the first broken line
     Verify {
@@ -78,11 +81,16 @@ fn run(cli: Cli) -> Result<()> {
             sandbox,
             event,
             count,
+            batch,
         } => {
             let event: Event = serde_json::from_str(&event).context("invalid --event JSON")?;
             let w = agent_sandbox_audit::AuditLog::open(&log, &sandbox)?;
-            for _ in 0..count {
-                w.append(&event)?;
+            let mut left = count;
+            while left > 0 {
+                let n = left.min(batch.max(1));
+                let events = vec![event.clone(); usize::try_from(n)?];
+                w.append_all(&events)?;
+                left -= n;
             }
         }
         Cmd::Verify { log, anchor } => {

@@ -547,7 +547,16 @@ fn full_disk_is_a_clear_error_and_the_log_still_verifies() -> Result<()> {
         other => bail!("expected a write error, got {other:?}"),
     }
     assert!(msg.contains("a.jsonl"), "{msg}");
-    // Nothing half-written: the log is exactly as before and verifies.
+    // Nothing half-written: the log is exactly as before and verifies. (strace shows the
+    // last write here is usually short, e.g. 61 of 408 bytes, then ENOSPC: the rollback path.)
+    assert_eq!(fs::metadata(&path)?.len(), len_before);
+    assert_eq!(verify(&path)?.records, ok);
+    // A batch fails as a whole.
+    let batch: Vec<Event> = (0..20).map(sample).collect();
+    assert!(matches!(
+        log.append_all(&batch),
+        Err(AuditError::Write { .. })
+    ));
     assert_eq!(fs::metadata(&path)?.len(), len_before);
     assert_eq!(verify(&path)?.records, ok);
     // Space back: appends resume on the same chain.
@@ -643,5 +652,34 @@ fn anchor_catches_cut_tail_and_rewritten_chain_that_plain_verify_accepts() -> Re
         .output()?;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 5: chain rewritten"));
+    Ok(())
+}
+
+#[test]
+fn batches_chain_like_single_appends_and_fail_as_a_whole() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("a.jsonl");
+    let log = AuditLog::open(&path, "sb")?;
+    log.append(&sample(0))?;
+    let batch: Vec<Event> = (1..40).map(sample).collect();
+    let appended = log.append_all(&batch)?;
+    assert_eq!(appended.len(), 39);
+    assert_eq!(appended[0].record.seq, 2);
+    log.append(&sample(40))?;
+    let report = verify(&path)?;
+    assert_eq!(report.records, 41);
+    verify_with_anchor(&path, &appended[38].anchor)?;
+    assert!(log.append_all(&[])?.is_empty());
+    // One bad event refuses the whole batch and writes nothing.
+    let len = fs::metadata(&path)?.len();
+    let bad = Event::Exec {
+        argv: vec![],
+        env_keys: vec!["K=V".into()],
+        cwd: "/".into(),
+        uid: 0,
+        tool_call_id: None,
+    };
+    assert!(log.append_all(&[sample(1), bad]).is_err());
+    assert_eq!(fs::metadata(&path)?.len(), len);
     Ok(())
 }
