@@ -74,8 +74,11 @@ impl containerd_shim::Shim for Shim {
         let mut discard = Vec::new();
         let _ = std::io::stdin().read_to_end(&mut discard);
 
-        if group != opts.id && socket_path(&address).exists() {
-            // Another container of the same pod: its shim already serves this socket.
+        if group != opts.id
+            && std::os::unix::net::UnixStream::connect(socket_path(&address)).is_ok()
+        {
+            // Another container of the same pod: its shim already serves this socket. (A
+            // stale socket refuses the connection; the new daemon replaces it.)
             std::fs::write("address", &address).map_err(io_err("write address"))?;
             return Ok(address);
         }
