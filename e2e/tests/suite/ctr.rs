@@ -577,6 +577,64 @@ fn ctr_sigkilled_shim_is_cleaned_up_without_leftovers() -> anyhow::Result<()> {
 }
 
 #[test]
+fn ctr_containers_of_one_pod_share_one_shim() -> anyhow::Result<()> {
+    let l = Lifecycle::new()?;
+    let pod = unique_id("pod");
+    let annotation = format!("io.kubernetes.cri.sandbox-id={pod}");
+    let args = l.args(&["--annotation", &annotation]);
+    let first = unique_id("pod-a");
+    let second = unique_id("pod-b");
+    let a = Container::start_detached(
+        Shim::AgentSandbox,
+        &args,
+        BUSYBOX_IMAGE,
+        &first,
+        &["sleep", "300"],
+    )?;
+    let b = Container::start_detached(
+        Shim::AgentSandbox,
+        &args,
+        BUSYBOX_IMAGE,
+        &second,
+        &["sleep", "300"],
+    )?;
+    a.wait_status("RUNNING", Duration::from_secs(30))?;
+    b.wait_status("RUNNING", Duration::from_secs(30))?;
+    let shim = shim_pids(Shim::AgentSandbox, &first);
+    ensure!(
+        shim.len() == 1,
+        "expected one shim for the pod, found {shim:?}"
+    );
+    ensure!(
+        shim_pids(Shim::AgentSandbox, &second).is_empty(),
+        "the second container of the pod got its own shim"
+    );
+    let out = b.task_cmd(&["exec", "--exec-id", "in-pod"], &["sh", "-c", "exit 6"])?;
+    ensure!(out.code == Some(6), "exec through the shared shim\n{out}");
+    // Deleting the first container leaves the shim serving the second.
+    a.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
+    a.wait_status("STOPPED", Duration::from_secs(30))?;
+    let del = a.task_cmd(&["delete"], &[])?;
+    ensure!(del.success(), "{del}");
+    ensure!(
+        ctr::alive(shim[0]),
+        "the pod's shim exited while a container remained"
+    );
+    b.wait_status("RUNNING", Duration::from_secs(5))?;
+    b.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
+    b.wait_status("STOPPED", Duration::from_secs(30))?;
+    let del = b.task_cmd(&["delete"], &[])?;
+    ensure!(del.success(), "{del}");
+    for _ in 0..50 {
+        if !ctr::alive(shim[0]) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("the pod's shim {} outlived its last container", shim[0])
+}
+
+#[test]
 fn ctr_shim_rss_is_under_a_third_of_runc_v2() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;
     let ours_id = unique_id("rss");
