@@ -640,7 +640,7 @@ enum Line {
 
 /// Reads the log line by line without holding more than one line (at most [`MAX_LINE`]).
 struct Lines {
-    reader: io::BufReader<File>,
+    reader: io::BufReader<io::Take<File>>,
     path: PathBuf,
 }
 
@@ -654,8 +654,23 @@ impl Lines {
                 path: path.to_owned(),
                 source,
             })?;
+        // The length under a shared lock is a consistent snapshot: every byte before it
+        // belongs to a finished append (writers roll back only what they added after it).
+        rustix::fs::flock(&file, FlockOperation::LockShared).map_err(|e| AuditError::Lock {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
+        let len = {
+            let _guard = LockGuard(&file);
+            file.metadata()
+                .map_err(|source| AuditError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?
+                .len()
+        };
         Ok(Lines {
-            reader: io::BufReader::new(file),
+            reader: io::BufReader::new(file.take(len)),
             path: path.to_owned(),
         })
     }

@@ -683,3 +683,39 @@ fn batches_chain_like_single_appends_and_fail_as_a_whole() -> Result<()> {
     assert_eq!(fs::metadata(&path)?.len(), len);
     Ok(())
 }
+
+#[test]
+fn verify_while_processes_append_sees_only_whole_records() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("a.jsonl");
+    AuditLog::open(&path, "sb-live")?.append(&Event::Delete {})?;
+    let mut children: Vec<_> = (0..3)
+        .map(|i| {
+            Command::new(CLI)
+                .args(["append", &path.to_string_lossy(), "--sandbox", "sb-live"])
+                .args(["--event", &event_json(&format!("live{i}"))])
+                .args(["--count", "1800", "--batch", "60"])
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut checks = 0;
+    let mut last = 0;
+    while children
+        .iter_mut()
+        .any(|c| matches!(c.try_wait(), Ok(None)))
+    {
+        let r = verify(&path)?;
+        assert!(r.records >= last, "log shrank");
+        last = r.records;
+        checks += 1;
+    }
+    for mut c in children {
+        assert!(c.wait()?.success());
+    }
+    assert_eq!(verify(&path)?.records, 1 + 3 * 1800);
+    assert!(
+        checks > 3,
+        "only {checks} verifications overlapped the writers"
+    );
+    Ok(())
+}
