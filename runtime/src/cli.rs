@@ -104,6 +104,23 @@ pub enum Command {
         /// Built-in profile name or policy file path
         profile: PathBuf,
     },
+    /// Internal: the egress proxy that `create` spawns for a proxy-mode sandbox
+    #[command(hide = true)]
+    Proxy {
+        /// The sandbox's network namespace
+        #[arg(long)]
+        netns: PathBuf,
+        id: String,
+    },
+    /// Show a sandbox's audit trail (`audit ID [--json]`) or check it (`audit verify ID`)
+    Audit {
+        /// Print the records as JSON lines (for jq)
+        #[arg(long)]
+        json: bool,
+        /// `ID`, or `verify ID`
+        #[arg(num_args = 1..=2, value_name = "ID")]
+        args: Vec<String>,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -188,6 +205,12 @@ pub enum CliError {
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
     #[error("no command given (try --help)")]
     NoCommand,
+    #[error("audit takes ID or verify ID, not {args:?}")]
+    AuditArgs { args: Vec<String> },
+    #[error("sandbox {id} has no audit log at {path}")]
+    NoAuditLog { id: String, path: PathBuf },
+    #[error("audit trail")]
+    Audit(#[from] agent_sandbox_audit::AuditError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -353,6 +376,36 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
         }
         Command::Features => println!("{}", features_json()),
+        Command::Proxy { netns, id } => {
+            rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
+        }
+        Command::Audit { json, args } => {
+            let (verify, id) = match args.as_slice() {
+                [id] => (false, id),
+                [verb, id] if verb == "verify" => (true, id),
+                _ => return Err(CliError::AuditArgs { args }),
+            };
+            let id = ContainerId::try_from(id.as_str())?;
+            let runtime = rt()?;
+            let log = crate::audit::path(&runtime.dirs, &id)?;
+            if !log.exists() {
+                return Err(CliError::NoAuditLog {
+                    id: id.to_string(),
+                    path: log,
+                });
+            }
+            if verify {
+                let report = agent_sandbox_audit::verify(&log)?;
+                println!(
+                    "{}: {} records, chain intact (head {})",
+                    log.display(),
+                    report.records,
+                    report.head
+                );
+            } else {
+                print!("{}", crate::audit::show(&log, json)?);
+            }
+        }
         Command::Watchdog { seconds, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds)?
         }

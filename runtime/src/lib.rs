@@ -2,7 +2,9 @@
 //! youki's libcontainer. The `agent-sandbox` binary only parses arguments.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod cli;
+pub mod egress;
 pub mod enforce;
 pub mod executor;
 pub mod id;

@@ -72,6 +72,10 @@ pub enum LifecycleError {
     Enforce(#[from] EnforceError),
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("network layer: the egress proxy")]
+    Egress(#[source] crate::egress::EgressError),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("cannot bring lo up in the sandbox network namespace")]
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
     #[error("cgroups layer: {detail}")]
@@ -289,6 +293,7 @@ impl Runtime {
             .spec_profile_name()
             .unwrap_or_else(|| ceiling.origin.clone());
         let mut spec = prepared.spec;
+        crate::egress::inject_env(&mut spec, &prepared.policy);
         write_json(&record_path(&self.dirs, id), &record)?;
         mounts::ensure_mount_points(&rootfs_src, &spec)?;
         crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
@@ -334,6 +339,20 @@ impl Runtime {
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
         agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
+        if crate::egress::wanted(&prepared.policy) {
+            crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
+                .map_err(LifecycleError::Egress)?;
+        }
+        crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
+            .map_err(LifecycleError::Audit)?;
+        if let Some(process) = spec.process() {
+            let tool_call = spec
+                .annotations()
+                .as_ref()
+                .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION).cloned());
+            crate::audit::exec(&self.dirs, id, process, tool_call.as_deref())
+                .map_err(LifecycleError::Audit)?;
+        }
         if let Some(res) = &rootless_limits {
             crate::sandbox::apply_v1_limits(&spec, id, res)?;
             if let Some(linux) = spec.linux_mut().as_mut() {
@@ -360,6 +379,11 @@ impl Runtime {
 
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
+        crate::egress::stop(&self.dirs.sandbox(id));
+        let hardened = Spec::load(self.dirs.sandbox(id).join("bundle").join("config.json")).ok();
+        if let Err(e) = crate::audit::deleted(&self.dirs, id, hardened.as_ref()) {
+            tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
+        }
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
             && let Ok(pid) = text.trim().parse::<i32>()
         {
@@ -472,6 +496,21 @@ impl Runtime {
             true,
         )
         .map_err(|source| LifecycleError::Container { op: "kill", source })
+    }
+
+    /// The egress proxy body (hidden `proxy` command, spawned by `create`):
+    /// serves the sandbox's effective allowlist on its netns until killed.
+    pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
+        let dir = self.dirs.sandbox(id);
+        let ceiling = crate::sandbox::Ceiling::load_saved(&dir)?;
+        let config = dir.join("bundle").join("config.json");
+        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        crate::egress::serve(netns, &policy, &log, id.as_str()).map_err(LifecycleError::Egress)
     }
 
     /// `pause` (`freeze = true`) and `resume`.
@@ -614,7 +653,18 @@ impl Runtime {
             source,
         })?;
         let (policy, plan) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
-        let process = crate::sandbox::harden_exec(process, &policy)?;
+        let mut process = crate::sandbox::harden_exec(process, &policy)?;
+        if crate::egress::wanted(&policy) {
+            let mut env = process.env().clone().unwrap_or_default();
+            crate::egress::add_env(&mut env, policy.network.proxy_port);
+            process.set_env(Some(env));
+        }
+        let tool_call = hardened
+            .annotations()
+            .as_ref()
+            .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION).cloned());
+        crate::audit::exec(&self.dirs, id, &process, tool_call.as_deref())
+            .map_err(LifecycleError::Audit)?;
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
         let init_pid = c

@@ -1,0 +1,242 @@
+//! The sandbox's one door to the network: a per-sandbox egress proxy that runs
+//! outside the sandbox (a detached `agent-sandbox proxy` process) and listens on
+//! `127.0.0.1:PORT` inside the sandbox's network namespace. The listening socket
+//! is bound from outside (setns there and back), so no bridge process runs in the
+//! sandbox. If the proxy dies the sandbox has no network at all: its namespace
+//! has nothing but `lo`.
+//!
+//! Every decision the proxy takes is appended to the sandbox's audit log as a
+//! `net` record.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use agent_sandbox_audit::{AuditError, AuditLog, Event};
+use agent_sandbox_policy::SandboxPolicy;
+use agent_sandbox_policy::policy::NetworkMode;
+use agent_sandbox_proxy::{EgressEvent, Outcome, Proxy, Stage, SystemResolver};
+use libcontainer::oci_spec::runtime::Spec;
+
+/// Name of the proxy's pid file in the sandbox directory.
+pub const PID_FILE: &str = "proxy.pid";
+
+/// What the proxy prints on stdout once its listener is bound.
+const READY: &str = "ready";
+
+/// Errors of the egress door.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("cannot start the egress proxy")]
+    Spawn(#[source] std::io::Error),
+    #[error("the egress proxy did not come up: {reason}")]
+    NotReady { reason: String },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot bind the proxy listener in the sandbox network namespace")]
+    Listener(#[source] agent_sandbox_proxy::ListenerError),
+    #[error("cannot start the proxy's event loop")]
+    Runtime(#[source] std::io::Error),
+    #[error("the egress proxy stopped")]
+    Serve(#[source] agent_sandbox_proxy::ProxyError),
+    #[error("cannot open the audit log")]
+    Audit(#[source] AuditError),
+}
+
+/// Whether `policy` gives the sandbox an egress proxy.
+pub fn wanted(policy: &SandboxPolicy) -> bool {
+    policy.network.mode == NetworkMode::Proxy
+}
+
+/// Adds the proxy's environment (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY in both
+/// cases, and the variables npm, pip, git and the JVM read) to the process.
+/// Adding these never widens the sandbox: without the proxy they lead nowhere.
+pub fn inject_env(spec: &mut Spec, policy: &SandboxPolicy) {
+    if !wanted(policy) {
+        return;
+    }
+    let Some(process) = spec.process_mut().as_mut() else {
+        return;
+    };
+    let mut env = process.env().clone().unwrap_or_default();
+    add_env(&mut env, policy.network.proxy_port);
+    process.set_env(Some(env));
+}
+
+/// Adds the proxy variables to a `KEY=VALUE` list, replacing any the caller set.
+pub fn add_env(env: &mut Vec<String>, port: u16) {
+    let vars = agent_sandbox_proxy::proxy_env(port);
+    env.retain(|kv| {
+        let key = kv.split('=').next().unwrap_or_default();
+        !vars.iter().any(|(k, _)| k == key)
+    });
+    env.extend(vars.into_iter().map(|(k, v)| format!("{k}={v}")));
+}
+
+/// Starts the proxy for the sandbox whose init is `pid` and waits until its
+/// listener is bound inside the sandbox. Returns the proxy's pid (also written
+/// to `sandbox_dir/proxy.pid`).
+pub fn spawn(root: &Path, sandbox_dir: &Path, id: &str, pid: i32) -> Result<u32, EgressError> {
+    // `/proc/self/exe`, not `current_exe()`: create runs from a sealed memfd copy
+    // (see agent_sandbox_sys::selfexec), whose name is not a path on disk.
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new("/proc/self/exe")
+        .arg("--root")
+        .arg(root)
+        .arg("proxy")
+        .arg("--netns")
+        .arg(format!("/proc/{pid}/ns/net"))
+        .arg(id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(EgressError::Spawn)?;
+    let proxy_pid = child.id();
+    let pid_file = sandbox_dir.join(PID_FILE);
+    std::fs::write(&pid_file, proxy_pid.to_string()).map_err(|source| EgressError::Write {
+        path: pid_file,
+        source,
+    })?;
+    let Some(stdout) = child.stdout.take() else {
+        return Err(EgressError::NotReady {
+            reason: "no status pipe".to_owned(),
+        });
+    };
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(EgressError::Spawn)?;
+    if line.trim() != READY {
+        let status = child.try_wait().ok().flatten();
+        return Err(EgressError::NotReady {
+            reason: match (line.trim(), status) {
+                ("", Some(s)) => format!("it exited ({s})"),
+                ("", None) => "it closed its status pipe".to_owned(),
+                (other, _) => other.to_owned(),
+            },
+        });
+    }
+    tracing::info!(id, proxy_pid, "egress proxy ready");
+    Ok(proxy_pid)
+}
+
+/// Stops the sandbox's proxy, if it has one. Best effort: used on delete and on
+/// a failed create.
+pub fn stop(sandbox_dir: &Path) {
+    let pid_file = sandbox_dir.join(PID_FILE);
+    if let Ok(text) = std::fs::read_to_string(&pid_file)
+        && let Ok(pid) = text.trim().parse::<i32>()
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = std::fs::remove_file(pid_file);
+}
+
+/// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on
+/// stdout, then serves until killed. Decisions go to the audit log at `audit`.
+pub fn serve(
+    netns: &Path,
+    policy: &SandboxPolicy,
+    audit: &Path,
+    id: &str,
+) -> Result<(), EgressError> {
+    let log = AuditLog::open(audit, id).map_err(EgressError::Audit)?;
+    let listener = match agent_sandbox_proxy::bind_in_netns(netns, policy.network.proxy_port) {
+        Ok(l) => l,
+        Err(e) => {
+            report(&format!("cannot bind the proxy listener: {e}"));
+            return Err(EgressError::Listener(e));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(EgressError::Runtime)?;
+    // Audit records are fsynced one by one: a writer thread keeps that off the
+    // proxy's event loop (the sink must not block).
+    let (tx, rx) = mpsc::channel::<EgressEvent>();
+    std::thread::spawn(move || {
+        for event in rx {
+            if let Some(record) = net_record(&event)
+                && let Err(e) = log.append(&record)
+            {
+                tracing::error!(error = %e, "cannot append a net record to the audit log");
+            }
+        }
+    });
+    let sink = move |event: &EgressEvent| {
+        let _ = tx.send(event.clone());
+    };
+    let proxy = Proxy::new(
+        Arc::new(policy.network.allowlist()),
+        Arc::new(SystemResolver),
+        Arc::new(sink),
+    );
+    report(READY);
+    runtime
+        .block_on(proxy.serve_std(listener))
+        .map_err(EgressError::Serve)
+}
+
+/// Writes one status line to the spawner and closes stdout.
+fn report(line: &str) {
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+    // Later writes to stdout (none are made) would go to a closed pipe.
+}
+
+/// The audit record of a finished connection (one per connection).
+fn net_record(event: &EgressEvent) -> Option<Event> {
+    if event.stage != Stage::Finished {
+        return None;
+    }
+    let verdict = match event.outcome {
+        Outcome::Allowed => agent_sandbox_audit::Verdict::Allow,
+        _ => agent_sandbox_audit::Verdict::Deny,
+    };
+    let rule = match (&event.rule, &event.outcome) {
+        (Some(rule), Outcome::Allowed | Outcome::Denied) => rule.clone(),
+        (_, other) => serde_json::to_value(other)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_owned))
+            .unwrap_or_else(|| "refused".to_owned()),
+    };
+    let duration_ms = u64::try_from(event.duration.as_millis()).unwrap_or(u64::MAX);
+    Some(Event::Net {
+        verdict,
+        rule,
+        host: event.host.clone().unwrap_or_default(),
+        port: event.port.unwrap_or(0),
+        bytes_up: event.bytes_up,
+        bytes_down: event.bytes_down,
+        duration_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_replaces_caller_proxy_variables() {
+        let mut env = vec![
+            "PATH=/bin".to_owned(),
+            "HTTP_PROXY=http://evil.example:80".to_owned(),
+        ];
+        add_env(&mut env, 3128);
+        assert!(env.contains(&"PATH=/bin".to_owned()));
+        assert!(!env.iter().any(|kv| kv.contains("evil.example")));
+        assert!(env.contains(&"HTTP_PROXY=http://127.0.0.1:3128".to_owned()));
+    }
+}
