@@ -4,4 +4,5 @@
 
 pub mod ctr;
 pub mod harness;
+pub mod net;
 pub mod podman;

@@ -1,4 +1,6 @@
 //! End-to-end suites, one module per entry point.
+mod audit;
 mod baseline;
 mod ctr;
+mod egress;
 mod podman;

@@ -1,0 +1,383 @@
+//! Audit suite: a real podman session through agent-sandbox leaves one
+//! hash-chained log with the expected records in order; `audit verify` catches
+//! edits, drops and swaps; the sandbox can neither see nor write its log; env
+//! values never reach it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, RUNTIME_BIN, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::net::{
+    self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_HOST, REGISTRY_IP, TOOL_CALL_ENV,
+};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use anyhow::{Context, ensure};
+use serde_json::Value;
+
+/// Rootful podman's runtime state root (the runtime's default as root).
+const PODMAN_ROOT: &str = "/run/agent-sandbox";
+
+fn sandbox() -> Podman {
+    Podman::new(User::Root, Runtime::AgentSandbox)
+}
+
+fn log_path(root: &str, id: &str) -> PathBuf {
+    Path::new(root).join("audit").join(format!("{id}.jsonl"))
+}
+
+/// `agent-sandbox --root ROOT audit ARGS...`.
+fn audit_cmd(root: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    harness::require_file(RUNTIME_BIN)?;
+    harness::run(
+        Command::new(RUNTIME_BIN)
+            .arg("--root")
+            .arg(root)
+            .arg("audit")
+            .args(args),
+        DEFAULT_TIMEOUT,
+    )
+}
+
+/// What one session left behind.
+struct Session {
+    id: String,
+    records: Vec<Value>,
+    raw: String,
+    secret: String,
+    tool_call: String,
+    registry_port: u16,
+    collector_port: u16,
+}
+
+/// Runs a whole session: create (with a secret env value and a workspace
+/// bind), one tagged exec doing an allowed fetch, a denied post and file
+/// changes, then stop and rm.
+fn session() -> anyhow::Result<Session> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    net::ensure_test_hosts()?;
+    let registry = HttpServer::start(REGISTRY_IP, "audit-registry")?;
+    let collector = HttpServer::start(COLLECTOR_IP, "audit-collector")?;
+    let dir = tempfile::tempdir()?;
+    let policy = net::write_policy(
+        dir.path(),
+        &[
+            format!("{REGISTRY_HOST}:{}", registry.port()),
+            format!("{REGISTRY_IP}:{}", registry.port()),
+        ],
+        &[],
+    )?;
+    let workspace = dir.path().join("ws");
+    fs::create_dir(&workspace)?;
+    fs::write(workspace.join("old.txt"), "old\n")?;
+    fs::write(workspace.join("keep.txt"), "keep\n")?;
+    let secret = format!("s3cr3t-value-{}-{}", std::process::id(), unique_name("v"));
+    let tool_call = format!("toolu_x{}", std::process::id());
+    let name = unique_name("audit");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let out = sandbox().run_ok(&[
+        "--runtime-flag",
+        &format!("policy={}", policy.display()),
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "-e",
+        &format!("AUDIT_SECRET={secret}"),
+        "-v",
+        &format!("{}:/workspace", workspace.display()),
+        TOOLS_IMAGE,
+        "sleep",
+        "600",
+    ])?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id\n{out}");
+    let script = format!(
+        "curl -sS -m 20 http://{REGISTRY_HOST}:{rp}/; echo; \
+         curl -sS -m 20 -o /dev/null -w '%{{http_code}}\\n' -d x=1 http://{COLLECTOR_HOST}:{cp}/; \
+         echo new > /workspace/new.txt; echo more >> /workspace/keep.txt; rm /workspace/old.txt",
+        rp = registry.port(),
+        cp = collector.port()
+    );
+    let exec = sandbox().run(&[
+        "exec",
+        "-e",
+        &format!("{TOOL_CALL_ENV}={tool_call}"),
+        "-e",
+        &format!("EXEC_SECRET={secret}"),
+        &name,
+        "sh",
+        "-c",
+        &script,
+    ])?;
+    ensure!(
+        exec.stdout.contains("audit-registry") && exec.stdout.contains("403"),
+        "session exec did not do the allowed and denied requests\n{exec}"
+    );
+    // The workspace overlay keeps the host copy untouched.
+    ensure!(
+        workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
+        "the sandbox wrote through to the host workspace"
+    );
+    sandbox().run_ok(&["stop", "-t", "1", &name])?;
+    sandbox().run_ok(&["rm", &name])?;
+    drop(guard);
+    let path = log_path(PODMAN_ROOT, &id);
+    let raw = fs::read_to_string(&path).with_context(|| format!("no log at {}", path.display()))?;
+    let records = net::read_audit(&path)?;
+    Ok(Session {
+        id,
+        records,
+        raw,
+        secret,
+        tool_call,
+        registry_port: registry.port(),
+        collector_port: collector.port(),
+    })
+}
+
+/// Index of the first record at or after `from` matching `pred`.
+fn find(records: &[Value], from: usize, pred: impl Fn(&Value) -> bool) -> Option<usize> {
+    records
+        .iter()
+        .enumerate()
+        .skip(from)
+        .find(|(_, r)| pred(r))
+        .map(|(i, _)| i)
+}
+
+#[test]
+fn podman_session_records_create_exec_net_files_and_delete_in_order_and_verifies()
+-> anyhow::Result<()> {
+    let s = session()?;
+    let r = &s.records;
+    let dump = || s.raw.clone();
+    let kind = |k: &'static str| move |v: &Value| v["kind"] == k;
+    for (i, rec) in r.iter().enumerate() {
+        ensure!(
+            rec["seq"] == i as u64 + 1 && rec["sandbox"] == s.id.as_str(),
+            "record {i} has a wrong seq or sandbox\n{}",
+            dump()
+        );
+    }
+    let create = find(r, 0, kind("create")).context(dump())?;
+    ensure!(create == 0, "create is not first\n{}", dump());
+    ensure!(
+        r[create]["data"]["policy_digest"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("sha256:")),
+        "create has no policy digest\n{}",
+        dump()
+    );
+    let init = find(r, create, |v| {
+        v["kind"] == "exec" && v["data"]["argv"] == serde_json::json!(["sleep", "600"])
+    })
+    .context(format!("no init exec record\n{}", dump()))?;
+    ensure!(
+        r[init]["data"]["env_keys"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "AUDIT_SECRET")),
+        "init exec lacks the env key\n{}",
+        dump()
+    );
+    let tagged = find(r, init, |v| {
+        v["kind"] == "exec" && v["data"]["tool_call_id"] == s.tool_call.as_str()
+    })
+    .context(format!("no exec tagged {}\n{}", s.tool_call, dump()))?;
+    ensure!(
+        r[tagged]["data"]["argv"][0] == "sh",
+        "tagged exec argv\n{}",
+        dump()
+    );
+    let allow = find(r, tagged, |v| {
+        v["kind"] == "net"
+            && v["data"]["verdict"] == "allow"
+            && v["data"]["host"] == REGISTRY_HOST
+            && v["data"]["port"] == s.registry_port
+    })
+    .context(format!("no allowed net record\n{}", dump()))?;
+    ensure!(
+        r[allow]["data"]["bytes_down"].as_u64().unwrap_or(0) > 0,
+        "allowed request has no bytes down\n{}",
+        dump()
+    );
+    let deny = find(r, allow, |v| {
+        v["kind"] == "net"
+            && v["data"]["verdict"] == "deny"
+            && v["data"]["host"] == COLLECTOR_HOST
+            && v["data"]["port"] == s.collector_port
+    })
+    .context(format!(
+        "no denied net record after the allowed one\n{}",
+        dump()
+    ))?;
+    let files =
+        find(r, deny, kind("files_changed")).context(format!("no files_changed\n{}", dump()))?;
+    let d = &r[files]["data"];
+    ensure!(
+        d["added"] == 1 && d["modified"] == 1 && d["deleted"] == 1,
+        "files_changed counts {d}\n{}",
+        dump()
+    );
+    let paths = d["paths"].to_string();
+    for p in ["/new.txt", "/keep.txt", "/old.txt"] {
+        ensure!(paths.contains(p), "files_changed lacks {p}: {paths}");
+    }
+    let delete = find(r, files, kind("delete")).context(format!("no delete\n{}", dump()))?;
+    ensure!(delete == r.len() - 1, "delete is not last\n{}", dump());
+
+    let verify = audit_cmd(Path::new(PODMAN_ROOT), &["verify", &s.id])?;
+    ensure!(verify.success(), "verify failed on the real log\n{verify}");
+    let timeline = audit_cmd(Path::new(PODMAN_ROOT), &[&s.id])?;
+    ensure!(
+        timeline.success() && timeline.stdout.contains(COLLECTOR_HOST),
+        "timeline\n{timeline}"
+    );
+
+    ensure!(
+        !s.raw.contains(&s.secret),
+        "an env value reached the audit log\n{}",
+        dump()
+    );
+    tampering_is_detected(&s)
+}
+
+/// Copies the log into a fresh state root, checks it verifies, then that each
+/// kind of tampering makes `audit verify` fail.
+fn tampering_is_detected(s: &Session) -> anyhow::Result<()> {
+    let lines: Vec<&str> = s.raw.lines().collect();
+    ensure!(lines.len() >= 5, "log too short to tamper with");
+    let verify = |text: String| -> anyhow::Result<Output> {
+        let root = tempfile::tempdir()?;
+        fs::create_dir(root.path().join("audit"))?;
+        fs::write(log_path(&root.path().display().to_string(), &s.id), text)?;
+        audit_cmd(root.path(), &["verify", &s.id])
+    };
+    let join = |l: &[&str]| l.join("\n") + "\n";
+    let intact = verify(join(&lines))?;
+    ensure!(intact.success(), "the copied log does not verify\n{intact}");
+
+    // One byte changed inside a string value: still valid JSON, wrong hash.
+    let mut edited = lines.clone();
+    let target = lines
+        .iter()
+        .position(|l| l.contains(COLLECTOR_HOST))
+        .context("no collector line")?;
+    let changed = lines[target].replacen("collector", "collectos", 1);
+    edited[target] = &changed;
+    let out = verify(join(&edited))?;
+    ensure!(!out.success(), "verify passed an edited record\n{out}");
+
+    let mut dropped = lines.clone();
+    dropped.remove(2);
+    let out = verify(join(&dropped))?;
+    ensure!(!out.success(), "verify passed a dropped record\n{out}");
+
+    let mut swapped = lines.clone();
+    swapped.swap(1, 2);
+    let out = verify(join(&swapped))?;
+    ensure!(!out.success(), "verify passed swapped records\n{out}");
+    Ok(())
+}
+
+#[test]
+fn sandbox_can_neither_see_nor_write_its_audit_log_but_a_runc_container_can() -> anyhow::Result<()>
+{
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-reach");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let out = sandbox().run_ok(&["run", "-d", "--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let log = log_path(PODMAN_ROOT, &id);
+    ensure!(log.exists(), "no log at {}", log.display());
+    let before = fs::read_to_string(&log)?;
+    let script = |dir: &str| {
+        format!(
+            "ls {dir} 2>&1; ls {dir}/audit/{id}.jsonl && echo log-visible; \
+             echo forged >> {dir}/audit/{id}.jsonl && echo log-written; \
+             find / -xdev -name '{id}.jsonl' 2>/dev/null | grep . && echo log-found; true"
+        )
+    };
+    let inside = sandbox().run_ok(&["exec", &guard.name, "sh", "-c", &script(PODMAN_ROOT)])?;
+    ensure!(
+        !inside.stdout.contains("log-visible")
+            && !inside.stdout.contains("log-written")
+            && !inside.stdout.contains("log-found"),
+        "the sandbox reached its log\n{inside}"
+    );
+    ensure!(
+        fs::read_to_string(&log)? == before,
+        "the log changed during the attempt"
+    );
+    // Even with the state root bound in by the caller, the sandbox's root is an
+    // unprivileged host id and cannot write root's 0700 audit directory.
+    let bound = unique_name("audit-bind");
+    let _bound_guard = ContainerGuard {
+        podman: sandbox(),
+        name: bound.clone(),
+    };
+    let bind = sandbox().run(&[
+        "run",
+        "--rm",
+        "--name",
+        &bound,
+        "--user",
+        "0",
+        "-v",
+        &format!("{PODMAN_ROOT}:/mnt/state"),
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        &script("/mnt/state"),
+    ])?;
+    ensure!(
+        !bind.stdout.contains("log-written"),
+        "the sandbox wrote its log through a bind\n{bind}"
+    );
+    ensure!(
+        fs::read_to_string(&log)? == before,
+        "the log changed during the bind attempt"
+    );
+    // The same script under runc with a copy of the state root writes it.
+    let copy = tempfile::tempdir()?;
+    fs::create_dir(copy.path().join("audit"))?;
+    fs::write(
+        copy.path().join("audit").join(format!("{id}.jsonl")),
+        &before,
+    )?;
+    let base = Podman::new(User::Root, Runtime::Runc).run(&[
+        "run",
+        "--rm",
+        "--user",
+        "0",
+        "-v",
+        &format!("{}:/mnt/state", copy.path().display()),
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        &script("/mnt/state"),
+    ])?;
+    ensure!(
+        base.stdout.contains("log-written"),
+        "runc baseline could not write the copy\n{base}"
+    );
+    Ok(())
+}
