@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use agent_sandbox_audit::{AuditError, AuditLog, Event};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
-use libcontainer::oci_spec::runtime::{Process, Spec};
+use libcontainer::oci_spec::runtime::Process;
 use sha2::{Digest, Sha256};
 
 use crate::id::ContainerId;
+use crate::mounts::WorkspaceOverlay;
 use crate::paths::StateDirs;
 
 /// The directory holding every sandbox's log.
@@ -91,7 +92,7 @@ pub fn exec(
 pub fn deleted(
     dirs: &StateDirs,
     id: &ContainerId,
-    hardened: Option<&Spec>,
+    workspace: Option<&WorkspaceOverlay>,
 ) -> Result<(), AuditError> {
     let log_path = path(dirs, id)?;
     if !log_path.exists() {
@@ -99,8 +100,8 @@ pub fn deleted(
         return Ok(());
     }
     let mut events = Vec::new();
-    if let Some((upper, lower)) = hardened.and_then(workspace_dirs) {
-        match agent_sandbox_audit::diff(&upper, Some(&lower)) {
+    if let Some(ws) = workspace {
+        match agent_sandbox_audit::diff(&ws.upper, Some(&ws.lower)) {
             Ok(changes) => events.push(agent_sandbox_audit::files_changed(&changes)),
             Err(e) => {
                 tracing::warn!(id = %id, error = %e, "cannot summarise the workspace changes")
@@ -111,22 +112,6 @@ pub fn deleted(
     let log = AuditLog::open(log_path, id.as_str())?;
     log.append_all(&events)?;
     Ok(())
-}
-
-/// The upper and lower dirs of the workspace overlay in a hardened spec.
-pub fn workspace_dirs(spec: &Spec) -> Option<(PathBuf, PathBuf)> {
-    let mount = spec
-        .mounts()
-        .as_ref()?
-        .iter()
-        .find(|m| m.typ().as_deref() == Some("overlay"))?;
-    let options = mount.options().as_ref()?;
-    let value = |key: &str| {
-        options
-            .iter()
-            .find_map(|o| o.strip_prefix(key).map(PathBuf::from))
-    };
-    Some((value("upperdir=")?, value("lowerdir=")?))
 }
 
 /// sha256 of the effective policy as JSON: two sandboxes with the same digest

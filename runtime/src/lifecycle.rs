@@ -101,6 +101,9 @@ pub enum LifecycleError {
 
 type Result<T> = std::result::Result<T, LifecycleError>;
 
+/// The sandbox's workspace overlay dirs (`mounts::WorkspaceOverlay`), for review.
+const WORKSPACE_FILE: &str = "workspace.json";
+
 /// What the runtime remembers about a sandbox besides libcontainer's state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -305,6 +308,11 @@ impl Runtime {
             None
         };
         enforce::verify(&spec)?;
+        if let Some(ws) =
+            mounts::mount_workspace_overlay(&mut spec, &mount_dir.join("workspace-merged"))?
+        {
+            write_json(&sandbox_dir.join(WORKSPACE_FILE), &ws)?;
+        }
 
         let bundle = sandbox_dir.join("bundle");
         std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
@@ -380,8 +388,9 @@ impl Runtime {
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
         crate::egress::stop(&self.dirs.sandbox(id));
-        let hardened = Spec::load(self.dirs.sandbox(id).join("bundle").join("config.json")).ok();
-        if let Err(e) = crate::audit::deleted(&self.dirs, id, hardened.as_ref()) {
+        let workspace: Option<mounts::WorkspaceOverlay> =
+            read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();
+        if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref()) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))

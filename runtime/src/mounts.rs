@@ -213,3 +213,77 @@ pub fn ensure_mount_points(
     }
     Ok(())
 }
+
+/// The workspace overlay of a hardened spec, mounted by the runtime itself.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct WorkspaceOverlay {
+    /// The read-only view of the host workspace (the overlay's lower dir).
+    pub lower: PathBuf,
+    /// Where the sandbox's changes land, for review (the overlay's upper dir).
+    pub upper: PathBuf,
+}
+
+/// Mounts the spec's workspace overlay on `merged` from the host side and turns
+/// the spec's overlay mount into a bind of `merged`.
+///
+/// Mounted inside the sandbox's user namespace, overlayfs would copy files up
+/// with the sandbox's credentials, which cannot own (nor chown to) the host ids
+/// of the workspace's files: every write to an existing directory fails with
+/// EOVERFLOW. Mounted here, copy-up runs with the runtime's credentials while
+/// each access is still checked against the caller's, so the sandbox can change
+/// exactly what its users may write, and its changes still land in `upper` only.
+pub fn mount_workspace_overlay(
+    spec: &mut libcontainer::oci_spec::runtime::Spec,
+    merged: &Path,
+) -> Result<Option<WorkspaceOverlay>, MountError> {
+    let Some(list) = spec.mounts_mut().as_mut() else {
+        return Ok(None);
+    };
+    let Some(m) = list
+        .iter_mut()
+        .find(|m| m.typ().as_deref() == Some("overlay"))
+    else {
+        return Ok(None);
+    };
+    let options = m.options().clone().unwrap_or_default();
+    let value = |key: &str| {
+        options
+            .iter()
+            .find_map(|o| o.strip_prefix(key).map(PathBuf::from))
+    };
+    let (Some(lower), Some(upper)) = (value("lowerdir="), value("upperdir=")) else {
+        return Err(MountError::MountPoint {
+            path: merged.to_owned(),
+            detail: "workspace overlay without lowerdir or upperdir".to_owned(),
+        });
+    };
+    // Only overlay data options go to mount(2); nosuid/nodev become flags.
+    let data = options
+        .iter()
+        .filter(|o| o.contains('=') || o.as_str() == "userxattr")
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    mkdir_traversable(merged)?;
+    mount(
+        Some("overlay"),
+        merged,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|source| MountError::Bind {
+        src: lower.clone(),
+        dst: merged.to_owned(),
+        source,
+    })?;
+    m.set_typ(Some("bind".to_owned()));
+    m.set_source(Some(merged.to_owned()));
+    m.set_options(Some(
+        ["rbind", "rw", "nosuid", "nodev"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+    ));
+    Ok(Some(WorkspaceOverlay { lower, upper }))
+}
