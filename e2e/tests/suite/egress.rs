@@ -74,12 +74,13 @@ fn runc_host_sh(script: &str) -> anyhow::Result<Output> {
     ])
 }
 
-/// Fails unless `out` shows the proxy's 403 naming a rule.
-fn expect_denied(out: &Output) -> anyhow::Result<()> {
+/// Fails unless `out` shows the proxy's 403 whose denial header names `reason`.
+fn expect_denied(out: &Output, reason: &str) -> anyhow::Result<()> {
     let text = out.stdout.to_ascii_lowercase();
+    let header = format!("{DENIED_HEADER}: {reason}").to_ascii_lowercase();
     ensure!(
-        text.contains(" 403") && text.contains(&DENIED_HEADER.to_ascii_lowercase()),
-        "expected a 403 with {DENIED_HEADER} from the proxy\n{out}"
+        text.contains(" 403") && text.contains(&header),
+        "expected a 403 with `{header}` from the proxy\n{out}"
     );
     Ok(())
 }
@@ -143,7 +144,7 @@ fn posting_the_ssh_key_to_an_unlisted_collector_is_refused_but_runc_delivers_it(
         url(COLLECTOR_HOST, &collector, "/upload")
     );
     let out = sandbox_sh(&p.path, &script)?;
-    expect_denied(&out)?;
+    expect_denied(&out, "default deny")?;
     ensure!(
         out.stdout.contains(COLLECTOR_HOST),
         "the refusal does not name the host\n{out}"
@@ -186,7 +187,7 @@ fn unlisted_ip_literal_is_refused_but_reachable_under_runc() -> anyhow::Result<(
     let p = policy(&registry_rules(&registry), &[])?;
     let script = format!("curl -sS -m 20 -i {}", url(COLLECTOR_IP, &collector, "/"));
     let out = sandbox_sh(&p.path, &script)?;
-    expect_denied(&out)?;
+    expect_denied(&out, "default deny")?;
     expect_nothing_received(&collector, &out)?;
     let base = runc_host_sh(&script)?;
     ensure!(
@@ -197,13 +198,17 @@ fn unlisted_ip_literal_is_refused_but_reachable_under_runc() -> anyhow::Result<(
 }
 
 #[test]
-fn deny_entry_wins_over_an_allow_entry_for_the_same_host() -> anyhow::Result<()> {
+fn deny_entry_wins_over_a_wildcard_allow_entry() -> anyhow::Result<()> {
     let server = HttpServer::start(REGISTRY_IP, "deny-wins")?;
     let script = format!("curl -sS -m 20 -i {}", url(REGISTRY_HOST, &server, "/"));
-    let rules = registry_rules(&server);
-    let denied = policy(&rules, &[format!("{REGISTRY_HOST}:{}", server.port())])?;
+    // `*.agent-sandbox.test` allows the registry; the deny entry carves it out.
+    let rules = vec![
+        format!("*.agent-sandbox.test:{}", server.port()),
+        format!("{REGISTRY_IP}:{}", server.port()),
+    ];
+    let denied = policy(&rules, &[REGISTRY_HOST.to_owned()])?;
     let out = sandbox_sh(&denied.path, &script)?;
-    expect_denied(&out)?;
+    expect_denied(&out, &format!("deny {REGISTRY_HOST}"))?;
     expect_nothing_received(&server, &out)?;
     // The same policy without the deny entry lets the request through.
     let allowed = policy(&rules, &[])?;
@@ -221,7 +226,7 @@ fn allowed_name_resolving_to_loopback_is_refused_unless_the_ip_is_listed() -> an
     let script = format!("curl -sS -m 20 -i {}", url(REGISTRY_HOST, &server, "/"));
     let name_only = policy(&[format!("{REGISTRY_HOST}:{}", server.port())], &[])?;
     let out = sandbox_sh(&name_only.path, &script)?;
-    expect_denied(&out)?;
+    expect_denied(&out, &format!("loopback address {REGISTRY_IP}"))?;
     expect_nothing_received(&server, &out)?;
     let with_ip = policy(&registry_rules(&server), &[])?;
     let out = sandbox_sh(&with_ip.path, &script)?;
@@ -441,7 +446,7 @@ fn ctr_allowed_fetch_works_and_key_post_is_refused_but_runc_v2_delivers_it() -> 
         out.stdout.contains("ctr-registry-ok"),
         "allowed fetch failed\n{out}"
     );
-    expect_denied(&out)?;
+    expect_denied(&out, "default deny")?;
     expect_nothing_received(&collector, &out)?;
     let left = net::wait_proxies_gone(&id, Duration::from_secs(10));
     ensure!(left.is_empty(), "proxy {left:?} leaked after ctr run --rm");
