@@ -7,6 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use agent_sandbox_e2e::ctr::{self, Container, Shim};
 use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, RUNTIME_BIN, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{
     self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_HOST, REGISTRY_IP, TOOL_CALL_ENV,
@@ -41,6 +42,8 @@ fn audit_cmd(root: &Path, args: &[&str]) -> anyhow::Result<Output> {
 
 /// What one session left behind.
 struct Session {
+    /// The runtime state root holding the log.
+    root: String,
     id: String,
     records: Vec<Value>,
     raw: String,
@@ -53,7 +56,7 @@ struct Session {
 /// Runs a whole session: create (with a secret env value and a workspace
 /// bind), one tagged exec doing an allowed fetch, a denied post and file
 /// changes, then stop and rm.
-fn session() -> anyhow::Result<Session> {
+fn podman_session() -> anyhow::Result<Session> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
     net::ensure_test_hosts()?;
     let registry = HttpServer::start(REGISTRY_IP, "audit-registry")?;
@@ -101,15 +104,7 @@ fn session() -> anyhow::Result<Session> {
         .trim()
         .to_owned();
     ensure!(id.len() == 64, "no container id\n{out}");
-    let script = format!(
-        "curl -sS -m 20 http://{REGISTRY_HOST}:{rp}/; echo; \
-         curl -sS -m 20 -o /dev/null -w '%{{http_code}}\\n' -d x=1 http://{COLLECTOR_HOST}:{cp}/; \
-         echo new > /workspace/new.txt; rm /workspace/old.txt; \
-         (cat /workspace/keep.txt; echo more) > /tmp/keep && rm -f /workspace/keep.txt \
-         && cp /tmp/keep /workspace/keep.txt",
-        rp = registry.port(),
-        cp = collector.port()
-    );
+    let script = session_script(registry.port(), collector.port());
     let exec = sandbox().run(&[
         "exec",
         "-e",
@@ -137,6 +132,114 @@ fn session() -> anyhow::Result<Session> {
     let raw = fs::read_to_string(&path).with_context(|| format!("no log at {}", path.display()))?;
     let records = net::read_audit(&path)?;
     Ok(Session {
+        root: PODMAN_ROOT.to_owned(),
+        id,
+        records,
+        raw,
+        secret,
+        tool_call,
+        registry_port: registry.port(),
+        collector_port: collector.port(),
+    })
+}
+
+/// What the tagged exec of a session does: an allowed fetch, a denied post,
+/// and an added, a deleted and a modified workspace file. (Files owned by a
+/// host id outside the sandbox's mapping cannot be written in place, so the
+/// modification replaces the file.)
+fn session_script(registry_port: u16, collector_port: u16) -> String {
+    format!(
+        "curl -sS -m 20 http://{REGISTRY_HOST}:{registry_port}/; echo; \
+         curl -sS -m 20 -o /dev/null -w '%{{http_code}}\\n' -d x=1 \
+         http://{COLLECTOR_HOST}:{collector_port}/; \
+         echo new > /workspace/new.txt; rm /workspace/old.txt; \
+         (cat /workspace/keep.txt; echo more) > /tmp/keep && rm -f /workspace/keep.txt \
+         && cp /tmp/keep /workspace/keep.txt"
+    )
+}
+
+/// The same session through containerd: our shim with a policy from
+/// `--runtime-config-path`, the tool-call id in the container's env, then
+/// kill, `task delete` and `containers rm`.
+fn ctr_session() -> anyhow::Result<Session> {
+    ctr::require_containerd()?;
+    net::ensure_test_hosts()?;
+    let registry = HttpServer::start(REGISTRY_IP, "audit-registry")?;
+    let collector = HttpServer::start(COLLECTOR_IP, "audit-collector")?;
+    let dir = tempfile::tempdir()?;
+    let policy = net::write_policy(
+        dir.path(),
+        &[
+            format!("{REGISTRY_HOST}:{}", registry.port()),
+            format!("{REGISTRY_IP}:{}", registry.port()),
+        ],
+        &[],
+    )?;
+    let config = dir.path().join("runtime-config.toml");
+    fs::write(
+        &config,
+        format!("Policy = {:?}\n", policy.display().to_string()),
+    )?;
+    let workspace = dir.path().join("ws");
+    fs::create_dir(&workspace)?;
+    fs::write(workspace.join("old.txt"), "old\n")?;
+    fs::write(workspace.join("keep.txt"), "keep\n")?;
+    let secret = format!(
+        "s3cr3t-value-{}-{}",
+        std::process::id(),
+        ctr::unique_id("v")
+    );
+    let tool_call = format!("toolu_y{}", std::process::id());
+    let id = ctr::unique_id("audit");
+    let c = Container::start_detached(
+        Shim::AgentSandbox,
+        &[
+            "--runtime-config-path",
+            &config.display().to_string(),
+            "--env",
+            &format!("AUDIT_SECRET={secret}"),
+            // `ctr task exec` has no --env: execs inherit the container's env,
+            // so the tool-call id tags the container's processes from here.
+            "--env",
+            &format!("{TOOL_CALL_ENV}={tool_call}"),
+            "--mount",
+            &format!(
+                "type=bind,src={},dst=/workspace,options=rbind:rw",
+                workspace.display()
+            ),
+        ],
+        TOOLS_IMAGE,
+        &id,
+        &["sleep", "600"],
+    )?;
+    c.wait_status("RUNNING", std::time::Duration::from_secs(30))?;
+    let exec = c.task_cmd(
+        &["exec", "--exec-id", "tool"],
+        &[
+            "sh",
+            "-c",
+            &session_script(registry.port(), collector.port()),
+        ],
+    )?;
+    ensure!(
+        exec.stdout.contains("audit-registry") && exec.stdout.contains("403"),
+        "session exec did not do the allowed and denied requests\n{exec}"
+    );
+    ensure!(
+        workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
+        "the sandbox wrote through to the host workspace"
+    );
+    c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
+    c.wait_status("STOPPED", std::time::Duration::from_secs(30))?;
+    let del = c.task_cmd(&["delete"], &[])?;
+    ensure!(del.success(), "ctr task delete failed\n{del}");
+    drop(c);
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    let path = log_path(&root, &id);
+    let raw = fs::read_to_string(&path).with_context(|| format!("no log at {}", path.display()))?;
+    let records = net::read_audit(&path)?;
+    Ok(Session {
+        root,
         id,
         records,
         raw,
@@ -160,7 +263,18 @@ fn find(records: &[Value], from: usize, pred: impl Fn(&Value) -> bool) -> Option
 #[test]
 fn podman_session_records_create_exec_net_files_and_delete_in_order_and_verifies()
 -> anyhow::Result<()> {
-    let s = session()?;
+    check_session(&podman_session()?)
+}
+
+#[test]
+fn ctr_session_records_create_exec_net_files_and_delete_in_order_and_verifies() -> anyhow::Result<()>
+{
+    check_session(&ctr_session()?)
+}
+
+/// The records of a session are complete, in order, verify, show as a
+/// timeline, hold no env value, and every kind of tampering is detected.
+fn check_session(s: &Session) -> anyhow::Result<()> {
     let r = &s.records;
     let dump = || s.raw.clone();
     let kind = |k: &'static str| move |v: &Value| v["kind"] == k;
@@ -191,7 +305,7 @@ fn podman_session_records_create_exec_net_files_and_delete_in_order_and_verifies
         "init exec lacks the env key\n{}",
         dump()
     );
-    let tagged = find(r, init, |v| {
+    let tagged = find(r, init + 1, |v| {
         v["kind"] == "exec" && v["data"]["tool_call_id"] == s.tool_call.as_str()
     })
     .context(format!("no exec tagged {}\n{}", s.tool_call, dump()))?;
@@ -237,9 +351,9 @@ fn podman_session_records_create_exec_net_files_and_delete_in_order_and_verifies
     let delete = find(r, files, kind("delete")).context(format!("no delete\n{}", dump()))?;
     ensure!(delete == r.len() - 1, "delete is not last\n{}", dump());
 
-    let verify = audit_cmd(Path::new(PODMAN_ROOT), &["verify", &s.id])?;
+    let verify = audit_cmd(Path::new(&s.root), &["verify", &s.id])?;
     ensure!(verify.success(), "verify failed on the real log\n{verify}");
-    let timeline = audit_cmd(Path::new(PODMAN_ROOT), &[&s.id])?;
+    let timeline = audit_cmd(Path::new(&s.root), &[&s.id])?;
     ensure!(
         timeline.success() && timeline.stdout.contains(COLLECTOR_HOST),
         "timeline\n{timeline}"
@@ -250,7 +364,7 @@ fn podman_session_records_create_exec_net_files_and_delete_in_order_and_verifies
         "an env value reached the audit log\n{}",
         dump()
     );
-    tampering_is_detected(&s)
+    tampering_is_detected(s)
 }
 
 /// Copies the log into a fresh state root, checks it verifies, then that each
