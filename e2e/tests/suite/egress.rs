@@ -528,10 +528,12 @@ fn ctr_allowed_fetch_works_and_key_post_is_refused_but_runc_v2_delivers_it() -> 
 }
 
 #[test]
-fn ctr_proxy_is_gone_after_task_delete_and_direct_connect_fails() -> anyhow::Result<()> {
+fn ctr_direct_connect_fails_killed_proxy_cuts_the_network_and_delete_leaves_no_proxy()
+-> anyhow::Result<()> {
     ctr::require_containerd()?;
+    let registry = HttpServer::start(REGISTRY_IP, "ctr-before-kill")?;
     let collector = HttpServer::start(COLLECTOR_IP, "ctr-direct")?;
-    let p = policy(&[format!("{REGISTRY_HOST}:443")], &[])?;
+    let p = policy(&registry_rules(&registry), &[])?;
     let config = shim_config(p._dir.path(), &p.path)?;
     let id = ctr::unique_id("egress-del");
     let c = Container::start_detached(
@@ -547,21 +549,38 @@ fn ctr_proxy_is_gone_after_task_delete_and_direct_connect_fails() -> anyhow::Res
         pids.len() == 1,
         "expected one proxy for {id}, found {pids:?}"
     );
-    let exec_id = format!("direct-{}", std::process::id());
-    let direct = c.task_cmd(
-        &["exec", "--exec-id", &exec_id],
-        &[
-            "curl",
-            "--noproxy",
-            "*",
-            "-sS",
-            "-m",
-            "10",
-            &url(COLLECTOR_IP, &collector, "/"),
-        ],
+    let exec = |n: &str, cmd: &[&str]| -> anyhow::Result<Output> {
+        c.task_cmd(
+            &["exec", "--exec-id", &format!("{n}-{}", std::process::id())],
+            cmd,
+        )
+    };
+    let direct_url = url(COLLECTOR_IP, &collector, "/");
+    let direct = exec(
+        "direct",
+        &["curl", "--noproxy", "*", "-sS", "-m", "10", &direct_url],
     )?;
     ensure!(!direct.success(), "direct connect succeeded\n{direct}");
     expect_nothing_received(&collector, &direct)?;
+    let fetch_url = url(REGISTRY_HOST, &registry, "/");
+    let before = exec("before", &["curl", "-sS", "-m", "10", &fetch_url])?;
+    ensure!(
+        before.stdout.contains("ctr-before-kill"),
+        "fetch before the kill failed\n{before}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pids[0])?),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let left = net::wait_proxies_gone(&id, Duration::from_secs(10));
+    ensure!(left.is_empty(), "proxy {left:?} survived SIGKILL");
+    let after = exec("after", &["curl", "-sS", "-m", "10", &fetch_url])?;
+    ensure!(!after.success(), "fetch worked without the proxy\n{after}");
+    ensure!(
+        registry.received().len() == 1,
+        "registry saw requests after the kill: {:?}",
+        registry.received()
+    );
     c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
     c.wait_status("STOPPED", Duration::from_secs(30))?;
     let del = c.task_cmd(&["delete"], &[])?;
