@@ -93,6 +93,7 @@ pub fn deleted(
     dirs: &StateDirs,
     id: &ContainerId,
     workspace: Option<&WorkspaceOverlay>,
+    proxy: crate::egress::Stopped,
 ) -> Result<(), AuditError> {
     let log_path = path(dirs, id)?;
     if !log_path.exists() {
@@ -100,6 +101,13 @@ pub fn deleted(
         return Ok(());
     }
     let mut events = Vec::new();
+    if proxy == crate::egress::Stopped::WasDead {
+        events.push(Event::LayerInactive {
+            layer: "egress-proxy".to_owned(),
+            reason: "the proxy had died before delete; the sandbox had no network from then on"
+                .to_owned(),
+        });
+    }
     if let Some(ws) = workspace {
         match agent_sandbox_audit::diff(&ws.upper, Some(&ws.lower)) {
             Ok(changes) => events.push(agent_sandbox_audit::files_changed(&changes)),

@@ -127,19 +127,50 @@ pub fn spawn(root: &Path, sandbox_dir: &Path, id: &str, pid: i32) -> Result<u32,
     Ok(proxy_pid)
 }
 
+/// What `stop` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The sandbox had no proxy.
+    NoProxy,
+    /// The proxy was running and was killed.
+    Killed,
+    /// The proxy had already died: the sandbox had no network from then on.
+    WasDead,
+}
+
 /// Stops the sandbox's proxy, if it has one. Best effort: used on delete and on
-/// a failed create.
-pub fn stop(sandbox_dir: &Path) {
+/// a failed create. The pid is only signalled if it still is this sandbox's
+/// proxy (a dead proxy's pid may have been reused by another process).
+pub fn stop(sandbox_dir: &Path, id: &str) -> Stopped {
     let pid_file = sandbox_dir.join(PID_FILE);
-    if let Ok(text) = std::fs::read_to_string(&pid_file)
-        && let Ok(pid) = text.trim().parse::<i32>()
-    {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+    let Ok(text) = std::fs::read_to_string(&pid_file) else {
+        return Stopped::NoProxy;
+    };
+    let _ = std::fs::remove_file(&pid_file);
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return Stopped::WasDead;
+    };
+    if !is_our_proxy(pid, id) {
+        tracing::warn!(id, pid, "the egress proxy was not running");
+        return Stopped::WasDead;
     }
-    let _ = std::fs::remove_file(pid_file);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    Stopped::Killed
+}
+
+/// Whether `pid` is a live `agent-sandbox ... proxy ... ID` process.
+fn is_our_proxy(pid: i32, id: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    args.iter().any(|a| *a == b"proxy") && args.last() == Some(&id.as_bytes())
 }
 
 /// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on
@@ -227,6 +258,16 @@ fn net_record(event: &EgressEvent) -> Option<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pid_that_is_not_the_sandbox_proxy_is_never_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        // This test process is alive but is no proxy: stop must leave it alone.
+        std::fs::write(dir.path().join(PID_FILE), std::process::id().to_string()).unwrap();
+        assert_eq!(stop(dir.path(), "sb"), Stopped::WasDead);
+        assert!(!dir.path().join(PID_FILE).exists());
+        assert_eq!(stop(dir.path(), "sb"), Stopped::NoProxy);
+    }
 
     #[test]
     fn env_replaces_caller_proxy_variables() {

@@ -387,10 +387,10 @@ impl Runtime {
 
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
-        crate::egress::stop(&self.dirs.sandbox(id));
+        let proxy = crate::egress::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();
-        if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref()) {
+        if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
