@@ -4,13 +4,17 @@
 #   1. the runtime alone: create + start + wait + delete of /bin/true from a busybox
 #      bundle, each runtime with its own --root;
 #   2. podman run --rm --network none localhost/agent-sandbox/busybox:latest true,
-#      with --runtime agent-sandbox, crun and runc.
+#      with --runtime agent-sandbox, crun and runc;
+#   3. ctr run --rm --runtime io.agent.sandbox vs io.containerd.runc.v2 of the same
+#      image, then the RSS/PSS of each shim for a few detached sleeping containers.
 # Prints medians, p90 and ratios, and writes JSON (default target/bench/runtime.json).
 #
-# Usage: hack/bench-runtime.sh [--rounds N] [--podman-rounds N] [--sections runtime,podman]
-#                              [--agent-sandbox PATH] [--out FILE] [--max-seconds S]
-# Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_MAX_SECONDS (300),
-# AGENT_SANDBOX_BIN (default /usr/local/bin/agent-sandbox).
+# Usage: hack/bench-runtime.sh [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
+#                              [--sections runtime,podman,ctr] [--agent-sandbox PATH]
+#                              [--out FILE] [--max-seconds S]
+# Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_CTR_ROUNDS,
+# BENCH_SHIMS (3), BENCH_MAX_SECONDS (300), AGENT_SANDBOX_BIN (default
+# /usr/local/bin/agent-sandbox).
 #
 # Installs from Debian only what is missing. The agent-sandbox rows need the
 # runtime installed (hack/setup.sh); without it they say so and the others run.
@@ -58,6 +62,23 @@ fi
 if ! grep -qs '^default_ulimits' /etc/containers/containers.conf; then
     echo "bench-runtime.sh: warning: /etc/containers/containers.conf has no default_ulimits;" \
         "podman runs fail on this machine until hack/podman.sh has run" >&2
+fi
+
+# The ctr section (in the default set) needs containerd running with our shim and
+# the images imported: hack/containerd.sh does all three, idempotently.
+sections=runtime,podman,ctr
+for ((i = 1; i <= $#; i++)); do
+    case ${!i} in
+        --sections) j=$((i + 1)); sections=${!j:-} ;;
+        --sections=*) sections=${!i#--sections=} ;;
+    esac
+done
+if [[ ,$sections, == *,ctr,* ]]; then
+    if [[ ! -S /run/containerd/containerd.sock ]] || ! command -v containerd-shim-agent-sandbox >/dev/null ||
+        ! ctr --namespace default images ls -q 2>/dev/null | grep -qx "$image"; then
+        echo "bench-runtime.sh: setting up containerd (hack/containerd.sh)" >&2
+        hack/containerd.sh
+    fi
 fi
 
 exec /usr/bin/python3 hack/bench/bench.py "$@"

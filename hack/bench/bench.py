@@ -48,6 +48,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 # --- Linux primitives (ctypes; Python 3.11 has no os.setns) -------------------------
 
@@ -382,6 +383,228 @@ class PodmanCase(Case):
 # --- sections --------------------------------------------------------------------------
 
 
+class CtrRunCase(Case):
+    """ctr run --rm --runtime RUNTIME IMAGE ID true, through the running containerd."""
+
+    def __init__(self, name: str, runtime: str, shim: str, ctr: CtrClient, workdir: Path) -> None:
+        super().__init__()
+        self.name = name
+        self.runtime = runtime
+        self.shim = shim
+        self.ctr = ctr
+        self.slug = "ctr-" + name.replace(" ", "-")
+        self.run = CommandRunner(workdir, self.slug, timeout=120)
+        self.last_id = ""
+
+    def unavailable(self) -> str:
+        return self.ctr.unavailable() or ("" if which(self.shim) else f"{self.shim} is not installed (hack/containerd.sh installs ours)")
+
+    def run_once(self, tag: str) -> Sample:
+        cid = f"bench-{os.getpid()}-{tag}-{self.slug}"
+        self.last_id = cid
+        t0 = time.perf_counter_ns()
+        self.run(self.ctr.cmd("run", "--rm", "--runtime", self.runtime, self.ctr.image, cid, "true"))
+        t1 = time.perf_counter_ns()
+        self.last_id = ""
+        return Sample(t1 - t0)
+
+    def cleanup(self) -> None:
+        if self.last_id:
+            self.ctr.remove(self.last_id)
+            self.last_id = ""
+
+
+class CtrClient:
+    """ctr against the running containerd, in one namespace."""
+
+    def __init__(self, namespace: str, image: str) -> None:
+        self.binary = which("ctr")
+        self.namespace = namespace
+        self.image = image
+        self._unavailable: str | None = None
+
+    def cmd(self, *args: str) -> list[str]:
+        return [self.binary or "ctr", "--namespace", self.namespace, *args]
+
+    def unavailable(self) -> str:
+        if self._unavailable is None:
+            if not self.binary:
+                self._unavailable = "ctr is not installed (hack/containerd.sh)"
+            elif not Path(CONTAINERD_SOCKET).is_socket():
+                self._unavailable = f"containerd is not running ({CONTAINERD_SOCKET} missing; hack/containerd.sh starts it)"
+            else:
+                out = subprocess.run(self.cmd("images", "ls", "-q"), capture_output=True, text=True, timeout=60, check=False)
+                if out.returncode != 0:
+                    self._unavailable = f"`ctr images ls` exited {out.returncode}: {out.stderr.strip()[-300:]}"
+                elif self.image not in out.stdout.split():
+                    self._unavailable = f"image {self.image} is not in containerd's namespace {self.namespace} (hack/containerd.sh imports it)"
+                else:
+                    self._unavailable = ""
+        return self._unavailable
+
+    def remove(self, cid: str) -> None:
+        """Kills and deletes task and container `cid`, whatever state they are in."""
+        for argv in (("task", "kill", "--signal", "SIGKILL", cid), ("task", "delete", "--force", cid), ("containers", "delete", cid)):
+            subprocess.run(self.cmd(*argv), capture_output=True, timeout=60, check=False)
+
+    def task_pids(self) -> dict[str, int]:
+        out = subprocess.run(self.cmd("tasks", "ls"), capture_output=True, text=True, timeout=60, check=False)
+        pids = {}
+        for line in out.stdout.splitlines()[1:]:
+            f = line.split()
+            if len(f) >= 3 and f[2] == "RUNNING" and f[1].isdigit():
+                pids[f[0]] = int(f[1])
+        return pids
+
+
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+
+
+def ppid_of(pid: int) -> int:
+    # /proc/PID/stat: "pid (comm) state ppid ...", comm may hold spaces
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def smaps_rollup_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            fields[parts[0].rstrip(":")] = int(parts[1])
+    return {"rss_kib": fields["Rss"], "pss_kib": fields["Pss"]}
+
+
+def measure_shim_memory(ctr: CtrClient, runtimes: list[tuple[str, str, str]], per_runtime: int, settle_s: float) -> dict:
+    """Starts `per_runtime` detached `sleep 300` containers per runtime (interleaved),
+    finds each task's shim (the task's parent, checked by binary name and -id), reads
+    RSS and PSS from /proc/PID/smaps_rollup, then kills and deletes every container,
+    also on error or interrupt."""
+    result: dict = {"containers_per_runtime": per_runtime, "settle_seconds": settle_s, "unit": "KiB", "rows": [], "ratios": []}
+    started: list[str] = []
+    reasons = {}
+    reason = ctr.unavailable()
+    for name, _, shim in runtimes:
+        if reason:
+            reasons[name] = reason
+        elif not which(shim):
+            reasons[name] = f"{shim} is not installed"
+    usable = [x for x in runtimes if x[0] not in reasons]
+    errors: dict[str, str] = {}
+    shims: dict[str, list[dict]] = {name: [] for name, _, _ in runtimes}
+    ids: dict[str, list[str]] = {name: [] for name, _, _ in runtimes}
+    try:
+        for i in range(per_runtime):
+            for name, rt, _ in usable:
+                if name in errors:
+                    continue
+                cid = f"bench-{os.getpid()}-mem-{name.replace(' ', '-')}-{i}"
+                started.append(cid)
+                out = subprocess.run(
+                    ctr.cmd("run", "--detach", "--runtime", rt, ctr.image, cid, "sleep", "300"),
+                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False,
+                )
+                if out.returncode != 0:
+                    errors[name] = f"`ctr run --detach --runtime {rt}` exited {out.returncode}: {out.stderr.strip()[-400:]}"
+                    log(f"ctr/shim memory/{name}: {errors[name]}")
+                else:
+                    ids[name].append(cid)
+        time.sleep(settle_s)  # let each shim finish its start-up allocations
+        pids = ctr.task_pids()
+        for name, _, shim in usable:
+            if name in errors:
+                continue
+            for cid in ids[name]:
+                try:
+                    task = pids[cid]
+                    spid = ppid_of(task)
+                    exe = os.path.basename(os.readlink(f"/proc/{spid}/exe"))
+                    argv = Path(f"/proc/{spid}/cmdline").read_bytes().split(b"\0")
+                    if exe != shim:
+                        raise CaseFailed(f"the parent of task {cid} (pid {task}) is pid {spid} running {exe}, not {shim}")
+                    shim_id = argv[argv.index(b"-id") + 1].decode() if b"-id" in argv else ""
+                    shims[name].append({"container": cid, "task_pid": task, "shim_pid": spid, "shim_id": shim_id, **smaps_rollup_kib(spid)})
+                except KeyError:
+                    errors[name] = f"task {cid} is not RUNNING in `ctr tasks ls`"
+                except (OSError, ValueError, IndexError, CaseFailed) as e:
+                    errors[name] = f"cannot read the shim of {cid}: {e}"
+                if name in errors:
+                    log(f"ctr/shim memory/{name}: {errors[name]}")
+                    break
+    finally:
+        for cid in started:
+            ctr.remove(cid)
+    by_name = {}
+    for name, rt, shim in runtimes:
+        row: dict = {"name": name, "runtime": rt, "shim": shim}
+        if name in reasons:
+            row.update(status="missing", error=reasons[name])
+        elif name in errors:
+            row.update(status="failed", error=errors[name])
+        elif not shims[name]:
+            row.update(status="failed", error="no shim found")
+        else:
+            got = shims[name]
+            distinct = {s["shim_pid"] for s in got}
+            one_per_container = len(distinct) == len(got)
+            per_shim = {s["shim_pid"]: s for s in got}.values()
+            row.update(
+                status="ok",
+                shims=len(distinct),
+                one_shim_per_container=one_per_container,
+                rss_kib=summarize([s["rss_kib"] for s in per_shim]),
+                pss_kib=summarize([s["pss_kib"] for s in per_shim]),
+                pss_total_kib=sum(s["pss_kib"] for s in per_shim),
+                samples=got,
+            )
+        result["rows"].append(row)
+        by_name[name] = row
+    if len(runtimes) >= 2:
+        a, b = by_name[runtimes[0][0]], by_name[runtimes[1][0]]
+        entry = {"numerator": a["name"], "denominator": b["name"]}
+        if a["status"] == b["status"] == "ok":
+            entry["status"] = "ok"
+            for key in ("rss_kib", "pss_kib"):
+                entry[f"{key.split('_')[0]}_ratio_of_medians"] = round(a[key]["median"] / b[key]["median"], 3)
+        else:
+            entry["status"] = "pending: no figure for " + ", ".join(r["name"] for r in (a, b) if r["status"] != "ok")
+        result["ratios"].append(entry)
+        value = entry.get("rss_ratio_of_medians")
+        result["target"] = {
+            "text": "issue 4: shim RSS under 0.3x containerd-shim-runc-v2's, per running container",
+            "limit_ratio": 0.3,
+            "ratio": value,
+            "verdict": "pending" if value is None else ("met" if value <= 0.3 else "missed"),
+        }
+    return result
+
+
+def print_shim_memory(mem: dict) -> None:
+    print(f"\nshim memory: {mem['containers_per_runtime']} detached `sleep 300` containers per runtime, read {mem['settle_seconds']:.0f} s after start (/proc/PID/smaps_rollup)")
+    print(f"  {'case':<17} {'shims':>5} {'RSS median':>11} {'RSS p90':>9} {'PSS median':>11} {'PSS p90':>9} {'PSS total':>10}")
+    for row in mem["rows"]:
+        if row["status"] != "ok":
+            label = "NOT MEASURED" if row["status"] == "missing" else "FAILED"
+            print(f"  {row['name']:<17} {label}: {row.get('error', '')}")
+            continue
+        r, p = row["rss_kib"], row["pss_kib"]
+        print(
+            f"  {row['name']:<17} {row['shims']:>5} {r['median'] / 1024:>7.2f} MiB {r['p90'] / 1024:>5.2f} MiB {p['median'] / 1024:>7.2f} MiB "
+            f"{p['p90'] / 1024:>5.2f} MiB {row['pss_total_kib'] / 1024:>6.2f} MiB"
+            + ("" if row["one_shim_per_container"] else "   (shims shared between containers)")
+        )
+    for e in mem["ratios"]:
+        label = f"{e['numerator']} / {e['denominator']}"
+        if e["status"] != "ok":
+            print(f"  ratio {label:<26} {e['status']}")
+        else:
+            print(f"  ratio {label:<26} RSS {e['rss_ratio_of_medians']:.2f}   PSS {e['pss_ratio_of_medians']:.2f}")
+    if "target" in mem:
+        t = mem["target"]
+        value = f" (ratio {t['ratio']:.2f})" if t["ratio"] is not None else ""
+        print(f"  target: {t['text']}: {t['verdict'].upper()}{value}")
+
+
 @dataclass
 class Section:
     key: str
@@ -395,6 +618,10 @@ class Section:
     # (case, reference, max ratio, text): a target from the issues
     target: tuple[str, str, float, str] | None = None
     notes: list[str] = field(default_factory=list)
+    # A measurement that is not a timed round (e.g. shim memory): run after the
+    # rounds, its result stored under `extra_key` in the section's JSON.
+    extra: Callable[[], dict] | None = None
+    extra_key: str = ""
 
 
 def make_bundle(workdir: Path, busybox: str, runc: str | None) -> Path:
@@ -477,7 +704,31 @@ def section_podman(args, workdir: Path, hybrid: bool) -> Section:
     )
 
 
-SECTIONS = {"runtime": section_runtime, "podman": section_podman}
+CTR_RUNTIMES = [
+    ("agent-sandbox", "io.agent.sandbox", "containerd-shim-agent-sandbox"),
+    ("runc", "io.containerd.runc.v2", "containerd-shim-runc-v2"),
+]
+
+
+def section_ctr(args, workdir: Path, hybrid: bool) -> Section:
+    ctr = CtrClient(args.ctr_namespace, args.image)
+    cases: list[Case] = [CtrRunCase(name, rt, shim, ctr, workdir) for name, rt, shim in CTR_RUNTIMES]
+    return Section(
+        key="ctr",
+        title=f"ctr run --rm --runtime R {args.image} ID true (containerd, namespace {args.ctr_namespace})",
+        cases=cases,
+        rounds=args.ctr_rounds,
+        warmup=args.warmup,
+        subreaper=False,  # the shims daemonize; containerd expects them to go to init
+        ratios=[("agent-sandbox", "runc")],
+        target=("agent-sandbox", "runc", 0.9, "issue 4: ctr run --rm latency at most 0.9x io.containerd.runc.v2"),
+        notes=["runc = io.containerd.runc.v2 (containerd-shim-runc-v2 driving runc); agent-sandbox = io.agent.sandbox"],
+        extra=(lambda: measure_shim_memory(ctr, CTR_RUNTIMES, args.shims, args.shim_settle)) if args.shims > 0 else None,
+        extra_key="shim_memory",
+    )
+
+
+SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr}
 
 
 # --- running -----------------------------------------------------------------------------
@@ -659,6 +910,17 @@ def print_section(res: dict) -> None:
         print("  * reference row: the harness's own cost of spawning three processes, included in every row above")
 
 
+def shim_version(binary: str | None) -> str:
+    """The `Version:` line of a shim's `-v` (its first line is only the name)."""
+    if not binary:
+        return "not installed"
+    try:
+        out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unavailable ({e})"
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("Version:")), out.strip() or "unavailable")
+
+
 def versions(args) -> dict:
     def ver(binary: str | None) -> str:
         return first_line([binary, "--version"]) if binary and os.access(binary, os.X_OK) else "not installed"
@@ -685,6 +947,10 @@ def versions(args) -> dict:
         "crun": ver(which("crun")),
         "runc": ver(which("runc")),
         "podman": ver(which("podman")),
+        "containerd": ver(which("containerd")),
+        "containerd-shim-agent-sandbox": shim_version(which("containerd-shim-agent-sandbox")),
+        "containerd-shim-agent-sandbox_binary": identity(which("containerd-shim-agent-sandbox") or ""),
+        "containerd-shim-runc-v2": shim_version(which("containerd-shim-runc-v2")),
         "conmon": ver(which("conmon")),
         "busybox": first_line([args.busybox]) if os.access(args.busybox, os.X_OK) else "not installed",
         "git_commit": commit,
@@ -693,11 +959,17 @@ def versions(args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", default="runtime,podman", help="comma-separated: " + ", ".join(SECTIONS))
+    p.add_argument("--sections", default="runtime,podman,ctr", help="comma-separated: " + ", ".join(SECTIONS))
     p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 30)), help="rounds of the runtime section (env BENCH_ROUNDS)")
     p.add_argument(
         "--podman-rounds", type=int, default=int(os.environ.get("BENCH_PODMAN_ROUNDS", 0)) or None, help="rounds of the podman section (default: --rounds)"
     )
+    p.add_argument(
+        "--ctr-rounds", type=int, default=int(os.environ.get("BENCH_CTR_ROUNDS", 0)) or None, help="rounds of the ctr section (env BENCH_CTR_ROUNDS; default: --rounds)"
+    )
+    p.add_argument("--shims", type=int, default=int(os.environ.get("BENCH_SHIMS", 3)), help="detached containers per runtime for the shim memory (0: skip)")
+    p.add_argument("--shim-settle", type=float, default=2.0, help="seconds between starting the containers and reading shim memory")
+    p.add_argument("--ctr-namespace", default="default", help="containerd namespace holding the image")
     p.add_argument("--warmup", type=int, default=2, help="unrecorded runs per case before measuring")
     p.add_argument("--max-seconds", type=float, default=float(os.environ.get("BENCH_MAX_SECONDS", 300)), help="stop starting new rounds after this long")
     p.add_argument("--agent-sandbox", default=os.environ.get("AGENT_SANDBOX_BIN", "/usr/local/bin/agent-sandbox"), help="runtime under test (env AGENT_SANDBOX_BIN)")
@@ -707,8 +979,12 @@ def main() -> int:
     args = p.parse_args()
     if args.podman_rounds is None:
         args.podman_rounds = args.rounds
-    if args.rounds < 1 or args.podman_rounds < 1:
-        p.error("--rounds and --podman-rounds must be at least 1")
+    if args.ctr_rounds is None:
+        args.ctr_rounds = args.rounds
+    if args.rounds < 1 or args.podman_rounds < 1 or args.ctr_rounds < 1:
+        p.error("--rounds, --podman-rounds and --ctr-rounds must be at least 1")
+    if args.shims < 0:
+        p.error("--shims must be 0 or more")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown:
@@ -735,8 +1011,12 @@ def main() -> int:
         f"machine: {mach['os']}, kernel {mach['kernel']}, {mach['nproc']} CPUs ({mach['cpu']}), {mach['memory_mib']} MiB, "
         f"load {' '.join(mach['loadavg'])}, cgroups {cg['layout']} (v1: {' '.join(cg['v1_controllers'])}; cgroup2 controllers: {' '.join(cg['cgroup2_controllers']) or 'none'})"
     )
-    for k in ("agent-sandbox", "crun", "runc", "podman"):
+    for k in ("agent-sandbox", "crun", "runc", "podman", "containerd"):
         print(f"{k}: {result['versions'][k]}")
+    for k in ("containerd-shim-agent-sandbox", "containerd-shim-runc-v2"):
+        ident = result["versions"].get(f"{k}_binary")
+        extra = f", {ident['size_bytes'] / 1e6:.1f} MB, modified {ident['modified']}, sha256 {ident['sha256'][:12]}" if ident else ""
+        print(f"{k}: {result['versions'][k]}{extra}")
     ident = result["versions"]["agent-sandbox_binary"]
     if ident:
         print(f"agent-sandbox binary: {args.agent_sandbox}, {ident['size_bytes'] / 1e6:.1f} MB, modified {ident['modified']}, sha256 {ident['sha256'][:12]}")
@@ -749,8 +1029,13 @@ def main() -> int:
             log(f"{key}: {section.rounds} rounds of {len(section.cases)} cases")
             run_section(section, views, deadline)
             res = section_result(section)
+            if section.extra:
+                log(f"{key}: {section.extra_key.replace('_', ' ')}")
+                res[section.extra_key] = section.extra()
             result["sections"][key] = res
             print_section(res)
+            if "shim_memory" in res:
+                print_shim_memory(res["shim_memory"])
     result["loadavg_at_end"] = read("/proc/loadavg").split()[:3]
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = Path(args.out)
