@@ -350,7 +350,12 @@ pub fn leftovers(id: &str, pids: &[u32]) -> Vec<String> {
     ] {
         found.extend(find_named(&Path::new("/sys/fs/cgroup").join(ctrl), id, 4));
     }
-    found.extend(find_named(Path::new(RUNTIME_ROOT), id, 3));
+    // The sandbox's audit log outlives it on purpose (kept until pruned): not a leftover.
+    found.extend(
+        find_named(Path::new(RUNTIME_ROOT), id, 3)
+            .into_iter()
+            .filter(|p| !p.contains("/audit/")),
+    );
     found.extend(find_named(
         Path::new("/run/containerd/io.containerd.runtime.v2.task"),
         id,
