@@ -35,9 +35,10 @@ step "podman"
 hack/podman.sh
 
 step "release binaries"
-cargo build --release --locked -p agent-sandbox -p containerd-shim-agent-sandbox
+# The shim is built (static, size-optimised) and installed by hack/containerd.sh.
+cargo build --release --locked -p agent-sandbox
 target_dir=${CARGO_TARGET_DIR:-target}
-for bin in agent-sandbox containerd-shim-agent-sandbox; do
+for bin in agent-sandbox; do
     if [[ ! -x $target_dir/release/$bin ]]; then
         echo "setup.sh: cargo did not produce $target_dir/release/$bin" >&2
         exit 1
