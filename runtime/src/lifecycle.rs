@@ -12,6 +12,9 @@ use libcontainer::oci_spec::runtime::{Process, Spec};
 use libcontainer::syscall::syscall::SyscallType;
 use serde::{Deserialize, Serialize};
 
+use agent_sandbox_policy::SandboxPolicy;
+use agent_sandbox_policy::layers::LayerPlan;
+
 use crate::enforce::{self, EnforceError};
 use crate::id::ContainerId;
 use crate::idmap::{self, IdMapError, IdRange};
@@ -447,13 +450,7 @@ impl Runtime {
     /// sandbox when the time is up (the limit is not part of the OCI spec).
     fn arm_wall_clock(&self, id: &ContainerId, c: &Container) -> Result<()> {
         let dir = self.dirs.sandbox(id);
-        let ceiling = crate::sandbox::Ceiling::load_saved(&dir)?;
-        let config = c.bundle().join("config.json");
-        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
-            path: config.clone(),
-            source,
-        })?;
-        let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let (policy, _, _) = self.saved_policy(id, c.bundle())?;
         let secs = policy.resources.wall_clock.get();
         if secs == 0 {
             return Ok(());
@@ -507,17 +504,29 @@ impl Runtime {
         .map_err(|source| LifecycleError::Container { op: "kill", source })
     }
 
-    /// The egress proxy body (hidden `proxy` command, spawned by `create`):
-    /// serves the sandbox's effective allowlist on its netns until killed.
-    pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
-        let dir = self.dirs.sandbox(id);
-        let ceiling = crate::sandbox::Ceiling::load_saved(&dir)?;
-        let config = dir.join("bundle").join("config.json");
+    /// The effective policy of a created sandbox, as at create: its saved ceiling
+    /// narrowed by the annotations of its hardened spec (in `bundle`), with the
+    /// layer plan and that spec. Start, exec and the proxy all use this.
+    fn saved_policy(
+        &self,
+        id: &ContainerId,
+        bundle: &Path,
+    ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
+        let ceiling = crate::sandbox::Ceiling::load_saved(&self.dirs.sandbox(id))?;
+        let config = bundle.join("config.json");
         let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
-        let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let (policy, plan) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        Ok((policy, plan, hardened))
+    }
+
+    /// The egress proxy body (hidden `proxy` command, spawned by `create`):
+    /// serves the sandbox's effective allowlist on its netns until killed.
+    pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
+        let bundle = self.dirs.sandbox(id).join("bundle");
+        let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         crate::egress::serve(netns, &policy, &log, id.as_str()).map_err(LifecycleError::Egress)
     }
@@ -654,14 +663,7 @@ impl Runtime {
             None => inline_process(&c, opts)?,
         };
         let dir = self.dirs.sandbox(id);
-        // The same ceiling and annotations as at create: same policy, same layers.
-        let ceiling = crate::sandbox::Ceiling::load_saved(&dir)?;
-        let config = c.bundle().join("config.json");
-        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
-            path: config.clone(),
-            source,
-        })?;
-        let (policy, plan) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::sandbox::harden_exec(process, &policy)?;
         if crate::egress::wanted(&policy) {
             let mut env = process.env().clone().unwrap_or_default();
