@@ -23,6 +23,8 @@ packages=(
     apparmor
     # tests and benchmarks
     iproute2 iptables hyperfine jq python3 procps util-linux git
+    # The proxy's client tests: git over ssh through netcat's SOCKS mode, TLS via openssl.
+    netcat-openbsd openssh-client openssl
 )
 
 missing=()
