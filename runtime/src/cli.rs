@@ -121,6 +121,22 @@ pub enum Command {
         #[arg(num_args = 1..=2, value_name = "ID")]
         args: Vec<String>,
     },
+    /// List what a sandbox changed in its workspace overlay (A added, M modified, D deleted,
+    /// O opaque dir), before `delete` discards it
+    Diff { id: String },
+    /// Hand a sandbox's workspace changes out for review: `--to-dir DIR` or `--to-tar FILE`
+    /// (new paths); nothing reaches the real workspace unless someone copies it there
+    Export {
+        #[arg(
+            long = "to-dir",
+            conflicts_with = "to_tar",
+            required_unless_present = "to_tar"
+        )]
+        to_dir: Option<PathBuf>,
+        #[arg(long = "to-tar")]
+        to_tar: Option<PathBuf>,
+        id: String,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -211,6 +227,8 @@ pub enum CliError {
     NoAuditLog { id: String, path: PathBuf },
     #[error("audit trail")]
     Audit(#[from] agent_sandbox_audit::AuditError),
+    #[error("workspace review")]
+    Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -405,6 +423,39 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             } else {
                 print!("{}", crate::audit::show(&log, json)?);
             }
+        }
+        Command::Diff { id } => {
+            let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;
+            for c in agent_sandbox_audit::diff(&ws.upper, Some(&ws.lower))? {
+                let target = c
+                    .link_target
+                    .as_ref()
+                    .map(|t| format!(" -> {}", t.display()))
+                    .unwrap_or_default();
+                println!(
+                    "{} /{} ({}){target}",
+                    c.kind.letter(),
+                    c.path.display(),
+                    c.file_type.name()
+                );
+            }
+        }
+        Command::Export { to_dir, to_tar, id } => {
+            let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;
+            let target = match (to_dir, to_tar) {
+                (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
+                (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
+                (None, None) => return Err(CliError::NoCommand),
+            };
+            let s = agent_sandbox_audit::export(&ws.upper, Some(&ws.lower), &target)?;
+            println!(
+                "exported {} files ({} bytes), {} dirs, {} symlinks; {} deletions listed",
+                s.files,
+                s.bytes,
+                s.dirs,
+                s.symlinks,
+                s.deleted.len()
+            );
         }
         Command::Watchdog { seconds, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds)?

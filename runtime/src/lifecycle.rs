@@ -79,6 +79,8 @@ pub enum LifecycleError {
     Egress(#[source] crate::egress::EgressError),
     #[error("audit trail")]
     Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("container {id} has no workspace overlay")]
+    NoWorkspace { id: ContainerId },
     #[error("cannot bring lo up in the sandbox network namespace")]
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
     #[error("cgroups layer: {detail}")]
@@ -520,6 +522,19 @@ impl Runtime {
         })?;
         let (policy, plan) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
         Ok((policy, plan, hardened))
+    }
+
+    /// The workspace overlay of an existing sandbox (for `diff` and `export`).
+    pub fn workspace(&self, id: &ContainerId) -> Result<mounts::WorkspaceOverlay> {
+        let dir = self.dirs.sandbox(id);
+        if !dir.exists() {
+            return Err(LifecycleError::NotExist { id: id.clone() });
+        }
+        let path = dir.join(WORKSPACE_FILE);
+        if !path.exists() {
+            return Err(LifecycleError::NoWorkspace { id: id.clone() });
+        }
+        read_json(&path)
     }
 
     /// The egress proxy body (hidden `proxy` command, spawned by `create`):

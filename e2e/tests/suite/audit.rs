@@ -511,3 +511,107 @@ fn sandbox_can_neither_see_nor_write_its_audit_log_but_a_runc_container_can() ->
     );
     Ok(())
 }
+
+/// `agent-sandbox ARGS...` (rootful podman's state root).
+fn runtime_cmd(args: &[&str]) -> anyhow::Result<Output> {
+    harness::require_file(RUNTIME_BIN)?;
+    harness::run(Command::new(RUNTIME_BIN).args(args), DEFAULT_TIMEOUT)
+}
+
+#[test]
+fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_files()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let dir = tempfile::tempdir()?;
+    let workspace = dir.path().join("ws");
+    fs::create_dir_all(workspace.join("sub"))?;
+    fs::write(workspace.join("a.txt"), "original\n")?;
+    fs::write(workspace.join("sub/old.txt"), "old\n")?;
+    // The sandbox's users are unprivileged host ids: let them write through the overlay.
+    harness::run_ok(
+        Command::new("chmod").args(["-R", "a+rwX"]).arg(&workspace),
+        DEFAULT_TIMEOUT,
+    )?;
+    let name = unique_name("review");
+    let _guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let script = "echo new > /workspace/new.txt && echo changed > /workspace/a.txt \
+                  && rm /workspace/sub/old.txt && ln -s /etc/passwd /workspace/evil \
+                  && touch /tmp/done && sleep 600";
+    let out = sandbox().run_ok(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "-v",
+        &format!("{}:/workspace", workspace.display()),
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ])?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id\n{out}");
+    // Wait until the script has made its changes.
+    let mut diff = runtime_cmd(&["diff", &id])?;
+    for _ in 0..50 {
+        if diff.stdout.contains("/evil") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        diff = runtime_cmd(&["diff", &id])?;
+    }
+    ensure!(diff.code == Some(0), "diff failed\n{diff}");
+    for line in [
+        "A /new.txt (file)",
+        "M /a.txt (file)",
+        "D /sub/old.txt (file)",
+        "A /evil (symlink) -> /etc/passwd",
+    ] {
+        ensure!(diff.stdout.contains(line), "diff lacks {line:?}\n{diff}");
+    }
+
+    let export = dir.path().join("review");
+    let out = runtime_cmd(&["export", "--to-dir", &export.display().to_string(), &id])?;
+    ensure!(out.code == Some(0), "export failed\n{out}");
+    ensure!(
+        fs::read_to_string(export.join("new.txt"))? == "new\n",
+        "{out}"
+    );
+    ensure!(
+        fs::read_to_string(export.join("a.txt"))? == "changed\n",
+        "{out}"
+    );
+    let evil = fs::symlink_metadata(export.join("evil"))?;
+    ensure!(
+        evil.file_type().is_symlink(),
+        "the symlink was followed on export"
+    );
+    let deleted = fs::read(export.join(".agent-sandbox-deleted"))?;
+    ensure!(
+        String::from_utf8_lossy(&deleted).contains("sub/old.txt"),
+        "deleted manifest: {deleted:?}"
+    );
+
+    // Nothing reached the host workspace.
+    ensure!(!workspace.join("new.txt").exists());
+    ensure!(!workspace.join("evil").exists());
+    ensure!(fs::read_to_string(workspace.join("a.txt"))? == "original\n");
+    ensure!(workspace.join("sub/old.txt").exists());
+
+    // Bad input: an unknown id, and a sandbox without a workspace.
+    let unknown = runtime_cmd(&["diff", "no-such-sandbox"])?;
+    ensure!(
+        unknown.code == Some(1) && unknown.stderr.contains("does not exist"),
+        "{unknown}"
+    );
+    Ok(())
+}
