@@ -52,6 +52,28 @@ fn is_sealed<F: AsFd>(file: &F) -> bool {
     }
 }
 
+/// Adds the required seals. F_SEAL_WRITE fails with EBUSY while the kernel
+/// still holds transient extra references to the copy's freshly written pages
+/// (seen under load, about once in a few hundred creates); the kernel waits
+/// only briefly for them, so retry a bounded number of times before failing.
+fn seal(copy: &File) -> Result<(), SelfExecError> {
+    const ATTEMPTS: u32 = 100;
+    let mut attempt = 1;
+    loop {
+        match fcntl(
+            copy.as_fd().as_raw_fd(),
+            FcntlArg::F_ADD_SEALS(required_seals()),
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::Error::EBUSY) if attempt < ATTEMPTS => {
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(err) => return Err(SelfExecError::Seal(err)),
+        }
+    }
+}
+
 /// Re-executes the current binary from a sealed memfd copy, with the same
 /// arguments and environment. Returns `Ok(())` without doing anything when the
 /// process already runs from a sealed copy; otherwise it does not return on
@@ -68,11 +90,7 @@ pub fn reexec_from_sealed_copy() -> Result<(), SelfExecError> {
     .map_err(SelfExecError::MemfdCreate)?;
     let mut copy = File::from(memfd);
     io::copy(&mut exe, &mut copy).map_err(SelfExecError::Copy)?;
-    fcntl(
-        copy.as_fd().as_raw_fd(),
-        FcntlArg::F_ADD_SEALS(required_seals()),
-    )
-    .map_err(SelfExecError::Seal)?;
+    seal(&copy)?;
 
     let args = std::env::args_os()
         .map(|a| CString::new(std::os::unix::ffi::OsStringExt::into_vec(a)))
