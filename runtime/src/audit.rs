@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use agent_sandbox_audit::{AuditError, AuditLog, Event};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
-use libcontainer::oci_spec::runtime::Process;
+use libcontainer::oci_spec::runtime::{Process, Spec};
 use sha2::{Digest, Sha256};
 
 use crate::id::ContainerId;
@@ -69,20 +69,25 @@ pub fn created(
     append(dirs, id, &events)
 }
 
-/// The `exec` record of a process about to run in the sandbox (env keys only).
+/// The `exec` record of a process about to run in the sandbox (env keys only),
+/// tagged with the tool-call id from the sandbox's annotation or the process env.
 pub fn exec(
     dirs: &StateDirs,
     id: &ContainerId,
     process: &Process,
-    tool_call_annotation: Option<&str>,
+    hardened: &Spec,
 ) -> Result<(), AuditError> {
     let env = process.env().clone().unwrap_or_default();
+    let annotation = hardened
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION));
     let event = Event::exec(
         process.args().clone().unwrap_or_default(),
         &env,
         process.cwd().to_string_lossy().into_owned(),
         process.user().uid(),
-        agent_sandbox_audit::tool_call_id(tool_call_annotation, &env),
+        agent_sandbox_audit::tool_call_id(annotation.map(String::as_str), &env),
     );
     append(dirs, id, &[event])
 }

@@ -17,7 +17,7 @@ use agent_sandbox_audit::{AuditError, AuditLog, Event};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::policy::NetworkMode;
 use agent_sandbox_proxy::{EgressEvent, Outcome, Proxy, Stage, SystemResolver};
-use libcontainer::oci_spec::runtime::Spec;
+use libcontainer::oci_spec::runtime::Process;
 
 /// Name of the proxy's pid file in the sandbox directory.
 pub const PID_FILE: &str = "proxy.pid";
@@ -54,15 +54,13 @@ pub fn wanted(policy: &SandboxPolicy) -> bool {
 }
 
 /// Adds the proxy's environment (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY in both
-/// cases, and the variables npm, pip, git and the JVM read) to the process.
-/// Adding these never widens the sandbox: without the proxy they lead nowhere.
-pub fn inject_env(spec: &mut Spec, policy: &SandboxPolicy) {
+/// cases, and the variables npm, pip, git and the JVM read) to a process of the
+/// sandbox (init or exec). Adding these never widens the sandbox: without the
+/// proxy they lead nowhere.
+pub fn inject_env(process: &mut Process, policy: &SandboxPolicy) {
     if !wanted(policy) {
         return;
     }
-    let Some(process) = spec.process_mut().as_mut() else {
-        return;
-    };
     let mut env = process.env().clone().unwrap_or_default();
     add_env(&mut env, policy.network.proxy_port);
     process.set_env(Some(env));

@@ -301,7 +301,9 @@ impl Runtime {
             .spec_profile_name()
             .unwrap_or_else(|| ceiling.origin.clone());
         let mut spec = prepared.spec;
-        crate::egress::inject_env(&mut spec, &prepared.policy);
+        if let Some(process) = spec.process_mut().as_mut() {
+            crate::egress::inject_env(process, &prepared.policy);
+        }
         write_json(&record_path(&self.dirs, id), &record)?;
         mounts::ensure_mount_points(&rootfs_src, &spec)?;
         crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
@@ -359,12 +361,7 @@ impl Runtime {
         crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
             .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
-            let tool_call = spec
-                .annotations()
-                .as_ref()
-                .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION).cloned());
-            crate::audit::exec(&self.dirs, id, process, tool_call.as_deref())
-                .map_err(LifecycleError::Audit)?;
+            crate::audit::exec(&self.dirs, id, process, &spec).map_err(LifecycleError::Audit)?;
         }
         if let Some(res) = &rootless_limits {
             crate::sandbox::apply_v1_limits(&spec, id, res)?;
@@ -680,17 +677,8 @@ impl Runtime {
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::sandbox::harden_exec(process, &policy)?;
-        if crate::egress::wanted(&policy) {
-            let mut env = process.env().clone().unwrap_or_default();
-            crate::egress::add_env(&mut env, policy.network.proxy_port);
-            process.set_env(Some(env));
-        }
-        let tool_call = hardened
-            .annotations()
-            .as_ref()
-            .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION).cloned());
-        crate::audit::exec(&self.dirs, id, &process, tool_call.as_deref())
-            .map_err(LifecycleError::Audit)?;
+        crate::egress::inject_env(&mut process, &policy);
+        crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
         let init_pid = c
