@@ -63,25 +63,9 @@ if [[ ! -f $config ]] || [[ "$(cat "$config")" != "$desired" ]]; then
     config_changed=1
 fi
 
-# 3. the shim, where containerd looks for it ($PATH). One shim runs per container (or pod),
-# so it is built for a small resident set: statically linked (no shared libc, libm and loader
-# pulled in whole by the kernel's fault-around) and optimised for size. That is
-# 4.0 MiB RSS against 6.0 MiB for the default release build (containerd-shim-runc-v2: 12.9).
-# Its own target directory, like the probe's, keeps the workspace's build cache intact.
-if ! command -v cargo >/dev/null && [[ -f $HOME/.cargo/env ]]; then
-    # shellcheck source=/dev/null
-    . "$HOME/.cargo/env"
-fi
-target_dir=${CARGO_TARGET_DIR:-target}
-triple=x86_64-unknown-linux-gnu
-CARGO_PROFILE_RELEASE_OPT_LEVEL=s RUSTFLAGS='-C target-feature=+crt-static' \
-    CARGO_TARGET_DIR=$target_dir/shim-static \
-    cargo build --release --locked -p "$shim" --target "$triple"
-built=$target_dir/shim-static/$triple/release/$shim
-if ! cmp -s "$built" "/usr/local/bin/$shim"; then
-    # Replace atomically: running shims keep the old inode.
-    install -m 0755 "$built" "/usr/local/bin/.$shim.new"
-    mv -f "/usr/local/bin/.$shim.new" "/usr/local/bin/$shim"
+# 3. the shim, where containerd looks for it ($PATH), and the runtime it drives
+if [[ ! -x /usr/local/bin/$shim || ! -x /usr/local/bin/agent-sandbox ]]; then
+    hack/install-bins.sh /usr/local/bin
 fi
 
 # 4. containerd in the background

@@ -34,30 +34,12 @@ hack/install-deps.sh
 step "podman"
 hack/podman.sh
 
-step "release binaries"
-# The shim is built (static, size-optimised) and installed by hack/containerd.sh.
-cargo build --release --locked -p agent-sandbox
-target_dir=${CARGO_TARGET_DIR:-target}
-for bin in agent-sandbox; do
-    if [[ ! -x $target_dir/release/$bin ]]; then
-        echo "setup.sh: cargo did not produce $target_dir/release/$bin" >&2
-        exit 1
-    fi
-    # Replace atomically: a running container may hold the old binary.
-    install -m 0755 "$target_dir/release/$bin" "/usr/local/bin/.$bin.new"
-    mv -f "/usr/local/bin/.$bin.new" "/usr/local/bin/$bin"
-done
-
-step "probe"
-# A separate target directory, so the static RUSTFLAGS do not invalidate the
-# workspace's own build cache.
-probe_target=$target_dir/probe
-RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR=$probe_target \
-    cargo build --release --locked -p agent-sandbox-probe --target x86_64-unknown-linux-gnu
-probe=$probe_target/x86_64-unknown-linux-gnu/release/probe
+step "binaries"
+# The runtime, the static shim and the static probe, into /usr/local/bin.
+hack/install-bins.sh /usr/local/bin
 
 step "images"
-hack/images.sh "$probe"
+hack/images.sh /usr/local/bin/probe
 
 if [[ -x hack/containerd.sh ]]; then
     step "containerd"

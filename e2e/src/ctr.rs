@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, Output, RUNTIME_BIN, SHIM_BIN};
+use crate::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, Output};
 
 /// containerd's socket as `hack/containerd.sh` starts it.
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
@@ -29,10 +29,13 @@ pub enum Shim {
 }
 
 impl Shim {
-    pub fn runtime_name(self) -> &'static str {
+    /// The value of `ctr run --runtime`: the runtime name containerd resolves on its PATH, or
+    /// the shim's absolute path when `AGENT_SANDBOX_BIN_DIR` points elsewhere.
+    pub fn runtime_name(self) -> String {
         match self {
-            Shim::AgentSandbox => "io.agent.sandbox",
-            Shim::RuncV2 => "io.containerd.runc.v2",
+            Shim::AgentSandbox if harness::default_bin_dir() => "io.agent.sandbox".to_owned(),
+            Shim::AgentSandbox => harness::shim_bin().display().to_string(),
+            Shim::RuncV2 => "io.containerd.runc.v2".to_owned(),
         }
     }
 
@@ -81,8 +84,8 @@ fn shell_quote(word: &str) -> String {
 /// the test image is imported.
 pub fn require_containerd() -> anyhow::Result<()> {
     harness::require_tool("ctr")?;
-    harness::require_file(SHIM_BIN)?;
-    harness::require_file(RUNTIME_BIN)?;
+    harness::require_file(harness::shim_bin())?;
+    harness::require_file(harness::runtime_bin())?;
     let version = harness::run(ctr().arg("version"), Duration::from_secs(20))?;
     if !version.success() {
         bail!("containerd does not answer on {SOCKET}; run hack/containerd.sh\n{version}");
@@ -116,7 +119,7 @@ pub fn run_rm(
 ) -> anyhow::Result<Output> {
     let _cleanup = Container::guard(id);
     let mut c = ctr();
-    c.args(["run", "--rm", "--runtime", shim.runtime_name()])
+    c.args(["run", "--rm", "--runtime", &shim.runtime_name()])
         .args(args)
         .arg(image)
         .arg(id)
@@ -154,7 +157,7 @@ impl Container {
     ) -> anyhow::Result<Self> {
         let container = Self::guard(id);
         let mut c = ctr();
-        c.args(["run", "-d", "--runtime", shim.runtime_name()])
+        c.args(["run", "-d", "--runtime", &shim.runtime_name()])
             .args(args)
             .arg(image)
             .arg(id)

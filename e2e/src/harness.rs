@@ -28,9 +28,33 @@ pub const BUSYBOX_IMAGE: &str = "localhost/agent-sandbox/busybox:latest";
 pub const TOOLS_IMAGE: &str = "localhost/agent-sandbox/tools:latest";
 /// OCI archives of the test images.
 pub const IMAGE_ARCHIVE_DIR: &str = "/var/cache/agent-sandbox/images";
-/// Installed binaries.
-pub const RUNTIME_BIN: &str = "/usr/local/bin/agent-sandbox";
-pub const SHIM_BIN: &str = "/usr/local/bin/containerd-shim-agent-sandbox";
+/// Where `hack/setup.sh` installs our binaries.
+pub const DEFAULT_BIN_DIR: &str = "/usr/local/bin";
+/// Overrides [`DEFAULT_BIN_DIR`], so that several work trees on one machine can each test their
+/// own build (`hack/install-bins.sh DIR` fills such a directory).
+pub const BIN_DIR_ENV: &str = "AGENT_SANDBOX_BIN_DIR";
+
+/// The directory holding the runtime and shim under test.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os(BIN_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_BIN_DIR), PathBuf::from)
+}
+
+/// True when the binaries under test are the ones containerd finds on its own PATH.
+pub fn default_bin_dir() -> bool {
+    bin_dir() == Path::new(DEFAULT_BIN_DIR)
+}
+
+/// The runtime under test.
+pub fn runtime_bin() -> PathBuf {
+    bin_dir().join("agent-sandbox")
+}
+
+/// The shim under test.
+pub fn shim_bin() -> PathBuf {
+    bin_dir().join("containerd-shim-agent-sandbox")
+}
 /// The probe's path inside every test image.
 pub const PROBE: &str = "/usr/local/bin/probe";
 /// A timeout long enough for a cold `podman run` on a busy two-core machine.

@@ -14,7 +14,7 @@ use std::process::Command;
 use anyhow::Context;
 
 use crate::harness::{
-    self, DEFAULT_TIMEOUT, Output, PROBE, ProbeReport, RUNTIME_BIN, TEST_UID, TEST_USER, User,
+    self, DEFAULT_TIMEOUT, Output, PROBE, ProbeReport, TEST_UID, TEST_USER, User,
 };
 
 /// The OCI runtime podman is told to use.
@@ -28,10 +28,10 @@ pub enum Runtime {
 
 impl Runtime {
     /// The value of podman's `--runtime`.
-    pub fn path(self) -> &'static str {
+    pub fn path(self) -> String {
         match self {
-            Runtime::AgentSandbox => RUNTIME_BIN,
-            Runtime::Runc => "runc",
+            Runtime::AgentSandbox => harness::runtime_bin().display().to_string(),
+            Runtime::Runc => "runc".to_owned(),
         }
     }
 }
@@ -91,7 +91,7 @@ impl Podman {
 
     /// `podman --runtime R ARGS...` as the user (rootless: inside the delegated cgroup).
     pub fn command(&self, args: &[&str]) -> anyhow::Result<Command> {
-        let mut podman_args: Vec<String> = vec!["--runtime".into(), self.runtime.path().into()];
+        let mut podman_args: Vec<String> = vec!["--runtime".into(), self.runtime.path()];
         podman_args.extend(args.iter().map(|s| (*s).to_owned()));
         match self.user {
             User::Root => {
@@ -137,7 +137,7 @@ impl Podman {
     ) -> anyhow::Result<ProbeReport> {
         harness::require_podman_image(self.user, image)?;
         if self.runtime == Runtime::AgentSandbox {
-            harness::require_file(RUNTIME_BIN)?;
+            harness::require_file(harness::runtime_bin())?;
         }
         let mut all: Vec<&str> = vec!["run", "--rm"];
         all.extend_from_slice(args);

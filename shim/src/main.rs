@@ -21,7 +21,10 @@ fn main() {
         println!("containerd-shim-agent-sandbox:");
         println!("  Version:  {}", env!("CARGO_PKG_VERSION"));
         println!("  Runtime:  {RUNTIME_ID} (task API v2)");
-        println!("  Default runtime binary:  {}", options::DEFAULT_RUNTIME);
+        println!(
+            "  Default runtime binary:  {}",
+            options::default_runtime().display()
+        );
         return;
     }
     // One thread: the shim waits on containerd, the runtime binary and a few fds; a

@@ -21,8 +21,19 @@ use containerd_shim::protos::protobuf::{
 use containerd_shim::protos::shim::oci::Options as RuncOptions;
 use serde::{Deserialize, Serialize};
 
-/// The runtime binary used when no option names one.
+/// The runtime binary used when no option names one and none sits beside the shim.
 pub const DEFAULT_RUNTIME: &str = "/usr/local/bin/agent-sandbox";
+
+/// The runtime used when no option names one: `agent-sandbox` in the shim's own directory (so
+/// that a shim started by absolute path, `ctr run --runtime /dir/containerd-shim-agent-sandbox`,
+/// drives the runtime installed with it), else [`DEFAULT_RUNTIME`].
+pub fn default_runtime() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("agent-sandbox")))
+        .filter(|sibling| sibling.is_file())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUNTIME))
+}
 /// The runtime's state directories live below this path, one per containerd namespace.
 pub const DEFAULT_ROOT_BASE: &str = "/run/containerd/agent-sandbox";
 /// Environment variable through which the policy file reaches the runtime.
@@ -109,7 +120,7 @@ impl RuntimeOptions {
     /// Defaults for a containerd namespace.
     pub fn defaults(namespace: &str) -> Self {
         Self {
-            runtime: PathBuf::from(DEFAULT_RUNTIME),
+            runtime: default_runtime(),
             root: Path::new(DEFAULT_ROOT_BASE).join(namespace),
             policy: None,
         }
@@ -255,7 +266,7 @@ mod tests {
     #[test]
     fn absent_options_give_defaults() {
         let o = RuntimeOptions::from_any(None, "k8s.io").unwrap();
-        assert_eq!(o.runtime, Path::new(DEFAULT_RUNTIME));
+        assert_eq!(o.runtime, default_runtime());
         assert_eq!(o.root, Path::new("/run/containerd/agent-sandbox/k8s.io"));
         assert_eq!(o.policy, None);
     }

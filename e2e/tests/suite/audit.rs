@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use agent_sandbox_e2e::ctr::{self, Container, Shim};
-use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, RUNTIME_BIN, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{
     self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_HOST, REGISTRY_IP, TOOL_CALL_ENV,
 };
@@ -29,9 +29,9 @@ fn log_path(root: &str, id: &str) -> PathBuf {
 
 /// `agent-sandbox --root ROOT audit ARGS...`.
 fn audit_cmd(root: &Path, args: &[&str]) -> anyhow::Result<Output> {
-    harness::require_file(RUNTIME_BIN)?;
+    harness::require_file(harness::runtime_bin())?;
     harness::run(
-        Command::new(RUNTIME_BIN)
+        Command::new(harness::runtime_bin())
             .arg("--root")
             .arg(root)
             .arg("audit")
@@ -514,8 +514,11 @@ fn sandbox_can_neither_see_nor_write_its_audit_log_but_a_runc_container_can() ->
 
 /// `agent-sandbox ARGS...` (rootful podman's state root).
 fn runtime_cmd(args: &[&str]) -> anyhow::Result<Output> {
-    harness::require_file(RUNTIME_BIN)?;
-    harness::run(Command::new(RUNTIME_BIN).args(args), DEFAULT_TIMEOUT)
+    harness::require_file(harness::runtime_bin())?;
+    harness::run(
+        Command::new(harness::runtime_bin()).args(args),
+        DEFAULT_TIMEOUT,
+    )
 }
 
 #[test]

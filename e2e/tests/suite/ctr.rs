@@ -216,12 +216,8 @@ fn ctr_run_passes_stdin_through_to_end_of_file() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;
     let id = unique_id("stdin");
     let _guard = Container::guard(&id);
-    let mut args = vec![
-        "run",
-        "--rm",
-        "--runtime",
-        Shim::AgentSandbox.runtime_name(),
-    ];
+    let runtime = Shim::AgentSandbox.runtime_name();
+    let mut args = vec!["run", "--rm", "--runtime", &runtime];
     args.extend(l.args(&[]));
     args.extend([
         BUSYBOX_IMAGE,
@@ -248,13 +244,8 @@ fn ctr_run_with_tty_gets_a_terminal_of_the_clients_size() -> anyhow::Result<()> 
     let l = Lifecycle::new()?;
     let id = unique_id("tty");
     let _guard = Container::guard(&id);
-    let mut args = vec![
-        "run",
-        "--rm",
-        "-t",
-        "--runtime",
-        Shim::AgentSandbox.runtime_name(),
-    ];
+    let runtime = Shim::AgentSandbox.runtime_name();
+    let mut args = vec!["run", "--rm", "-t", "--runtime", &runtime];
     args.extend(l.args(&[]));
     args.extend([
         BUSYBOX_IMAGE,
@@ -709,9 +700,9 @@ fn ctr_bad_runtime_options_fail_with_a_clear_error() -> anyhow::Result<()> {
 
 #[test]
 fn shim_prints_its_version() -> anyhow::Result<()> {
-    harness::require_file(harness::SHIM_BIN)?;
+    harness::require_file(harness::shim_bin())?;
     let out = harness::run_ok(
-        std::process::Command::new(harness::SHIM_BIN).arg("-v"),
+        std::process::Command::new(harness::shim_bin()).arg("-v"),
         DEFAULT_TIMEOUT,
     )?;
     ensure!(

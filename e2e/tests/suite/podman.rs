@@ -337,11 +337,11 @@ fn rootless_lifecycle_exit_code_stop_kill_rm_force() -> anyhow::Result<()> {
 
 #[test]
 fn runtime_state_reports_runc_statuses_and_unknown_ids_like_runc() -> anyhow::Result<()> {
-    harness::require_file(harness::RUNTIME_BIN)?;
+    harness::require_file(harness::runtime_bin())?;
     let root = tempfile::tempdir()?;
     let root_s = root.path().to_string_lossy().into_owned();
     let rt = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(harness::RUNTIME_BIN);
+        let mut cmd = std::process::Command::new(harness::runtime_bin());
         cmd.arg("--root").arg(&root_s).args(args);
         harness::run(&mut cmd, harness::DEFAULT_TIMEOUT)
     };
@@ -413,7 +413,7 @@ fn rootful_update_cannot_lift_memory_above_the_policy_but_can_lower_it() -> anyh
     let res = |bytes: i64| -> anyhow::Result<harness::Output> {
         let f = dir.path().join("res.json");
         fs::write(&f, format!("{{\"memory\":{{\"limit\":{bytes}}}}}"))?;
-        let mut cmd = std::process::Command::new(harness::RUNTIME_BIN);
+        let mut cmd = std::process::Command::new(harness::runtime_bin());
         cmd.arg("update").arg("--resources").arg(&f).arg(&id);
         harness::run(&mut cmd, harness::DEFAULT_TIMEOUT)
     };
@@ -524,7 +524,7 @@ fn rootful_pause_and_unpause_freeze_the_sandbox() -> anyhow::Result<()> {
         .stdout
         .trim()
         .to_owned();
-    let mut cmd = std::process::Command::new(harness::RUNTIME_BIN);
+    let mut cmd = std::process::Command::new(harness::runtime_bin());
     cmd.args(["state", &id]);
     let state = harness::run_ok(&mut cmd, harness::DEFAULT_TIMEOUT)?;
     if !state.stdout.contains("\"status\": \"paused\"") {
