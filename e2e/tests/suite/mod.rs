@@ -4,3 +4,4 @@ mod baseline;
 mod ctr;
 mod egress;
 mod podman;
+mod pods;
