@@ -226,20 +226,25 @@ fn ceiling(registry: &HttpServer) -> anyhow::Result<Ceiling> {
     })
 }
 
+/// A UDP echo on the pod's 127.0.0.1:9000 that answers `pod-localhost`.
+const UDP_ECHO: &str = "import socket\n\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+s.bind(('127.0.0.1', 9000))\n\
+while True:\n    _, peer = s.recvfrom(64)\n    s.sendto(b'pod-localhost', peer)\n";
+
+/// Asks the echo once and prints the answer.
+const UDP_ASK: &str = "import socket\n\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+s.settimeout(1)\n\
+s.sendto(b'?', ('127.0.0.1', 9000))\n\
+print(s.recvfrom(64)[0].decode())\n";
+
 #[test]
 fn pod_runs_in_one_shim_with_one_user_namespace_and_shared_localhost() -> anyhow::Result<()> {
     ctr::require_containerd()?;
     let mut pod = Pod::start(Shim::AgentSandbox, &[], &[])?;
-    let (_, server_pid) = pod.add(
-        &[],
-        BUSYBOX_IMAGE,
-        &[
-            "sh",
-            "-c",
-            "while true; do echo pod-localhost | nc -l -p 9000; done",
-        ],
-    )?;
-    let (client, client_pid) = pod.add(&[], BUSYBOX_IMAGE, &["sleep", "600"])?;
+    let (_, server_pid) = pod.add(&[], TOOLS_IMAGE, &["python3", "-c", UDP_ECHO])?;
+    let (client, client_pid) = pod.add(&[], TOOLS_IMAGE, &["sleep", "600"])?;
 
     let shims = ctr::shim_pids(Shim::AgentSandbox, &pod.pause.id);
     ensure!(
@@ -271,7 +276,7 @@ fn pod_runs_in_one_shim_with_one_user_namespace_and_shared_localhost() -> anyhow
         );
     }
     ensure!(
-        ns_of(pause, "user")? != ns_of(1, "user")?,
+        ns_of(pause, "user")? != std::fs::read_link("/proc/self/ns/user")?,
         "the pod runs in the host's user namespace"
     );
     let map = uid_map(client_pid)?;
@@ -281,17 +286,23 @@ fn pod_runs_in_one_shim_with_one_user_namespace_and_shared_localhost() -> anyhow
         uid_map(pause)?
     );
 
-    // Containers of the pod reach each other on localhost.
-    let mut got = None;
+    // Containers of the pod reach each other on localhost (UDP here: Landlock limits TCP
+    // connect to the proxy port in every sandbox, pods included, see docs/pod-network.md).
+    let mut last = None;
     for _ in 0..20 {
-        let out = pod.exec(client, &["nc", "127.0.0.1", "9000"])?;
-        if out.stdout.contains("pod-localhost") {
-            got = Some(out);
+        let out = pod.exec(client, &["python3", "-c", UDP_ASK])?;
+        let reached = out.stdout.contains("pod-localhost");
+        last = Some(out);
+        if reached {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    ensure!(got.is_some(), "the app containers do not share localhost");
+    let last = last.context("no exec ran")?;
+    ensure!(
+        last.stdout.contains("pod-localhost"),
+        "the app containers do not share localhost\n{last}"
+    );
 
     // A second pod gets another id block and another network namespace.
     let other = Pod::start(Shim::AgentSandbox, &[], &[])?;
@@ -514,16 +525,15 @@ fn pod_annotations_narrow_and_bad_ones_fail_naming_the_annotation() -> anyhow::R
     Ok(())
 }
 
-/// The calls kubelet makes, through the pod's shim: exec, metrics, update (within the
-/// policy, refused above it), then teardown in CRI order leaves no shim, mount, proxy,
+/// The calls kubelet makes, through the pod's shim: exec, metrics, then teardown in CRI order leaves no shim, mount, proxy,
 /// cgroup, state or id block behind.
 #[test]
-fn pod_exec_metrics_update_and_teardown_leave_nothing() -> anyhow::Result<()> {
+fn pod_exec_metrics_and_teardown_leave_nothing() -> anyhow::Result<()> {
     ctr::require_containerd()?;
     let registry = HttpServer::start(REGISTRY_IP, "teardown")?;
     let admin = ceiling(&registry)?;
     let mut pod = Pod::start(Shim::AgentSandbox, &admin.flags, &[])?;
-    let (app, app_pid) = pod.add(&[], BUSYBOX_IMAGE, &["sleep", "600"])?;
+    let (app, _) = pod.add(&[], BUSYBOX_IMAGE, &["sleep", "600"])?;
     let pause_id = pod.pause.id.clone();
     let app_id = pod.members[app].id.clone();
     let shims = ctr::shim_pids(Shim::AgentSandbox, &pause_id);
@@ -546,22 +556,8 @@ fn pod_exec_metrics_update_and_teardown_leave_nothing() -> anyhow::Result<()> {
         metrics.success() && metrics.stdout.contains("memory"),
         "ctr task metrics\n{metrics}"
     );
-    let update = pod.members[app].task_cmd(&["update", "--memory-limit", "104857600"], &[])?;
-    ensure!(update.success(), "update within the policy\n{update}");
-    let cgroup = std::fs::read_to_string(format!("/proc/{app_pid}/cgroup"))?;
-    let memory = cgroup
-        .lines()
-        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_owned()))
-        .context("no memory cgroup")?;
-    let limit = std::fs::read_to_string(format!(
-        "/sys/fs/cgroup/memory{memory}/memory.limit_in_bytes"
-    ))?;
-    ensure!(
-        limit.trim() == "104857600",
-        "memory limit after update: {limit}"
-    );
-    let over = pod.members[app].task_cmd(&["update", "--memory-limit", "68719476736"], &[])?;
-    ensure!(!over.success(), "update above the policy succeeded\n{over}");
+    // `ctr` 1.6 has no `task update`: UpdateContainerResources is proven through CRI in
+    // the cri suite (cri-infra's `kubelet_calls`), which reaches the same shim Update.
 
     // CRI order: StopContainer/RemoveContainer, then StopPodSandbox/RemovePodSandbox.
     let m = pod.members.remove(app);
