@@ -599,3 +599,59 @@ fn pod_exec_metrics_and_teardown_leave_nothing() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// What kubelet adds to an app container: a service-account dir and `/dev/termination-log`
+/// bind-mounted from host dirs only root can enter (0700), at mount points the image lacks.
+/// The container reads them, and cannot write the host file through the bind: under runc
+/// the same `rw` bind is written.
+#[test]
+fn pod_kubelet_mounts_from_root_only_dirs_are_readable_and_read_only() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )?;
+    let sa = dir.path().join("serviceaccount");
+    std::fs::create_dir(&sa)?;
+    std::fs::write(sa.join("token"), "kubelet-token")?;
+    let term = dir.path().join("termination-log");
+    let mounts = [
+        format!(
+            "type=bind,src={},dst=/var/run/secrets/kubernetes.io/serviceaccount,options=rbind:ro",
+            sa.display()
+        ),
+        format!(
+            "type=bind,src={},dst=/dev/termination-log,options=rbind:rw",
+            term.display()
+        ),
+    ];
+    let flags: Vec<&str> = mounts
+        .iter()
+        .flat_map(|m| ["--mount", m.as_str()])
+        .collect();
+    let script = "cat /var/run/secrets/kubernetes.io/serviceaccount/token; \
+                  echo pwned > /dev/termination-log && echo wrote";
+    for shim in [Shim::AgentSandbox, Shim::RuncV2] {
+        std::fs::write(&term, "")?;
+        let mut pod = Pod::start(shim, &[], &[])?;
+        let (app, _) = pod.add(&flags, BUSYBOX_IMAGE, &["sleep", "600"])?;
+        let out = pod.exec(app, &["sh", "-c", script])?;
+        ensure!(
+            out.stdout.contains("kubelet-token"),
+            "{shim:?}: the service-account token is not readable\n{out}"
+        );
+        let written = std::fs::read_to_string(&term)?;
+        match shim {
+            Shim::AgentSandbox => ensure!(
+                !out.stdout.contains("wrote") && written.is_empty(),
+                "the sandbox wrote a host file through a bind mount\n{out}"
+            ),
+            Shim::RuncV2 => ensure!(
+                written.contains("pwned"),
+                "runc baseline did not write the host file\n{out}"
+            ),
+        }
+    }
+    Ok(())
+}
