@@ -162,4 +162,31 @@ mod tests {
         assert_eq!(grouping(dir.path(), "c1"), "c1");
         assert_eq!(grouping(Path::new("/nonexistent"), "c2"), "c2");
     }
+
+    #[test]
+    fn a_pods_containers_derive_the_pause_containers_socket() {
+        let (pause, app) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let spec = |kind: &str| {
+            format!(
+                r#"{{"annotations":{{"io.kubernetes.cri.container-type":"{kind}","io.kubernetes.cri.sandbox-id":"pod1"}}}}"#
+            )
+        };
+        std::fs::write(pause.path().join("config.json"), spec("sandbox")).unwrap();
+        std::fs::write(app.path().join("config.json"), spec("container")).unwrap();
+        let addr = "/run/containerd/containerd.sock";
+        let of = |dir: &Path, id: &str| {
+            containerd_shim::socket_address(addr, "k8s.io", &grouping(dir, id))
+        };
+        assert_eq!(of(pause.path(), "pod1"), of(app.path(), "app1"));
+        // The same pod id in another containerd namespace is another shim.
+        assert_ne!(
+            of(app.path(), "app1"),
+            containerd_shim::socket_address(addr, "default", "pod1")
+        );
+        // A container without the annotation gets a shim of its own.
+        assert_ne!(
+            of(Path::new("/nonexistent"), "app1"),
+            of(pause.path(), "pod1")
+        );
+    }
 }
