@@ -655,3 +655,53 @@ fn pod_kubelet_mounts_from_root_only_dirs_are_readable_and_read_only() -> anyhow
     }
     Ok(())
 }
+
+/// The pod's one shim is SIGKILLed with a sandbox and an app container running: containerd
+/// runs the shim's `delete` for each of them, and nothing of the pod is left (processes,
+/// mounts, the namespace pins, cgroups, the proxy, state, id blocks).
+#[test]
+fn pod_shim_killed_leaves_nothing_after_delete() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let registry = HttpServer::start(REGISTRY_IP, "killed")?;
+    let admin = ceiling(&registry)?;
+    let mut pod = Pod::start(Shim::AgentSandbox, &admin.flags, &[])?;
+    let (_, app_pid) = pod.add(&[], BUSYBOX_IMAGE, &["sleep", "600"])?;
+    let pause_id = pod.pause.id.clone();
+    let app_id = pod.members[0].id.clone();
+    let shims = ctr::shim_pids(Shim::AgentSandbox, &pause_id);
+    ensure!(shims.len() == 1, "shims {shims:?}");
+    let proxies = net::proxy_pids(&pause_id);
+    ensure!(proxies.len() == 1, "proxies {proxies:?}");
+    for pid in &shims {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(*pid)?),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+    }
+    for c in [&pod.members[0], &pod.pause] {
+        // containerd notices the dead shim and cleans up on its own; `task delete` is what
+        // a client does next and must not fail on what is already gone.
+        let _ = c.task_cmd(&["delete", "-f"], &[]);
+    }
+    let mut pids = shims.clone();
+    pids.extend([pod.pause_pid, app_pid]);
+    pids.extend(proxies);
+    let start = std::time::Instant::now();
+    let mut left;
+    loop {
+        left = ctr::leftovers(&pause_id, &pids);
+        left.extend(ctr::leftovers(&app_id, &[]));
+        if left.is_empty() || start.elapsed() > WAIT {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ensure!(left.is_empty(), "the killed pod left {left:?}");
+    let idmap = std::fs::read_to_string(Path::new(ctr::RUNTIME_ROOT).join("default/idmap.json"))
+        .unwrap_or_default();
+    ensure!(
+        !idmap.contains(&pause_id) && !idmap.contains(&app_id),
+        "id blocks still held: {idmap}"
+    );
+    Ok(())
+}
