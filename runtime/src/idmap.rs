@@ -54,6 +54,8 @@ pub enum IdMapError {
     },
     #[error("all {MAX_SLOTS} host id blocks are in use")]
     Exhausted,
+    #[error("pod sandbox {owner} holds no host id block")]
+    NoPodBlock { owner: String },
     #[error("cannot read /proc/self/uid_map")]
     ReadMap(#[source] std::io::Error),
     #[error("the parent user namespace has no subordinate ids to map (uid_map: {map:?})")]
@@ -164,6 +166,30 @@ pub fn allocate(db: &Path, lock: &Path, id: &ContainerId) -> Result<IdRange, IdM
     })
 }
 
+/// Gives `member` the block of `owner`: a pod's app containers live in the user namespace
+/// of the pod's sandbox container. A block stays allocated while any id holds it, so it
+/// outlives its owner until the last member is released too.
+pub fn join(
+    db: &Path,
+    lock: &Path,
+    member: &ContainerId,
+    owner: &ContainerId,
+) -> Result<IdRange, IdMapError> {
+    let mut locked = open_db(db, lock)?;
+    let slot = *locked
+        .slots
+        .get(owner.as_str())
+        .ok_or_else(|| IdMapError::NoPodBlock {
+            owner: owner.as_str().to_owned(),
+        })?;
+    locked.slots.insert(member.as_str().to_owned(), slot);
+    locked.save()?;
+    Ok(IdRange {
+        host_start: FIRST_HOST_ID + slot * BLOCK,
+        size: BLOCK,
+    })
+}
+
 /// Releases the block of `id`; releasing an unknown id is not an error.
 pub fn release(db: &Path, lock: &Path, id: &ContainerId) -> Result<(), IdMapError> {
     if !db.exists() {
@@ -234,6 +260,25 @@ mod tests {
         release(&db, &lock, &a).unwrap();
         let c = ContainerId::try_from("c").unwrap();
         assert_eq!(allocate(&db, &lock, &c).unwrap().host_start, FIRST_HOST_ID);
+    }
+
+    #[test]
+    fn pod_members_share_the_block_until_the_last_is_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, lock) = (dir.path().join("db"), dir.path().join("lock"));
+        let id = |s: &str| ContainerId::try_from(s).unwrap();
+        assert!(matches!(
+            join(&db, &lock, &id("app"), &id("pod")),
+            Err(IdMapError::NoPodBlock { .. })
+        ));
+        let pod = allocate(&db, &lock, &id("pod")).unwrap();
+        assert_eq!(join(&db, &lock, &id("app"), &id("pod")).unwrap(), pod);
+        // The sandbox goes first (out of order): its member still holds the block.
+        release(&db, &lock, &id("pod")).unwrap();
+        let other = allocate(&db, &lock, &id("other")).unwrap();
+        assert_ne!(other, pod);
+        release(&db, &lock, &id("app")).unwrap();
+        assert_eq!(allocate(&db, &lock, &id("next")).unwrap(), pod);
     }
 
     #[test]

@@ -14,4 +14,5 @@ pub mod lifecycle;
 pub mod logging;
 pub mod mounts;
 pub mod paths;
+pub mod pod;
 pub mod sandbox;

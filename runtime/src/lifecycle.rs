@@ -75,6 +75,8 @@ pub enum LifecycleError {
     Enforce(#[from] EnforceError),
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error(transparent)]
+    Pod(#[from] crate::pod::PodError),
     #[error("network layer: the egress proxy")]
     Egress(#[source] crate::egress::EgressError),
     #[error("audit trail")]
@@ -256,7 +258,16 @@ impl Runtime {
     ) -> Result<()> {
         self.dirs.ensure()?;
         let rootless = paths::rootless()?;
-        let (ids, allocated) = if rootless {
+        // A Kubernetes app container joins its pod (ids, namespaces, ceiling): crate::pod.
+        let role = crate::pod::role(&spec, id)?;
+        let member = match &role {
+            crate::pod::Role::Member { pod } => Some(crate::pod::Member::join(self, id, pod)?),
+            _ => None,
+        };
+        let ceiling = member.as_ref().map_or(ceiling, |m| &m.ceiling);
+        let (ids, allocated) = if let Some(m) = &member {
+            (m.ids, true)
+        } else if rootless {
             (idmap::nested_range()?, false)
         } else {
             (
@@ -295,8 +306,13 @@ impl Runtime {
         let facts = crate::sandbox::Facts {
             ids,
             overlay_base: mount_dir.join("workspace"),
+            pod: member.as_ref().map(|m| m.namespaces.clone()),
         };
         let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        if let Some(m) = &member {
+            m.check_policy(&prepared.policy, &prepared.spec)?;
+            m.record(&sandbox_dir)?;
+        }
         record.profile = prepared
             .spec_profile_name()
             .unwrap_or_else(|| ceiling.origin.clone());
@@ -314,7 +330,10 @@ impl Runtime {
         } else {
             None
         };
-        enforce::verify(&spec)?;
+        match &member {
+            Some(m) => crate::pod::verify_member(&spec, m)?,
+            None => enforce::verify(&spec)?,
+        }
         if let Some(ws) =
             mounts::mount_workspace_overlay(&mut spec, &mount_dir.join("workspace-merged"))?
         {
@@ -353,10 +372,17 @@ impl Runtime {
                 source,
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
-        agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
-        if crate::egress::wanted(&prepared.policy) {
-            crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
-                .map_err(LifecycleError::Egress)?;
+        // A pod member shares its pod's network namespace: lo and the egress proxy came
+        // with the pod's sandbox container, whose namespaces are pinned for the members.
+        if member.is_none() {
+            agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
+            if role == crate::pod::Role::Sandbox {
+                crate::pod::pin_sandbox(&sandbox_dir, &mount_dir, pid)?;
+            }
+            if crate::egress::wanted(&prepared.policy) {
+                crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
+                    .map_err(LifecycleError::Egress)?;
+            }
         }
         crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
             .map_err(LifecycleError::Audit)?;
@@ -745,6 +771,7 @@ impl Runtime {
         })?;
         let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
         crate::sandbox::check_update_within(resources, &policy)?;
+        let resources = &crate::sandbox::update_resources(resources);
         let cfg = c.spec().map_err(|source| LifecycleError::Container {
             op: "update",
             source,

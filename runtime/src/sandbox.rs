@@ -177,6 +177,8 @@ pub struct Facts {
     pub ids: IdRange,
     /// Where the workspace overlay's upper/work dirs go (reachable, per container).
     pub overlay_base: PathBuf,
+    /// The pinned namespaces of the pod a Kubernetes app container joins (`crate::pod`).
+    pub pod: Option<harden::PodNamespaces>,
 }
 
 /// The outcome of preparing a sandbox.
@@ -239,6 +241,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         workspace,
         protected,
         network_namespace: None,
+        pod: facts.pod.clone(),
     };
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
@@ -648,10 +651,48 @@ pub fn check_update_within(
             }
         }
     }
-    if res.devices().as_ref().is_some_and(|d| !d.is_empty()) {
+    // containerd's CRI sends the container's whole resources section with every
+    // UpdateContainerResources, device rules included (its default: deny all). Deny rules
+    // can only narrow; the sandbox keeps its own fixed device rules (see `update_resources`).
+    // An allow rule would widen and is refused.
+    if res.devices().iter().flatten().any(|d| d.allow()) {
         return Err(SandboxError::Cgroup {
-            detail: "update may not change device rules".into(),
+            detail: "update may not allow devices".into(),
         });
     }
     Ok(())
+}
+
+/// The resources an `update` applies after [`check_update_within`] passed: the incoming
+/// limits without device rules, so the sandbox's device rules stay as created (writing a
+/// CRI deny-all would take /dev/null and the other safe devices from the workload).
+pub fn update_resources(
+    res: &libcontainer::oci_spec::runtime::LinuxResources,
+) -> libcontainer::oci_spec::runtime::LinuxResources {
+    let mut out = res.clone();
+    out.set_devices(None);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libcontainer::oci_spec::runtime::{LinuxDeviceCgroup, LinuxResources};
+
+    #[test]
+    fn cri_deny_all_device_rules_are_kept_out_of_an_update() {
+        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
+        let mut deny_all = LinuxDeviceCgroup::default();
+        deny_all.set_allow(false);
+        deny_all.set_access(Some("rwm".into()));
+        let mut res = LinuxResources::default();
+        res.set_devices(Some(vec![deny_all.clone()]));
+        check_update_within(&res, &policy).unwrap();
+        assert!(update_resources(&res).devices().is_none());
+        let mut allow = deny_all;
+        allow.set_allow(true);
+        res.set_devices(Some(vec![allow]));
+        let err = check_update_within(&res, &policy).unwrap_err();
+        assert!(err.to_string().contains("devices"), "{err}");
+    }
 }

@@ -5,3 +5,4 @@ mod cri;
 mod ctr;
 mod egress;
 mod podman;
+mod pods;

@@ -4,9 +4,10 @@
 //!
 //! What the result always has, whatever came in:
 //! - a new user namespace with the id mappings the runtime chose (`HardenContext`), never
-//!   one that maps host uid 0;
-//! - a new network namespace (or one the runtime created itself for this sandbox), never
-//!   a path that could be the host's;
+//!   one that maps host uid 0; or, for a pod's app container, the user namespace of the
+//!   pod's sandbox container, pinned by the runtime (`HardenContext::pod`);
+//! - a new network namespace (or one the runtime created itself for this sandbox or its
+//!   pod), never a path that could be the host's; never a path taken from the spec;
 //! - a read-only root, the policy's tmpfs scratch areas, the workspace as an overlay whose
 //!   lower layer is the host directory, read-only binds over protected paths, masked and
 //!   read-only /proc and /sys paths, every other bind mount read-only;
@@ -115,6 +116,10 @@ pub enum HardenError {
     Personality { domain: String },
     #[error("the spec has no process")]
     NoProcess,
+    #[error("pod namespace path {path} is not absolute")]
+    PodNamespacePath { path: PathBuf },
+    #[error("a pod member's network namespace is the pod's; a second one ({path}) was given")]
+    PodNetworkConflict { path: PathBuf },
     #[error("the spec has no root")]
     NoRoot,
     #[error("cannot build an OCI object")]
@@ -184,6 +189,20 @@ pub struct HardenContext {
     /// A network namespace the runtime itself created for this sandbox (e.g. a pod's);
     /// `None` makes a new one. Never pass a path taken from the spec.
     pub network_namespace: Option<PathBuf>,
+    /// The pod this container joins (a Kubernetes app container): the user, network, IPC
+    /// and UTS namespaces of the pod's sandbox container, as paths the runtime pinned itself
+    /// when it created that container. Never paths taken from the spec. The container still
+    /// gets its own mount, PID and cgroup namespaces.
+    pub pod: Option<PodNamespaces>,
+}
+
+/// Namespaces a pod's containers share, pinned by the runtime (see [`HardenContext::pod`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNamespaces {
+    pub user: PathBuf,
+    pub network: PathBuf,
+    pub ipc: PathBuf,
+    pub uts: PathBuf,
 }
 
 /// The hardened spec and the effective (possibly narrowed) policy that produced it. The
@@ -410,6 +429,12 @@ pub fn harden_spec(
     spec.set_mounts(Some(mounts));
 
     let mut linux = spec.linux().clone().unwrap_or_default();
+    if let Some(pod) = &ctx.pod {
+        check_pod_namespaces(pod, ctx)?;
+        // The pod's UTS namespace already carries the pod's hostname.
+        spec.set_hostname(None);
+        spec.set_domainname(None);
+    }
     linux.set_namespaces(Some(namespaces(ctx)));
     linux.set_uid_mappings(Some(oci_mappings(&ctx.uid_mappings)?));
     linux.set_gid_mappings(Some(oci_mappings(&ctx.gid_mappings)?));
@@ -577,6 +602,20 @@ fn oci_mappings(mappings: &[IdMapping]) -> Result<Vec<LinuxIdMapping>, HardenErr
         .collect()
 }
 
+fn check_pod_namespaces(pod: &PodNamespaces, ctx: &HardenContext) -> Result<(), HardenError> {
+    for path in [&pod.user, &pod.network, &pod.ipc, &pod.uts] {
+        if !path.is_absolute() {
+            return Err(HardenError::PodNamespacePath { path: path.clone() });
+        }
+    }
+    match &ctx.network_namespace {
+        Some(other) if other != &pod.network => Err(HardenError::PodNetworkConflict {
+            path: other.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn namespaces(ctx: &HardenContext) -> Vec<LinuxNamespace> {
     [
         LinuxNamespaceType::User,
@@ -591,7 +630,16 @@ fn namespaces(ctx: &HardenContext) -> Vec<LinuxNamespace> {
     .map(|typ| {
         let mut ns = LinuxNamespace::default();
         ns.set_typ(typ);
-        if typ == LinuxNamespaceType::Network {
+        let joined = ctx.pod.as_ref().and_then(|pod| match typ {
+            LinuxNamespaceType::User => Some(pod.user.clone()),
+            LinuxNamespaceType::Network => Some(pod.network.clone()),
+            LinuxNamespaceType::Ipc => Some(pod.ipc.clone()),
+            LinuxNamespaceType::Uts => Some(pod.uts.clone()),
+            _ => None,
+        });
+        if let Some(path) = joined {
+            ns.set_path(Some(path));
+        } else if typ == LinuxNamespaceType::Network {
             ns.set_path(ctx.network_namespace.clone());
         } else {
             ns.set_path(None);

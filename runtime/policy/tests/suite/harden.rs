@@ -32,6 +32,7 @@ pub fn ctx() -> HardenContext {
         }),
         protected: Vec::new(),
         network_namespace: None,
+        pod: None,
     }
 }
 
@@ -678,4 +679,89 @@ fn overlay_option_injection_is_refused() {
     });
     let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
     assert!(matches!(err, HardenError::OverlayPath { .. }), "{err}");
+}
+
+fn pod_namespaces() -> harden::PodNamespaces {
+    harden::PodNamespaces {
+        user: "/run/agent-sandbox/mnt/t/pod1/ns/user".into(),
+        network: "/run/agent-sandbox/mnt/t/pod1/ns/net".into(),
+        ipc: "/run/agent-sandbox/mnt/t/pod1/ns/ipc".into(),
+        uts: "/run/agent-sandbox/mnt/t/pod1/ns/uts".into(),
+    }
+}
+
+/// A CRI app container's spec: CRI asks to join the pause container's namespaces by
+/// `/proc/<pid>/ns/...` paths and sets the pod's hostname.
+fn cri_member_spec() -> Spec {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    let join = |typ, path: &str| {
+        LinuxNamespaceBuilder::default()
+            .typ(typ)
+            .path(path)
+            .build()
+            .unwrap()
+    };
+    linux.set_namespaces(Some(vec![
+        join(LinuxNamespaceType::Network, "/proc/4242/ns/net"),
+        join(LinuxNamespaceType::Ipc, "/proc/4242/ns/ipc"),
+        join(LinuxNamespaceType::Uts, "/proc/4242/ns/uts"),
+        join(LinuxNamespaceType::Pid, "/proc/4242/ns/pid"),
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Mount)
+            .build()
+            .unwrap(),
+    ]));
+    spec.set_linux(Some(linux));
+    spec.set_hostname(Some("pod-host".into()));
+    spec
+}
+
+#[test]
+fn pod_member_joins_only_the_pinned_pod_namespaces() {
+    let mut c = ctx();
+    c.pod = Some(pod_namespaces());
+    let HardenedSpec { spec, .. } = harden_ok(cri_member_spec(), &agent(), &c);
+    let ns = spec.linux().as_ref().unwrap().namespaces().clone().unwrap();
+    let path = |typ| ns.iter().find(|n| n.typ() == typ).unwrap().path().clone();
+    let pod = pod_namespaces();
+    assert_eq!(path(LinuxNamespaceType::User), Some(pod.user));
+    assert_eq!(path(LinuxNamespaceType::Network), Some(pod.network));
+    assert_eq!(path(LinuxNamespaceType::Ipc), Some(pod.ipc));
+    assert_eq!(path(LinuxNamespaceType::Uts), Some(pod.uts));
+    // The spec's /proc/<pid> paths are never used; mount, PID and cgroup stay private.
+    for typ in [
+        LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Cgroup,
+    ] {
+        assert_eq!(path(typ), None, "{typ:?}");
+    }
+    assert_eq!(spec.hostname(), &None);
+    let mut c = ctx();
+    c.pod = Some(pod_namespaces());
+    c.network_namespace = Some("/run/netns/other".into());
+    assert!(matches!(
+        harden::harden_spec(cri_member_spec(), &agent(), &c),
+        Err(HardenError::PodNetworkConflict { .. })
+    ));
+    let mut c = ctx();
+    let mut relative = pod_namespaces();
+    relative.ipc = "ns/ipc".into();
+    c.pod = Some(relative);
+    assert!(matches!(
+        harden::harden_spec(cri_member_spec(), &agent(), &c),
+        Err(HardenError::PodNamespacePath { .. })
+    ));
+}
+
+#[test]
+fn pod_sandbox_ignores_the_cni_netns_path() {
+    // The pause container: CRI names the CNI network namespace; the sandbox gets a new one.
+    let mut spec = cri_member_spec();
+    spec.set_hostname(Some("pod-host".into()));
+    let HardenedSpec { spec, .. } = harden_ok(spec, &agent(), &ctx());
+    let ns = spec.linux().as_ref().unwrap().namespaces().clone().unwrap();
+    assert!(ns.iter().all(|n| n.path().is_none()));
+    assert_eq!(spec.hostname().as_deref(), Some("pod-host"));
 }
