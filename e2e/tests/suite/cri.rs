@@ -512,8 +512,11 @@ fn cri_containers_of_a_pod_share_one_shim_and_the_pod_namespaces() -> anyhow::Re
     let pod = Pod::run(&cri, pod_config("shared", &[]), &cri::sandbox_handler()?)?;
     let a = pod.start(&sleeper("a"))?;
     let b = pod.start(&sleeper("b"))?;
-    let shims: Vec<u32> = cri::processes_naming(&pod.id)
-        .into_iter()
+    // Every shim process serving the pod or either container (containerd starts a shim with
+    // `-id` of the container it creates; a per-pod shim answers for all of them).
+    let mut shims: Vec<u32> = [pod.id.as_str(), a.as_str(), b.as_str()]
+        .iter()
+        .flat_map(|id| cri::processes_naming(id))
         .filter(|pid| {
             fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| {
                 e.to_string_lossy()
@@ -521,6 +524,8 @@ fn cri_containers_of_a_pod_share_one_shim_and_the_pod_namespaces() -> anyhow::Re
             })
         })
         .collect();
+    shims.sort_unstable();
+    shims.dedup();
     ensure!(shims.len() == 1, "pod {} has shims {shims:?}", pod.id);
     let ns = |id: &str| -> anyhow::Result<String> {
         let cmd = "for n in net ipc uts user; do readlink /proc/self/ns/$n; done";
