@@ -83,6 +83,73 @@ fn init_probe(cri: &Cri, handler: &str, checks: &[&str]) -> anyhow::Result<Probe
     ProbeReport::parse(output)
 }
 
+/// Marks a pod and a container privileged (`securityContext.privileged: true`; containerd
+/// allows a privileged container only in a privileged pod).
+fn privileged(
+    mut pod: k8s_cri::v1::PodSandboxConfig,
+    mut container: k8s_cri::v1::ContainerConfig,
+) -> (k8s_cri::v1::PodSandboxConfig, k8s_cri::v1::ContainerConfig) {
+    if let Some(sc) = pod.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+        sc.privileged = true;
+    }
+    if let Some(sc) = container
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+    {
+        sc.privileged = true;
+    }
+    (pod, container)
+}
+
+#[test]
+fn cri_privileged_request_is_refused_where_runc_grants_it() -> anyhow::Result<()> {
+    let cri = cri()?;
+    let checks = ["mount", "cap_eff", "cap_bnd"];
+    let mut cmd = vec![PROBE];
+    cmd.extend_from_slice(&checks);
+    let request = || {
+        privileged(
+            pod_config("priv", &[]),
+            container_config("probe", TOOLS_IMAGE, &cmd, &[]),
+        )
+    };
+    // Baseline: runc gives a privileged container mount and every capability.
+    let (pod_cfg, ctr_cfg) = request();
+    let pod = Pod::run(&cri, pod_cfg, RUNC_HANDLER)?;
+    let id = pod.start(&ctr_cfg)?;
+    wait_exited(&cri, &id, Duration::from_secs(60))?;
+    let log = Path::new(&pod.config.log_directory).join("probe.log");
+    let output = agent_sandbox_e2e::harness::Output {
+        command: format!("{} (privileged, runc)", cmd.join(" ")),
+        code: Some(cri.container_status(&id)?.exit_code),
+        signal: None,
+        stdout: cri::log_messages(&log)?.join("\n"),
+        stderr: String::new(),
+        elapsed: Duration::ZERO,
+    };
+    pod.remove()?;
+    ProbeReport::parse(output)?
+        .expect_allowed(&checks)
+        .context("baseline: a privileged runc container must have these")?;
+    // Ours: the policy is a ceiling, so the request fails with the runtime's reason and the
+    // probe never runs.
+    let (pod_cfg, ctr_cfg) = request();
+    let err = match Pod::run(&cri, pod_cfg, &cri::sandbox_handler()?) {
+        Err(e) => e,
+        Ok(pod) => match pod.start(&ctr_cfg) {
+            Err(e) => e,
+            Ok(id) => bail!("a privileged container {id} was started"),
+        },
+    };
+    let text = format!("{err:#}");
+    ensure!(
+        text.contains("create failed") && text.contains("cannot harden the container spec"),
+        "the refusal does not carry the runtime's reason: {text}"
+    );
+    Ok(())
+}
+
 /// Runs `probe CHECKS` through ExecSync in a sleeping app container of `handler`.
 fn exec_probe(cri: &Cri, handler: &str, checks: &[&str]) -> anyhow::Result<ProbeReport> {
     let mut cmd = vec![PROBE];
