@@ -27,17 +27,26 @@ if ! command -v containerd >/dev/null || ! command -v ctr >/dev/null; then
 fi
 
 # 2. configuration. The CRI settings matter only for the CRI path: root lacks
-# CAP_SYS_RESOURCE here (restrict_oom_score_adj), there is no systemd (cgroupfs).
-# `BinaryName`, `Root` and `Policy` reach the shim as runtimeoptions.v1.Options.
+# CAP_SYS_RESOURCE here (restrict_oom_score_adj), there is no systemd (cgroupfs), nothing
+# can be pulled (sandbox_image is the locally built bundles/pause), and pods get the
+# host-neutral network of hack/cri.sh from CNI directories of their own (not /etc/cni/net.d,
+# where podman's bridge network lives).
+# Runtime options: containerd 1.6's CRI hands a non-runc shim only the `ConfigPath` of the
+# options table (as runtimeoptions.v1.Options; 1.7+ also sends the table itself), so
+# `BinaryName`, `Root` and `Policy` go in the TOML file that ConfigPath names.
+# Handlers: agent-sandbox (no options: the runtime beside the shim, the built-in agent profile
+# as ceiling), agent-sandbox-e2e (the tests' ceiling; hack/cri.sh writes both files it names),
+# runc (the baseline the tests compare against).
 desired=$(cat <<'EOF'
 version = 2
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
     restrict_oom_score_adj = true
+    sandbox_image = "localhost/agent-sandbox/pause:latest"
     [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "/usr/lib/cni"
-      conf_dir = "/etc/cni/net.d"
+      bin_dir = "/opt/cni/bin"
+      conf_dir = "/etc/agent-sandbox/cni"
     [plugins."io.containerd.grpc.v1.cri".containerd]
       snapshotter = "overlayfs"
       default_runtime_name = "runc"
@@ -48,9 +57,11 @@ version = 2
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox]
         runtime_type = "io.agent.sandbox"
         pod_annotations = ["io.agent.sandbox.*"]
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox.options]
-          BinaryName = "/usr/local/bin/agent-sandbox"
-          # Policy = "/etc/agent-sandbox/policy.toml"  (ceiling for every pod; default: built-in agent)
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox-e2e]
+        runtime_type = "io.agent.sandbox"
+        pod_annotations = ["io.agent.sandbox.*"]
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox-e2e.options]
+          ConfigPath = "/etc/agent-sandbox/cri-e2e-runtime.toml"
   [plugins."io.containerd.internal.v1.opt"]
     path = "/var/lib/containerd/opt"
 EOF

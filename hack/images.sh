@@ -2,7 +2,11 @@
 # Builds the test images locally from bundles/ (no registry): a rootfs directory
 # per image, one deterministic layer, packed with umoci into an OCI archive at
 # /var/cache/agent-sandbox/images/NAME.tar, then loaded into podman for root and
-# for the rootless test user as localhost/agent-sandbox/NAME:latest.
+# for the rootless test user as localhost/agent-sandbox/NAME:latest, and, when
+# containerd is running, imported into its namespaces default and k8s.io (the CRI's).
+#
+# A recipe with scratch=1 (bundles/pause) gets no base rootfs, busybox or probe:
+# only the binaries it compiles from C sources (static_c) and its entrypoint.
 #
 # An image is rebuilt only when its inputs change: the recipe, the base rootfs,
 # this script, the probe binary and the versions of the Debian packages it copies.
@@ -42,6 +46,14 @@ created=2023-11-14T22:13:20Z
 # version (a security update anywhere rebuilds it, which is what we want).
 inputs() {
     local name=$1
+    local c
+    if ((scratch)); then
+        # Only its own sources: a new probe or busybox does not touch a scratch image.
+        sha256sum hack/images.sh "bundles/$name/image.conf" | awk '{print $1}'
+        for c in "${static_c[@]}"; do sha256sum "bundles/$name/${c%%:*}"; done
+        cc --version | head -n1
+        return
+    fi
     sha256sum hack/images.sh "bundles/$name/image.conf" "$probe" /bin/busybox | awk '{print $1}'
     (cd bundles/base/rootfs && find . -type f -print0 | sort -z | xargs -0 sha256sum)
     if ((${#packages[@]} + ${#extra_files[@]})); then
@@ -89,8 +101,26 @@ copy_libraries() {
     done < <(find "$rootfs/usr" -type f \( -perm -u+x -o -name '*.so*' \) -print0)
 }
 
+# The rootfs of a scratch recipe: its static_c binaries and nothing else (no shell,
+# no libraries: they are static).
+build_scratch_rootfs() {
+    local name=$1 rootfs=$2 c
+    rm -rf "$rootfs"
+    install -d -m 0755 "$rootfs"/{proc,sys,dev,etc}
+    for c in "${static_c[@]}"; do
+        install -d -m 0755 "$rootfs$(dirname "${c#*:}")"
+        cc -static -Os -s -Wall -Wextra -Werror -o "$rootfs${c#*:}" "bundles/$name/${c%%:*}"
+        chmod 0755 "$rootfs${c#*:}"
+    done
+    chown -R 0:0 "$rootfs"
+}
+
 build_rootfs() {
     local name=$1 rootfs=$2
+    if ((scratch)); then
+        build_scratch_rootfs "$name" "$rootfs"
+        return
+    fi
     rm -rf "$rootfs"
     install -d -m 0755 "$rootfs"/usr/{bin,sbin,lib,lib64,local/bin} "$rootfs"/{proc,sys,dev,run,mnt,workspace}
     install -d -m 1777 "$rootfs/tmp"
@@ -141,9 +171,11 @@ pack() {
     umoci raw add-layer --image "$layout:latest" \
         --history.created "$created" --history.created_by "hack/images.sh $name" \
         "$work/$name.layer.tar"
+    local run=(--config.cmd /bin/sh)
+    [[ -n $entrypoint ]] && run=(--config.entrypoint "$entrypoint")
     umoci config --no-history --image "$layout:latest" --created "$created" \
         --config.env PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin \
-        --config.cmd /bin/sh --config.workingdir / \
+        "${run[@]}" --config.workingdir / \
         --config.label "org.agent-sandbox.inputs=$hash" \
         --config.label "org.agent-sandbox.image=$name"
     umoci gc --layout "$layout"
@@ -179,12 +211,28 @@ load() {
     [[ $have == "$hash" ]] || { echo "images.sh: $ref has inputs $have after load, expected $hash" >&2; exit 1; }
 }
 
+# Imports $1's archive into containerd's namespaces default and k8s.io (the CRI's)
+# unless the image there already carries the same input hash as a containerd label.
+# Does nothing when containerd is not running (hack/containerd.sh imports at start).
+socket=/run/containerd/containerd.sock
+import_containerd() {
+    local name=$1 hash=$2 ns ref=localhost/agent-sandbox/$name:latest
+    command -v ctr >/dev/null && ctr --address "$socket" version >/dev/null 2>&1 || return 0
+    for ns in default k8s.io; do
+        if [[ -n $(ctr --address "$socket" -n "$ns" images ls -q "name==$ref,labels.\"org.agent-sandbox.inputs\"==$hash") ]]; then
+            continue
+        fi
+        ctr --address "$socket" -n "$ns" images import --all-platforms "$out/$name.tar" >/dev/null
+        ctr --address "$socket" -n "$ns" images label "$ref" "org.agent-sandbox.inputs=$hash" >/dev/null
+    done
+}
+
 as_test_user=(runuser -u "$test_user" -- env XDG_RUNTIME_DIR=/run/user/1500 HOME=/home/$test_user)
 
 for name in "${names[@]}"; do
     conf=bundles/$name/image.conf
     [[ -f $conf ]] || { echo "images.sh: no recipe $conf" >&2; exit 1; }
-    packages=() extra_files=() links=() exclude_regex=''
+    packages=() extra_files=() links=() exclude_regex='' scratch=0 static_c=() entrypoint=''
     # shellcheck source=/dev/null
     source "$conf"
     hash=$(inputs "$name" | sha256sum | cut -c1-32)
@@ -200,4 +248,5 @@ for name in "${names[@]}"; do
     load "$name" "$hash"
     # From /: the test user may not be able to enter this checkout.
     (cd / && load "$name" "$hash" "${as_test_user[@]}")
+    import_containerd "$name" "$hash"
 done

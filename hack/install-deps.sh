@@ -19,6 +19,8 @@ packages=(
     python3-minimal curl ca-certificates
     # build dependencies (libcontainer/seccomp, CRI protobufs)
     libseccomp-dev pkg-config protobuf-compiler
+    # the pause image (bundles/pause): a static C binary
+    gcc libc6-dev
     # AppArmor profile validation (apparmor_parser -Q -K), no kernel support here
     apparmor
     # tests and benchmarks

@@ -44,5 +44,6 @@ hack/images.sh /usr/local/bin/probe
 if [[ -x hack/containerd.sh ]]; then
     step "containerd"
     hack/containerd.sh
+    hack/cri.sh
 fi
 step "done"

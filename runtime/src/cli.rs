@@ -149,6 +149,25 @@ pub enum Command {
         #[arg(short, long, default_value = "table")]
         format: String,
     },
+    /// Print the containerd CRI runtime entry for Kubernetes (`install containerd`), or merge
+    /// it into containerd's config with `--write`
+    Install {
+        #[command(subcommand)]
+        target: InstallTarget,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InstallTarget {
+    /// The `agent-sandbox` runtime handler of containerd's CRI plugin
+    Containerd {
+        /// Merge it into the config file (keeping everything else) instead of printing it
+        #[arg(long)]
+        write: bool,
+        /// containerd's config file
+        #[arg(long, default_value = crate::install::DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -255,6 +274,8 @@ pub enum CliError {
     },
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error(transparent)]
+    Install(#[from] crate::install::InstallError),
     #[error("profile {profile}")]
     Artifact {
         profile: String,
@@ -485,6 +506,23 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             let spec = libcontainer::oci_spec::runtime::Spec::default();
             let text = serde_json::to_string_pretty(&spec).unwrap_or_default();
             std::fs::write(&path, text).map_err(|source| CliError::Write { path, source })?;
+        }
+        Command::Install {
+            target: InstallTarget::Containerd { write, config },
+        } => {
+            if !write {
+                print!(
+                    "{}",
+                    crate::install::stanza(crate::install::version_of(&config)?)
+                );
+            } else if crate::install::write(&config)? {
+                println!(
+                    "merged the agent-sandbox runtime into {}; restart containerd",
+                    config.display()
+                );
+            } else {
+                println!("{} already has the agent-sandbox runtime", config.display());
+            }
         }
         Command::List { format } => {
             let runtime = rt()?;

@@ -1,0 +1,242 @@
+//! CRI benchmark: pod start (RunPodSandbox + CreateContainer + StartContainer), ExecSync and
+//! pod removal (StopPodSandbox + RemovePodSandbox) through containerd's CRI, our handler against
+//! the runc handler, interleaved round by round (the order alternates) so that the machine's
+//! drift hits both alike. Prints medians, p90s and ratios (ours / baseline; target <= 1.0), or
+//! one JSON document with every sample (`--json`).
+//!
+//! ```sh
+//! cargo run --release -p agent-sandbox-e2e --example cri_bench -- --rounds 20
+//! cargo run --release -p agent-sandbox-e2e --example cri_bench -- --json > cri.json
+//! ```
+//! Set-up: hack/setup.sh (containerd with the CRI handlers, the pause and test images).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use agent_sandbox_e2e::cri::{self, Cri, Pod, RUNC_HANDLER, container_config, pod_config};
+use agent_sandbox_e2e::harness::{BUSYBOX_IMAGE, TOOLS_IMAGE};
+use anyhow::{Context, ensure};
+use clap::Parser;
+use serde::Serialize;
+
+/// Interleaved CRI benchmark of an agent-sandbox handler against the runc handler.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Measured rounds (each: one pod per handler)
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// Unmeasured rounds first (caches, lazily started shims)
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// ExecSync calls per pod
+    #[arg(long, default_value_t = 3)]
+    execs: usize,
+    /// Our handler (default: the one running the build under test, see e2e/src/cri.rs)
+    #[arg(long)]
+    handler: Option<String>,
+    /// The baseline handler
+    #[arg(long, default_value = RUNC_HANDLER)]
+    baseline: String,
+    /// The app container's image (`busybox` or `tools` test image, or any in k8s.io)
+    #[arg(long, default_value = BUSYBOX_IMAGE)]
+    image: String,
+    /// Print one JSON document instead of the table
+    #[arg(long)]
+    json: bool,
+}
+
+/// The measured phases, in the order they run.
+const PHASES: [&str; 3] = ["pod_start", "exec_sync", "pod_remove"];
+
+#[derive(Debug, Default, Serialize)]
+struct Summary {
+    n: usize,
+    median_ms: f64,
+    p90_ms: f64,
+    min_ms: f64,
+    samples_ms: Vec<f64>,
+}
+
+impl Summary {
+    fn of(samples: &[Duration]) -> Self {
+        let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        ms.sort_by(f64::total_cmp);
+        // Nearest rank: the smallest sample with at least pct% of the samples at or below it.
+        let at = |pct: usize| -> f64 {
+            let rank = (pct * ms.len()).div_ceil(100).max(1);
+            ms.get(rank - 1).copied().unwrap_or(f64::NAN)
+        };
+        Self {
+            n: ms.len(),
+            median_ms: at(50),
+            p90_ms: at(90),
+            min_ms: ms.first().copied().unwrap_or(f64::NAN),
+            samples_ms: ms,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    rounds: usize,
+    warmup: usize,
+    execs_per_pod: usize,
+    image: String,
+    handler: String,
+    baseline: String,
+    /// handler -> phase -> summary
+    results: BTreeMap<String, BTreeMap<String, Summary>>,
+    /// phase -> median(handler) / median(baseline)
+    ratios: BTreeMap<String, f64>,
+}
+
+type Samples = BTreeMap<&'static str, Vec<Duration>>;
+
+/// One pod of `handler`: start it, exec in it, remove it; appends the timings.
+fn round(cri: &Cri, handler: &str, args: &Args, samples: &mut Samples) -> anyhow::Result<()> {
+    let config = pod_config("bench", &[]);
+    let app = container_config("app", &args.image, &["sleep", "3600"], &[]);
+    let start = Instant::now();
+    let pod = Pod::run(cri, config, handler)?;
+    let id = pod.start(&app)?;
+    samples
+        .entry("pod_start")
+        .or_default()
+        .push(start.elapsed());
+    for _ in 0..args.execs {
+        let start = Instant::now();
+        let exec = cri.exec_sync(&id, &["true"], 10)?;
+        let took = start.elapsed();
+        ensure!(
+            exec.exit_code == 0,
+            "ExecSync true under {handler} failed\n{exec}"
+        );
+        samples.entry("exec_sync").or_default().push(took);
+    }
+    let start = Instant::now();
+    pod.remove()?;
+    samples
+        .entry("pod_remove")
+        .or_default()
+        .push(start.elapsed());
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ensure!(args.rounds > 0, "--rounds must be at least 1");
+    let cri = Cri::connect()?;
+    cri.require_image(cri::PAUSE_IMAGE)?;
+    cri.require_image(&args.image)?;
+    if args.image != TOOLS_IMAGE && args.image != BUSYBOX_IMAGE {
+        eprintln!("cri_bench: image {} is not a test image", args.image);
+    }
+    let handler = match &args.handler {
+        Some(h) => h.clone(),
+        None => cri::sandbox_handler()?,
+    };
+    let handlers = [handler.clone(), args.baseline.clone()];
+    let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
+    for i in 0..args.warmup + args.rounds {
+        let measured = i >= args.warmup;
+        // Alternate which handler goes first, so neither always runs on a warmer machine.
+        let order = if i % 2 == 0 {
+            [&handlers[0], &handlers[1]]
+        } else {
+            [&handlers[1], &handlers[0]]
+        };
+        for h in order {
+            let mut scratch = Samples::new();
+            round(&cri, h, &args, &mut scratch)
+                .with_context(|| format!("round {i} with handler {h}"))?;
+            if measured {
+                let into = samples.entry(h.clone()).or_default();
+                for (phase, v) in scratch {
+                    into.entry(phase).or_default().extend(v);
+                }
+            }
+        }
+        if !args.json {
+            eprint!("\rcri_bench: round {}/{}", i + 1, args.warmup + args.rounds);
+        }
+    }
+    if !args.json {
+        eprintln!();
+    }
+
+    let mut results = BTreeMap::new();
+    for (h, phases) in &samples {
+        let per: BTreeMap<String, Summary> = phases
+            .iter()
+            .map(|(p, v)| ((*p).to_owned(), Summary::of(v)))
+            .collect();
+        results.insert(h.clone(), per);
+    }
+    let mut ratios = BTreeMap::new();
+    for phase in PHASES {
+        let median = |h: &str| {
+            results
+                .get(h)
+                .and_then(|r| r.get(phase))
+                .map(|s| s.median_ms)
+        };
+        if let (Some(ours), Some(base)) = (median(&handler), median(&args.baseline)) {
+            ratios.insert(phase.to_owned(), ours / base);
+        }
+    }
+    let report = Report {
+        rounds: args.rounds,
+        warmup: args.warmup,
+        execs_per_pod: args.execs,
+        image: args.image.clone(),
+        handler: handler.clone(),
+        baseline: args.baseline.clone(),
+        results,
+        ratios,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "CRI benchmark: {} rounds (+{} warm-up), interleaved, image {}, {} ExecSync per pod",
+        report.rounds, report.warmup, report.image, report.execs_per_pod
+    );
+    println!(
+        "{:<11} {:<24} {:>10} {:>10} {:>10} {:>5}",
+        "phase", "handler", "median ms", "p90 ms", "min ms", "n"
+    );
+    for phase in PHASES {
+        for h in &handlers {
+            if let Some(s) = report.results.get(h).and_then(|r| r.get(phase)) {
+                println!(
+                    "{phase:<11} {h:<24} {:>10.1} {:>10.1} {:>10.1} {:>5}",
+                    s.median_ms, s.p90_ms, s.min_ms, s.n
+                );
+            }
+        }
+    }
+    for (phase, ratio) in &report.ratios {
+        println!(
+            "ratio {phase:<11} {handler} / {}: {ratio:.2}",
+            report.baseline
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let d: Vec<Duration> = (1..=10).map(Duration::from_millis).collect();
+        let s = Summary::of(&d);
+        assert_eq!(s.n, 10);
+        assert!((s.median_ms - 5.0).abs() < 1e-9);
+        assert!((s.p90_ms - 9.0).abs() < 1e-9);
+        assert!((s.min_ms - 1.0).abs() < 1e-9);
+        assert!(Summary::of(&[]).median_ms.is_nan());
+    }
+}

@@ -1,0 +1,390 @@
+//! `agent-sandbox install containerd`: the containerd CRI runtime entry that makes a Kubernetes
+//! RuntimeClass with `handler: agent-sandbox` run pods through our shim.
+//!
+//! Without `--write` it prints the stanza; with `--write` it merges it into containerd's
+//! configuration (default `/etc/containerd/config.toml`), keeping every other key, comment and
+//! the file's layout (`toml_edit`), and writes the result atomically. A file that is not TOML,
+//! uses a config version this does not know, or has a non-table where the stanza goes is an
+//! error naming the file and key, and nothing is written. Rerunning is a no-op.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use toml_edit::{Array, DocumentMut, Item, Table, value};
+
+/// containerd's default configuration file.
+pub const DEFAULT_CONFIG: &str = "/etc/containerd/config.toml";
+/// The RuntimeClass handler name.
+pub const HANDLER: &str = "agent-sandbox";
+/// containerd resolves it to the binary `containerd-shim-agent-sandbox` on its PATH.
+pub const RUNTIME_TYPE: &str = "io.agent.sandbox";
+/// Pod annotations containerd passes to the runtime (per-pod narrowing).
+pub const POD_ANNOTATIONS: &str = "io.agent.sandbox.*";
+
+/// The comment above the stanza: what a cluster admin may add.
+const OPTIONS_HINT: &str = "\
+# agent-sandbox: pods of a RuntimeClass with `handler: agent-sandbox` run as agent sandboxes.
+# Ceiling policy: the built-in agent profile. For another one, add an options table with
+# ConfigPath = \"/etc/agent-sandbox/runtime.toml\", a file holding Policy = \"/path/policy.toml\"
+# (containerd 1.6 passes a non-runc runtime only the ConfigPath of its options).
+";
+
+/// Why the stanza could not be merged. Nothing was written when this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid TOML")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml_edit::TomlError,
+    },
+    #[error(
+        "{path} has config version {version}; only versions 2 and 3 are supported (run `containerd config migrate`)"
+    )]
+    Version { path: PathBuf, version: String },
+    #[error("{path}: key {key} is not a table")]
+    NotATable { path: PathBuf, key: String },
+    #[error("{path}: key {key} is not a string")]
+    NotAString { path: PathBuf, key: String },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// containerd config versions and where the CRI runtimes table lives in each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigVersion {
+    /// containerd 1.x: `plugins."io.containerd.grpc.v1.cri".containerd.runtimes`.
+    V2,
+    /// containerd 2.x: `plugins."io.containerd.cri.v1.runtime".containerd.runtimes`.
+    V3,
+}
+
+impl ConfigVersion {
+    fn runtimes_path(self) -> [&'static str; 4] {
+        match self {
+            ConfigVersion::V2 => [
+                "plugins",
+                "io.containerd.grpc.v1.cri",
+                "containerd",
+                "runtimes",
+            ],
+            ConfigVersion::V3 => [
+                "plugins",
+                "io.containerd.cri.v1.runtime",
+                "containerd",
+                "runtimes",
+            ],
+        }
+    }
+}
+
+/// The stanza for a config of `version`, as TOML text.
+pub fn stanza(version: ConfigVersion) -> String {
+    let path = version.runtimes_path();
+    format!(
+        "{OPTIONS_HINT}[{}.\"{}\".{}.{}.{HANDLER}]\n  runtime_type = \"{RUNTIME_TYPE}\"\n  pod_annotations = [\"{POD_ANNOTATIONS}\"]\n",
+        path[0], path[1], path[2], path[3]
+    )
+}
+
+/// The result of merging the stanza into a config's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Merged {
+    /// The new text.
+    pub text: String,
+    /// False when the config already had the stanza (the text is then unchanged).
+    pub changed: bool,
+    pub version: ConfigVersion,
+}
+
+/// Merges the stanza into `text` (the content of `path`, named in errors). An empty text
+/// becomes a version 2 config holding only the stanza.
+pub fn merge(path: &Path, text: &str) -> Result<Merged, InstallError> {
+    let mut doc: DocumentMut = text.parse().map_err(|source| InstallError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    let version = match doc.get("version") {
+        None if doc.as_table().is_empty() => {
+            doc.insert("version", value(2));
+            ConfigVersion::V2
+        }
+        None => {
+            return Err(InstallError::Version {
+                path: path.to_owned(),
+                version: "1 (no `version` key)".to_owned(),
+            });
+        }
+        Some(v) => match v.as_integer() {
+            Some(2) => ConfigVersion::V2,
+            Some(3) => ConfigVersion::V3,
+            _ => {
+                return Err(InstallError::Version {
+                    path: path.to_owned(),
+                    version: v.to_string().trim().to_owned(),
+                });
+            }
+        },
+    };
+    let mut table = doc.as_table_mut() as &mut dyn toml_edit::TableLike;
+    let mut key = String::new();
+    for part in version.runtimes_path() {
+        key = if key.is_empty() {
+            part.to_owned()
+        } else if part.contains('.') {
+            format!("{key}.\"{part}\"")
+        } else {
+            format!("{key}.{part}")
+        };
+        let entry = table.entry(part).or_insert_with(|| {
+            let mut t = Table::new();
+            t.set_implicit(true);
+            Item::Table(t)
+        });
+        table = entry
+            .as_table_like_mut()
+            .ok_or_else(|| InstallError::NotATable {
+                path: path.to_owned(),
+                key: key.clone(),
+            })?;
+    }
+    let handler_key = format!("{key}.{HANDLER}");
+    let fresh = !table.contains_key(HANDLER);
+    let entry = table.entry(HANDLER).or_insert_with(|| {
+        let mut t = Table::new();
+        t.decor_mut().set_prefix(format!("\n{OPTIONS_HINT}"));
+        Item::Table(t)
+    });
+    let runtime = entry
+        .as_table_like_mut()
+        .ok_or_else(|| InstallError::NotATable {
+            path: path.to_owned(),
+            key: handler_key.clone(),
+        })?;
+    let mut changed = fresh;
+    match runtime.get("runtime_type") {
+        Some(item) if item.as_str() == Some(RUNTIME_TYPE) => {}
+        Some(item) if item.as_str().is_none() => {
+            return Err(InstallError::NotAString {
+                path: path.to_owned(),
+                key: format!("{handler_key}.runtime_type"),
+            });
+        }
+        _ => {
+            runtime.insert("runtime_type", value(RUNTIME_TYPE));
+            changed = true;
+        }
+    }
+    let has_annotations = runtime
+        .get("pod_annotations")
+        .and_then(Item::as_array)
+        .is_some_and(|a| a.iter().any(|v| v.as_str() == Some(POD_ANNOTATIONS)));
+    if !has_annotations {
+        let mut list = runtime
+            .get("pod_annotations")
+            .and_then(Item::as_array)
+            .cloned()
+            .unwrap_or_else(Array::new);
+        list.push(POD_ANNOTATIONS);
+        runtime.insert("pod_annotations", value(list));
+        changed = true;
+    }
+    Ok(Merged {
+        text: if changed {
+            doc.to_string()
+        } else {
+            text.to_owned()
+        },
+        changed,
+        version,
+    })
+}
+
+/// The config version of the file at `path` (V2 when it does not exist or is empty).
+pub fn version_of(path: &Path) -> Result<ConfigVersion, InstallError> {
+    let text = read_or_empty(path)?;
+    merge(path, &text).map(|m| m.version)
+}
+
+fn read_or_empty(path: &Path) -> Result<String, InstallError> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(source) => Err(InstallError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Merges the stanza into the file at `path` (created if missing), atomically, keeping its
+/// permissions. Returns whether the file changed.
+pub fn write(path: &Path) -> Result<bool, InstallError> {
+    let text = read_or_empty(path)?;
+    let merged = merge(path, &text)?;
+    if !merged.changed {
+        return Ok(false);
+    }
+    let write_err = |source| InstallError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(write_err)?;
+    let mode = fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".agent-sandbox-install-")
+        .tempfile_in(dir)
+        .map_err(write_err)?;
+    tmp.write_all(merged.text.as_bytes()).map_err(write_err)?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(write_err)?;
+    tmp.as_file().sync_all().map_err(write_err)?;
+    tmp.persist(path).map_err(|e| write_err(e.error))?;
+    tracing::info!(path = %path.display(), "merged the agent-sandbox runtime into containerd's config");
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p() -> &'static Path {
+        Path::new("/etc/containerd/config.toml")
+    }
+
+    #[test]
+    fn empty_config_gets_version_2_and_the_stanza() {
+        let m = merge(p(), "").unwrap();
+        assert!(m.changed);
+        let doc: toml::Table = toml::from_str(&m.text).unwrap();
+        let rt = &doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][HANDLER];
+        assert_eq!(rt["runtime_type"].as_str(), Some(RUNTIME_TYPE));
+        assert_eq!(doc["version"].as_integer(), Some(2));
+        // The merged text parses the same as the printed stanza does.
+        let printed: toml::Table =
+            toml::from_str(&format!("version = 2\n{}", stanza(ConfigVersion::V2))).unwrap();
+        assert_eq!(doc, printed);
+    }
+
+    #[test]
+    fn keeps_other_content_and_comments_and_is_idempotent() {
+        let text = "# my containerd\nversion = 2\nroot = \"/var/lib/containerd\"\n\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  # keep me\n  sandbox_image = \"pause:3.9\"\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n    runtime_type = \"io.containerd.runc.v2\"\n";
+        let m = merge(p(), text).unwrap();
+        assert!(m.changed);
+        assert!(m.text.starts_with(text), "{}", m.text);
+        assert!(m.text.contains("# keep me"));
+        assert!(m.text.contains("runtimes.agent-sandbox]"), "{}", m.text);
+        let again = merge(p(), &m.text).unwrap();
+        assert!(!again.changed);
+        assert_eq!(again.text, m.text);
+    }
+
+    #[test]
+    fn updates_an_existing_entry_keeping_its_options() {
+        let text = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.agent-sandbox]\n  runtime_type = \"io.old.shim\"\n  pod_annotations = [\"x.*\"]\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.agent-sandbox.options]\n    ConfigPath = \"/etc/agent-sandbox/runtime.toml\"\n";
+        let m = merge(p(), text).unwrap();
+        let doc: toml::Table = toml::from_str(&m.text).unwrap();
+        let rt = &doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][HANDLER];
+        assert_eq!(rt["runtime_type"].as_str(), Some(RUNTIME_TYPE));
+        assert_eq!(
+            rt["pod_annotations"].as_array().unwrap().len(),
+            2,
+            "{}",
+            m.text
+        );
+        assert_eq!(
+            rt["options"]["ConfigPath"].as_str(),
+            Some("/etc/agent-sandbox/runtime.toml")
+        );
+    }
+
+    #[test]
+    fn version_3_uses_the_containerd_2_plugin() {
+        let m = merge(p(), "version = 3\n").unwrap();
+        assert_eq!(m.version, ConfigVersion::V3);
+        assert!(
+            m.text.contains(
+                "[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.agent-sandbox]"
+            ),
+            "{}",
+            m.text
+        );
+    }
+
+    #[test]
+    fn refuses_malformed_or_unknown_configs_naming_file_and_key() {
+        let err = merge(p(), "version = 2\n[plugins\n").unwrap_err();
+        assert!(matches!(err, InstallError::Parse { .. }));
+        assert!(
+            err.to_string().contains("/etc/containerd/config.toml"),
+            "{err}"
+        );
+        let err = merge(p(), "root = \"/x\"\n").unwrap_err();
+        assert!(err.to_string().contains("version 1"), "{err}");
+        let err = merge(p(), "version = 7\n").unwrap_err();
+        assert!(err.to_string().contains("version 7"), "{err}");
+        let err = merge(p(), "version = 2\nplugins = 5\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/etc/containerd/config.toml: key plugins is not a table"
+        );
+        let err = merge(
+            p(),
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\nruntimes = []\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "key plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes is not a table"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn write_merges_atomically_keeps_mode_and_leaves_bad_files_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        fs::write(&path, "version = 2\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(write(&path).unwrap());
+        assert!(!write(&path).unwrap());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(fs::read_to_string(&path).unwrap().contains(RUNTIME_TYPE));
+
+        let bad = dir.path().join("bad.toml");
+        fs::write(&bad, "version = \n").unwrap();
+        let err = write(&bad).unwrap_err();
+        assert!(err.to_string().contains("bad.toml"), "{err}");
+        assert_eq!(fs::read_to_string(&bad).unwrap(), "version = \n");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            2,
+            "no temp file left"
+        );
+
+        let fresh = dir.path().join("new/config.toml");
+        assert!(write(&fresh).unwrap());
+        assert_eq!(version_of(&fresh).unwrap(), ConfigVersion::V2);
+    }
+}
