@@ -1172,3 +1172,191 @@ fn podman_metadata_name_is_refused_but_runc_reaches_it_in_a_netns() -> anyhow::R
 fn ctr_metadata_name_is_refused_but_runc_reaches_it_in_a_netns() -> anyhow::Result<()> {
     metadata_name_is_refused_but_runc_reaches_it(Engine::Ctr)
 }
+
+// ---- credential injection ----
+
+/// A policy (see [`policy`]) plus a `[[network.credentials]]` entry.
+fn policy_with_credential(
+    allow: &[String],
+    domain: &str,
+    header: &str,
+    prefix: &str,
+    file: &Path,
+) -> anyhow::Result<Policy> {
+    let p = policy(allow, &[])?;
+    let mut text = std::fs::read_to_string(&p.path)?;
+    text.push_str(&format!(
+        "\n[[network.credentials]]\ndomain = {domain:?}\nheader = {header:?}\nprefix = {prefix:?}\nfile = {:?}\n",
+        file.display().to_string()
+    ));
+    std::fs::write(&p.path, text)?;
+    Ok(p)
+}
+
+/// Prints the proxy's answer, then looks for the secret (given in two halves, so that the
+/// script's own text never holds it) in every process environment and in the writable and
+/// configuration trees of the sandbox.
+fn secret_hunt_script(url: &str, half_a: &str, half_b: &str) -> String {
+    sectioned(&[
+        ("fetch", format!("curl -sS -m 20 {url} 2>&1")),
+        (
+            "secret-in-env",
+            format!(
+                "s={half_a}; s=\"${{s}}{half_b}\"; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < \"$f\"; done | grep -cF \"$s\""
+            ),
+        ),
+        (
+            "secret-in-files",
+            format!(
+                "s={half_a}; s=\"${{s}}{half_b}\"; grep -rlF \"$s\" /etc /home /root /run /tmp /var /usr/local /workspace 2>/dev/null | head"
+            ),
+        ),
+    ])
+}
+
+fn credential_is_injected_and_never_inside(engine: Engine) -> anyhow::Result<()> {
+    net::ensure_test_hosts()?;
+    let server = HttpServer::start(REGISTRY_IP, "credential-ok")?;
+    let (half_a, half_b) = ("credS3cr", format!("et{}x", std::process::id()));
+    let secret = format!("{half_a}{half_b}");
+    // The secret's file: root-only, outside anything the sandbox mounts.
+    let secrets = tempfile::tempdir()?;
+    let file = secrets.path().join("registry-token");
+    std::fs::write(&file, format!("{secret}\n"))?;
+    let p = policy_with_credential(
+        &registry_rules(&server),
+        &format!("{REGISTRY_HOST}:{}", server.port()),
+        "Authorization",
+        "Bearer ",
+        &file,
+    )?;
+    let script = secret_hunt_script(&url(REGISTRY_HOST, &server, "/private"), half_a, &half_b);
+    let trust = tempfile::tempdir()?;
+    let out = engine.sandbox(&p, trust.path(), &script)?;
+    let s = sections(&out);
+    let get = |name: &str| s.get(name).cloned().unwrap_or_default();
+    let mut c = Checks::default();
+    c.check(get("fetch").contains("credential-ok"), || {
+        "the fetch through the proxy failed".into()
+    });
+    let got = server.received();
+    c.check(
+        got.iter()
+            .any(|r| r.contains(&format!("Authorization: Bearer {secret}\r\n"))),
+        || format!("the server did not get the injected header: {got:?}"),
+    );
+    c.check(get("secret-in-env").trim_start().starts_with("0\n"), || {
+        "the secret is in a process environment inside the sandbox".into()
+    });
+    let files = get("secret-in-files");
+    c.check(files.lines().all(|l| l.starts_with("[exit ")), || {
+        format!("the secret is in files inside the sandbox: {files}")
+    });
+    c.check(
+        !out.stdout.contains(&secret) && !out.stderr.contains(&secret),
+        || "the sandbox printed the secret".into(),
+    );
+    c.finish(&format!("{engine:?} credential injection"), &out)?;
+
+    // Baseline: the usual way of handing a tool a token (an environment variable) under runc;
+    // the same hunt finds it, so the checks above can fail.
+    let base = match engine {
+        Engine::Podman => runc().run(&[
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "-e",
+            &format!("REGISTRY_TOKEN={secret}"),
+            TOOLS_IMAGE,
+            "sh",
+            "-c",
+            &script,
+        ])?,
+        Engine::Ctr => ctr::run_rm(
+            Shim::RuncV2,
+            &["--net-host", "--env", &format!("REGISTRY_TOKEN={secret}")],
+            TOOLS_IMAGE,
+            &ctr::unique_id("egress-cred-runc"),
+            &["sh", "-c", &script],
+        )?,
+    };
+    let found = sections(&base)
+        .get("secret-in-env")
+        .is_some_and(|t| !t.trim_start().starts_with("0\n"));
+    ensure!(
+        found,
+        "{engine:?}: the baseline did not find a secret passed by environment\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_credential_reaches_the_server_but_never_enters_the_sandbox() -> anyhow::Result<()> {
+    credential_is_injected_and_never_inside(Engine::Podman)
+}
+
+#[test]
+fn ctr_credential_reaches_the_server_but_never_enters_the_sandbox() -> anyhow::Result<()> {
+    credential_is_injected_and_never_inside(Engine::Ctr)
+}
+
+#[test]
+fn unreadable_credential_fails_create_naming_the_key() -> anyhow::Result<()> {
+    let server = HttpServer::start(REGISTRY_IP, "unused")?;
+    let p = policy_with_credential(
+        &registry_rules(&server),
+        &format!("{REGISTRY_HOST}:{}", server.port()),
+        "Authorization",
+        "",
+        Path::new("/nonexistent/agent-sandbox-token"),
+    )?;
+    let out = sandbox_sh(&p.path, "echo started")?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    ensure!(
+        !out.success()
+            && !out.stdout.contains("started")
+            && text.contains("network.credentials[0].file"),
+        "create should fail naming the credential's key\n{out}"
+    );
+    Ok(())
+}
+
+// ---- the proxy's end is recorded ----
+
+#[test]
+fn proxy_stopped_by_a_signal_leaves_a_record_and_no_network() -> anyhow::Result<()> {
+    let server = HttpServer::start(REGISTRY_IP, "before-stop")?;
+    let p = policy(&registry_rules(&server), &[])?;
+    let (guard, id) = detached(&p.path, "proxy-term")?;
+    let pids = net::proxy_pids(&id);
+    ensure!(
+        pids.len() == 1,
+        "expected one proxy for {id}, found {pids:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pids[0])?),
+        nix::sys::signal::Signal::SIGTERM,
+    )?;
+    let left = net::wait_proxies_gone(&id, Duration::from_secs(10));
+    ensure!(left.is_empty(), "proxy {left:?} survived SIGTERM");
+    let fetch = format!("curl -sS -m 10 {}", url(REGISTRY_HOST, &server, "/"));
+    let after = sandbox().run(&["exec", &guard.name, "sh", "-c", &fetch])?;
+    ensure!(!after.success(), "fetch worked without the proxy\n{after}");
+    let log = Path::new("/run/agent-sandbox/audit").join(format!("{id}.jsonl"));
+    let records = net::read_audit(&log)?;
+    let stop = records.iter().find(|r| {
+        r["kind"] == "layer_inactive"
+            && r["data"]["layer"] == "egress-proxy"
+            && r["data"]["reason"]
+                .as_str()
+                .is_some_and(|t| t.contains("SIGTERM") && t.contains("no network"))
+    });
+    ensure!(
+        stop.is_some(),
+        "no layer_inactive record naming SIGTERM in {}: {:?}",
+        log.display(),
+        net::kinds(&records)
+    );
+    Ok(())
+}
