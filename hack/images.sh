@@ -72,6 +72,8 @@ copy_packages() {
         dpkg -L "$p"
     done | sort -u | while read -r path; do
         [[ -d $path && ! -L $path ]] && continue
+        # The merged-/usr links themselves (a package listing /bin): folding handles them.
+        case $path in /bin | /sbin | /lib | /lib32 | /lib64 | /libx32) continue ;; esac
         [[ -e $path || -L $path ]] || continue
         if [[ -n ${exclude_regex:-} && $path =~ $exclude_regex ]]; then continue; fi
         printf '%s\n' "${path#/}"

@@ -15,12 +15,18 @@ use std::sync::mpsc;
 
 use agent_sandbox_audit::{AuditError, AuditLog, Event};
 use agent_sandbox_policy::SandboxPolicy;
+use agent_sandbox_policy::network::{SecretSource, header_value_ok};
 use agent_sandbox_policy::policy::NetworkMode;
-use agent_sandbox_proxy::{EgressEvent, Outcome, Proxy, Stage, SystemResolver};
+use agent_sandbox_proxy::{
+    Credentials, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig, Stage, SystemResolver,
+};
 use libcontainer::oci_spec::runtime::Process;
 
 /// Name of the proxy's pid file in the sandbox directory.
 pub const PID_FILE: &str = "proxy.pid";
+
+/// Name of the proxy's log file in the sandbox directory.
+pub const LOG_FILE: &str = "proxy.log";
 
 /// What the proxy prints on stdout once its listener is bound.
 const READY: &str = "ready";
@@ -46,6 +52,88 @@ pub enum EgressError {
     Serve(#[source] agent_sandbox_proxy::ProxyError),
     #[error("cannot open the audit log")]
     Audit(#[source] AuditError),
+    #[error("cannot read the secret of {key}: environment variable {name}")]
+    SecretEnv {
+        key: String,
+        name: String,
+        #[source]
+        source: std::env::VarError,
+    },
+    #[error("cannot read the secret of {key} from {path}", path = path.display())]
+    SecretFile {
+        key: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the secret of {key} is empty or contains control characters")]
+    SecretValue { key: String },
+    #[error("the egress proxy got signal {signal}")]
+    Signalled { signal: &'static str },
+}
+
+/// Reads, on the host side, the secrets of the policy's credential rules and builds the
+/// headers the proxy adds. The values exist only in the proxy process: never in the
+/// sandbox's environment, files or config.
+pub fn load_credentials(policy: &SandboxPolicy) -> Result<Credentials, EgressError> {
+    let mut entries = Vec::new();
+    for (i, c) in policy.network.credentials.iter().enumerate() {
+        let key = format!("network.credentials[{i}]");
+        let secret = match c.source() {
+            // The policy's validation makes this unreachable; refuse rather than skip.
+            None => return Err(EgressError::SecretValue { key }),
+            Some(SecretSource::Env(name)) => {
+                std::env::var(name).map_err(|source| EgressError::SecretEnv {
+                    key: format!("{key}.env"),
+                    name: name.to_owned(),
+                    source,
+                })?
+            }
+            Some(SecretSource::File(path)) => {
+                let text = std::fs::read_to_string(path.as_str()).map_err(|source| {
+                    EgressError::SecretFile {
+                        key: format!("{key}.file"),
+                        path: PathBuf::from(path.as_str()),
+                        source,
+                    }
+                })?;
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                text.strip_suffix('\r').unwrap_or(text).to_owned()
+            }
+        };
+        if secret.is_empty() || !header_value_ok(&secret) {
+            return Err(EgressError::SecretValue { key });
+        }
+        entries.push(InjectedHeader {
+            domain: c.domain.clone(),
+            name: c.header.clone(),
+            value: format!("{}{secret}", c.prefix),
+        });
+    }
+    Ok(Credentials::new(entries))
+}
+
+/// Appends why the proxy stopped to the audit log: from then on the sandbox has no network.
+fn record_stop(audit: &Path, id: &str, reason: &str) {
+    tracing::error!(
+        id,
+        reason,
+        "the egress proxy stopped; the sandbox has no network"
+    );
+    let event = Event::LayerInactive {
+        layer: "egress-proxy".to_owned(),
+        reason: format!("{reason}; the sandbox has no network from now on"),
+    };
+    match AuditLog::open(audit, id) {
+        Ok(log) => {
+            if let Err(e) = log.append(&event) {
+                tracing::error!(error = %e, "cannot record the proxy's stop in the audit log");
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot open the audit log to record the proxy's stop")
+        }
+    }
 }
 
 /// Whether `policy` gives the sandbox an egress proxy.
@@ -83,9 +171,15 @@ pub fn spawn(root: &Path, sandbox_dir: &Path, id: &str, pid: i32) -> Result<u32,
     // `/proc/self/exe`, not `current_exe()`: create runs from a sealed memfd copy
     // (see agent_sandbox_sys::selfexec), whose name is not a path on disk.
     use std::os::unix::process::CommandExt;
+    // The proxy's own log (warnings, refusals of special addresses, why it stopped) goes to
+    // `proxy.log` beside its pid file; its decisions go to the audit log.
     let mut child = std::process::Command::new("/proc/self/exe")
         .arg("--root")
         .arg(root)
+        .arg("--log")
+        .arg(sandbox_dir.join(LOG_FILE))
+        .arg("--log-format")
+        .arg("json")
         .arg("proxy")
         .arg("--netns")
         .arg(format!("/proc/{pid}/ns/net"))
@@ -180,6 +274,13 @@ pub fn serve(
     id: &str,
 ) -> Result<(), EgressError> {
     let log = AuditLog::open(audit, id).map_err(EgressError::Audit)?;
+    let credentials = match load_credentials(policy) {
+        Ok(c) => c,
+        Err(e) => {
+            report(&chain(&e));
+            return Err(e);
+        }
+    };
     let listener = match agent_sandbox_proxy::bind_in_netns(netns, policy.network.proxy_port) {
         Ok(l) => l,
         Err(e) => {
@@ -206,15 +307,55 @@ pub fn serve(
     let sink = move |event: &EgressEvent| {
         let _ = tx.send(event.clone());
     };
-    let proxy = Proxy::new(
+    let proxy = Proxy::with_config(
         Arc::new(policy.network.allowlist()),
         Arc::new(SystemResolver),
         Arc::new(sink),
+        ProxyConfig {
+            credentials,
+            ..ProxyConfig::default()
+        },
     );
+    // Release builds abort on panic: record why before the process goes.
+    let (hook_audit, hook_id) = (audit.to_path_buf(), id.to_owned());
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        record_stop(
+            &hook_audit,
+            &hook_id,
+            &format!("the egress proxy panicked: {info}"),
+        );
+        previous(info);
+    }));
     report(READY);
-    runtime
-        .block_on(proxy.serve_std(listener))
-        .map_err(EgressError::Serve)
+    let result = runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).map_err(EgressError::Runtime)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(EgressError::Runtime)?;
+        let mut hup = signal(SignalKind::hangup()).map_err(EgressError::Runtime)?;
+        tokio::select! {
+            served = proxy.serve_std(listener) => served.map_err(EgressError::Serve),
+            _ = term.recv() => Err(EgressError::Signalled { signal: "SIGTERM" }),
+            _ = int.recv() => Err(EgressError::Signalled { signal: "SIGINT" }),
+            _ = hup.recv() => Err(EgressError::Signalled { signal: "SIGHUP" }),
+        }
+    });
+    if let Err(e) = &result {
+        record_stop(audit, id, &chain(e));
+    }
+    result
+}
+
+/// An error with its sources, one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// Writes one status line to the spawner and closes stdout.
@@ -265,6 +406,44 @@ mod tests {
         assert_eq!(stop(dir.path(), "sb"), Stopped::WasDead);
         assert!(!dir.path().join(PID_FILE).exists());
         assert_eq!(stop(dir.path(), "sb"), Stopped::NoProxy);
+    }
+
+    fn policy_with_credential(source: &str) -> SandboxPolicy {
+        let text = format!(
+            "[network]\nmode = \"proxy\"\nallow = [\"registry.test:8080\"]\n\
+             [[network.credentials]]\ndomain = \"registry.test:8080\"\nheader = \"Authorization\"\n\
+             prefix = \"Bearer \"\n{source}\n"
+        );
+        SandboxPolicy::parse(&text, "test.toml").unwrap()
+    }
+
+    #[test]
+    fn credentials_are_read_on_the_host_side() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let p = policy_with_credential(&format!("file = {:?}", file.display().to_string()));
+        let c = load_credentials(&p).unwrap();
+        let host = agent_sandbox_proxy::Host::parse("registry.test").unwrap();
+        let found = c.find(&host, 8080).unwrap();
+        assert_eq!(found.value, "Bearer s3cret");
+
+        let missing = policy_with_credential("env = \"AGENT_SANDBOX_TEST_NO_SUCH_VAR\"");
+        let e = load_credentials(&missing).unwrap_err();
+        assert!(
+            matches!(&e, EgressError::SecretEnv { key, .. } if key == "network.credentials[0].env"),
+            "{e}"
+        );
+        std::fs::write(&file, "a\nInjected: 1\n").unwrap();
+        assert!(matches!(
+            load_credentials(&p),
+            Err(EgressError::SecretValue { .. })
+        ));
+        std::fs::remove_file(&file).unwrap();
+        assert!(matches!(
+            load_credentials(&p),
+            Err(EgressError::SecretFile { .. })
+        ));
     }
 
     #[test]

@@ -11,8 +11,9 @@ use std::time::Duration;
 use agent_sandbox_e2e::ctr::{self, Container, Shim};
 use agent_sandbox_e2e::harness::{self, Output, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{
-    self, COLLECTOR_HOST, COLLECTOR_IP, DENIED_HEADER, HttpServer, REGISTRY_HOST, REGISTRY_IP,
-    UdpEcho,
+    self, COLLECTOR_HOST, COLLECTOR_IP, DENIED_HEADER, HttpServer, INTERNAL_HOST, INTERNAL_IP,
+    METADATA_HOST, METADATA_IP, PKG_APEX, PKG_IP, PKG_MIRROR, PKG_SECRET, REGISTRY_HOST,
+    REGISTRY_IP, UdpEcho,
 };
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
 use anyhow::{Context, bail, ensure};
@@ -589,5 +590,773 @@ fn ctr_direct_connect_fails_killed_proxy_cuts_the_network_and_delete_leaves_no_p
     }
     let left = net::wait_proxies_gone(&id, Duration::from_secs(10));
     ensure!(left.is_empty(), "proxy {left:?} leaked after task delete");
+    Ok(())
+}
+
+// ---- every client protocol and every refusal, through podman and through ctr ----
+//
+// One "internet" per test: plain HTTP, HTTPS (a CA the test makes, trusted inside the sandbox
+// through a read-only mount) and ssh-like servers on the loopback names of
+// `hack/test-hosts.sh`, and for the cloud metadata address a network namespace the test
+// creates. Each scenario runs one script in the sandbox; each refusal also runs under runc,
+// where the same command reaches its server, so every refusal check can fail.
+
+/// Where the test CA's certificate appears inside containers.
+const CA_DIR: &str = "/etc/agent-sandbox-test";
+const CA_FILE: &str = "/etc/agent-sandbox-test/ca.pem";
+
+/// The engine a scenario runs through.
+#[derive(Clone, Copy, Debug)]
+enum Engine {
+    Podman,
+    Ctr,
+}
+
+impl Engine {
+    /// Runs `script` in our sandbox under `policy`, with `trust` mounted read-only at CA_DIR.
+    fn sandbox(self, policy: &Policy, trust: &Path, script: &str) -> anyhow::Result<Output> {
+        match self {
+            Engine::Podman => {
+                harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+                sandbox().run(&[
+                    "--runtime-flag",
+                    &policy_flag(&policy.path),
+                    "run",
+                    "--rm",
+                    "-v",
+                    &format!("{}:{CA_DIR}:ro", trust.display()),
+                    TOOLS_IMAGE,
+                    "sh",
+                    "-c",
+                    script,
+                ])
+            }
+            Engine::Ctr => {
+                ctr::require_containerd()?;
+                let config = shim_config(policy._dir.path(), &policy.path)?;
+                ctr::run_rm(
+                    Shim::AgentSandbox,
+                    &[
+                        "--runtime-config-path",
+                        &config.display().to_string(),
+                        "--mount",
+                        &ctr_ro_mount(trust, CA_DIR),
+                    ],
+                    TOOLS_IMAGE,
+                    &ctr::unique_id("egress-sc"),
+                    &["sh", "-c", script],
+                )
+            }
+        }
+    }
+
+    /// The same script under runc with the host's network (the baseline).
+    fn runc_host(self, trust: &Path, script: &str) -> anyhow::Result<Output> {
+        match self {
+            Engine::Podman => runc().run(&[
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                "-v",
+                &format!("{}:{CA_DIR}:ro", trust.display()),
+                TOOLS_IMAGE,
+                "sh",
+                "-c",
+                script,
+            ]),
+            Engine::Ctr => ctr::run_rm(
+                Shim::RuncV2,
+                &["--net-host", "--mount", &ctr_ro_mount(trust, CA_DIR)],
+                TOOLS_IMAGE,
+                &ctr::unique_id("egress-sc-runc"),
+                &["sh", "-c", script],
+            ),
+        }
+    }
+
+    /// The script under runc in the test's own network namespace, with the host's names.
+    fn runc_netns(self, netns: &net::TestNetns, script: &str) -> anyhow::Result<Output> {
+        match self {
+            Engine::Podman => runc().run(&[
+                "run",
+                "--rm",
+                "--network",
+                &format!("ns:{}", netns.path()),
+                "--add-host",
+                &format!("{METADATA_HOST}:{METADATA_IP}"),
+                TOOLS_IMAGE,
+                "sh",
+                "-c",
+                script,
+            ]),
+            Engine::Ctr => ctr::run_rm(
+                Shim::RuncV2,
+                &[
+                    "--with-ns",
+                    &format!("network:{}", netns.path()),
+                    "--mount",
+                    &ctr_ro_mount(Path::new("/etc/hosts"), "/etc/hosts"),
+                ],
+                TOOLS_IMAGE,
+                &ctr::unique_id("egress-sc-ns"),
+                &["sh", "-c", script],
+            ),
+        }
+    }
+}
+
+fn ctr_ro_mount(src: &Path, dst: &str) -> String {
+    format!("type=bind,src={},dst={dst},options=rbind:ro", src.display())
+}
+
+/// The servers of one scenario.
+struct World {
+    ca: net::TestCa,
+    registry: HttpServer,
+    registry_tls: net::PyServer,
+    registry_ssh: net::SshBanner,
+    collector: HttpServer,
+    collector_tls: net::PyServer,
+    collector_ssh: net::SshBanner,
+    pkg: HttpServer,
+    internal: HttpServer,
+    dns: UdpEcho,
+}
+
+impl World {
+    fn start() -> anyhow::Result<Self> {
+        net::ensure_test_hosts()?;
+        let ca = net::TestCa::generate(&[REGISTRY_HOST, COLLECTOR_HOST])?;
+        Ok(Self {
+            registry: HttpServer::start(REGISTRY_IP, "registry-http-body")?,
+            registry_tls: net::PyServer::https(REGISTRY_IP, &ca, "registry-https-body")?,
+            registry_ssh: net::SshBanner::start(REGISTRY_IP)?,
+            collector: HttpServer::start(COLLECTOR_IP, "collector-http-body")?,
+            collector_tls: net::PyServer::https(COLLECTOR_IP, &ca, "collector-https-body")?,
+            collector_ssh: net::SshBanner::start(COLLECTOR_IP)?,
+            pkg: HttpServer::start(PKG_IP, "pkg-body")?,
+            internal: HttpServer::start(INTERNAL_IP, "internal-body")?,
+            dns: UdpEcho::start(COLLECTOR_IP)?,
+            ca,
+        })
+    }
+
+    /// The registry by name and address on its three ports, the wildcard zone (minus its
+    /// secret subdomain), the internal name by name only, the metadata name; nothing of the
+    /// collector.
+    fn policy(&self) -> anyhow::Result<Policy> {
+        let mut allow = Vec::new();
+        for port in [
+            self.registry.port(),
+            self.registry_tls.port(),
+            self.registry_ssh.port(),
+        ] {
+            allow.push(format!("{REGISTRY_HOST}:{port}"));
+            allow.push(format!("{REGISTRY_IP}:{port}"));
+        }
+        allow.push(format!("*.{PKG_APEX}:{}", self.pkg.port()));
+        allow.push(format!("{PKG_IP}:{}", self.pkg.port()));
+        allow.push(format!("{INTERNAL_HOST}:{}", self.internal.port()));
+        allow.push(format!("{METADATA_HOST}:80"));
+        policy(&allow, &[PKG_SECRET.to_owned()])
+    }
+}
+
+/// `sh -c` text that runs the git-style ssh command (`$GIT_SSH_COMMAND`, plain `ssh` where the
+/// environment has none) against `host:port`, verbosely, bounded in time.
+fn ssh_cmd(host: &str, port: u16) -> String {
+    format!(
+        "timeout 30 sh -c \"${{GIT_SSH_COMMAND:-ssh}} -v -o BatchMode=yes -o StrictHostKeyChecking=no \
+         -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -p {port} git@{host} git-upload-pack repo.git\" 2>&1"
+    )
+}
+
+/// `curl` options that go through the SOCKS5 side of the proxy with remote name resolution
+/// when the environment names one (`ALL_PROXY=socks5h://...`), and directly otherwise.
+const SOCKS: &str = "${ALL_PROXY:+--socks5-hostname ${ALL_PROXY#socks5h://}}";
+
+/// Joins `(name, command)` pairs into one script that marks each command's output.
+fn sectioned(cases: &[(&str, String)]) -> String {
+    cases
+        .iter()
+        // A newline after the command, not `;`: a command may end in a here-document.
+        .map(|(name, cmd)| format!("echo '=== {name} ==='\n{cmd}\necho \"[exit $?]\""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The output of each section of a [`sectioned`] script.
+fn sections(out: &Output) -> std::collections::HashMap<String, String> {
+    let mut map = std::collections::HashMap::new();
+    let mut current: Option<String> = None;
+    for line in out.stdout.lines() {
+        if let Some(name) = line
+            .strip_prefix("=== ")
+            .and_then(|l| l.strip_suffix(" ==="))
+        {
+            current = Some(name.to_owned());
+            map.insert(name.to_owned(), String::new());
+        } else if let Some(name) = &current
+            && let Some(text) = map.get_mut(name)
+        {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    map
+}
+
+/// Collects failed checks so that one run reports all of them.
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(what());
+        }
+    }
+
+    fn finish(self, context: &str, out: &Output) -> anyhow::Result<()> {
+        ensure!(
+            self.0.is_empty(),
+            "{context}: {} check(s) failed:\n- {}\n{out}",
+            self.0.len(),
+            self.0.join("\n- ")
+        );
+        Ok(())
+    }
+}
+
+fn allowed_protocols_work(engine: Engine) -> anyhow::Result<()> {
+    let w = World::start()?;
+    let p = w.policy()?;
+    let http = url(REGISTRY_HOST, &w.registry, "/http-ok");
+    let https = |path: &str| format!("https://{REGISTRY_HOST}:{}{path}", w.registry_tls.port());
+    let python_https = format!(
+        "python3 -c 'import ssl, sys, urllib.request; \
+         ctx = ssl.create_default_context(cafile=sys.argv[1]); \
+         print(urllib.request.urlopen(sys.argv[2], context=ctx, timeout=20).read().decode())' \
+         {CA_FILE} {} 2>&1",
+        https("/https-python")
+    );
+    let script = sectioned(&[
+        (
+            "env",
+            "env | grep -E '^(https?_proxy|ALL_PROXY|GIT_SSH_COMMAND)='".to_owned(),
+        ),
+        ("http", format!("curl -sS -m 20 {http} 2>&1")),
+        (
+            "https-curl",
+            format!(
+                "curl -sS -m 20 --cacert {CA_FILE} {} 2>&1",
+                https("/https-curl")
+            ),
+        ),
+        ("https-python", python_https),
+        (
+            "socks-http",
+            format!(
+                "curl -sS -m 20 {SOCKS} {} 2>&1",
+                url(REGISTRY_HOST, &w.registry, "/socks-http")
+            ),
+        ),
+        (
+            "socks-https",
+            format!(
+                "curl -sS -m 20 {SOCKS} --cacert {CA_FILE} {} 2>&1",
+                https("/socks-https")
+            ),
+        ),
+        ("ssh", ssh_cmd(REGISTRY_HOST, w.registry_ssh.port())),
+        (
+            "wildcard-mirror",
+            format!(
+                "curl -sS -m 20 {} 2>&1",
+                url(PKG_MIRROR, &w.pkg, "/mirror-ok")
+            ),
+        ),
+    ]);
+    let out = engine.sandbox(&p, &w.ca.trust_dir(), &script)?;
+    let s = sections(&out);
+    let get = |name: &str| s.get(name).cloned().unwrap_or_default();
+    let mut c = Checks::default();
+    c.check(
+        get("env").contains("GIT_SSH_COMMAND=ssh -o 'ProxyCommand="),
+        || "GIT_SSH_COMMAND with a ProxyCommand is not in the sandbox's environment".into(),
+    );
+    c.check(get("http").contains("registry-http-body"), || {
+        "plain HTTP to the allowed registry failed".into()
+    });
+    c.check(get("https-curl").contains("registry-https-body"), || {
+        "HTTPS (CONNECT) with curl failed".into()
+    });
+    c.check(get("https-python").contains("registry-https-body"), || {
+        "HTTPS (CONNECT) with python3 urllib failed".into()
+    });
+    c.check(get("socks-http").contains("registry-http-body"), || {
+        "SOCKS5 (remote resolution) HTTP failed".into()
+    });
+    c.check(get("socks-https").contains("registry-https-body"), || {
+        "SOCKS5 (remote resolution) HTTPS failed".into()
+    });
+    c.check(
+        get("ssh").contains(&format!(
+            "remote software version {}",
+            net::SSH_SERVER_VERSION
+        )),
+        || "ssh through GIT_SSH_COMMAND's ProxyCommand did not reach the ssh server".into(),
+    );
+    c.check(
+        w.registry_ssh
+            .received()
+            .iter()
+            .any(|l| l.starts_with("SSH-2.0-OpenSSH")),
+        || {
+            format!(
+                "the ssh server got no client banner: {:?}",
+                w.registry_ssh.received()
+            )
+        },
+    );
+    c.check(get("wildcard-mirror").contains("pkg-body"), || {
+        "a strict subdomain of the *.pkg rule was not fetched".into()
+    });
+    let got = w.registry.received();
+    for path in ["/http-ok", "/socks-http"] {
+        c.check(
+            got.iter()
+                .any(|r| r.starts_with(&format!("GET {path} HTTP/1.1"))),
+            || format!("the registry did not get {path}: {got:?}"),
+        );
+    }
+    let tls = w.registry_tls.requests();
+    for path in ["/https-curl", "/https-python", "/socks-https"] {
+        c.check(
+            tls.iter()
+                .any(|r| r.starts_with(&format!("REQ GET {path} "))),
+            || format!("the HTTPS registry did not get {path}: {tls:?}"),
+        );
+    }
+    c.finish(&format!("{engine:?} allowed protocols"), &out)
+}
+
+/// One refusal: its section name and command, what the sandbox's output must show, and how
+/// to tell that the command reached its server (true under runc, false in the sandbox).
+struct Attack<'a> {
+    name: &'static str,
+    command: String,
+    refusal: Vec<String>,
+    reached: Box<dyn Fn() -> bool + 'a>,
+}
+
+fn http_got(server: &HttpServer, path: &str) -> bool {
+    let head = format!("{path} HTTP/1.1");
+    server.received().iter().any(|r| r.contains(&head))
+}
+
+fn attacks(w: &World) -> Vec<Attack<'_>> {
+    let curl_i = |u: String| format!("curl -sS -i -m 15 {u} 2>&1");
+    let denied = |reason: &str| {
+        vec![
+            "HTTP/1.1 403".to_owned(),
+            format!("{DENIED_HEADER}: {reason}"),
+        ]
+    };
+    let (col, pkg) = (&w.collector, &w.pkg);
+    vec![
+        Attack {
+            name: "unlisted-http",
+            command: curl_i(url(COLLECTOR_HOST, col, "/unlisted-http")),
+            refusal: denied("default deny"),
+            reached: Box::new(move || http_got(col, "/unlisted-http")),
+        },
+        Attack {
+            name: "unlisted-https",
+            command: format!(
+                "curl -sS -v -m 15 --cacert {CA_FILE} https://{COLLECTOR_HOST}:{}/unlisted-https 2>&1",
+                w.collector_tls.port()
+            ),
+            refusal: denied("default deny"),
+            reached: Box::new(|| {
+                w.collector_tls
+                    .requests()
+                    .iter()
+                    .any(|r| r.contains("/unlisted-https"))
+            }),
+        },
+        Attack {
+            name: "unlisted-socks",
+            command: format!(
+                "curl -sS -m 15 {SOCKS} {} 2>&1",
+                url(COLLECTOR_HOST, col, "/unlisted-socks")
+            ),
+            // curl names the SOCKS5 reply code: 2 is "connection not allowed by ruleset".
+            refusal: vec!["SOCKS5".to_owned(), "(2)".to_owned()],
+            reached: Box::new(move || http_got(col, "/unlisted-socks")),
+        },
+        Attack {
+            name: "unlisted-ssh",
+            command: ssh_cmd(COLLECTOR_HOST, w.collector_ssh.port()),
+            // netcat-openbsd names the SOCKS5 reply (code 2).
+            refusal: vec!["SOCKSv5 error: Connection not allowed by ruleset".to_owned()],
+            reached: Box::new(|| !w.collector_ssh.received().is_empty()),
+        },
+        Attack {
+            name: "denied-subdomain",
+            command: curl_i(url(PKG_SECRET, pkg, "/denied-subdomain")),
+            refusal: denied(&format!("deny {PKG_SECRET}")),
+            reached: Box::new(move || http_got(pkg, "/denied-subdomain")),
+        },
+        Attack {
+            name: "wildcard-apex",
+            command: curl_i(url(PKG_APEX, pkg, "/wildcard-apex")),
+            refusal: denied("default deny"),
+            reached: Box::new(move || http_got(pkg, "/wildcard-apex")),
+        },
+        Attack {
+            name: "loopback",
+            command: curl_i(url(INTERNAL_HOST, &w.internal, "/loopback")),
+            refusal: denied(&format!("loopback address {INTERNAL_IP}")),
+            reached: Box::new(|| http_got(&w.internal, "/loopback")),
+        },
+        Attack {
+            name: "host-mismatch",
+            command: format!(
+                "curl -sS -i -m 15 -H 'Host: {COLLECTOR_HOST}:{}' {} 2>&1",
+                col.port(),
+                url(REGISTRY_HOST, &w.registry, "/fronting")
+            ),
+            refusal: denied("host header mismatch"),
+            reached: Box::new(|| {
+                w.registry
+                    .received()
+                    .iter()
+                    .any(|r| r.contains("/fronting") && r.contains(COLLECTOR_HOST))
+            }),
+        },
+        Attack {
+            name: "direct",
+            command: format!(
+                "curl --noproxy '*' -sS -m 10 {} 2>&1",
+                url(COLLECTOR_IP, col, "/direct")
+            ),
+            refusal: vec!["curl: (7)".to_owned()],
+            reached: Box::new(move || http_got(col, "/direct")),
+        },
+        Attack {
+            name: "dns",
+            command: dns_script(&w.dns),
+            refusal: vec!["dns-failed".to_owned(), "lookup-failed".to_owned()],
+            reached: Box::new(|| w.dns.received() > 0),
+        },
+    ]
+}
+
+fn refusals_fail_with_their_reason_but_succeed_under_runc(engine: Engine) -> anyhow::Result<()> {
+    let w = World::start()?;
+    let p = w.policy()?;
+    let list = attacks(&w);
+    let cases: Vec<(&str, String)> = list.iter().map(|a| (a.name, a.command.clone())).collect();
+    let script = sectioned(&cases);
+
+    let out = engine.sandbox(&p, &w.ca.trust_dir(), &script)?;
+    let s = sections(&out);
+    let mut c = Checks::default();
+    for a in &list {
+        let text = s.get(a.name).cloned().unwrap_or_default();
+        for needle in &a.refusal {
+            c.check(text.contains(needle.as_str()), || {
+                format!("{}: the sandbox's output lacks {needle:?}", a.name)
+            });
+        }
+        c.check(!(a.reached)(), || {
+            format!(
+                "{}: the request reached its server from the sandbox",
+                a.name
+            )
+        });
+    }
+    let seconds: f64 = s
+        .get("dns")
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("lookup-seconds ")))
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(f64::MAX);
+    c.check(seconds < 5.0, || {
+        format!("dns: a name lookup took {seconds} s (must fail fast)")
+    });
+    c.finish(&format!("{engine:?} sandbox refusals"), &out)?;
+
+    let base = engine.runc_host(&w.ca.trust_dir(), &script)?;
+    let mut c = Checks::default();
+    for a in &list {
+        c.check((a.reached)(), || {
+            format!(
+                "{}: under runc the request did not reach its server",
+                a.name
+            )
+        });
+    }
+    c.finish(&format!("{engine:?} runc baseline"), &base)
+}
+
+/// The metadata check: an allowed name resolving to 169.254.169.254 is refused by the proxy;
+/// runc, in a network namespace where that address answers, reaches it.
+fn metadata_name_is_refused_but_runc_reaches_it(engine: Engine) -> anyhow::Result<()> {
+    net::ensure_test_hosts()?;
+    let stem = match engine {
+        Engine::Podman => "md-podman",
+        Engine::Ctr => "md-ctr",
+    };
+    let ns = net::TestNetns::create(stem, &[&format!("{METADATA_IP}/32")])?;
+    let server =
+        net::PyServer::http_in_netns(&ns.name, METADATA_IP, 80, "instance-credentials-secret")?;
+    let w = World::start()?;
+    let p = w.policy()?;
+    let script = format!(
+        "curl -sS -i -m 15 http://{METADATA_HOST}/latest/meta-data/iam 2>&1; echo \"[exit $?]\""
+    );
+    let out = engine.sandbox(&p, &w.ca.trust_dir(), &script)?;
+    let mut c = Checks::default();
+    for needle in [
+        "HTTP/1.1 403".to_owned(),
+        format!("{DENIED_HEADER}: cloud-metadata address {METADATA_IP}"),
+    ] {
+        c.check(out.stdout.contains(&needle), || {
+            format!("the sandbox's output lacks {needle:?}")
+        });
+    }
+    c.check(!out.stdout.contains("instance-credentials-secret"), || {
+        "the sandbox read the metadata service".into()
+    });
+    c.check(server.requests().is_empty(), || {
+        format!("the metadata server got {:?}", server.requests())
+    });
+    c.finish(&format!("{engine:?} metadata refusal"), &out)?;
+
+    let base = engine.runc_netns(&ns, &script)?;
+    ensure!(
+        base.stdout.contains("instance-credentials-secret") && server.requests().len() == 1,
+        "{engine:?}: runc in the test netns did not reach the metadata server\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_allowed_domain_works_over_http_https_socks5_and_ssh() -> anyhow::Result<()> {
+    allowed_protocols_work(Engine::Podman)
+}
+
+#[test]
+fn ctr_allowed_domain_works_over_http_https_socks5_and_ssh() -> anyhow::Result<()> {
+    allowed_protocols_work(Engine::Ctr)
+}
+
+#[test]
+fn podman_refusals_name_their_reason_and_each_attack_succeeds_under_runc() -> anyhow::Result<()> {
+    refusals_fail_with_their_reason_but_succeed_under_runc(Engine::Podman)
+}
+
+#[test]
+fn ctr_refusals_name_their_reason_and_each_attack_succeeds_under_runc() -> anyhow::Result<()> {
+    refusals_fail_with_their_reason_but_succeed_under_runc(Engine::Ctr)
+}
+
+#[test]
+fn podman_metadata_name_is_refused_but_runc_reaches_it_in_a_netns() -> anyhow::Result<()> {
+    metadata_name_is_refused_but_runc_reaches_it(Engine::Podman)
+}
+
+#[test]
+fn ctr_metadata_name_is_refused_but_runc_reaches_it_in_a_netns() -> anyhow::Result<()> {
+    metadata_name_is_refused_but_runc_reaches_it(Engine::Ctr)
+}
+
+// ---- credential injection ----
+
+/// A policy (see [`policy`]) plus a `[[network.credentials]]` entry.
+fn policy_with_credential(
+    allow: &[String],
+    domain: &str,
+    header: &str,
+    prefix: &str,
+    file: &Path,
+) -> anyhow::Result<Policy> {
+    let p = policy(allow, &[])?;
+    let mut text = std::fs::read_to_string(&p.path)?;
+    text.push_str(&format!(
+        "\n[[network.credentials]]\ndomain = {domain:?}\nheader = {header:?}\nprefix = {prefix:?}\nfile = {:?}\n",
+        file.display().to_string()
+    ));
+    std::fs::write(&p.path, text)?;
+    Ok(p)
+}
+
+/// Prints the proxy's answer, then looks for the secret (given in two halves, so that the
+/// script's own text never holds it) in every process environment and in the writable and
+/// configuration trees of the sandbox.
+fn secret_hunt_script(url: &str, half_a: &str, half_b: &str) -> String {
+    sectioned(&[
+        ("fetch", format!("curl -sS -m 20 {url} 2>&1")),
+        (
+            "secret-in-env",
+            format!(
+                "s={half_a}; s=\"${{s}}{half_b}\"; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < \"$f\"; done | grep -cF \"$s\""
+            ),
+        ),
+        (
+            "secret-in-files",
+            format!(
+                "s={half_a}; s=\"${{s}}{half_b}\"; grep -rlF \"$s\" /etc /home /root /run /tmp /var /usr/local /workspace 2>/dev/null | head"
+            ),
+        ),
+    ])
+}
+
+fn credential_is_injected_and_never_inside(engine: Engine) -> anyhow::Result<()> {
+    net::ensure_test_hosts()?;
+    let server = HttpServer::start(REGISTRY_IP, "credential-ok")?;
+    let (half_a, half_b) = ("credS3cr", format!("et{}x", std::process::id()));
+    let secret = format!("{half_a}{half_b}");
+    // The secret's file: root-only, outside anything the sandbox mounts.
+    let secrets = tempfile::tempdir()?;
+    let file = secrets.path().join("registry-token");
+    std::fs::write(&file, format!("{secret}\n"))?;
+    let p = policy_with_credential(
+        &registry_rules(&server),
+        &format!("{REGISTRY_HOST}:{}", server.port()),
+        "Authorization",
+        "Bearer ",
+        &file,
+    )?;
+    let script = secret_hunt_script(&url(REGISTRY_HOST, &server, "/private"), half_a, &half_b);
+    let trust = tempfile::tempdir()?;
+    let out = engine.sandbox(&p, trust.path(), &script)?;
+    let s = sections(&out);
+    let get = |name: &str| s.get(name).cloned().unwrap_or_default();
+    let mut c = Checks::default();
+    c.check(get("fetch").contains("credential-ok"), || {
+        "the fetch through the proxy failed".into()
+    });
+    let got = server.received();
+    c.check(
+        got.iter()
+            .any(|r| r.contains(&format!("Authorization: Bearer {secret}\r\n"))),
+        || format!("the server did not get the injected header: {got:?}"),
+    );
+    c.check(get("secret-in-env").trim_start().starts_with("0\n"), || {
+        "the secret is in a process environment inside the sandbox".into()
+    });
+    let files = get("secret-in-files");
+    c.check(files.lines().all(|l| l.starts_with("[exit ")), || {
+        format!("the secret is in files inside the sandbox: {files}")
+    });
+    c.check(
+        !out.stdout.contains(&secret) && !out.stderr.contains(&secret),
+        || "the sandbox printed the secret".into(),
+    );
+    c.finish(&format!("{engine:?} credential injection"), &out)?;
+
+    // Baseline: the usual way of handing a tool a token (an environment variable) under runc;
+    // the same hunt finds it, so the checks above can fail.
+    let base = match engine {
+        Engine::Podman => runc().run(&[
+            "run",
+            "--rm",
+            "--network",
+            "host",
+            "-e",
+            &format!("REGISTRY_TOKEN={secret}"),
+            TOOLS_IMAGE,
+            "sh",
+            "-c",
+            &script,
+        ])?,
+        Engine::Ctr => ctr::run_rm(
+            Shim::RuncV2,
+            &["--net-host", "--env", &format!("REGISTRY_TOKEN={secret}")],
+            TOOLS_IMAGE,
+            &ctr::unique_id("egress-cred-runc"),
+            &["sh", "-c", &script],
+        )?,
+    };
+    let found = sections(&base)
+        .get("secret-in-env")
+        .is_some_and(|t| !t.trim_start().starts_with("0\n"));
+    ensure!(
+        found,
+        "{engine:?}: the baseline did not find a secret passed by environment\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_credential_reaches_the_server_but_never_enters_the_sandbox() -> anyhow::Result<()> {
+    credential_is_injected_and_never_inside(Engine::Podman)
+}
+
+#[test]
+fn ctr_credential_reaches_the_server_but_never_enters_the_sandbox() -> anyhow::Result<()> {
+    credential_is_injected_and_never_inside(Engine::Ctr)
+}
+
+#[test]
+fn unreadable_credential_fails_create_naming_the_key() -> anyhow::Result<()> {
+    let server = HttpServer::start(REGISTRY_IP, "unused")?;
+    let p = policy_with_credential(
+        &registry_rules(&server),
+        &format!("{REGISTRY_HOST}:{}", server.port()),
+        "Authorization",
+        "",
+        Path::new("/nonexistent/agent-sandbox-token"),
+    )?;
+    let out = sandbox_sh(&p.path, "echo started")?;
+    let text = format!("{}{}", out.stdout, out.stderr);
+    ensure!(
+        !out.success()
+            && !out.stdout.contains("started")
+            && text.contains("network.credentials[0].file"),
+        "create should fail naming the credential's key\n{out}"
+    );
+    Ok(())
+}
+
+// ---- the proxy's end is recorded ----
+
+#[test]
+fn proxy_stopped_by_a_signal_leaves_a_record_and_no_network() -> anyhow::Result<()> {
+    let server = HttpServer::start(REGISTRY_IP, "before-stop")?;
+    let p = policy(&registry_rules(&server), &[])?;
+    let (guard, id) = detached(&p.path, "proxy-term")?;
+    let pids = net::proxy_pids(&id);
+    ensure!(
+        pids.len() == 1,
+        "expected one proxy for {id}, found {pids:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pids[0])?),
+        nix::sys::signal::Signal::SIGTERM,
+    )?;
+    let left = net::wait_proxies_gone(&id, Duration::from_secs(10));
+    ensure!(left.is_empty(), "proxy {left:?} survived SIGTERM");
+    let fetch = format!("curl -sS -m 10 {}", url(REGISTRY_HOST, &server, "/"));
+    let after = sandbox().run(&["exec", &guard.name, "sh", "-c", &fetch])?;
+    ensure!(!after.success(), "fetch worked without the proxy\n{after}");
+    let log = Path::new("/run/agent-sandbox/audit").join(format!("{id}.jsonl"));
+    let records = net::read_audit(&log)?;
+    let stop = records.iter().find(|r| {
+        r["kind"] == "layer_inactive"
+            && r["data"]["layer"] == "egress-proxy"
+            && r["data"]["reason"]
+                .as_str()
+                .is_some_and(|t| t.contains("SIGTERM") && t.contains("no network"))
+    });
+    ensure!(
+        stop.is_some(),
+        "no layer_inactive record naming SIGTERM in {}: {:?}",
+        log.display(),
+        net::kinds(&records)
+    );
     Ok(())
 }

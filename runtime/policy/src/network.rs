@@ -258,6 +258,91 @@ impl fmt::Display for DomainRule {
     }
 }
 
+impl DomainRule {
+    /// Whether this rule matches a connection to `host:port` (`host` as a client sent it; an
+    /// invalid host matches nothing).
+    pub fn matches_host(&self, host: &str, port: u16) -> bool {
+        normalize_host(host).is_ok_and(|h| self.matches(&h, port))
+    }
+}
+
+/// Where the runtime reads a credential's secret, on the host side (never in the sandbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource<'a> {
+    /// An environment variable of the runtime (the process podman or the shim runs).
+    Env(&'a str),
+    /// A file on the host; one trailing newline is dropped.
+    File(&'a crate::value::AbsPath),
+}
+
+/// A `[[network.credentials]]` entry: the egress proxy sets `header` to `prefix` + the secret
+/// on plain `http://` requests to `domain`, so the secret never enters the sandbox. The secret
+/// comes from exactly one of `env` and `file`.
+///
+/// HTTPS traffic goes through the proxy as an opaque `CONNECT` tunnel: the proxy cannot add a
+/// header inside TLS without terminating it, so a rule for port 443 is refused when the policy
+/// is loaded, and a rule without a port applies to the plain-HTTP requests only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    /// The requests the header is added to.
+    pub domain: DomainRule,
+    /// The header name (a value the client sent for it is replaced).
+    pub header: String,
+    /// Text before the secret in the header value, e.g. `"Bearer "`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// The runtime's environment variable holding the secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// The host file holding the secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<crate::value::AbsPath>,
+}
+
+impl Credential {
+    /// Where the secret comes from; `None` unless exactly one of `env` and `file` is set.
+    pub fn source(&self) -> Option<SecretSource<'_>> {
+        match (&self.env, &self.file) {
+            (Some(name), None) => Some(SecretSource::Env(name)),
+            (None, Some(path)) => Some(SecretSource::File(path)),
+            _ => None,
+        }
+    }
+}
+
+/// Headers a credential may not set: they frame or route the request, or belong to one hop.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Whether `name` is an HTTP header name (RFC 9110 token) a credential may set.
+pub fn credential_header_ok(name: &str) -> bool {
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    let lower = name.to_ascii_lowercase();
+    token && !RESERVED_HEADERS.contains(&lower.as_str()) && !lower.starts_with("proxy-")
+}
+
+/// Whether `text` can be part of a header value (no control characters, so no CR/LF).
+pub fn header_value_ok(text: &str) -> bool {
+    !text.chars().any(char::is_control)
+}
+
+/// Whether `name` can be an environment variable name.
+pub fn env_name_ok(name: &str) -> bool {
+    !name.is_empty() && !name.contains(['=', '\0'])
+}
+
 /// The outcome of [`Allowlist::decide`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Decision {
@@ -422,6 +507,28 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn credential_headers() {
+        assert!(credential_header_ok("Authorization"));
+        assert!(credential_header_ok("X-Api-Key"));
+        for bad in [
+            "",
+            "Host",
+            "content-length",
+            "Proxy-Authorization",
+            "Bad Header",
+            "a:b",
+        ] {
+            assert!(!credential_header_ok(bad), "{bad}");
+        }
+        assert!(header_value_ok("Bearer "));
+        assert!(!header_value_ok("x\r\nInjected: 1"));
+        assert!(env_name_ok("TOKEN"));
+        assert!(!env_name_ok("A=B"));
+        assert!(rule("*.example.com:80").matches_host("API.example.com.", 80));
+        assert!(!rule("*.example.com:80").matches_host("example.com", 80));
     }
 
     #[test]

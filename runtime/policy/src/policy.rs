@@ -6,7 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::layers::{Layers, Requirement};
-use crate::network::{Allowlist, DomainRule};
+use crate::network::{self, Allowlist, Credential, DomainRule, SecretSource};
 use crate::seccomp::SyscallPolicy;
 use crate::span::{self, KeyPath};
 use crate::value::{AbsPath, ByteSize, Capability, ProtectedName, Seconds};
@@ -145,6 +145,24 @@ pub enum Violation {
     ProxyWithoutAllow,
     #[error("allow rule `{allow}` is always denied by deny rule `{deny}`")]
     AllowShadowedByDeny { allow: DomainRule, deny: DomainRule },
+    #[error("credentials need network mode `proxy`")]
+    CredentialsWithoutProxy,
+    #[error(
+        "credential for `{domain}` cannot be injected: https goes through the proxy as an opaque CONNECT tunnel, so only plain http:// requests can carry an injected header"
+    )]
+    CredentialNeedsTls { domain: DomainRule },
+    #[error("credential domain `{domain}` is not covered by an allow rule")]
+    CredentialNotAllowed { domain: DomainRule },
+    #[error(
+        "`{header}` cannot carry a credential (not a header name, or one that frames or routes the request)"
+    )]
+    CredentialHeader { header: String },
+    #[error("credential prefix contains a control character")]
+    CredentialPrefix,
+    #[error("a credential needs exactly one secret source: `env` or `file`")]
+    CredentialSource,
+    #[error("`{name}` is not an environment variable name")]
+    CredentialEnv { name: String },
     #[error("proxy port must be between 1 and 65535")]
     BadProxyPort,
     #[error("pids limit must be at least 1")]
@@ -304,6 +322,9 @@ pub struct Network {
     pub proxy_port: u16,
     pub allow: Vec<DomainRule>,
     pub deny: Vec<DomainRule>,
+    /// Headers the proxy adds to plain-HTTP requests, with secrets read on the host.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<Credential>,
 }
 
 impl Default for Network {
@@ -313,6 +334,7 @@ impl Default for Network {
             proxy_port: 3128,
             allow: Vec::new(),
             deny: Vec::new(),
+            credentials: Vec::new(),
         }
     }
 }
@@ -563,6 +585,57 @@ impl SandboxPolicy {
                         deny: deny.clone(),
                     },
                 ));
+            }
+        }
+        self.validate_credentials()
+    }
+
+    fn validate_credentials(&self) -> Result<(), (KeyPath, Violation)> {
+        let net = &self.network;
+        let root = KeyPath::new("network").key("credentials");
+        if net.mode != NetworkMode::Proxy && !net.credentials.is_empty() {
+            return Err((root, Violation::CredentialsWithoutProxy));
+        }
+        for (i, c) in net.credentials.iter().enumerate() {
+            let at = root.index(i);
+            if c.domain.port() == Some(443) {
+                return Err((
+                    at.key("domain"),
+                    Violation::CredentialNeedsTls {
+                        domain: c.domain.clone(),
+                    },
+                ));
+            }
+            if !net.allow.iter().any(|a| a.covers(&c.domain)) {
+                return Err((
+                    at.key("domain"),
+                    Violation::CredentialNotAllowed {
+                        domain: c.domain.clone(),
+                    },
+                ));
+            }
+            if !network::credential_header_ok(&c.header) {
+                return Err((
+                    at.key("header"),
+                    Violation::CredentialHeader {
+                        header: c.header.clone(),
+                    },
+                ));
+            }
+            if !network::header_value_ok(&c.prefix) {
+                return Err((at.key("prefix"), Violation::CredentialPrefix));
+            }
+            match c.source() {
+                None => return Err((at, Violation::CredentialSource)),
+                Some(SecretSource::Env(name)) if !network::env_name_ok(name) => {
+                    return Err((
+                        at.key("env"),
+                        Violation::CredentialEnv {
+                            name: name.to_owned(),
+                        },
+                    ));
+                }
+                Some(_) => {}
             }
         }
         Ok(())

@@ -174,6 +174,9 @@ pub fn path_at(text: &str, offset: usize) -> KeyPath {
                 break;
             }
         }
+        if next.is_none() {
+            next = array_of_tables_at(&node, offset);
+        }
         match next {
             Some((segment, child)) => {
                 path.0.push(segment);
@@ -181,6 +184,51 @@ pub fn path_at(text: &str, offset: usize) -> KeyPath {
             }
             None => return path,
         }
+    }
+}
+
+/// Tables given by headers (`[a]`, `[[a.b]]`) span only their header line, so an offset in
+/// their body is in no span. As in TOML itself, the body belongs to the last header before the
+/// offset: descend towards it.
+fn array_of_tables_at<'a>(node: &Node<'a>, offset: usize) -> Option<(Segment, Node<'a>)> {
+    match *node {
+        Node::Table(t) => t
+            .iter()
+            .filter_map(|(k, item)| {
+                let start = last_header_before(item, offset)?;
+                Some((start, Segment::Key(k.to_owned()), Node::from_item(item)))
+            })
+            .max_by_key(|(start, _, _)| *start)
+            .map(|(_, segment, child)| (segment, child)),
+        Node::Tables(a) => (0..a.len())
+            .filter_map(|i| {
+                let table = a.get(i)?;
+                let start = last_header_in_table(table, offset)?;
+                Some((start, Segment::Index(i), Node::Table(table)))
+            })
+            .max_by_key(|(start, _, _)| *start)
+            .map(|(_, segment, child)| (segment, child)),
+        _ => None,
+    }
+}
+
+fn last_header_in_table(t: &toml_edit::Table, offset: usize) -> Option<usize> {
+    let own = t.span().map(|s| s.start).filter(|&s| s <= offset);
+    let nested = t
+        .iter()
+        .filter_map(|(_, item)| last_header_before(item, offset))
+        .max();
+    own.max(nested)
+}
+
+fn last_header_before(item: &Item, offset: usize) -> Option<usize> {
+    match item {
+        Item::Table(t) => last_header_in_table(t, offset),
+        Item::ArrayOfTables(a) => a
+            .iter()
+            .filter_map(|t| last_header_in_table(t, offset))
+            .max(),
+        _ => None,
     }
 }
 

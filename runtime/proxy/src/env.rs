@@ -21,7 +21,7 @@
 /// The program ssh's `ProxyCommand` runs to reach the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SshProxyTool {
-    /// `nc -X 5 -x 127.0.0.1:PORT %h %p` (Debian `netcat-openbsd`).
+    /// `nc -X 5 -x 127.0.0.1:PORT %h %p` (Debian `netcat-openbsd`; `nc.openbsd` when present).
     #[default]
     OpenbsdNetcat,
     /// `socat - PROXY:127.0.0.1:%h:%p,proxyport=PORT` (HTTP CONNECT).
@@ -36,7 +36,11 @@ pub enum SshProxyTool {
 /// The `ProxyCommand` for ssh through the proxy on `port`.
 pub fn ssh_proxy_command(port: u16, tool: SshProxyTool) -> String {
     match tool {
-        SshProxyTool::OpenbsdNetcat => format!("nc -X 5 -x 127.0.0.1:{port} %h %p"),
+        // `nc.openbsd` first: in images whose /bin/sh is busybox built with standalone applets,
+        // a bare `nc` runs busybox's nc (no proxy support) whatever PATH says.
+        SshProxyTool::OpenbsdNetcat => {
+            format!("$(command -v nc.openbsd || echo nc) -X 5 -x 127.0.0.1:{port} %h %p")
+        }
         SshProxyTool::Socat => format!("socat - PROXY:127.0.0.1:%h:%p,proxyport={port}"),
         SshProxyTool::Ncat => {
             format!("ncat --proxy 127.0.0.1:{port} --proxy-type socks5 %h %p")
@@ -153,7 +157,7 @@ mod tests {
         assert_eq!(get(&env, "NODE_USE_ENV_PROXY"), "1");
         assert_eq!(
             get(&env, "GIT_SSH_COMMAND"),
-            "ssh -o 'ProxyCommand=nc -X 5 -x 127.0.0.1:3128 %h %p'"
+            "ssh -o 'ProxyCommand=$(command -v nc.openbsd || echo nc) -X 5 -x 127.0.0.1:3128 %h %p'"
         );
         let java = get(&env, "JAVA_TOOL_OPTIONS");
         for prop in [

@@ -72,13 +72,50 @@ pub(crate) enum Request {
         port: u16,
         early: Vec<u8>,
     },
-    /// Forward one plain HTTP request; `head` is the rewritten head for the origin server,
-    /// followed by any body bytes already read.
+    /// Forward one plain HTTP request; `head` is the rewritten head for the origin server.
     Forward {
         host: Host,
         port: u16,
-        head: Vec<u8>,
+        head: ForwardHead,
     },
+}
+
+/// A plain request rewritten for the origin server: origin-form start line, the end-to-end
+/// headers, and any body bytes already read.
+#[derive(Debug)]
+pub(crate) struct ForwardHead {
+    start_line: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+    rest: Vec<u8>,
+}
+
+impl ForwardHead {
+    /// The bytes to send upstream. `inject` (name, value) replaces any header of that name the
+    /// client sent.
+    pub(crate) fn encode(&self, inject: Option<(&str, &str)>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(512 + self.rest.len());
+        out.extend_from_slice(&self.start_line);
+        for (name, value) in &self.headers {
+            if inject.is_some_and(|(n, _)| n.eq_ignore_ascii_case(name)) {
+                continue;
+            }
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+        if let Some((name, value)) = inject {
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        // One request per upstream connection: the origin closes after answering, so nothing
+        // else the client sends on this connection can reach a host that was not checked.
+        out.extend_from_slice(b"Connection: close\r\n\r\n");
+        out.extend_from_slice(&self.rest);
+        out
+    }
 }
 
 const MAX_HEADERS: usize = 100;
@@ -200,26 +237,19 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         .path_and_query()
         .map_or("/", |pq| pq.as_str())
         .to_owned();
-    let mut head = Vec::with_capacity(512 + rest.len());
-    head.extend_from_slice(method.as_bytes());
-    head.push(b' ');
-    head.extend_from_slice(path.as_bytes());
-    head.extend_from_slice(if version == 0 {
+    let mut start_line = Vec::with_capacity(64);
+    start_line.extend_from_slice(method.as_bytes());
+    start_line.push(b' ');
+    start_line.extend_from_slice(path.as_bytes());
+    start_line.extend_from_slice(if version == 0 {
         b" HTTP/1.0\r\n"
     } else {
         b" HTTP/1.1\r\n"
     });
+    let mut headers = Vec::with_capacity(req.headers.len() + 1);
     if host_header.is_none() {
-        head.extend_from_slice(b"Host: ");
-        head.extend_from_slice(
-            authority
-                .as_str()
-                .rsplit('@')
-                .next()
-                .unwrap_or_default()
-                .as_bytes(),
-        );
-        head.extend_from_slice(b"\r\n");
+        let authority = authority.as_str().rsplit('@').next().unwrap_or_default();
+        headers.push(("Host".to_owned(), authority.as_bytes().to_vec()));
     }
     for h in req.headers.iter() {
         let name = h.name.to_ascii_lowercase();
@@ -229,15 +259,13 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         {
             continue;
         }
-        head.extend_from_slice(h.name.as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(h.value);
-        head.extend_from_slice(b"\r\n");
+        headers.push((h.name.to_owned(), h.value.to_vec()));
     }
-    // One request per upstream connection: the origin closes after answering, so nothing else
-    // the client sends on this connection can reach a host that was not checked.
-    head.extend_from_slice(b"Connection: close\r\n\r\n");
-    head.extend_from_slice(&rest);
+    let head = ForwardHead {
+        start_line,
+        headers,
+        rest,
+    };
     Ok(Request::Forward { host, port, head })
 }
 
@@ -335,7 +363,7 @@ mod tests {
         };
         assert_eq!(host, Host::Domain("a.test".into()));
         assert_eq!(port, 8080);
-        let head = String::from_utf8(head).unwrap();
+        let head = String::from_utf8(head.encode(None)).unwrap();
         assert_eq!(
             head,
             "POST /x?y=1 HTTP/1.1\r\nHost: A.test:8080\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody"
@@ -351,8 +379,21 @@ mod tests {
             panic!("not a forward")
         };
         assert_eq!(
-            String::from_utf8(head).unwrap(),
+            String::from_utf8(head.encode(None)).unwrap(),
             "GET / HTTP/1.0\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn injected_header_replaces_the_clients() {
+        let raw =
+            "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nauthorization: mine\r\nX-A: 1\r\n\r\n";
+        let Request::Forward { head, .. } = parse(raw).await.unwrap() else {
+            panic!("not a forward")
+        };
+        assert_eq!(
+            String::from_utf8(head.encode(Some(("Authorization", "Bearer s")))).unwrap(),
+            "GET / HTTP/1.1\r\nHost: a.test\r\nX-A: 1\r\nAuthorization: Bearer s\r\nConnection: close\r\n\r\n"
         );
     }
 

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod credentials;
 pub mod env;
 pub mod events;
 pub mod guard;
@@ -13,12 +14,13 @@ pub mod resolve;
 pub mod rules;
 mod socks;
 
+pub use credentials::{Credentials, InjectedHeader};
 pub use env::{NO_PROXY, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command};
 pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};
 pub use guard::{SpecialRange, classify};
 pub use http::HttpError;
 pub use listener::{ListenerError, bind_in_netns};
-pub use proxy::{DENIED_HEADER, ERROR_HEADER, Proxy, ProxyConfig, ProxyError};
+pub use proxy::{DENIED_HEADER, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy, ProxyConfig, ProxyError};
 pub use resolve::{BoxFuture, Resolver, StaticResolver, SystemResolver};
 pub use rules::{EgressRules, Host, HostError, Verdict};
 pub use socks::SocksError;

@@ -13,9 +13,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
+use crate::credentials::Credentials;
 use crate::events::{EgressEvent, EventSink, Outcome, Protocol, Stage};
 use crate::guard::{SpecialRange, classify};
-use crate::http::{self, HttpError, Request};
+use crate::http::{self, ForwardHead, HttpError, Request};
 use crate::pump::{Counters, PumpEnd, pump};
 use crate::resolve::Resolver;
 use crate::rules::{EgressRules, Host};
@@ -36,6 +37,8 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// The largest HTTP request head accepted (larger gets a 400).
     pub max_head_bytes: usize,
+    /// Headers added to plain-HTTP requests to matching hosts (secrets stay on this side).
+    pub credentials: Credentials,
 }
 
 impl Default for ProxyConfig {
@@ -47,6 +50,7 @@ impl Default for ProxyConfig {
             idle_timeout: Duration::from_secs(600),
             max_connections: 512,
             max_head_bytes: 32 * 1024,
+            credentials: Credentials::default(),
         }
     }
 }
@@ -269,6 +273,8 @@ impl Refusal {
 
 /// Header naming the rule (or refused address class) on a policy refusal.
 pub const DENIED_HEADER: &str = "X-Agent-Sandbox-Denied";
+/// The rule a refused plain request whose Host header names another host is reported under.
+pub const HOST_MISMATCH_RULE: &str = "host header mismatch";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
 pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
 
@@ -367,6 +373,22 @@ impl Inner {
             Ok(Err(e @ (HttpError::Truncated | HttpError::Read(_)))) => {
                 return client_error(&chain(&e));
             }
+            Ok(Err(e @ HttpError::HostMismatch { .. })) => {
+                // A Host header naming another site is domain fronting: a policy refusal (403),
+                // not a malformed request.
+                let reason = chain(&e);
+                tracing::warn!(connection = rec.id, %reason, "egress host header mismatch");
+                let _ = stream
+                    .write_all(&http::response(
+                        403,
+                        "Forbidden",
+                        (DENIED_HEADER, HOST_MISMATCH_RULE),
+                        &format!("agent-sandbox: request refused by policy: {reason}"),
+                    ))
+                    .await;
+                rec.rule = Some(HOST_MISMATCH_RULE.to_owned());
+                return Outcome::Denied;
+            }
             Ok(Err(e)) => {
                 let reason = chain(&e);
                 let _ = stream
@@ -377,17 +399,15 @@ impl Inner {
                         &format!("agent-sandbox: bad proxy request: {reason}"),
                     ))
                     .await;
-                if let HttpError::HostMismatch { .. } = e {
-                    tracing::warn!(connection = rec.id, %reason, "egress host header mismatch");
-                }
                 return Outcome::BadRequest { reason };
             }
             Ok(Ok(request)) => request,
         };
-        let (host, port, first_bytes, is_connect) = match request {
-            Request::Connect { host, port, early } => (host, port, early, true),
-            Request::Forward { host, port, head } => (host, port, head, false),
+        let (host, port, early, forward) = match request {
+            Request::Connect { host, port, early } => (host, port, early, None),
+            Request::Forward { host, port, head } => (host, port, Vec::new(), Some(head)),
         };
+        let is_connect = forward.is_none();
         if is_connect {
             rec.protocol = Protocol::HttpConnect;
         }
@@ -403,6 +423,10 @@ impl Inner {
         if is_connect && let Err(e) = stream.write_all(http::CONNECT_OK).await {
             return client_error(&e.to_string());
         }
+        let first_bytes = match &forward {
+            Some(head) => self.forward_bytes(head, &host, port, rec),
+            None => early,
+        };
         if !first_bytes.is_empty() {
             if let Err(e) = upstream.write_all(&first_bytes).await {
                 return Outcome::UpstreamFailed {
@@ -415,6 +439,24 @@ impl Inner {
             );
         }
         self.relay(stream, upstream, rec, counters).await
+    }
+
+    /// The forwarded request's bytes, with the policy's credential header for this host.
+    fn forward_bytes(&self, head: &ForwardHead, host: &Host, port: u16, rec: &Record) -> Vec<u8> {
+        match self.config.credentials.find(host, port) {
+            Some(c) => {
+                tracing::info!(
+                    target: "agent_sandbox::egress",
+                    connection = rec.id,
+                    %host,
+                    port,
+                    header = %c.name,
+                    "credential header injected"
+                );
+                head.encode(Some((&c.name, &c.value)))
+            }
+            None => head.encode(None),
+        }
     }
 
     async fn serve_socks(
@@ -456,13 +498,13 @@ impl Inner {
 
     async fn relay(
         &self,
-        stream: &mut TcpStream,
-        mut upstream: TcpStream,
+        stream: &TcpStream,
+        upstream: TcpStream,
         rec: &Record,
         counters: &Counters,
     ) -> Outcome {
         self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
-        match pump(stream, &mut upstream, self.config.idle_timeout, counters).await {
+        match pump(stream, &upstream, self.config.idle_timeout, counters).await {
             PumpEnd::Closed => {}
             PumpEnd::Idle => tracing::debug!(connection = rec.id, "egress connection idle, closed"),
             PumpEnd::Failed(e) => {

@@ -360,3 +360,87 @@ mod fuzz {
         }
     }
 }
+
+const CREDENTIAL_BASE: &str =
+    "[network]\nmode = \"proxy\"\nallow = [\"registry.example:8080\", \"api.example:443\"]\n";
+
+fn with_credential(body: &str) -> String {
+    format!("{CREDENTIAL_BASE}[[network.credentials]]\n{body}")
+}
+
+#[test]
+fn credential_is_accepted_for_plain_http() {
+    let text = with_credential(
+        "domain = \"registry.example:8080\"\nheader = \"Authorization\"\nprefix = \"Bearer \"\nenv = \"REGISTRY_TOKEN\"\n",
+    );
+    let p = SandboxPolicy::parse(&text, ORIGIN).unwrap();
+    assert_eq!(p.network.credentials.len(), 1);
+    assert_eq!(p.network.credentials[0].header, "Authorization");
+}
+
+#[test]
+fn credential_for_https_is_refused_at_load() {
+    let v = invalid(
+        &with_credential(
+            "domain = \"api.example:443\"\nheader = \"Authorization\"\nfile = \"/run/secrets/api\"\n",
+        ),
+        5,
+        "network.credentials[0].domain",
+    );
+    assert!(matches!(v, Violation::CredentialNeedsTls { .. }), "{v}");
+    assert!(v.to_string().contains("CONNECT"), "{v}");
+}
+
+#[test]
+fn credential_errors_name_their_key() {
+    let v = invalid(
+        &with_credential(
+            "domain = \"other.example:80\"\nheader = \"Authorization\"\nenv = \"T\"\n",
+        ),
+        5,
+        "network.credentials[0].domain",
+    );
+    assert!(matches!(v, Violation::CredentialNotAllowed { .. }), "{v}");
+    let v = invalid(
+        &with_credential("domain = \"registry.example:8080\"\nheader = \"Host\"\nenv = \"T\"\n"),
+        6,
+        "network.credentials[0].header",
+    );
+    assert!(matches!(v, Violation::CredentialHeader { .. }), "{v}");
+    let v = invalid(
+        &with_credential(
+            "domain = \"registry.example:8080\"\nheader = \"X-Key\"\nprefix = \"a\\r\\nX-Evil: 1\"\nenv = \"T\"\n",
+        ),
+        7,
+        "network.credentials[0].prefix",
+    );
+    assert!(matches!(v, Violation::CredentialPrefix), "{v}");
+    let v = invalid(
+        &with_credential("domain = \"registry.example:8080\"\nheader = \"X-Key\"\nenv = \"A=B\"\n"),
+        7,
+        "network.credentials[0].env",
+    );
+    assert!(matches!(v, Violation::CredentialEnv { .. }), "{v}");
+    parse_err(
+        &with_credential(
+            "domain = \"registry.example:8080\"\nheader = \"X-Key\"\nfile = \"relative\"\n",
+        ),
+        7,
+        "network.credentials[0].file",
+        "not absolute",
+    );
+    let v = invalid(
+        &with_credential(
+            "domain = \"registry.example:8080\"\nheader = \"X-Key\"\nenv = \"T\"\nfile = \"/run/t\"\n",
+        ),
+        4,
+        "network.credentials[0]",
+    );
+    assert!(matches!(v, Violation::CredentialSource), "{v}");
+    let v = invalid(
+        "[[network.credentials]]\ndomain = \"registry.example:8080\"\nheader = \"X-Key\"\nenv = \"T\"\n",
+        1,
+        "network.credentials",
+    );
+    assert!(matches!(v, Violation::CredentialsWithoutProxy), "{v}");
+}

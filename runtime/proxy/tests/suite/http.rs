@@ -191,12 +191,9 @@ async fn host_header_mismatch_is_refused() {
             format!("GET http://web.test:{port}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
         )
         .await;
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
         assert!(
-            answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
-            "{answer}"
-        );
-        assert!(
-            answer.contains("X-Agent-Sandbox-Error: bad-request\r\n"),
+            answer.contains("X-Agent-Sandbox-Denied: host header mismatch\r\n"),
             "{answer}"
         );
         assert!(
@@ -210,7 +207,8 @@ async fn host_header_mismatch_is_refused() {
     );
     for event in proxy.events.finished(3).await {
         assert!(
-            matches!(&event.outcome, Outcome::BadRequest { reason } if reason.contains("Host header")),
+            matches!(&event.outcome, Outcome::Denied)
+                && event.rule.as_deref() == Some("host header mismatch"),
             "{event:#?}"
         );
     }
