@@ -3,4 +3,6 @@ mod audit;
 mod baseline;
 mod ctr;
 mod egress;
+mod faults;
+mod hostile;
 mod podman;
