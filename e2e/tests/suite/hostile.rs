@@ -324,8 +324,9 @@ impl CtrEntry {
             a.push("--privileged".into());
         }
         if job.host_pid {
+            // The pid namespace this test runs in (the host's, as far as the test can tell).
             a.push("--with-ns".into());
-            a.push("pid:/proc/1/ns/pid".into());
+            a.push(format!("pid:/proc/{}/ns/pid", std::process::id()));
         }
         if job.host_net {
             a.push("--net-host".into());
@@ -356,13 +357,16 @@ impl Running for CtrRunning {
             std::process::id(),
             NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
-        let mut args: Vec<String> = vec!["exec".into(), "--exec-id".into(), exec_id];
-        for (k, v) in env {
-            args.push("--env".into());
-            args.push(format!("{k}={v}"));
+        // `ctr task exec` has no --env: the image's env(1) sets the variables.
+        let mut full: Vec<String> = Vec::new();
+        if !env.is_empty() {
+            full.push("env".into());
+            full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         }
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.container.task_cmd(&refs, cmd)
+        full.extend(cmd.iter().map(|s| (*s).to_owned()));
+        let rest: Vec<&str> = full.iter().map(String::as_str).collect();
+        self.container
+            .task_cmd(&["exec", "--exec-id", &exec_id], &rest)
     }
 }
 
