@@ -3,6 +3,8 @@
 
 pub mod env;
 pub mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guard;
 mod http;
 pub mod listener;
