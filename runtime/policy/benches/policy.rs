@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::path::Path;
 
 use agent_sandbox_policy::SandboxPolicy;
-use agent_sandbox_policy::harden::{self, HardenContext, IdMapping};
+use agent_sandbox_policy::harden::{self, HardenContext, IdMapping, OverlayDirs};
 use agent_sandbox_policy::network::{Allowlist, DomainRule};
 use agent_sandbox_policy::seccomp::{Arch, compile_bpf, oci_seccomp_json};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -42,10 +42,17 @@ fn compilation(c: &mut Criterion) {
         host_id: 1_000_000,
         size: 65536,
     };
+    // The fixture binds a workspace: the runtime would give it overlay dirs and report the
+    // protected paths it found.
     let ctx = HardenContext {
         uid_mappings: vec![mapping],
         gid_mappings: vec![mapping],
-        ..HardenContext::default()
+        workspace: harden::workspace_source(&spec, &policy).map(|_| OverlayDirs {
+            upper: "/run/agent-sandbox/bench/upper".into(),
+            work: "/run/agent-sandbox/bench/work".into(),
+        }),
+        protected: harden::protected_path_candidates(&spec, &policy),
+        network_namespace: None,
     };
     g.bench_function("harden podman config.json", |b| {
         b.iter(|| harden::harden_spec(black_box(spec.clone()), &policy, &ctx).unwrap())
