@@ -16,7 +16,9 @@ use agent_sandbox_policy::seccomp::{Arch, compile_bpf, oci_seccomp_json};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn fixture(name: &str) -> oci_spec::runtime::Spec {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -67,13 +69,21 @@ fn matching(c: &mut Criterion) {
         .map(|i| DomainRule::parse(&format!("host{i}.example.com:443")).unwrap())
         .collect();
     allow.extend((0..100).map(|i| DomainRule::parse(&format!("*.zone{i}.example.net")).unwrap()));
-    let large = Allowlist::new(allow, vec![DomainRule::parse("bad.zone99.example.net").unwrap()]);
+    let large = Allowlist::new(
+        allow,
+        vec![DomainRule::parse("bad.zone99.example.net").unwrap()],
+    );
     let mut g = c.benchmark_group("allowlist");
     for (name, list, host, port) in [
         ("agent: exact hit", &agent, "pypi.org", 443),
         ("agent: wildcard hit", &agent, "index.crates.io", 443),
         ("agent: miss", &agent, "collector.evil.example", 443),
-        ("1100 rules: last wildcard", &large, "a.b.zone99.example.net", 8443),
+        (
+            "1100 rules: last wildcard",
+            &large,
+            "a.b.zone99.example.net",
+            8443,
+        ),
         ("1100 rules: deny", &large, "bad.zone99.example.net", 443),
         ("1100 rules: miss", &large, "nowhere.example.org", 443),
     ] {
