@@ -32,6 +32,10 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 
+# Builds go to $CARGO_TARGET_DIR/fuzz when set (one target directory per work tree).
+target_dir=()
+if [[ -n ${CARGO_TARGET_DIR:-} ]]; then target_dir=(--target-dir "$CARGO_TARGET_DIR/fuzz"); fi
+
 targets=("$@")
 if ((${#targets[@]} == 0)); then
     mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir fuzz)
@@ -44,7 +48,7 @@ for t in "${targets[@]}"; do
     echo "fuzz.sh: $t for $minutes minute(s)"
     status=0
     # -max_total_time bounds the run; -timeout makes a hang (an input taking over 10 s) a crash.
-    cargo +nightly fuzz run --fuzz-dir fuzz --jobs "$jobs" "$t" "$corpus" "fuzz/regressions/$t" -- \
+    cargo +nightly fuzz run --fuzz-dir fuzz "${target_dir[@]}" --jobs "$jobs" "$t" "$corpus" "fuzz/regressions/$t" -- \
         -max_total_time=$((minutes * 60)) -timeout=10 -rss_limit_mb=4096 \
         -artifact_prefix="$artifacts/" -print_final_stats=1 || status=$?
     for f in "$artifacts"/*; do
