@@ -6,12 +6,19 @@
 #   2. podman run --rm --network none localhost/agent-sandbox/busybox:latest true,
 #      with --runtime agent-sandbox, crun and runc;
 #   3. ctr run --rm --runtime io.agent.sandbox vs io.containerd.runc.v2 of the same
-#      image, then the RSS/PSS of each shim for a few detached sleeping containers.
-# Prints medians, p90 and ratios, and writes JSON (default target/bench/runtime.json).
+#      image, then the RSS/PSS of each shim for a few detached sleeping containers;
+#   and, with --sections all (or naming them; hack/bench/extra.py):
+#   4. proxy: runtime/proxy/examples/bench.rs (throughput and per-request latency vs direct);
+#   5. cri: e2e/examples/cri_bench.rs --json, once it exists ("not yet" until then);
+#   6. density: start latency with 50/200/500 sleeping sandboxes running (--density-max caps);
+#   7. criterion: the policy crate's micro-benchmarks.
+# Prints medians, p90 and ratios, writes JSON (default target/bench/runtime.json) and a PNG
+# chart beside it.
 #
-# Usage: hack/bench-runtime.sh [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
-#                              [--sections runtime,podman,ctr] [--agent-sandbox PATH]
-#                              [--out FILE] [--max-seconds S]
+# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,proxy,cri,density,criterion]
+#                              [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
+#                              [--agent-sandbox PATH] [--out FILE] [--max-seconds S]
+#                              [--density-max N] [--proxy-mb MB] [--chart PNG]
 # Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_CTR_ROUNDS,
 # BENCH_SHIMS (3), BENCH_MAX_SECONDS (300), AGENT_SANDBOX_BIN (default
 # /usr/local/bin/agent-sandbox).
@@ -36,6 +43,7 @@ declare -A packages=(
     [busybox-static]=/bin/busybox
     [podman]=/usr/bin/podman
     [python3]=/usr/bin/python3
+    [python3-matplotlib]=/usr/lib/python3/dist-packages/matplotlib/__init__.py
 )
 missing=()
 for pkg in "${!packages[@]}"; do
@@ -73,7 +81,7 @@ for ((i = 1; i <= $#; i++)); do
         --sections=*) sections=${!i#--sections=} ;;
     esac
 done
-if [[ ,$sections, == *,ctr,* ]]; then
+if [[ ,$sections, == *,ctr,* || ,$sections, == *,density,* || $sections == all ]]; then
     if [[ ! -S /run/containerd/containerd.sock ]] || ! command -v containerd-shim-agent-sandbox >/dev/null ||
         ! ctr --namespace default images ls -q 2>/dev/null | grep -qx "$image"; then
         echo "bench-runtime.sh: setting up containerd (hack/containerd.sh)" >&2

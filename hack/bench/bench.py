@@ -50,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import extra  # noqa: E402  (hack/bench/extra.py: proxy, CRI, density, criterion, chart)
+
 # --- Linux primitives (ctypes; Python 3.11 has no os.setns) -------------------------
 
 CLONE_NEWNS = 0x00020000
@@ -729,6 +732,8 @@ def section_ctr(args, workdir: Path, hybrid: bool) -> Section:
 
 
 SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr}
+# Sections that are not interleaved rounds of one command (hack/bench/extra.py).
+EXTERNAL = ("proxy", "cri", "density", "criterion")
 
 
 # --- running -----------------------------------------------------------------------------
@@ -959,7 +964,15 @@ def versions(args) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", default="runtime,podman,ctr", help="comma-separated: " + ", ".join(SECTIONS))
+    p.add_argument("--sections", default="runtime,podman,ctr", help="comma-separated: " + ", ".join([*SECTIONS, *EXTERNAL]))
+    p.add_argument("--proxy-mb", type=int, default=100, help="proxy section: MB through a CONNECT tunnel")
+    p.add_argument("--proxy-requests", type=int, default=1000, help="proxy section: small requests")
+    p.add_argument("--proxy-rounds", type=int, default=5, help="proxy section: interleaved rounds")
+    p.add_argument("--density-levels", default="50,200,500", help="density section: running sandboxes at which start latency is measured")
+    p.add_argument("--density-max", type=int, default=int(os.environ.get("BENCH_DENSITY_MAX", 50)), help="density section: skip levels above this (env BENCH_DENSITY_MAX)")
+    p.add_argument("--density-probe", type=int, default=5, help="density section: timed starts per level")
+    p.add_argument("--criterion-seconds", type=int, default=3, help="criterion section: measurement time per benchmark")
+    p.add_argument("--chart", default=None, help="PNG chart path (default: the JSON path with .png)")
     p.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 30)), help="rounds of the runtime section (env BENCH_ROUNDS)")
     p.add_argument(
         "--podman-rounds", type=int, default=int(os.environ.get("BENCH_PODMAN_ROUNDS", 0)) or None, help="rounds of the podman section (default: --rounds)"
@@ -986,9 +999,11 @@ def main() -> int:
     if args.shims < 0:
         p.error("--shims must be 0 or more")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in SECTIONS]
+    if wanted == ["all"]:
+        wanted = [*SECTIONS, *EXTERNAL]
+    unknown = [s for s in wanted if s not in SECTIONS and s not in EXTERNAL]
     if unknown:
-        p.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+        p.error(f"unknown section(s) {', '.join(unknown)}; known: {', '.join([*SECTIONS, *EXTERNAL])}")
     if os.geteuid() != 0:
         p.error("run as root (runtimes and mount namespaces need it)")
 
@@ -1025,6 +1040,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="agent-sandbox-bench.") as tmp:
         workdir = Path(tmp)
         for key in wanted:
+            if key in EXTERNAL:
+                log(f"{key}")
+                res = run_external(key, args)
+                result["sections"][key] = res
+                print_external(key, res)
+                continue
             section = SECTIONS[key](args, workdir, hybrid)
             log(f"{key}: {section.rounds} rounds of {len(section.cases)} cases")
             run_section(section, views, deadline)
@@ -1043,7 +1064,46 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nload average at end: {' '.join(result['loadavg_at_end'])}")
     print(f"result: {out}")
+    print(extra.render_chart(result, Path(args.chart) if args.chart else out.with_suffix(".png")))
     return 0
+
+
+def run_external(key: str, args) -> dict:
+    if key == "proxy":
+        return extra.run_proxy(args)
+    if key == "cri":
+        return extra.run_cri(args)
+    if key == "criterion":
+        return extra.run_criterion(args)
+    ctr = CtrClient(args.ctr_namespace, args.image)
+    reason = ctr.unavailable()
+    if reason:
+        return {"status": "missing", "error": reason}
+    return extra.run_density(args, ctr.cmd, CTR_RUNTIMES)
+
+
+def print_external(key: str, res: dict) -> None:
+    print(f"\n== {key}")
+    if res.get("status") not in (None, "ok"):
+        print(f"  {res['status'].upper()}: {res.get('error', '')}")
+        return
+    if key == "proxy":
+        for line in res.get("output", []):
+            print(f"  {line}")
+    elif key == "cri":
+        print(f"  {json.dumps(res['result'])[:2000]}")
+    elif key == "criterion":
+        for name, us in res["estimates"].items():
+            print(f"  {name:<40} {us:>10.3f} µs")
+    else:
+        if res.get("note"):
+            print(f"  note: {res['note']}")
+        for row in res["rows"]:
+            print(f"  {row['name']}: {row['status']}{' (' + row['error'] + ')' if row.get('error') else ''}"
+                  + (f", estimated fit {row['estimated_fit']} sandboxes" if row.get("estimated_fit") else ""))
+            for lv in row["levels"]:
+                print(f"    {lv['running']:>4} running: start median {lv['start_ms']['median']:.1f} ms, "
+                      f"{lv['kib_per_sandbox']} KiB per sandbox (MemAvailable)")
 
 
 def interrupted(signum, frame) -> None:

@@ -53,7 +53,7 @@ pub const ALL: &[(&str, Check)] = &[
     ("proc_root_escape", proc_root_escape),
 ];
 
-fn report(check: &'static str, outcome: Outcome, detail: impl Into<String>) -> Report {
+pub(crate) fn report(check: &'static str, outcome: Outcome, detail: impl Into<String>) -> Report {
     Report {
         check,
         outcome,
@@ -61,24 +61,24 @@ fn report(check: &'static str, outcome: Outcome, detail: impl Into<String>) -> R
     }
 }
 
-fn allowed(check: &'static str, detail: impl Into<String>) -> Report {
+pub(crate) fn allowed(check: &'static str, detail: impl Into<String>) -> Report {
     report(check, Outcome::Allowed, detail)
 }
 
-fn blocked(check: &'static str, detail: impl Into<String>) -> Report {
+pub(crate) fn blocked(check: &'static str, detail: impl Into<String>) -> Report {
     report(check, Outcome::Blocked, detail)
 }
 
-fn not_applicable(check: &'static str, detail: impl Into<String>) -> Report {
+pub(crate) fn not_applicable(check: &'static str, detail: impl Into<String>) -> Report {
     report(check, Outcome::NotApplicable, detail)
 }
 
-fn errno() -> io::Error {
+pub(crate) fn errno() -> io::Error {
     io::Error::last_os_error()
 }
 
 /// Allowed if any attempt succeeded; the detail lists every attempt.
-fn any_allowed(check: &'static str, attempts: &[(String, bool)]) -> Report {
+pub(crate) fn any_allowed(check: &'static str, attempts: &[(String, bool)]) -> Report {
     let detail = attempts
         .iter()
         .map(|(d, _)| d.as_str())
@@ -210,11 +210,11 @@ fn seccomp_mode() -> Report {
 
 // ---------------------------------------------------------------- files
 
-fn unique_name(stem: &str) -> String {
+pub(crate) fn unique_name(stem: &str) -> String {
     format!("{stem}-{}", std::process::id())
 }
 
-fn try_create(path: &Path) -> (String, bool) {
+pub(crate) fn try_create(path: &Path) -> (String, bool) {
     match OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -266,7 +266,7 @@ fn home() -> PathBuf {
     std::env::var_os("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from)
 }
 
-fn workspace() -> Option<PathBuf> {
+pub(crate) fn workspace() -> Option<PathBuf> {
     std::env::var_os("WORKSPACE")
         .filter(|w| !w.is_empty())
         .map(PathBuf::from)
@@ -472,7 +472,7 @@ fn netlink_non_route() -> Report {
 
 /// Runs `f` in a forked child and returns its errno (0 = success). The probe is
 /// single-threaded, so the child may run arbitrary code before `_exit`.
-fn in_child(f: fn() -> i32) -> io::Result<i32> {
+pub(crate) fn in_child(f: fn() -> i32) -> io::Result<i32> {
     // SAFETY: the probe has one thread; the child only runs `f` and `_exit`s.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -497,11 +497,11 @@ fn in_child(f: fn() -> i32) -> io::Result<i32> {
     }
 }
 
-fn last_errno() -> i32 {
+pub(crate) fn last_errno() -> i32 {
     errno().raw_os_error().unwrap_or(255)
 }
 
-fn describe_child(result: io::Result<i32>, what: &str) -> (String, bool) {
+pub(crate) fn describe_child(result: io::Result<i32>, what: &str) -> (String, bool) {
     match result {
         Ok(0) => (format!("{what} succeeded"), true),
         Ok(code) => (

@@ -14,6 +14,7 @@
 #![allow(unsafe_code)]
 
 mod checks;
+mod hostile;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -41,9 +42,11 @@ pub struct Report {
 
 fn usage() -> String {
     let names: Vec<&str> = checks::ALL.iter().map(|(name, _)| *name).collect();
+    let extra: Vec<&str> = hostile::EXTRA.iter().map(|(name, _)| *name).collect();
     format!(
-        "usage: probe all | probe CHECK... | probe hog MIB | probe list\nchecks: {}",
-        names.join(" ")
+        "usage: probe all | probe CHECK... | probe hog MIB | probe list\nchecks: {}\nrun only when named: {}",
+        names.join(" "),
+        extra.join(" ")
     )
 }
 
@@ -102,7 +105,11 @@ fn main() -> ExitCode {
         _ => {
             let mut selected = Vec::new();
             for name in &args {
-                match checks::ALL.iter().find(|(n, _)| n == name) {
+                match checks::ALL
+                    .iter()
+                    .chain(hostile::EXTRA)
+                    .find(|(n, _)| n == name)
+                {
                     Some((_, check)) => selected.push(*check),
                     None => {
                         eprintln!("probe: unknown check {name:?}\n{}", usage());

@@ -4,5 +4,7 @@ mod baseline;
 mod cri;
 mod ctr;
 mod egress;
+mod faults;
+mod hostile;
 mod podman;
 mod pods;

@@ -4,6 +4,8 @@
 pub mod credentials;
 pub mod env;
 pub mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guard;
 mod http;
 pub mod listener;
