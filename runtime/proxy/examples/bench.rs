@@ -7,7 +7,11 @@
 //! - small: REQUESTS (default 1000) sequential one-connection HTTP GETs, absolute-form through
 //!   the proxy vs origin-form directly; prints the added time per request (target <= 0.3 ms).
 //!
-//! Rounds alternate direct and proxied so machine drift hits both alike; medians are reported.
+//! Two proxies run side by side: the default one (tunnels relayed with `splice(2)`) and one
+//! configured to copy through a buffer (`ProxyConfig::splice = false`, the relay before
+//! splice). Rounds interleave direct, copy and splice so machine drift hits all alike; medians
+//! are reported, with the proxy thread's CPU time (from `/proc/self/task/TID/schedstat`), which
+//! does not depend on what else the machine runs.
 //! Servers live on 127.0.0.2; nothing leaves loopback.
 
 use std::net::{IpAddr, SocketAddr};
@@ -172,6 +176,51 @@ async fn small(connect_to: SocketAddr, request: &[u8], n: usize) -> Result<Durat
     Ok(start.elapsed())
 }
 
+/// CPU time of thread `tid` of this process so far, in milliseconds.
+fn thread_cpu_ms(tid: i32) -> Result<f64> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))?;
+    let ns: f64 = text
+        .split_whitespace()
+        .next()
+        .context("empty schedstat")?
+        .parse()?;
+    Ok(ns / 1e6)
+}
+
+/// Starts a proxy on its own thread and runtime, as it would run in its own process; returns
+/// its address and thread id.
+fn start_proxy(splice: bool) -> Result<(SocketAddr, i32)> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let resolver = StaticResolver::new().with("bench.test", [SERVER_IP.parse()?]);
+    let proxy = Proxy::with_config(
+        Arc::new(BenchRules),
+        Arc::new(resolver),
+        Arc::new(NullSink),
+        ProxyConfig {
+            splice,
+            ..ProxyConfig::default()
+        },
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(nix::unistd::gettid().as_raw());
+        runtime.block_on(proxy.serve_std(listener))
+    });
+    Ok((addr, rx.recv()?))
+}
+
+async fn tunnel(proxy: SocketAddr, port: u16) -> Result<TcpStream> {
+    let mut t = TcpStream::connect(proxy).await?;
+    t.write_all(format!("CONNECT bench.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        .await?;
+    read_head(&mut t).await?;
+    Ok(t)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -193,51 +242,50 @@ async fn main() -> Result<()> {
 
     let sink = sink_server().await?;
     let web = web_server().await?;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let proxy_addr = listener.local_addr()?;
-    let resolver = StaticResolver::new().with("bench.test", [SERVER_IP.parse()?]);
-    let proxy = Proxy::with_config(
-        Arc::new(BenchRules),
-        Arc::new(resolver),
-        Arc::new(NullSink),
-        ProxyConfig::default(),
-    );
-    // The proxy runs on its own thread and runtime, as it would in its own process.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::spawn(move || runtime.block_on(proxy.serve_std(listener)));
+    let (copy_addr, copy_tid) = start_proxy(false)?;
+    let (proxy_addr, splice_tid) = start_proxy(true)?;
 
     let direct_get = format!("GET /x HTTP/1.1\r\nHost: bench.test:{}\r\n\r\n", web.port());
     let proxied_get = format!(
         "GET http://bench.test:{0}/x HTTP/1.1\r\nHost: bench.test:{0}\r\n\r\n",
         web.port()
     );
+    let mb = bytes as f64 / (1024.0 * 1024.0);
+    let per_req = |d: Duration| d.as_secs_f64() * 1000.0 / requests as f64;
 
-    let (mut bulk_direct, mut bulk_proxied, mut small_direct, mut small_proxied) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // Per mode: bulk MB/s, ms per small request, proxy CPU ms per bulk MB, per small request.
+    let mut fig: [[Vec<f64>; 4]; 3] = Default::default();
+    const NAMES: [&str; 3] = ["direct", "copy relay", "splice relay"];
     for round in 1..=rounds {
-        let d = bulk(TcpStream::connect(sink).await?, bytes).await?;
-        let mut tunnel = TcpStream::connect(proxy_addr).await?;
-        tunnel
-            .write_all(format!("CONNECT bench.test:{} HTTP/1.1\r\n\r\n", sink.port()).as_bytes())
-            .await?;
-        read_head(&mut tunnel).await?;
-        let p = bulk(tunnel, bytes).await?;
-        let sd = small(web, direct_get.as_bytes(), requests).await?;
-        let sp = small(proxy_addr, proxied_get.as_bytes(), requests).await?;
-        let mb = bytes as f64 / (1024.0 * 1024.0);
-        println!(
-            "round {round}: bulk direct {:.0} MB/s, proxied {:.0} MB/s; {requests} small: direct {:.3} ms/req, proxied {:.3} ms/req",
-            mb / d.as_secs_f64(),
-            mb / p.as_secs_f64(),
-            sd.as_secs_f64() * 1000.0 / requests as f64,
-            sp.as_secs_f64() * 1000.0 / requests as f64,
-        );
-        bulk_direct.push(mb / d.as_secs_f64());
-        bulk_proxied.push(mb / p.as_secs_f64());
-        small_direct.push(sd.as_secs_f64() * 1000.0 / requests as f64);
-        small_proxied.push(sp.as_secs_f64() * 1000.0 / requests as f64);
+        let mut line = format!("round {round}:");
+        for (mode, (proxy, tid)) in [
+            (0, (None, 0)),
+            (1, (Some(copy_addr), copy_tid)),
+            (2, (Some(proxy_addr), splice_tid)),
+        ] {
+            let cpu0 = if mode > 0 { thread_cpu_ms(tid)? } else { 0.0 };
+            let b = match proxy {
+                None => bulk(TcpStream::connect(sink).await?, bytes).await?,
+                Some(p) => bulk(tunnel(p, sink.port()).await?, bytes).await?,
+            };
+            let cpu1 = if mode > 0 { thread_cpu_ms(tid)? } else { 0.0 };
+            let sm = match proxy {
+                None => small(web, direct_get.as_bytes(), requests).await?,
+                Some(p) => small(p, proxied_get.as_bytes(), requests).await?,
+            };
+            let cpu2 = if mode > 0 { thread_cpu_ms(tid)? } else { 0.0 };
+            fig[mode][0].push(mb / b.as_secs_f64());
+            fig[mode][1].push(per_req(sm));
+            fig[mode][2].push((cpu1 - cpu0) / mb);
+            fig[mode][3].push((cpu2 - cpu1) / requests as f64);
+            line.push_str(&format!(
+                " {} {:.0} MB/s {:.3} ms/req;",
+                NAMES[mode],
+                mb / b.as_secs_f64(),
+                per_req(sm)
+            ));
+        }
+        println!("{line}");
     }
     // Memory: many open, mostly idle tunnels (each has carried one small message).
     let hold = hold_server().await?;
@@ -261,15 +309,23 @@ async fn main() -> Result<()> {
     );
     drop(tunnels);
 
-    let ratio = median(bulk_proxied) / median(bulk_direct);
-    let added = median(small_proxied) - median(small_direct);
-    println!(
-        "bulk throughput ratio (proxied/direct, {megabytes} MB): {ratio:.3} (target >= 0.9: {})",
-        if ratio >= 0.9 { "met" } else { "NOT met" }
-    );
-    println!(
-        "added per small request ({requests} requests): {added:.3} ms (target <= 0.3 ms: {})",
-        if added <= 0.3 { "met" } else { "NOT met" }
-    );
+    let med: Vec<[f64; 4]> = fig.into_iter().map(|m| m.map(median)).collect();
+    for (mode, name) in NAMES.iter().enumerate().skip(1) {
+        let ratio = med[mode][0] / med[0][0];
+        let added = med[mode][1] - med[0][1];
+        println!(
+            "{name}: bulk {:.0} MB/s vs direct {:.0} MB/s, ratio {ratio:.3} (target >= 0.9: {}); \
+             small {:.3} ms/req vs {:.3}, added {added:.3} ms (target <= 0.3 ms: {}); \
+             proxy CPU {:.3} ms per bulk MB, {:.3} ms per small request",
+            med[mode][0],
+            med[0][0],
+            if ratio >= 0.9 { "met" } else { "NOT met" },
+            med[mode][1],
+            med[0][1],
+            if added <= 0.3 { "met" } else { "NOT met" },
+            med[mode][2],
+            med[mode][3],
+        );
+    }
     Ok(())
 }

@@ -39,6 +39,8 @@ pub struct ProxyConfig {
     pub max_head_bytes: usize,
     /// Headers added to plain-HTTP requests to matching hosts (secrets stay on this side).
     pub credentials: Credentials,
+    /// Relay tunnels with `splice(2)` (zero-copy, the default) rather than through a buffer.
+    pub splice: bool,
 }
 
 impl Default for ProxyConfig {
@@ -51,6 +53,7 @@ impl Default for ProxyConfig {
             max_connections: 512,
             max_head_bytes: 32 * 1024,
             credentials: Credentials::default(),
+            splice: true,
         }
     }
 }
@@ -504,7 +507,15 @@ impl Inner {
         counters: &Counters,
     ) -> Outcome {
         self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
-        match pump(stream, &upstream, self.config.idle_timeout, counters).await {
+        match pump(
+            stream,
+            &upstream,
+            self.config.idle_timeout,
+            counters,
+            self.config.splice,
+        )
+        .await
+        {
             PumpEnd::Closed => {}
             PumpEnd::Idle => tracing::debug!(connection = rec.id, "egress connection idle, closed"),
             PumpEnd::Failed(e) => {

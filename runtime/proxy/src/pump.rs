@@ -3,8 +3,10 @@
 //! Each direction moves data socket -> pipe -> socket with `splice(2)`: the payload stays in
 //! kernel pages and never crosses into the proxy's memory, which is what lets a proxied
 //! transfer keep up with a direct one (a read/write copy loop costs two extra copies per byte
-//! on a machine whose cores the client and server already keep busy). If a pipe cannot be
-//! made (descriptor limits), that direction falls back to a copy loop through a buffer.
+//! on a machine whose cores the client and server already keep busy). The first 64 KiB of a
+//! direction go through a small buffer, so short exchanges (one request, one small answer)
+//! never pay for a pipe. If a pipe cannot be made (descriptor limits), that direction goes on
+//! with the copy loop.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -145,17 +147,37 @@ async fn splice_way(
     }
 }
 
+/// How a bounded copy ended.
+enum Copied {
+    /// The source closed and the end was passed on.
+    Ended,
+    /// The limit was reached with the stream still open.
+    Limit,
+}
+
+/// Copies through `buf` (its capacity; reserved, not zero-filled, so that a quiet connection
+/// touches no more than the pages data actually passes through) until `from` ends or, with
+/// `limit`, until at least that many bytes moved.
 async fn copy_way(
     from: &TcpStream,
     to: &TcpStream,
     count: &AtomicU64,
     counters: &Counters,
-) -> io::Result<()> {
-    let mut buf = vec![0u8; BUF_SIZE];
+    buf: &mut Vec<u8>,
+    limit: Option<usize>,
+) -> io::Result<Copied> {
+    let mut total = 0usize;
     loop {
+        if limit.is_some_and(|l| total >= l) {
+            return Ok(Copied::Limit);
+        }
         from.readable().await?;
-        let n = match from.try_read(&mut buf) {
-            Ok(0) => return shutdown_write(to),
+        buf.clear();
+        let n = match from.try_read_buf(buf) {
+            Ok(0) => {
+                shutdown_write(to)?;
+                return Ok(Copied::Ended);
+            }
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
@@ -173,37 +195,63 @@ async fn copy_way(
                 Err(e) => return Err(e),
             }
         }
+        total += n;
     }
 }
+
+/// Bytes a direction copies through a small buffer before it moves to splice: a request
+/// head or a small answer costs no pipe (two descriptors and four system calls).
+const SPLICE_AFTER: usize = 64 * 1024;
+
+/// Buffer of the first bytes of a direction.
+const SMALL_BUF: usize = 16 * 1024;
 
 async fn one_way(
     from: &TcpStream,
     to: &TcpStream,
     count: &AtomicU64,
     counters: &Counters,
+    use_splice: bool,
 ) -> io::Result<()> {
+    if !use_splice {
+        let mut buf = Vec::with_capacity(BUF_SIZE);
+        return copy_way(from, to, count, counters, &mut buf, None)
+            .await
+            .map(|_| ());
+    }
+    let mut small = Vec::with_capacity(SMALL_BUF);
+    if let Copied::Ended =
+        copy_way(from, to, count, counters, &mut small, Some(SPLICE_AFTER)).await?
+    {
+        return Ok(());
+    }
+    drop(small);
     match Pipe::new() {
         Ok(pipe) => splice_way(from, to, &pipe, count, counters).await,
         Err(e) => {
             tracing::debug!(error = %e, "no pipe for splice, relaying through a buffer");
-            copy_way(from, to, count, counters).await
+            let mut buf = Vec::with_capacity(BUF_SIZE);
+            copy_way(from, to, count, counters, &mut buf, None)
+                .await
+                .map(|_| ())
         }
     }
 }
 
 /// Relays between `client` and `upstream` until both sides are done, one fails, or nothing
-/// moves for `idle`.
+/// moves for `idle`. `use_splice = false` copies through a buffer all the way.
 pub(crate) async fn pump(
     client: &TcpStream,
     upstream: &TcpStream,
     idle: Duration,
     counters: &Counters,
+    use_splice: bool,
 ) -> PumpEnd {
     counters.touch();
     let both = async {
         tokio::try_join!(
-            one_way(client, upstream, &counters.up, counters),
-            one_way(upstream, client, &counters.down, counters)
+            one_way(client, upstream, &counters.up, counters, use_splice),
+            one_way(upstream, client, &counters.down, counters, use_splice)
         )
     };
     let watchdog = async {
@@ -258,10 +306,26 @@ mod tests {
                         )
                     )
                 } else {
-                    tokio::join!(
-                        copy_way(&proxy_client, &proxy_upstream, &counters.up, &counters),
-                        copy_way(&proxy_upstream, &proxy_client, &counters.down, &counters)
-                    )
+                    let (mut b1, mut b2) = (Vec::with_capacity(1000), Vec::with_capacity(1000));
+                    let (up, down) = tokio::join!(
+                        copy_way(
+                            &proxy_client,
+                            &proxy_upstream,
+                            &counters.up,
+                            &counters,
+                            &mut b1,
+                            None
+                        ),
+                        copy_way(
+                            &proxy_upstream,
+                            &proxy_client,
+                            &counters.down,
+                            &counters,
+                            &mut b2,
+                            None
+                        )
+                    );
+                    (up.map(|_| ()), down.map(|_| ()))
                 };
                 up.unwrap();
                 down.unwrap();
