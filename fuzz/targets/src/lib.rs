@@ -113,6 +113,7 @@ fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenCont
         }),
         protected: harden::protected_path_candidates(spec, policy),
         network_namespace: None,
+        pod: None,
     }
 }
 
