@@ -9,6 +9,7 @@ pub mod enforce;
 pub mod executor;
 pub mod id;
 pub mod idmap;
+pub mod layers;
 pub mod lifecycle;
 pub mod logging;
 pub mod mounts;

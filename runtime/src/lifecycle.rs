@@ -79,6 +79,8 @@ pub enum LifecycleError {
     Egress(#[source] crate::egress::EgressError),
     #[error("audit trail")]
     Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("layers record")]
+    Layers(#[source] crate::layers::LayersError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
     #[error("cannot bring lo up in the sandbox network namespace")]
@@ -150,6 +152,8 @@ pub struct ExecOpts {
 /// The runtime, bound to one state root.
 pub struct Runtime {
     pub dirs: StateDirs,
+    /// `--audit-dir` / `AGENT_SANDBOX_AUDIT_DIR`: where new sandboxes' logs go.
+    pub audit_dir: Option<PathBuf>,
 }
 
 fn record_path(dirs: &StateDirs, id: &ContainerId) -> PathBuf {
@@ -190,7 +194,10 @@ fn status_name(s: ContainerStatus) -> &'static str {
 impl Runtime {
     pub fn new(root: Option<&Path>) -> Result<Self> {
         let dirs = StateDirs::new(paths::state_root(root)?);
-        Ok(Self { dirs })
+        Ok(Self {
+            dirs,
+            audit_dir: None,
+        })
     }
 
     fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
@@ -278,6 +285,8 @@ impl Runtime {
             }
         };
         mounts::mkdir_traversable(&sandbox_dir)?;
+        crate::audit::init(&self.dirs, id, self.audit_dir.as_deref())
+            .map_err(LifecycleError::Audit)?;
         let mut record = SandboxRecord {
             id: id.as_str().to_owned(),
             bundle: opts.bundle.clone(),
@@ -333,6 +342,7 @@ impl Runtime {
                 source,
             })?;
 
+        let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let container = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
@@ -353,11 +363,16 @@ impl Runtime {
                 source,
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
+        crate::audit::track_init(&self.dirs, id, pid);
         agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
-        if crate::egress::wanted(&prepared.policy) {
-            crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
-                .map_err(LifecycleError::Egress)?;
-        }
+        let proxy_pid = if crate::egress::wanted(&prepared.policy) {
+            Some(
+                crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
+                    .map_err(LifecycleError::Egress)?,
+            )
+        } else {
+            None
+        };
         crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
             .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
@@ -376,6 +391,17 @@ impl Runtime {
         {
             crate::sandbox::verify_cgroups(&spec, id)?;
         }
+        crate::layers::record_create(
+            &sandbox_dir,
+            &ids,
+            &spec,
+            seccomp_len,
+            &prepared.policy,
+            &prepared.plan,
+            proxy_pid,
+            pid,
+        )
+        .map_err(LifecycleError::Layers)?;
         tracing::info!(
             id = %id,
             pid,
@@ -395,6 +421,7 @@ impl Runtime {
         if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
+        crate::audit::release(&self.dirs, id);
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
             && let Ok(pid) = text.trim().parse::<i32>()
         {
@@ -543,6 +570,14 @@ impl Runtime {
         crate::egress::serve(netns, &policy, &log, id.as_str()).map_err(LifecycleError::Egress)
     }
 
+    /// `layers`: the protections in force for a sandbox (see [`crate::layers`]).
+    pub fn layers(&self, id: &ContainerId) -> Result<serde_json::Value> {
+        let c = self.load(id)?;
+        let pid = c.pid().map(|p| p.as_raw());
+        crate::layers::report(&self.dirs, id, status_name(c.status()), pid)
+            .map_err(LifecycleError::Layers)
+    }
+
     /// `pause` (`freeze = true`) and `resume`.
     pub fn pause(&self, id: &ContainerId, freeze: bool) -> Result<()> {
         let mut c = self.load(id)?;
@@ -602,6 +637,7 @@ impl Runtime {
     pub fn delete(&self, id: &ContainerId, force: bool) -> Result<()> {
         match self.load(id) {
             Ok(mut c) => {
+                self.audit_init_exit(id, &c);
                 if !force
                     && !matches!(
                         c.status(),
@@ -662,6 +698,18 @@ impl Runtime {
         }
     }
 
+    /// The init's `exit` record at delete, while its cgroup (and OOM counter)
+    /// still exists, unless its reaper reported it already.
+    fn audit_init_exit(&self, id: &ContainerId, c: &Container) {
+        if c.status() != ContainerStatus::Stopped {
+            return;
+        }
+        let pid = c.pid().map(|p| p.as_raw());
+        if let Err(e) = crate::audit::init_exit_at_delete(&self.dirs, id, pid) {
+            tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
+        }
+    }
+
     /// `exec`: runs a process in the sandbox, clamped like the init and under
     /// the same seccomp filter and Landlock rules. Returns the exit code when
     /// not detached.
@@ -679,6 +727,7 @@ impl Runtime {
         let mut process = crate::sandbox::harden_exec(process, &policy)?;
         crate::egress::inject_env(&mut process, &policy);
         crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
+        let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
         let init_pid = c
@@ -703,9 +752,26 @@ impl Runtime {
         let _ = std::fs::remove_file(&clamped);
         let pid = result.map_err(|source| LifecycleError::Exec { source })?;
         if opts.detach {
+            crate::audit::tag_exec(&self.dirs, id, pid.as_raw(), &process_for_audit, &hardened);
             return Ok(None);
         }
-        wait_exit(pid.as_raw()).map(Some)
+        let status = wait_exit(pid.as_raw())?;
+        crate::audit::exited(
+            &self.dirs,
+            id,
+            &crate::audit::ExitReport {
+                process: "exec".to_owned(),
+                pid: Some(pid.as_raw()),
+                status,
+                reaped_by: None,
+            },
+        )
+        .map_err(LifecycleError::Audit)?;
+        Ok(Some(match status {
+            agent_sandbox_audit::ExitStatus::Code(c) => c,
+            agent_sandbox_audit::ExitStatus::Signal(n) => 128 + n,
+            agent_sandbox_audit::ExitStatus::Unknown => 255,
+        }))
     }
 
     /// `ps`: the pids in the container's cgroup.
@@ -842,13 +908,14 @@ fn inline_process(c: &Container, opts: &ExecOpts) -> Result<Process> {
     Ok(p)
 }
 
-fn wait_exit(pid: i32) -> Result<i32> {
+fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
+    use agent_sandbox_audit::ExitStatus;
     use nix::sys::wait::{WaitStatus, waitpid};
     let p = nix::unistd::Pid::from_raw(pid);
     loop {
         match waitpid(p, None) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitStatus::Code(code)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(ExitStatus::Signal(sig as i32)),
             Ok(_) => continue,
             Err(nix::Error::EINTR) => continue,
             Err(source) => return Err(LifecycleError::Wait { pid, source }),

@@ -51,7 +51,15 @@ struct Session {
     tool_call: String,
     registry_port: u16,
     collector_port: u16,
+    /// Through containerd (the shim reports exits) rather than podman (conmon reaps).
+    via_ctr: bool,
 }
+
+/// The memory limit sessions narrow the policy to (an annotation), so a hog is OOM-killed.
+const SESSION_MEMORY: &str = "io.agent.sandbox.memory=64M";
+
+/// An exec that allocates far beyond [`SESSION_MEMORY`].
+const HOG: [&str; 3] = [harness::PROBE, "hog", "256"];
 
 /// Runs a whole session: create (with a secret env value and a workspace
 /// bind), one tagged exec doing an allowed fetch, a denied post and file
@@ -92,6 +100,8 @@ fn podman_session() -> anyhow::Result<Session> {
         &format!("AUDIT_SECRET={secret}"),
         "-v",
         &format!("{}:/workspace", workspace.display()),
+        "--annotation",
+        SESSION_MEMORY,
         TOOLS_IMAGE,
         "sleep",
         "600",
@@ -125,6 +135,10 @@ fn podman_session() -> anyhow::Result<Session> {
         workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
         "the sandbox wrote through to the host workspace"
     );
+    let mut hog = vec!["exec", name.as_str()];
+    hog.extend(HOG);
+    let hog = sandbox().run(&hog)?;
+    ensure!(hog.code == Some(137), "the hog was not OOM-killed\n{hog}");
     sandbox().run_ok(&["stop", "-t", "1", &name])?;
     sandbox().run_ok(&["rm", &name])?;
     drop(guard);
@@ -140,6 +154,7 @@ fn podman_session() -> anyhow::Result<Session> {
         tool_call,
         registry_port: registry.port(),
         collector_port: collector.port(),
+        via_ctr: false,
     })
 }
 
@@ -207,6 +222,8 @@ fn ctr_session() -> anyhow::Result<Session> {
                 "type=bind,src={},dst=/workspace,options=rbind:rw",
                 workspace.display()
             ),
+            "--annotation",
+            SESSION_MEMORY,
         ],
         TOOLS_IMAGE,
         &id,
@@ -229,6 +246,8 @@ fn ctr_session() -> anyhow::Result<Session> {
         workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
         "the sandbox wrote through to the host workspace"
     );
+    let hog = c.task_cmd(&["exec", "--exec-id", "hog"], &HOG)?;
+    ensure!(hog.code == Some(137), "the hog was not OOM-killed\n{hog}");
     c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
     c.wait_status("STOPPED", std::time::Duration::from_secs(30))?;
     let del = c.task_cmd(&["delete"], &[])?;
@@ -247,6 +266,7 @@ fn ctr_session() -> anyhow::Result<Session> {
         tool_call,
         registry_port: registry.port(),
         collector_port: collector.port(),
+        via_ctr: true,
     })
 }
 
@@ -336,8 +356,9 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
         "no denied net record after the allowed one\n{}",
         dump()
     ))?;
+    let exited = exits_in_order(s, deny)?;
     let files =
-        find(r, deny, kind("files_changed")).context(format!("no files_changed\n{}", dump()))?;
+        find(r, exited, kind("files_changed")).context(format!("no files_changed\n{}", dump()))?;
     let d = &r[files]["data"];
     ensure!(
         d["added"] == 1 && d["modified"] == 1 && d["deleted"] == 1,
@@ -365,6 +386,60 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
         dump()
     );
     tampering_is_detected(s)
+}
+
+/// The `exit` records after index `from`, in order; returns the index of the last. Through
+/// containerd the shim reports each reaped process: the tagged exec (code 0), the hog
+/// (SIGKILL, OOM) and the init (SIGKILL from `ctr task kill`, no new OOM). Through podman
+/// conmon reaps everything, so the runtime writes the init's exit at delete: status
+/// unknown, reaped by the caller, and the OOM the sandbox's cgroup counted.
+fn exits_in_order(s: &Session, from: usize) -> anyhow::Result<usize> {
+    let r = &s.records;
+    let dump = || s.raw.clone();
+    let exit_of = |process: &'static str| {
+        move |v: &Value| v["kind"] == "exit" && v["data"]["process"] == process
+    };
+    if s.via_ctr {
+        let tool =
+            find(r, from, exit_of("tool")).context(format!("no exit of the exec\n{}", dump()))?;
+        let d = &r[tool]["data"];
+        ensure!(
+            d["status"] == serde_json::json!({"code": 0})
+                && d["oom"] == false
+                && d["tool_call_id"] == s.tool_call.as_str()
+                && d["pid"].as_i64().is_some_and(|p| p > 0),
+            "exit of the tagged exec: {d}\n{}",
+            dump()
+        );
+        let hog =
+            find(r, tool, exit_of("hog")).context(format!("no exit of the hog\n{}", dump()))?;
+        let d = &r[hog]["data"];
+        ensure!(
+            d["status"] == serde_json::json!({"signal": 9}) && d["oom"] == true,
+            "exit of the hog: {d}\n{}",
+            dump()
+        );
+        let init = find(r, hog, exit_of("init")).context(format!("no exit of init\n{}", dump()))?;
+        let d = &r[init]["data"];
+        ensure!(
+            d["status"] == serde_json::json!({"signal": 9}) && d["oom"] == false,
+            "exit of init: {d}\n{}",
+            dump()
+        );
+        let n = r.iter().filter(|v| v["kind"] == "exit").count();
+        ensure!(n == 3, "{n} exit records, wanted 3\n{}", dump());
+        Ok(init)
+    } else {
+        let init =
+            find(r, from, exit_of("init")).context(format!("no exit of init\n{}", dump()))?;
+        let d = &r[init]["data"];
+        ensure!(
+            d["status"] == "unknown" && d["reaped_by"] == "caller" && d["oom"] == true,
+            "exit of init: {d}\n{}",
+            dump()
+        );
+        Ok(init)
+    }
 }
 
 /// Copies the log into a fresh state root, checks it verifies, then that each

@@ -54,6 +54,9 @@ fn sample(i: u64) -> Event {
             status: ExitStatus::Signal(9),
             oom: true,
             tool_call_id: None,
+            process: Some("init".into()),
+            pid: Some(4242),
+            reaped_by: None,
         },
         _ => Event::FsDenied {
             path: "/work/.bashrc".into(),
