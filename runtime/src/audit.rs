@@ -359,11 +359,14 @@ pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result
 }
 
 /// At delete, before the cgroup goes: the init's `exit` record if no reaper
-/// reported one (podman: conmon reaped it; containerd: a shim that died).
+/// reported one (podman: conmon reaped it, `Unknown` by `caller`; containerd
+/// after a dead shim: the forced delete's SIGKILL).
 pub fn init_exit_at_delete(
     dirs: &StateDirs,
     id: &ContainerId,
     init_pid: Option<i32>,
+    status: ExitStatus,
+    reaped_by: &str,
 ) -> Result<(), AuditError> {
     if load_state(dirs, id).init_exit_recorded
         || !agent_sandbox_audit::log_path(&dir_of(dirs, id, None), id.as_str())?.exists()
@@ -376,8 +379,8 @@ pub fn init_exit_at_delete(
         &ExitReport {
             process: "init".to_owned(),
             pid: init_pid,
-            status: ExitStatus::Unknown,
-            reaped_by: Some("caller".to_owned()),
+            status,
+            reaped_by: Some(reaped_by.to_owned()),
         },
     )
 }
@@ -680,7 +683,7 @@ mod tests {
         std::fs::write(cg.join("memory.oom_control"), "oom_kill 2\n").unwrap();
         exited(&dirs, &id, &report("e1", 77)).unwrap();
         exited(&dirs, &id, &report("init", 1)).unwrap();
-        init_exit_at_delete(&dirs, &id, Some(1)).unwrap();
+        init_exit_at_delete(&dirs, &id, Some(1), ExitStatus::Unknown, "caller").unwrap();
         let recs = agent_sandbox_audit::read_records(&log).unwrap();
         let got: Vec<(bool, Option<String>)> = recs
             .iter()
@@ -703,8 +706,8 @@ mod tests {
         let (dirs, id) = fake_sandbox(root.path(), "ex2");
         let log = init(&dirs, &id, None).unwrap();
         append(&dirs, &id, &[Event::Delete {}]).unwrap();
-        init_exit_at_delete(&dirs, &id, Some(5)).unwrap();
-        init_exit_at_delete(&dirs, &id, Some(5)).unwrap();
+        init_exit_at_delete(&dirs, &id, Some(5), ExitStatus::Unknown, "caller").unwrap();
+        init_exit_at_delete(&dirs, &id, Some(5), ExitStatus::Unknown, "caller").unwrap();
         let recs = agent_sandbox_audit::read_records(&log).unwrap();
         assert_eq!(recs.len(), 2);
         assert!(matches!(

@@ -637,7 +637,7 @@ impl Runtime {
     pub fn delete(&self, id: &ContainerId, force: bool) -> Result<()> {
         match self.load(id) {
             Ok(mut c) => {
-                self.audit_init_exit(id, &c);
+                self.audit_init_exit(id, &c, force);
                 if !force
                     && !matches!(
                         c.status(),
@@ -699,13 +699,17 @@ impl Runtime {
     }
 
     /// The init's `exit` record at delete, while its cgroup (and OOM counter)
-    /// still exists, unless its reaper reported it already.
-    fn audit_init_exit(&self, id: &ContainerId, c: &Container) {
-        if c.status() != ContainerStatus::Stopped {
-            return;
-        }
+    /// still exists, unless its reaper reported it already: a stopped init was
+    /// reaped by the caller (status unknown here); a live one is about to be
+    /// SIGKILLed by this forced delete (e.g. containerd cleaning up after a dead shim).
+    fn audit_init_exit(&self, id: &ContainerId, c: &Container, force: bool) {
+        let (status, reaped_by) = match c.status() {
+            ContainerStatus::Stopped => (agent_sandbox_audit::ExitStatus::Unknown, "caller"),
+            _ if force => (agent_sandbox_audit::ExitStatus::Signal(9), "delete --force"),
+            _ => return,
+        };
         let pid = c.pid().map(|p| p.as_raw());
-        if let Err(e) = crate::audit::init_exit_at_delete(&self.dirs, id, pid) {
+        if let Err(e) = crate::audit::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by) {
             tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
         }
     }

@@ -693,3 +693,411 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
     );
     Ok(())
 }
+
+/// `podman run -d ARGS...` through agent-sandbox (with `flags` before `run`); returns the
+/// full container id.
+fn podman_run_d(flags: &[&str], args: &[&str]) -> anyhow::Result<String> {
+    let mut all: Vec<&str> = flags.to_vec();
+    all.extend(["run", "-d"]);
+    all.extend(args);
+    let out = sandbox().run_ok(&all)?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id\n{out}");
+    Ok(id)
+}
+
+/// The records of `log` verify with `audit verify` (run against `root`, with `flags`).
+fn verifies(flags: &[&str], id: &str) -> anyhow::Result<Output> {
+    let mut args = flags.to_vec();
+    args.extend(["audit", "verify", id]);
+    runtime_cmd(&args)
+}
+
+#[test]
+fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-layers");
+    let _guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(
+        &[],
+        &[
+            "--name",
+            &name,
+            "--annotation",
+            SESSION_MEMORY,
+            TOOLS_IMAGE,
+            "sleep",
+            "600",
+        ],
+    )?;
+    let out = runtime_cmd(&["layers", &id])?;
+    ensure!(out.success(), "layers failed\n{out}");
+    let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
+    // What the runtime saved at create.
+    let mapping = l["userns"]["mapping"].as_str().unwrap_or_default();
+    let host_start: u64 = mapping
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context(format!("bad mapping {mapping:?}"))?;
+    ensure!(
+        host_start >= 1_000_000,
+        "container root maps to host id {host_start}\n{l:#}"
+    );
+    ensure!(
+        l["readonly_rootfs"] == true
+            && l["no_new_privs"] == true
+            && l["capabilities"] == serde_json::json!([])
+            && l["seccomp"]["bpf_instructions"]
+                .as_u64()
+                .is_some_and(|n| n > 10)
+            && l["landlock"]["kernel_abi"].as_u64().is_some_and(|n| n >= 1)
+            && l["apparmor"]["active"] == false,
+        "saved layers\n{l:#}"
+    );
+    ensure!(
+        l["cgroups"]["limits"]["memory/memory.limit_in_bytes"] == "67108864",
+        "the annotation's 64M limit is not in the cgroup\n{l:#}"
+    );
+    ensure!(
+        l["network"]["mode"] == "proxy"
+            && l["network"]["proxy_alive"] == true
+            && l["network"]["proxy_port"].as_u64().is_some(),
+        "network\n{l:#}"
+    );
+    // What the kernel shows for the init now: the same id mapping, seccomp filter mode,
+    // no_new_privs and no capabilities in any set.
+    let live = &l["live"];
+    ensure!(
+        live["uid_map"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(&format!("0 {host_start} ")))
+            && live["seccomp_mode"] == "2"
+            && live["no_new_privs"] == true
+            && live["capabilities_empty"] == true,
+        "live view\n{l:#}"
+    );
+    // The same reading of a runc container's init (what `live` would show without our
+    // runtime): host root, capabilities, no user namespace.
+    let base = unique_name("audit-layers-runc");
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let _base_guard = ContainerGuard {
+        podman: Podman::new(User::Root, Runtime::Runc),
+        name: base.clone(),
+    };
+    runc.run_ok(&["run", "-d", "--name", &base, TOOLS_IMAGE, "sleep", "600"])?;
+    let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &base])?;
+    let pid = pid.stdout.trim();
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let uid_map = fs::read_to_string(format!("/proc/{pid}/uid_map"))?;
+    ensure!(
+        uid_map.split_whitespace().take(2).collect::<Vec<_>>() == ["0", "0"]
+            && status
+                .lines()
+                .any(|l| l.starts_with("CapEff:") && !l.ends_with("0000000000000000")),
+        "runc baseline init is not host root with capabilities\n{uid_map}\n{status}"
+    );
+    // Bad input names the sandbox.
+    let unknown = runtime_cmd(&["layers", "no-such-sandbox"])?;
+    ensure!(
+        unknown.code == Some(1) && unknown.stderr.contains("no-such-sandbox"),
+        "{unknown}"
+    );
+    Ok(())
+}
+
+#[test]
+fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_live()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let dir = tempfile::tempdir()?;
+    let logs = dir.path().join("logs");
+    let logs_s = logs.display().to_string();
+    let flag = format!("audit-dir={logs_s}");
+    let name = unique_name("audit-dir");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(
+        &["--runtime-flag", &flag],
+        &["--name", &name, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let log = logs.join(format!("{id}.jsonl"));
+    ensure!(log.exists(), "no log at {}", log.display());
+    ensure!(
+        !log_path(PODMAN_ROOT, &id).exists(),
+        "the log was also written to the default directory"
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&logs)?.permissions());
+    ensure!(mode & 0o777 == 0o700, "log dir mode {mode:o}");
+    // exec appends to the same file without the flag (the choice is saved at create).
+    sandbox().run_ok(&["exec", &name, "true"])?;
+    let dirf = ["--audit-dir", logs_s.as_str()];
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success() && v.stdout.contains("4 records"), "{v}");
+
+    // A live sandbox's log is never pruned.
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", &id]);
+    let refused = runtime_cmd(&args)?;
+    ensure!(
+        refused.code == Some(1) && refused.stderr.contains("is live") && log.exists(),
+        "{refused}"
+    );
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune"]);
+    let all = runtime_cmd(&args)?;
+    ensure!(
+        all.success() && log.exists() && all.stdout.contains("1 kept (sandbox live)"),
+        "{all}"
+    );
+
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let records = net::read_audit(&log)?;
+    ensure!(
+        records.last().is_some_and(|r| r["kind"] == "delete"),
+        "the log does not end with delete\n{}",
+        fs::read_to_string(&log)?
+    );
+    // Kept after delete; still readable and verifiable.
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success(), "{v}");
+    // Bad input changes nothing.
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", "--older-than", "5w"]);
+    let bad = runtime_cmd(&args)?;
+    ensure!(
+        bad.code == Some(1) && bad.stderr.contains("\"5w\"") && log.exists(),
+        "{bad}"
+    );
+    // Too recent for an hour's cut-off, then pruned.
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", "--older-than", "1h"]);
+    let recent = runtime_cmd(&args)?;
+    ensure!(recent.success() && log.exists(), "{recent}");
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", &id]);
+    let pruned = runtime_cmd(&args)?;
+    ensure!(pruned.success() && !log.exists(), "{pruned}");
+    Ok(())
+}
+
+/// A small tmpfs mounted by the test, unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        harness::run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+                .arg("tmpfs")
+                .arg(dir.path()),
+            DEFAULT_TIMEOUT,
+        )?;
+        Ok(Self { dir })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = harness::run(Command::new("umount").arg(self.dir.path()), DEFAULT_TIMEOUT);
+    }
+}
+
+#[test]
+fn full_audit_disk_refuses_execs_with_an_error_naming_the_log_and_loses_no_record()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let fs_ = Tmpfs::mount("256k")?;
+    let logs = fs_.dir.path().join("logs");
+    let logs_s = logs.display().to_string();
+    let flag = format!("audit-dir={logs_s}");
+    let name = unique_name("audit-full");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(
+        &["--runtime-flag", &flag],
+        &["--name", &name, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let log = logs.join(format!("{id}.jsonl"));
+    // Fill the file system (a write that stops at ENOSPC keeps what fit).
+    let filler = fs_.dir.path().join("filler");
+    let mut f = fs::File::create(&filler)?;
+    let chunk = vec![0u8; 4096];
+    let full = loop {
+        match std::io::Write::write_all(&mut f, &chunk) {
+            Ok(()) => continue,
+            Err(e) => break e,
+        }
+    };
+    ensure!(
+        full.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32),
+        "filling: {full}"
+    );
+    drop(f);
+    // The log's last page may still hold a record or two: exec until one is refused.
+    let dirf = ["--audit-dir", logs_s.as_str()];
+    let mut ran = 0;
+    let refused = loop {
+        let marker = format!("marker-{ran}");
+        let out = sandbox().run(&["exec", &name, "echo", &marker])?;
+        if !out.success() {
+            break out;
+        }
+        ensure!(out.stdout.contains(&marker), "{out}");
+        ran += 1;
+        ensure!(ran < 20, "20 execs succeeded on a full audit disk");
+    };
+    let text = format!("{}{}", refused.stdout, refused.stderr);
+    ensure!(
+        text.contains("audit log") && text.contains(&log.display().to_string()),
+        "the refusal does not name the log\n{refused}"
+    );
+    ensure!(!text.contains("marker-"), "the refused exec ran\n{refused}");
+    // Every exec that ran has its record; the refused one has none; the chain is intact.
+    let raw = fs::read_to_string(&log)?;
+    for i in 0..ran {
+        ensure!(
+            raw.contains(&format!("marker-{i}")),
+            "no record of exec {i}\n{raw}"
+        );
+    }
+    ensure!(
+        !raw.contains(&format!("marker-{ran}")),
+        "a record of the refused exec\n{raw}"
+    );
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success(), "{v}");
+    // Space back: execs work again and the log continues its chain.
+    fs::remove_file(&filler)?;
+    sandbox().run_ok(&["exec", &name, "echo", "after"])?;
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success(), "{v}");
+    let raw = fs::read_to_string(&log)?;
+    ensure!(
+        raw.contains("\"after\"") && raw.trim_end().ends_with('}'),
+        "{raw}"
+    );
+    drop(fs_);
+    Ok(())
+}
+
+#[test]
+fn log_survives_a_sigkilled_runtime_and_a_sigkilled_shim_and_still_verifies() -> anyhow::Result<()>
+{
+    // The runtime: a foreground `exec` waits for its process; SIGKILL it meanwhile.
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-kill");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let log = log_path(PODMAN_ROOT, &id);
+    let mut child = Command::new(harness::runtime_bin())
+        .args(["exec", &id, "sleep", "137"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut seen = false;
+    for _ in 0..100 {
+        if fs::read_to_string(&log)?.contains("\"137\"") {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill()?;
+    let status = child.wait()?;
+    ensure!(seen, "the exec record never appeared");
+    ensure!(
+        std::os::unix::process::ExitStatusExt::signal(&status) == Some(9),
+        "the runtime was not SIGKILLed: {status}"
+    );
+    let before = fs::read_to_string(&log)?;
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    sandbox().run_ok(&["exec", &name, "true"])?;
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let after = fs::read_to_string(&log)?;
+    ensure!(
+        after.starts_with(&before),
+        "records before the kill changed\n{after}"
+    );
+    let v = verifies(&[], &id)?;
+    ensure!(v.success() && after.contains("\"delete\""), "{v}\n{after}");
+
+    // The shim: SIGKILL it after an exec and its exit were recorded.
+    ctr::require_containerd()?;
+    let cid = ctr::unique_id("audit-shim");
+    let c = Container::start_detached(
+        Shim::AgentSandbox,
+        &[],
+        TOOLS_IMAGE,
+        &cid,
+        &["sleep", "600"],
+    )?;
+    c.wait_status("RUNNING", std::time::Duration::from_secs(30))?;
+    let exec = c.task_cmd(&["exec", "--exec-id", "before-kill"], &["true"])?;
+    ensure!(exec.success(), "{exec}");
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    let clog = log_path(&root, &cid);
+    let before = fs::read_to_string(&clog)?;
+    ensure!(
+        before.contains("before-kill"),
+        "no exit record of the exec\n{before}"
+    );
+    let shims = ctr::shim_pids(Shim::AgentSandbox, &cid);
+    ensure!(!shims.is_empty(), "no shim process for {cid}");
+    for pid in &shims {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(*pid)?),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+    }
+    let rootf = ["--root", root.as_str()];
+    let v = verifies(&rootf, &cid)?;
+    ensure!(v.success(), "{v}");
+    drop(c);
+    let after = fs::read_to_string(&clog)?;
+    ensure!(
+        after.starts_with(&before),
+        "records before the kill changed\n{after}"
+    );
+    let v = verifies(&rootf, &cid)?;
+    ensure!(v.success(), "after cleanup: {v}\n{after}");
+    // containerd cleans up after the dead shim with the shim's `delete` action, whose
+    // forced runtime delete SIGKILLs the init and records that.
+    let records = net::read_audit(&clog)?;
+    let init_exit = records
+        .iter()
+        .find(|r| r["kind"] == "exit" && r["data"]["process"] == "init")
+        .context(format!("no exit record of init\n{after}"))?;
+    ensure!(
+        init_exit["data"]["status"] == serde_json::json!({"signal": 9})
+            && init_exit["data"]["reaped_by"] == "delete --force"
+            && records.last().is_some_and(|r| r["kind"] == "delete"),
+        "{after}"
+    );
+    Ok(())
+}
