@@ -115,6 +115,14 @@ pub enum Command {
         netns: PathBuf,
         id: String,
     },
+    /// Internal: the host-side supervisor that answers and records a sandbox's denied syscalls
+    #[command(name = "seccomp-supervise", hide = true)]
+    SeccompSupervise {
+        /// The errno every denied syscall gets
+        #[arg(long)]
+        errno: i32,
+        id: String,
+    },
     /// Show a sandbox's audit trail (`audit ID [--json]`), check it (`audit verify ID`), or
     /// remove logs of deleted sandboxes (`audit prune [--older-than DUR] [ID]`)
     Audit {
@@ -428,6 +436,9 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Features => println!("{}", features_json()),
         Command::Proxy { netns, id } => {
             rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
+        }
+        Command::SeccompSupervise { errno, id } => {
+            rt()?.seccomp_supervise(&ContainerId::try_from(id.as_str())?, errno)?
         }
         Command::Audit {
             json,

@@ -257,6 +257,9 @@ pub fn report(
             "status": st,
         })
     });
+    let supervisor = std::fs::read_to_string(dirs.sandbox(id).join(crate::syscall_audit::PID_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
     let proxy_alive = applied
         .proxy_pid
         .map(|p| Path::new(&format!("/proc/{p}")).exists());
@@ -270,7 +273,12 @@ pub fn report(
         "readonly_rootfs": applied.readonly_rootfs,
         "no_new_privs": applied.no_new_privs,
         "capabilities": applied.capabilities,
-        "seccomp": applied.seccomp_bpf_instructions.map(|n| json!({"bpf_instructions": n})),
+        "seccomp": applied.seccomp_bpf_instructions.map(|n| json!({
+            "bpf_instructions": n,
+            "denials": "user notification, answered and recorded by the supervisor",
+            "supervisor_pid": supervisor,
+            "supervisor_alive": supervisor.map(|p| Path::new(&format!("/proc/{p}")).exists()),
+        })),
         "landlock": applied.landlock_kernel_abi.map(|abi| json!({"kernel_abi": abi, "enforcement": "fully enforced (required at apply)"})),
         "apparmor": applied.inactive.get("apparmor").map_or_else(
             || json!("not requested by the policy"),

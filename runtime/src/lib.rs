@@ -15,3 +15,4 @@ pub mod logging;
 pub mod mounts;
 pub mod paths;
 pub mod sandbox;
+pub mod syscall_audit;

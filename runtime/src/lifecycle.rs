@@ -81,6 +81,8 @@ pub enum LifecycleError {
     Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("layers record")]
     Layers(#[source] crate::layers::LayersError),
+    #[error("denied-syscall audit")]
+    SyscallAudit(#[source] crate::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
     #[error("cannot bring lo up in the sandbox network namespace")]
@@ -343,6 +345,8 @@ impl Runtime {
             })?;
 
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
+        let mut executor = prepared.executor;
+        self.notify_denials(id, &mut executor, &prepared.policy, true)?;
         let container = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
@@ -352,7 +356,7 @@ impl Runtime {
             })?
             .with_console_socket(opts.console_socket.as_ref())
             .with_preserved_fds(opts.preserve_fds)
-            .with_executor(prepared.executor)
+            .with_executor(executor)
             .as_init(&bundle)
             .with_systemd(false)
             .with_detach(true)
@@ -416,6 +420,7 @@ impl Runtime {
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
         let proxy = crate::egress::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();
         if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
@@ -568,6 +573,42 @@ impl Runtime {
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         crate::egress::serve(netns, &policy, &log, id.as_str()).map_err(LifecycleError::Egress)
+    }
+
+    /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor.
+    pub fn seccomp_supervise(&self, id: &ContainerId, errno: i32) -> Result<()> {
+        let arch = agent_sandbox_policy::seccomp::Arch::host()
+            .ok_or(crate::sandbox::SandboxError::NoArch)?;
+        let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        crate::syscall_audit::supervise(&self.dirs.sandbox(id), &log, id.as_str(), errno, arch)
+            .map_err(LifecycleError::SyscallAudit)
+    }
+
+    /// Turns the executor's seccomp layer into its user-notification form: starts the
+    /// sandbox's supervisor when `spawn` (create), then connects this process to it.
+    fn notify_denials(
+        &self,
+        id: &ContainerId,
+        executor: &mut crate::executor::SandboxExecutor,
+        policy: &SandboxPolicy,
+        spawn: bool,
+    ) -> Result<()> {
+        let Some(bpf) = executor.seccomp.clone() else {
+            return Ok(());
+        };
+        let sandbox_dir = self.dirs.sandbox(id);
+        let errno = policy.syscalls.errno.number();
+        if spawn {
+            crate::syscall_audit::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
+                .map_err(LifecycleError::SyscallAudit)?;
+        }
+        let supervisor =
+            crate::syscall_audit::connect(&sandbox_dir).map_err(LifecycleError::SyscallAudit)?;
+        executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
+            program: crate::syscall_audit::notify_program(&bpf, errno),
+            supervisor,
+        }));
+        Ok(())
     }
 
     /// `layers`: the protections in force for a sandbox (see [`crate::layers`]).
@@ -740,6 +781,7 @@ impl Runtime {
             .ok_or(LifecycleError::NotRunning)?;
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
+        self.notify_denials(id, &mut executor, &policy, false)?;
         let clamped = dir.join(format!("exec-{}.json", std::process::id()));
         write_json(&clamped, &process)?;
         let result = self

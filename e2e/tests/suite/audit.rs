@@ -55,6 +55,16 @@ struct Session {
     via_ctr: bool,
 }
 
+/// `probe keyctl` (an `add_key` call, outside the policy's allowlist) was refused with the
+/// policy's errno (EPERM), answered by the supervisor.
+fn denied_syscall_answered(out: &Output) -> anyhow::Result<()> {
+    ensure!(
+        out.success() && out.stdout.contains("\"blocked\"") && out.stdout.contains("(os error 1)"),
+        "add_key was not refused with EPERM\n{out}"
+    );
+    Ok(())
+}
+
 /// The memory limit sessions narrow the policy to (an annotation), so a hog is OOM-killed.
 const SESSION_MEMORY: &str = "io.agent.sandbox.memory=64M";
 
@@ -135,6 +145,8 @@ fn podman_session() -> anyhow::Result<Session> {
         workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
         "the sandbox wrote through to the host workspace"
     );
+    let sys = sandbox().run(&["exec", name.as_str(), harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&sys)?;
     let mut hog = vec!["exec", name.as_str()];
     hog.extend(HOG);
     let hog = sandbox().run(&hog)?;
@@ -246,6 +258,8 @@ fn ctr_session() -> anyhow::Result<Session> {
         workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
         "the sandbox wrote through to the host workspace"
     );
+    let sys = c.task_cmd(&["exec", "--exec-id", "sys"], &[harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&sys)?;
     let hog = c.task_cmd(&["exec", "--exec-id", "hog"], &HOG)?;
     ensure!(hog.code == Some(137), "the hog was not OOM-killed\n{hog}");
     c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
@@ -356,6 +370,18 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
         "no denied net record after the allowed one\n{}",
         dump()
     ))?;
+    let sys = find(r, deny, |v| {
+        v["kind"] == "syscall_denied" && v["data"]["syscall"] == "add_key"
+    })
+    .context(format!("no syscall_denied record of add_key\n{}", dump()))?;
+    let d = &r[sys]["data"];
+    ensure!(
+        d["comm"] == "probe"
+            && d["pid"].as_i64().is_some_and(|p| p > 0)
+            && d["exe"].as_str().is_some_and(|e| e.ends_with("/probe")),
+        "syscall_denied: {d}\n{}",
+        dump()
+    );
     let exited = exits_in_order(s, deny)?;
     let files =
         find(r, exited, kind("files_changed")).context(format!("no files_changed\n{}", dump()))?;
@@ -411,8 +437,21 @@ fn exits_in_order(s: &Session, from: usize) -> anyhow::Result<usize> {
             "exit of the tagged exec: {d}\n{}",
             dump()
         );
+        let sys = find(r, tool, exit_of("sys"))
+            .context(format!("no exit of the keyctl exec\n{}", dump()))?;
+        ensure!(
+            r[sys]["data"]["status"] == serde_json::json!({"code": 0}),
+            "exit of the keyctl exec: {}\n{}",
+            r[sys]["data"],
+            dump()
+        );
+        ensure!(
+            r[..sys].iter().any(|v| v["kind"] == "syscall_denied"),
+            "the keyctl exec ended before its syscall_denied record\n{}",
+            dump()
+        );
         let hog =
-            find(r, tool, exit_of("hog")).context(format!("no exit of the hog\n{}", dump()))?;
+            find(r, sys, exit_of("hog")).context(format!("no exit of the hog\n{}", dump()))?;
         let d = &r[hog]["data"];
         ensure!(
             d["status"] == serde_json::json!({"signal": 9}) && d["oom"] == true,
@@ -427,7 +466,7 @@ fn exits_in_order(s: &Session, from: usize) -> anyhow::Result<usize> {
             dump()
         );
         let n = r.iter().filter(|v| v["kind"] == "exit").count();
-        ensure!(n == 3, "{n} exit records, wanted 3\n{}", dump());
+        ensure!(n == 4, "{n} exit records, wanted 4\n{}", dump());
         Ok(init)
     } else {
         let init =
@@ -757,6 +796,7 @@ fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> any
         l["readonly_rootfs"] == true
             && l["no_new_privs"] == true
             && l["capabilities"] == serde_json::json!([])
+            && l["seccomp"]["supervisor_alive"] == true
             && l["seccomp"]["bpf_instructions"]
                 .as_u64()
                 .is_some_and(|n| n > 10)
@@ -1098,6 +1138,135 @@ fn log_survives_a_sigkilled_runtime_and_a_sigkilled_shim_and_still_verifies() ->
             && init_exit["data"]["reaped_by"] == "delete --force"
             && records.last().is_some_and(|r| r["kind"] == "delete"),
         "{after}"
+    );
+    Ok(())
+}
+
+/// Pid of the sandbox's denied-syscall supervisor (`seccomp-supervise ... ID`).
+fn supervisor_pid(id: &str) -> anyhow::Result<i32> {
+    let path = Path::new(PODMAN_ROOT)
+        .join("sandbox")
+        .join(id)
+        .join("seccomp-supervisor.pid");
+    let pid: i32 = fs::read_to_string(&path)
+        .with_context(|| format!("no {}", path.display()))?
+        .trim()
+        .parse()?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))?;
+    ensure!(
+        String::from_utf8_lossy(&cmdline).contains("seccomp-supervise"),
+        "pid {pid} is not the supervisor"
+    );
+    Ok(pid)
+}
+
+fn syscall_denials(log: &Path) -> anyhow::Result<Vec<Value>> {
+    Ok(net::read_audit(log)?
+        .into_iter()
+        .filter(|r| r["kind"] == "syscall_denied")
+        .collect())
+}
+
+#[test]
+fn denied_syscalls_are_answered_outside_the_sandbox_rate_limited_and_fail_closed()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-sys");
+    let _guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    // The init waits for /tmp/go, then makes one denied call (its output: `podman logs`).
+    let init_script = format!(
+        "while [ ! -e /tmp/go ]; do sleep 0.1; done; {} keyctl; sleep 600",
+        harness::PROBE
+    );
+    let id = podman_run_d(
+        &[],
+        &["--name", &name, TOOLS_IMAGE, "sh", "-c", &init_script],
+    )?;
+    let log = log_path(PODMAN_ROOT, &id);
+    let sup = supervisor_pid(&id)?;
+    // The supervisor is a host process: the host's pid and user namespaces, not the sandbox's.
+    let init = sandbox().run_ok(&["inspect", "--format", "{{.State.Pid}}", &name])?;
+    let init = init.stdout.trim();
+    let ns = |pid: &str, n: &str| fs::read_link(format!("/proc/{pid}/ns/{n}"));
+    for n in ["pid", "user", "mnt"] {
+        ensure!(
+            ns(&sup.to_string(), n)? == ns("self", n)? && ns(init, n)? != ns("self", n)?,
+            "the supervisor is not outside the sandbox's {n} namespace"
+        );
+    }
+    // A flood: 300 denied calls are all answered at once, and the log gets at most the
+    // burst (50) plus what the rate (10/s) refills meanwhile.
+    let mut flood = vec!["exec", name.as_str(), harness::PROBE];
+    flood.extend(std::iter::repeat_n("keyctl", 300));
+    let out = sandbox().run_ok(&flood)?;
+    let blocked = out.stdout.matches("(os error 1)").count();
+    ensure!(
+        blocked == 300,
+        "{blocked} of 300 calls refused with EPERM\n{out}"
+    );
+    let recorded = syscall_denials(&log)?.len();
+    let limit = 51 + usize::try_from(out.elapsed.as_millis() / 100 + 1)?;
+    ensure!(
+        (50..=limit).contains(&recorded),
+        "{recorded} syscall_denied records for 300 calls in {:.2?} (limit {limit})",
+        out.elapsed
+    );
+    // After a pause, the next record counts what the limit left out.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let one = sandbox().run_ok(&["exec", &name, harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&one)?;
+    let all = syscall_denials(&log)?;
+    let last = all.last().context("no records")?;
+    let total: u64 = all
+        .iter()
+        .map(|r| 1 + r["data"]["suppressed"].as_u64().unwrap_or(0))
+        .sum();
+    ensure!(
+        last["data"]["suppressed"].as_u64().is_some_and(|n| n > 0) && total >= 301,
+        "suppressed denials not counted: {total} in all\n{last}"
+    );
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    // Without the supervisor: a running process's denied call fails with ENOSYS (the
+    // kernel's answer when no listener is left), and no new exec starts.
+    sandbox().run_ok(&["exec", "-d", &name, "sh", "-c", "sleep 1; touch /tmp/go"])?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sup),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let mut logs = sandbox().run_ok(&["logs", &name])?;
+    for _ in 0..50 {
+        if logs.stdout.contains("keyctl") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        logs = sandbox().run_ok(&["logs", &name])?;
+    }
+    ensure!(
+        logs.stdout.contains("\"blocked\"") && logs.stdout.contains("(os error 38)"),
+        "add_key without the supervisor\n{logs}"
+    );
+    let refused = sandbox().run(&["exec", &name, "true"])?;
+    ensure!(
+        !refused.success() && refused.stderr.contains("seccomp supervisor"),
+        "an exec started without the supervisor\n{refused}"
+    );
+    // Baseline: the same call succeeds in a runc container without a seccomp filter.
+    let base = Podman::new(User::Root, Runtime::Runc).run_ok(&[
+        "run",
+        "--rm",
+        "--security-opt",
+        "seccomp=unconfined",
+        TOOLS_IMAGE,
+        harness::PROBE,
+        "keyctl",
+    ])?;
+    ensure!(
+        base.stdout.contains("\"allowed\""),
+        "runc baseline did not allow add_key\n{base}"
     );
     Ok(())
 }

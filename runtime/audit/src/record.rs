@@ -106,6 +106,12 @@ pub enum Event {
         pid: i32,
         /// Process command name.
         comm: String,
+        /// The process's executable (host view of `/proc/PID/exe`), when readable.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exe: Option<String>,
+        /// Denials left out by the writer's rate limit since the previous record.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        suppressed: u64,
     },
     /// Landlock (or another filesystem layer) refused an access.
     FsDenied {
@@ -171,6 +177,10 @@ impl ExitStatus {
             ExitStatus::Code(status)
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A network decision.

@@ -127,7 +127,18 @@ fn details(event: &Event) -> String {
             nr,
             pid,
             comm,
-        } => format!("{syscall} (nr {nr}) by pid {pid} ({comm})"),
+            exe,
+            suppressed,
+        } => {
+            let mut s = format!("{syscall} (nr {nr}) by pid {pid} ({comm})");
+            if let Some(exe) = exe {
+                let _ = write!(s, " {exe}");
+            }
+            if *suppressed > 0 {
+                let _ = write!(s, "; {suppressed} more not recorded (rate limit)");
+            }
+            s
+        }
         Event::FsDenied {
             path,
             access,

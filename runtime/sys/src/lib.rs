@@ -4,6 +4,7 @@
 
 pub mod landlock_abi;
 pub mod loopback;
+pub mod seccomp_notify;
 pub mod selfexec;
 
 pub use landlock_abi::landlock_abi;

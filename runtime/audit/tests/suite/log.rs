@@ -49,6 +49,8 @@ fn sample(i: u64) -> Event {
             nr: 101,
             pid: 4242,
             comm: "probe".into(),
+            exe: Some("/usr/local/bin/probe".into()),
+            suppressed: 0,
         },
         4 => Event::Exit {
             status: ExitStatus::Signal(9),
