@@ -266,6 +266,17 @@ pub fn supervise(
         .and_then(|(_dir, path)| UnixListener::bind(&path))
         .map_err(listen_err)
         .map_err(not_ready)?;
+    // Only the runtime's own user may connect (the sandbox dir is never mounted into a
+    // container; this is defence in depth against other host users).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            sandbox_dir.join(SOCKET),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .map_err(listen_err)
+        .map_err(not_ready)?;
+    }
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
     let mut streams: Vec<UnixStream> = Vec::new();
