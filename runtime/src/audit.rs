@@ -1,43 +1,156 @@
 //! The runtime's side of the audit trail: where each sandbox's log lives, and
-//! the records the runtime writes itself (create, exec, files_changed, delete).
-//! The proxy writes `net` records to the same log (see [`crate::egress`]).
+//! the records the runtime writes itself (create, exec, exit, files_changed,
+//! delete). The proxy writes `net` records to the same log (see [`crate::egress`]).
 //!
-//! Logs live in `<state root>/audit/<id>.jsonl`, apart from the per-container
-//! state, so they outlive `delete`. Nothing inside the sandbox can reach them: the
-//! state root is never mounted into a container.
+//! Logs live in `<state root>/audit/<id>.jsonl` unless `--audit-dir` /
+//! `AGENT_SANDBOX_AUDIT_DIR` names another directory at create; the directory
+//! chosen at create is saved in the sandbox dir, so exec, the proxy, the shim's
+//! exit hook and delete all append to the same file. Logs outlive `delete` until
+//! `audit prune` removes them; a live sandbox's log is never pruned. Nothing
+//! inside the sandbox can reach them: the log directory is created 0700 by
+//! host root and never mounted into a container.
+//!
+//! `exit` records: containerd's path reports them through the shim (which
+//! reaps the processes and runs the hidden `audit-exit` command before it
+//! publishes TaskExit). podman's conmon reaps the init and every exec itself and
+//! keeps their statuses, so for podman the runtime writes the init's `exit` at
+//! `delete` with status `unknown`, `reaped_by: "caller"`, and the OOM flag from
+//! the sandbox's memory cgroup, which it can read.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
-use agent_sandbox_audit::{AuditError, AuditLog, Event};
+use agent_sandbox_audit::{AuditError, AuditLog, Event, ExitStatus};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
 use libcontainer::oci_spec::runtime::{Process, Spec};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::id::ContainerId;
 use crate::mounts::WorkspaceOverlay;
 use crate::paths::StateDirs;
 
-/// The directory holding every sandbox's log.
+/// Environment variable naming the audit log directory (same as `--audit-dir`).
+pub const DIR_ENV: &str = "AGENT_SANDBOX_AUDIT_DIR";
+
+/// File in the sandbox dir holding the log directory chosen at create.
+const SAVED_DIR: &str = "audit-dir";
+/// File in the sandbox dir with what exit records need between calls.
+const STATE_FILE: &str = "audit-state.json";
+/// Dir in the sandbox dir: one file per detached exec pid, holding its tool-call id.
+const EXEC_TAGS: &str = "audit-exec";
+/// Dir in the log directory: one marker per live sandbox (content: its state root).
+const LIVE_DIR: &str = ".live";
+
+/// Errors of pruning logs.
+#[derive(Debug, thiserror::Error)]
+pub enum PruneError {
+    #[error("sandbox {id} is live; its audit log {path} is kept")]
+    Live { id: String, path: PathBuf },
+    #[error("sandbox {id} has no audit log at {path}")]
+    NoLog { id: String, path: PathBuf },
+    #[error("cannot read audit log directory {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot remove audit log {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--older-than {value:?}: {reason}")]
+    Duration { value: String, reason: &'static str },
+}
+
+/// The default directory holding every sandbox's log.
 pub fn dir(dirs: &StateDirs) -> PathBuf {
     dirs.root.join("audit")
 }
 
-/// The log of sandbox `id`, creating its directory (mode 0700) if needed.
-pub fn path(dirs: &StateDirs, id: &ContainerId) -> Result<PathBuf, AuditError> {
-    let dir = dir(dirs);
-    if !dir.exists() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|source| AuditError::Open {
-                path: dir.clone(),
-                source,
-            })?;
+/// The log directory of sandbox `id`: the one saved at its create, else
+/// `configured` (flag or env), else the default.
+pub fn dir_of(dirs: &StateDirs, id: &ContainerId, configured: Option<&Path>) -> PathBuf {
+    std::fs::read_to_string(dirs.sandbox(id).join(SAVED_DIR))
+        .ok()
+        .map(|s| PathBuf::from(s.trim_end_matches('\n')))
+        .or_else(|| configured.map(Path::to_path_buf))
+        .unwrap_or_else(|| dir(dirs))
+}
+
+fn mkdir_0700(dir: &Path) -> Result<(), AuditError> {
+    if dir.is_dir() {
+        return Ok(());
     }
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| AuditError::Open {
+            path: dir.to_owned(),
+            source,
+        })
+}
+
+/// The log of sandbox `id` (in the directory saved at create, else the
+/// default), creating its directory (mode 0700) if needed.
+pub fn path(dirs: &StateDirs, id: &ContainerId) -> Result<PathBuf, AuditError> {
+    let dir = dir_of(dirs, id, None);
+    mkdir_0700(&dir)?;
     agent_sandbox_audit::log_path(&dir, id.as_str())
+}
+
+/// Where `audit`, `audit verify` and `audit prune` look for `id`'s log (live or deleted).
+pub fn locate(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    configured: Option<&Path>,
+) -> Result<PathBuf, AuditError> {
+    agent_sandbox_audit::log_path(&dir_of(dirs, id, configured), id.as_str())
+}
+
+/// At create, before the first record: fixes the sandbox's log directory
+/// (`configured` or the default), creates it 0700, saves the choice in the
+/// sandbox dir and marks the sandbox live there (so `prune` keeps its log).
+pub fn init(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    configured: Option<&Path>,
+) -> Result<PathBuf, AuditError> {
+    let chosen = match configured {
+        Some(d) => std::path::absolute(d).map_err(|source| AuditError::Open {
+            path: d.to_owned(),
+            source,
+        })?,
+        None => dir(dirs),
+    };
+    mkdir_0700(&chosen)?;
+    let write = |path: PathBuf, text: &str| {
+        std::fs::write(&path, text).map_err(|source| AuditError::Open { path, source })
+    };
+    write(
+        dirs.sandbox(id).join(SAVED_DIR),
+        &chosen.display().to_string(),
+    )?;
+    let live = chosen.join(LIVE_DIR);
+    mkdir_0700(&live)?;
+    write(live.join(id.as_str()), &dirs.root.display().to_string())?;
+    agent_sandbox_audit::log_path(&chosen, id.as_str())
+}
+
+/// At the end of delete: the sandbox is no longer live.
+pub fn release(dirs: &StateDirs, id: &ContainerId) {
+    let marker = dir_of(dirs, id, None).join(LIVE_DIR).join(id.as_str());
+    if let Err(e) = std::fs::remove_file(&marker)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %marker.display(), error = %e, "cannot remove the live marker");
+    }
 }
 
 fn append(dirs: &StateDirs, id: &ContainerId, events: &[Event]) -> Result<(), AuditError> {
@@ -69,6 +182,16 @@ pub fn created(
     append(dirs, id, &events)
 }
 
+/// The tool-call id of a process: the sandbox's annotation, else the process env.
+fn tool_call_of(process: &Process, hardened: &Spec) -> Option<String> {
+    let env = process.env().clone().unwrap_or_default();
+    let annotation = hardened
+        .annotations()
+        .as_ref()
+        .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION));
+    agent_sandbox_audit::tool_call_id(annotation.map(String::as_str), &env)
+}
+
 /// The `exec` record of a process about to run in the sandbox (env keys only),
 /// tagged with the tool-call id from the sandbox's annotation or the process env.
 pub fn exec(
@@ -78,18 +201,188 @@ pub fn exec(
     hardened: &Spec,
 ) -> Result<(), AuditError> {
     let env = process.env().clone().unwrap_or_default();
-    let annotation = hardened
-        .annotations()
-        .as_ref()
-        .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION));
     let event = Event::exec(
         process.args().clone().unwrap_or_default(),
         &env,
         process.cwd().to_string_lossy().into_owned(),
         process.user().uid(),
-        agent_sandbox_audit::tool_call_id(annotation.map(String::as_str), &env),
+        tool_call_of(process, hardened),
     );
     append(dirs, id, &[event])
+}
+
+/// What `exit` records need between runtime invocations.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ExitState {
+    /// The sandbox's memory cgroup directory (host path), found from its init at create.
+    memory_cgroup: Option<PathBuf>,
+    /// OOM kills already attributed to an earlier `exit` record.
+    oom_seen: u64,
+    /// Whether the init's `exit` record is written.
+    init_exit_recorded: bool,
+}
+
+fn load_state(dirs: &StateDirs, id: &ContainerId) -> ExitState {
+    std::fs::read(dirs.sandbox(id).join(STATE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn save_state(dirs: &StateDirs, id: &ContainerId, st: &ExitState) {
+    let path = dirs.sandbox(id).join(STATE_FILE);
+    let tmp = path.with_extension("json.tmp");
+    let ok = serde_json::to_vec(st)
+        .ok()
+        .is_some_and(|b| std::fs::write(&tmp, b).is_ok() && std::fs::rename(&tmp, &path).is_ok());
+    if !ok {
+        tracing::warn!(path = %path.display(), "cannot save the audit exit state");
+    }
+}
+
+/// At create, once the init exists: remembers its memory cgroup for OOM
+/// accounting (the kill counter at that point is the baseline).
+pub fn track_init(dirs: &StateDirs, id: &ContainerId, init_pid: i32) {
+    let memory_cgroup = memory_cgroup_of(init_pid);
+    let oom_seen = memory_cgroup
+        .as_deref()
+        .and_then(oom_kills)
+        .unwrap_or_default();
+    save_state(
+        dirs,
+        id,
+        &ExitState {
+            memory_cgroup,
+            oom_seen,
+            init_exit_recorded: false,
+        },
+    );
+}
+
+/// The memory cgroup directory of `pid` as seen from the host (v1 `memory`
+/// controller, else the v2 unified hierarchy).
+pub fn memory_cgroup_of(pid: i32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    memory_cgroup_in(&text, Path::new("/sys/fs/cgroup"))
+}
+
+fn memory_cgroup_in(proc_cgroup: &str, root: &Path) -> Option<PathBuf> {
+    let mut v2 = None;
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if ctrls.split(',').any(|c| c == "memory") {
+            return Some(root.join("memory").join(rel));
+        }
+        if ctrls.is_empty() {
+            v2 = Some(root.join(rel));
+        }
+    }
+    v2.filter(|d| d.join("memory.events").exists())
+}
+
+/// The cgroup's OOM kill counter: `oom_kill` in v1 `memory.oom_control` or v2 `memory.events`.
+pub fn oom_kills(cgroup: &Path) -> Option<u64> {
+    ["memory.oom_control", "memory.events"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(cgroup.join(f)).ok())
+        .and_then(|text| parse_oom_kill(&text))
+}
+
+fn parse_oom_kill(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix("oom_kill ")
+            .and_then(|n| n.trim().parse().ok())
+    })
+}
+
+/// A detached exec started with host pid `pid`: remembers its tool-call id so
+/// its `exit` record carries it too.
+pub fn tag_exec(dirs: &StateDirs, id: &ContainerId, pid: i32, process: &Process, hardened: &Spec) {
+    let Some(tool_call) = tool_call_of(process, hardened) else {
+        return;
+    };
+    let dir = dirs.sandbox(id).join(EXEC_TAGS);
+    if let Err(e) = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join(pid.to_string()), tool_call))
+    {
+        tracing::warn!(id = %id, pid, error = %e, "cannot remember the exec's tool-call id");
+    }
+}
+
+/// One process's end, as its reaper reported it.
+#[derive(Debug, Clone)]
+pub struct ExitReport {
+    /// `init`, or the exec's id.
+    pub process: String,
+    pub pid: Option<i32>,
+    pub status: ExitStatus,
+    /// Who reaped it, when the status is not known here.
+    pub reaped_by: Option<String>,
+}
+
+/// Appends the `exit` record of one process: the OOM flag is set when the
+/// sandbox's memory cgroup counted kills since the previous `exit` record.
+pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result<(), AuditError> {
+    let mut st = load_state(dirs, id);
+    let kills = st.memory_cgroup.as_deref().and_then(oom_kills);
+    let oom = kills.is_some_and(|k| k > st.oom_seen);
+    let tool_call_id = report.pid.and_then(|pid| {
+        let f = dirs.sandbox(id).join(EXEC_TAGS).join(pid.to_string());
+        let tag = std::fs::read_to_string(&f).ok();
+        let _ = std::fs::remove_file(&f);
+        tag
+    });
+    append(
+        dirs,
+        id,
+        &[Event::Exit {
+            status: report.status,
+            oom,
+            tool_call_id,
+            process: Some(report.process.clone()),
+            pid: report.pid,
+            reaped_by: report.reaped_by.clone(),
+        }],
+    )?;
+    if let Some(k) = kills {
+        st.oom_seen = st.oom_seen.max(k);
+    }
+    if report.process == "init" {
+        st.init_exit_recorded = true;
+    }
+    save_state(dirs, id, &st);
+    Ok(())
+}
+
+/// At delete, before the cgroup goes: the init's `exit` record if no reaper
+/// reported one (podman: conmon reaped it, `Unknown` by `caller`; containerd
+/// after a dead shim: the forced delete's SIGKILL).
+pub fn init_exit_at_delete(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    init_pid: Option<i32>,
+    status: ExitStatus,
+    reaped_by: &str,
+) -> Result<(), AuditError> {
+    if load_state(dirs, id).init_exit_recorded
+        || !agent_sandbox_audit::log_path(&dir_of(dirs, id, None), id.as_str())?.exists()
+    {
+        return Ok(());
+    }
+    exited(
+        dirs,
+        id,
+        &ExitReport {
+            process: "init".to_owned(),
+            pid: init_pid,
+            status,
+            reaped_by: Some(reaped_by.to_owned()),
+        },
+    )
 }
 
 /// The closing records: what changed in the workspace overlay (if the sandbox
@@ -144,4 +437,282 @@ pub fn show(log: &Path, json: bool) -> Result<String, AuditError> {
     }
     let records = agent_sandbox_audit::read_records(log)?;
     Ok(agent_sandbox_audit::render_timeline(&records))
+}
+
+/// Parses `--older-than`: a number with `s`, `m`, `h` or `d` (`90m`, `7d`).
+pub fn parse_age(value: &str) -> Result<Duration, PruneError> {
+    let bad = |reason| PruneError::Duration {
+        value: value.to_owned(),
+        reason,
+    };
+    let split = value
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| bad("needs a unit: s, m, h or d"))?;
+    let (num, unit) = value.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad("must start with a number"))?;
+    let secs = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad("unit must be s, m, h or d")),
+    };
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| bad("too large"))
+}
+
+/// What `prune` did.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    pub removed: Vec<PathBuf>,
+    /// Logs kept because their sandbox is live.
+    pub live: Vec<PathBuf>,
+    /// Logs kept because they are newer than the cut-off.
+    pub recent: Vec<PathBuf>,
+}
+
+/// Whether the sandbox of `id`'s log in `dir` is live: it exists in this state
+/// root, or its live marker names a state root where it still exists.
+fn is_live(dirs: &StateDirs, dir: &Path, id: &str) -> bool {
+    if let Ok(cid) = ContainerId::try_from(id)
+        && (dirs.sandbox(&cid).exists() || dirs.container(&cid).exists())
+    {
+        return true;
+    }
+    match std::fs::read_to_string(dir.join(LIVE_DIR).join(id)) {
+        Ok(root) => {
+            let other = StateDirs::new(PathBuf::from(root.trim_end_matches('\n')));
+            ContainerId::try_from(id).map_or(true, |cid| {
+                other.sandbox(&cid).exists() || other.container(&cid).exists()
+            })
+        }
+        Err(_) => false,
+    }
+}
+
+/// Removes the logs in `dir` (or only `id`'s) whose sandbox is gone and that
+/// were last written more than `older_than` ago. A live sandbox's log is never
+/// removed; naming one is an error.
+pub fn prune(
+    dirs: &StateDirs,
+    dir: &Path,
+    older_than: Duration,
+    only: Option<&ContainerId>,
+) -> Result<Pruned, PruneError> {
+    let cutoff = SystemTime::now()
+        .checked_sub(older_than)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let ids: BTreeSet<String> = match only {
+        Some(id) => {
+            let path = dir.join(format!("{id}.jsonl"));
+            if !path.exists() {
+                return Err(PruneError::NoLog {
+                    id: id.to_string(),
+                    path,
+                });
+            }
+            if is_live(dirs, dir, id.as_str()) {
+                return Err(PruneError::Live {
+                    id: id.to_string(),
+                    path,
+                });
+            }
+            [id.to_string()].into()
+        }
+        None => std::fs::read_dir(dir)
+            .map_err(|source| PruneError::Read {
+                path: dir.to_owned(),
+                source,
+            })?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".jsonl"))
+                    .map(str::to_owned)
+            })
+            .collect(),
+    };
+    let mut out = Pruned::default();
+    for id in ids {
+        let path = dir.join(format!("{id}.jsonl"));
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        if is_live(dirs, dir, &id) {
+            out.live.push(path);
+            continue;
+        }
+        if meta.modified().is_ok_and(|m| m > cutoff) {
+            out.recent.push(path);
+            continue;
+        }
+        std::fs::remove_file(&path).map_err(|source| PruneError::Remove {
+            path: path.clone(),
+            source,
+        })?;
+        let _ = std::fs::remove_file(dir.join(LIVE_DIR).join(&id));
+        tracing::info!(path = %path.display(), "audit log pruned");
+        out.removed.push(path);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_cgroup_is_found_on_v1_and_v2() {
+        let v1 = "12:pids:/a\n9:memory:/libpod_parent/libpod-x\n0::/\n";
+        assert_eq!(
+            memory_cgroup_in(v1, Path::new("/sys/fs/cgroup")),
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/memory/libpod_parent/libpod-x"
+            ))
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("x")).unwrap();
+        assert_eq!(memory_cgroup_in("0::/x\n", dir.path()), None);
+        std::fs::write(dir.path().join("x/memory.events"), "oom_kill 0\n").unwrap();
+        assert_eq!(
+            memory_cgroup_in("0::/x\n", dir.path()),
+            Some(dir.path().join("x"))
+        );
+    }
+
+    #[test]
+    fn oom_kill_counter_is_parsed_from_v1_and_v2_files() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(parse_oom_kill(v1), Some(3));
+        assert_eq!(parse_oom_kill("low 0\noom 2\noom_kill 2\n"), Some(2));
+        assert_eq!(parse_oom_kill("oom_kill_disable 0\n"), None);
+    }
+
+    #[test]
+    fn ages_parse_with_units_and_errors_name_the_value() {
+        assert_eq!(parse_age("90m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_age("7d").unwrap(), Duration::from_secs(7 * 86_400));
+        assert_eq!(parse_age("0s").unwrap(), Duration::ZERO);
+        for bad in ["", "10", "d", "5w", "1.5h", "-1d"] {
+            let e = parse_age(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    fn fake_sandbox(root: &Path, id: &str) -> (StateDirs, ContainerId) {
+        let dirs = StateDirs::new(root.to_owned());
+        let id = ContainerId::try_from(id).unwrap();
+        std::fs::create_dir_all(dirs.sandbox(&id)).unwrap();
+        (dirs, id)
+    }
+
+    #[test]
+    fn prune_removes_old_logs_of_gone_sandboxes_and_never_a_live_one() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, live) = fake_sandbox(root.path(), "live1");
+        let logs = root.path().join("logs");
+        init(&dirs, &live, Some(&logs)).unwrap();
+        append(&dirs, &live, &[Event::Delete {}]).unwrap();
+        let (_, gone) = fake_sandbox(root.path(), "gone1");
+        init(&dirs, &gone, Some(&logs)).unwrap();
+        append(&dirs, &gone, &[Event::Delete {}]).unwrap();
+        release(&dirs, &gone);
+        std::fs::remove_dir_all(dirs.sandbox(&gone)).unwrap();
+
+        // Naming the live one is refused and changes nothing.
+        let e = prune(&dirs, &logs, Duration::ZERO, Some(&live)).unwrap_err();
+        assert!(matches!(e, PruneError::Live { .. }), "{e}");
+        // Too recent for an hour's cut-off.
+        let p = prune(&dirs, &logs, Duration::from_secs(3600), None).unwrap();
+        assert!(p.removed.is_empty() && p.recent.len() == 1 && p.live.len() == 1);
+        let p = prune(&dirs, &logs, Duration::ZERO, None).unwrap();
+        assert_eq!(p.removed, [logs.join("gone1.jsonl")]);
+        assert_eq!(p.live, [logs.join("live1.jsonl")]);
+        assert!(logs.join("live1.jsonl").exists() && !logs.join("gone1.jsonl").exists());
+
+        // A live marker from another state root keeps the log while that sandbox exists.
+        let other = tempfile::tempdir().unwrap();
+        let (odirs, oid) = fake_sandbox(other.path(), "elsewhere");
+        init(&odirs, &oid, Some(&logs)).unwrap();
+        append(&odirs, &oid, &[Event::Delete {}]).unwrap();
+        let e = prune(&dirs, &logs, Duration::ZERO, Some(&oid)).unwrap_err();
+        assert!(matches!(e, PruneError::Live { .. }), "{e}");
+        // Once that sandbox is gone (even if its marker was left behind), it can go.
+        std::fs::remove_dir_all(odirs.sandbox(&oid)).unwrap();
+        let p = prune(&dirs, &logs, Duration::ZERO, Some(&oid)).unwrap();
+        assert_eq!(p.removed, [logs.join("elsewhere.jsonl")]);
+        let e = prune(&dirs, &logs, Duration::ZERO, Some(&oid)).unwrap_err();
+        assert!(matches!(e, PruneError::NoLog { .. }), "{e}");
+    }
+
+    #[test]
+    fn exit_records_take_the_oom_counter_delta_and_the_exec_tag_once() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, id) = fake_sandbox(root.path(), "ex1");
+        let log = init(&dirs, &id, None).unwrap();
+        let cg = root.path().join("cg");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(cg.join("memory.oom_control"), "oom_kill 1\n").unwrap();
+        save_state(
+            &dirs,
+            &id,
+            &ExitState {
+                memory_cgroup: Some(cg.clone()),
+                oom_seen: 1,
+                init_exit_recorded: false,
+            },
+        );
+        let mut p = Process::default();
+        p.set_env(Some(vec![format!(
+            "{}=toolu_e",
+            agent_sandbox_audit::TOOL_CALL_ENV
+        )]));
+        tag_exec(&dirs, &id, 77, &p, &Spec::default());
+        let report = |process: &str, pid| ExitReport {
+            process: process.into(),
+            pid: Some(pid),
+            status: ExitStatus::Signal(9),
+            reaped_by: None,
+        };
+        exited(&dirs, &id, &report("e1", 77)).unwrap();
+        std::fs::write(cg.join("memory.oom_control"), "oom_kill 2\n").unwrap();
+        exited(&dirs, &id, &report("e1", 77)).unwrap();
+        exited(&dirs, &id, &report("init", 1)).unwrap();
+        init_exit_at_delete(&dirs, &id, Some(1), ExitStatus::Unknown, "caller").unwrap();
+        let recs = agent_sandbox_audit::read_records(&log).unwrap();
+        let got: Vec<(bool, Option<String>)> = recs
+            .iter()
+            .map(|r| match &r.event {
+                Event::Exit {
+                    oom, tool_call_id, ..
+                } => (*oom, tool_call_id.clone()),
+                e => panic!("unexpected {e:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [(false, Some("toolu_e".into())), (true, None), (false, None)]
+        );
+    }
+
+    #[test]
+    fn delete_writes_an_unknown_init_exit_only_when_no_reaper_did() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, id) = fake_sandbox(root.path(), "ex2");
+        let log = init(&dirs, &id, None).unwrap();
+        append(&dirs, &id, &[Event::Delete {}]).unwrap();
+        init_exit_at_delete(&dirs, &id, Some(5), ExitStatus::Unknown, "caller").unwrap();
+        init_exit_at_delete(&dirs, &id, Some(5), ExitStatus::Unknown, "caller").unwrap();
+        let recs = agent_sandbox_audit::read_records(&log).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert!(matches!(
+            &recs[1].event,
+            Event::Exit { status: ExitStatus::Unknown, reaped_by: Some(r), .. } if r == "caller"
+        ));
+    }
 }

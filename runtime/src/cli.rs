@@ -35,6 +35,9 @@ pub struct Cli {
     /// Policy file that overrides the profile for every container (admin only)
     #[arg(long, global = true, env = "AGENT_SANDBOX_POLICY")]
     pub policy: Option<PathBuf>,
+    /// Directory for new sandboxes' audit logs (default: ROOT/audit); kept after delete
+    #[arg(long = "audit-dir", global = true, env = "AGENT_SANDBOX_AUDIT_DIR")]
+    pub audit_dir: Option<PathBuf>,
     /// Print the version
     #[arg(short = 'v', long = "version")]
     pub version: bool,
@@ -112,15 +115,42 @@ pub enum Command {
         netns: PathBuf,
         id: String,
     },
-    /// Show a sandbox's audit trail (`audit ID [--json]`) or check it (`audit verify ID`)
+    /// Internal: the host-side supervisor that answers and records a sandbox's denied syscalls
+    #[command(name = "seccomp-supervise", hide = true)]
+    SeccompSupervise {
+        /// The errno every denied syscall gets
+        #[arg(long)]
+        errno: i32,
+        id: String,
+    },
+    /// Show a sandbox's audit trail (`audit ID [--json]`), check it (`audit verify ID`), or
+    /// remove logs of deleted sandboxes (`audit prune [--older-than DUR] [ID]`)
     Audit {
         /// Print the records as JSON lines (for jq)
         #[arg(long)]
         json: bool,
-        /// `ID`, or `verify ID`
+        /// prune: only logs last written longer ago than this (e.g. 90m, 7d; default 0s)
+        #[arg(long = "older-than")]
+        older_than: Option<String>,
+        /// `ID`, `verify ID`, `prune` or `prune ID`
         #[arg(num_args = 1..=2, value_name = "ID")]
         args: Vec<String>,
     },
+    /// Internal: the shim reports a reaped process of the sandbox (appends an `exit` record)
+    #[command(name = "audit-exit", hide = true)]
+    AuditExit {
+        /// `init` or the exec's id
+        #[arg(long, default_value = "init")]
+        process: String,
+        #[arg(long)]
+        pid: Option<i32>,
+        /// The status as the reaper folds it (128 + N for signal N)
+        #[arg(long)]
+        status: i32,
+        id: String,
+    },
+    /// Print which protections are in force for a sandbox, as JSON
+    Layers { id: String },
     /// List what a sandbox changed in its workspace overlay (A added, M modified, D deleted,
     /// O opaque dir), before `delete` discards it
     Diff { id: String },
@@ -240,12 +270,16 @@ pub enum CliError {
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
     #[error("no command given (try --help)")]
     NoCommand,
-    #[error("audit takes ID or verify ID, not {args:?}")]
+    #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
     AuditArgs { args: Vec<String> },
     #[error("sandbox {id} has no audit log at {path}")]
     NoAuditLog { id: String, path: PathBuf },
     #[error("audit trail")]
     Audit(#[from] agent_sandbox_audit::AuditError),
+    #[error("audit prune")]
+    Prune(#[from] crate::audit::PruneError),
+    #[error("--older-than only goes with audit prune")]
+    OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error("--user {value:?} is not UID[:GID]")]
@@ -335,7 +369,13 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         tracing::warn!("--systemd-cgroup ignored: cgroupfs is used (no systemd on this host)");
     }
     let command = cli.command.ok_or(CliError::NoCommand)?;
-    let rt = || Runtime::new(cli.root.as_deref());
+    let audit_dir = cli.audit_dir.clone();
+    let rt = || {
+        Runtime::new(cli.root.as_deref()).map(|mut r| {
+            r.audit_dir = audit_dir.clone();
+            r
+        })
+    };
     match command {
         Command::Create(a) => {
             let id = ContainerId::try_from(a.id.as_str())?;
@@ -418,7 +458,43 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Proxy { netns, id } => {
             rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
         }
-        Command::Audit { json, args } => {
+        Command::SeccompSupervise { errno, id } => {
+            rt()?.seccomp_supervise(&ContainerId::try_from(id.as_str())?, errno)?
+        }
+        Command::Audit {
+            json,
+            older_than,
+            args,
+        } => {
+            if args.first().is_some_and(|a| a == "prune") && args.len() <= 2 {
+                let runtime = rt()?;
+                let age = crate::audit::parse_age(older_than.as_deref().unwrap_or("0s"))?;
+                let only = match args.get(1) {
+                    Some(id) => Some(ContainerId::try_from(id.as_str())?),
+                    None => None,
+                };
+                let dir = match &only {
+                    Some(id) => crate::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
+                    None => cli
+                        .audit_dir
+                        .clone()
+                        .unwrap_or_else(|| crate::audit::dir(&runtime.dirs)),
+                };
+                let p = crate::audit::prune(&runtime.dirs, &dir, age, only.as_ref())?;
+                for path in &p.removed {
+                    println!("removed {}", path.display());
+                }
+                println!(
+                    "{} removed, {} kept (sandbox live), {} kept (newer than the cut-off)",
+                    p.removed.len(),
+                    p.live.len(),
+                    p.recent.len()
+                );
+                return Ok(Outcome::Exit(0));
+            }
+            if older_than.is_some() {
+                return Err(CliError::OlderThanWithoutPrune);
+            }
             let (verify, id) = match args.as_slice() {
                 [id] => (false, id),
                 [verb, id] if verb == "verify" => (true, id),
@@ -426,7 +502,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             };
             let id = ContainerId::try_from(id.as_str())?;
             let runtime = rt()?;
-            let log = crate::audit::path(&runtime.dirs, &id)?;
+            let log = crate::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
             if !log.exists() {
                 return Err(CliError::NoAuditLog {
                     id: id.to_string(),
@@ -444,6 +520,35 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             } else {
                 print!("{}", crate::audit::show(&log, json)?);
             }
+        }
+        Command::AuditExit {
+            process,
+            pid,
+            status,
+            id,
+        } => {
+            let id = ContainerId::try_from(id.as_str())?;
+            let runtime = rt()?;
+            if !runtime.dirs.sandbox(&id).exists() {
+                return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
+            }
+            crate::audit::exited(
+                &runtime.dirs,
+                &id,
+                &crate::audit::ExitReport {
+                    process,
+                    pid,
+                    status: agent_sandbox_audit::ExitStatus::from_folded(status),
+                    reaped_by: None,
+                },
+            )?;
+        }
+        Command::Layers { id } => {
+            let report = rt()?.layers(&ContainerId::try_from(id.as_str())?)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).unwrap_or_default()
+            );
         }
         Command::Diff { id } => {
             let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;

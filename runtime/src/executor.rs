@@ -24,6 +24,30 @@ pub struct SandboxExecutor {
     pub landlock: Option<Arc<dyn LandlockApply>>,
     /// For exec'd processes: the container's user namespace to join.
     pub join_userns: Option<Arc<JoinUserns>>,
+    /// Audit of denied syscalls: install the filter in its user-notification form and hand
+    /// the listener to the supervisor (see [`crate::syscall_audit`]) instead of `seccomp`.
+    pub notify: Option<Arc<NotifyFilter>>,
+}
+
+/// The seccomp filter whose denials go to the supervisor, and the stream to send its
+/// listener over (connected by the runtime before forking).
+pub struct NotifyFilter {
+    pub program: Vec<agent_sandbox_sys::seccomp_notify::Instruction>,
+    pub supervisor: std::os::fd::OwnedFd,
+}
+
+impl NotifyFilter {
+    /// Installs the filter, sends its listener to the supervisor and closes this process's
+    /// copies, so the workload never holds the listener. Any failure aborts the start.
+    fn apply(&self) -> Result<(), String> {
+        use agent_sandbox_sys::seccomp_notify;
+        use std::os::fd::AsFd;
+        let listener = seccomp_notify::install_with_listener(&self.program)
+            .map_err(|e| format!("install filter: {e}"))?;
+        seccomp_notify::send_fd(self.supervisor.as_fd(), listener.as_fd())
+            .map_err(|e| format!("hand the listener to the supervisor: {e}"))?;
+        Ok(())
+    }
 }
 
 /// libcontainer's exec (tenant) path joins every namespace of the container
@@ -87,7 +111,12 @@ impl Executor for SandboxExecutor {
                 .apply()
                 .map_err(|e| ExecutorError::Other(format!("landlock layer: {e}")))?;
         }
-        if let Some(bpf) = &self.seccomp {
+        if let Some(notify) = &self.notify {
+            notify
+                .apply()
+                .map_err(|e| ExecutorError::Other(format!("seccomp layer: {e}")))?;
+            // The listener was dropped in `apply`; the supervisor stream is close-on-exec.
+        } else if let Some(bpf) = &self.seccomp {
             seccompiler::apply_filter(bpf)
                 .map_err(|e| ExecutorError::Other(format!("seccomp layer: {e}")))?;
         }

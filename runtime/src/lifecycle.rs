@@ -81,6 +81,10 @@ pub enum LifecycleError {
     Egress(#[source] crate::egress::EgressError),
     #[error("audit trail")]
     Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("layers record")]
+    Layers(#[source] crate::layers::LayersError),
+    #[error("denied-syscall audit")]
+    SyscallAudit(#[source] crate::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
     #[error("cannot bring lo up in the sandbox network namespace")]
@@ -152,6 +156,8 @@ pub struct ExecOpts {
 /// The runtime, bound to one state root.
 pub struct Runtime {
     pub dirs: StateDirs,
+    /// `--audit-dir` / `AGENT_SANDBOX_AUDIT_DIR`: where new sandboxes' logs go.
+    pub audit_dir: Option<PathBuf>,
 }
 
 fn record_path(dirs: &StateDirs, id: &ContainerId) -> PathBuf {
@@ -192,7 +198,10 @@ fn status_name(s: ContainerStatus) -> &'static str {
 impl Runtime {
     pub fn new(root: Option<&Path>) -> Result<Self> {
         let dirs = StateDirs::new(paths::state_root(root)?);
-        Ok(Self { dirs })
+        Ok(Self {
+            dirs,
+            audit_dir: None,
+        })
     }
 
     fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
@@ -289,6 +298,8 @@ impl Runtime {
             }
         };
         mounts::mkdir_traversable(&sandbox_dir)?;
+        crate::audit::init(&self.dirs, id, self.audit_dir.as_deref())
+            .map_err(LifecycleError::Audit)?;
         let mut record = SandboxRecord {
             id: id.as_str().to_owned(),
             bundle: opts.bundle.clone(),
@@ -352,6 +363,9 @@ impl Runtime {
                 source,
             })?;
 
+        let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
+        let mut executor = prepared.executor;
+        self.notify_denials(id, &mut executor, &prepared.policy, true)?;
         let container = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
@@ -361,7 +375,7 @@ impl Runtime {
             })?
             .with_console_socket(opts.console_socket.as_ref())
             .with_preserved_fds(opts.preserve_fds)
-            .with_executor(prepared.executor)
+            .with_executor(executor)
             .as_init(&bundle)
             .with_systemd(false)
             .with_detach(true)
@@ -372,16 +386,20 @@ impl Runtime {
                 source,
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
+        crate::audit::track_init(&self.dirs, id, pid);
         // A pod member shares its pod's network namespace: lo and the egress proxy came
         // with the pod's sandbox container, whose namespaces are pinned for the members.
+        let mut proxy_pid = None;
         if member.is_none() {
             agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
             if role == crate::pod::Role::Sandbox {
                 crate::pod::pin_sandbox(&sandbox_dir, &mount_dir, pid)?;
             }
             if crate::egress::wanted(&prepared.policy) {
-                crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
-                    .map_err(LifecycleError::Egress)?;
+                proxy_pid = Some(
+                    crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
+                        .map_err(LifecycleError::Egress)?,
+                );
             }
         }
         crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
@@ -402,6 +420,17 @@ impl Runtime {
         {
             crate::sandbox::verify_cgroups(&spec, id)?;
         }
+        crate::layers::record_create(
+            &sandbox_dir,
+            &ids,
+            &spec,
+            seccomp_len,
+            &prepared.policy,
+            &prepared.plan,
+            proxy_pid,
+            pid,
+        )
+        .map_err(LifecycleError::Layers)?;
         tracing::info!(
             id = %id,
             pid,
@@ -416,11 +445,13 @@ impl Runtime {
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
         let proxy = crate::egress::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();
         if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
+        crate::audit::release(&self.dirs, id);
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
             && let Ok(pid) = text.trim().parse::<i32>()
         {
@@ -569,6 +600,50 @@ impl Runtime {
         crate::egress::serve(netns, &policy, &log, id.as_str()).map_err(LifecycleError::Egress)
     }
 
+    /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor.
+    pub fn seccomp_supervise(&self, id: &ContainerId, errno: i32) -> Result<()> {
+        let arch = agent_sandbox_policy::seccomp::Arch::host()
+            .ok_or(crate::sandbox::SandboxError::NoArch)?;
+        let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        crate::syscall_audit::supervise(&self.dirs.sandbox(id), &log, id.as_str(), errno, arch)
+            .map_err(LifecycleError::SyscallAudit)
+    }
+
+    /// Turns the executor's seccomp layer into its user-notification form: starts the
+    /// sandbox's supervisor when `spawn` (create), then connects this process to it.
+    fn notify_denials(
+        &self,
+        id: &ContainerId,
+        executor: &mut crate::executor::SandboxExecutor,
+        policy: &SandboxPolicy,
+        spawn: bool,
+    ) -> Result<()> {
+        let Some(bpf) = executor.seccomp.clone() else {
+            return Ok(());
+        };
+        let sandbox_dir = self.dirs.sandbox(id);
+        let errno = policy.syscalls.errno.number();
+        if spawn {
+            crate::syscall_audit::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
+                .map_err(LifecycleError::SyscallAudit)?;
+        }
+        let supervisor =
+            crate::syscall_audit::connect(&sandbox_dir).map_err(LifecycleError::SyscallAudit)?;
+        executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
+            program: crate::syscall_audit::notify_program(&bpf, errno),
+            supervisor,
+        }));
+        Ok(())
+    }
+
+    /// `layers`: the protections in force for a sandbox (see [`crate::layers`]).
+    pub fn layers(&self, id: &ContainerId) -> Result<serde_json::Value> {
+        let c = self.load(id)?;
+        let pid = c.pid().map(|p| p.as_raw());
+        crate::layers::report(&self.dirs, id, status_name(c.status()), pid)
+            .map_err(LifecycleError::Layers)
+    }
+
     /// `pause` (`freeze = true`) and `resume`.
     pub fn pause(&self, id: &ContainerId, freeze: bool) -> Result<()> {
         let mut c = self.load(id)?;
@@ -628,6 +703,7 @@ impl Runtime {
     pub fn delete(&self, id: &ContainerId, force: bool) -> Result<()> {
         match self.load(id) {
             Ok(mut c) => {
+                self.audit_init_exit(id, &c, force);
                 if !force
                     && !matches!(
                         c.status(),
@@ -688,6 +764,22 @@ impl Runtime {
         }
     }
 
+    /// The init's `exit` record at delete, while its cgroup (and OOM counter)
+    /// still exists, unless its reaper reported it already: a stopped init was
+    /// reaped by the caller (status unknown here); a live one is about to be
+    /// SIGKILLed by this forced delete (e.g. containerd cleaning up after a dead shim).
+    fn audit_init_exit(&self, id: &ContainerId, c: &Container, force: bool) {
+        let (status, reaped_by) = match c.status() {
+            ContainerStatus::Stopped => (agent_sandbox_audit::ExitStatus::Unknown, "caller"),
+            _ if force => (agent_sandbox_audit::ExitStatus::Signal(9), "delete --force"),
+            _ => return,
+        };
+        let pid = c.pid().map(|p| p.as_raw());
+        if let Err(e) = crate::audit::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by) {
+            tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
+        }
+    }
+
     /// `exec`: runs a process in the sandbox, clamped like the init and under
     /// the same seccomp filter and Landlock rules. Returns the exit code when
     /// not detached.
@@ -705,6 +797,7 @@ impl Runtime {
         let mut process = crate::sandbox::harden_exec(process, &policy)?;
         crate::egress::inject_env(&mut process, &policy);
         crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
+        let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
         let init_pid = c
@@ -713,6 +806,7 @@ impl Runtime {
             .ok_or(LifecycleError::NotRunning)?;
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
+        self.notify_denials(id, &mut executor, &policy, false)?;
         let clamped = dir.join(format!("exec-{}.json", std::process::id()));
         write_json(&clamped, &process)?;
         let result = self
@@ -729,9 +823,26 @@ impl Runtime {
         let _ = std::fs::remove_file(&clamped);
         let pid = result.map_err(|source| LifecycleError::Exec { source })?;
         if opts.detach {
+            crate::audit::tag_exec(&self.dirs, id, pid.as_raw(), &process_for_audit, &hardened);
             return Ok(None);
         }
-        wait_exit(pid.as_raw()).map(Some)
+        let status = wait_exit(pid.as_raw())?;
+        crate::audit::exited(
+            &self.dirs,
+            id,
+            &crate::audit::ExitReport {
+                process: "exec".to_owned(),
+                pid: Some(pid.as_raw()),
+                status,
+                reaped_by: None,
+            },
+        )
+        .map_err(LifecycleError::Audit)?;
+        Ok(Some(match status {
+            agent_sandbox_audit::ExitStatus::Code(c) => c,
+            agent_sandbox_audit::ExitStatus::Signal(n) => 128 + n,
+            agent_sandbox_audit::ExitStatus::Unknown => 255,
+        }))
     }
 
     /// `ps`: the pids in the container's cgroup.
@@ -869,13 +980,14 @@ fn inline_process(c: &Container, opts: &ExecOpts) -> Result<Process> {
     Ok(p)
 }
 
-fn wait_exit(pid: i32) -> Result<i32> {
+fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
+    use agent_sandbox_audit::ExitStatus;
     use nix::sys::wait::{WaitStatus, waitpid};
     let p = nix::unistd::Pid::from_raw(pid);
     loop {
         match waitpid(p, None) {
-            Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitStatus::Code(code)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(ExitStatus::Signal(sig as i32)),
             Ok(_) => continue,
             Err(nix::Error::EINTR) => continue,
             Err(source) => return Err(LifecycleError::Wait { pid, source }),

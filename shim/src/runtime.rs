@@ -182,6 +182,28 @@ impl Runtime {
         self.run("update", &args, None, false).await.map(drop)
     }
 
+    /// Audit trail: `audit-exit --process init|EXEC_ID --pid PID --status CODE ID`, the
+    /// runtime's `exit` record of a process this shim reaped (`code` as the reaper folds it:
+    /// 128 + N for signal N). A failure is logged, never returned: the exit must still reach
+    /// containerd.
+    pub async fn audit_exit(&self, id: &str, exec_id: &str, pid: u32, code: u32) {
+        let (pid, code) = (pid.to_string(), code.to_string());
+        let process = if exec_id.is_empty() { "init" } else { exec_id };
+        let args = [
+            "audit-exit",
+            "--process",
+            process,
+            "--pid",
+            &pid,
+            "--status",
+            &code,
+            id,
+        ];
+        if let Err(e) = self.simple("audit-exit", &args).await {
+            log::error!("audit exit record of {id}/{process} pid {pid}: {e}");
+        }
+    }
+
     /// `ps --format json ID`: the pids of every process in the container.
     pub async fn ps(&self, id: &str) -> Result<Vec<u32>, RuntimeError> {
         let args: [&OsStr; 4] = [

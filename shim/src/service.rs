@@ -431,19 +431,23 @@ impl TaskService {
 
     /// Records an exit (after the terminal's output is drained) and publishes TaskExit.
     async fn finish_exit(&self, cid: &str, exec_id: &str, exit: Exit) {
-        let drain = {
+        let (drain, audit) = {
             let mut st = self.inner.state.lock().await;
-            let Ok(p) = st
-                .container_mut(cid)
-                .and_then(|c| c.process_mut(cid, exec_id))
-            else {
+            let Ok(c) = st.container_mut(cid) else {
                 return;
             };
-            p.copies.output_watch()
+            let runtime = c.runtime.clone();
+            let Ok(p) = c.process_mut(cid, exec_id) else {
+                return;
+            };
+            (p.copies.output_watch(), (runtime, p.pid))
         };
         if let Some(mut rx) = drain {
             let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
         }
+        // Audit trail: the runtime appends the `exit` record before containerd hears of the
+        // exit (so it precedes the `delete` record). Outside the state lock.
+        audit.0.audit_exit(cid, exec_id, audit.1, exit.code).await;
         let mut st = self.inner.state.lock().await;
         if exec_id.is_empty()
             && let Ok(c) = st.container(cid)

@@ -51,7 +51,25 @@ struct Session {
     tool_call: String,
     registry_port: u16,
     collector_port: u16,
+    /// Through containerd (the shim reports exits) rather than podman (conmon reaps).
+    via_ctr: bool,
 }
+
+/// `probe keyctl` (an `add_key` call, outside the policy's allowlist) was refused with the
+/// policy's errno (EPERM), answered by the supervisor.
+fn denied_syscall_answered(out: &Output) -> anyhow::Result<()> {
+    ensure!(
+        out.success() && out.stdout.contains("\"blocked\"") && out.stdout.contains("(os error 1)"),
+        "add_key was not refused with EPERM\n{out}"
+    );
+    Ok(())
+}
+
+/// The memory limit sessions narrow the policy to (an annotation), so a hog is OOM-killed.
+const SESSION_MEMORY: &str = "io.agent.sandbox.memory=64M";
+
+/// An exec that allocates far beyond [`SESSION_MEMORY`].
+const HOG: [&str; 3] = [harness::PROBE, "hog", "256"];
 
 /// Runs a whole session: create (with a secret env value and a workspace
 /// bind), one tagged exec doing an allowed fetch, a denied post and file
@@ -92,6 +110,8 @@ fn podman_session() -> anyhow::Result<Session> {
         &format!("AUDIT_SECRET={secret}"),
         "-v",
         &format!("{}:/workspace", workspace.display()),
+        "--annotation",
+        SESSION_MEMORY,
         TOOLS_IMAGE,
         "sleep",
         "600",
@@ -125,6 +145,12 @@ fn podman_session() -> anyhow::Result<Session> {
         workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
         "the sandbox wrote through to the host workspace"
     );
+    let sys = sandbox().run(&["exec", name.as_str(), harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&sys)?;
+    let mut hog = vec!["exec", name.as_str()];
+    hog.extend(HOG);
+    let hog = sandbox().run(&hog)?;
+    ensure!(hog.code == Some(137), "the hog was not OOM-killed\n{hog}");
     sandbox().run_ok(&["stop", "-t", "1", &name])?;
     sandbox().run_ok(&["rm", &name])?;
     drop(guard);
@@ -140,6 +166,7 @@ fn podman_session() -> anyhow::Result<Session> {
         tool_call,
         registry_port: registry.port(),
         collector_port: collector.port(),
+        via_ctr: false,
     })
 }
 
@@ -207,6 +234,8 @@ fn ctr_session() -> anyhow::Result<Session> {
                 "type=bind,src={},dst=/workspace,options=rbind:rw",
                 workspace.display()
             ),
+            "--annotation",
+            SESSION_MEMORY,
         ],
         TOOLS_IMAGE,
         &id,
@@ -229,6 +258,10 @@ fn ctr_session() -> anyhow::Result<Session> {
         workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
         "the sandbox wrote through to the host workspace"
     );
+    let sys = c.task_cmd(&["exec", "--exec-id", "sys"], &[harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&sys)?;
+    let hog = c.task_cmd(&["exec", "--exec-id", "hog"], &HOG)?;
+    ensure!(hog.code == Some(137), "the hog was not OOM-killed\n{hog}");
     c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
     c.wait_status("STOPPED", std::time::Duration::from_secs(30))?;
     let del = c.task_cmd(&["delete"], &[])?;
@@ -247,6 +280,7 @@ fn ctr_session() -> anyhow::Result<Session> {
         tool_call,
         registry_port: registry.port(),
         collector_port: collector.port(),
+        via_ctr: true,
     })
 }
 
@@ -336,8 +370,21 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
         "no denied net record after the allowed one\n{}",
         dump()
     ))?;
+    let sys = find(r, deny, |v| {
+        v["kind"] == "syscall_denied" && v["data"]["syscall"] == "add_key"
+    })
+    .context(format!("no syscall_denied record of add_key\n{}", dump()))?;
+    let d = &r[sys]["data"];
+    ensure!(
+        d["comm"] == "probe"
+            && d["pid"].as_i64().is_some_and(|p| p > 0)
+            && d["exe"].as_str().is_some_and(|e| e.ends_with("/probe")),
+        "syscall_denied: {d}\n{}",
+        dump()
+    );
+    let exited = exits_in_order(s, deny)?;
     let files =
-        find(r, deny, kind("files_changed")).context(format!("no files_changed\n{}", dump()))?;
+        find(r, exited, kind("files_changed")).context(format!("no files_changed\n{}", dump()))?;
     let d = &r[files]["data"];
     ensure!(
         d["added"] == 1 && d["modified"] == 1 && d["deleted"] == 1,
@@ -365,6 +412,73 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
         dump()
     );
     tampering_is_detected(s)
+}
+
+/// The `exit` records after index `from`, in order; returns the index of the last. Through
+/// containerd the shim reports each reaped process: the tagged exec (code 0), the hog
+/// (SIGKILL, OOM) and the init (SIGKILL from `ctr task kill`, no new OOM). Through podman
+/// conmon reaps everything, so the runtime writes the init's exit at delete: status
+/// unknown, reaped by the caller, and the OOM the sandbox's cgroup counted.
+fn exits_in_order(s: &Session, from: usize) -> anyhow::Result<usize> {
+    let r = &s.records;
+    let dump = || s.raw.clone();
+    let exit_of = |process: &'static str| {
+        move |v: &Value| v["kind"] == "exit" && v["data"]["process"] == process
+    };
+    if s.via_ctr {
+        let tool =
+            find(r, from, exit_of("tool")).context(format!("no exit of the exec\n{}", dump()))?;
+        let d = &r[tool]["data"];
+        ensure!(
+            d["status"] == serde_json::json!({"code": 0})
+                && d["oom"] == false
+                && d["tool_call_id"] == s.tool_call.as_str()
+                && d["pid"].as_i64().is_some_and(|p| p > 0),
+            "exit of the tagged exec: {d}\n{}",
+            dump()
+        );
+        let sys = find(r, tool, exit_of("sys"))
+            .context(format!("no exit of the keyctl exec\n{}", dump()))?;
+        ensure!(
+            r[sys]["data"]["status"] == serde_json::json!({"code": 0}),
+            "exit of the keyctl exec: {}\n{}",
+            r[sys]["data"],
+            dump()
+        );
+        ensure!(
+            r[..sys].iter().any(|v| v["kind"] == "syscall_denied"),
+            "the keyctl exec ended before its syscall_denied record\n{}",
+            dump()
+        );
+        let hog =
+            find(r, sys, exit_of("hog")).context(format!("no exit of the hog\n{}", dump()))?;
+        let d = &r[hog]["data"];
+        ensure!(
+            d["status"] == serde_json::json!({"signal": 9}) && d["oom"] == true,
+            "exit of the hog: {d}\n{}",
+            dump()
+        );
+        let init = find(r, hog, exit_of("init")).context(format!("no exit of init\n{}", dump()))?;
+        let d = &r[init]["data"];
+        ensure!(
+            d["status"] == serde_json::json!({"signal": 9}) && d["oom"] == false,
+            "exit of init: {d}\n{}",
+            dump()
+        );
+        let n = r.iter().filter(|v| v["kind"] == "exit").count();
+        ensure!(n == 4, "{n} exit records, wanted 4\n{}", dump());
+        Ok(init)
+    } else {
+        let init =
+            find(r, from, exit_of("init")).context(format!("no exit of init\n{}", dump()))?;
+        let d = &r[init]["data"];
+        ensure!(
+            d["status"] == "unknown" && d["reaped_by"] == "caller" && d["oom"] == true,
+            "exit of init: {d}\n{}",
+            dump()
+        );
+        Ok(init)
+    }
 }
 
 /// Copies the log into a fresh state root, checks it verifies, then that each
@@ -615,6 +729,544 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
     ensure!(
         unknown.code == Some(1) && unknown.stderr.contains("does not exist"),
         "{unknown}"
+    );
+    Ok(())
+}
+
+/// `podman run -d ARGS...` through agent-sandbox (with `flags` before `run`); returns the
+/// full container id.
+fn podman_run_d(flags: &[&str], args: &[&str]) -> anyhow::Result<String> {
+    let mut all: Vec<&str> = flags.to_vec();
+    all.extend(["run", "-d"]);
+    all.extend(args);
+    let out = sandbox().run_ok(&all)?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id\n{out}");
+    Ok(id)
+}
+
+/// The records of `log` verify with `audit verify` (run against `root`, with `flags`).
+fn verifies(flags: &[&str], id: &str) -> anyhow::Result<Output> {
+    let mut args = flags.to_vec();
+    args.extend(["audit", "verify", id]);
+    runtime_cmd(&args)
+}
+
+#[test]
+fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-layers");
+    let _guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(
+        &[],
+        &[
+            "--name",
+            &name,
+            "--annotation",
+            SESSION_MEMORY,
+            TOOLS_IMAGE,
+            "sleep",
+            "600",
+        ],
+    )?;
+    let out = runtime_cmd(&["layers", &id])?;
+    ensure!(out.success(), "layers failed\n{out}");
+    let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
+    // What the runtime saved at create.
+    let mapping = l["userns"]["mapping"].as_str().unwrap_or_default();
+    let host_start: u64 = mapping
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context(format!("bad mapping {mapping:?}"))?;
+    ensure!(
+        host_start >= 1_000_000,
+        "container root maps to host id {host_start}\n{l:#}"
+    );
+    ensure!(
+        l["readonly_rootfs"] == true
+            && l["no_new_privs"] == true
+            && l["capabilities"] == serde_json::json!([])
+            && l["seccomp"]["supervisor_alive"] == true
+            && l["seccomp"]["bpf_instructions"]
+                .as_u64()
+                .is_some_and(|n| n > 10)
+            && l["landlock"]["kernel_abi"].as_u64().is_some_and(|n| n >= 1)
+            && l["apparmor"]["active"] == false,
+        "saved layers\n{l:#}"
+    );
+    ensure!(
+        l["cgroups"]["limits"]["memory/memory.limit_in_bytes"] == "67108864",
+        "the annotation's 64M limit is not in the cgroup\n{l:#}"
+    );
+    ensure!(
+        l["network"]["mode"] == "proxy"
+            && l["network"]["proxy_alive"] == true
+            && l["network"]["proxy_port"].as_u64().is_some(),
+        "network\n{l:#}"
+    );
+    // What the kernel shows for the init now: the same id mapping, seccomp filter mode,
+    // no_new_privs and no capabilities in any set.
+    let live = &l["live"];
+    ensure!(
+        live["uid_map"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(&format!("0 {host_start} ")))
+            && live["seccomp_mode"] == "2"
+            && live["no_new_privs"] == true
+            && live["capabilities_empty"] == true,
+        "live view\n{l:#}"
+    );
+    // The same reading of a runc container's init (what `live` would show without our
+    // runtime): host root, capabilities, no user namespace.
+    let base = unique_name("audit-layers-runc");
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let _base_guard = ContainerGuard {
+        podman: Podman::new(User::Root, Runtime::Runc),
+        name: base.clone(),
+    };
+    runc.run_ok(&["run", "-d", "--name", &base, TOOLS_IMAGE, "sleep", "600"])?;
+    let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &base])?;
+    let pid = pid.stdout.trim();
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let uid_map = fs::read_to_string(format!("/proc/{pid}/uid_map"))?;
+    ensure!(
+        uid_map.split_whitespace().take(2).collect::<Vec<_>>() == ["0", "0"]
+            && status
+                .lines()
+                .any(|l| l.starts_with("CapEff:") && !l.ends_with("0000000000000000")),
+        "runc baseline init is not host root with capabilities\n{uid_map}\n{status}"
+    );
+    // Bad input names the sandbox.
+    let unknown = runtime_cmd(&["layers", "no-such-sandbox"])?;
+    ensure!(
+        unknown.code == Some(1) && unknown.stderr.contains("no-such-sandbox"),
+        "{unknown}"
+    );
+    Ok(())
+}
+
+#[test]
+fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_live()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let dir = tempfile::tempdir()?;
+    let logs = dir.path().join("logs");
+    let logs_s = logs.display().to_string();
+    let flag = format!("audit-dir={logs_s}");
+    let name = unique_name("audit-dir");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(
+        &["--runtime-flag", &flag],
+        &["--name", &name, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let log = logs.join(format!("{id}.jsonl"));
+    ensure!(log.exists(), "no log at {}", log.display());
+    ensure!(
+        !log_path(PODMAN_ROOT, &id).exists(),
+        "the log was also written to the default directory"
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&logs)?.permissions());
+    ensure!(mode & 0o777 == 0o700, "log dir mode {mode:o}");
+    // exec appends to the same file without the flag (the choice is saved at create).
+    sandbox().run_ok(&["exec", &name, "true"])?;
+    let dirf = ["--audit-dir", logs_s.as_str()];
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success() && v.stdout.contains("4 records"), "{v}");
+
+    // A live sandbox's log is never pruned.
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", &id]);
+    let refused = runtime_cmd(&args)?;
+    ensure!(
+        refused.code == Some(1) && refused.stderr.contains("is live") && log.exists(),
+        "{refused}"
+    );
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune"]);
+    let all = runtime_cmd(&args)?;
+    ensure!(
+        all.success() && log.exists() && all.stdout.contains("1 kept (sandbox live)"),
+        "{all}"
+    );
+
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let records = net::read_audit(&log)?;
+    ensure!(
+        records.last().is_some_and(|r| r["kind"] == "delete"),
+        "the log does not end with delete\n{}",
+        fs::read_to_string(&log)?
+    );
+    // Kept after delete; still readable and verifiable.
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success(), "{v}");
+    // Bad input changes nothing.
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", "--older-than", "5w"]);
+    let bad = runtime_cmd(&args)?;
+    ensure!(
+        bad.code == Some(1) && bad.stderr.contains("\"5w\"") && log.exists(),
+        "{bad}"
+    );
+    // Too recent for an hour's cut-off, then pruned.
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", "--older-than", "1h"]);
+    let recent = runtime_cmd(&args)?;
+    ensure!(recent.success() && log.exists(), "{recent}");
+    let mut args = dirf.to_vec();
+    args.extend(["audit", "prune", &id]);
+    let pruned = runtime_cmd(&args)?;
+    ensure!(pruned.success() && !log.exists(), "{pruned}");
+    Ok(())
+}
+
+/// A small tmpfs mounted by the test, unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        harness::run_ok(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+                .arg("tmpfs")
+                .arg(dir.path()),
+            DEFAULT_TIMEOUT,
+        )?;
+        Ok(Self { dir })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = harness::run(Command::new("umount").arg(self.dir.path()), DEFAULT_TIMEOUT);
+    }
+}
+
+#[test]
+fn full_audit_disk_refuses_execs_with_an_error_naming_the_log_and_loses_no_record()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let fs_ = Tmpfs::mount("256k")?;
+    let logs = fs_.dir.path().join("logs");
+    let logs_s = logs.display().to_string();
+    let flag = format!("audit-dir={logs_s}");
+    let name = unique_name("audit-full");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(
+        &["--runtime-flag", &flag],
+        &["--name", &name, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let log = logs.join(format!("{id}.jsonl"));
+    // Fill the file system (a write that stops at ENOSPC keeps what fit).
+    let filler = fs_.dir.path().join("filler");
+    let mut f = fs::File::create(&filler)?;
+    let chunk = vec![0u8; 4096];
+    let full = loop {
+        match std::io::Write::write_all(&mut f, &chunk) {
+            Ok(()) => continue,
+            Err(e) => break e,
+        }
+    };
+    ensure!(
+        full.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32),
+        "filling: {full}"
+    );
+    drop(f);
+    // The log's last page may still hold a record or two: exec until one is refused.
+    let dirf = ["--audit-dir", logs_s.as_str()];
+    let mut ran = 0;
+    let refused = loop {
+        let marker = format!("marker-{ran}");
+        let out = sandbox().run(&["exec", &name, "echo", &marker])?;
+        if !out.success() {
+            break out;
+        }
+        ensure!(out.stdout.contains(&marker), "{out}");
+        ran += 1;
+        ensure!(ran < 20, "20 execs succeeded on a full audit disk");
+    };
+    let text = format!("{}{}", refused.stdout, refused.stderr);
+    ensure!(
+        text.contains("audit log") && text.contains(&log.display().to_string()),
+        "the refusal does not name the log\n{refused}"
+    );
+    ensure!(!text.contains("marker-"), "the refused exec ran\n{refused}");
+    // Every exec that ran has its record; the refused one has none; the chain is intact.
+    let raw = fs::read_to_string(&log)?;
+    for i in 0..ran {
+        ensure!(
+            raw.contains(&format!("marker-{i}")),
+            "no record of exec {i}\n{raw}"
+        );
+    }
+    ensure!(
+        !raw.contains(&format!("marker-{ran}")),
+        "a record of the refused exec\n{raw}"
+    );
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success(), "{v}");
+    // Space back: execs work again and the log continues its chain.
+    fs::remove_file(&filler)?;
+    sandbox().run_ok(&["exec", &name, "echo", "after"])?;
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let v = verifies(&dirf, &id)?;
+    ensure!(v.success(), "{v}");
+    let raw = fs::read_to_string(&log)?;
+    ensure!(
+        raw.contains("\"after\"") && raw.trim_end().ends_with('}'),
+        "{raw}"
+    );
+    drop(fs_);
+    Ok(())
+}
+
+#[test]
+fn log_survives_a_sigkilled_runtime_and_a_sigkilled_shim_and_still_verifies() -> anyhow::Result<()>
+{
+    // The runtime: a foreground `exec` waits for its process; SIGKILL it meanwhile.
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-kill");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let log = log_path(PODMAN_ROOT, &id);
+    let mut child = Command::new(harness::runtime_bin())
+        .args(["exec", &id, "sleep", "137"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let mut seen = false;
+    for _ in 0..100 {
+        if fs::read_to_string(&log)?.contains("\"137\"") {
+            seen = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill()?;
+    let status = child.wait()?;
+    ensure!(seen, "the exec record never appeared");
+    ensure!(
+        std::os::unix::process::ExitStatusExt::signal(&status) == Some(9),
+        "the runtime was not SIGKILLed: {status}"
+    );
+    let before = fs::read_to_string(&log)?;
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    sandbox().run_ok(&["exec", &name, "true"])?;
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let after = fs::read_to_string(&log)?;
+    ensure!(
+        after.starts_with(&before),
+        "records before the kill changed\n{after}"
+    );
+    let v = verifies(&[], &id)?;
+    ensure!(v.success() && after.contains("\"delete\""), "{v}\n{after}");
+
+    // The shim: SIGKILL it after an exec and its exit were recorded.
+    ctr::require_containerd()?;
+    let cid = ctr::unique_id("audit-shim");
+    let c = Container::start_detached(
+        Shim::AgentSandbox,
+        &[],
+        TOOLS_IMAGE,
+        &cid,
+        &["sleep", "600"],
+    )?;
+    c.wait_status("RUNNING", std::time::Duration::from_secs(30))?;
+    let exec = c.task_cmd(&["exec", "--exec-id", "before-kill"], &["true"])?;
+    ensure!(exec.success(), "{exec}");
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    let clog = log_path(&root, &cid);
+    let before = fs::read_to_string(&clog)?;
+    ensure!(
+        before.contains("before-kill"),
+        "no exit record of the exec\n{before}"
+    );
+    let shims = ctr::shim_pids(Shim::AgentSandbox, &cid);
+    ensure!(!shims.is_empty(), "no shim process for {cid}");
+    for pid in &shims {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(*pid)?),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+    }
+    let rootf = ["--root", root.as_str()];
+    let v = verifies(&rootf, &cid)?;
+    ensure!(v.success(), "{v}");
+    drop(c);
+    let after = fs::read_to_string(&clog)?;
+    ensure!(
+        after.starts_with(&before),
+        "records before the kill changed\n{after}"
+    );
+    let v = verifies(&rootf, &cid)?;
+    ensure!(v.success(), "after cleanup: {v}\n{after}");
+    // containerd cleans up after the dead shim with the shim's `delete` action, whose
+    // forced runtime delete SIGKILLs the init and records that.
+    let records = net::read_audit(&clog)?;
+    let init_exit = records
+        .iter()
+        .find(|r| r["kind"] == "exit" && r["data"]["process"] == "init")
+        .context(format!("no exit record of init\n{after}"))?;
+    ensure!(
+        init_exit["data"]["status"] == serde_json::json!({"signal": 9})
+            && init_exit["data"]["reaped_by"] == "delete --force"
+            && records.last().is_some_and(|r| r["kind"] == "delete"),
+        "{after}"
+    );
+    Ok(())
+}
+
+/// Pid of the sandbox's denied-syscall supervisor (`seccomp-supervise ... ID`).
+fn supervisor_pid(id: &str) -> anyhow::Result<i32> {
+    let path = Path::new(PODMAN_ROOT)
+        .join("sandbox")
+        .join(id)
+        .join("seccomp-supervisor.pid");
+    let pid: i32 = fs::read_to_string(&path)
+        .with_context(|| format!("no {}", path.display()))?
+        .trim()
+        .parse()?;
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline"))?;
+    ensure!(
+        String::from_utf8_lossy(&cmdline).contains("seccomp-supervise"),
+        "pid {pid} is not the supervisor"
+    );
+    Ok(pid)
+}
+
+fn syscall_denials(log: &Path) -> anyhow::Result<Vec<Value>> {
+    Ok(net::read_audit(log)?
+        .into_iter()
+        .filter(|r| r["kind"] == "syscall_denied")
+        .collect())
+}
+
+#[test]
+fn denied_syscalls_are_answered_outside_the_sandbox_rate_limited_and_fail_closed()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-sys");
+    let _guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    // The init waits for /tmp/go, then makes one denied call (its output: `podman logs`).
+    let init_script = format!(
+        "while [ ! -e /tmp/go ]; do sleep 0.1; done; {} keyctl; sleep 600",
+        harness::PROBE
+    );
+    let id = podman_run_d(
+        &[],
+        &["--name", &name, TOOLS_IMAGE, "sh", "-c", &init_script],
+    )?;
+    let log = log_path(PODMAN_ROOT, &id);
+    let sup = supervisor_pid(&id)?;
+    // The supervisor is a host process: the host's pid and user namespaces, not the sandbox's.
+    let init = sandbox().run_ok(&["inspect", "--format", "{{.State.Pid}}", &name])?;
+    let init = init.stdout.trim();
+    let ns = |pid: &str, n: &str| fs::read_link(format!("/proc/{pid}/ns/{n}"));
+    for n in ["pid", "user", "mnt"] {
+        ensure!(
+            ns(&sup.to_string(), n)? == ns("self", n)? && ns(init, n)? != ns("self", n)?,
+            "the supervisor is not outside the sandbox's {n} namespace"
+        );
+    }
+    // A flood: 300 denied calls are all answered at once, and the log gets at most the
+    // burst (50) plus what the rate (10/s) refills meanwhile.
+    let mut flood = vec!["exec", name.as_str(), harness::PROBE];
+    flood.extend(std::iter::repeat_n("keyctl", 300));
+    let out = sandbox().run_ok(&flood)?;
+    let blocked = out.stdout.matches("(os error 1)").count();
+    ensure!(
+        blocked == 300,
+        "{blocked} of 300 calls refused with EPERM\n{out}"
+    );
+    let recorded = syscall_denials(&log)?.len();
+    let limit = 51 + usize::try_from(out.elapsed.as_millis() / 100 + 1)?;
+    ensure!(
+        (50..=limit).contains(&recorded),
+        "{recorded} syscall_denied records for 300 calls in {:.2?} (limit {limit})",
+        out.elapsed
+    );
+    // After a pause, the next record counts what the limit left out.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let one = sandbox().run_ok(&["exec", &name, harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&one)?;
+    let all = syscall_denials(&log)?;
+    let last = all.last().context("no records")?;
+    let total: u64 = all
+        .iter()
+        .map(|r| 1 + r["data"]["suppressed"].as_u64().unwrap_or(0))
+        .sum();
+    ensure!(
+        last["data"]["suppressed"].as_u64().is_some_and(|n| n > 0) && total >= 301,
+        "suppressed denials not counted: {total} in all\n{last}"
+    );
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    // Without the supervisor: a running process's denied call fails with ENOSYS (the
+    // kernel's answer when no listener is left), and no new exec starts.
+    sandbox().run_ok(&["exec", "-d", &name, "sh", "-c", "sleep 1; touch /tmp/go"])?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sup),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let mut logs = sandbox().run_ok(&["logs", &name])?;
+    for _ in 0..50 {
+        if logs.stdout.contains("keyctl") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        logs = sandbox().run_ok(&["logs", &name])?;
+    }
+    ensure!(
+        logs.stdout.contains("\"blocked\"") && logs.stdout.contains("(os error 38)"),
+        "add_key without the supervisor\n{logs}"
+    );
+    let refused = sandbox().run(&["exec", &name, "true"])?;
+    ensure!(
+        !refused.success() && refused.stderr.contains("seccomp supervisor"),
+        "an exec started without the supervisor\n{refused}"
+    );
+    // Baseline: the same call succeeds in a runc container without a seccomp filter.
+    let base = Podman::new(User::Root, Runtime::Runc).run_ok(&[
+        "run",
+        "--rm",
+        "--security-opt",
+        "seccomp=unconfined",
+        TOOLS_IMAGE,
+        harness::PROBE,
+        "keyctl",
+    ])?;
+    ensure!(
+        base.stdout.contains("\"allowed\""),
+        "runc baseline did not allow add_key\n{base}"
     );
     Ok(())
 }

@@ -60,13 +60,24 @@ pub enum Event {
     },
     /// A process ended.
     Exit {
-        /// Exit code or terminating signal.
+        /// Exit code or terminating signal, or `unknown` when another process reaped it.
         status: ExitStatus,
-        /// Whether the cgroup reported an OOM kill.
+        /// Whether the sandbox's memory cgroup counted an OOM kill since the previous
+        /// `exit` record (the cgroup counts kills, not which process took them).
         oom: bool,
         /// Tool-call id of the exec that ended, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call_id: Option<String>,
+        /// `init`, or the exec's id as its caller named it (e.g. containerd's exec id).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<String>,
+        /// Host pid of the process, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<i32>,
+        /// Who reaped the process when the status is `unknown` (e.g. `caller`: podman's
+        /// conmon), or what reported it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reaped_by: Option<String>,
     },
     /// An egress proxy decision.
     Net {
@@ -95,6 +106,12 @@ pub enum Event {
         pid: i32,
         /// Process command name.
         comm: String,
+        /// The process's executable (host view of `/proc/PID/exe`), when readable.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exe: Option<String>,
+        /// Denials left out by the writer's rate limit since the previous record.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        suppressed: u64,
     },
     /// Landlock (or another filesystem layer) refused an access.
     FsDenied {
@@ -143,6 +160,27 @@ pub enum ExitStatus {
     Code(i32),
     /// Killed by this signal number.
     Signal(i32),
+    /// Not known to the writer: the process was reaped by another process (podman's conmon
+    /// reaps a sandbox's init and execs), which keeps the status to itself.
+    Unknown,
+}
+
+impl ExitStatus {
+    /// Decodes a status the way containerd's reaper and conmon fold it into one number:
+    /// `128 + N` for a process killed by signal N (N in 1..=64), the code otherwise. A
+    /// process that exits on purpose with such a code reads as killed; the folded number
+    /// holds no more than that.
+    pub fn from_folded(status: i32) -> Self {
+        if (129..=128 + 64).contains(&status) {
+            ExitStatus::Signal(status - 128)
+        } else {
+            ExitStatus::Code(status)
+        }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A network decision.
@@ -240,5 +278,44 @@ mod tests {
             return;
         };
         assert_eq!(env_keys, ["PATH", TOOL_CALL_ENV, "SECRET", "BARE"]);
+    }
+
+    #[test]
+    fn folded_statuses_decode_to_code_or_signal() {
+        assert_eq!(ExitStatus::from_folded(0), ExitStatus::Code(0));
+        assert_eq!(ExitStatus::from_folded(3), ExitStatus::Code(3));
+        assert_eq!(ExitStatus::from_folded(128), ExitStatus::Code(128));
+        assert_eq!(ExitStatus::from_folded(137), ExitStatus::Signal(9));
+        assert_eq!(ExitStatus::from_folded(192), ExitStatus::Signal(64));
+        assert_eq!(ExitStatus::from_folded(193), ExitStatus::Code(193));
+        assert_eq!(ExitStatus::from_folded(255), ExitStatus::Code(255));
+    }
+
+    #[test]
+    fn exit_records_serialise_status_and_omit_unknown_fields() {
+        let e = Event::Exit {
+            status: ExitStatus::Unknown,
+            oom: true,
+            tool_call_id: None,
+            process: Some("init".into()),
+            pid: None,
+            reaped_by: Some("caller".into()),
+        };
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            json,
+            r#"{"kind":"exit","data":{"status":"unknown","oom":true,"process":"init","reaped_by":"caller"}}"#
+        );
+        let old = r#"{"kind":"exit","data":{"status":{"signal":9},"oom":false}}"#;
+        let back: Event = serde_json::from_str(old).unwrap();
+        assert!(matches!(
+            back,
+            Event::Exit {
+                status: ExitStatus::Signal(9),
+                process: None,
+                pid: None,
+                ..
+            }
+        ));
     }
 }

@@ -74,11 +74,29 @@ fn details(event: &Event) -> String {
             status,
             oom,
             tool_call_id,
+            process,
+            pid,
+            reaped_by,
         } => {
-            let mut s = match status {
-                ExitStatus::Code(c) => format!("exit code {c}"),
-                ExitStatus::Signal(n) => format!("killed by signal {n}"),
-            };
+            let mut s = String::new();
+            if let Some(p) = process {
+                let _ = write!(s, "{p} ");
+            }
+            if let Some(p) = pid {
+                let _ = write!(s, "pid {p} ");
+            }
+            match status {
+                ExitStatus::Code(c) => {
+                    let _ = write!(s, "exit code {c}");
+                }
+                ExitStatus::Signal(n) => {
+                    let _ = write!(s, "killed by signal {n}");
+                }
+                ExitStatus::Unknown => s.push_str("exit status unknown"),
+            }
+            if let Some(r) = reaped_by {
+                let _ = write!(s, " (reaped by {r})");
+            }
             if *oom {
                 s.push_str(" (OOM)");
             }
@@ -109,7 +127,18 @@ fn details(event: &Event) -> String {
             nr,
             pid,
             comm,
-        } => format!("{syscall} (nr {nr}) by pid {pid} ({comm})"),
+            exe,
+            suppressed,
+        } => {
+            let mut s = format!("{syscall} (nr {nr}) by pid {pid} ({comm})");
+            if let Some(exe) = exe {
+                let _ = write!(s, " {exe}");
+            }
+            if *suppressed > 0 {
+                let _ = write!(s, "; {suppressed} more not recorded (rate limit)");
+            }
+            s
+        }
         Event::FsDenied {
             path,
             access,

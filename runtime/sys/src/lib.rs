@@ -2,8 +2,11 @@
 //! invariant it relies on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
+pub mod landlock_abi;
 pub mod loopback;
+pub mod seccomp_notify;
 pub mod selfexec;
 
+pub use landlock_abi::landlock_abi;
 pub use loopback::{LoopbackError, bring_loopback_up_in};
 pub use selfexec::{SelfExecError, reexec_from_sealed_copy};

@@ -49,11 +49,16 @@ fn sample(i: u64) -> Event {
             nr: 101,
             pid: 4242,
             comm: "probe".into(),
+            exe: Some("/usr/local/bin/probe".into()),
+            suppressed: 0,
         },
         4 => Event::Exit {
             status: ExitStatus::Signal(9),
             oom: true,
             tool_call_id: None,
+            process: Some("init".into()),
+            pid: Some(4242),
+            reaped_by: None,
         },
         _ => Event::FsDenied {
             path: "/work/.bashrc".into(),

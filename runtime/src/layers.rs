@@ -1,0 +1,364 @@
+//! `agent-sandbox layers ID`: which protections are in force for one sandbox,
+//! from what the runtime applied (saved at create) and what the kernel reports
+//! for the sandbox's init now (`/proc/PID/status`, its id maps, its cgroup
+//! files), not from the policy alone.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::id::ContainerId;
+use crate::paths::StateDirs;
+
+/// The file in the sandbox dir holding [`Applied`].
+const FILE: &str = "layers.json";
+
+/// Errors of the layers report.
+#[derive(Debug, thiserror::Error)]
+pub enum LayersError {
+    #[error("sandbox {id} has no layers record at {path} (created by an older runtime?)")]
+    Missing {
+        id: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the runtime applied at create, saved for later reports.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Applied {
+    /// Container id 0 maps to this host id, for `size` ids (uid and gid alike).
+    pub userns_host_start: u32,
+    pub userns_size: u32,
+    /// `root.readonly` of the spec libcontainer got.
+    pub readonly_rootfs: bool,
+    /// `process.noNewPrivileges` of the init's spec.
+    pub no_new_privs: bool,
+    /// Every capability named in any set of the init's spec (none in a sandbox).
+    pub capabilities: Vec<String>,
+    /// Instructions of the seccomp BPF handed to the executor; `None`: no filter.
+    pub seccomp_bpf_instructions: Option<usize>,
+    /// The kernel's Landlock ABI when the Landlock layer was applied; `None`: not applied.
+    pub landlock_kernel_abi: Option<u32>,
+    /// Optional layers that were not applied, with the reason.
+    pub inactive: BTreeMap<String, String>,
+    /// `none` or `proxy`.
+    pub network_mode: String,
+    /// The proxy's pid and its port inside the sandbox, for proxy mode.
+    pub proxy_pid: Option<u32>,
+    pub proxy_port: Option<u16>,
+    /// The init's cgroup directories by controller (host paths).
+    pub cgroups: BTreeMap<String, PathBuf>,
+}
+
+impl Applied {
+    /// Saves the record in the sandbox dir.
+    pub fn save(&self, sandbox_dir: &Path) -> Result<(), LayersError> {
+        let path = sandbox_dir.join(FILE);
+        let text = serde_json::to_vec_pretty(self).map_err(|source| LayersError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        std::fs::write(&path, text).map_err(|source| LayersError::Write { path, source })
+    }
+
+    fn load(sandbox_dir: &Path, id: &ContainerId) -> Result<Self, LayersError> {
+        let path = sandbox_dir.join(FILE);
+        let text = std::fs::read(&path).map_err(|source| LayersError::Missing {
+            id: id.to_string(),
+            path: path.clone(),
+            source,
+        })?;
+        serde_json::from_slice(&text).map_err(|source| LayersError::Parse { path, source })
+    }
+}
+
+/// At create, once the init exists (and the proxy runs): saves what was applied.
+#[allow(clippy::too_many_arguments)]
+pub fn record_create(
+    sandbox_dir: &Path,
+    ids: &crate::idmap::IdRange,
+    spec: &libcontainer::oci_spec::runtime::Spec,
+    seccomp_bpf_instructions: Option<usize>,
+    policy: &agent_sandbox_policy::SandboxPolicy,
+    plan: &agent_sandbox_policy::layers::LayerPlan,
+    proxy_pid: Option<u32>,
+    init_pid: i32,
+) -> Result<(), LayersError> {
+    let process = spec.process().as_ref();
+    let capabilities = process
+        .and_then(|p| p.capabilities().as_ref())
+        .map(|c| {
+            let mut all: Vec<String> = [
+                c.bounding(),
+                c.effective(),
+                c.permitted(),
+                c.inheritable(),
+                c.ambient(),
+            ]
+            .iter()
+            .filter_map(|s| s.as_ref())
+            .flatten()
+            .map(|cap| cap.to_string())
+            .collect();
+            all.sort();
+            all.dedup();
+            all
+        })
+        .unwrap_or_default();
+    let landlock_kernel_abi = plan
+        .apply
+        .contains(&agent_sandbox_policy::Layer::Landlock)
+        .then(|| agent_sandbox_sys::landlock_abi().unwrap_or(0));
+    let network_mode = serde_json::to_value(policy.network.mode)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{:?}", policy.network.mode));
+    let proxy = crate::egress::wanted(policy);
+    Applied {
+        userns_host_start: ids.host_start,
+        userns_size: ids.size,
+        readonly_rootfs: spec.root().as_ref().and_then(|r| r.readonly()) == Some(true),
+        no_new_privs: process.and_then(|p| p.no_new_privileges()) == Some(true),
+        capabilities,
+        seccomp_bpf_instructions,
+        landlock_kernel_abi,
+        inactive: plan
+            .inactive
+            .iter()
+            .map(|(l, r)| (l.to_string(), r.to_string()))
+            .collect(),
+        network_mode,
+        proxy_pid: proxy.then_some(proxy_pid).flatten(),
+        proxy_port: proxy.then_some(policy.network.proxy_port),
+        cgroups: cgroups_of(init_pid),
+    }
+    .save(sandbox_dir)
+}
+
+/// The cgroup directories of `pid` by controller, from `/proc/PID/cgroup`.
+pub fn cgroups_of(pid: i32) -> BTreeMap<String, PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    cgroups_in(&text, Path::new("/sys/fs/cgroup"))
+}
+
+fn cgroups_in(text: &str, root: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if ctrls.is_empty() {
+            out.entry("unified".to_owned())
+                .or_insert_with(|| root.join(rel));
+            continue;
+        }
+        for c in ctrls.split(',').filter(|c| !c.starts_with("name=")) {
+            let joint = root.join(ctrls);
+            let dir = if joint.exists() { joint } else { root.join(c) };
+            out.insert(c.to_owned(), dir.join(rel));
+        }
+    }
+    out
+}
+
+/// Limits read back from the cgroup files (v1 names, and v2 where present).
+fn cgroup_limits(dirs: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
+    let files = [
+        ("memory", "memory.limit_in_bytes"),
+        ("memory", "memory.memsw.limit_in_bytes"),
+        ("pids", "pids.max"),
+        ("cpu", "cpu.cfs_quota_us"),
+        ("cpu", "cpu.cfs_period_us"),
+        ("cpu", "cpu.shares"),
+        ("unified", "memory.max"),
+        ("unified", "pids.max"),
+        ("unified", "cpu.max"),
+    ];
+    files
+        .iter()
+        .filter_map(|(ctrl, file)| {
+            let v = std::fs::read_to_string(dirs.get(*ctrl)?.join(file)).ok()?;
+            Some((format!("{ctrl}/{file}"), v.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// The security lines of `/proc/PID/status`.
+fn status_fields(pid: i32) -> Option<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(status_fields_in(&text))
+}
+
+fn status_fields_in(text: &str) -> BTreeMap<String, String> {
+    const KEEP: [&str; 8] = [
+        "NoNewPrivs",
+        "Seccomp",
+        "Seccomp_filters",
+        "CapInh",
+        "CapPrm",
+        "CapEff",
+        "CapBnd",
+        "CapAmb",
+    ];
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| KEEP.contains(k))
+        .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// The report: saved facts, and the live view of `init_pid` when it runs.
+pub fn report(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    status: &str,
+    init_pid: Option<i32>,
+) -> Result<Value, LayersError> {
+    let applied = Applied::load(&dirs.sandbox(id), id)?;
+    let live = init_pid
+        .filter(|p| *p > 0 && status != "stopped")
+        .and_then(|pid| Some((pid, status_fields(pid)?)));
+    let proc_text = |pid: i32, f: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/{f}"))
+            .ok()
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    let live_json = live.as_ref().map(|(pid, st)| {
+        let zero = |k: &str| st.get(k).is_some_and(|v| v.chars().all(|c| c == '0'));
+        let caps_empty = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
+            .iter()
+            .all(|k| zero(k));
+        json!({
+            "pid": pid,
+            "uid_map": proc_text(*pid, "uid_map"),
+            "gid_map": proc_text(*pid, "gid_map"),
+            "no_new_privs": st.get("NoNewPrivs").map(|v| v == "1"),
+            "seccomp_mode": st.get("Seccomp"),
+            "seccomp_filters": st.get("Seccomp_filters"),
+            "capabilities_empty": caps_empty,
+            "status": st,
+        })
+    });
+    let supervisor = std::fs::read_to_string(dirs.sandbox(id).join(crate::syscall_audit::PID_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    let proxy_alive = applied
+        .proxy_pid
+        .map(|p| Path::new(&format!("/proc/{p}")).exists());
+    Ok(json!({
+        "id": id.as_str(),
+        "status": status,
+        "userns": {
+            "mapping": format!("0 {} {}", applied.userns_host_start, applied.userns_size),
+            "host_root_mapped": applied.userns_host_start == 0,
+        },
+        "readonly_rootfs": applied.readonly_rootfs,
+        "no_new_privs": applied.no_new_privs,
+        "capabilities": applied.capabilities,
+        "seccomp": applied.seccomp_bpf_instructions.map(|n| json!({
+            "bpf_instructions": n,
+            "denials": "user notification, answered and recorded by the supervisor",
+            "supervisor_pid": supervisor,
+            "supervisor_alive": supervisor.map(|p| Path::new(&format!("/proc/{p}")).exists()),
+        })),
+        "landlock": applied.landlock_kernel_abi.map(|abi| json!({"kernel_abi": abi, "enforcement": "fully enforced (required at apply)"})),
+        "apparmor": applied.inactive.get("apparmor").map_or_else(
+            || json!("not requested by the policy"),
+            |reason| json!({"active": false, "reason": reason}),
+        ),
+        "inactive": applied.inactive,
+        "network": {
+            "namespace": "new (only lo)",
+            "mode": applied.network_mode,
+            "proxy_pid": applied.proxy_pid,
+            "proxy_port": applied.proxy_port,
+            "proxy_alive": proxy_alive,
+        },
+        "cgroups": {
+            "dirs": applied.cgroups,
+            "limits": cgroup_limits(&applied.cgroups),
+        },
+        "live": live_json,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_lines_map_to_controller_dirs() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("cpu,cpuacct")).unwrap();
+        let text = "4:cpu,cpuacct:/a/b\n3:memory:/a/b\n1:name=systemd:/x\n0::/u\n";
+        let m = cgroups_in(text, root.path());
+        assert_eq!(m["cpu"], root.path().join("cpu,cpuacct/a/b"));
+        assert_eq!(m["cpuacct"], root.path().join("cpu,cpuacct/a/b"));
+        assert_eq!(m["memory"], root.path().join("memory/a/b"));
+        assert_eq!(m["unified"], root.path().join("u"));
+        assert!(!m.contains_key("name=systemd") && !m.contains_key("systemd"));
+    }
+
+    #[test]
+    fn status_keeps_only_security_lines() {
+        let text = "Name:\tsleep\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\nCapEff:\t0000000000000000\nVmRSS:\t1 kB\n";
+        let m = status_fields_in(text);
+        assert_eq!(m.len(), 4);
+        assert_eq!(m["Seccomp"], "2");
+        assert_eq!(m["CapEff"], "0000000000000000");
+    }
+
+    #[test]
+    fn landlock_abi_agrees_with_the_landlock_crate() {
+        let abi = agent_sandbox_sys::landlock_abi().unwrap();
+        assert_eq!(
+            abi >= 1,
+            crate::sandbox::host_support().landlock,
+            "abi {abi}"
+        );
+    }
+
+    #[test]
+    fn report_reads_the_live_process_and_names_a_missing_record() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = StateDirs::new(root.path().to_owned());
+        let id = ContainerId::try_from("lay1").unwrap();
+        let e = report(&dirs, &id, "running", None).unwrap_err().to_string();
+        assert!(e.contains("layers.json"), "{e}");
+        std::fs::create_dir_all(dirs.sandbox(&id)).unwrap();
+        let me = i32::try_from(std::process::id()).unwrap();
+        Applied {
+            userns_host_start: 1_000_000,
+            userns_size: 65536,
+            cgroups: cgroups_of(me),
+            ..Applied::default()
+        }
+        .save(&dirs.sandbox(&id))
+        .unwrap();
+        let r = report(&dirs, &id, "running", Some(me)).unwrap();
+        assert_eq!(r["userns"]["mapping"], "0 1000000 65536");
+        assert_eq!(r["live"]["pid"], me);
+        // This test process is not a sandbox: the live view must say so.
+        assert_eq!(r["live"]["capabilities_empty"], false);
+        let stopped = report(&dirs, &id, "stopped", Some(me)).unwrap();
+        assert!(stopped["live"].is_null());
+    }
+}

@@ -1,0 +1,455 @@
+//! `syscall_denied` records through seccomp user notification.
+//!
+//! The sandbox's filter answers a denied syscall with `SECCOMP_RET_USER_NOTIF` instead of
+//! `SECCOMP_RET_ERRNO`. A supervisor process on the host (spawned at create, like the egress
+//! proxy, and killed at delete) holds the filters' listeners: it answers every notification
+//! at once with the policy's errno, then writes a rate-limited `syscall_denied` record
+//! (syscall name, pid, comm, exe). The sandbox cannot block it (answers never wait for the
+//! log) nor flood the log (token bucket; what was left out is counted in the next record).
+//! If the supervisor dies, the kernel fails every notified syscall with ENOSYS: still denied.
+//!
+//! Getting the listener out: the filter is installed by our executor inside the container's
+//! init (and each exec'd process), after pivot_root, so the listener fd is born inside the
+//! sandbox. Before forking, the runtime connects a Unix stream to the supervisor's socket
+//! (`seccomp.sock` in the sandbox dir, root-only, never mounted into a container); the
+//! executor inherits that stream, sends the listener over it (SCM_RIGHTS) and closes both
+//! before `execve`, so the workload never holds the listener (it could answer its own
+//! notifications). `pidfd_getfd` from the host would need the init to pause until the host
+//! has taken the fd and to tell it the fd number: the stream does both in one message.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use agent_sandbox_audit::{AuditLog, Event};
+use agent_sandbox_policy::seccomp::Arch;
+use agent_sandbox_sys::seccomp_notify::{self, Instruction};
+use seccompiler::BpfProgram;
+
+/// The supervisor's socket in the sandbox dir.
+pub const SOCKET: &str = "seccomp.sock";
+/// The supervisor's pid in the sandbox dir.
+pub const PID_FILE: &str = "seccomp-supervisor.pid";
+/// What the supervisor prints on stdout once its socket listens.
+const READY: &str = "ready";
+
+/// Records allowed in a burst, and refilled per second after it.
+const BURST: f64 = 50.0;
+const PER_SECOND: f64 = 10.0;
+
+/// Errors of the syscall-denial supervisor.
+#[derive(Debug, thiserror::Error)]
+pub enum SyscallAuditError {
+    #[error("cannot start the seccomp supervisor")]
+    Spawn(#[source] std::io::Error),
+    #[error("the seccomp supervisor did not start: {reason}")]
+    NotReady { reason: String },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {path}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the seccomp supervisor of this sandbox is not reachable at {path}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("seccomp supervisor poll")]
+    Poll(#[source] nix::Error),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("BPF instruction {index} does not fit the kernel's format")]
+    Program { index: usize },
+}
+
+/// The sandbox's filter with every `SECCOMP_RET_ERRNO | errno` return (the policy's default
+/// deny) turned into `SECCOMP_RET_USER_NOTIF`. seccompiler has no user-notification action,
+/// so the compiled program is rewritten here: only `BPF_RET|BPF_K` instructions carrying
+/// exactly that value change; the architecture check (kill) and the compatibility answers
+/// with other errnos (e.g. ENOSYS for clone3) are kept as compiled.
+pub fn notify_program(bpf: &BpfProgram, errno: u32) -> Vec<Instruction> {
+    /// `BPF_RET | BPF_K` (`<linux/bpf_common.h>`: 0x06 | 0x00).
+    const RET_K: u16 = 0x06;
+    let deny = libc::SECCOMP_RET_ERRNO | (errno & libc::SECCOMP_RET_DATA);
+    bpf.iter()
+        .map(|i| Instruction {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: if i.code == RET_K && i.k == deny {
+                libc::SECCOMP_RET_USER_NOTIF
+            } else {
+                i.k
+            },
+        })
+        .collect()
+}
+
+/// Starts the supervisor for the sandbox and waits until its socket listens.
+pub fn spawn(
+    root: &Path,
+    sandbox_dir: &Path,
+    id: &str,
+    errno: u32,
+) -> Result<u32, SyscallAuditError> {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    // `/proc/self/exe`: create runs from a sealed memfd copy (see egress::spawn).
+    let mut child = std::process::Command::new("/proc/self/exe")
+        .arg("--root")
+        .arg(root)
+        .arg("seccomp-supervise")
+        .arg("--errno")
+        .arg(errno.to_string())
+        .arg(id)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(SyscallAuditError::Spawn)?;
+    let pid = child.id();
+    let pid_file = sandbox_dir.join(PID_FILE);
+    std::fs::write(&pid_file, pid.to_string()).map_err(|source| SyscallAuditError::Write {
+        path: pid_file,
+        source,
+    })?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| SyscallAuditError::NotReady {
+            reason: "no status pipe".to_owned(),
+        })?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(SyscallAuditError::Spawn)?;
+    if line.trim() != READY {
+        return Err(SyscallAuditError::NotReady {
+            reason: if line.trim().is_empty() {
+                "it exited".to_owned()
+            } else {
+                line.trim().to_owned()
+            },
+        });
+    }
+    Ok(pid)
+}
+
+/// Kills the supervisor (at delete), if it still is this sandbox's.
+pub fn stop(sandbox_dir: &Path, id: &str) {
+    let pid_file = sandbox_dir.join(PID_FILE);
+    let Ok(text) = std::fs::read_to_string(&pid_file) else {
+        return;
+    };
+    let _ = std::fs::remove_file(&pid_file);
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return;
+    };
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        let args: Vec<&[u8]> = c.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+        args.iter().any(|a| *a == b"seccomp-supervise") && args.last() == Some(&id.as_bytes())
+    });
+    if ours {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// The socket's path through a descriptor of the sandbox dir (`/proc/self/fd/N/seccomp.sock`):
+/// a rootless state dir plus a 64-character id exceeds `sun_path`'s 108 bytes. The returned
+/// file must stay open while the path is used.
+fn socket_path(sandbox_dir: &Path) -> std::io::Result<(std::fs::File, PathBuf)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(sandbox_dir)?;
+    let path = PathBuf::from(format!("/proc/self/fd/{}/{SOCKET}", dir.as_raw_fd()));
+    Ok((dir, path))
+}
+
+/// A stream to the sandbox's supervisor, for one executor to send its listener over.
+pub fn connect(sandbox_dir: &Path) -> Result<OwnedFd, SyscallAuditError> {
+    let err = |source| SyscallAuditError::Connect {
+        path: sandbox_dir.join(SOCKET),
+        source,
+    };
+    let (_dir, path) = socket_path(sandbox_dir).map_err(err)?;
+    UnixStream::connect(&path).map(OwnedFd::from).map_err(err)
+}
+
+/// A token bucket: at most [`BURST`] records at once, [`PER_SECOND`] after.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    suppressed: u64,
+}
+
+impl Bucket {
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.duration_since(self.at).as_secs_f64() * PER_SECOND;
+        self.tokens = (self.tokens + refill).min(BURST);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.suppressed += 1;
+            false
+        }
+    }
+}
+
+/// The name of syscall `nr` on `arch` (the `syscalls` crate's kernel-generated tables).
+fn syscall_name(arch: Arch, nr: i32) -> Option<String> {
+    let nr = usize::try_from(nr).ok()?;
+    match arch {
+        Arch::X86_64 => syscalls::x86_64::Sysno::new(nr).map(|s| s.name().to_owned()),
+        Arch::Aarch64 => syscalls::aarch64::Sysno::new(nr).map(|s| s.name().to_owned()),
+    }
+}
+
+fn proc_text(pid: u32, what: &str) -> Option<String> {
+    if what == "exe" {
+        return std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .map(|p| p.display().to_string());
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/{what}"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
+}
+
+/// The supervisor's body: listens on `sandbox_dir/seccomp.sock`, reports ready on stdout,
+/// then answers and records notifications until killed.
+pub fn supervise(
+    sandbox_dir: &Path,
+    log: &Path,
+    id: &str,
+    errno: i32,
+    arch: Arch,
+) -> Result<(), SyscallAuditError> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let not_ready = |e: SyscallAuditError| {
+        // The runtime reads this line as the reason (stderr goes nowhere).
+        println!(
+            "{e}: {}",
+            std::error::Error::source(&e)
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        );
+        e
+    };
+    let log = AuditLog::open(log, id)
+        .map_err(SyscallAuditError::Audit)
+        .map_err(not_ready)?;
+    let listen_err = |source| SyscallAuditError::Listen {
+        path: sandbox_dir.join(SOCKET),
+        source,
+    };
+    let _ = std::fs::remove_file(sandbox_dir.join(SOCKET));
+    let server = socket_path(sandbox_dir)
+        .and_then(|(_dir, path)| UnixListener::bind(&path))
+        .map_err(listen_err)
+        .map_err(not_ready)?;
+    // Only the runtime's own user may connect (the sandbox dir is never mounted into a
+    // container; this is defence in depth against other host users).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            sandbox_dir.join(SOCKET),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .map_err(listen_err)
+        .map_err(not_ready)?;
+    }
+    println!("{READY}");
+    // Nothing else goes to stdout: the runtime closed its end after the ready line.
+    let mut streams: Vec<UnixStream> = Vec::new();
+    let mut listeners: Vec<OwnedFd> = Vec::new();
+    let mut bucket = Bucket {
+        tokens: BURST,
+        at: Instant::now(),
+        suppressed: 0,
+    };
+    let mut names: HashMap<i32, String> = HashMap::new();
+    loop {
+        let (ready_server, ready_streams, ready_listeners) = {
+            let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
+            fds.extend(
+                streams
+                    .iter()
+                    .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
+            );
+            fds.extend(
+                listeners
+                    .iter()
+                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
+            );
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::Error::EINTR) => continue,
+                Err(e) => return Err(SyscallAuditError::Poll(e)),
+            }
+            let flags: Vec<PollFlags> = fds
+                .iter()
+                .map(|f| f.revents().unwrap_or(PollFlags::empty()))
+                .collect();
+            let (first, rest) = flags.split_at(1);
+            let (s, l) = rest.split_at(streams.len());
+            (first[0], s.to_vec(), l.to_vec())
+        };
+        // Notifications first: a caller is waiting for each.
+        let mut gone = Vec::new();
+        for (i, flags) in ready_listeners.iter().enumerate() {
+            let listener = listeners[i].as_fd();
+            if flags.contains(PollFlags::POLLIN) {
+                let Ok(n) = seccomp_notify::receive(listener) else {
+                    continue;
+                };
+                // The caller waits for the answer, so its /proc entries are stable until then:
+                // read them first (only for records the rate limit lets through), check the
+                // notification is still pending (the pid was not reused), then answer.
+                let record = bucket.take(Instant::now());
+                let who = record.then(|| (proc_text(n.pid, "comm"), proc_text(n.pid, "exe")));
+                let valid = seccomp_notify::id_valid(listener, n.id);
+                let answered = seccomp_notify::deny(listener, n.id, errno);
+                let Some((comm, exe)) = who.filter(|_| valid && answered.is_ok()) else {
+                    continue;
+                };
+                let comm = comm.unwrap_or_default();
+                let syscall = names
+                    .entry(n.nr)
+                    .or_insert_with(|| {
+                        syscall_name(arch, n.nr).unwrap_or_else(|| format!("syscall {}", n.nr))
+                    })
+                    .clone();
+                let event = Event::SyscallDenied {
+                    syscall,
+                    nr: i64::from(n.nr),
+                    pid: i32::try_from(n.pid).unwrap_or(-1),
+                    comm,
+                    exe,
+                    suppressed: std::mem::take(&mut bucket.suppressed),
+                };
+                if let Err(e) = log.append(&event) {
+                    tracing::error!(id, error = %e, "cannot write a syscall_denied record");
+                }
+            } else if flags.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
+                gone.push(i);
+            }
+        }
+        for i in gone.into_iter().rev() {
+            listeners.remove(i);
+        }
+        let mut gone = Vec::new();
+        for (i, flags) in ready_streams.iter().enumerate() {
+            if flags.is_empty() {
+                continue;
+            }
+            match seccomp_notify::recv_fd(streams[i].as_fd()) {
+                Ok(Some(fd)) => listeners.push(fd),
+                Ok(None) | Err(_) => gone.push(i),
+            }
+        }
+        for i in gone.into_iter().rev() {
+            streams.remove(i);
+        }
+        if ready_server.contains(PollFlags::POLLIN)
+            && let Ok((s, _)) = server.accept()
+        {
+            streams.push(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_default_deny_becomes_a_notification() {
+        use seccompiler::sock_filter;
+        let ret = u16::try_from(libc::BPF_RET | libc::BPF_K).unwrap();
+        let eperm = libc::SECCOMP_RET_ERRNO | 1;
+        let prog = vec![
+            sock_filter {
+                code: ret,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_KILL_PROCESS,
+            },
+            sock_filter {
+                code: ret,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ERRNO | 38,
+            },
+            sock_filter {
+                code: ret,
+                jt: 0,
+                jf: 0,
+                k: eperm,
+            },
+            // A load whose constant happens to equal the deny value is not a return.
+            sock_filter {
+                code: u16::try_from(libc::BPF_LD | libc::BPF_IMM).unwrap(),
+                jt: 0,
+                jf: 0,
+                k: eperm,
+            },
+            sock_filter {
+                code: ret,
+                jt: 0,
+                jf: 0,
+                k: libc::SECCOMP_RET_ALLOW,
+            },
+        ];
+        let ks: Vec<u32> = notify_program(&prog, 1).iter().map(|i| i.k).collect();
+        assert_eq!(
+            ks,
+            [
+                libc::SECCOMP_RET_KILL_PROCESS,
+                libc::SECCOMP_RET_ERRNO | 38,
+                libc::SECCOMP_RET_USER_NOTIF,
+                eperm,
+                libc::SECCOMP_RET_ALLOW
+            ]
+        );
+    }
+
+    #[test]
+    fn syscall_numbers_name_the_syscall() {
+        assert_eq!(syscall_name(Arch::X86_64, 250).as_deref(), Some("keyctl"));
+        assert_eq!(syscall_name(Arch::Aarch64, 219).as_deref(), Some("keyctl"));
+        assert_eq!(syscall_name(Arch::X86_64, -1), None);
+    }
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_counts_what_it_drops() {
+        let t = Instant::now();
+        let mut b = Bucket {
+            tokens: BURST,
+            at: t,
+            suppressed: 0,
+        };
+        let taken = (0..200).filter(|_| b.take(t)).count();
+        assert_eq!(taken, 50);
+        assert_eq!(b.suppressed, 150);
+        assert!(b.take(t + std::time::Duration::from_millis(150)));
+    }
+}
