@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import extra  # noqa: E402  (hack/bench/extra.py: proxy, CRI, density, criterion, chart)
+import extra as bench_extra  # noqa: E402  (hack/bench/extra.py: proxy, CRI, density, criterion, chart)
 
 # --- Linux primitives (ctypes; Python 3.11 has no os.setns) -------------------------
 
@@ -1064,22 +1064,22 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nload average at end: {' '.join(result['loadavg_at_end'])}")
     print(f"result: {out}")
-    print(extra.render_chart(result, Path(args.chart) if args.chart else out.with_suffix(".png")))
+    print(bench_extra.render_chart(result, Path(args.chart) if args.chart else out.with_suffix(".png")))
     return 0
 
 
 def run_external(key: str, args) -> dict:
     if key == "proxy":
-        return extra.run_proxy(args)
+        return bench_extra.run_proxy(args)
     if key == "cri":
-        return extra.run_cri(args)
+        return bench_extra.run_cri(args)
     if key == "criterion":
-        return extra.run_criterion(args)
+        return bench_extra.run_criterion(args)
     ctr = CtrClient(args.ctr_namespace, args.image)
     reason = ctr.unavailable()
     if reason:
         return {"status": "missing", "error": reason}
-    return extra.run_density(args, ctr.cmd, CTR_RUNTIMES)
+    return bench_extra.run_density(args, ctr.cmd, CTR_RUNTIMES)
 
 
 def print_external(key: str, res: dict) -> None:

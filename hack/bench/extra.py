@@ -49,11 +49,13 @@ def run_proxy(args) -> dict:
     if out.returncode != 0:
         result["error"] = out.stderr.strip()[-2000:]
     figures = {}
+    # "bulk throughput ratio (proxied/direct, 100 MB): 0.414 (target ...)",
+    # "added per small request (1000 requests): 0.455 ms (target ...)"
     for line in lines:
         low = line.lower()
-        for key, pattern in (("throughput_ratio", r"ratio[^0-9]*([0-9.]+)"), ("added_ms_per_request", r"added[^0-9-]*(-?[0-9.]+)\s*ms")):
+        for key, pattern in (("throughput_ratio", r"throughput ratio[^:]*:\s*([0-9.]+)"), ("added_ms_per_request", r"added per small request[^:]*:\s*(-?[0-9.]+)\s*ms")):
             m = re.search(pattern, low)
-            if m and key not in figures and (key != "throughput_ratio" or "throughput" in low or "bulk" in low):
+            if m and key not in figures:
                 figures[key] = float(m.group(1))
     result["figures"] = figures
     return result
@@ -218,7 +220,7 @@ def render_chart(result: dict, path: Path) -> str:
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
     for ax, (kind, key, title, data) in zip(axes[:, 0], panels):
         if kind == "timed":
-            names = [f"{r['name']}" + (f" ({r['view']})" if r.get("view") not in (None, "host") else "") for r in data]
+            names = [r["name"] + (f" ({r['view']} view)" if r.get("view") not in (None, "host") and "view" not in r["name"] else "") for r in data]
             med = [r["stats_ms"]["median"] for r in data]
             p90 = [r["stats_ms"]["p90"] - r["stats_ms"]["median"] for r in data]
             ax.barh(names, med, xerr=[[0] * len(med), p90], color="#4c72b0")
