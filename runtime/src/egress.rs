@@ -253,6 +253,33 @@ pub fn stop(sandbox_dir: &Path, id: &str) -> Stopped {
     Stopped::Killed
 }
 
+/// How often the proxy checks that the sandbox's init still holds the network namespace.
+const INIT_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Ends the proxy once the sandbox's init is gone (`netns` is `/proc/PID/ns/net` of the init,
+/// or of the pod's pause container): a sandbox whose init exited needs no door out, and a
+/// create that was killed before it recorded the proxy's pid must not leak it. The identity
+/// of the namespace (device and inode) is compared, so a reused pid cannot keep it alive. The
+/// pid file is removed first so that `delete` does not report a dead proxy as a failure.
+fn watch_sandbox_init(netns: &Path, pid_file: PathBuf) {
+    use std::os::unix::fs::MetadataExt;
+    let ns_id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let Some(original) = ns_id(netns) else {
+        return;
+    };
+    let netns = netns.to_path_buf();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(INIT_POLL);
+            if ns_id(&netns) != Some(original) {
+                tracing::info!(netns = %netns.display(), "the sandbox's init is gone; the egress proxy exits");
+                let _ = std::fs::remove_file(&pid_file);
+                std::process::exit(0);
+            }
+        }
+    });
+}
+
 /// Whether `pid` is a live `agent-sandbox ... proxy ... ID` process.
 fn is_our_proxy(pid: i32, id: &str) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -272,6 +299,7 @@ pub fn serve(
     policy: &SandboxPolicy,
     audit: &Path,
     id: &str,
+    pid_file: &Path,
 ) -> Result<(), EgressError> {
     let log = AuditLog::open(audit, id).map_err(EgressError::Audit)?;
     let credentials = match load_credentials(policy) {
@@ -288,6 +316,7 @@ pub fn serve(
             return Err(EgressError::Listener(e));
         }
     };
+    watch_sandbox_init(netns, pid_file.to_path_buf());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

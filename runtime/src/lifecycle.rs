@@ -597,7 +597,9 @@ impl Runtime {
         let bundle = self.dirs.sandbox(id).join("bundle");
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
-        crate::egress::serve(netns, &policy, &log, id.as_str()).map_err(LifecycleError::Egress)
+        let pid_file = self.dirs.sandbox(id).join(crate::egress::PID_FILE);
+        crate::egress::serve(netns, &policy, &log, id.as_str(), &pid_file)
+            .map_err(LifecycleError::Egress)
     }
 
     /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor.
@@ -746,6 +748,10 @@ impl Runtime {
                 let leftovers = self.dirs.sandbox(id).exists();
                 if leftovers {
                     self.cleanup_sandbox(id);
+                } else if force && !paths::rootless().unwrap_or(true) {
+                    // A create killed between allocating the id block and making the
+                    // sandbox directory left only the block behind.
+                    let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
                 }
                 if force || leftovers {
                     Ok(())

@@ -104,6 +104,11 @@ pub enum HardenError {
         destination: PathBuf,
         source_path: PathBuf,
     },
+    #[error("mount at {destination}: a bind of the host's {source_path} is not allowed")]
+    ProcBind {
+        destination: PathBuf,
+        source_path: PathBuf,
+    },
     #[error("device {path} is not one of the standard safe devices")]
     Device { path: PathBuf },
     #[error("sysctl {key} is not namespaced to the sandbox")]
@@ -760,6 +765,28 @@ fn harden_mounts(
         }
         if is_bind(&mount) {
             let source = mount.source().clone().unwrap_or_default();
+            if source.starts_with("/proc") {
+                // Rootless podman binds the host's /proc for `--pid host`: it would list every
+                // host process (and the egress proxy) inside the sandbox's own pid namespace.
+                // The sandbox gets a fresh procfs for that namespace instead.
+                if dest == Path::new("/proc") {
+                    let mut fresh = Mount::default();
+                    fresh.set_destination(dest);
+                    fresh.set_typ(Some("proc".to_owned()));
+                    fresh.set_source(Some(PathBuf::from("proc")));
+                    fresh.set_options(Some(vec![
+                        "nosuid".to_owned(),
+                        "nodev".to_owned(),
+                        "noexec".to_owned(),
+                    ]));
+                    out.push(fresh);
+                    continue;
+                }
+                return Err(HardenError::ProcBind {
+                    destination: dest,
+                    source_path: source,
+                });
+            }
             if source.starts_with("/dev")
                 && !SAFE_DEV_SOURCES.iter().any(|s| Path::new(s) == source)
             {

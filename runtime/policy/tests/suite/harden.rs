@@ -765,3 +765,37 @@ fn pod_sandbox_ignores_the_cni_netns_path() {
     assert!(ns.iter().all(|n| n.path().is_none()));
     assert_eq!(spec.hostname().as_deref(), Some("pod-host"));
 }
+
+#[test]
+fn a_bind_of_the_host_proc_becomes_a_fresh_procfs_and_other_proc_binds_are_refused() {
+    // What rootless podman sends for `--pid host`: the host's /proc bound over /proc.
+    let mut spec = podman_like_spec();
+    let mut mounts: Vec<_> = spec
+        .mounts()
+        .clone()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.destination() != Path::new("/proc"))
+        .collect();
+    mounts.push(bind("/proc", "/proc", &["rbind"]));
+    spec.set_mounts(Some(mounts));
+    let out = harden_ok(spec, &agent(), &ctx()).spec;
+    let procs: Vec<_> = out
+        .mounts()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|m| m.destination() == Path::new("/proc"))
+        .collect();
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    assert_eq!(procs[0].typ().as_deref(), Some("proc"));
+    assert_eq!(procs[0].source().as_deref(), Some(Path::new("proc")));
+
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(bind("/proc/1/root", "/hostroot", &["rbind"]));
+    spec.set_mounts(Some(mounts));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(matches!(err, HardenError::ProcBind { .. }), "{err}");
+    assert!(err.to_string().contains("/hostroot"), "{err}");
+}
