@@ -164,6 +164,11 @@ pub fn rebind_sources(
         let Some(src) = m.source().clone() else {
             continue;
         };
+        // Binds of the host's procfs are for the policy to replace or refuse (harden_spec);
+        // re-bound here they would reach it under another name.
+        if src.starts_with("/proc") {
+            continue;
+        }
         let readonly = opts.iter().any(|o| o == "ro");
         let dst = binds.join(n.to_string());
         bind(&src, &dst, readonly)?;
