@@ -8,7 +8,8 @@
 //! Every decision the proxy takes is appended to the sandbox's audit log as a
 //! `net` record.
 
-use std::io::{BufRead, BufReader, Write};
+use std::ffi::OsStr;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -22,14 +23,13 @@ use agent_sandbox_proxy::{
 };
 use libcontainer::oci_spec::runtime::Process;
 
+use crate::sidecar::{self, READY};
+
 /// Name of the proxy's pid file in the sandbox directory.
 pub const PID_FILE: &str = "proxy.pid";
 
 /// Name of the proxy's log file in the sandbox directory.
 pub const LOG_FILE: &str = "proxy.log";
-
-/// What the proxy prints on stdout once its listener is bound.
-const READY: &str = "ready";
 
 /// Errors of the egress door.
 #[derive(Debug, thiserror::Error)]
@@ -168,53 +168,27 @@ pub fn add_env(env: &mut Vec<String>, port: u16) {
 /// listener is bound inside the sandbox. Returns the proxy's pid (also written
 /// to `sandbox_dir/proxy.pid`).
 pub fn spawn(root: &Path, sandbox_dir: &Path, id: &str, pid: i32) -> Result<u32, EgressError> {
-    // `/proc/self/exe`, not `current_exe()`: create runs from a sealed memfd copy
-    // (see agent_sandbox_sys::selfexec), whose name is not a path on disk.
-    use std::os::unix::process::CommandExt;
     // The proxy's own log (warnings, refusals of special addresses, why it stopped) goes to
     // `proxy.log` beside its pid file; its decisions go to the audit log.
-    let mut child = std::process::Command::new("/proc/self/exe")
-        .arg("--root")
-        .arg(root)
-        .arg("--log")
-        .arg(sandbox_dir.join(LOG_FILE))
-        .arg("--log-format")
-        .arg("json")
-        .arg("proxy")
-        .arg("--netns")
-        .arg(format!("/proc/{pid}/ns/net"))
-        .arg(id)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(EgressError::Spawn)?;
-    let proxy_pid = child.id();
-    let pid_file = sandbox_dir.join(PID_FILE);
-    std::fs::write(&pid_file, proxy_pid.to_string()).map_err(|source| EgressError::Write {
-        path: pid_file,
-        source,
+    let log = sandbox_dir.join(LOG_FILE);
+    let netns = format!("/proc/{pid}/ns/net");
+    let args: [&OsStr; 10] = [
+        "--root".as_ref(),
+        root.as_os_str(),
+        "--log".as_ref(),
+        log.as_os_str(),
+        "--log-format".as_ref(),
+        "json".as_ref(),
+        "proxy".as_ref(),
+        "--netns".as_ref(),
+        netns.as_ref(),
+        id.as_ref(),
+    ];
+    let proxy_pid = sidecar::spawn(&args, &sandbox_dir.join(PID_FILE)).map_err(|e| match e {
+        sidecar::SpawnError::Spawn(source) => EgressError::Spawn(source),
+        sidecar::SpawnError::Write { path, source } => EgressError::Write { path, source },
+        sidecar::SpawnError::NotReady { reason } => EgressError::NotReady { reason },
     })?;
-    let Some(stdout) = child.stdout.take() else {
-        return Err(EgressError::NotReady {
-            reason: "no status pipe".to_owned(),
-        });
-    };
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(EgressError::Spawn)?;
-    if line.trim() != READY {
-        let status = child.try_wait().ok().flatten();
-        return Err(EgressError::NotReady {
-            reason: match (line.trim(), status) {
-                ("", Some(s)) => format!("it exited ({s})"),
-                ("", None) => "it closed its status pipe".to_owned(),
-                (other, _) => other.to_owned(),
-            },
-        });
-    }
     tracing::info!(id, proxy_pid, "egress proxy ready");
     Ok(proxy_pid)
 }
@@ -234,23 +208,14 @@ pub enum Stopped {
 /// a failed create. The pid is only signalled if it still is this sandbox's
 /// proxy (a dead proxy's pid may have been reused by another process).
 pub fn stop(sandbox_dir: &Path, id: &str) -> Stopped {
-    let pid_file = sandbox_dir.join(PID_FILE);
-    let Ok(text) = std::fs::read_to_string(&pid_file) else {
-        return Stopped::NoProxy;
-    };
-    let _ = std::fs::remove_file(&pid_file);
-    let Ok(pid) = text.trim().parse::<i32>() else {
-        return Stopped::WasDead;
-    };
-    if !is_our_proxy(pid, id) {
-        tracing::warn!(id, pid, "the egress proxy was not running");
-        return Stopped::WasDead;
+    match sidecar::stop(&sandbox_dir.join(PID_FILE), "proxy", id) {
+        sidecar::Stopped::NoPidFile => Stopped::NoProxy,
+        sidecar::Stopped::Killed => Stopped::Killed,
+        sidecar::Stopped::WasDead => {
+            tracing::warn!(id, "the egress proxy was not running");
+            Stopped::WasDead
+        }
     }
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
-    Stopped::Killed
 }
 
 /// How often the proxy checks that the sandbox's init still holds the network namespace.
@@ -278,18 +243,6 @@ fn watch_sandbox_init(netns: &Path, pid_file: PathBuf) {
             }
         }
     });
-}
-
-/// Whether `pid` is a live `agent-sandbox ... proxy ... ID` process.
-fn is_our_proxy(pid: i32, id: &str) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = cmdline
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .collect();
-    args.iter().any(|a| *a == b"proxy") && args.last() == Some(&id.as_bytes())
 }
 
 /// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on

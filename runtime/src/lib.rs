@@ -17,4 +17,5 @@ pub mod mounts;
 pub mod paths;
 pub mod pod;
 pub mod sandbox;
+pub mod sidecar;
 pub mod syscall_audit;

@@ -18,6 +18,7 @@
 //! has taken the fd and to tell it the fd number: the stream does both in one message.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -28,13 +29,12 @@ use agent_sandbox_policy::seccomp::Arch;
 use agent_sandbox_sys::seccomp_notify::{self, Instruction};
 use seccompiler::BpfProgram;
 
+use crate::sidecar::{self, READY};
+
 /// The supervisor's socket in the sandbox dir.
 pub const SOCKET: &str = "seccomp.sock";
 /// The supervisor's pid in the sandbox dir.
 pub const PID_FILE: &str = "seccomp-supervisor.pid";
-/// What the supervisor prints on stdout once its socket listens.
-const READY: &str = "ready";
-
 /// Records allowed in a burst, and refilled per second after it.
 const BURST: f64 = 50.0;
 const PER_SECOND: f64 = 10.0;
@@ -102,70 +102,25 @@ pub fn spawn(
     id: &str,
     errno: u32,
 ) -> Result<u32, SyscallAuditError> {
-    use std::io::BufRead;
-    use std::os::unix::process::CommandExt;
-    // `/proc/self/exe`: create runs from a sealed memfd copy (see egress::spawn).
-    let mut child = std::process::Command::new("/proc/self/exe")
-        .arg("--root")
-        .arg(root)
-        .arg("seccomp-supervise")
-        .arg("--errno")
-        .arg(errno.to_string())
-        .arg(id)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(SyscallAuditError::Spawn)?;
-    let pid = child.id();
-    let pid_file = sandbox_dir.join(PID_FILE);
-    std::fs::write(&pid_file, pid.to_string()).map_err(|source| SyscallAuditError::Write {
-        path: pid_file,
-        source,
-    })?;
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| SyscallAuditError::NotReady {
-            reason: "no status pipe".to_owned(),
-        })?;
-    let mut line = String::new();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(SyscallAuditError::Spawn)?;
-    if line.trim() != READY {
-        return Err(SyscallAuditError::NotReady {
-            reason: if line.trim().is_empty() {
-                "it exited".to_owned()
-            } else {
-                line.trim().to_owned()
-            },
-        });
-    }
-    Ok(pid)
+    let errno = errno.to_string();
+    let args: [&OsStr; 6] = [
+        "--root".as_ref(),
+        root.as_os_str(),
+        "seccomp-supervise".as_ref(),
+        "--errno".as_ref(),
+        errno.as_ref(),
+        id.as_ref(),
+    ];
+    sidecar::spawn(&args, &sandbox_dir.join(PID_FILE)).map_err(|e| match e {
+        sidecar::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
+        sidecar::SpawnError::Write { path, source } => SyscallAuditError::Write { path, source },
+        sidecar::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
+    })
 }
 
 /// Kills the supervisor (at delete), if it still is this sandbox's.
 pub fn stop(sandbox_dir: &Path, id: &str) {
-    let pid_file = sandbox_dir.join(PID_FILE);
-    let Ok(text) = std::fs::read_to_string(&pid_file) else {
-        return;
-    };
-    let _ = std::fs::remove_file(&pid_file);
-    let Ok(pid) = text.trim().parse::<i32>() else {
-        return;
-    };
-    let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        let args: Vec<&[u8]> = c.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
-        args.iter().any(|a| *a == b"seccomp-supervise") && args.last() == Some(&id.as_bytes())
-    });
-    if ours {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
+    sidecar::stop(&sandbox_dir.join(PID_FILE), "seccomp-supervise", id);
 }
 
 /// The socket's path through a descriptor of the sandbox dir (`/proc/self/fd/N/seccomp.sock`):

@@ -1,0 +1,106 @@
+//! Host-side processes the runtime starts beside a sandbox and kills at delete (the egress
+//! proxy, the seccomp supervisor): one way to start them, wait for their ready line, record
+//! their pid, and later kill them only if the pid still names that process.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The line a sidecar prints on stdout once it serves.
+pub const READY: &str = "ready";
+
+/// Why a sidecar did not start; each caller maps it onto its own error.
+#[derive(Debug)]
+pub enum SpawnError {
+    Spawn(std::io::Error),
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    NotReady {
+        reason: String,
+    },
+}
+
+/// Runs `/proc/self/exe ARGS...` in its own process group (`/proc/self/exe`, not
+/// `current_exe()`: create runs from a sealed memfd copy whose name is not a path on disk),
+/// writes its pid to `pid_file`, and waits for its [`READY`] line.
+pub fn spawn(args: &[&std::ffi::OsStr], pid_file: &Path) -> Result<u32, SpawnError> {
+    let mut child = Command::new("/proc/self/exe")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(SpawnError::Spawn)?;
+    let pid = child.id();
+    std::fs::write(pid_file, pid.to_string()).map_err(|source| SpawnError::Write {
+        path: pid_file.to_path_buf(),
+        source,
+    })?;
+    let Some(stdout) = child.stdout.take() else {
+        return Err(SpawnError::NotReady {
+            reason: "no status pipe".to_owned(),
+        });
+    };
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(SpawnError::Spawn)?;
+    if line.trim() != READY {
+        let status = child.try_wait().ok().flatten();
+        return Err(SpawnError::NotReady {
+            reason: match (line.trim(), status) {
+                ("", Some(s)) => format!("it exited ({s})"),
+                ("", None) => "it closed its status pipe".to_owned(),
+                (other, _) => other.to_owned(),
+            },
+        });
+    }
+    Ok(pid)
+}
+
+/// What [`stop`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// No pid file: the sandbox had no such sidecar.
+    NoPidFile,
+    /// The sidecar was running and got SIGKILL.
+    Killed,
+    /// The pid file named no live `SUBCOMMAND ... ID` process.
+    WasDead,
+}
+
+/// Removes `pid_file` and SIGKILLs the process it names if that is still a live
+/// `agent-sandbox ... SUBCOMMAND ... ID` (a reused pid is left alone).
+pub fn stop(pid_file: &Path, subcommand: &str, id: &str) -> Stopped {
+    let Ok(text) = std::fs::read_to_string(pid_file) else {
+        return Stopped::NoPidFile;
+    };
+    let _ = std::fs::remove_file(pid_file);
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return Stopped::WasDead;
+    };
+    if !is_ours(pid, subcommand, id) {
+        return Stopped::WasDead;
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    Stopped::Killed
+}
+
+/// Whether `pid` is a live `agent-sandbox ... SUBCOMMAND ... ID` process.
+fn is_ours(pid: i32, subcommand: &str, id: &str) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    args.contains(&subcommand.as_bytes()) && args.last() == Some(&id.as_bytes())
+}
