@@ -753,6 +753,9 @@ impl Runtime {
                     // sandbox directory left only the block behind.
                     let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
                 }
+                if force {
+                    remove_orphan_cgroups(id);
+                }
                 if force || leftovers {
                     Ok(())
                 } else {
@@ -1003,3 +1006,36 @@ fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
 
 /// Shared handle type for executor pieces.
 pub type Shared<T> = Arc<T>;
+
+/// A create killed after libcontainer forked the init but before it wrote the state leaves
+/// that init waiting in libcontainer's default cgroups (`:youki:ID`, one per v1 controller),
+/// which no state names: kill what is in them and remove them.
+fn remove_orphan_cgroups(id: &ContainerId) {
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let name = format!(":youki:{id}");
+    let dirs: Vec<PathBuf> = controllers
+        .flatten()
+        .map(|c| c.path().join(&name))
+        .filter(|d| d.is_dir())
+        .collect();
+    for dir in &dirs {
+        if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    for dir in &dirs {
+        for _ in 0..50 {
+            if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
