@@ -24,11 +24,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use agent_sandbox_audit::kernel::{Found, LandlockTracker};
 use agent_sandbox_audit::{AuditLog, Event};
 use agent_sandbox_policy::seccomp::Arch;
-use agent_sandbox_sys::seccomp_notify::{self, Instruction};
+use agent_sandbox_sys::seccomp_notify::{self, Handover, Instruction};
 use seccompiler::BpfProgram;
 
+use crate::fs_audit::{FsAuditStatus, KernelAudit};
 use crate::sidecar::{self, READY};
 
 /// The supervisor's socket in the sandbox dir.
@@ -70,6 +72,8 @@ pub enum SyscallAuditError {
     Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("BPF instruction {index} does not fit the kernel's format")]
     Program { index: usize },
+    #[error("fs_denied reporting")]
+    FsAudit(#[source] crate::fs_audit::FsAuditError),
 }
 
 /// The sandbox's filter with every `SECCOMP_RET_ERRNO | errno` return (the policy's default
@@ -155,6 +159,14 @@ struct Bucket {
 }
 
 impl Bucket {
+    fn new() -> Self {
+        Self {
+            tokens: BURST,
+            at: Instant::now(),
+            suppressed: 0,
+        }
+    }
+
     fn take(&mut self, now: Instant) -> bool {
         let refill = now.duration_since(self.at).as_secs_f64() * PER_SECOND;
         self.tokens = (self.tokens + refill).min(BURST);
@@ -232,30 +244,55 @@ pub fn supervise(
         .map_err(listen_err)
         .map_err(not_ready)?;
     }
+    // Landlock denials: subscribe to the kernel audit log if the kernel can report them.
+    let (kernel, fs_status) = match KernelAudit::open() {
+        Ok(k) => (
+            Some(k),
+            FsAuditStatus {
+                active: true,
+                reason: None,
+            },
+        ),
+        Err(status) => (None, status),
+    };
+    if let Some(reason) = &fs_status.reason {
+        tracing::warn!(id, layer = "fs_denied", %reason, "fs_denied reporting inactive");
+    }
+    fs_status
+        .save(sandbox_dir)
+        .map_err(SyscallAuditError::FsAudit)
+        .map_err(not_ready)?;
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
-    let mut streams: Vec<UnixStream> = Vec::new();
+    let mut streams: Vec<Stream> = Vec::new();
     let mut listeners: Vec<OwnedFd> = Vec::new();
-    let mut bucket = Bucket {
-        tokens: BURST,
-        at: Instant::now(),
-        suppressed: 0,
-    };
+    let mut bucket = Bucket::new();
+    let mut fs_bucket = Bucket::new();
+    let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
     loop {
-        let (ready_server, ready_streams, ready_listeners) = {
+        let (ready_server, ready_streams, ready_listeners, ready_kernel) = {
             let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
             fds.extend(
                 streams
                     .iter()
-                    .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
+                    .map(|s| PollFd::new(s.stream.as_fd(), PollFlags::POLLIN)),
             );
             fds.extend(
                 listeners
                     .iter()
                     .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
             );
-            match poll(&mut fds, PollTimeout::NONE) {
+            if let Some(k) = &kernel {
+                fds.push(PollFd::new(k.as_fd(), PollFlags::POLLIN));
+            }
+            // Pending kernel events and waiting probes have deadlines.
+            let timeout = if tracker.busy() {
+                PollTimeout::from(100u8)
+            } else {
+                PollTimeout::NONE
+            };
+            match poll(&mut fds, timeout) {
                 Ok(_) => {}
                 Err(nix::Error::EINTR) => continue,
                 Err(e) => return Err(SyscallAuditError::Poll(e)),
@@ -265,8 +302,9 @@ pub fn supervise(
                 .map(|f| f.revents().unwrap_or(PollFlags::empty()))
                 .collect();
             let (first, rest) = flags.split_at(1);
-            let (s, l) = rest.split_at(streams.len());
-            (first[0], s.to_vec(), l.to_vec())
+            let (s, rest) = rest.split_at(streams.len());
+            let (l, k) = rest.split_at(listeners.len());
+            (first[0], s.to_vec(), l.to_vec(), k.first().copied())
         };
         // Notifications first: a caller is waiting for each.
         let mut gone = Vec::new();
@@ -287,14 +325,8 @@ pub fn supervise(
                     continue;
                 };
                 let comm = comm.unwrap_or_default();
-                let syscall = names
-                    .entry(n.nr)
-                    .or_insert_with(|| {
-                        syscall_name(arch, n.nr).unwrap_or_else(|| format!("syscall {}", n.nr))
-                    })
-                    .clone();
                 let event = Event::SyscallDenied {
-                    syscall,
+                    syscall: name_of(&mut names, arch, i64::from(n.nr)),
                     nr: i64::from(n.nr),
                     pid: i32::try_from(n.pid).unwrap_or(-1),
                     comm,
@@ -311,25 +343,125 @@ pub fn supervise(
         for i in gone.into_iter().rev() {
             listeners.remove(i);
         }
+        let now = Instant::now();
+        let mut found = Vec::new();
         let mut gone = Vec::new();
         for (i, flags) in ready_streams.iter().enumerate() {
             if flags.is_empty() {
                 continue;
             }
-            match seccomp_notify::recv_fd(streams[i].as_fd()) {
-                Ok(Some(fd)) => listeners.push(fd),
+            match seccomp_notify::recv_fd(streams[i].stream.as_fd()) {
+                Ok(Some(got)) => {
+                    listeners.push(got.fd);
+                    if let Handover::Probed { port } = got.what {
+                        match (got.pid.filter(|p| *p > 0), &kernel) {
+                            (Some(pid), Some(_)) => {
+                                streams[i].waiting = Some(pid);
+                                found.extend(tracker.wait_for(pid, port, now));
+                            }
+                            // Nothing to wait for: answer at once.
+                            _ => streams[i].answer(),
+                        }
+                    }
+                }
                 Ok(None) | Err(_) => gone.push(i),
             }
         }
         for i in gone.into_iter().rev() {
             streams.remove(i);
         }
+        if let Some(k) = &kernel {
+            if ready_kernel.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
+                let (records, lost) = k.drain(256);
+                if lost {
+                    tracing::warn!(id, "kernel audit records were dropped for this reader");
+                }
+                for r in &records {
+                    found.extend(tracker.feed(r, now));
+                }
+            }
+            found.extend(tracker.expire(now));
+        }
+        for f in found {
+            let event = match f {
+                Found::Denied(d) => {
+                    if !fs_bucket.take(now) {
+                        continue;
+                    }
+                    Event::FsDenied {
+                        path: d.path,
+                        access: d.access,
+                        pid: d.pid,
+                        comm: d.comm,
+                        exe: d.exe,
+                        syscall: d.syscall_nr.map(|nr| name_of(&mut names, arch, nr)),
+                        domain: Some(d.domain),
+                        suppressed: std::mem::take(&mut fs_bucket.suppressed),
+                    }
+                }
+                Found::Claimed { pid, .. } => {
+                    answer(&mut streams, pid);
+                    continue;
+                }
+                Found::TimedOut { pid } => {
+                    answer(&mut streams, pid);
+                    Event::LayerInactive {
+                        layer: "fs_denied".to_owned(),
+                        reason: format!(
+                            "no kernel audit record named the Landlock domain of process {pid} in time; its filesystem denials are not recorded"
+                        ),
+                    }
+                }
+            };
+            if let Err(e) = log.append(&event) {
+                tracing::error!(id, error = %e, kind = event.kind(), "cannot write a record");
+            }
+        }
         if ready_server.contains(PollFlags::POLLIN)
             && let Ok((s, _)) = server.accept()
         {
-            streams.push(s);
+            // The executor sends its credentials; the kernel shows them only to a receiver
+            // that asked for them.
+            let _ = seccomp_notify::pass_credentials(s.as_fd());
+            streams.push(Stream {
+                stream: s,
+                waiting: None,
+            });
         }
     }
+}
+
+/// One executor's stream, and the pid of the creator waiting on it for its probe answer.
+struct Stream {
+    stream: UnixStream,
+    waiting: Option<i32>,
+}
+
+impl Stream {
+    /// Lets the waiting executor go on (one byte; it ignores what).
+    fn answer(&mut self) {
+        use std::io::Write;
+        let _ = (&self.stream).write_all(b"k");
+        self.waiting = None;
+    }
+}
+
+/// Answers the stream whose executor `pid` waits.
+fn answer(streams: &mut [Stream], pid: i32) {
+    if let Some(s) = streams.iter_mut().find(|s| s.waiting == Some(pid)) {
+        s.answer();
+    }
+}
+
+/// The cached name of syscall `nr`.
+fn name_of(names: &mut HashMap<i32, String>, arch: Arch, nr: i64) -> String {
+    let Ok(key) = i32::try_from(nr) else {
+        return format!("syscall {nr}");
+    };
+    names
+        .entry(key)
+        .or_insert_with(|| syscall_name(arch, key).unwrap_or_else(|| format!("syscall {nr}")))
+        .clone()
 }
 
 #[cfg(test)]

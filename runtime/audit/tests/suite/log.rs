@@ -65,6 +65,10 @@ fn sample(i: u64) -> Event {
             access: "write_file".into(),
             pid: Some(7),
             comm: None,
+            exe: None,
+            syscall: Some("openat".into()),
+            domain: Some("1a6fdc66f".into()),
+            suppressed: 0,
         },
     }
 }
