@@ -151,6 +151,12 @@ impl KernelAudit {
     /// Checks the conditions (see the module docs) and subscribes; `Err` carries the
     /// inactive verdict with its reason.
     pub fn open() -> Result<Self, FsAuditStatus> {
+        let uid_map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+        if !initial_user_namespace(&uid_map) {
+            return Err(FsAuditStatus::inactive(
+                "the runtime runs in a user namespace (rootless): reading the kernel audit log needs CAP_AUDIT_READ in the initial user namespace",
+            ));
+        }
         match agent_sandbox_sys::landlock_abi() {
             Ok(abi) if abi >= MIN_LANDLOCK_ABI => {}
             Ok(abi) => {
@@ -236,6 +242,12 @@ impl AsFd for KernelAudit {
     }
 }
 
+/// Whether a `/proc/self/uid_map` is the initial user namespace's (the identity map of
+/// every id).
+fn initial_user_namespace(uid_map: &str) -> bool {
+    uid_map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]
+}
+
 /// An error and its causes on one line (for the status file and records).
 fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -258,6 +270,15 @@ mod tests {
     fn the_kernel_answers_the_audit_status_query() {
         let enabled = kernel_audit_enabled().unwrap();
         assert!(enabled <= 2, "{enabled}");
+    }
+
+    #[test]
+    fn only_the_initial_user_namespace_may_read_the_audit_log() {
+        assert!(initial_user_namespace("         0          0 4294967295\n"));
+        assert!(!initial_user_namespace(
+            "         0       1500          1\n         1     100000      65536\n"
+        ));
+        assert!(!initial_user_namespace(""));
     }
 
     #[test]
