@@ -76,27 +76,86 @@ pub enum SyscallAuditError {
     FsAudit(#[source] crate::fs_audit::FsAuditError),
 }
 
-/// The sandbox's filter with every `SECCOMP_RET_ERRNO | errno` return (the policy's default
-/// deny) turned into `SECCOMP_RET_USER_NOTIF`. seccompiler has no user-notification action,
-/// so the compiled program is rewritten here: only `BPF_RET|BPF_K` instructions carrying
-/// exactly that value change; the architecture check (kill) and the compatibility answers
-/// with other errnos (e.g. ENOSYS for clone3) are kept as compiled.
+/// `BPF_RET | BPF_K` (`<linux/bpf_common.h>`: 0x06 | 0x00).
+const RET_K: u16 = 0x06;
+/// `BPF_JMP | BPF_JEQ | BPF_K` and `BPF_JMP | BPF_JGE | BPF_K`.
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+
+/// The sandbox's filter with its denials turned into `SECCOMP_RET_USER_NOTIF`, so the
+/// supervisor answers and records them. seccompiler has no user-notification action, so the
+/// compiled program is rewritten here; which returns change follows the layout the policy
+/// compiler pins (`policy::seccomp::bpf::prologue`):
+/// - in the allowlist, every `SECCOMP_RET_ERRNO | errno` (the policy's default deny, which
+///   is also what an argument check that does not match returns);
+/// - in the prologue, the ENOSYS answer to syscalls newer than the policy's review (the
+///   return after its `jge`): a denial like any other, answered with ENOSYS as compiled;
+/// - not the prologue's per-syscall compatibility answers (clone3's ENOSYS, after a `jeq`):
+///   libc calls clone3 for every thread and process, falls back to clone (whose flags the
+///   allowlist checks) and nothing is refused, so they stay in the kernel, unrecorded and
+///   without a round trip; nor the architecture check's kill.
 pub fn notify_program(bpf: &BpfProgram, errno: u32) -> Vec<Instruction> {
-    /// `BPF_RET | BPF_K` (`<linux/bpf_common.h>`: 0x06 | 0x00).
-    const RET_K: u16 = 0x06;
     let deny = libc::SECCOMP_RET_ERRNO | (errno & libc::SECCOMP_RET_DATA);
+    // `ld [arch]; jeq AUDIT_ARCH, 0, SKIP`: the prologue is these two and SKIP more.
+    let prologue_end = match bpf.get(1) {
+        Some(i) if i.code == JEQ_K => 2 + usize::from(i.jf),
+        _ => 0,
+    };
     bpf.iter()
-        .map(|i| Instruction {
-            code: i.code,
-            jt: i.jt,
-            jf: i.jf,
-            k: if i.code == RET_K && i.k == deny {
-                libc::SECCOMP_RET_USER_NOTIF
-            } else {
-                i.k
-            },
+        .enumerate()
+        .map(|(at, i)| {
+            let after = |code| at > 0 && bpf.get(at - 1).is_some_and(|p| p.code == code);
+            let is_errno = i.k & libc::SECCOMP_RET_ACTION_FULL == libc::SECCOMP_RET_ERRNO;
+            let notify = i.code == RET_K
+                && if at < prologue_end {
+                    is_errno && after(JGE_K)
+                } else {
+                    i.k == deny
+                };
+            Instruction {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: if notify {
+                    libc::SECCOMP_RET_USER_NOTIF
+                } else {
+                    i.k
+                },
+            }
         })
         .collect()
+}
+
+/// The errno the supervisor answers a notified syscall with: what the compiled filter would
+/// have returned for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answers {
+    /// The policy's errno (default deny and argument mismatches).
+    pub deny: i32,
+    /// Syscall numbers from here on are newer than the policy's review (or foreign ABIs
+    /// such as x32): the filter answers them ENOSYS.
+    pub unreviewed_from: Option<u32>,
+}
+
+impl Answers {
+    /// The answers of the policy compiler's filter for `arch` with policy errno `deny`.
+    pub fn new(arch: Arch, deny: i32) -> Self {
+        let unreviewed_from = arch
+            .syscall_number(agent_sandbox_policy::seccomp::allowlist::REVIEWED_THROUGH)
+            .and_then(|nr| u32::try_from(nr + 1).ok());
+        Self {
+            deny,
+            unreviewed_from,
+        }
+    }
+
+    /// The errno for syscall `nr` (the kernel compares numbers unsigned).
+    pub fn errno_for(&self, nr: i32) -> i32 {
+        match self.unreviewed_from {
+            Some(from) if nr.cast_unsigned() >= from => libc::ENOSYS,
+            _ => self.deny,
+        }
+    }
 }
 
 /// Starts the supervisor for the sandbox and waits until its socket listens.
@@ -270,6 +329,7 @@ pub fn supervise(
     let mut fs_bucket = Bucket::new();
     let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
+    let answers = Answers::new(arch, errno);
     loop {
         let (ready_server, ready_streams, ready_listeners, ready_kernel) = {
             let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
@@ -320,6 +380,7 @@ pub fn supervise(
                 let record = bucket.take(Instant::now());
                 let who = record.then(|| (proc_text(n.pid, "comm"), proc_text(n.pid, "exe")));
                 let valid = seccomp_notify::id_valid(listener, n.id);
+                let errno = answers.errno_for(n.nr);
                 let answered = seccomp_notify::deny(listener, n.id, errno);
                 let Some((comm, exe)) = who.filter(|_| valid && answered.is_ok()) else {
                     continue;
@@ -331,6 +392,7 @@ pub fn supervise(
                     pid: i32::try_from(n.pid).unwrap_or(-1),
                     comm,
                     exe,
+                    errno: Some(errno),
                     suppressed: std::mem::take(&mut bucket.suppressed),
                 };
                 if let Err(e) = log.append(&event) {
@@ -517,6 +579,54 @@ mod tests {
                 libc::SECCOMP_RET_ALLOW
             ]
         );
+    }
+
+    /// On the real compiled policy: the allowlist's deny and the unreviewed-syscall answer
+    /// are notified, clone3's compatibility ENOSYS is not, whatever the policy's errno.
+    #[test]
+    fn the_unreviewed_answer_is_notified_and_clone3_stays_in_the_kernel() {
+        use agent_sandbox_policy::seccomp::{DenyErrno, compile_bpf};
+        let arch = Arch::host().unwrap();
+        let mut policy = agent_sandbox_policy::SandboxPolicy::builtin("agent")
+            .unwrap()
+            .syscalls;
+        for errno in [DenyErrno::Eperm, DenyErrno::Enosys] {
+            policy.errno = errno;
+            let bpf = compile_bpf(&policy, arch).unwrap();
+            let prog = notify_program(&bpf, policy.errno.number());
+            let enosys = libc::SECCOMP_RET_ERRNO | 38;
+            let clone3 = u32::try_from(arch.syscall_number("clone3").unwrap()).unwrap();
+            let from = Answers::new(arch, 1).unreviewed_from.unwrap();
+            let ret_after = |code: u16, k: u32| {
+                prog.windows(2)
+                    .find(|w| w[0].code == code && w[0].k == k && w[1].code == RET_K)
+                    .map(|w| w[1].k)
+            };
+            assert_eq!(ret_after(JEQ_K, clone3), Some(enosys), "{errno:?}");
+            assert_eq!(
+                ret_after(JGE_K, from),
+                Some(libc::SECCOMP_RET_USER_NOTIF),
+                "{errno:?}"
+            );
+            let notified = prog
+                .iter()
+                .filter(|i| i.code == RET_K && i.k == libc::SECCOMP_RET_USER_NOTIF)
+                .count();
+            assert!(notified >= 2, "{errno:?}: {notified}");
+            // Nothing else changed.
+            assert_eq!(prog.len(), bpf.len());
+        }
+    }
+
+    #[test]
+    fn answers_keep_the_errno_the_filter_would_give() {
+        let arch = Arch::X86_64;
+        let a = Answers::new(arch, libc::EPERM);
+        assert_eq!(a.unreviewed_from, Some(470));
+        assert_eq!(a.errno_for(250), libc::EPERM);
+        assert_eq!(a.errno_for(1000), libc::ENOSYS);
+        // x32 numbers have bit 30 set: above every reviewed number.
+        assert_eq!(a.errno_for(0x4000_0000 | 250), libc::ENOSYS);
     }
 
     #[test]

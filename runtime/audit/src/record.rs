@@ -109,6 +109,10 @@ pub enum Event {
         /// The process's executable (host view of `/proc/PID/exe`), when readable.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exe: Option<String>,
+        /// The errno the call failed with (the policy's, or ENOSYS for a syscall newer
+        /// than the policy's review).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        errno: Option<i32>,
         /// Denials left out by the writer's rate limit since the previous record.
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,

@@ -128,11 +128,15 @@ fn details(event: &Event) -> String {
             pid,
             comm,
             exe,
+            errno,
             suppressed,
         } => {
             let mut s = format!("{syscall} (nr {nr}) by pid {pid} ({comm})");
             if let Some(exe) = exe {
                 let _ = write!(s, " {exe}");
+            }
+            if let Some(e) = errno {
+                let _ = write!(s, ", errno {e}");
             }
             if *suppressed > 0 {
                 let _ = write!(s, "; {suppressed} more not recorded (rate limit)");

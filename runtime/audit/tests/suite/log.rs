@@ -50,6 +50,7 @@ fn sample(i: u64) -> Event {
             pid: 4242,
             comm: "probe".into(),
             exe: Some("/usr/local/bin/probe".into()),
+            errno: Some(1),
             suppressed: 0,
         },
         4 => Event::Exit {
