@@ -1521,3 +1521,55 @@ fn fs_denied_is_reported_inactive_with_the_reason_when_kernel_audit_is_off() -> 
     );
     Ok(())
 }
+
+#[test]
+fn a_syscall_newer_than_the_policy_review_is_answered_enosys_and_recorded_with_its_errno()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-unrev");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    // The probe built with this tree (its `unreviewed_syscall` check may be newer than the
+    // image's copy), bound over the image's.
+    let probe = harness::runtime_bin().with_file_name("probe");
+    harness::require_file(&probe)?;
+    let bind = format!("{}:{}:ro", probe.display(), harness::PROBE);
+    let id = podman_run_d(
+        &[],
+        &["--name", &name, "-v", &bind, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    // The filter's prologue answers every number past the reviewed table ENOSYS (not the
+    // policy's EPERM); the supervisor gives the same answer and records it.
+    let out = sandbox().run_ok(&["exec", &name, harness::PROBE, "unreviewed_syscall"])?;
+    ensure!(
+        out.stdout.contains("\"blocked\"") && out.stdout.contains("(os error 38)"),
+        "syscall 1000 was not refused with ENOSYS\n{out}"
+    );
+    let keyctl = sandbox().run_ok(&["exec", &name, harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&keyctl)?;
+    let log = log_path(PODMAN_ROOT, &id);
+    let raw = fs::read_to_string(&log)?;
+    let denials = syscall_denials(&log)?;
+    let unrev = denials
+        .iter()
+        .find(|r| r["data"]["nr"] == 1000)
+        .context(format!("no syscall_denied record of syscall 1000\n{raw}"))?;
+    ensure!(
+        unrev["data"]["errno"] == 38
+            && unrev["data"]["syscall"] == "syscall 1000"
+            && unrev["data"]["comm"] == "probe",
+        "{unrev}"
+    );
+    let add_key = denials
+        .iter()
+        .find(|r| r["data"]["syscall"] == "add_key")
+        .context(format!("no syscall_denied record of add_key\n{raw}"))?;
+    ensure!(add_key["data"]["errno"] == 1, "{add_key}");
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    Ok(())
+}
