@@ -14,6 +14,9 @@
 //! supervisor (it received the process's seccomp listener with its credentials) and cannot
 //! have exited or been replaced: it is blocked until the supervisor answers. So a domain is
 //! claimed only while its creator provably holds its pid, never by a pid seen later.
+//! Limit: a Landlock domain the workload nests inside its own (it restricts itself
+//! further) is not claimed, so denials that only that inner domain makes are not recorded;
+//! whatever the sandbox's domain refuses is, from any process under it.
 //!
 //! The one crate that parses audit text (`linux-audit-parser`) is LGPL-3.0; this project
 //! is Apache-2.0 and links statically, and the subset needed here (one header, `key=value`
