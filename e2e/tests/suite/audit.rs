@@ -1628,3 +1628,46 @@ fn a_syscall_newer_than_the_policy_review_is_answered_enosys_and_recorded_with_i
     ensure!(v.success(), "{v}");
     Ok(())
 }
+
+#[test]
+fn rootless_fs_denied_is_reported_inactive_because_the_audit_log_needs_cap_audit_read()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, TOOLS_IMAGE)?;
+    // Kernel audit on: the reason must be the rootless runtime, not a disabled audit.
+    let _audit = KernelAudit::set(1)?;
+    let rootless = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let name = unique_name("audit-fs-rl");
+    let _guard = ContainerGuard {
+        podman: Podman::new(User::Rootless, Runtime::AgentSandbox),
+        name: name.clone(),
+    };
+    let out = rootless.run_ok(&["run", "-d", "--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id\n{out}");
+    // `layers` from inside the rootless user namespace, where the runtime keeps its state.
+    let runtime = harness::runtime_bin().display().to_string();
+    let layers = harness::run_ok(
+        User::Rootless
+            .podman()
+            .args(["unshare", &runtime, "layers", &id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    let l: Value = serde_json::from_str(&layers.stdout).context(layers.to_string())?;
+    ensure!(
+        l["fs_denied"]["active"] == false
+            && l["fs_denied"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("rootless") && r.contains("CAP_AUDIT_READ")),
+        "layers\n{l:#}"
+    );
+    // Landlock still refuses the write: only its report is missing.
+    let write = rootless.run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
+    ensure!(write.stdout.contains("rc=1"), "{write}");
+    Ok(())
+}
