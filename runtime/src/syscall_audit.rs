@@ -461,6 +461,11 @@ pub fn supervise(
                         suppressed: std::mem::take(&mut fs_bucket.suppressed),
                     }
                 }
+                Found::Unrecorded { count, .. } => {
+                    // Reported with the next record, like what the rate limit leaves out.
+                    fs_bucket.suppressed += count;
+                    continue;
+                }
                 Found::Claimed { pid, .. } => {
                     answer(&mut streams, pid);
                     continue;

@@ -22,7 +22,7 @@
 //! is Apache-2.0 and links statically, and the subset needed here (one header, `key=value`
 //! pairs, the kernel's hex encoding of untrusted strings) is small, so it is parsed here.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// `AUDIT_SYSCALL`: the syscall a record belongs to (pid, comm, exe).
@@ -167,6 +167,9 @@ pub enum Found {
     /// No probe of waiting creator `pid` arrived in time: its domain is unknown, so its
     /// denials cannot be recorded.
     TimedOut { pid: i32 },
+    /// A domain of the sandbox ended having refused `count` more accesses than the records
+    /// that reached this reader (the kernel's audit queue dropped them under load).
+    Unrecorded { domain: String, count: u64 },
 }
 
 /// A creator waiting for its probe's record.
@@ -196,7 +199,8 @@ struct Pending {
 /// Joins kernel records into `fs_denied` events of one sandbox (see the module docs).
 #[derive(Debug, Default)]
 pub struct LandlockTracker {
-    ours: HashSet<String>,
+    /// The sandbox's domains, with the access records seen of each.
+    ours: HashMap<String, u64>,
     waiting: Vec<Waiting>,
     unclaimed: VecDeque<Unclaimed>,
     /// Probe-shaped access records by serial: (domain, port).
@@ -213,7 +217,7 @@ impl LandlockTracker {
             .position(|u| u.pid == pid && u.port == port)
             && let Some(u) = self.unclaimed.remove(i)
         {
-            self.ours.insert(u.domain.clone());
+            self.ours.insert(u.domain.clone(), 1);
             return vec![Found::Claimed {
                 pid,
                 domain: u.domain,
@@ -229,7 +233,7 @@ impl LandlockTracker {
 
     /// Whether `domain` (hex id) is one of the sandbox's.
     pub fn is_ours(&self, domain: &str) -> bool {
-        self.ours.contains(domain)
+        self.ours.contains_key(domain)
     }
 
     /// Feeds one record; returns what it completed (plus anything that timed out).
@@ -263,6 +267,9 @@ impl LandlockTracker {
         let (Some(domain), Some(blockers)) = (record.get("domain"), record.get("blockers")) else {
             return;
         };
+        if let Some(seen) = self.ours.get_mut(domain) {
+            *seen += 1;
+        }
         if blockers == "net.connect_tcp"
             && record.get("daddr") == Some(PROBE_ADDR)
             && let Some(port) = record.get("dest").and_then(|p| p.parse().ok())
@@ -274,7 +281,7 @@ impl LandlockTracker {
                 .insert(record.serial, (domain.to_owned(), port));
             return;
         }
-        if !blockers.starts_with("fs.") || !self.ours.contains(domain) {
+        if !blockers.starts_with("fs.") || !self.ours.contains_key(domain) {
             return;
         }
         if self.pending.len() >= MAX_PENDING {
@@ -302,7 +309,16 @@ impl LandlockTracker {
             return;
         };
         if record.get("status") == Some("deallocated") {
-            self.ours.remove(domain);
+            // The kernel counts every denial of the domain, logged or not.
+            if let Some(seen) = self.ours.remove(domain)
+                && let Some(denials) = record.get("denials").and_then(|d| d.parse::<u64>().ok())
+                && denials > seen
+            {
+                found.push(Found::Unrecorded {
+                    domain: domain.to_owned(),
+                    count: denials - seen,
+                });
+            }
             return;
         }
         if record.get("status") != Some("allocated") {
@@ -324,7 +340,7 @@ impl LandlockTracker {
             .position(|w| w.pid == pid && w.port == port)
         {
             self.waiting.remove(i);
-            self.ours.insert(domain.to_owned());
+            self.ours.insert(domain.to_owned(), 1);
             found.push(Found::Claimed {
                 pid,
                 domain: domain.to_owned(),
@@ -472,9 +488,34 @@ mod tests {
                 syscall_nr: Some(257),
             })]
         );
-        // Once the domain ends, its id is forgotten.
-        t.feed(&rec(AUDIT_LANDLOCK_DOMAIN, DEALLOC), now);
+        // Once the domain ends, its id is forgotten; its two denials (probe and touch)
+        // both reached this reader.
+        assert!(t.feed(&rec(AUDIT_LANDLOCK_DOMAIN, DEALLOC), now).is_empty());
         assert!(!t.is_ours("11c438af0"));
+    }
+
+    #[test]
+    fn denials_the_kernel_dropped_are_counted_when_the_domain_ends() {
+        let now = Instant::now();
+        let mut t = LandlockTracker::default();
+        t.wait_for(22707, 1, now);
+        for r in probe(43, "11c438af0", 22707, 1) {
+            t.feed(&r, now);
+        }
+        t.feed(&rec(AUDIT_LANDLOCK_ACCESS, ACCESS), now);
+        let dealloc = rec(
+            AUDIT_LANDLOCK_DOMAIN,
+            "audit(1795344176.895:45): domain=11c438af0 status=deallocated denials=9",
+        );
+        assert_eq!(
+            t.feed(&dealloc, now),
+            [Found::Unrecorded {
+                domain: "11c438af0".into(),
+                count: 7
+            }]
+        );
+        // A foreign domain's end says nothing.
+        assert!(t.feed(&rec(AUDIT_LANDLOCK_DOMAIN, DEALLOC), now).is_empty());
     }
 
     #[test]

@@ -140,7 +140,9 @@ pub enum Event {
         /// The Landlock domain that refused it (the kernel's id, hex).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         domain: Option<String>,
-        /// Denials left out by the writer's rate limit since the previous record.
+        /// Denials not recorded since the previous record: left out by the writer's rate
+        /// limit, or dropped by the kernel's audit queue (counted from the kernel's own
+        /// tally when the process's Landlock domain ends).
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,
     },
