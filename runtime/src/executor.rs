@@ -13,8 +13,11 @@ use seccompiler::BpfProgram;
 
 /// A filesystem rule set applied with Landlock in the container process.
 pub trait LandlockApply: Send + Sync {
-    /// Restricts the calling thread; an error aborts the start.
-    fn apply(&self) -> Result<(), String>;
+    /// Restricts the calling thread; an error aborts the start. With `audit`, the domain
+    /// also logs denials after `execve`, and the process makes one connect the ruleset
+    /// refuses (the probe that names its domain to the supervisor, see
+    /// [`crate::fs_audit`]); returns the probe's port then.
+    fn apply(&self, audit: bool) -> Result<Option<u16>, String>;
 }
 
 /// Applies the sandbox's in-process layers, then execs the workload.
@@ -34,18 +37,43 @@ pub struct SandboxExecutor {
 pub struct NotifyFilter {
     pub program: Vec<agent_sandbox_sys::seccomp_notify::Instruction>,
     pub supervisor: std::os::fd::OwnedFd,
+    /// The supervisor also records Landlock denials (`fs_denied`) of this sandbox.
+    pub fs_audit: bool,
 }
+
+/// How long a probed process waits for the supervisor to have seen its Landlock domain
+/// (longer than the supervisor's own wait, so its answer normally comes first).
+const PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl NotifyFilter {
     /// Installs the filter, sends its listener to the supervisor and closes this process's
-    /// copies, so the workload never holds the listener. Any failure aborts the start.
-    fn apply(&self) -> Result<(), String> {
-        use agent_sandbox_sys::seccomp_notify;
+    /// copies, so the workload never holds the listener. After a Landlock probe to `probe`,
+    /// waits until the supervisor has seen it (bounded: a supervisor that does not answer
+    /// costs this process its `fs_denied` records, which the supervisor notes in the log,
+    /// never its start). Any other failure aborts the start.
+    fn apply(&self, probe: Option<u16>) -> Result<(), String> {
+        use agent_sandbox_sys::seccomp_notify::{self, Handover};
+        use std::io::Read;
         use std::os::fd::AsFd;
         let listener = seccomp_notify::install_with_listener(&self.program)
             .map_err(|e| format!("install filter: {e}"))?;
-        seccomp_notify::send_fd(self.supervisor.as_fd(), listener.as_fd())
+        let what = match probe {
+            Some(port) => Handover::Probed { port },
+            None => Handover::Listener,
+        };
+        seccomp_notify::send_fd(self.supervisor.as_fd(), listener.as_fd(), what)
             .map_err(|e| format!("hand the listener to the supervisor: {e}"))?;
+        if probe.is_some() {
+            let stream = self
+                .supervisor
+                .try_clone()
+                .map(std::os::unix::net::UnixStream::from)
+                .map_err(|e| format!("supervisor stream: {e}"))?;
+            stream
+                .set_read_timeout(Some(PROBE_WAIT))
+                .map_err(|e| format!("supervisor stream: {e}"))?;
+            let _ = (&stream).read(&mut [0u8; 1]);
+        }
         Ok(())
     }
 }
@@ -106,14 +134,16 @@ impl Executor for SandboxExecutor {
             join.join()
                 .map_err(|e| ExecutorError::Other(format!("user namespace: {e}")))?;
         }
+        let fs_audit = self.notify.as_ref().is_some_and(|n| n.fs_audit);
+        let mut probe = None;
         if let Some(landlock) = &self.landlock {
-            landlock
-                .apply()
+            probe = landlock
+                .apply(fs_audit)
                 .map_err(|e| ExecutorError::Other(format!("landlock layer: {e}")))?;
         }
         if let Some(notify) = &self.notify {
             notify
-                .apply()
+                .apply(probe)
                 .map_err(|e| ExecutorError::Other(format!("seccomp layer: {e}")))?;
             // The listener was dropped in `apply`; the supervisor stream is close-on-exec.
         } else if let Some(bpf) = &self.seccomp {

@@ -260,6 +260,10 @@ pub fn report(
     let supervisor = std::fs::read_to_string(dirs.sandbox(id).join(crate::syscall_audit::PID_FILE))
         .ok()
         .and_then(|s| s.trim().parse::<u32>().ok());
+    let fs_denied = fs_denied_report(
+        applied.landlock_kernel_abi.is_some(),
+        crate::fs_audit::FsAuditStatus::load(&dirs.sandbox(id)),
+    );
     let proxy_alive = applied
         .proxy_pid
         .map(|p| Path::new(&format!("/proc/{p}")).exists());
@@ -280,6 +284,7 @@ pub fn report(
             "supervisor_alive": supervisor.map(|p| Path::new(&format!("/proc/{p}")).exists()),
         })),
         "landlock": applied.landlock_kernel_abi.map(|abi| json!({"kernel_abi": abi, "enforcement": "fully enforced (required at apply)"})),
+        "fs_denied": fs_denied,
         "apparmor": applied.inactive.get("apparmor").map_or_else(
             || json!("not requested by the policy"),
             |reason| json!({"active": false, "reason": reason}),
@@ -300,6 +305,22 @@ pub fn report(
     }))
 }
 
+/// Whether Landlock's denials reach the audit log as `fs_denied` records, and why not.
+fn fs_denied_report(landlock: bool, status: Option<crate::fs_audit::FsAuditStatus>) -> Value {
+    match (landlock, status) {
+        (false, _) => json!({"active": false, "reason": "the Landlock layer is not applied"}),
+        (true, None) => json!({
+            "active": false,
+            "reason": "the sandbox has no seccomp supervisor verdict (the seccomp layer is not applied, or an older runtime created it)",
+        }),
+        (true, Some(s)) if s.active => json!({
+            "active": true,
+            "source": "kernel audit: Landlock records read by the supervisor from AUDIT_NLGRP_READLOG",
+        }),
+        (true, Some(s)) => json!({"active": false, "reason": s.reason}),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +336,25 @@ mod tests {
         assert_eq!(m["memory"], root.path().join("memory/a/b"));
         assert_eq!(m["unified"], root.path().join("u"));
         assert!(!m.contains_key("name=systemd") && !m.contains_key("systemd"));
+    }
+
+    #[test]
+    fn fs_denied_is_reported_inactive_with_its_reason() {
+        use crate::fs_audit::FsAuditStatus;
+        let off = FsAuditStatus {
+            active: false,
+            reason: Some("kernel audit is disabled".into()),
+        };
+        let on = FsAuditStatus {
+            active: true,
+            reason: None,
+        };
+        assert_eq!(fs_denied_report(true, Some(on.clone()))["active"], true);
+        let r = fs_denied_report(true, Some(off));
+        assert_eq!(r["active"], false);
+        assert_eq!(r["reason"], "kernel audit is disabled");
+        assert_eq!(fs_denied_report(false, Some(on))["active"], false);
+        assert_eq!(fs_denied_report(true, None)["active"], false);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod egress;
 pub mod enforce;
 pub mod executor;
+pub mod fs_audit;
 pub mod id;
 pub mod idmap;
 pub mod install;

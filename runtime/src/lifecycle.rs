@@ -634,6 +634,8 @@ impl Runtime {
         executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
             program: crate::syscall_audit::notify_program(&bpf, errno),
             supervisor,
+            fs_audit: executor.landlock.is_some()
+                && crate::fs_audit::FsAuditStatus::load(&sandbox_dir).is_some_and(|s| s.active),
         }));
         Ok(())
     }

@@ -308,7 +308,7 @@ pub fn executor_for(
 struct LandlockRules(agent_sandbox_policy::landlock::LandlockRuleset);
 
 impl LandlockApply for LandlockRules {
-    fn apply(&self) -> Result<(), String> {
+    fn apply(&self, audit: bool) -> Result<Option<u16>, String> {
         use landlock::{
             CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
             RulesetCreatedAttr, RulesetStatus,
@@ -334,12 +334,35 @@ impl LandlockApply for LandlockRules {
                 .add_rule(NetPort::new(rule.port, rule.flags()))
                 .map_err(|e| format!("port {}: {e}", rule.port))?;
         }
+        if audit {
+            // By default the kernel logs only denials of the process that restricted
+            // itself, before it execs (none in a sandbox: this process execs the
+            // workload next); the workload's denials need LOG_NEW_EXEC_ON (ABI 7, which
+            // the supervisor checked before it turned `fs_denied` reporting on).
+            created = created.log_new_exec(true).map_err(|e| e.to_string())?;
+        }
         let status = created.restrict_self().map_err(|e| e.to_string())?;
         if status.ruleset != RulesetStatus::FullyEnforced {
             return Err(format!("ruleset only {:?}", status.ruleset));
         }
-        Ok(())
+        if !audit {
+            return Ok(None);
+        }
+        let port = probe_port(rs);
+        match std::net::TcpStream::connect((agent_sandbox_audit::kernel::PROBE_ADDR, port)) {
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(Some(port)),
+            other => Err(format!(
+                "the TCP connect probe to port {port} was not refused by Landlock ({other:?})"
+            )),
+        }
     }
+}
+
+/// The port of the Landlock probe: the lowest one the ruleset grants no connect to.
+fn probe_port(rs: &agent_sandbox_policy::landlock::LandlockRuleset) -> u16 {
+    (1..=u16::MAX)
+        .find(|p| !rs.net.iter().any(|r| r.port == *p))
+        .unwrap_or(1)
 }
 
 /// A `devpts` mount with `nodev` makes `/dev/ptmx` unopenable (EACCES), so no

@@ -24,11 +24,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use agent_sandbox_audit::kernel::{Found, LandlockTracker};
 use agent_sandbox_audit::{AuditLog, Event};
 use agent_sandbox_policy::seccomp::Arch;
-use agent_sandbox_sys::seccomp_notify::{self, Instruction};
+use agent_sandbox_sys::seccomp_notify::{self, Handover, Instruction};
 use seccompiler::BpfProgram;
 
+use crate::fs_audit::{FsAuditStatus, KernelAudit};
 use crate::sidecar::{self, READY};
 
 /// The supervisor's socket in the sandbox dir.
@@ -70,29 +72,90 @@ pub enum SyscallAuditError {
     Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("BPF instruction {index} does not fit the kernel's format")]
     Program { index: usize },
+    #[error("fs_denied reporting")]
+    FsAudit(#[source] crate::fs_audit::FsAuditError),
 }
 
-/// The sandbox's filter with every `SECCOMP_RET_ERRNO | errno` return (the policy's default
-/// deny) turned into `SECCOMP_RET_USER_NOTIF`. seccompiler has no user-notification action,
-/// so the compiled program is rewritten here: only `BPF_RET|BPF_K` instructions carrying
-/// exactly that value change; the architecture check (kill) and the compatibility answers
-/// with other errnos (e.g. ENOSYS for clone3) are kept as compiled.
+/// `BPF_RET | BPF_K` (`<linux/bpf_common.h>`: 0x06 | 0x00).
+const RET_K: u16 = 0x06;
+/// `BPF_JMP | BPF_JEQ | BPF_K` and `BPF_JMP | BPF_JGE | BPF_K`.
+const JEQ_K: u16 = 0x15;
+const JGE_K: u16 = 0x35;
+
+/// The sandbox's filter with its denials turned into `SECCOMP_RET_USER_NOTIF`, so the
+/// supervisor answers and records them. seccompiler has no user-notification action, so the
+/// compiled program is rewritten here; which returns change follows the layout the policy
+/// compiler pins (`policy::seccomp::bpf::prologue`):
+/// - in the allowlist, every `SECCOMP_RET_ERRNO | errno` (the policy's default deny, which
+///   is also what an argument check that does not match returns);
+/// - in the prologue, the ENOSYS answer to syscalls newer than the policy's review (the
+///   return after its `jge`): a denial like any other, answered with ENOSYS as compiled;
+/// - not the prologue's per-syscall compatibility answers (clone3's ENOSYS, after a `jeq`):
+///   libc calls clone3 for every thread and process, falls back to clone (whose flags the
+///   allowlist checks) and nothing is refused, so they stay in the kernel, unrecorded and
+///   without a round trip; nor the architecture check's kill.
 pub fn notify_program(bpf: &BpfProgram, errno: u32) -> Vec<Instruction> {
-    /// `BPF_RET | BPF_K` (`<linux/bpf_common.h>`: 0x06 | 0x00).
-    const RET_K: u16 = 0x06;
     let deny = libc::SECCOMP_RET_ERRNO | (errno & libc::SECCOMP_RET_DATA);
+    // `ld [arch]; jeq AUDIT_ARCH, 0, SKIP`: the prologue is these two and SKIP more.
+    let prologue_end = match bpf.get(1) {
+        Some(i) if i.code == JEQ_K => 2 + usize::from(i.jf),
+        _ => 0,
+    };
     bpf.iter()
-        .map(|i| Instruction {
-            code: i.code,
-            jt: i.jt,
-            jf: i.jf,
-            k: if i.code == RET_K && i.k == deny {
-                libc::SECCOMP_RET_USER_NOTIF
-            } else {
-                i.k
-            },
+        .enumerate()
+        .map(|(at, i)| {
+            let after = |code| at > 0 && bpf.get(at - 1).is_some_and(|p| p.code == code);
+            let is_errno = i.k & libc::SECCOMP_RET_ACTION_FULL == libc::SECCOMP_RET_ERRNO;
+            let notify = i.code == RET_K
+                && if at < prologue_end {
+                    is_errno && after(JGE_K)
+                } else {
+                    i.k == deny
+                };
+            Instruction {
+                code: i.code,
+                jt: i.jt,
+                jf: i.jf,
+                k: if notify {
+                    libc::SECCOMP_RET_USER_NOTIF
+                } else {
+                    i.k
+                },
+            }
         })
         .collect()
+}
+
+/// The errno the supervisor answers a notified syscall with: what the compiled filter would
+/// have returned for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answers {
+    /// The policy's errno (default deny and argument mismatches).
+    pub deny: i32,
+    /// Syscall numbers from here on are newer than the policy's review (or foreign ABIs
+    /// such as x32): the filter answers them ENOSYS.
+    pub unreviewed_from: Option<u32>,
+}
+
+impl Answers {
+    /// The answers of the policy compiler's filter for `arch` with policy errno `deny`.
+    pub fn new(arch: Arch, deny: i32) -> Self {
+        let unreviewed_from = arch
+            .syscall_number(agent_sandbox_policy::seccomp::allowlist::REVIEWED_THROUGH)
+            .and_then(|nr| u32::try_from(nr + 1).ok());
+        Self {
+            deny,
+            unreviewed_from,
+        }
+    }
+
+    /// The errno for syscall `nr` (the kernel compares numbers unsigned).
+    pub fn errno_for(&self, nr: i32) -> i32 {
+        match self.unreviewed_from {
+            Some(from) if nr.cast_unsigned() >= from => libc::ENOSYS,
+            _ => self.deny,
+        }
+    }
 }
 
 /// Starts the supervisor for the sandbox and waits until its socket listens.
@@ -155,6 +218,14 @@ struct Bucket {
 }
 
 impl Bucket {
+    fn new() -> Self {
+        Self {
+            tokens: BURST,
+            at: Instant::now(),
+            suppressed: 0,
+        }
+    }
+
     fn take(&mut self, now: Instant) -> bool {
         let refill = now.duration_since(self.at).as_secs_f64() * PER_SECOND;
         self.tokens = (self.tokens + refill).min(BURST);
@@ -232,30 +303,56 @@ pub fn supervise(
         .map_err(listen_err)
         .map_err(not_ready)?;
     }
+    // Landlock denials: subscribe to the kernel audit log if the kernel can report them.
+    let (kernel, fs_status) = match KernelAudit::open() {
+        Ok(k) => (
+            Some(k),
+            FsAuditStatus {
+                active: true,
+                reason: None,
+            },
+        ),
+        Err(status) => (None, status),
+    };
+    if let Some(reason) = &fs_status.reason {
+        tracing::warn!(id, layer = "fs_denied", %reason, "fs_denied reporting inactive");
+    }
+    fs_status
+        .save(sandbox_dir)
+        .map_err(SyscallAuditError::FsAudit)
+        .map_err(not_ready)?;
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
-    let mut streams: Vec<UnixStream> = Vec::new();
+    let mut streams: Vec<Stream> = Vec::new();
     let mut listeners: Vec<OwnedFd> = Vec::new();
-    let mut bucket = Bucket {
-        tokens: BURST,
-        at: Instant::now(),
-        suppressed: 0,
-    };
+    let mut bucket = Bucket::new();
+    let mut fs_bucket = Bucket::new();
+    let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
+    let answers = Answers::new(arch, errno);
     loop {
-        let (ready_server, ready_streams, ready_listeners) = {
+        let (ready_server, ready_streams, ready_listeners, ready_kernel) = {
             let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
             fds.extend(
                 streams
                     .iter()
-                    .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN)),
+                    .map(|s| PollFd::new(s.stream.as_fd(), PollFlags::POLLIN)),
             );
             fds.extend(
                 listeners
                     .iter()
                     .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
             );
-            match poll(&mut fds, PollTimeout::NONE) {
+            if let Some(k) = &kernel {
+                fds.push(PollFd::new(k.as_fd(), PollFlags::POLLIN));
+            }
+            // Pending kernel events and waiting probes have deadlines.
+            let timeout = if tracker.busy() {
+                PollTimeout::from(100u8)
+            } else {
+                PollTimeout::NONE
+            };
+            match poll(&mut fds, timeout) {
                 Ok(_) => {}
                 Err(nix::Error::EINTR) => continue,
                 Err(e) => return Err(SyscallAuditError::Poll(e)),
@@ -265,8 +362,9 @@ pub fn supervise(
                 .map(|f| f.revents().unwrap_or(PollFlags::empty()))
                 .collect();
             let (first, rest) = flags.split_at(1);
-            let (s, l) = rest.split_at(streams.len());
-            (first[0], s.to_vec(), l.to_vec())
+            let (s, rest) = rest.split_at(streams.len());
+            let (l, k) = rest.split_at(listeners.len());
+            (first[0], s.to_vec(), l.to_vec(), k.first().copied())
         };
         // Notifications first: a caller is waiting for each.
         let mut gone = Vec::new();
@@ -282,23 +380,19 @@ pub fn supervise(
                 let record = bucket.take(Instant::now());
                 let who = record.then(|| (proc_text(n.pid, "comm"), proc_text(n.pid, "exe")));
                 let valid = seccomp_notify::id_valid(listener, n.id);
+                let errno = answers.errno_for(n.nr);
                 let answered = seccomp_notify::deny(listener, n.id, errno);
                 let Some((comm, exe)) = who.filter(|_| valid && answered.is_ok()) else {
                     continue;
                 };
                 let comm = comm.unwrap_or_default();
-                let syscall = names
-                    .entry(n.nr)
-                    .or_insert_with(|| {
-                        syscall_name(arch, n.nr).unwrap_or_else(|| format!("syscall {}", n.nr))
-                    })
-                    .clone();
                 let event = Event::SyscallDenied {
-                    syscall,
+                    syscall: name_of(&mut names, arch, i64::from(n.nr)),
                     nr: i64::from(n.nr),
                     pid: i32::try_from(n.pid).unwrap_or(-1),
                     comm,
                     exe,
+                    errno: Some(errno),
                     suppressed: std::mem::take(&mut bucket.suppressed),
                 };
                 if let Err(e) = log.append(&event) {
@@ -311,25 +405,130 @@ pub fn supervise(
         for i in gone.into_iter().rev() {
             listeners.remove(i);
         }
+        let now = Instant::now();
+        let mut found = Vec::new();
         let mut gone = Vec::new();
         for (i, flags) in ready_streams.iter().enumerate() {
             if flags.is_empty() {
                 continue;
             }
-            match seccomp_notify::recv_fd(streams[i].as_fd()) {
-                Ok(Some(fd)) => listeners.push(fd),
+            match seccomp_notify::recv_fd(streams[i].stream.as_fd()) {
+                Ok(Some(got)) => {
+                    listeners.push(got.fd);
+                    if let Handover::Probed { port } = got.what {
+                        match (got.pid.filter(|p| *p > 0), &kernel) {
+                            (Some(pid), Some(_)) => {
+                                streams[i].waiting = Some(pid);
+                                found.extend(tracker.wait_for(pid, port, now));
+                            }
+                            // Nothing to wait for: answer at once.
+                            _ => streams[i].answer(),
+                        }
+                    }
+                }
                 Ok(None) | Err(_) => gone.push(i),
             }
         }
         for i in gone.into_iter().rev() {
             streams.remove(i);
         }
+        if let Some(k) = &kernel {
+            if ready_kernel.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
+                let (records, lost) = k.drain(256);
+                if lost {
+                    tracing::warn!(id, "kernel audit records were dropped for this reader");
+                }
+                for r in &records {
+                    found.extend(tracker.feed(r, now));
+                }
+            }
+            found.extend(tracker.expire(now));
+        }
+        for f in found {
+            let event = match f {
+                Found::Denied(d) => {
+                    if !fs_bucket.take(now) {
+                        continue;
+                    }
+                    Event::FsDenied {
+                        path: d.path,
+                        access: d.access,
+                        pid: d.pid,
+                        comm: d.comm,
+                        exe: d.exe,
+                        syscall: d.syscall_nr.map(|nr| name_of(&mut names, arch, nr)),
+                        domain: Some(d.domain),
+                        suppressed: std::mem::take(&mut fs_bucket.suppressed),
+                    }
+                }
+                Found::Unrecorded { count, .. } => {
+                    // Reported with the next record, like what the rate limit leaves out.
+                    fs_bucket.suppressed += count;
+                    continue;
+                }
+                Found::Claimed { pid, .. } => {
+                    answer(&mut streams, pid);
+                    continue;
+                }
+                Found::TimedOut { pid } => {
+                    answer(&mut streams, pid);
+                    Event::LayerInactive {
+                        layer: "fs_denied".to_owned(),
+                        reason: format!(
+                            "no kernel audit record named the Landlock domain of process {pid} in time; its filesystem denials are not recorded"
+                        ),
+                    }
+                }
+            };
+            if let Err(e) = log.append(&event) {
+                tracing::error!(id, error = %e, kind = event.kind(), "cannot write a record");
+            }
+        }
         if ready_server.contains(PollFlags::POLLIN)
             && let Ok((s, _)) = server.accept()
         {
-            streams.push(s);
+            // The executor sends its credentials; the kernel shows them only to a receiver
+            // that asked for them.
+            let _ = seccomp_notify::pass_credentials(s.as_fd());
+            streams.push(Stream {
+                stream: s,
+                waiting: None,
+            });
         }
     }
+}
+
+/// One executor's stream, and the pid of the creator waiting on it for its probe answer.
+struct Stream {
+    stream: UnixStream,
+    waiting: Option<i32>,
+}
+
+impl Stream {
+    /// Lets the waiting executor go on (one byte; it ignores what).
+    fn answer(&mut self) {
+        use std::io::Write;
+        let _ = (&self.stream).write_all(b"k");
+        self.waiting = None;
+    }
+}
+
+/// Answers the stream whose executor `pid` waits.
+fn answer(streams: &mut [Stream], pid: i32) {
+    if let Some(s) = streams.iter_mut().find(|s| s.waiting == Some(pid)) {
+        s.answer();
+    }
+}
+
+/// The cached name of syscall `nr`.
+fn name_of(names: &mut HashMap<i32, String>, arch: Arch, nr: i64) -> String {
+    let Ok(key) = i32::try_from(nr) else {
+        return format!("syscall {nr}");
+    };
+    names
+        .entry(key)
+        .or_insert_with(|| syscall_name(arch, key).unwrap_or_else(|| format!("syscall {nr}")))
+        .clone()
 }
 
 #[cfg(test)]
@@ -385,6 +584,54 @@ mod tests {
                 libc::SECCOMP_RET_ALLOW
             ]
         );
+    }
+
+    /// On the real compiled policy: the allowlist's deny and the unreviewed-syscall answer
+    /// are notified, clone3's compatibility ENOSYS is not, whatever the policy's errno.
+    #[test]
+    fn the_unreviewed_answer_is_notified_and_clone3_stays_in_the_kernel() {
+        use agent_sandbox_policy::seccomp::{DenyErrno, compile_bpf};
+        let arch = Arch::host().unwrap();
+        let mut policy = agent_sandbox_policy::SandboxPolicy::builtin("agent")
+            .unwrap()
+            .syscalls;
+        for errno in [DenyErrno::Eperm, DenyErrno::Enosys] {
+            policy.errno = errno;
+            let bpf = compile_bpf(&policy, arch).unwrap();
+            let prog = notify_program(&bpf, policy.errno.number());
+            let enosys = libc::SECCOMP_RET_ERRNO | 38;
+            let clone3 = u32::try_from(arch.syscall_number("clone3").unwrap()).unwrap();
+            let from = Answers::new(arch, 1).unreviewed_from.unwrap();
+            let ret_after = |code: u16, k: u32| {
+                prog.windows(2)
+                    .find(|w| w[0].code == code && w[0].k == k && w[1].code == RET_K)
+                    .map(|w| w[1].k)
+            };
+            assert_eq!(ret_after(JEQ_K, clone3), Some(enosys), "{errno:?}");
+            assert_eq!(
+                ret_after(JGE_K, from),
+                Some(libc::SECCOMP_RET_USER_NOTIF),
+                "{errno:?}"
+            );
+            let notified = prog
+                .iter()
+                .filter(|i| i.code == RET_K && i.k == libc::SECCOMP_RET_USER_NOTIF)
+                .count();
+            assert!(notified >= 2, "{errno:?}: {notified}");
+            // Nothing else changed.
+            assert_eq!(prog.len(), bpf.len());
+        }
+    }
+
+    #[test]
+    fn answers_keep_the_errno_the_filter_would_give() {
+        let arch = Arch::X86_64;
+        let a = Answers::new(arch, libc::EPERM);
+        assert_eq!(a.unreviewed_from, Some(470));
+        assert_eq!(a.errno_for(250), libc::EPERM);
+        assert_eq!(a.errno_for(1000), libc::ENOSYS);
+        // x32 numbers have bit 30 set: above every reviewed number.
+        assert_eq!(a.errno_for(0x4000_0000 | 250), libc::ENOSYS);
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub const EXTRA: &[(&str, Check)] = &[
     ("ptrace_proxy", ptrace_proxy),
     ("fork_bomb", fork_bomb),
     ("dns_udp", dns_udp),
+    ("unreviewed_syscall", crate::checks::unreviewed_syscall),
 ];
 
 // ---------------------------------------------------------------- descriptors

@@ -1270,3 +1270,415 @@ fn denied_syscalls_are_answered_outside_the_sandbox_rate_limited_and_fail_closed
     );
     Ok(())
 }
+
+/// Serialises the tests that depend on the kernel's audit setting (it is host-wide).
+static KERNEL_AUDIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Sets the kernel's `audit_enabled` (AUDIT_SET, needs CAP_AUDIT_CONTROL); returns the
+/// previous value. agent-sandbox itself never changes it: an admin enables audit.
+fn set_kernel_audit(enabled: Option<u32>) -> anyhow::Result<u32> {
+    use netlink_packet_audit::{AuditMessage, StatusMessage};
+    use netlink_packet_core::{
+        NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    };
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_AUDIT};
+    let mut sock = Socket::new(NETLINK_AUDIT)?;
+    sock.bind_auto()?;
+    let request = |payload: AuditMessage| -> anyhow::Result<()> {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        let mut msg = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(payload));
+        msg.finalize();
+        let mut buf = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        sock.send_to(&buf, &SocketAddr::new(0, 0), 0)?;
+        Ok(())
+    };
+    request(AuditMessage::GetStatus(None))?;
+    let mut was = None;
+    for _ in 0..4 {
+        let mut reply = Vec::with_capacity(8192);
+        sock.recv(&mut reply, 0)?;
+        if let NetlinkPayload::InnerMessage(AuditMessage::GetStatus(Some(s))) =
+            NetlinkMessage::<AuditMessage>::deserialize(&reply)?.payload
+        {
+            was = Some(s.enabled);
+            break;
+        }
+    }
+    let was = was.context("no audit status from the kernel")?;
+    if let Some(enabled) = enabled {
+        let mut status = StatusMessage::new();
+        status.mask = 1; // AUDIT_STATUS_ENABLED
+        status.enabled = enabled;
+        request(AuditMessage::SetStatus(status))?;
+        let mut reply = Vec::with_capacity(8192);
+        sock.recv(&mut reply, 0)?;
+        if let NetlinkPayload::Error(e) =
+            NetlinkMessage::<AuditMessage>::deserialize(&reply)?.payload
+            && e.code.is_some()
+        {
+            anyhow::bail!("AUDIT_SET enabled={enabled}: {}", e.to_io());
+        }
+    }
+    Ok(was)
+}
+
+/// Kernel audit in a given state for one test, restored on drop; holds [`KERNEL_AUDIT`].
+struct KernelAudit {
+    was: u32,
+    _lock: std::sync::MutexGuard<'static, ()>,
+}
+
+impl KernelAudit {
+    fn set(enabled: u32) -> anyhow::Result<Self> {
+        let lock = KERNEL_AUDIT.lock().unwrap_or_else(|e| e.into_inner());
+        let was = set_kernel_audit(Some(enabled))?;
+        Ok(Self { was, _lock: lock })
+    }
+}
+
+impl Drop for KernelAudit {
+    fn drop(&mut self) {
+        let _ = set_kernel_audit(Some(self.was));
+    }
+}
+
+/// A file Landlock refuses to create: `/dev` is a writable tmpfs in the sandbox, but the
+/// policy grants no `make_reg` there.
+const FS_DENIED_SCRIPT: &str = "touch /dev/agent-sandbox-fs-audit; echo rc=$?";
+
+/// Waits until `log` holds an `fs_denied` record, then returns all records.
+fn wait_fs_denied(log: &Path) -> anyhow::Result<Vec<Value>> {
+    for _ in 0..50 {
+        let records = net::read_audit(log)?;
+        if records.iter().any(|r| r["kind"] == "fs_denied") {
+            return Ok(records);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    net::read_audit(log)
+}
+
+/// Waits until `log` holds `n` `fs_denied` records.
+fn wait_until_fs_denied_count(log: &Path, n: usize) -> anyhow::Result<()> {
+    for _ in 0..50 {
+        let have = net::read_audit(log)?
+            .iter()
+            .filter(|r| r["kind"] == "fs_denied")
+            .count();
+        if have >= n {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    anyhow::bail!("fewer than {n} fs_denied records in {}", log.display())
+}
+
+/// The records hold, in order: the exec of the refused write, its `fs_denied` record
+/// naming `/dev` and the process, and the next exec (`marker`); the log verifies.
+fn fs_denied_in_order(records: &[Value], raw: &str, marker: &str) -> anyhow::Result<()> {
+    let touch = find(records, 0, |v| {
+        v["kind"] == "exec" && v["data"]["argv"][2] == FS_DENIED_SCRIPT
+    })
+    .context(format!("no exec record of the write\n{raw}"))?;
+    let denied = find(records, touch, |v| v["kind"] == "fs_denied")
+        .context(format!("no fs_denied record after the write's exec\n{raw}"))?;
+    let d = &records[denied]["data"];
+    ensure!(
+        d["path"] == "/dev"
+            && d["access"] == "fs.make_reg"
+            && d["comm"] == "touch"
+            && d["pid"].as_i64().is_some_and(|p| p > 0)
+            && d["syscall"].as_str().is_some_and(|s| s.starts_with("open"))
+            && d["domain"].as_str().is_some_and(|s| !s.is_empty()),
+        "fs_denied: {d}\n{raw}"
+    );
+    let after = find(records, denied, |v| {
+        v["kind"] == "exec" && v["data"]["argv"] == serde_json::json!(["echo", marker])
+    });
+    ensure!(
+        after.is_some(),
+        "the next exec is not after the fs_denied record\n{raw}"
+    );
+    let n = records[..=denied]
+        .iter()
+        .filter(|v| v["kind"] == "fs_denied")
+        .count();
+    ensure!(
+        n == 1,
+        "{n} fs_denied records up to the write, wanted 1 (the probes are not records)\n{raw}"
+    );
+    Ok(())
+}
+
+/// The same write succeeds in a runc container (no Landlock): the test can fail.
+fn runc_creates_the_file() -> anyhow::Result<()> {
+    let base = Podman::new(User::Root, Runtime::Runc).run_ok(&[
+        "run",
+        "--rm",
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        FS_DENIED_SCRIPT,
+    ])?;
+    ensure!(
+        base.stdout.contains("rc=0"),
+        "runc baseline could not create the file\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_landlock_denial_is_an_fs_denied_record_in_order_and_verifies_while_runc_allows_it()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let _audit = KernelAudit::set(1)?;
+    let name = unique_name("audit-fs");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let out = runtime_cmd(&["layers", &id])?;
+    let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
+    ensure!(l["fs_denied"]["active"] == true, "layers\n{l:#}");
+    let write = sandbox().run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
+    ensure!(
+        write.stdout.contains("rc=1") && write.stderr.contains("Permission denied"),
+        "Landlock did not refuse the file\n{write}"
+    );
+    let log = log_path(PODMAN_ROOT, &id);
+    wait_fs_denied(&log)?;
+    sandbox().run_ok(&["exec", &name, "echo", "fs-after"])?;
+    let raw = fs::read_to_string(&log)?;
+    let records = net::read_audit(&log)?;
+    fs_denied_in_order(&records, &raw, "fs-after")?;
+    // A flood: 400 refused creates in one process. The log gets at most the burst (50) plus
+    // what the rate (10/s) refills meanwhile; after a pause the next record counts what the
+    // limit left out.
+    let flood = sandbox().run_ok(&[
+        "exec",
+        &name,
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 400 ]; do echo x 2>/dev/null > /dev/f$i; i=$((i+1)); done; echo flooded",
+    ])?;
+    ensure!(flood.stdout.contains("flooded"), "{flood}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let fs_records = |records: &[Value]| -> Vec<Value> {
+        records
+            .iter()
+            .filter(|r| r["kind"] == "fs_denied")
+            .cloned()
+            .collect()
+    };
+    let recorded = fs_records(&net::read_audit(&log)?).len() - 1;
+    let limit = 51 + usize::try_from(flood.elapsed.as_millis() / 100 + 16)?;
+    ensure!(
+        (40..=limit).contains(&recorded),
+        "{recorded} fs_denied records for 400 refused creates in {:.2?} (limit {limit})",
+        flood.elapsed
+    );
+    let one = sandbox().run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
+    ensure!(one.stdout.contains("rc=1"), "{one}");
+    wait_until_fs_denied_count(&log, recorded + 2)?;
+    let all = fs_records(&net::read_audit(&log)?);
+    let last = all.last().context("no fs_denied records")?;
+    ensure!(
+        last["data"]["suppressed"].as_u64().is_some_and(|n| n > 0),
+        "suppressed denials not counted\n{last}"
+    );
+    // Nothing goes missing unaccounted: the records plus what they say was left out (by
+    // the rate limit, or dropped by the kernel's audit queue, from the kernel's own tally
+    // when the flood's domain ended) are every refused access: 1 + 400 + 1.
+    let total: u64 = all
+        .iter()
+        .map(|r| 1 + r["data"]["suppressed"].as_u64().unwrap_or(0))
+        .sum();
+    ensure!(
+        total == 402,
+        "{total} denials accounted for, wanted 402\n{last}"
+    );
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let raw = fs::read_to_string(&log)?;
+    let records = net::read_audit(&log)?;
+    ensure!(
+        records.last().is_some_and(|r| r["kind"] == "delete"),
+        "delete is not last\n{raw}"
+    );
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    runc_creates_the_file()
+}
+
+#[test]
+fn ctr_landlock_denial_is_an_fs_denied_record_in_order_and_verifies() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let _audit = KernelAudit::set(1)?;
+    let id = ctr::unique_id("audit-fs");
+    let c =
+        Container::start_detached(Shim::AgentSandbox, &[], TOOLS_IMAGE, &id, &["sleep", "600"])?;
+    c.wait_status("RUNNING", std::time::Duration::from_secs(30))?;
+    let write = c.task_cmd(
+        &["exec", "--exec-id", "fs"],
+        &["sh", "-c", FS_DENIED_SCRIPT],
+    )?;
+    ensure!(
+        write.stdout.contains("rc=1"),
+        "Landlock did not refuse the file\n{write}"
+    );
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    let log = log_path(&root, &id);
+    wait_fs_denied(&log)?;
+    let after = c.task_cmd(&["exec", "--exec-id", "after"], &["echo", "fs-after"])?;
+    ensure!(after.success(), "{after}");
+    c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
+    c.wait_status("STOPPED", std::time::Duration::from_secs(30))?;
+    let del = c.task_cmd(&["delete"], &[])?;
+    ensure!(del.success(), "ctr task delete failed\n{del}");
+    drop(c);
+    let raw = fs::read_to_string(&log)?;
+    let records = net::read_audit(&log)?;
+    fs_denied_in_order(&records, &raw, "fs-after")?;
+    // Through containerd the shim reports the exec's exit: after its fs_denied record.
+    let denied = find(&records, 0, |v| v["kind"] == "fs_denied").context(raw.clone())?;
+    ensure!(
+        find(&records, denied, |v| v["kind"] == "exit"
+            && v["data"]["process"] == "fs")
+        .is_some(),
+        "the write's exec ended before its fs_denied record\n{raw}"
+    );
+    let rootf = ["--root", root.as_str()];
+    let v = verifies(&rootf, &id)?;
+    ensure!(v.success(), "{v}");
+    Ok(())
+}
+
+#[test]
+fn fs_denied_is_reported_inactive_with_the_reason_when_kernel_audit_is_off() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let _audit = KernelAudit::set(0)?;
+    let name = unique_name("audit-fs-off");
+    let _guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let out = runtime_cmd(&["layers", &id])?;
+    let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
+    ensure!(
+        l["fs_denied"]["active"] == false
+            && l["fs_denied"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("kernel audit is disabled")),
+        "layers\n{l:#}"
+    );
+    // The write is still refused (the layer is Landlock, not its report), and no record
+    // pretends otherwise.
+    let write = sandbox().run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
+    ensure!(write.stdout.contains("rc=1"), "{write}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let raw = fs::read_to_string(log_path(PODMAN_ROOT, &id))?;
+    ensure!(
+        !raw.contains("\"fs_denied\""),
+        "an fs_denied record with audit off\n{raw}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_syscall_newer_than_the_policy_review_is_answered_enosys_and_recorded_with_its_errno()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let name = unique_name("audit-unrev");
+    let guard = ContainerGuard {
+        podman: sandbox(),
+        name: name.clone(),
+    };
+    // The probe built with this tree (its `unreviewed_syscall` check may be newer than the
+    // image's copy), bound over the image's.
+    let probe = harness::runtime_bin().with_file_name("probe");
+    harness::require_file(&probe)?;
+    let bind = format!("{}:{}:ro", probe.display(), harness::PROBE);
+    let id = podman_run_d(
+        &[],
+        &["--name", &name, "-v", &bind, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    // The filter's prologue answers every number past the reviewed table ENOSYS (not the
+    // policy's EPERM); the supervisor gives the same answer and records it.
+    let out = sandbox().run_ok(&["exec", &name, harness::PROBE, "unreviewed_syscall"])?;
+    ensure!(
+        out.stdout.contains("\"blocked\"") && out.stdout.contains("(os error 38)"),
+        "syscall 1000 was not refused with ENOSYS\n{out}"
+    );
+    let keyctl = sandbox().run_ok(&["exec", &name, harness::PROBE, "keyctl"])?;
+    denied_syscall_answered(&keyctl)?;
+    let log = log_path(PODMAN_ROOT, &id);
+    let raw = fs::read_to_string(&log)?;
+    let denials = syscall_denials(&log)?;
+    let unrev = denials
+        .iter()
+        .find(|r| r["data"]["nr"] == 1000)
+        .context(format!("no syscall_denied record of syscall 1000\n{raw}"))?;
+    ensure!(
+        unrev["data"]["errno"] == 38
+            && unrev["data"]["syscall"] == "syscall 1000"
+            && unrev["data"]["comm"] == "probe",
+        "{unrev}"
+    );
+    let add_key = denials
+        .iter()
+        .find(|r| r["data"]["syscall"] == "add_key")
+        .context(format!("no syscall_denied record of add_key\n{raw}"))?;
+    ensure!(add_key["data"]["errno"] == 1, "{add_key}");
+    sandbox().run_ok(&["rm", "-f", &name])?;
+    drop(guard);
+    let v = verifies(&[], &id)?;
+    ensure!(v.success(), "{v}");
+    Ok(())
+}
+
+#[test]
+fn rootless_fs_denied_is_reported_inactive_because_the_audit_log_needs_cap_audit_read()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, TOOLS_IMAGE)?;
+    // Kernel audit on: the reason must be the rootless runtime, not a disabled audit.
+    let _audit = KernelAudit::set(1)?;
+    let rootless = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let name = unique_name("audit-fs-rl");
+    let _guard = ContainerGuard {
+        podman: Podman::new(User::Rootless, Runtime::AgentSandbox),
+        name: name.clone(),
+    };
+    let out = rootless.run_ok(&["run", "-d", "--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id\n{out}");
+    // `layers` from inside the rootless user namespace, where the runtime keeps its state.
+    let runtime = harness::runtime_bin().display().to_string();
+    let layers = harness::run_ok(
+        User::Rootless
+            .podman()
+            .args(["unshare", &runtime, "layers", &id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    let l: Value = serde_json::from_str(&layers.stdout).context(layers.to_string())?;
+    ensure!(
+        l["fs_denied"]["active"] == false
+            && l["fs_denied"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("rootless") && r.contains("CAP_AUDIT_READ")),
+        "layers\n{l:#}"
+    );
+    // Landlock still refuses the write: only its report is missing.
+    let write = rootless.run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
+    ensure!(write.stdout.contains("rc=1"), "{write}");
+    Ok(())
+}

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod kernel;
 pub mod log;
 pub mod record;
 pub mod scratch;

@@ -109,22 +109,42 @@ pub enum Event {
         /// The process's executable (host view of `/proc/PID/exe`), when readable.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exe: Option<String>,
+        /// The errno the call failed with (the policy's, or ENOSYS for a syscall newer
+        /// than the policy's review).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        errno: Option<i32>,
         /// Denials left out by the writer's rate limit since the previous record.
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,
     },
     /// Landlock (or another filesystem layer) refused an access.
     FsDenied {
-        /// Path as reported.
+        /// Path as reported, in the sandbox's view (for a refused create or remove, the
+        /// directory the entry was to be made in or removed from).
         path: String,
-        /// Access that was refused (e.g. `write_file`).
+        /// Access that was refused, as the kernel names it (e.g. `fs.make_reg`; several are
+        /// comma-separated).
         access: String,
-        /// Process id, when known.
+        /// Process id (as seen from the host), when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid: Option<i32>,
         /// Process command name, when known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         comm: Option<String>,
+        /// The process's executable (in the sandbox's view), when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exe: Option<String>,
+        /// The syscall that was refused, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        syscall: Option<String>,
+        /// The Landlock domain that refused it (the kernel's id, hex).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        domain: Option<String>,
+        /// Denials not recorded since the previous record: left out by the writer's rate
+        /// limit, or dropped by the kernel's audit queue (counted from the kernel's own
+        /// tally when the process's Landlock domain ends).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        suppressed: u64,
     },
     /// Summary of the writable overlay at exit (see [`crate::scratch::files_changed`]).
     FilesChanged {

@@ -128,11 +128,15 @@ fn details(event: &Event) -> String {
             pid,
             comm,
             exe,
+            errno,
             suppressed,
         } => {
             let mut s = format!("{syscall} (nr {nr}) by pid {pid} ({comm})");
             if let Some(exe) = exe {
                 let _ = write!(s, " {exe}");
+            }
+            if let Some(e) = errno {
+                let _ = write!(s, ", errno {e}");
             }
             if *suppressed > 0 {
                 let _ = write!(s, "; {suppressed} more not recorded (rate limit)");
@@ -144,13 +148,26 @@ fn details(event: &Event) -> String {
             access,
             pid,
             comm,
+            exe,
+            syscall,
+            domain: _,
+            suppressed,
         } => {
             let mut s = format!("{access} {path:?}");
+            if let Some(sc) = syscall {
+                let _ = write!(s, " in {sc}");
+            }
             if let Some(p) = pid {
                 let _ = write!(s, " by pid {p}");
             }
             if let Some(c) = comm {
                 let _ = write!(s, " ({c})");
+            }
+            if let Some(exe) = exe {
+                let _ = write!(s, " {exe}");
+            }
+            if *suppressed > 0 {
+                let _ = write!(s, "; {suppressed} more not recorded (rate limit)");
             }
             s
         }

@@ -119,15 +119,39 @@ pub fn deny(listener: BorrowedFd<'_>, id: u64, errno: i32) -> io::Result<()> {
     Ok(())
 }
 
-/// Sends `fd` over the connected Unix stream `sock` (SCM_RIGHTS), with one byte of data.
-pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
-    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+/// What a sandboxed process sends the supervisor with its listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Only the listener.
+    Listener,
+    /// The listener, and the process made a Landlock probe connect to this port and waits
+    /// for one byte back before it goes on (see `agent_sandbox_audit::kernel`).
+    Probed { port: u16 },
+}
+
+/// Sends `fd` over the connected Unix stream `sock` (SCM_RIGHTS) with the caller's
+/// credentials (SCM_CREDENTIALS: the kernel checks them and shows the receiver the pid in
+/// its own pid namespace) and the [`Handover`] as data.
+pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, what: Handover) -> io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, UnixCredentials, sendmsg};
     let fds = [fd.as_raw_fd()];
-    let iov = [io::IoSlice::new(b"L")];
+    let data: Vec<u8> = match what {
+        Handover::Listener => b"L".to_vec(),
+        Handover::Probed { port } => {
+            let mut d = b"P".to_vec();
+            d.extend_from_slice(&port.to_le_bytes());
+            d
+        }
+    };
+    let iov = [io::IoSlice::new(&data)];
+    let creds = UnixCredentials::new();
     sendmsg::<()>(
         sock.as_raw_fd(),
         &iov,
-        &[ControlMessage::ScmRights(&fds)],
+        &[
+            ControlMessage::ScmRights(&fds),
+            ControlMessage::ScmCredentials(&creds),
+        ],
         MsgFlags::empty(),
         None,
     )
@@ -135,12 +159,27 @@ pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>) -> io::Result<()> {
     .map_err(io::Error::from)
 }
 
+/// A listener received with [`recv_fd`].
+#[derive(Debug)]
+pub struct Received {
+    pub fd: OwnedFd,
+    /// The sender's pid in this process's pid namespace (0 if it has none here).
+    pub pid: Option<i32>,
+    pub what: Handover,
+}
+
+/// Lets `sock` receive its peer's credentials (SO_PASSCRED); set it before [`recv_fd`].
+pub fn pass_credentials(sock: BorrowedFd<'_>) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt::PassCred};
+    setsockopt(&sock, PassCred, &true).map_err(io::Error::from)
+}
+
 /// Receives one descriptor sent with [`send_fd`]; `Ok(None)` when the peer closed the stream.
-pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<Option<Received>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let mut byte = [0u8; 1];
-    let mut iov = [io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut data = [0u8; 3];
+    let mut iov = [io::IoSliceMut::new(&mut data)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1], libc::ucred);
     let msg = recvmsg::<()>(
         sock.as_raw_fd(),
         &mut iov,
@@ -148,21 +187,41 @@ pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(io::Error::from)?;
-    if msg.bytes == 0 {
+    let len = msg.bytes;
+    if len == 0 {
         return Ok(None);
     }
+    let mut fd = None;
+    let mut pid = None;
     for cmsg in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg
-            && let Some(&fd) = fds.first()
-        {
-            // SAFETY: SCM_RIGHTS just installed `fd` in this process; nothing else owns it.
-            return Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }));
+        match cmsg {
+            ControlMessageOwned::ScmRights(fds) => {
+                for (i, &raw) in fds.iter().enumerate() {
+                    // SAFETY: SCM_RIGHTS just installed `raw` in this process; nothing else
+                    // owns it. Only the first is kept; extra ones are closed on drop.
+                    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                    if i == 0 {
+                        fd = Some(owned);
+                    }
+                }
+            }
+            ControlMessageOwned::ScmCredentials(c) => pid = Some(c.pid()),
+            _ => {}
         }
     }
-    Err(io::Error::new(
-        io::ErrorKind::InvalidData,
-        "message without a descriptor",
-    ))
+    let what = match (&data[..len], len) {
+        ([b'P', lo, hi], 3) => Handover::Probed {
+            port: u16::from_le_bytes([*lo, *hi]),
+        },
+        _ => Handover::Listener,
+    };
+    match fd {
+        Some(fd) => Ok(Some(Received { fd, pid, what })),
+        None => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message without a descriptor",
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -197,7 +256,7 @@ mod tests {
         let Ok(listener) = install_with_listener(program) else {
             return 3;
         };
-        if send_fd(sock.as_fd(), listener.as_fd()).is_err() {
+        if send_fd(sock.as_fd(), listener.as_fd(), Handover::Probed { port: 7 }).is_err() {
             return 4;
         }
         drop(listener);
@@ -239,7 +298,11 @@ mod tests {
             // SAFETY: ends the forked child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
-        let listener = recv_fd(parent_end.as_fd()).unwrap().unwrap();
+        pass_credentials(parent_end.as_fd()).unwrap();
+        let got = recv_fd(parent_end.as_fd()).unwrap().unwrap();
+        assert_eq!(got.pid, Some(pid));
+        assert_eq!(got.what, Handover::Probed { port: 7 });
+        let listener = got.fd;
         let n = receive(listener.as_fd()).unwrap();
         assert_eq!(n.nr, i32::try_from(nr).unwrap());
         assert_eq!(n.pid, u32::try_from(pid).unwrap());

@@ -50,6 +50,7 @@ fn sample(i: u64) -> Event {
             pid: 4242,
             comm: "probe".into(),
             exe: Some("/usr/local/bin/probe".into()),
+            errno: Some(1),
             suppressed: 0,
         },
         4 => Event::Exit {
@@ -65,6 +66,10 @@ fn sample(i: u64) -> Event {
             access: "write_file".into(),
             pid: Some(7),
             comm: None,
+            exe: None,
+            syscall: Some("openat".into()),
+            domain: Some("1a6fdc66f".into()),
+            suppressed: 0,
         },
     }
 }

@@ -1,0 +1,292 @@
+//! `fs_denied` records: the kernel side of reading Landlock's denials.
+//!
+//! Landlock reports a refused access only to the kernel audit subsystem. The sandbox's
+//! seccomp supervisor (one host process per sandbox, [`crate::syscall_audit`]) subscribes
+//! to the audit log's read-only multicast group (`AUDIT_NLGRP_READLOG`, which needs
+//! CAP_AUDIT_READ in the initial user namespace and works beside auditd or without it),
+//! keeps the records of its own sandbox's Landlock domains
+//! ([`agent_sandbox_audit::kernel::LandlockTracker`]) and appends them, rate-limited, as
+//! `fs_denied` records. Three conditions must hold, or the sandbox reports `fs_denied` as
+//! inactive with the reason (`agent-sandbox layers ID`), never pretends:
+//! - kernel audit is enabled (`auditctl -e 1` or `audit=1` at boot): with it off, Landlock
+//!   writes no record at all; agent-sandbox never changes the system's audit settings;
+//! - the supervisor may read the audit group (a rootless runtime may not);
+//! - the kernel's Landlock ABI is 7 or newer: only from there can a domain ask for denials
+//!   after `execve` to be logged (`LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`); by default the
+//!   kernel logs only denials of the process that restricted itself, before its exec, which
+//!   in a sandbox are none.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+
+use agent_sandbox_audit::kernel::{self, KernelRecord};
+use netlink_packet_audit::{AuditMessage, StatusMessage};
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_AUDIT};
+use serde::{Deserialize, Serialize};
+
+/// The supervisor's verdict on `fs_denied` reporting, in the sandbox dir.
+pub const STATUS_FILE: &str = "fs-audit.json";
+
+/// `AUDIT_NLGRP_READLOG`: the read-only multicast group of the audit log.
+const NLGRP_READLOG: u32 = 1;
+
+/// The first Landlock ABI with `LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`.
+pub const MIN_LANDLOCK_ABI: u32 = 7;
+
+/// Errors of the kernel audit reader.
+#[derive(Debug, thiserror::Error)]
+pub enum FsAuditError {
+    #[error("cannot open a NETLINK_AUDIT socket")]
+    Socket(#[source] std::io::Error),
+    #[error("cannot ask the kernel for its audit status")]
+    Status(#[source] std::io::Error),
+    #[error("the kernel's audit status reply is malformed")]
+    StatusReply,
+    #[error(
+        "cannot subscribe to the kernel audit log (needs CAP_AUDIT_READ in the initial user namespace)"
+    )]
+    Subscribe(#[source] std::io::Error),
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Whether `fs_denied` reporting is in force for a sandbox, and why not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsAuditStatus {
+    pub active: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl FsAuditStatus {
+    fn inactive(reason: impl Into<String>) -> Self {
+        Self {
+            active: false,
+            reason: Some(reason.into()),
+        }
+    }
+
+    /// Saves the verdict in the sandbox dir (the supervisor, before it reports ready).
+    pub fn save(&self, sandbox_dir: &Path) -> Result<(), FsAuditError> {
+        let path = sandbox_dir.join(STATUS_FILE);
+        let text = serde_json::to_vec(self).map_err(|e| FsAuditError::Write {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+        std::fs::write(&path, text).map_err(|source| FsAuditError::Write { path, source })
+    }
+
+    /// The verdict the sandbox's supervisor saved; `None` when it has none (no supervisor,
+    /// or one from an older runtime).
+    pub fn load(sandbox_dir: &Path) -> Option<Self> {
+        let text = std::fs::read(sandbox_dir.join(STATUS_FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+}
+
+/// The kernel's `audit_enabled` (0 off, 1 on, 2 on and locked), asked with `AUDIT_GET`
+/// (needs CAP_AUDIT_CONTROL).
+pub fn kernel_audit_enabled() -> Result<u32, FsAuditError> {
+    let mut sock = Socket::new(NETLINK_AUDIT).map_err(FsAuditError::Socket)?;
+    sock.bind_auto().map_err(FsAuditError::Socket)?;
+    set_timeout(sock.as_fd(), std::time::Duration::from_secs(2)).map_err(FsAuditError::Socket)?;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = 1;
+    let mut msg = NetlinkMessage::new(
+        header,
+        NetlinkPayload::InnerMessage(AuditMessage::GetStatus(None)),
+    );
+    msg.finalize();
+    let mut buf = vec![0u8; msg.buffer_len()];
+    msg.serialize(&mut buf);
+    sock.send_to(&buf, &SocketAddr::new(0, 0), 0)
+        .map_err(FsAuditError::Status)?;
+    // The kernel answers with an ACK and the status, in either order.
+    for _ in 0..4 {
+        let mut reply = Vec::with_capacity(8192);
+        sock.recv(&mut reply, 0).map_err(FsAuditError::Status)?;
+        match NetlinkMessage::<AuditMessage>::deserialize(&reply) {
+            Ok(m) => match m.payload {
+                NetlinkPayload::InnerMessage(AuditMessage::GetStatus(Some(StatusMessage {
+                    enabled,
+                    ..
+                }))) => return Ok(enabled),
+                NetlinkPayload::Error(e) if e.code.is_some() => {
+                    return Err(FsAuditError::Status(e.to_io()));
+                }
+                _ => continue,
+            },
+            Err(_) => return Err(FsAuditError::StatusReply),
+        }
+    }
+    Err(FsAuditError::StatusReply)
+}
+
+fn set_timeout(fd: BorrowedFd<'_>, t: std::time::Duration) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt::ReceiveTimeout};
+    use nix::sys::time::TimeValLike;
+    let ms = i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+    setsockopt(
+        &fd,
+        ReceiveTimeout,
+        &nix::sys::time::TimeVal::milliseconds(ms),
+    )
+    .map_err(Into::into)
+}
+
+/// A subscription to the kernel audit log's read-only multicast group.
+pub struct KernelAudit {
+    sock: Socket,
+}
+
+impl KernelAudit {
+    /// Checks the conditions (see the module docs) and subscribes; `Err` carries the
+    /// inactive verdict with its reason.
+    pub fn open() -> Result<Self, FsAuditStatus> {
+        let uid_map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+        if !initial_user_namespace(&uid_map) {
+            return Err(FsAuditStatus::inactive(
+                "the runtime runs in a user namespace (rootless): reading the kernel audit log needs CAP_AUDIT_READ in the initial user namespace",
+            ));
+        }
+        match agent_sandbox_sys::landlock_abi() {
+            Ok(abi) if abi >= MIN_LANDLOCK_ABI => {}
+            Ok(abi) => {
+                return Err(FsAuditStatus::inactive(format!(
+                    "the kernel's Landlock ABI {abi} cannot log denials after exec (needs {MIN_LANDLOCK_ABI})"
+                )));
+            }
+            Err(e) => {
+                return Err(FsAuditStatus::inactive(format!(
+                    "cannot read the kernel's Landlock ABI: {e}"
+                )));
+            }
+        }
+        match kernel_audit_enabled() {
+            Ok(0) => {
+                return Err(FsAuditStatus::inactive(
+                    "kernel audit is disabled (audit_enabled=0), so Landlock reports no denial; enable it with `auditctl -e 1` or boot with audit=1",
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return Err(FsAuditStatus::inactive(chain(&e))),
+        }
+        Self::subscribe().map_err(|e| FsAuditStatus::inactive(chain(&e)))
+    }
+
+    fn subscribe() -> Result<Self, FsAuditError> {
+        let mut sock = Socket::new(NETLINK_AUDIT).map_err(FsAuditError::Socket)?;
+        sock.bind(&SocketAddr::new(0, 1 << (NLGRP_READLOG - 1)))
+            .map_err(FsAuditError::Subscribe)?;
+        sock.set_non_blocking(true).map_err(FsAuditError::Socket)?;
+        // A bigger buffer rides out bursts; past it the kernel drops for this reader only
+        // (ENOBUFS), never blocks the audited process.
+        let _ = sock.set_rx_buf_sz(1 << 20);
+        Ok(Self { sock })
+    }
+
+    /// Reads up to `max` pending records without blocking; returns them and whether the
+    /// kernel dropped records for this reader (its buffer overflowed) meanwhile.
+    pub fn drain(&self, max: usize) -> (Vec<KernelRecord>, bool) {
+        let mut out = Vec::new();
+        let mut lost = false;
+        for _ in 0..max {
+            let mut buf = Vec::with_capacity(16 * 1024);
+            match self.sock.recv(&mut buf, 0) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    lost = true;
+                    continue;
+                }
+                Err(_) => break,
+            }
+            let Ok(msg) = NetlinkMessage::<AuditMessage>::deserialize(&buf) else {
+                continue;
+            };
+            let (kind, text) = match msg.payload {
+                NetlinkPayload::InnerMessage(
+                    AuditMessage::Event((kind, text)) | AuditMessage::Other((kind, text)),
+                ) => (kind, text),
+                _ => continue,
+            };
+            // Only the record kinds the tracker joins are parsed.
+            if ![
+                kernel::AUDIT_SYSCALL,
+                kernel::AUDIT_EOE,
+                kernel::AUDIT_LANDLOCK_ACCESS,
+                kernel::AUDIT_LANDLOCK_DOMAIN,
+            ]
+            .contains(&kind)
+            {
+                continue;
+            }
+            if let Ok(r) = kernel::parse(kind, text.trim_end_matches('\0')) {
+                out.push(r);
+            }
+        }
+        (out, lost)
+    }
+}
+
+impl AsFd for KernelAudit {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+}
+
+/// Whether a `/proc/self/uid_map` is the initial user namespace's (the identity map of
+/// every id).
+fn initial_user_namespace(uid_map: &str) -> bool {
+    uid_map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]
+}
+
+/// An error and its causes on one line (for the status file and records).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test runs as root in the initial namespaces (as the e2e suites do): the status
+    /// query must work whatever the setting is.
+    #[test]
+    fn the_kernel_answers_the_audit_status_query() {
+        let enabled = kernel_audit_enabled().unwrap();
+        assert!(enabled <= 2, "{enabled}");
+    }
+
+    #[test]
+    fn only_the_initial_user_namespace_may_read_the_audit_log() {
+        assert!(initial_user_namespace("         0          0 4294967295\n"));
+        assert!(!initial_user_namespace(
+            "         0       1500          1\n         1     100000      65536\n"
+        ));
+        assert!(!initial_user_namespace(""));
+    }
+
+    #[test]
+    fn a_status_round_trips_through_the_sandbox_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(FsAuditStatus::load(dir.path()), None);
+        let s = FsAuditStatus::inactive("kernel audit is disabled");
+        s.save(dir.path()).unwrap();
+        assert_eq!(FsAuditStatus::load(dir.path()), Some(s));
+    }
+}
