@@ -19,7 +19,7 @@ use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
 use agent_sandbox_policy::policy::NetworkMode;
 use agent_sandbox_proxy::{
-    Credentials, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig, Stage, SystemResolver,
+    Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig, Stage,
 };
 use libcontainer::oci_spec::runtime::Process;
 
@@ -46,6 +46,8 @@ pub enum EgressError {
     },
     #[error("cannot bind the proxy listener in the sandbox network namespace")]
     Listener(#[source] agent_sandbox_proxy::ListenerError),
+    #[error("cannot set up the proxy's host-side resolver")]
+    Resolver(#[source] agent_sandbox_proxy::ResolveError),
     #[error("cannot start the proxy's event loop")]
     Runtime(#[source] std::io::Error),
     #[error("the egress proxy stopped")]
@@ -274,6 +276,17 @@ pub fn serve(
         .enable_all()
         .build()
         .map_err(EgressError::Runtime)?;
+    // Host-side DNS with a TTL-honouring cache; built inside the runtime it will run on.
+    let resolver = {
+        let _entered = runtime.enter();
+        match DnsResolver::from_system() {
+            Ok(r) => r,
+            Err(e) => {
+                report(&chain(&e));
+                return Err(EgressError::Resolver(e));
+            }
+        }
+    };
     // Audit records are fsynced one by one: a writer thread keeps that off the
     // proxy's event loop (the sink must not block).
     let (tx, rx) = mpsc::channel::<EgressEvent>();
@@ -286,12 +299,15 @@ pub fn serve(
             }
         }
     });
+    // Only `finished` events become records: the others are not cloned, sent or woken for.
     let sink = move |event: &EgressEvent| {
-        let _ = tx.send(event.clone());
+        if event.stage == Stage::Finished {
+            let _ = tx.send(event.clone());
+        }
     };
     let proxy = Proxy::with_config(
         Arc::new(policy.network.allowlist()),
-        Arc::new(SystemResolver),
+        Arc::new(resolver),
         Arc::new(sink),
         ProxyConfig {
             credentials,

@@ -23,6 +23,9 @@ pub use guard::{SpecialRange, classify};
 pub use http::HttpError;
 pub use listener::{ListenerError, bind_in_netns};
 pub use proxy::{DENIED_HEADER, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy, ProxyConfig, ProxyError};
-pub use resolve::{BoxFuture, Resolver, StaticResolver, SystemResolver};
+pub use resolve::{
+    BoxFuture, DNS_CACHE_ENTRIES, DnsResolver, ResolveError, Resolver, StaticResolver,
+    SystemResolver,
+};
 pub use rules::{EgressRules, Host, HostError, Verdict};
 pub use socks::SocksError;

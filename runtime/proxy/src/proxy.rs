@@ -199,6 +199,8 @@ struct Record {
     rule: Option<String>,
     address_rule: Option<String>,
     resolved: Option<SocketAddr>,
+    /// The relay ran to its end: both sides are done, nothing is left to drain.
+    relayed: bool,
 }
 
 /// Why `open` did not produce an upstream connection.
@@ -305,12 +307,16 @@ impl Inner {
             rule: None,
             address_rule: None,
             resolved: None,
+            relayed: false,
         };
         let counters = Counters::new();
         // Small requests should not wait for Nagle; failure only costs latency.
         let _ = stream.set_nodelay(true);
         let outcome = self.dispatch(&mut stream, &mut rec, &counters).await;
-        close_gracefully(&mut stream).await;
+        if !rec.relayed {
+            // A refusal or an error answer was written: let it reach the client.
+            close_gracefully(&mut stream).await;
+        }
         self.emit(&rec, Stage::Finished, outcome, &counters);
     }
 
@@ -503,7 +509,7 @@ impl Inner {
         &self,
         stream: &TcpStream,
         upstream: TcpStream,
-        rec: &Record,
+        rec: &mut Record,
         counters: &Counters,
     ) -> Outcome {
         self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
@@ -516,7 +522,7 @@ impl Inner {
         )
         .await
         {
-            PumpEnd::Closed => {}
+            PumpEnd::Closed => rec.relayed = true,
             PumpEnd::Idle => tracing::debug!(connection = rec.id, "egress connection idle, closed"),
             PumpEnd::Failed(e) => {
                 tracing::debug!(connection = rec.id, error = %e, "egress connection ended with an error");

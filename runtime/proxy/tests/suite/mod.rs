@@ -1,6 +1,7 @@
 mod harness;
 
 mod clients;
+mod dns;
 mod guard;
 mod http;
 mod lifecycle;
