@@ -29,14 +29,23 @@ put() {
     fi
 }
 
-cargo build --release --locked -p agent-sandbox
+# The runtime is exec'd several times per container (create re-executes itself from a
+# read-only copy, sidecars, exec), and each exec relocates it: packed relative relocations
+# (DT_RELR) shrink about 25,000 .rela.dyn entries into a bitmap the loader applies in a
+# tight loop, keeping the binary position-independent. Passed to the final link only
+# (`cargo rustc`), so the dependencies' build cache is shared with plain `cargo build`.
+cargo rustc --release --locked -p agent-sandbox --bin agent-sandbox -- \
+    -C link-arg=-Wl,-z,pack-relative-relocs
 put "$target_dir/release/agent-sandbox" agent-sandbox
 
 # One shim runs per container (or pod), so it is built for a small resident set: statically
 # linked (no shared libc, libm and loader pulled in whole by the kernel's fault-around) and
 # optimised for size: 4.0 MiB RSS against 6.0 MiB for the default release build
-# (containerd-shim-runc-v2: 12.9). Its own target directory keeps the workspace's cache intact.
-CARGO_PROFILE_RELEASE_OPT_LEVEL=s RUSTFLAGS='-C target-feature=+crt-static' \
+# (containerd-shim-runc-v2: 12.9); with whole-program LTO in one codegen unit the binary
+# shrinks 4.0 -> 3.4 MB and the RSS 4.02 -> 3.35 MiB (0.26x runc-v2's). Its own target
+# directory keeps the workspace's cache intact.
+CARGO_PROFILE_RELEASE_OPT_LEVEL=s CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 \
+    RUSTFLAGS='-C target-feature=+crt-static' \
     CARGO_TARGET_DIR=$target_dir/shim-static \
     cargo build --release --locked -p containerd-shim-agent-sandbox --target "$triple"
 put "$target_dir/shim-static/$triple/release/containerd-shim-agent-sandbox" \

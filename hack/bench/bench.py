@@ -523,7 +523,7 @@ def measure_shim_memory(ctr: CtrClient, runtimes: list[tuple[str, str, str]], pe
                     spid = ppid_of(task)
                     exe = os.path.basename(os.readlink(f"/proc/{spid}/exe"))
                     argv = Path(f"/proc/{spid}/cmdline").read_bytes().split(b"\0")
-                    if exe != shim:
+                    if exe != os.path.basename(shim):
                         raise CaseFailed(f"the parent of task {cid} (pid {task}) is pid {spid} running {exe}, not {shim}")
                     shim_id = argv[argv.index(b"-id") + 1].decode() if b"-id" in argv else ""
                     shims[name].append({"container": cid, "task_pid": task, "shim_pid": spid, "shim_id": shim_id, **smaps_rollup_kib(spid)})
@@ -713,9 +713,19 @@ CTR_RUNTIMES = [
 ]
 
 
+def ctr_runtimes(args) -> list[tuple[str, str, str]]:
+    """CTR_RUNTIMES, with our shim given by its absolute path when --shim names one: ctr
+    then runs that binary (containerd accepts a path as the runtime), and the shim drives
+    the agent-sandbox beside it, whatever containerd's config registers."""
+    if not args.shim:
+        return CTR_RUNTIMES
+    return [("agent-sandbox", args.shim, args.shim), *CTR_RUNTIMES[1:]]
+
+
 def section_ctr(args, workdir: Path, hybrid: bool) -> Section:
     ctr = CtrClient(args.ctr_namespace, args.image)
-    cases: list[Case] = [CtrRunCase(name, rt, shim, ctr, workdir) for name, rt, shim in CTR_RUNTIMES]
+    runtimes = ctr_runtimes(args)
+    cases: list[Case] = [CtrRunCase(name, rt, shim, ctr, workdir) for name, rt, shim in runtimes]
     return Section(
         key="ctr",
         title=f"ctr run --rm --runtime R {args.image} ID true (containerd, namespace {args.ctr_namespace})",
@@ -725,8 +735,8 @@ def section_ctr(args, workdir: Path, hybrid: bool) -> Section:
         subreaper=False,  # the shims daemonize; containerd expects them to go to init
         ratios=[("agent-sandbox", "runc")],
         target=("agent-sandbox", "runc", 0.9, "issue 4: ctr run --rm latency at most 0.9x io.containerd.runc.v2"),
-        notes=["runc = io.containerd.runc.v2 (containerd-shim-runc-v2 driving runc); agent-sandbox = io.agent.sandbox"],
-        extra=(lambda: measure_shim_memory(ctr, CTR_RUNTIMES, args.shims, args.shim_settle)) if args.shims > 0 else None,
+        notes=[f"runc = io.containerd.runc.v2 (containerd-shim-runc-v2 driving runc); agent-sandbox = {runtimes[0][1]}"],
+        extra=(lambda: measure_shim_memory(ctr, runtimes, args.shims, args.shim_settle)) if args.shims > 0 else None,
         extra_key="shim_memory",
     )
 
@@ -953,8 +963,8 @@ def versions(args) -> dict:
         "runc": ver(which("runc")),
         "podman": ver(which("podman")),
         "containerd": ver(which("containerd")),
-        "containerd-shim-agent-sandbox": shim_version(which("containerd-shim-agent-sandbox")),
-        "containerd-shim-agent-sandbox_binary": identity(which("containerd-shim-agent-sandbox") or ""),
+        "containerd-shim-agent-sandbox": shim_version(args.shim or which("containerd-shim-agent-sandbox")),
+        "containerd-shim-agent-sandbox_binary": identity(args.shim or which("containerd-shim-agent-sandbox") or ""),
         "containerd-shim-runc-v2": shim_version(which("containerd-shim-runc-v2")),
         "conmon": ver(which("conmon")),
         "busybox": first_line([args.busybox]) if os.access(args.busybox, os.X_OK) else "not installed",
@@ -986,6 +996,11 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="unrecorded runs per case before measuring")
     p.add_argument("--max-seconds", type=float, default=float(os.environ.get("BENCH_MAX_SECONDS", 300)), help="stop starting new rounds after this long")
     p.add_argument("--agent-sandbox", default=os.environ.get("AGENT_SANDBOX_BIN", "/usr/local/bin/agent-sandbox"), help="runtime under test (env AGENT_SANDBOX_BIN)")
+    p.add_argument(
+        "--shim",
+        default=os.environ.get("BENCH_SHIM") or None,
+        help="ctr and shim memory: run this containerd-shim-agent-sandbox by absolute path (it drives the agent-sandbox beside it) instead of io.agent.sandbox from containerd's config (env BENCH_SHIM)",
+    )
     p.add_argument("--image", default="localhost/agent-sandbox/busybox:latest")
     p.add_argument("--busybox", default="/bin/busybox", help="static busybox for the bundle's rootfs")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "target" / "bench" / "runtime.json"))
@@ -998,6 +1013,8 @@ def main() -> int:
         p.error("--rounds, --podman-rounds and --ctr-rounds must be at least 1")
     if args.shims < 0:
         p.error("--shims must be 0 or more")
+    if args.shim and not (os.path.isabs(args.shim) and os.access(args.shim, os.X_OK)):
+        p.error(f"--shim {args.shim}: not an executable absolute path")
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     if wanted == ["all"]:
         wanted = [*SECTIONS, *EXTERNAL]

@@ -69,6 +69,13 @@ pub enum Command {
     Delete {
         #[arg(short, long)]
         force: bool,
+        /// Internal (the shim): the init's pid as reaped, for its `exit` record, written
+        /// here instead of by a separate `audit-exit` run
+        #[arg(long = "exit-pid", hide = true, requires = "exit_status")]
+        exit_pid: Option<i32>,
+        /// Internal (the shim): the init's status as the reaper folds it (128 + N for signal N)
+        #[arg(long = "exit-status", hide = true)]
+        exit_status: Option<i32>,
         id: String,
     },
     /// Run a process inside a running container
@@ -402,8 +409,17 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Kill { all, id, signal } => {
             rt()?.kill(&ContainerId::try_from(id.as_str())?, &signal, all)?
         }
-        Command::Delete { force, id } => {
-            rt()?.delete(&ContainerId::try_from(id.as_str())?, force)?
+        Command::Delete {
+            force,
+            exit_pid,
+            exit_status,
+            id,
+        } => {
+            let reaped = exit_status.map(|status| crate::lifecycle::ReapedInit {
+                pid: exit_pid,
+                status: agent_sandbox_audit::ExitStatus::from_folded(status),
+            });
+            rt()?.delete(&ContainerId::try_from(id.as_str())?, force, reaped)?
         }
         Command::Exec(a) => {
             if let Some(cap) = a.cap.first() {

@@ -153,6 +153,14 @@ pub struct ExecOpts {
     pub preserve_fds: i32,
 }
 
+/// The init's exit as its reaper (the shim) saw it, handed to `delete` so that one run
+/// writes the `exit` record and then deletes (instead of a separate `audit-exit` run first).
+#[derive(Debug, Clone, Copy)]
+pub struct ReapedInit {
+    pub pid: Option<i32>,
+    pub status: agent_sandbox_audit::ExitStatus,
+}
+
 /// The runtime, bound to one state root.
 pub struct Runtime {
     pub dirs: StateDirs,
@@ -703,10 +711,28 @@ impl Runtime {
             .map_err(|source| LifecycleError::Container { op: "kill", source })
     }
 
-    /// `delete`: with `force`, kills first; an unknown id with `force` is fine.
-    pub fn delete(&self, id: &ContainerId, force: bool) -> Result<()> {
+    /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
+    /// (from the shim) is the init's exit, recorded before anything else.
+    pub fn delete(&self, id: &ContainerId, force: bool, reaped: Option<ReapedInit>) -> Result<()> {
         match self.load(id) {
             Ok(mut c) => {
+                // As with `audit-exit` and the closing records, a record that cannot be
+                // written is logged and the delete goes on: the container must still go.
+                if let Some(r) = reaped
+                    && c.status() == ContainerStatus::Stopped
+                    && let Err(e) = crate::audit::exited(
+                        &self.dirs,
+                        id,
+                        &crate::audit::ExitReport {
+                            process: "init".to_owned(),
+                            pid: r.pid,
+                            status: r.status,
+                            reaped_by: None,
+                        },
+                    )
+                {
+                    tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
+                }
                 self.audit_init_exit(id, &c, force);
                 if !force
                     && !matches!(

@@ -155,13 +155,27 @@ impl Runtime {
         self.simple("kill", &args).await
     }
 
-    pub async fn delete(&self, id: &str, force: bool) -> Result<(), RuntimeError> {
-        let args: &[&str] = if force {
-            &["delete", "--force", id]
-        } else {
-            &["delete", id]
-        };
-        self.simple("delete", args).await
+    /// `delete [--force] [--exit-pid PID --exit-status CODE] ID`: with `reaped` (the init's
+    /// pid and status as this shim reaped it), the runtime writes the init's `exit` record
+    /// before deleting, in the same run (no separate `audit-exit`).
+    pub async fn delete(
+        &self,
+        id: &str,
+        force: bool,
+        reaped: Option<(u32, u32)>,
+    ) -> Result<(), RuntimeError> {
+        let (pid, code) = reaped.map_or((String::new(), String::new()), |(p, c)| {
+            (p.to_string(), c.to_string())
+        });
+        let mut args = vec!["delete"];
+        if force {
+            args.push("--force");
+        }
+        if reaped.is_some() {
+            args.extend(["--exit-pid", &pid, "--exit-status", &code]);
+        }
+        args.push(id);
+        self.simple("delete", &args).await
     }
 
     pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {

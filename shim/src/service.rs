@@ -44,6 +44,14 @@ use crate::stdio::{self, ConsoleSocket, Copies, StdioError, StdioPaths};
 
 /// How long an exit waits for a terminal's last output to be copied out.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// How long the init's `exit` record waits for the task's Delete (which writes it in the
+/// same runtime run) before a separate `audit-exit` writes it.
+const LATE_EXIT_RECORD: Duration = Duration::from_secs(1);
+
+/// The init's exit (pid, status) while its `exit` record is not yet written: Delete takes it
+/// (and holds the lock while the runtime deletes), or after [`LATE_EXIT_RECORD`] a
+/// separate `audit-exit` does; whoever takes it writes it, exactly once, before `delete`.
+type PendingExit = Arc<Mutex<Option<(u32, u32)>>>;
 
 /// Errors of the task service. Converted to ttrpc status codes in one place, below.
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +219,24 @@ impl Process {
     }
 }
 
+/// The `Info` of an exec process in `Pids` (`ctr task ps`): its exec id as runc-v2 reports
+/// it, a `containerd.runc.v1.ProcessDetails`.
+fn exec_info(
+    exec_id: &str,
+) -> Option<containerd_shim::protos::protobuf::well_known_types::any::Any> {
+    let details = containerd_shim::protos::shim::oci::ProcessDetails {
+        exec_id: exec_id.to_owned(),
+        ..Default::default()
+    };
+    match containerd_shim::util::convert_to_any(Box::new(details)) {
+        Ok(any) => Some(any),
+        Err(e) => {
+            warn!("cannot encode the exec id {exec_id} for ps: {e}");
+            None
+        }
+    }
+}
+
 struct Container {
     bundle: PathBuf,
     runtime: Runtime,
@@ -223,6 +249,7 @@ struct Container {
     /// The cgroup's `oom_kill` counter when the container was created.
     oom_kills_at_create: u64,
     rootfs_mounted: bool,
+    pending_init_exit: PendingExit,
 }
 
 impl Container {
@@ -437,17 +464,34 @@ impl TaskService {
                 return;
             };
             let runtime = c.runtime.clone();
+            let pending = c.pending_init_exit.clone();
             let Ok(p) = c.process_mut(cid, exec_id) else {
                 return;
             };
-            (p.copies.output_watch(), (runtime, p.pid))
+            (p.copies.output_watch(), (runtime, p.pid, pending))
         };
         if let Some(mut rx) = drain {
             let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
         }
-        // Audit trail: the runtime appends the `exit` record before containerd hears of the
-        // exit (so it precedes the `delete` record). Outside the state lock.
-        audit.0.audit_exit(cid, exec_id, audit.1, exit.code).await;
+        // Audit trail: the runtime appends the `exit` record, always before the `delete`
+        // record. An exec's is written now, before containerd hears of the exit (outside the
+        // state lock). The init's goes with the Delete that usually follows at once (`ctr run
+        // --rm`, CRI): one runtime run instead of two; without a Delete, a separate
+        // `audit-exit` writes it after LATE_EXIT_RECORD.
+        let (runtime, pid, pending) = audit;
+        if exec_id.is_empty() {
+            *pending.lock().await = Some((pid, exit.code));
+            let cid = cid.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(LATE_EXIT_RECORD).await;
+                let mut slot = pending.lock().await;
+                if let Some((pid, code)) = slot.take() {
+                    runtime.audit_exit(&cid, "", pid, code).await;
+                }
+            });
+        } else {
+            runtime.audit_exit(cid, exec_id, pid, exit.code).await;
+        }
         let mut st = self.inner.state.lock().await;
         if exec_id.is_empty()
             && let Ok(c) = st.container(cid)
@@ -581,6 +625,7 @@ impl TaskService {
             runtime,
             init,
             execs: HashMap::new(),
+            pending_init_exit: PendingExit::default(),
             cgroups,
             oom_task,
             oom_published,
@@ -635,7 +680,7 @@ impl TaskService {
             let master = match socket.receive().await {
                 Ok(m) => m,
                 Err(e) => {
-                    let _ = runtime.delete(id, true).await;
+                    let _ = runtime.delete(id, true, None).await;
                     return Err(e.into());
                 }
             };
@@ -834,10 +879,10 @@ impl TaskService {
                 ..Default::default()
             });
         }
-        let (runtime, state) = {
+        let (runtime, state, pending) = {
             let st = self.inner.state.lock().await;
             let c = st.container(id)?;
-            (c.runtime.clone(), c.init.state)
+            (c.runtime.clone(), c.init.state, c.pending_init_exit.clone())
         };
         if matches!(state, ProcState::Running | ProcState::Paused) {
             return Err(ServiceError::WrongState {
@@ -846,10 +891,21 @@ impl TaskService {
                 expected: "stopped or created",
             });
         }
-        match runtime.delete(id, state == ProcState::Created).await {
-            Err(e) if !e.is_not_found() => return Err(e.into()),
+        // Held while the runtime deletes: a late `audit-exit` either ran already (and
+        // took the exit) or never runs.
+        let mut slot = pending.lock().await;
+        let reaped = slot.take();
+        match runtime
+            .delete(id, state == ProcState::Created, reaped)
+            .await
+        {
+            Err(e) if !e.is_not_found() => {
+                *slot = reaped;
+                return Err(e.into());
+            }
             _ => {}
         }
+        drop(slot);
         let c = {
             let mut st = self.inner.state.lock().await;
             st.containers
@@ -1012,20 +1068,24 @@ impl TaskService {
     }
 
     async fn do_pids(&self, req: PidsRequest) -> Result<PidsResponse> {
-        let runtime = self
-            .inner
-            .state
-            .lock()
-            .await
-            .container(&req.id)?
-            .runtime
-            .clone();
+        let (runtime, exec_pids) = {
+            let st = self.inner.state.lock().await;
+            let c = st.container(&req.id)?;
+            let exec_pids: HashMap<u32, String> = c
+                .execs
+                .iter()
+                .filter(|(_, p)| p.pid != 0)
+                .map(|(exec_id, p)| (p.pid, exec_id.clone()))
+                .collect();
+            (c.runtime.clone(), exec_pids)
+        };
         let pids = runtime.ps(&req.id).await?;
         Ok(PidsResponse {
             processes: pids
                 .into_iter()
                 .map(|pid| ProcessInfo {
                     pid,
+                    info: exec_pids.get(&pid).and_then(|id| exec_info(id)).into(),
                     ..Default::default()
                 })
                 .collect(),
@@ -1261,6 +1321,17 @@ mod tests {
             Error::RpcStatus(s) => s.code(),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn exec_info_is_runc_v2_process_details() {
+        use containerd_shim::protos::protobuf::Message;
+        let any = exec_info("probe-1").unwrap();
+        // containerd's ctr decodes it by this name (runc-v2 sends the same type).
+        assert_eq!(any.type_url, "containerd.runc.v1.ProcessDetails");
+        let back = containerd_shim::protos::shim::oci::ProcessDetails::parse_from_bytes(&any.value)
+            .unwrap();
+        assert_eq!(back.exec_id, "probe-1");
     }
 
     #[test]

@@ -118,7 +118,7 @@ impl containerd_shim::Shim for Shim {
             RuntimeOptions::defaults(&self.namespace)
         });
         let runtime = Runtime::new(&opts, &bundle);
-        if let Err(e) = runtime.delete(&self.id, true).await
+        if let Err(e) = runtime.delete(&self.id, true, None).await
             && !e.is_not_found()
         {
             warn!("{}", error_chain(&e));

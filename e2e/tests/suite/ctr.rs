@@ -369,6 +369,29 @@ fn ctr_kill_ps_pause_and_delete_drive_the_task() -> anyhow::Result<()> {
         pids.contains(&pid) && pids.len() >= 3,
         "ps should list the shell and both sleeps\n{ps}"
     );
+    // An exec process is listed with its exec id in the INFO column, as runc-v2 does.
+    let exec = c.task_cmd(
+        &["exec", "--detach", "--exec-id", "ps-exec"],
+        &["sleep", "300"],
+    )?;
+    ensure!(exec.success(), "detached exec failed\n{exec}");
+    let mut tries = 0;
+    let ps = loop {
+        let ps = c.task_cmd(&["ps"], &[])?;
+        ensure!(ps.success(), "ctr task ps failed\n{ps}");
+        tries += 1;
+        if ps.stdout.contains("ps-exec") || tries >= 50 {
+            break ps;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    ensure!(
+        ps.stdout.lines().any(|l| l.contains("ps-exec")
+            && l.split_whitespace()
+                .next()
+                .is_some_and(|p| p.parse::<u32>().is_ok())),
+        "ps should name the exec's id in its INFO column\n{ps}"
+    );
 
     let ls = harness::run_ok(ctr::ctr().args(["task", "ls"]), DEFAULT_TIMEOUT)?;
     ensure!(

@@ -434,38 +434,48 @@ fn rootful_update_cannot_lift_memory_above_the_policy_but_can_lower_it() -> anyh
 }
 
 #[test]
-fn rootful_created_container_waits_in_a_sealed_memfd_copy_and_rm_force_cleans_up()
+fn rootful_created_container_waits_in_a_write_protected_runtime_copy_and_rm_force_cleans_up()
 -> anyhow::Result<()> {
+    // CVE-2019-5736: a container process opens /proc/PID/exe of a runtime process that
+    // entered the container, keeps the fd, and once that process is gone reopens it for
+    // writing to overwrite the host's runtime binary. The container's init, waiting for
+    // `start`, is such a runtime process; as host root (stronger than any container
+    // process) this test holds its exe and tries the write after `rm -f`.
     let p = sandbox(User::Root);
-    let name = unique_name("memfd");
+    let name = unique_name("exe");
     let _g = ContainerGuard {
         podman: p,
         name: name.clone(),
     };
+    let host_binary = harness::runtime_bin();
+    let before =
+        fs::read(&host_binary).with_context(|| format!("cannot read {}", host_binary.display()))?;
     p.run_ok(&["create", "--name", &name, BUSYBOX_IMAGE, "true"])?;
-    // `podman init` runs the runtime's `create`; the container's init then waits
-    // for `start` inside the runtime binary, which must be the sealed memfd copy
-    // (CVE-2019-5736: a container process cannot reach the host binary).
     p.run_ok(&["init", &name])?;
     let pid = p
         .run_ok(&["inspect", "-f", "{{.State.Pid}}", &name])?
         .stdout
         .trim()
         .to_owned();
-    let exe = fs::read_link(format!("/proc/{pid}/exe"))
-        .with_context(|| format!("cannot read /proc/{pid}/exe"))?;
-    if !exe.to_string_lossy().starts_with("/memfd:agent-sandbox") {
-        bail!(
-            "the waiting init runs {}, not the sealed memfd copy",
-            exe.display()
-        );
-    }
+    let exe = format!("/proc/{pid}/exe");
+    let held = fs::File::open(&exe).with_context(|| format!("cannot open {exe}"))?;
+    let target = fs::read_link(&exe)?;
     let id = p
         .run_ok(&["inspect", "-f", "{{.Id}}", &name])?
         .stdout
         .trim()
         .to_owned();
     p.run_ok(&["rm", "-f", &name])?;
+    let attack = overwrite_through_fd(&held);
+    if attack.is_ok() {
+        bail!(
+            "the runtime copy the init ran ({}) took a write",
+            target.display()
+        );
+    }
+    if fs::read(&host_binary)? != before {
+        bail!("{} changed", host_binary.display());
+    }
     for dir in [
         format!("/run/agent-sandbox/containers/{id}"),
         format!("/run/agent-sandbox/sandbox/{id}"),
@@ -474,6 +484,29 @@ fn rootful_created_container_waits_in_a_sealed_memfd_copy_and_rm_force_cleans_up
             bail!("rm -f of a created container left {dir}");
         }
     }
+    // The same attack on a process that runs a binary straight from disk (a copy of
+    // busybox in a temporary directory) overwrites it: the defence is what stops it.
+    let dir = tempfile::tempdir()?;
+    let plain = dir.path().join("busybox");
+    fs::copy("/bin/busybox", &plain)?;
+    let mut child = std::process::Command::new(&plain)
+        .args(["sleep", "30"])
+        .spawn()?;
+    let held = fs::File::open(format!("/proc/{}/exe", child.id()))?;
+    child.kill()?;
+    child.wait()?;
+    overwrite_through_fd(&held).context("the same attack on a plain binary must succeed")?;
+    Ok(())
+}
+
+/// Reopens `held` through /proc/self/fd for writing and writes one byte (the
+/// CVE-2019-5736 step).
+fn overwrite_through_fd(held: &fs::File) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let path = format!("/proc/self/fd/{}", held.as_raw_fd());
+    let mut f = fs::OpenOptions::new().write(true).open(&path)?;
+    f.write_all(b"x")?;
     Ok(())
 }
 
