@@ -77,8 +77,9 @@ def run_cri(args) -> dict:
     if out.returncode != 0:
         return {"status": "failed", "command": argv[1:], "error": (out.stderr or out.stdout).strip()[-2000:]}
     try:
-        data = json.loads(out.stdout.strip().splitlines()[-1])
-    except (json.JSONDecodeError, IndexError) as e:
+        # cri_bench prints one pretty-printed document: parse from its first brace.
+        data = json.loads(out.stdout[out.stdout.index("{"):])
+    except (json.JSONDecodeError, ValueError) as e:
         return {"status": "failed", "command": argv[1:], "error": f"output is not JSON ({e}): {out.stdout[-1000:]}"}
     return {"status": "ok", "command": argv[1:], "result": data}
 
