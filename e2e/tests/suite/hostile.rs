@@ -1,11 +1,12 @@
 //! Hostile-workload suite: what a malicious or compromised agent tool would try, run through
-//! every entry point (podman rootful, podman rootless, `ctr`), each attack paired with the
-//! same command under runc (podman `--runtime runc`, `io.containerd.runc.v2`) where it
+//! every entry point (podman rootful, podman rootless, `ctr`, the CRI as kubelet drives it),
+//! each attack paired with the same command under runc (podman `--runtime runc`,
+//! `io.containerd.runc.v2`, the CRI's `runc` handler) where it
 //! succeeds, so every test can fail.
 //!
 //! The entry point is a parameter: an attack is a function of `&dyn EntryPoint`, and
 //! [`hostile_tests!`] stamps one `#[test]` per attack for an entry point. A new entry point
-//! (CRI) implements [`EntryPoint`] and adds one `hostile_tests!` line.
+//! implements [`EntryPoint`] and adds one `hostile_tests!` line.
 //!
 //! Every container gets the probe of the build under test bind-mounted over the image's
 //! (`$AGENT_SANDBOX_BIN_DIR/probe`), so new probe checks need no image rebuild.
@@ -29,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use agent_sandbox_e2e::cri::{self, Cri, Pod};
 use agent_sandbox_e2e::ctr::{self, Container, Shim};
 use agent_sandbox_e2e::harness::{
     self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, Outcome, Output, PROBE, ProbeReport, TEST_UID,
@@ -37,6 +39,7 @@ use agent_sandbox_e2e::harness::{
 use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, UdpEcho};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
 use anyhow::{Context, ensure};
+use k8s_cri::v1::NamespaceMode;
 
 // ---------------------------------------------------------------- entry points
 
@@ -129,7 +132,7 @@ pub trait Running {
     fn exec(&self, env: &[(String, String)], cmd: &[&str]) -> anyhow::Result<Output>;
 }
 
-/// A way of asking for containers: podman rootful/rootless, ctr, (later) CRI.
+/// A way of asking for containers: podman rootful/rootless, ctr, CRI.
 pub trait EntryPoint {
     fn name(&self) -> String;
     /// The host user that owns the entry point's files (bind sources must be theirs).
@@ -423,6 +426,273 @@ impl EntryPoint for CtrEntry {
     }
 }
 
+// ---- CRI (what kubelet does with a RuntimeClass)
+
+/// One CRI client for every test of the suite (it owns a tokio runtime).
+fn shared_cri() -> anyhow::Result<&'static Cri> {
+    static CRI: std::sync::OnceLock<Cri> = std::sync::OnceLock::new();
+    if let Some(cri) = CRI.get() {
+        return Ok(cri);
+    }
+    let cri = Cri::connect()?;
+    Ok(CRI.get_or_init(|| cri))
+}
+
+/// Pods through containerd's CRI socket, as kubelet runs them: RunPodSandbox, then
+/// CreateContainer and StartContainer, with handler `agent-sandbox` (the build under test
+/// with the built-in `agent` profile as ceiling) against the `runc` handler. A job's own
+/// policy becomes the pod annotations that narrow the ceiling to it (CRI has no other way
+/// for a pod to ask for a policy); `privileged`, `host_pid` and `host_net` become the pod's
+/// and the container's security context, as kubelet writes them.
+struct CriEntry;
+
+/// The container name every CRI job gets (its log is `NAME.log` in the pod's log directory).
+const CRI_CONTAINER: &str = "job";
+
+impl CriEntry {
+    fn handler(side: Side) -> anyhow::Result<String> {
+        match side {
+            Side::Sandbox => cri::sandbox_handler(),
+            Side::Baseline => Ok(cri::RUNC_HANDLER.to_owned()),
+        }
+    }
+
+    /// The annotations that narrow the handler's ceiling to `policy`'s network lists.
+    fn narrowing(policy: &Path) -> anyhow::Result<Vec<(String, String)>> {
+        let text = fs::read_to_string(policy)
+            .with_context(|| format!("cannot read {}", policy.display()))?;
+        let doc: toml::Table =
+            toml::from_str(&text).with_context(|| format!("cannot parse {}", policy.display()))?;
+        let list = |key: &str| -> Vec<String> {
+            doc.get("network")
+                .and_then(|n| n.get(key))
+                .and_then(toml::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        };
+        let mut annotations = vec![(
+            "io.agent.sandbox.network.allow".to_owned(),
+            list("allow").join(","),
+        )];
+        let deny = list("deny");
+        if !deny.is_empty() {
+            annotations.push(("io.agent.sandbox.network.deny".to_owned(), deny.join(",")));
+        }
+        Ok(annotations)
+    }
+
+    fn configs(
+        side: Side,
+        job: &Job,
+    ) -> anyhow::Result<(k8s_cri::v1::PodSandboxConfig, k8s_cri::v1::ContainerConfig)> {
+        let annotations = match (side, &job.policy) {
+            (Side::Sandbox, Some(p)) => Self::narrowing(p)?,
+            _ => Vec::new(),
+        };
+        let refs: Vec<(&str, &str)> = annotations
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut pod = cri::pod_config("hostile", &refs);
+        let cmd: Vec<&str> = job.cmd.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = job
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut container = cri::container_config(CRI_CONTAINER, job.image, &cmd, &env);
+        container.mounts = job
+            .all_binds()
+            .into_iter()
+            .map(|b| k8s_cri::v1::Mount {
+                container_path: b.container,
+                host_path: b.host.display().to_string(),
+                readonly: b.read_only,
+                ..Default::default()
+            })
+            .collect();
+        if job.host_net {
+            // kubelet leaves the hostname to the node's for hostNetwork pods.
+            pod.hostname.clear();
+        }
+        let node = NamespaceMode::Node as i32;
+        if let Some(sc) = pod.linux.as_mut().and_then(|l| l.security_context.as_mut()) {
+            sc.privileged = job.privileged;
+            let ns = sc.namespace_options.get_or_insert_with(Default::default);
+            if job.host_pid {
+                ns.pid = node;
+            }
+            if job.host_net {
+                ns.network = node;
+            }
+        }
+        if let Some(sc) = container
+            .linux
+            .as_mut()
+            .and_then(|l| l.security_context.as_mut())
+        {
+            sc.privileged = job.privileged;
+            // kubelet copies the pod's namespace modes into every container's request.
+            sc.namespace_options = pod
+                .linux
+                .as_ref()
+                .and_then(|l| l.security_context.as_ref())
+                .and_then(|s| s.namespace_options.clone());
+        }
+        Ok((pod, container))
+    }
+
+    /// Runs the pod and starts the job's container; a refusal by the runtime (at any of the
+    /// three calls) is `Ok(Err(reason))`.
+    fn launch(side: Side, job: &Job) -> anyhow::Result<Result<(Pod<'static>, String), String>> {
+        let cri = shared_cri()?;
+        let (pod_config, config) = Self::configs(side, job)?;
+        let pod = match Pod::run(cri, pod_config, &Self::handler(side)?) {
+            Ok(pod) => pod,
+            Err(e) if cri::status_of(&e).is_some() => return Ok(Err(format!("{e:#}"))),
+            Err(e) => return Err(e),
+        };
+        match pod.start(&config) {
+            Ok(id) => Ok(Ok((pod, id))),
+            Err(e) if cri::status_of(&e).is_some() => Ok(Err(format!("{e:#}"))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The container's CRI log (`TIMESTAMP STREAM P|F TEXT`, `P` a partial line continued by the
+/// next entry of the same stream) as (stdout, stderr).
+fn cri_log_streams(path: &Path) -> anyhow::Result<(String, String)> {
+    let text =
+        fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    for line in text.lines() {
+        let mut parts = line.splitn(4, ' ');
+        let (_, stream, tag) = (parts.next(), parts.next(), parts.next());
+        let message = parts.next().unwrap_or("");
+        let out = match stream {
+            Some("stdout") => &mut stdout,
+            Some("stderr") => &mut stderr,
+            _ => anyhow::bail!("{}: not a CRI log line: {line:?}", path.display()),
+        };
+        out.push_str(message);
+        if tag != Some("P") {
+            out.push('\n');
+        }
+    }
+    Ok((stdout, stderr))
+}
+
+struct CriRunning {
+    pod: Pod<'static>,
+    container: String,
+}
+
+impl Running for CriRunning {
+    /// The pod's id: the runtime knows the pod's sandbox (pause) container by it, and the
+    /// pod's one egress proxy names it.
+    fn id(&self) -> &str {
+        &self.pod.id
+    }
+
+    fn init_pid(&self) -> anyhow::Result<u32> {
+        self.pod.cri.container_pid(&self.container)
+    }
+
+    fn exec(&self, env: &[(String, String)], cmd: &[&str]) -> anyhow::Result<Output> {
+        // ExecSync has no environment: the image's env(1) sets the variables.
+        let mut full: Vec<String> = Vec::new();
+        if !env.is_empty() {
+            full.push("env".into());
+            full.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        full.extend(cmd.iter().map(|s| (*s).to_owned()));
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        Ok(self
+            .pod
+            .cri
+            .exec_sync(&self.container, &refs, 120)?
+            .output())
+    }
+}
+
+impl EntryPoint for CriEntry {
+    fn name(&self) -> String {
+        "CRI".to_owned()
+    }
+
+    fn user(&self) -> User {
+        User::Root
+    }
+
+    fn require(&self) -> anyhow::Result<()> {
+        let cri = shared_cri()?;
+        for image in [cri::PAUSE_IMAGE, BUSYBOX_IMAGE, TOOLS_IMAGE] {
+            cri.require_image(image)?;
+        }
+        cri::sandbox_handler()?;
+        harness::require_file(harness::bin_dir().join("probe"))
+    }
+
+    fn run(&self, side: Side, job: &Job) -> anyhow::Result<Output> {
+        let started = Instant::now();
+        let command = format!("{} (CRI, {side:?})", job.cmd.join(" "));
+        let (pod, id) = match Self::launch(side, job)? {
+            Ok(launched) => launched,
+            Err(reason) => {
+                return Ok(Output {
+                    command,
+                    code: Some(128),
+                    signal: None,
+                    stdout: String::new(),
+                    stderr: reason,
+                    elapsed: started.elapsed(),
+                });
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let status = loop {
+            let status = pod.cri.container_status(&id)?;
+            if status.state == k8s_cri::v1::ContainerState::ContainerExited as i32 {
+                break status;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{command}: container {id} still running after 180 s: {status:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let log = Path::new(&pod.config.log_directory).join(format!("{CRI_CONTAINER}.log"));
+        let (stdout, mut stderr) = cri_log_streams(&log)?;
+        if !status.message.is_empty() {
+            stderr.push_str(&status.message);
+        }
+        pod.remove()?;
+        Ok(Output {
+            command,
+            code: Some(status.exit_code),
+            signal: None,
+            stdout,
+            stderr,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    fn start(&self, side: Side, job: &Job) -> anyhow::Result<Box<dyn Running>> {
+        match Self::launch(side, job)? {
+            Ok((pod, container)) => Ok(Box::new(CriRunning { pod, container })),
+            Err(reason) => anyhow::bail!("the CRI refused {:?} under {side:?}: {reason}", job.cmd),
+        }
+    }
+
+    fn run_passing_fd3(&self, _side: Side, _job: &Job) -> anyhow::Result<Option<Output>> {
+        // The CRI has no way to pass a descriptor into a container.
+        Ok(None)
+    }
+}
+
 // ---------------------------------------------------------------- helpers
 
 fn probe_report(e: &dyn EntryPoint, side: Side, job: &Job) -> anyhow::Result<ProbeReport> {
@@ -478,11 +748,15 @@ fn baseline_can_show<'a>(e: &dyn EntryPoint, checks: &[&'a str]) -> Vec<&'a str>
 }
 
 /// The probe's `checks` blocked in the sandbox (default request) and allowed under a
-/// privileged runc container, which opens the whole kernel attack surface.
+/// privileged runc container, which opens the whole kernel attack surface. A rootful one also
+/// gets the host's network namespace: containerd's CRI mounts `/sys` writable only for a
+/// privileged container of a hostNetwork pod. (Rootless runc holds no capability over the
+/// host's network namespace, so there it keeps a namespace of its own.)
 fn blocked_unlike_privileged_runc(e: &dyn EntryPoint, checks: &[&str]) -> anyhow::Result<()> {
     e.require()?;
     let mut base_job = Job::probe(checks);
     base_job.privileged = true;
+    base_job.host_net = e.user() == User::Root;
     let base = probe_report(e, Side::Baseline, &base_job)?;
     base.expect_allowed(&baseline_can_show(e, checks))
         .with_context(|| format!("baseline through {}: runc must allow these", e.name()))?;
@@ -1088,3 +1362,4 @@ hostile_tests!(
     }
 );
 hostile_tests!(ctr_shim, CtrEntry);
+hostile_tests!(cri_handler, CriEntry);
