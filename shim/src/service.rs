@@ -46,6 +46,13 @@ use crate::stdio::{self, ConsoleSocket, Copies, StdioError, StdioPaths};
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// How long the init's `exit` record waits for the task's Delete (which writes it in the
 /// same runtime run) before a separate `audit-exit` writes it.
+/// Written into a task's bundle once the runtime has deleted the container (state, cgroups,
+/// helpers, id block all released). The shim's `delete` action, which containerd runs after
+/// every shim exit, then skips running the runtime's `delete --force` for nothing: that run
+/// is on the critical path of every `ctr run --rm` and pod teardown. Without the marker (the
+/// daemon was killed, or the runtime's delete failed) the action runs the runtime as before.
+pub const DELETED_MARKER: &str = "agent-sandbox-deleted";
+
 const LATE_EXIT_RECORD: Duration = Duration::from_secs(1);
 
 /// The init's exit (pid, status) while its `exit` record is not yet written: Delete takes it
@@ -546,6 +553,9 @@ impl TaskService {
             return Err(ServiceError::ContainerExists { id: req.id });
         }
         let bundle = PathBuf::from(&req.bundle);
+        // A marker left by an earlier task of this id would make the `delete` action skip
+        // the runtime (see `DELETED_MARKER`).
+        let _ = std::fs::remove_file(bundle.join(DELETED_MARKER));
         let opts = RuntimeOptions::from_any(req.options.as_ref(), &self.inner.namespace)?;
         opts.persist(&bundle)?;
         let runtime = Runtime::new(&opts, &bundle);
@@ -895,7 +905,7 @@ impl TaskService {
         // took the exit) or never runs.
         let mut slot = pending.lock().await;
         let reaped = slot.take();
-        match runtime
+        let deleted = match runtime
             .delete(id, state == ProcState::Created, reaped)
             .await
         {
@@ -903,8 +913,9 @@ impl TaskService {
                 *slot = reaped;
                 return Err(e.into());
             }
-            _ => {}
-        }
+            Err(_) => false,
+            Ok(()) => true,
+        };
         drop(slot);
         let c = {
             let mut st = self.inner.state.lock().await;
@@ -912,6 +923,10 @@ impl TaskService {
                 .remove(id)
                 .ok_or_else(|| ServiceError::ContainerNotFound { id: id.to_owned() })?
         };
+        if deleted && let Err(e) = std::fs::write(c.bundle.join(DELETED_MARKER), id) {
+            // Only a missed shortcut: the `delete` action then runs the runtime again.
+            warn!("write {DELETED_MARKER} for {id}: {e}");
+        }
         if let Some(t) = &c.oom_task {
             t.abort();
         }

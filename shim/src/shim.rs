@@ -14,7 +14,7 @@ use log::warn;
 
 use crate::options::RuntimeOptions;
 use crate::runtime::Runtime;
-use crate::service::{TaskService, error_chain};
+use crate::service::{DELETED_MARKER, TaskService, error_chain};
 
 /// Annotation CRI puts on every container of a pod: one shim serves the whole pod.
 pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
@@ -117,8 +117,12 @@ impl containerd_shim::Shim for Shim {
             warn!("{}", error_chain(&e));
             RuntimeOptions::defaults(&self.namespace)
         });
-        let runtime = Runtime::new(&opts, &bundle);
-        if let Err(e) = runtime.delete(&self.id, true, None).await
+        let deleted =
+            std::fs::read_to_string(bundle.join(DELETED_MARKER)).is_ok_and(|id| id == self.id);
+        if !deleted
+            && let Err(e) = Runtime::new(&opts, &bundle)
+                .delete(&self.id, true, None)
+                .await
             && !e.is_not_found()
         {
             warn!("{}", error_chain(&e));
