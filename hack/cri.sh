@@ -52,17 +52,23 @@ put '{
   ]
 }' "$cni_conf/10-agent-sandbox.conflist" 0644
 
-# 2. the test handler's ceiling: the agent profile with its allow list replaced.
+# 2. the test handler's ceiling: the agent profile with its allow list replaced and local
+#    port 8080 allowed (the pod-local connection test).
 rules='allow = ["registry.agent-sandbox.test", "127.0.0.2"]'
 policy=$(awk -v rules="$rules" '
     skip && /^\]/ { skip = 0; next }
     skip { next }
     /^allow = \[/ { print rules; skip = ($0 !~ /\]/); next }
     /^deny = / { print "deny = []"; next }
+    /^local_ports = / { print "local_ports = [8080]"; next }
     { print }
 ' profiles/agent.toml)
 grep -q '^allow = \["registry.agent-sandbox.test"' <<<"$policy" || {
     echo "cri.sh: could not replace the allow list of profiles/agent.toml" >&2
+    exit 1
+}
+grep -q '^local_ports = \[8080\]' <<<"$policy" || {
+    echo "cri.sh: could not add local_ports to profiles/agent.toml" >&2
     exit 1
 }
 put "# Written by hack/cri.sh: ceiling of the CRI test handler agent-sandbox-e2e.

@@ -23,14 +23,15 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStats, ContainerStatsFilter,
-    ContainerStatsRequest, ContainerStatus, ContainerStatusRequest, CreateContainerRequest,
-    ExecSyncRequest, ImageSpec, ImageStatusRequest, KeyValue, LinuxContainerConfig,
-    LinuxContainerResources, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    ListContainerStatsRequest, ListContainersRequest, NamespaceMode, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, PodSandboxStatusRequest,
-    RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopContainerRequest, StopPodSandboxRequest, UpdateContainerResourcesRequest, VersionRequest,
+    AttachRequest, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStats,
+    ContainerStatsFilter, ContainerStatsRequest, ContainerStatus, ContainerStatusRequest,
+    CreateContainerRequest, ExecRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, KeyValue,
+    LinuxContainerConfig, LinuxContainerResources, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, ListContainerStatsRequest, ListContainersRequest, NamespaceMode,
+    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
+    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    UpdateContainerResourcesRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -394,6 +395,42 @@ impl Cri {
             stderr: String::from_utf8_lossy(&response.stderr).into_owned(),
             elapsed: started.elapsed(),
         })
+    }
+
+    /// Exec, the streaming call behind `kubectl exec`: the one-time URL on containerd's
+    /// streaming server that [`crate::stream::Session::connect`] opens. A `tty` stream has no
+    /// separate stderr (CRI refuses both).
+    pub fn exec_url(
+        &self,
+        id: &str,
+        cmd: &[&str],
+        stdin: bool,
+        tty: bool,
+    ) -> anyhow::Result<String> {
+        let request = ExecRequest {
+            container_id: id.to_owned(),
+            cmd: cmd.iter().map(|s| (*s).to_owned()).collect(),
+            tty,
+            stdin,
+            stdout: true,
+            stderr: !tty,
+        };
+        let response = self.call("Exec", |mut c| async move { c.exec(request).await })?;
+        Ok(response.url)
+    }
+
+    /// Attach, the streaming call behind `kubectl attach`: the URL of a stream to the
+    /// container's own stdio.
+    pub fn attach_url(&self, id: &str, stdin: bool, tty: bool) -> anyhow::Result<String> {
+        let request = AttachRequest {
+            container_id: id.to_owned(),
+            stdin,
+            tty,
+            stdout: true,
+            stderr: !tty,
+        };
+        let response = self.call("Attach", |mut c| async move { c.attach(request).await })?;
+        Ok(response.url)
     }
 
     /// ContainerStats.

@@ -7,3 +7,4 @@ pub mod ctr;
 pub mod harness;
 pub mod net;
 pub mod podman;
+pub mod stream;

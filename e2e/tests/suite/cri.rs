@@ -20,6 +20,7 @@ use agent_sandbox_e2e::harness::{PROBE, ProbeReport, TOOLS_IMAGE};
 use agent_sandbox_e2e::net::{
     self, COLLECTOR_HOST, COLLECTOR_IP, DENIED_HEADER, HttpServer, REGISTRY_HOST, REGISTRY_IP,
 };
+use agent_sandbox_e2e::stream::Session;
 use anyhow::{Context, bail, ensure};
 use k8s_cri::v1::{ContainerState, LinuxContainerResources, NamespaceMode};
 
@@ -195,6 +196,114 @@ fn cri_exec_sync_is_sandboxed_like_the_container() -> anyhow::Result<()> {
         .expect_allowed(checks)
         .context("baseline: ExecSync under runc must show these states")?;
     exec_probe(&cri, &cri::sandbox_handler()?, checks)?.expect_blocked(checks)
+}
+
+/// Runs `probe CHECKS` through the streaming Exec path (`kubectl exec`) in a sleeping app
+/// container of `handler`.
+fn stream_probe(cri: &Cri, handler: &str, checks: &[&str]) -> anyhow::Result<ProbeReport> {
+    let mut cmd = vec![PROBE];
+    cmd.extend_from_slice(checks);
+    let pod = Pod::run(cri, pod_config("stprobe", &[]), handler)?;
+    let id = pod.start(&sleeper("app"))?;
+    let url = cri.exec_url(&id, &cmd, false, false)?;
+    let done = Session::connect(&url)?.finish(Duration::from_secs(60))?;
+    ensure!(
+        done.exit_code == Some(0),
+        "probe over the exec stream (handler {handler}) failed\n{done}"
+    );
+    pod.remove()?;
+    ProbeReport::parse(agent_sandbox_e2e::harness::Output {
+        command: format!("{} (streaming Exec, handler {handler})", cmd.join(" ")),
+        code: Some(0),
+        signal: None,
+        stdout: done.stdout,
+        stderr: done.stderr,
+        elapsed: Duration::ZERO,
+    })
+}
+
+#[test]
+fn cri_streaming_exec_is_sandboxed_like_the_container() -> anyhow::Result<()> {
+    let cri = cri()?;
+    let checks = &PROPERTY_CHECKS[..12];
+    stream_probe(&cri, RUNC_HANDLER, checks)?
+        .expect_allowed(checks)
+        .context("baseline: a streaming exec under runc must show these states")?;
+    stream_probe(&cri, &cri::sandbox_handler()?, checks)?.expect_blocked(checks)
+}
+
+/// Streaming exec (without and with a terminal, with stdin, resized) and attach on a pod of
+/// `handler`, checked as kubectl would see them.
+fn streaming_calls(cri: &Cri, handler: &str) -> anyhow::Result<()> {
+    let wait = Duration::from_secs(30);
+    let pod = Pod::run(cri, pod_config("stream", &[]), handler)?;
+    let id = pod.start(&sleeper("app"))?;
+
+    // No terminal: stdout and stderr apart, the exit code in the closing status.
+    let cmd = ["sh", "-c", "echo out; echo err >&2; exit 3"];
+    let done = Session::connect(&cri.exec_url(&id, &cmd, false, false)?)?.finish(wait)?;
+    ensure!(
+        done.stdout == "out\n" && done.stderr == "err\n" && done.exit_code == Some(3),
+        "{handler}: exec without a terminal\n{done}"
+    );
+
+    // stdin reaches the process.
+    let cmd = ["sh", "-c", "read line; echo got:$line"];
+    let mut session = Session::connect(&cri.exec_url(&id, &cmd, true, false)?)?;
+    session.stdin(b"hello\n")?;
+    let done = session.finish(wait)?;
+    ensure!(
+        done.stdout.contains("got:hello") && done.exit_code == Some(0),
+        "{handler}: exec with stdin\n{done}"
+    );
+
+    // A terminal, resized by the client (the size arrives asynchronously: poll for it).
+    let mut session = Session::connect(&cri.exec_url(&id, &["sh"], true, true)?)?;
+    session.resize(100, 40)?;
+    session.stdin(
+        b"for i in 1 2 3 4 5 6 7 8 9 10; do s=$(stty size); [ \"$s\" = '40 100' ] && break; \
+          sleep 0.2; done; echo size=$s tty=$(tty); exit 7\n",
+    )?;
+    let done = session.finish(wait)?;
+    ensure!(
+        done.stdout.contains("size=40 100")
+            && done.stdout.contains("tty=/dev/pts/")
+            && done.exit_code == Some(7),
+        "{handler}: exec with a resized terminal\n{done}"
+    );
+
+    // Attach to a container whose own process reads its stdin.
+    let mut reader = container_config(
+        "reader",
+        TOOLS_IMAGE,
+        &["sh", "-c", "read line; echo attached:$line; exit 5"],
+        &[],
+    );
+    reader.stdin = true;
+    reader.stdin_once = true;
+    let rid = pod.start(&reader)?;
+    let mut session = Session::connect(&cri.attach_url(&rid, true, false)?)?;
+    session.stdin(b"hello\n")?;
+    let done = session.finish(wait)?;
+    ensure!(
+        done.stdout.contains("attached:hello"),
+        "{handler}: attach\n{done}"
+    );
+    wait_exited(cri, &rid, wait)?;
+    let status = cri.container_status(&rid)?;
+    ensure!(
+        status.exit_code == 5,
+        "{handler}: the attached container exited {} (want 5)",
+        status.exit_code
+    );
+    pod.remove()
+}
+
+#[test]
+fn cri_streaming_exec_and_attach_work_as_under_runc() -> anyhow::Result<()> {
+    let cri = cri()?;
+    streaming_calls(&cri, RUNC_HANDLER).context("baseline: runc handler")?;
+    streaming_calls(&cri, &cri::sandbox_handler()?)
 }
 
 /// The kubelet calls on one pod of `handler`, in kubelet's order, with their error paths.
@@ -617,5 +726,83 @@ fn cri_containers_of_a_pod_share_one_shim_and_the_pod_namespaces() -> anyhow::Re
     ensure!(left.is_empty(), "leftovers:\n  {}", left.join("\n  "));
     let proxies = net::wait_proxies_gone(&pod_id, Duration::from_secs(10));
     ensure!(proxies.is_empty(), "proxies left: {proxies:?}");
+    Ok(())
+}
+
+/// A connection from the pod's `client` container to `127.0.0.1:PORT`, where its `server`
+/// neighbour listens: `connected`, or the error.
+fn connect_from(cri: &Cri, id: &str, port: u16) -> anyhow::Result<String> {
+    let script = format!(
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 5)\n    \
+         print('connected')\nexcept OSError as e:\n    print('refused', e)\n"
+    );
+    let out = cri.exec_sync(id, &["python3", "-c", &script], 30)?;
+    ensure!(out.exit_code == 0, "{out}");
+    Ok(out.stdout.trim().to_owned())
+}
+
+/// A pod whose `server` container listens on 127.0.0.1:8080 and :8081 and whose `client`
+/// container connects to them; returns the client's answers for 8080 and 8081.
+fn pod_local_connections(
+    cri: &Cri,
+    handler: &str,
+    annotations: &[(&str, &str)],
+) -> anyhow::Result<(String, String)> {
+    let pod = Pod::run(cri, pod_config("local", annotations), handler)?;
+    let serve = "cd /tmp && python3 -m http.server 8080 --bind 127.0.0.1 & \
+                 cd /tmp && python3 -m http.server 8081 --bind 127.0.0.1 & wait";
+    pod.start(&container_config(
+        "server",
+        TOOLS_IMAGE,
+        &["sh", "-c", serve],
+        &[],
+    ))?;
+    let client = pod.start(&sleeper("client"))?;
+    // Both listening (the pod's /proc/net/tcp: ports 1F90 and 1F91 in state 0A).
+    let listening = "for i in $(seq 100); do n=$(grep -c -E ':1F9[01] 00000000:0000 0A' \
+                     /proc/net/tcp); [ \"$n\" = 2 ] && exit 0; sleep 0.1; done; exit 1";
+    let out = cri.exec_sync(&client, &["sh", "-c", listening], 30)?;
+    ensure!(
+        out.exit_code == 0,
+        "{handler}: the server did not listen\n{out}"
+    );
+    let answers = (
+        connect_from(cri, &client, 8080)?,
+        connect_from(cri, &client, 8081)?,
+    );
+    pod.remove()?;
+    Ok(answers)
+}
+
+#[test]
+fn cri_pod_containers_reach_each_other_only_on_the_policys_local_ports() -> anyhow::Result<()> {
+    let cri = cri()?;
+    // Baseline: runc's pod containers reach each other on any port.
+    let (a, b) = pod_local_connections(&cri, RUNC_HANDLER, &[])?;
+    ensure!(
+        a == "connected" && b == "connected",
+        "baseline runc: 8080 {a:?}, 8081 {b:?}"
+    );
+    // The test handler's ceiling lists local port 8080 (hack/cri.sh): only that one.
+    let handler = cri::e2e_handler()?;
+    let (a, b) = pod_local_connections(&cri, &handler, &[])?;
+    ensure!(
+        a == "connected" && b.starts_with("refused") && b.contains("Permission denied"),
+        "ceiling with local port 8080: 8080 {a:?}, 8081 {b:?}"
+    );
+    // A pod annotation narrows the list to nothing.
+    let none = [("io.agent.sandbox.network.local-ports", "")];
+    let (a, b) = pod_local_connections(&cri, &handler, &none)?;
+    ensure!(
+        a.starts_with("refused") && b.starts_with("refused"),
+        "narrowed to no local port: 8080 {a:?}, 8081 {b:?}"
+    );
+    // And cannot widen it.
+    pod_fails(
+        &cri,
+        &handler,
+        &[("io.agent.sandbox.network.local-ports", "8080,8081")],
+        &["io.agent.sandbox.network.local-ports", "widen"],
+    )?;
     Ok(())
 }

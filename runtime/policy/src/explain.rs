@@ -58,6 +58,14 @@ pub fn explain(policy: &SandboxPolicy) -> String {
             out.push_str("      (`*.x.com` means subdomains of x.com, not x.com itself)\n");
         }
     }
+    if !net.local_ports.is_empty() {
+        let ports: Vec<String> = net.local_ports.iter().map(u16::to_string).collect();
+        let _ = writeln!(
+            out,
+            "    - TCP to its own loopback (a pod's containers share one) on ports {}",
+            ports.join(", ")
+        );
+    }
     out.push_str("  Privileges\n");
     if policy.privileges.capabilities.is_empty() {
         out.push_str("    - none: every capability is dropped\n");

@@ -338,6 +338,15 @@ pub fn effective_policy(
                     policy.network.deny.extend(parse_rules(value).map_err(bad)?);
                 }
             }
+            "network.local-ports" => {
+                policy.network.local_ports = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| s.parse::<std::num::NonZeroU16>().map(u16::from))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| bad(AnnotationValueError::Number(e)))?;
+            }
             "memory" => {
                 policy.resources.memory =
                     ByteSize::try_from(value.trim()).map_err(|e| bad(e.into()))?;

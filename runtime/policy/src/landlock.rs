@@ -245,13 +245,23 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
             access: set(&[READ_EXEC, WRITE]),
         });
     }
-    let net = match policy.network.mode {
-        NetworkMode::Proxy => vec![NetRule {
-            port: policy.network.proxy_port,
-            access: [NetAccess::ConnectTcp].into_iter().collect(),
-        }],
-        NetworkMode::None => Vec::new(),
+    let proxy = match policy.network.mode {
+        NetworkMode::Proxy => Some(policy.network.proxy_port),
+        NetworkMode::None => None,
     };
+    let mut ports: Vec<u16> = proxy
+        .into_iter()
+        .chain(policy.network.local_ports.iter().copied())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let net = ports
+        .into_iter()
+        .map(|port| NetRule {
+            port,
+            access: [NetAccess::ConnectTcp].into_iter().collect(),
+        })
+        .collect();
     LandlockRuleset {
         min_abi: 5,
         handled_fs: FsAccess::ALL.into_iter().collect(),
@@ -294,5 +304,17 @@ mod tests {
         let rs = ruleset(&SandboxPolicy::builtin("strict").unwrap());
         assert!(rs.net.is_empty());
         assert!(rs.handled_net_flags().contains(AccessNet::ConnectTcp));
+    }
+
+    #[test]
+    fn local_ports_join_the_proxy_port_once_each() {
+        let mut policy = SandboxPolicy::builtin("agent").unwrap();
+        policy.network.local_ports = vec![8080, 3128, 5432];
+        let ports: Vec<u16> = ruleset(&policy).net.iter().map(|r| r.port).collect();
+        assert_eq!(ports, [3128, 5432, 8080]);
+        let mut strict = SandboxPolicy::builtin("strict").unwrap();
+        strict.network.local_ports = vec![9000];
+        let ports: Vec<u16> = ruleset(&strict).net.iter().map(|r| r.port).collect();
+        assert_eq!(ports, [9000]);
     }
 }

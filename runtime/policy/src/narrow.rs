@@ -30,6 +30,8 @@ pub enum NarrowError {
     NetworkMode,
     #[error("proxy port differs from the ceiling's")]
     ProxyPort,
+    #[error("local port {port} is not among the ceiling's local ports")]
+    LocalPort { port: u16 },
     #[error("allow rule {rule} is not covered by the ceiling's allow list")]
     Allow { rule: String },
     #[error("deny rule {rule} of the ceiling is missing")]
@@ -126,6 +128,9 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
     }
 
     let (cn, pn) = (&candidate.network, &ceiling.network);
+    if let Some(&port) = cn.local_ports.iter().find(|p| !pn.local_ports.contains(p)) {
+        return Err(NarrowError::LocalPort { port });
+    }
     if cn.mode == NetworkMode::Proxy {
         if pn.mode != NetworkMode::Proxy {
             return Err(NarrowError::NetworkMode);
@@ -203,5 +208,19 @@ mod tests {
         assert_eq!(within(&strict, &agent), Ok(()));
         assert_eq!(within(&agent, &agent), Ok(()));
         assert!(within(&agent, &strict).is_err());
+    }
+
+    #[test]
+    fn local_ports_narrow_to_a_subset() {
+        let mut ceiling = SandboxPolicy::builtin("agent").unwrap();
+        ceiling.network.local_ports = vec![8080, 9090];
+        let mut candidate = ceiling.clone();
+        candidate.network.local_ports = vec![9090];
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        candidate.network.local_ports = vec![9090, 22];
+        assert_eq!(
+            within(&candidate, &ceiling),
+            Err(NarrowError::LocalPort { port: 22 })
+        );
     }
 }

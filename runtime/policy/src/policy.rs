@@ -165,6 +165,8 @@ pub enum Violation {
     CredentialEnv { name: String },
     #[error("proxy port must be between 1 and 65535")]
     BadProxyPort,
+    #[error("local port must be between 1 and 65535")]
+    BadLocalPort,
     #[error("pids limit must be at least 1")]
     ZeroPids,
     #[error("cpu shares must be between 2 and 262144")]
@@ -320,6 +322,11 @@ pub struct Network {
     pub mode: NetworkMode,
     /// The port the proxy listens on inside the sandbox (127.0.0.1).
     pub proxy_port: u16,
+    /// TCP ports the sandbox may connect to on its own loopback, besides the proxy's: a
+    /// server that a tool starts for itself, or a pod's sidecar. Landlock names ports, not
+    /// addresses; these stay local because the sandbox's network namespace has only `lo`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub local_ports: Vec<u16>,
     pub allow: Vec<DomainRule>,
     pub deny: Vec<DomainRule>,
     /// Headers the proxy adds to plain-HTTP requests, with secrets read on the host.
@@ -332,6 +339,7 @@ impl Default for Network {
         Network {
             mode: NetworkMode::None,
             proxy_port: 3128,
+            local_ports: Vec::new(),
             allow: Vec::new(),
             deny: Vec::new(),
             credentials: Vec::new(),
@@ -560,6 +568,9 @@ impl SandboxPolicy {
         let root = KeyPath::new("network");
         if net.proxy_port == 0 {
             return Err((root.key("proxy_port"), Violation::BadProxyPort));
+        }
+        if let Some(i) = net.local_ports.iter().position(|&p| p == 0) {
+            return Err((root.key("local_ports").index(i), Violation::BadLocalPort));
         }
         match net.mode {
             NetworkMode::None => {

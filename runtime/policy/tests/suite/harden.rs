@@ -434,6 +434,30 @@ fn annotations_narrow() {
     let spec = with_annotations(&[("io.agent.sandbox.network", "none")]);
     let policy = harden_ok(spec, &agent(), &ctx()).policy;
     assert_eq!(policy.network.mode, NetworkMode::None);
+
+    let mut ceiling = agent();
+    ceiling.network.local_ports = vec![8080, 9090];
+    let spec = with_annotations(&[("io.agent.sandbox.network.local-ports", " 9090 ")]);
+    assert_eq!(
+        harden_ok(spec, &ceiling, &ctx()).policy.network.local_ports,
+        [9090]
+    );
+    let spec = with_annotations(&[("io.agent.sandbox.network.local-ports", "")]);
+    assert!(
+        harden_ok(spec, &ceiling, &ctx())
+            .policy
+            .network
+            .local_ports
+            .is_empty()
+    );
+    for bad in ["0", "80x", "65536"] {
+        let pairs = [("io.agent.sandbox.network.local-ports", bad)];
+        let err = harden::harden_spec(with_annotations(&pairs), &ceiling, &ctx()).unwrap_err();
+        assert!(
+            matches!(&err, HardenError::BadAnnotation { annotation, .. } if annotation == pairs[0].0),
+            "{bad}: {err}"
+        );
+    }
 }
 
 fn annotation_error(pairs: &[(&str, &str)], ceiling: &SandboxPolicy) -> HardenError {
@@ -450,6 +474,7 @@ fn annotations_that_widen_are_errors_naming_the_annotation() {
         ("io.agent.sandbox.wall-clock", "48h"),
         ("io.agent.sandbox.capabilities", "CAP_CHOWN"),
         ("io.agent.sandbox.cpu-quota-us", "900000"),
+        ("io.agent.sandbox.network.local-ports", "8080"),
     ];
     for (key, value) in cases {
         let err = annotation_error(&[(key, value)], &agent());

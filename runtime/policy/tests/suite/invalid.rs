@@ -148,6 +148,12 @@ fn bad_port() {
         "network.proxy_port",
     );
     assert!(matches!(v, Violation::BadProxyPort), "{v}");
+    let v = invalid(
+        "[network]\nmode = \"none\"\nlocal_ports = [8080, 0]\n",
+        3,
+        "network.local_ports[1]",
+    );
+    assert!(matches!(v, Violation::BadLocalPort), "{v}");
 }
 
 #[test]
