@@ -273,6 +273,15 @@ impl Runtime {
         mut spec: Spec,
         ceiling: &crate::sandbox::Ceiling,
     ) -> Result<()> {
+        // Debug-level timings of each phase (docs/benchmarks.md, "Where the time goes").
+        let began = std::time::Instant::now();
+        let mark = |phase: &str| {
+            tracing::debug!(
+                phase,
+                ms = began.elapsed().as_secs_f64() * 1e3,
+                "create phase"
+            );
+        };
         self.dirs.ensure()?;
         let rootless = paths::rootless()?;
         // A Kubernetes app container joins its pod (ids, namespaces, ceiling): crate::pod.
@@ -292,6 +301,7 @@ impl Runtime {
                 true,
             )
         };
+        mark("ids");
         let sandbox_dir = self.dirs.sandbox(id);
         let mount_dir = crate::sandbox::mount_dir(&self.dirs, id)?;
         let rootfs_src = {
@@ -308,6 +318,7 @@ impl Runtime {
         mounts::mkdir_traversable(&sandbox_dir)?;
         crate::audit::init(&self.dirs, id, self.audit_dir.as_deref())
             .map_err(LifecycleError::Audit)?;
+        mark("audit_init");
         let mut record = SandboxRecord {
             id: id.as_str().to_owned(),
             bundle: opts.bundle.clone(),
@@ -328,6 +339,7 @@ impl Runtime {
             pod: member.as_ref().map(|m| m.namespaces.clone()),
         };
         let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        mark("prepare");
         if let Some(m) = &member {
             m.check_policy(&prepared.policy, &prepared.spec)?;
             m.record(&sandbox_dir)?;
@@ -359,6 +371,7 @@ impl Runtime {
             write_json(&sandbox_dir.join(WORKSPACE_FILE), &ws)?;
         }
 
+        mark("mounts");
         let bundle = sandbox_dir.join("bundle");
         std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
             path: bundle.clone(),
@@ -374,6 +387,7 @@ impl Runtime {
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let mut executor = prepared.executor;
         self.notify_denials(id, &mut executor, &prepared.policy, true)?;
+        mark("supervisor");
         let container = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
@@ -394,6 +408,7 @@ impl Runtime {
                 source,
             })?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
+        mark("libcontainer");
         crate::audit::track_init(&self.dirs, id, pid);
         // A pod member shares its pod's network namespace: lo and the egress proxy came
         // with the pod's sandbox container, whose namespaces are pinned for the members.
@@ -410,11 +425,13 @@ impl Runtime {
                 );
             }
         }
+        mark("net");
         crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
             .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
             crate::audit::exec(&self.dirs, id, process, &spec).map_err(LifecycleError::Audit)?;
         }
+        mark("audit");
         if let Some(res) = &rootless_limits {
             crate::sandbox::apply_v1_limits(&spec, id, res)?;
             if let Some(linux) = spec.linux_mut().as_mut() {
@@ -428,6 +445,7 @@ impl Runtime {
         {
             crate::sandbox::verify_cgroups(&spec, id)?;
         }
+        mark("cgroups");
         crate::layers::record_create(
             &sandbox_dir,
             &ids,
