@@ -179,6 +179,9 @@ pub enum Command {
     Watchdog {
         #[arg(long)]
         seconds: u64,
+        /// The init's pid at start (saves loading the state again at once).
+        #[arg(long)]
+        pid: Option<i32>,
         id: String,
     },
     /// List containers
@@ -599,8 +602,8 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 s.deleted.len()
             );
         }
-        Command::Watchdog { seconds, id } => {
-            rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds)?
+        Command::Watchdog { seconds, pid, id } => {
+            rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?
         }
         Command::Policy {
             action: PolicyAction::Explain { profile },

@@ -548,6 +548,7 @@ impl Runtime {
             .arg("watchdog")
             .arg("--seconds")
             .arg(secs.to_string())
+            .args(c.pid().map(|p| format!("--pid={p}")))
             .arg(id.as_str())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -570,9 +571,12 @@ impl Runtime {
     }
 
     /// The watchdog body: waits, then kills the sandbox if it still runs the
-    /// same init.
-    pub fn watchdog(&self, id: &ContainerId, seconds: u64) -> Result<()> {
-        let pid = self.load(id)?.pid();
+    /// same init (`pid`, from `start`; else read from the state now).
+    pub fn watchdog(&self, id: &ContainerId, seconds: u64, pid: Option<i32>) -> Result<()> {
+        let pid = match pid {
+            Some(p) => Some(nix::unistd::Pid::from_raw(p)),
+            None => self.load(id)?.pid(),
+        };
         std::thread::sleep(std::time::Duration::from_secs(seconds));
         let mut c = self.load(id)?;
         if c.pid() != pid || c.status() == ContainerStatus::Stopped {
