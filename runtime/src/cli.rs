@@ -117,7 +117,8 @@ pub enum Command {
     /// Internal: the egress proxy that `create` spawns for a proxy-mode sandbox
     #[command(hide = true)]
     Proxy {
-        /// The sandbox's network namespace
+        /// The sandbox's network namespace (`-`: read its path from stdin, after loading
+        /// everything else)
         #[arg(long)]
         netns: PathBuf,
         id: String,

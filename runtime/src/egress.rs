@@ -166,14 +166,21 @@ pub fn add_env(env: &mut Vec<String>, port: u16) {
     env.extend(vars.into_iter().map(|(k, v)| format!("{k}={v}")));
 }
 
-/// Starts the proxy for the sandbox whose init is `pid` and waits until its
-/// listener is bound inside the sandbox. Returns the proxy's pid (also written
-/// to `sandbox_dir/proxy.pid`).
-pub fn spawn(root: &Path, sandbox_dir: &Path, id: &str, pid: i32) -> Result<u32, EgressError> {
+/// The value of `proxy --netns` that makes the proxy read its namespace's path from stdin.
+pub const NETNS_ON_STDIN: &str = "-";
+
+/// A proxy started before the sandbox's init exists ([`prespawn`]): it loads its policy, audit
+/// log, credentials and resolver meanwhile, then waits on stdin for the namespace to bind in.
+pub struct PendingProxy(sidecar::Pending);
+
+/// Starts the sandbox's proxy before libcontainer creates the init, so that the proxy's start-up
+/// overlaps the create; [`PendingProxy::finish`] gives it the init's network namespace. The pid
+/// file is written at once, so a create that fails in between stops it like a running proxy
+/// (and a proxy whose stdin closes without a path exits without binding anything).
+pub fn prespawn(root: &Path, sandbox_dir: &Path, id: &str) -> Result<PendingProxy, EgressError> {
     // The proxy's own log (warnings, refusals of special addresses, why it stopped) goes to
     // `proxy.log` beside its pid file; its decisions go to the audit log.
     let log = sandbox_dir.join(LOG_FILE);
-    let netns = format!("/proc/{pid}/ns/net");
     let args: [&OsStr; 10] = [
         "--root".as_ref(),
         root.as_os_str(),
@@ -183,16 +190,46 @@ pub fn spawn(root: &Path, sandbox_dir: &Path, id: &str, pid: i32) -> Result<u32,
         "json".as_ref(),
         "proxy".as_ref(),
         "--netns".as_ref(),
-        netns.as_ref(),
+        NETNS_ON_STDIN.as_ref(),
         id.as_ref(),
     ];
-    let proxy_pid = sidecar::spawn(&args, &sandbox_dir.join(PID_FILE)).map_err(|e| match e {
+    sidecar::start(&args, &sandbox_dir.join(PID_FILE))
+        .map(PendingProxy)
+        .map_err(spawn_error)
+}
+
+impl PendingProxy {
+    /// Hands the proxy the network namespace of the sandbox whose init is `pid` (with `lo`
+    /// up) and waits until its listener is bound there. Returns the proxy's pid.
+    pub fn finish(self, id: &str, pid: i32) -> Result<u32, EgressError> {
+        let netns = format!("/proc/{pid}/ns/net");
+        let proxy_pid = self.0.ready(Some(&netns)).map_err(spawn_error)?;
+        tracing::info!(id, proxy_pid, "egress proxy ready");
+        Ok(proxy_pid)
+    }
+}
+
+fn spawn_error(e: sidecar::SpawnError) -> EgressError {
+    match e {
         sidecar::SpawnError::Spawn(source) => EgressError::Spawn(source),
         sidecar::SpawnError::Write { path, source } => EgressError::Write { path, source },
         sidecar::SpawnError::NotReady { reason } => EgressError::NotReady { reason },
-    })?;
-    tracing::info!(id, proxy_pid, "egress proxy ready");
-    Ok(proxy_pid)
+    }
+}
+
+/// Reads the network namespace path a [`prespawn`]ed proxy gets on stdin (one line).
+pub fn netns_from_stdin() -> Result<std::path::PathBuf, EgressError> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(EgressError::Spawn)?;
+    let path = line.trim_end_matches('\n');
+    if path.is_empty() {
+        return Err(EgressError::NotReady {
+            reason: "no network namespace on stdin (the runtime's create ended)".to_owned(),
+        });
+    }
+    Ok(std::path::PathBuf::from(path))
 }
 
 /// What `stop` found.
@@ -250,7 +287,7 @@ fn watch_sandbox_init(netns: &Path, pid_file: PathBuf) {
 /// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on
 /// stdout, then serves until killed. Decisions go to the audit log at `audit`.
 pub fn serve(
-    netns: &Path,
+    netns: impl FnOnce() -> Result<std::path::PathBuf, EgressError>,
     policy: &SandboxPolicy,
     audit: &Path,
     id: &str,
@@ -264,14 +301,6 @@ pub fn serve(
             return Err(e);
         }
     };
-    let listener = match agent_sandbox_proxy::bind_in_netns(netns, policy.network.proxy_port) {
-        Ok(l) => l,
-        Err(e) => {
-            report(&format!("cannot bind the proxy listener: {e}"));
-            return Err(EgressError::Listener(e));
-        }
-    };
-    watch_sandbox_init(netns, pid_file.to_path_buf());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -287,6 +316,22 @@ pub fn serve(
             }
         }
     };
+    // Everything above runs before the sandbox's namespace is known (`prespawn`).
+    let netns = match netns() {
+        Ok(n) => n,
+        Err(e) => {
+            report(&chain(&e));
+            return Err(e);
+        }
+    };
+    let listener = match agent_sandbox_proxy::bind_in_netns(&netns, policy.network.proxy_port) {
+        Ok(l) => l,
+        Err(e) => {
+            report(&format!("cannot bind the proxy listener: {e}"));
+            return Err(EgressError::Listener(e));
+        }
+    };
+    watch_sandbox_init(&netns, pid_file.to_path_buf());
     // Audit records are fsynced one by one: a writer thread keeps that off the
     // proxy's event loop (the sink must not block).
     let (tx, rx) = mpsc::channel::<EgressEvent>();

@@ -387,6 +387,15 @@ impl Runtime {
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let mut executor = prepared.executor;
         self.notify_denials(id, &mut executor, &prepared.policy, true)?;
+        // The proxy starts now and binds once the init's namespace exists (below).
+        let pending_proxy = if member.is_none() && crate::egress::wanted(&prepared.policy) {
+            Some(
+                crate::egress::prespawn(&self.dirs.root, &sandbox_dir, id.as_str())
+                    .map_err(LifecycleError::Egress)?,
+            )
+        } else {
+            None
+        };
         mark("supervisor");
         let container = self
             .builder(id)?
@@ -418,9 +427,10 @@ impl Runtime {
             if role == crate::pod::Role::Sandbox {
                 crate::pod::pin_sandbox(&sandbox_dir, &mount_dir, pid)?;
             }
-            if crate::egress::wanted(&prepared.policy) {
+            if let Some(pending) = pending_proxy {
                 proxy_pid = Some(
-                    crate::egress::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), pid)
+                    pending
+                        .finish(id.as_str(), pid)
                         .map_err(LifecycleError::Egress)?,
                 );
             }
@@ -628,6 +638,13 @@ impl Runtime {
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         let pid_file = self.dirs.sandbox(id).join(crate::egress::PID_FILE);
+        let netns = || {
+            if netns == Path::new(crate::egress::NETNS_ON_STDIN) {
+                crate::egress::netns_from_stdin()
+            } else {
+                Ok(netns.to_path_buf())
+            }
+        };
         crate::egress::serve(netns, &policy, &log, id.as_str(), &pid_file)
             .map_err(LifecycleError::Egress)
     }

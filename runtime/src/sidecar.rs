@@ -27,39 +27,67 @@ pub enum SpawnError {
 /// `current_exe()`: create runs from a sealed memfd copy whose name is not a path on disk),
 /// writes its pid to `pid_file`, and waits for its [`READY`] line.
 pub fn spawn(args: &[&std::ffi::OsStr], pid_file: &Path) -> Result<u32, SpawnError> {
-    let mut child = Command::new("/proc/self/exe")
+    start(args, pid_file)?.ready(None)
+}
+
+/// A sidecar started by [`start`] whose ready line has not been read yet. Dropping it closes
+/// the sidecar's stdin: one still waiting for its input line then exits.
+pub struct Pending {
+    child: std::process::Child,
+}
+
+/// Starts the sidecar like [`spawn`] (pid file included) with its stdin a pipe, without
+/// waiting: it can load what it needs while the caller works, and [`Pending::ready`] hands
+/// it the line it waits for.
+pub fn start(args: &[&std::ffi::OsStr], pid_file: &Path) -> Result<Pending, SpawnError> {
+    let child = Command::new("/proc/self/exe")
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
         .map_err(SpawnError::Spawn)?;
-    let pid = child.id();
-    std::fs::write(pid_file, pid.to_string()).map_err(|source| SpawnError::Write {
+    std::fs::write(pid_file, child.id().to_string()).map_err(|source| SpawnError::Write {
         path: pid_file.to_path_buf(),
         source,
     })?;
-    let Some(stdout) = child.stdout.take() else {
-        return Err(SpawnError::NotReady {
-            reason: "no status pipe".to_owned(),
-        });
-    };
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(SpawnError::Spawn)?;
-    if line.trim() != READY {
-        let status = child.try_wait().ok().flatten();
-        return Err(SpawnError::NotReady {
-            reason: match (line.trim(), status) {
-                ("", Some(s)) => format!("it exited ({s})"),
-                ("", None) => "it closed its status pipe".to_owned(),
-                (other, _) => other.to_owned(),
-            },
-        });
+    Ok(Pending { child })
+}
+
+impl Pending {
+    /// Writes `input` (one line) to the sidecar's stdin, closes it, and waits for the
+    /// [`READY`] line; returns the sidecar's pid.
+    pub fn ready(mut self, input: Option<&str>) -> Result<u32, SpawnError> {
+        use std::io::Write;
+        let pid = self.child.id();
+        if let Some(mut stdin) = self.child.stdin.take()
+            && let Some(line) = input
+        {
+            // A sidecar that died already shows as EPIPE here; its status says more below.
+            let _ = writeln!(stdin, "{line}");
+        }
+        let Some(stdout) = self.child.stdout.take() else {
+            return Err(SpawnError::NotReady {
+                reason: "no status pipe".to_owned(),
+            });
+        };
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .map_err(SpawnError::Spawn)?;
+        if line.trim() != READY {
+            let status = self.child.try_wait().ok().flatten();
+            return Err(SpawnError::NotReady {
+                reason: match (line.trim(), status) {
+                    ("", Some(s)) => format!("it exited ({s})"),
+                    ("", None) => "it closed its status pipe".to_owned(),
+                    (other, _) => other.to_owned(),
+                },
+            });
+        }
+        Ok(pid)
     }
-    Ok(pid)
 }
 
 /// What [`stop`] found.
