@@ -219,6 +219,30 @@ impl Drop for Container {
     }
 }
 
+/// The mount options of task `id`'s rootfs (containerd's `bundle/rootfs`, namespace
+/// `default`) as `/proc/self/mountinfo` shows them (mount options, then the superblock's),
+/// and the overlay's `workdir=`, while it is mounted.
+pub fn rootfs_mount(id: &str) -> Option<(String, Option<PathBuf>)> {
+    let target = format!("/run/containerd/io.containerd.runtime.v2.task/default/{id}/rootfs");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let line = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some(target.as_str()))?;
+    let (head, tail) = line.split_once(" - ")?;
+    let options = format!(
+        "{} {}",
+        head.split_whitespace().nth(5).unwrap_or(""),
+        tail.split_whitespace().nth(2).unwrap_or("")
+    );
+    let workdir = tail
+        .split_whitespace()
+        .nth(2)?
+        .split(',')
+        .find_map(|o| o.strip_prefix("workdir="))
+        .map(PathBuf::from);
+    Some((options, workdir))
+}
+
 /// `ctr events`, captured to a file from now on.
 pub struct Events {
     child: Child,

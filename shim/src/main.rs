@@ -4,6 +4,7 @@
 
 mod cgroup;
 mod options;
+mod rootfs;
 mod runtime;
 mod service;
 mod shim;

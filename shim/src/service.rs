@@ -39,6 +39,7 @@ use tokio::task::JoinHandle;
 
 use crate::cgroup::{CgroupError, Cgroups};
 use crate::options::{OptionsError, RuntimeOptions};
+use crate::rootfs::{self, RootfsError};
 use crate::runtime::{Runtime, RuntimeError, Stdio3};
 use crate::stdio::{self, ConsoleSocket, Copies, StdioError, StdioPaths};
 
@@ -95,12 +96,8 @@ pub enum ServiceError {
     Cgroup(#[from] CgroupError),
     #[error("Container {id} has no cgroup to read")]
     NoCgroup { id: String },
-    #[error("Cannot mount the rootfs at {target}")]
-    Mount {
-        target: PathBuf,
-        #[source]
-        source: containerd_shim::Error,
-    },
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
     #[error("Cannot encode the metrics")]
     Encode(#[source] containerd_shim::Error),
     #[error("Cannot access {path}")]
@@ -137,7 +134,7 @@ impl From<ServiceError> for containerd_shim::protos::ttrpc::Error {
             ServiceError::Runtime(_)
             | ServiceError::Stdio(_)
             | ServiceError::Cgroup(_)
-            | ServiceError::Mount { .. }
+            | ServiceError::Rootfs(_)
             | ServiceError::Encode(_)
             | ServiceError::File { .. }
             | ServiceError::PidFile { .. } => Code::UNKNOWN,
@@ -376,15 +373,6 @@ fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSoc
     }
 }
 
-fn unmount_rootfs(bundle: &Path) {
-    let rootfs = bundle.join("rootfs");
-    if let Some(target) = rootfs.to_str()
-        && let Err(e) = containerd_shim::mount::umount_recursive(Some(target), 0)
-    {
-        warn!("unmount {target}: {e}");
-    }
-}
-
 impl TaskService {
     /// Creates the service and starts the loop that turns reaped exits into TaskExit events.
     pub async fn new(publisher: RemotePublisher, namespace: String, exit: Arc<ExitSignal>) -> Self {
@@ -560,24 +548,9 @@ impl TaskService {
         opts.persist(&bundle)?;
         let runtime = Runtime::new(&opts, &bundle);
 
-        let mut rootfs_mounted = false;
-        if !req.rootfs.is_empty() {
-            let target = bundle.join("rootfs");
-            std::fs::create_dir_all(&target).map_err(|source| ServiceError::File {
-                path: target.clone(),
-                source,
-            })?;
-            for m in &req.rootfs {
-                let fs_type = (!m.type_.is_empty()).then_some(m.type_.as_str());
-                let source = (!m.source.is_empty()).then_some(m.source.as_str());
-                if let Err(source) =
-                    containerd_shim::mount::mount_rootfs(fs_type, source, &m.options, &target)
-                {
-                    unmount_rootfs(&bundle);
-                    return Err(ServiceError::Mount { target, source });
-                }
-            }
-            rootfs_mounted = true;
+        let rootfs_mounted = !req.rootfs.is_empty();
+        if rootfs_mounted {
+            rootfs::mount(&bundle, &req.rootfs)?;
         }
 
         let paths = StdioPaths {
@@ -591,7 +564,7 @@ impl TaskService {
             Ok(v) => v,
             Err(e) => {
                 if rootfs_mounted {
-                    unmount_rootfs(&bundle);
+                    rootfs::unmount(&bundle);
                 }
                 return Err(e);
             }
@@ -931,7 +904,7 @@ impl TaskService {
             t.abort();
         }
         if c.rootfs_mounted {
-            unmount_rootfs(&c.bundle);
+            rootfs::unmount(&c.bundle);
         }
         let exit = c.init.exit().unwrap_or(Exit {
             code: 137,

@@ -127,11 +127,7 @@ impl containerd_shim::Shim for Shim {
         {
             warn!("{}", error_chain(&e));
         }
-        if let Some(rootfs) = bundle.join("rootfs").to_str()
-            && let Err(e) = containerd_shim::mount::umount_recursive(Some(rootfs), 0)
-        {
-            warn!("unmount {rootfs}: {e}");
-        }
+        crate::rootfs::unmount(&bundle);
         Ok(DeleteResponse {
             pid: 0,
             exit_status: KILLED,

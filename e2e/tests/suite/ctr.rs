@@ -13,8 +13,8 @@ use std::fs;
 use std::time::Duration;
 
 use agent_sandbox_e2e::ctr::{
-    self, Container, Events, Shim, ctr_shell, leftovers, rss_kib, run_in_pty, run_rm, shim_pids,
-    unique_id,
+    self, Container, Events, Shim, ctr_shell, leftovers, rootfs_mount, rss_kib, run_in_pty, run_rm,
+    shim_pids, unique_id,
 };
 use agent_sandbox_e2e::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, PROBE, ProbeReport};
 use anyhow::{Context, bail, ensure};
@@ -445,6 +445,81 @@ fn ctr_kill_ps_pause_and_delete_drive_the_task() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where overlayfs marks a work dir that was mounted volatile (it refuses to mount it again).
+fn volatile_mark(workdir: &std::path::Path) -> std::path::PathBuf {
+    workdir.join("work/incompat/volatile")
+}
+
+/// The shim mounts the snapshot volatile (no sync of its disk at unmount: see
+/// shim/src/rootfs.rs), clears overlayfs' mark after a clean unmount, and so a second task of
+/// the same container mounts the snapshot again. runc-v2's rootfs of the same image is not
+/// volatile, so the mountinfo check can tell the two apart.
+#[test]
+fn ctr_rootfs_is_volatile_and_the_container_runs_a_second_task_after_delete() -> anyhow::Result<()>
+{
+    let l = Lifecycle::new()?;
+    let runc_id = unique_id("volrunc");
+    let runc = Container::start_detached(
+        Shim::RuncV2,
+        &[],
+        BUSYBOX_IMAGE,
+        &runc_id,
+        &["sleep", "300"],
+    )?;
+    runc.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (runc_opts, _) = rootfs_mount(&runc_id).context("runc-v2 rootfs not mounted")?;
+    ensure!(
+        !runc_opts.contains("volatile"),
+        "runc-v2's rootfs should be a plain overlay: {runc_opts}"
+    );
+    drop(runc);
+
+    let id = unique_id("volatile");
+    let c = Container::start_detached(
+        Shim::AgentSandbox,
+        &l.args(&[]),
+        BUSYBOX_IMAGE,
+        &id,
+        &["sleep", "300"],
+    )?;
+    c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (opts, workdir) = rootfs_mount(&id).context("rootfs not mounted")?;
+    ensure!(opts.contains("volatile"), "rootfs not volatile: {opts}");
+    let workdir = workdir.context("no workdir= in the rootfs options")?;
+    ensure!(
+        volatile_mark(&workdir).exists(),
+        "overlayfs did not mark {}",
+        workdir.display()
+    );
+    for round in 0..2 {
+        let kill = c.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
+        ensure!(kill.success(), "{kill}");
+        c.wait_status("STOPPED", Duration::from_secs(30))?;
+        let del = c.task_cmd(&["delete"], &[])?;
+        ensure!(del.success(), "task delete failed\n{del}");
+        ensure!(
+            rootfs_mount(&id).is_none(),
+            "rootfs still mounted after delete"
+        );
+        ensure!(
+            !volatile_mark(&workdir).exists(),
+            "the volatile mark stayed after a clean unmount (round {round})"
+        );
+        if round == 0 {
+            // A new task of the same container: its snapshot must mount again.
+            let start = c.task_cmd(&["start", "--detach"], &[])?;
+            ensure!(start.success(), "second task did not start\n{start}");
+            c.wait_status("RUNNING", Duration::from_secs(30))?;
+            let (again, _) = rootfs_mount(&id).context("second rootfs not mounted")?;
+            ensure!(
+                again.contains("volatile"),
+                "second rootfs not volatile: {again}"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn ctr_task_metrics_reports_cgroup_v1_memory_and_pids() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;
@@ -553,6 +628,9 @@ fn ctr_sigkilled_shim_is_cleaned_up_without_leftovers() -> anyhow::Result<()> {
         &["sleep", "300"],
     )?;
     let init = c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let workdir = rootfs_mount(&id)
+        .and_then(|(_, w)| w)
+        .context("no overlay workdir for the rootfs")?;
     let shims = shim_pids(Shim::AgentSandbox, &id);
     ensure!(
         shims.len() == 1,
@@ -570,6 +648,20 @@ fn ctr_sigkilled_shim_is_cleaned_up_without_leftovers() -> anyhow::Result<()> {
     ensure!(
         del.success() || del.stderr.contains("not found"),
         "ctr task delete after a SIGKILLed shim failed\n{del}"
+    );
+    // The `delete` action unmounted the snapshot cleanly, so it cleared overlayfs' mark
+    // (checked before `containers rm` removes the snapshot itself; containerd may still be
+    // running that action when `task delete` returns "not found").
+    for _ in 0..50 {
+        if !volatile_mark(&workdir).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        workdir.is_dir() && !volatile_mark(&workdir).exists(),
+        "the volatile mark of {} stayed after the dead shim's cleanup",
+        workdir.display()
     );
     let rm = harness::run(ctr::ctr().args(["containers", "rm", &id]), DEFAULT_TIMEOUT)?;
     ensure!(rm.success(), "{rm}");
