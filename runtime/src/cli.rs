@@ -129,6 +129,10 @@ pub enum Command {
         /// The errno every denied syscall gets
         #[arg(long)]
         errno: i32,
+        /// Descriptor 4 is the runtime's kernel audit subscription (descriptor 3, always
+        /// there, is the listening socket)
+        #[arg(long)]
+        kernel_audit: bool,
         id: String,
     },
     /// Show a sandbox's audit trail (`audit ID [--json]`), check it (`audit verify ID`), or
@@ -478,9 +482,11 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Proxy { netns, id } => {
             rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
         }
-        Command::SeccompSupervise { errno, id } => {
-            rt()?.seccomp_supervise(&ContainerId::try_from(id.as_str())?, errno)?
-        }
+        Command::SeccompSupervise {
+            errno,
+            kernel_audit,
+            id,
+        } => rt()?.seccomp_supervise(&ContainerId::try_from(id.as_str())?, errno, kernel_audit)?,
         Command::Audit {
             json,
             older_than,

@@ -193,7 +193,7 @@ pub fn prespawn(root: &Path, sandbox_dir: &Path, id: &str) -> Result<PendingProx
         NETNS_ON_STDIN.as_ref(),
         id.as_ref(),
     ];
-    sidecar::start(&args, &sandbox_dir.join(PID_FILE))
+    sidecar::start(&args, &sandbox_dir.join(PID_FILE), Vec::new())
         .map(PendingProxy)
         .map_err(spawn_error)
 }

@@ -73,7 +73,7 @@ impl FsAuditStatus {
         }
     }
 
-    /// Saves the verdict in the sandbox dir (the supervisor, before it reports ready).
+    /// Saves the verdict in the sandbox dir (the runtime, before it starts the supervisor).
     pub fn save(&self, sandbox_dir: &Path) -> Result<(), FsAuditError> {
         let path = sandbox_dir.join(STATUS_FILE);
         let text = serde_json::to_vec(self).map_err(|e| FsAuditError::Write {
@@ -233,6 +233,20 @@ impl KernelAudit {
             }
         }
         (out, lost)
+    }
+}
+
+impl KernelAudit {
+    /// The subscribed socket, to hand to the supervisor process.
+    pub fn into_fd(self) -> std::os::fd::OwnedFd {
+        agent_sandbox_sys::inherit::owned_from(self.sock)
+    }
+
+    /// The subscription [`KernelAudit::into_fd`] handed over.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Self {
+        Self {
+            sock: agent_sandbox_sys::inherit::into_owner(fd),
+        }
     }
 }
 

@@ -386,7 +386,7 @@ impl Runtime {
 
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let mut executor = prepared.executor;
-        self.notify_denials(id, &mut executor, &prepared.policy, true)?;
+        let supervisor = self.notify_denials(id, &mut executor, &prepared.policy, true)?;
         // The proxy starts now and binds once the init's namespace exists (below).
         let pending_proxy = if member.is_none() && crate::egress::wanted(&prepared.policy) {
             Some(
@@ -436,6 +436,12 @@ impl Runtime {
             }
         }
         mark("net");
+        // The supervisor started beside libcontainer's create; a sandbox whose denials
+        // nobody answers or records is not handed out.
+        if let Some(s) = supervisor {
+            s.ready().map_err(LifecycleError::SyscallAudit)?;
+        }
+        mark("supervisor_ready");
         crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
             .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
@@ -650,32 +656,42 @@ impl Runtime {
     }
 
     /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor.
-    pub fn seccomp_supervise(&self, id: &ContainerId, errno: i32) -> Result<()> {
+    pub fn seccomp_supervise(
+        &self,
+        id: &ContainerId,
+        errno: i32,
+        kernel_audit: bool,
+    ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::sandbox::SandboxError::NoArch)?;
         let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
-        crate::syscall_audit::supervise(&self.dirs.sandbox(id), &log, id.as_str(), errno, arch)
+        crate::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit)
             .map_err(LifecycleError::SyscallAudit)
     }
 
     /// Turns the executor's seccomp layer into its user-notification form: starts the
-    /// sandbox's supervisor when `spawn` (create), then connects this process to it.
+    /// sandbox's supervisor when `spawn` (create; returned, its ready line still to be
+    /// checked), then connects this process to it.
     fn notify_denials(
         &self,
         id: &ContainerId,
         executor: &mut crate::executor::SandboxExecutor,
         policy: &SandboxPolicy,
         spawn: bool,
-    ) -> Result<()> {
+    ) -> Result<Option<crate::syscall_audit::Starting>> {
         let Some(bpf) = executor.seccomp.clone() else {
-            return Ok(());
+            return Ok(None);
         };
         let sandbox_dir = self.dirs.sandbox(id);
         let errno = policy.syscalls.errno.number();
-        if spawn {
-            crate::syscall_audit::spawn(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
-                .map_err(LifecycleError::SyscallAudit)?;
-        }
+        let starting = if spawn {
+            Some(
+                crate::syscall_audit::start(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
+                    .map_err(LifecycleError::SyscallAudit)?,
+            )
+        } else {
+            None
+        };
         let supervisor =
             crate::syscall_audit::connect(&sandbox_dir).map_err(LifecycleError::SyscallAudit)?;
         executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
@@ -684,7 +700,7 @@ impl Runtime {
             fs_audit: executor.landlock.is_some()
                 && crate::fs_audit::FsAuditStatus::load(&sandbox_dir).is_some_and(|s| s.active),
         }));
-        Ok(())
+        Ok(starting)
     }
 
     /// `layers`: the protections in force for a sandbox (see [`crate::layers`]).

@@ -27,7 +27,7 @@ pub enum SpawnError {
 /// `current_exe()`: create runs from a sealed memfd copy whose name is not a path on disk),
 /// writes its pid to `pid_file`, and waits for its [`READY`] line.
 pub fn spawn(args: &[&std::ffi::OsStr], pid_file: &Path) -> Result<u32, SpawnError> {
-    start(args, pid_file)?.ready(None)
+    start(args, pid_file, Vec::new())?.ready(None)
 }
 
 /// A sidecar started by [`start`] whose ready line has not been read yet. Dropping it closes
@@ -38,16 +38,25 @@ pub struct Pending {
 
 /// Starts the sidecar like [`spawn`] (pid file included) with its stdin a pipe, without
 /// waiting: it can load what it needs while the caller works, and [`Pending::ready`] hands
-/// it the line it waits for.
-pub fn start(args: &[&std::ffi::OsStr], pid_file: &Path) -> Result<Pending, SpawnError> {
-    let child = Command::new("/proc/self/exe")
-        .args(args)
+/// it the line it waits for. The sidecar gets `fds` as its descriptors 3, 4, ...
+/// (`agent_sandbox_sys::inherit`).
+pub fn start(
+    args: &[&std::ffi::OsStr],
+    pid_file: &Path,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> Result<Pending, SpawnError> {
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .map_err(SpawnError::Spawn)?;
+        .process_group(0);
+    if !fds.is_empty() {
+        agent_sandbox_sys::inherit::pass_fds(&mut cmd, fds);
+    }
+    let child = cmd.spawn().map_err(SpawnError::Spawn)?;
+    // The parent's copies of `fds` close here, with `cmd`.
+    drop(cmd);
     std::fs::write(pid_file, child.id().to_string()).map_err(|source| SpawnError::Write {
         path: pid_file.to_path_buf(),
         source,

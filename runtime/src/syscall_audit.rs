@@ -66,6 +66,8 @@ pub enum SyscallAuditError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the seccomp supervisor was started without its sockets")]
+    Inherited(#[source] std::io::Error),
     #[error("seccomp supervisor poll")]
     Poll(#[source] nix::Error),
     #[error("audit trail")]
@@ -158,27 +160,95 @@ impl Answers {
     }
 }
 
-/// Starts the supervisor for the sandbox and waits until its socket listens.
-pub fn spawn(
+/// The supervisor's listening socket: its descriptor number in the supervisor.
+const LISTENER_FD: i32 = agent_sandbox_sys::inherit::FIRST_FD;
+/// The kernel audit subscription (`--kernel-audit`): its descriptor number in the supervisor.
+const KERNEL_AUDIT_FD: i32 = LISTENER_FD + 1;
+
+/// A supervisor started by [`start`] whose ready line has not been read yet.
+pub struct Starting(sidecar::Pending);
+
+fn spawn_error(e: sidecar::SpawnError) -> SyscallAuditError {
+    match e {
+        sidecar::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
+        sidecar::SpawnError::Write { path, source } => SyscallAuditError::Write { path, source },
+        sidecar::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
+    }
+}
+
+/// Starts the sandbox's supervisor without waiting for it. Everything an executor depends
+/// on is done here, before it returns: the socket listens (so [`connect`] succeeds at once
+/// and the listeners queue until the supervisor accepts), and the kernel audit log is
+/// subscribed (so the Landlock probe of the init, which may run before the supervisor is
+/// up, is already delivered to it) and its verdict saved. The supervisor inherits both
+/// sockets; its own start-up (exec, audit log) runs beside libcontainer's create, and
+/// [`Starting::ready`] checks it afterwards.
+pub fn start(
     root: &Path,
     sandbox_dir: &Path,
     id: &str,
     errno: u32,
-) -> Result<u32, SyscallAuditError> {
+) -> Result<Starting, SyscallAuditError> {
+    let listen_err = |source| SyscallAuditError::Listen {
+        path: sandbox_dir.join(SOCKET),
+        source,
+    };
+    let _ = std::fs::remove_file(sandbox_dir.join(SOCKET));
+    let server = socket_path(sandbox_dir)
+        .and_then(|(_dir, path)| UnixListener::bind(&path))
+        .map_err(listen_err)?;
+    // Only the runtime's own user may connect (the sandbox dir is never mounted into a
+    // container; this is defence in depth against other host users).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            sandbox_dir.join(SOCKET),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .map_err(listen_err)?;
+    }
+    // Landlock denials: subscribe to the kernel audit log if the kernel can report them.
+    let (kernel, fs_status) = match KernelAudit::open() {
+        Ok(k) => (
+            Some(k),
+            FsAuditStatus {
+                active: true,
+                reason: None,
+            },
+        ),
+        Err(status) => (None, status),
+    };
+    if let Some(reason) = &fs_status.reason {
+        tracing::warn!(id, layer = "fs_denied", %reason, "fs_denied reporting inactive");
+    }
+    fs_status
+        .save(sandbox_dir)
+        .map_err(SyscallAuditError::FsAudit)?;
     let errno = errno.to_string();
-    let args: [&OsStr; 6] = [
+    let mut args: Vec<&OsStr> = vec![
         "--root".as_ref(),
         root.as_os_str(),
         "seccomp-supervise".as_ref(),
         "--errno".as_ref(),
         errno.as_ref(),
-        id.as_ref(),
     ];
-    sidecar::spawn(&args, &sandbox_dir.join(PID_FILE)).map_err(|e| match e {
-        sidecar::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
-        sidecar::SpawnError::Write { path, source } => SyscallAuditError::Write { path, source },
-        sidecar::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
-    })
+    let mut fds = vec![OwnedFd::from(server)];
+    if let Some(k) = kernel {
+        args.push("--kernel-audit".as_ref());
+        fds.push(k.into_fd());
+    }
+    // The id stays last: `sidecar::stop` recognises its process by it.
+    args.push(id.as_ref());
+    sidecar::start(&args, &sandbox_dir.join(PID_FILE), fds)
+        .map(Starting)
+        .map_err(spawn_error)
+}
+
+impl Starting {
+    /// Waits for the supervisor's ready line; returns its pid.
+    pub fn ready(self) -> Result<u32, SyscallAuditError> {
+        self.0.ready(None).map_err(spawn_error)
+    }
 }
 
 /// Kills the supervisor (at delete), if it still is this sandbox's.
@@ -263,11 +333,11 @@ fn proc_text(pid: u32, what: &str) -> Option<String> {
 /// The supervisor's body: listens on `sandbox_dir/seccomp.sock`, reports ready on stdout,
 /// then answers and records notifications until killed.
 pub fn supervise(
-    sandbox_dir: &Path,
     log: &Path,
     id: &str,
     errno: i32,
     arch: Arch,
+    kernel_audit: bool,
 ) -> Result<(), SyscallAuditError> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let not_ready = |e: SyscallAuditError| {
@@ -280,46 +350,20 @@ pub fn supervise(
         );
         e
     };
+    // The sockets `start` opened and handed over; taken first, before anything else can
+    // open a descriptor.
+    let inherited =
+        |fd| agent_sandbox_sys::inherit::take_fd(fd).map_err(SyscallAuditError::Inherited);
+    let server = UnixListener::from(inherited(LISTENER_FD).map_err(not_ready)?);
+    let kernel = if kernel_audit {
+        Some(KernelAudit::from_fd(
+            inherited(KERNEL_AUDIT_FD).map_err(not_ready)?,
+        ))
+    } else {
+        None
+    };
     let log = AuditLog::open(log, id)
         .map_err(SyscallAuditError::Audit)
-        .map_err(not_ready)?;
-    let listen_err = |source| SyscallAuditError::Listen {
-        path: sandbox_dir.join(SOCKET),
-        source,
-    };
-    let _ = std::fs::remove_file(sandbox_dir.join(SOCKET));
-    let server = socket_path(sandbox_dir)
-        .and_then(|(_dir, path)| UnixListener::bind(&path))
-        .map_err(listen_err)
-        .map_err(not_ready)?;
-    // Only the runtime's own user may connect (the sandbox dir is never mounted into a
-    // container; this is defence in depth against other host users).
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            sandbox_dir.join(SOCKET),
-            std::fs::Permissions::from_mode(0o600),
-        )
-        .map_err(listen_err)
-        .map_err(not_ready)?;
-    }
-    // Landlock denials: subscribe to the kernel audit log if the kernel can report them.
-    let (kernel, fs_status) = match KernelAudit::open() {
-        Ok(k) => (
-            Some(k),
-            FsAuditStatus {
-                active: true,
-                reason: None,
-            },
-        ),
-        Err(status) => (None, status),
-    };
-    if let Some(reason) = &fs_status.reason {
-        tracing::warn!(id, layer = "fs_denied", %reason, "fs_denied reporting inactive");
-    }
-    fs_status
-        .save(sandbox_dir)
-        .map_err(SyscallAuditError::FsAudit)
         .map_err(not_ready)?;
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
