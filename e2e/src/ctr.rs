@@ -166,6 +166,13 @@ impl Container {
         Ok(container)
     }
 
+    /// `ctr run -d ... BUSYBOX_IMAGE ID sleep 300`, once its task runs; with the task's pid.
+    pub fn sleeping(shim: Shim, args: &[&str], id: &str) -> anyhow::Result<(Self, u32)> {
+        let c = Self::start_detached(shim, args, BUSYBOX_IMAGE, id, &["sleep", "300"])?;
+        let pid = c.wait_status("RUNNING", Duration::from_secs(30))?;
+        Ok((c, pid))
+    }
+
     /// The task's pid and status from `ctr task ls`.
     pub fn task(&self) -> anyhow::Result<Option<(u32, String)>> {
         let out = harness::run_ok(ctr().args(["task", "ls"]), DEFAULT_TIMEOUT)?;

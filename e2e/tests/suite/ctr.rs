@@ -273,14 +273,7 @@ fn ctr_exec_with_and_without_tty_publishes_exec_events() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;
     let events = Events::start()?;
     let id = unique_id("exec");
-    let c = Container::start_detached(
-        Shim::AgentSandbox,
-        &l.args(&[]),
-        BUSYBOX_IMAGE,
-        &id,
-        &["sleep", "300"],
-    )?;
-    c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (c, _) = Container::sleeping(Shim::AgentSandbox, &l.args(&[]), &id)?;
 
     let out = c.task_cmd(
         &["exec", "--exec-id", "plain"],
@@ -459,14 +452,7 @@ fn ctr_rootfs_is_volatile_and_the_container_runs_a_second_task_after_delete() ->
 {
     let l = Lifecycle::new()?;
     let runc_id = unique_id("volrunc");
-    let runc = Container::start_detached(
-        Shim::RuncV2,
-        &[],
-        BUSYBOX_IMAGE,
-        &runc_id,
-        &["sleep", "300"],
-    )?;
-    runc.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (runc, _) = Container::sleeping(Shim::RuncV2, &[], &runc_id)?;
     let (runc_opts, _) = rootfs_mount(&runc_id).context("runc-v2 rootfs not mounted")?;
     ensure!(
         !runc_opts.contains("volatile"),
@@ -475,14 +461,7 @@ fn ctr_rootfs_is_volatile_and_the_container_runs_a_second_task_after_delete() ->
     drop(runc);
 
     let id = unique_id("volatile");
-    let c = Container::start_detached(
-        Shim::AgentSandbox,
-        &l.args(&[]),
-        BUSYBOX_IMAGE,
-        &id,
-        &["sleep", "300"],
-    )?;
-    c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (c, _) = Container::sleeping(Shim::AgentSandbox, &l.args(&[]), &id)?;
     let (opts, workdir) = rootfs_mount(&id).context("rootfs not mounted")?;
     ensure!(opts.contains("volatile"), "rootfs not volatile: {opts}");
     let workdir = workdir.context("no workdir= in the rootfs options")?;
@@ -620,14 +599,7 @@ fn ctr_events_come_in_lifecycle_order_even_for_instant_exits() -> anyhow::Result
 fn ctr_sigkilled_shim_is_cleaned_up_without_leftovers() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;
     let id = unique_id("shimkill");
-    let c = Container::start_detached(
-        Shim::AgentSandbox,
-        &l.args(&[]),
-        BUSYBOX_IMAGE,
-        &id,
-        &["sleep", "300"],
-    )?;
-    let init = c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (c, init) = Container::sleeping(Shim::AgentSandbox, &l.args(&[]), &id)?;
     let workdir = rootfs_mount(&id)
         .and_then(|(_, w)| w)
         .context("no overlay workdir for the rootfs")?;
