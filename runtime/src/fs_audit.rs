@@ -182,6 +182,18 @@ impl KernelAudit {
         Self::subscribe().map_err(|e| FsAuditStatus::inactive(chain(&e)))
     }
 
+    /// The subscribed socket, to hand to the supervisor process.
+    pub fn into_fd(self) -> std::os::fd::OwnedFd {
+        agent_sandbox_sys::inherit::owned_from(self.sock)
+    }
+
+    /// The subscription [`KernelAudit::into_fd`] handed over.
+    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Self {
+        Self {
+            sock: agent_sandbox_sys::inherit::into_owner(fd),
+        }
+    }
+
     fn subscribe() -> Result<Self, FsAuditError> {
         let mut sock = Socket::new(NETLINK_AUDIT).map_err(FsAuditError::Socket)?;
         sock.bind(&SocketAddr::new(0, 1 << (NLGRP_READLOG - 1)))
@@ -233,20 +245,6 @@ impl KernelAudit {
             }
         }
         (out, lost)
-    }
-}
-
-impl KernelAudit {
-    /// The subscribed socket, to hand to the supervisor process.
-    pub fn into_fd(self) -> std::os::fd::OwnedFd {
-        agent_sandbox_sys::inherit::owned_from(self.sock)
-    }
-
-    /// The subscription [`KernelAudit::into_fd`] handed over.
-    pub fn from_fd(fd: std::os::fd::OwnedFd) -> Self {
-        Self {
-            sock: agent_sandbox_sys::inherit::into_owner(fd),
-        }
     }
 }
 

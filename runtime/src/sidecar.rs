@@ -23,22 +23,17 @@ pub enum SpawnError {
     },
 }
 
-/// Runs `/proc/self/exe ARGS...` in its own process group (`/proc/self/exe`, not
-/// `current_exe()`: create runs from a sealed memfd copy whose name is not a path on disk),
-/// writes its pid to `pid_file`, and waits for its [`READY`] line.
-pub fn spawn(args: &[&std::ffi::OsStr], pid_file: &Path) -> Result<u32, SpawnError> {
-    start(args, pid_file, Vec::new())?.ready(None)
-}
-
 /// A sidecar started by [`start`] whose ready line has not been read yet. Dropping it closes
 /// the sidecar's stdin: one still waiting for its input line then exits.
 pub struct Pending {
     child: std::process::Child,
 }
 
-/// Starts the sidecar like [`spawn`] (pid file included) with its stdin a pipe, without
-/// waiting: it can load what it needs while the caller works, and [`Pending::ready`] hands
-/// it the line it waits for. The sidecar gets `fds` as its descriptors 3, 4, ...
+/// Runs `/proc/self/exe ARGS...` in its own process group (`/proc/self/exe`, not
+/// `current_exe()`: create runs from a sealed memfd copy whose name is not a path on disk),
+/// writes its pid to `pid_file`, with its stdin a pipe, without waiting: it can load what
+/// it needs while the caller works, and [`Pending::ready`] hands it the line it waits for
+/// and reads its [`READY`] line. The sidecar gets `fds` as its descriptors 3, 4, ...
 /// (`agent_sandbox_sys::inherit`).
 pub fn start(
     args: &[&std::ffi::OsStr],

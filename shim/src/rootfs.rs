@@ -93,7 +93,7 @@ pub fn mount(bundle: &Path, mounts: &[Mount]) -> Result<(), RootfsError> {
                 match mount_one(m, &options, &target) {
                     Ok(()) => {
                         volatile.push(workdir.to_owned());
-                        Ok(())
+                        record_volatile(bundle, &volatile)
                     }
                     Err(e) => {
                         debug!("volatile overlay refused, mounting as asked: {e}");
@@ -103,7 +103,7 @@ pub fn mount(bundle: &Path, mounts: &[Mount]) -> Result<(), RootfsError> {
             }
             None => mount_one(m, &m.options, &target),
         };
-        if let Err(e) = done.and_then(|()| record_volatile(bundle, &volatile)) {
+        if let Err(e) = done {
             unmount(bundle);
             return Err(e);
         }
@@ -112,9 +112,6 @@ pub fn mount(bundle: &Path, mounts: &[Mount]) -> Result<(), RootfsError> {
 }
 
 fn record_volatile(bundle: &Path, workdirs: &[String]) -> Result<(), RootfsError> {
-    if workdirs.is_empty() {
-        return Ok(());
-    }
     let path = bundle.join(VOLATILE_WORKDIRS);
     let mut text = workdirs.join("\n");
     text.push('\n');
