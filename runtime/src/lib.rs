@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod cgroup_warm;
 pub mod cli;
 pub mod egress;
 pub mod enforce;

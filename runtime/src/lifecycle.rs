@@ -298,6 +298,7 @@ impl Runtime {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
+        crate::cgroup_warm::start();
         let config = opts.bundle.join("config.json");
         let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
@@ -924,6 +925,7 @@ impl Runtime {
         if c.status() != ContainerStatus::Running {
             return Err(LifecycleError::NotRunning);
         }
+        crate::cgroup_warm::start();
         let process: Process = match &opts.process {
             Some(path) => read_json(path)?,
             None => inline_process(&c, opts)?,
