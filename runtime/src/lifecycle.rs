@@ -121,9 +121,9 @@ type Result<T> = std::result::Result<T, LifecycleError>;
 /// Runs `build` (libcontainer's create or exec) in `/`, then returns to the caller's working
 /// directory.
 ///
-/// The processes libcontainer forks inherit the working directory. containerd and podman start
-/// the runtime in the bundle directory (mode 0700 or 0711), which the container's mapped root
-/// cannot open. libcontainer resolves procfs paths through `pathrs`, which, the first time an
+/// The processes libcontainer forks inherit the working directory. containerd starts the
+/// runtime in the task's bundle directory (mode 0700), which the container's mapped root cannot
+/// open. libcontainer resolves procfs paths through `pathrs`, which, the first time an
 /// `openat2` lookup fails for an expected reason (a magic link's ELOOP), probes
 /// `openat2(AT_FDCWD, ".")` to tell whether `openat2` works at all (pathrs 0.2.6,
 /// `syscalls::openat2::openat2_is_not_supported`). EACCES there makes it fall back, for the rest
@@ -1174,7 +1174,7 @@ mod tests {
     use std::path::Path;
 
     /// The build sees `/`; the caller gets its own directory back, even one it may not list
-    /// (containerd's bundle directories are 0700/0711), which `O_PATH` does not need.
+    /// (containerd's bundle directories are 0700), which `O_PATH` does not need.
     #[test]
     fn build_runs_in_the_root_dir_and_the_callers_dir_comes_back() {
         let dir = tempfile::tempdir().unwrap();
