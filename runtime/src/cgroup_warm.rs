@@ -10,9 +10,10 @@
 //! tenant of `exec` does the same, so each `create` and `exec` paid the grace period after most
 //! of its own work.
 //!
-//! [`start`] moves this process into the cgroup it is already in (a no-op migration) on a
-//! thread of its own, at the beginning of `create` or `exec`: the grace period then runs beside
-//! the runtime's preparation, and libcontainer's writes find the lock warm. No extra grace
+//! [`start`] forks a child that moves itself into the cgroup it is already in (a no-op
+//! migration), at the beginning of `create` or `exec`: the grace period then runs beside the
+//! runtime's preparation, and libcontainer's writes find the lock warm. A child, not a thread:
+//! see `agent_sandbox_sys::background_write`. No extra grace
 //! period is added: the container's writes fall in the one this write started. Best effort:
 //! where the runtime may not write its cgroup (rootless), nothing is written and nothing
 //! changes; no protection depends on it.
@@ -61,27 +62,22 @@ pub fn own_procs_files(proc_cgroup: &str, mount_root: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Starts the no-op migration on a detached thread and returns at once.
+/// Starts the no-op migration in a child process and returns at once.
 pub fn start() {
     let Ok(proc_cgroup) = std::fs::read_to_string("/proc/self/cgroup") else {
         return;
     };
-    let files = own_procs_files(&proc_cgroup, Path::new("/sys/fs/cgroup"));
-    let spawned = std::thread::Builder::new()
-        .name("cgroup-warm".into())
-        .spawn(move || {
-            for file in files {
-                // "0" names the writing process. Only the first file that opens is written:
-                // the lock is global, one write starts the grace period for all hierarchies.
-                if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open(&file) {
-                    use std::io::Write;
-                    let _ = f.write_all(b"0");
-                    return;
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::debug!(error = %e, "cannot start the cgroup warm-up thread");
+    // Opening does not take the lock; only the write does. Only the first file that opens is
+    // written: the lock is global, one write starts the grace period for every hierarchy.
+    let Some(file) = own_procs_files(&proc_cgroup, Path::new("/sys/fs/cgroup"))
+        .iter()
+        .find_map(|f| std::fs::OpenOptions::new().write(true).open(f).ok())
+    else {
+        return;
+    };
+    // "0" names the writing process: the child moves itself into the cgroup it is in.
+    if let Err(e) = agent_sandbox_sys::background_write::write_in_child(file.into(), b"0") {
+        tracing::debug!(error = %e, "cannot start the cgroup warm-up");
     }
 }
 

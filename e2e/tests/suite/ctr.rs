@@ -268,6 +268,51 @@ fn ctr_run_with_tty_gets_a_terminal_of_the_clients_size() -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Execs in parallel all finish. The runtime forks helpers while libcontainer forks its
+/// intermediate process with a raw clone3 (no glibc fork handlers): a helper thread holding a
+/// userspace lock at that moment left the intermediate hung in futex_wait, which showed only
+/// under parallel execs (3 of 6 x 40 hung before `agent_sandbox_sys::background_write`).
+#[test]
+fn ctr_parallel_execs_all_finish() -> anyhow::Result<()> {
+    const LOOPS: usize = 6;
+    const EXECS: usize = 30;
+    let l = Lifecycle::new()?;
+    let id = unique_id("par-exec");
+    let (c, _) = Container::sleeping(Shim::AgentSandbox, &l.args(&[]), &id)?;
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let loops: Vec<_> = (0..LOOPS)
+            .map(|j| {
+                let c = &c;
+                scope.spawn(move || {
+                    let mut failed = Vec::new();
+                    for i in 0..EXECS {
+                        let exec_id = format!("p{j}-{i}");
+                        let word = format!("done-{j}-{i}");
+                        match c.task_cmd(&["exec", "--exec-id", &exec_id], &["echo", &word]) {
+                            Ok(out) if out.success() && out.stdout.contains(&word) => {}
+                            Ok(out) => failed.push(format!("{exec_id}: {out}")),
+                            Err(e) => failed.push(format!("{exec_id}: {e:#}")),
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        loops
+            .into_iter()
+            .flat_map(|h| h.join().expect("exec loop panicked"))
+            .collect()
+    });
+    ensure!(
+        failures.is_empty(),
+        "{} of {} parallel execs failed or hung:\n{}",
+        failures.len(),
+        LOOPS * EXECS,
+        failures.join("\n")
+    );
+    Ok(())
+}
+
 #[test]
 fn ctr_exec_with_and_without_tty_publishes_exec_events() -> anyhow::Result<()> {
     let l = Lifecycle::new()?;

@@ -2,6 +2,7 @@
 //! invariant it relies on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
+pub mod background_write;
 pub mod inherit;
 pub mod landlock_abi;
 pub mod loopback;
