@@ -21,57 +21,25 @@
 //! Hand-written because it is one file write; no crate covers it. libcgroups' managers create
 //! and configure cgroups, which is not wanted here.
 
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::{Component, PathBuf};
 
-/// The `cgroup.procs` files of this process's own cgroups, most likely writable first: the
-/// unified hierarchy (pure v2 at the mount root, hybrid under `unified`), then each v1
-/// hierarchy. `proc_cgroup` is the text of `/proc/self/cgroup`.
-pub fn own_procs_files(proc_cgroup: &str, mount_root: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut v1 = Vec::new();
-    for line in proc_cgroup.lines() {
-        let mut fields = line.splitn(3, ':');
-        let (Some(id), Some(controllers), Some(path)) =
-            (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        // Outside the cgroup namespace's root the path climbs ("/../.."): no file of ours.
-        let Some(relative) = path.strip_prefix('/') else {
-            continue;
-        };
-        if relative.split('/').any(|c| c == "..") {
-            continue;
-        }
-        if id == "0" && controllers.is_empty() {
-            files.push(
-                mount_root
-                    .join("unified")
-                    .join(relative)
-                    .join("cgroup.procs"),
-            );
-            files.push(mount_root.join(relative).join("cgroup.procs"));
-        } else if let Some(first) = controllers.split(',').next().filter(|c| !c.is_empty()) {
-            // A v1 hierarchy is mounted under its controllers' names ("cpu,cpuacct" also has
-            // the links "cpu" and "cpuacct"); a named one ("name=systemd") under the name.
-            let dir = first.strip_prefix("name=").unwrap_or(first);
-            v1.push(mount_root.join(dir).join(relative).join("cgroup.procs"));
-        }
-    }
-    files.extend(v1);
-    files
+/// The `cgroup.procs` files of `dirs` (this process's cgroups by controller, from
+/// [`crate::layers::cgroups_of`]). A path that climbs ("/../..": a cgroup outside this cgroup
+/// namespace's root) names no directory of ours and is left out.
+fn procs_files(dirs: &BTreeMap<String, PathBuf>) -> impl Iterator<Item = PathBuf> + '_ {
+    dirs.values()
+        .filter(|d| !d.components().any(|c| c == Component::ParentDir))
+        .map(|d| d.join("cgroup.procs"))
 }
 
 /// Starts the no-op migration in a child process and returns at once.
 pub fn start() {
-    let Ok(proc_cgroup) = std::fs::read_to_string("/proc/self/cgroup") else {
-        return;
-    };
+    let dirs = crate::layers::cgroups_of(nix::unistd::getpid().as_raw());
     // Opening does not take the lock; only the write does. Only the first file that opens is
     // written: the lock is global, one write starts the grace period for every hierarchy.
-    let Some(file) = own_procs_files(&proc_cgroup, Path::new("/sys/fs/cgroup"))
-        .iter()
-        .find_map(|f| std::fs::OpenOptions::new().write(true).open(f).ok())
+    let Some(file) =
+        procs_files(&dirs).find_map(|f| std::fs::OpenOptions::new().write(true).open(f).ok())
     else {
         return;
     };
@@ -86,32 +54,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hybrid_host_lists_unified_first_then_each_v1_hierarchy() {
-        let text = "9:name=systemd:/\n4:memory:/pods/a\n1:cpu,cpuacct:/pods/a\n0::/pods/a\n";
-        let files = own_procs_files(text, Path::new("/sys/fs/cgroup"));
-        let names: Vec<_> = files.iter().map(|p| p.to_str().unwrap()).collect();
+    fn every_cgroup_inside_the_namespace_is_a_candidate() {
+        let dirs = BTreeMap::from([
+            (
+                "memory".to_owned(),
+                PathBuf::from("/sys/fs/cgroup/memory/pods/a"),
+            ),
+            (
+                "pids".to_owned(),
+                PathBuf::from("/sys/fs/cgroup/pids/../../.."),
+            ),
+            (
+                "unified".to_owned(),
+                PathBuf::from("/sys/fs/cgroup/unified"),
+            ),
+        ]);
+        let files: Vec<_> = procs_files(&dirs).collect();
         assert_eq!(
-            names,
+            files,
             [
-                "/sys/fs/cgroup/unified/pods/a/cgroup.procs",
-                "/sys/fs/cgroup/pods/a/cgroup.procs",
-                "/sys/fs/cgroup/systemd/cgroup.procs",
-                "/sys/fs/cgroup/memory/pods/a/cgroup.procs",
-                "/sys/fs/cgroup/cpu/pods/a/cgroup.procs",
-            ]
-        );
-    }
-
-    #[test]
-    fn root_cgroup_and_malformed_lines() {
-        let text = "0::/\nnot a line\n3:cpuset:relative\n8:pids:/../../..\n";
-        let files = own_procs_files(text, Path::new("/sys/fs/cgroup"));
-        let names: Vec<_> = files.iter().map(|p| p.to_str().unwrap()).collect();
-        assert_eq!(
-            names,
-            [
-                "/sys/fs/cgroup/unified/cgroup.procs",
-                "/sys/fs/cgroup/cgroup.procs",
+                PathBuf::from("/sys/fs/cgroup/memory/pods/a/cgroup.procs"),
+                PathBuf::from("/sys/fs/cgroup/unified/cgroup.procs"),
             ]
         );
     }
