@@ -112,7 +112,7 @@ pub enum LifecycleError {
     WorkingDir {
         what: &'static str,
         #[source]
-        source: nix::Error,
+        source: std::io::Error,
     },
 }
 
@@ -140,18 +140,18 @@ fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
         .open(".")
-        .map_err(|e| LifecycleError::WorkingDir {
+        .map_err(|source| LifecycleError::WorkingDir {
             what: "open",
-            source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+            source,
         })?;
-    nix::unistd::chdir("/").map_err(|source| LifecycleError::WorkingDir {
+    std::env::set_current_dir("/").map_err(|source| LifecycleError::WorkingDir {
         what: "leave",
         source,
     })?;
     let built = build();
-    nix::unistd::fchdir(caller.as_raw_fd()).map_err(|source| LifecycleError::WorkingDir {
+    nix::unistd::fchdir(caller.as_raw_fd()).map_err(|e| LifecycleError::WorkingDir {
         what: "restore",
-        source,
+        source: e.into(),
     })?;
     Ok(built)
 }
