@@ -43,7 +43,7 @@ use crate::rootfs::{self, RootfsError};
 use crate::runtime::{Runtime, RuntimeError, Stdio3};
 use crate::stdio::{self, ConsoleSocket, Copies, StdioError, StdioPaths};
 
-/// How long an exit waits for a terminal's last output to be copied out.
+/// How long an exit waits for the process's last output to be taken by the client.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// How long the init's `exit` record waits for the task's Delete (which writes it in the
 /// same runtime run) before a separate `audit-exit` writes it.
@@ -453,7 +453,7 @@ impl TaskService {
 
     /// Records an exit (after the terminal's output is drained) and publishes TaskExit.
     async fn finish_exit(&self, cid: &str, exec_id: &str, exit: Exit) {
-        let (drain, audit) = {
+        let (drain, outputs, audit) = {
             let mut st = self.inner.state.lock().await;
             let Ok(c) = st.container_mut(cid) else {
                 return;
@@ -463,11 +463,15 @@ impl TaskService {
             let Ok(p) = c.process_mut(cid, exec_id) else {
                 return;
             };
-            (p.copies.output_watch(), (runtime, p.pid, pending))
+            let outputs = p.copies.take_outputs();
+            (p.copies.output_watch(), outputs, (runtime, p.pid, pending))
         };
         if let Some(mut rx) = drain {
             let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
         }
+        // Keep this before the exit is published: a client that hears of the exit stops
+        // waiting for a reader it has not opened yet, and the output would be lost.
+        stdio::drain_outputs(outputs, DRAIN_LIMIT).await;
         // Audit trail: the runtime appends the `exit` record, always before the `delete`
         // record. An exec's is written now, before containerd hears of the exit (outside the
         // state lock). The init's goes with the Delete that usually follows at once (`ctr run

@@ -5,6 +5,13 @@
 //! fifo, because a client opens its end of the stdin fifo only after the shim opened the read
 //! end, and a process reading a fifo that never had a writer would see end-of-file at once.
 //!
+//! The shim keeps a handle of its own on each output fifo while the process runs, and lets go
+//! of it only once the client has read everything ([`drain_outputs`]), before the exit is
+//! published. A fifo's buffer lives only while some descriptor holds the fifo open: a fast
+//! process (`echo`) can write and exit before the client's reader (ctr opens its end in a
+//! goroutine) has opened, and once the process's descriptors are gone its output would be
+//! freed unread, leaving the client with an exit 0 and no output.
+//!
 //! With a terminal, the runtime sends the pty master over a console socket; the shim copies
 //! between the master and the fifos and resizes the master on request.
 
@@ -68,6 +75,9 @@ pub struct Copies {
     output_done: Option<watch::Receiver<bool>>,
     /// The pty master, kept for resizing.
     master: Option<std::sync::Arc<AsyncFd<OwnedFd>>>,
+    /// The shim's own handles on the stdout and stderr fifos (no terminal), which keep the
+    /// process's unread output alive until the client's reader has taken it.
+    outputs: Vec<OwnedFd>,
 }
 
 impl Copies {
@@ -89,6 +99,11 @@ impl Copies {
         };
         rustix::termios::tcsetwinsize(master.get_ref(), size)
             .map_err(|e| StdioError::Resize(e.into()))
+    }
+
+    /// The shim's handles on the output fifos, for [`drain_outputs`] once the process exited.
+    pub fn take_outputs(&mut self) -> Vec<OwnedFd> {
+        std::mem::take(&mut self.outputs)
     }
 
     /// Stops feeding stdin: the process sees end-of-file (CloseIO).
@@ -167,25 +182,51 @@ pub fn direct(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
         }));
         Stdio::from(reader)
     };
-    let out = |path: &str| -> Result<Stdio, StdioError> {
+    let mut out = |path: &str| -> Result<Stdio, StdioError> {
         if path.is_empty() {
             return Ok(Stdio::null());
         }
         let f = open_fifo(path, false)?;
-        set_blocking(&f, true).map_err(|source| StdioError::Open {
+        let opened = |source| StdioError::Open {
             path: path.into(),
             source,
-        })?;
+        };
+        set_blocking(&f, true).map_err(opened)?;
+        copies
+            .outputs
+            .push(OwnedFd::from(f.try_clone().map_err(opened)?));
         Ok(Stdio::from(f))
     };
+    let stdout = out(&paths.stdout)?;
+    let stderr = out(&paths.stderr)?;
     Ok((
         Stdio3 {
             stdin,
-            stdout: out(&paths.stdout)?,
-            stderr: out(&paths.stderr)?,
+            stdout,
+            stderr,
         },
         copies,
     ))
+}
+
+/// Waits until the client has read every byte the process left in its output fifos, or until
+/// `limit` passes (a client that never reads), then closes the shim's handles: the client's
+/// reader sees end-of-file once the process's own descriptors are gone too.
+///
+/// `FIONREAD` on any descriptor of a fifo counts the bytes buffered in it. Zero means the
+/// output was taken by a reader, or there was none; either way nothing is lost by closing.
+pub async fn drain_outputs(outputs: Vec<OwnedFd>, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut pause = Duration::from_micros(500);
+    for fd in &outputs {
+        while rustix::io::ioctl_fionread(fd).is_ok_and(|n| n > 0) {
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
 }
 
 /// A console socket the runtime connects to and sends the pty master over.
@@ -308,5 +349,87 @@ async fn copy(src: &AsyncFd<OwnedFd>, dst: &AsyncFd<OwnedFd>) -> io::Result<()> 
                 Err(_would_block) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::process::Command;
+
+    use super::*;
+
+    fn fifo(dir: &Path) -> PathBuf {
+        let path = dir.join("stdout");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+        path
+    }
+
+    /// A process that writes and exits before the client's reader opened the fifo.
+    fn exited_writer(path: &Path) -> Copies {
+        let paths = StdioPaths {
+            stdout: path.display().to_string(),
+            ..Default::default()
+        };
+        let (stdio, copies) = direct(&paths).expect("open streams");
+        let status = Command::new("/bin/sh")
+            .args(["-c", "printf done"])
+            .stdout(stdio.stdout)
+            .status()
+            .expect("run sh");
+        assert!(status.success());
+        copies
+    }
+
+    #[tokio::test]
+    async fn output_of_a_process_gone_before_the_reader_opened_reaches_the_reader() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = fifo(dir.path());
+        let mut copies = exited_writer(&path);
+        let reader = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            std::fs::read_to_string(&path)
+        });
+        drain_outputs(copies.take_outputs(), Duration::from_secs(10)).await;
+        assert_eq!(reader.await.expect("join").expect("read"), "done");
+    }
+
+    /// The same late reader when nothing holds the fifo after the process exited (the shim
+    /// before it kept handles of its own): the output is gone.
+    #[test]
+    fn without_the_shims_handle_a_late_reader_finds_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = fifo(dir.path());
+        drop(exited_writer(&path));
+        let mut text = String::new();
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .expect("open reader")
+            .read_to_string(&mut text)
+            .expect("read");
+        assert_eq!(text, "");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_reads_holds_the_exit_no_longer_than_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = fifo(dir.path());
+        let mut copies = exited_writer(&path);
+        let start = std::time::Instant::now();
+        drain_outputs(copies.take_outputs(), Duration::from_millis(200)).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+            "{waited:?}"
+        );
     }
 }

@@ -61,7 +61,13 @@ fn probe(shim: Shim, args: &[&str], checks: &[&str]) -> anyhow::Result<ProbeRepo
     let id = unique_id("probe");
     let mut cmd = vec![PROBE];
     cmd.extend_from_slice(checks);
-    let out = run_rm(shim, args, BUSYBOX_IMAGE, &id, &cmd)?;
+    let mut out = run_rm(shim, args, BUSYBOX_IMAGE, &id, &cmd)?;
+    // containerd 1.6's ctr now and then loses a fast process's output under runc-v2 (exit 0,
+    // nothing printed; see ctr_parallel_execs_all_finish): a baseline probe that printed
+    // nothing runs once more. Ours gets no second chance.
+    if shim == Shim::RuncV2 && out.success() && out.stdout.trim().is_empty() {
+        out = run_rm(shim, args, BUSYBOX_IMAGE, &unique_id("probe"), &cmd)?;
+    }
     if !out.success() {
         bail!("probe under {} failed\n{out}", shim.runtime_name());
     }
@@ -268,47 +274,115 @@ fn ctr_run_with_tty_gets_a_terminal_of_the_clients_size() -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Execs in parallel all finish. The runtime forks helpers while libcontainer forks its
-/// intermediate process with a raw clone3 (no glibc fork handlers): a helper thread holding a
-/// userspace lock at that moment left the intermediate hung in futex_wait, which showed only
-/// under parallel execs (3 of 6 x 40 hung before `agent_sandbox_sys::background_write`).
+/// What became of a load of parallel `ctr task exec ... echo WORD` into one task.
+#[derive(Default)]
+struct ExecTally {
+    /// Hung (ctr's timeout), failed to run, a wrong exit code or wrong output: the shim's fault.
+    failed: Vec<String>,
+    /// Exit 0 and no output at all: ctr lost the stdout (containerd 1.6 opens its end of the
+    /// fifo in a goroutine that a fast exec can outrun; runc-v2 shows it too).
+    lost_output: Vec<String>,
+}
+
+fn parallel_echo_execs(
+    shim: Shim,
+    args: &[&str],
+    loops: usize,
+    execs: usize,
+) -> anyhow::Result<ExecTally> {
+    let id = unique_id("par-exec");
+    let (c, _) = Container::sleeping(shim, args, &id)?;
+    let outcomes: Vec<(String, Result<(), String>, bool)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..loops)
+            .map(|j| {
+                let c = &c;
+                scope.spawn(move || {
+                    (0..execs)
+                        .map(|i| {
+                            let exec_id = format!("p{j}-{i}");
+                            let word = format!("done-{j}-{i}");
+                            let out =
+                                c.task_cmd(&["exec", "--exec-id", &exec_id], &["echo", &word]);
+                            let (verdict, lost) = match out {
+                                Ok(out) if out.success() && out.stdout.contains(&word) => {
+                                    (Ok(()), false)
+                                }
+                                Ok(out) if out.success() && out.stdout.trim().is_empty() => {
+                                    (Err(format!("{out}")), true)
+                                }
+                                Ok(out) => (Err(format!("{out}")), false),
+                                Err(e) => (Err(format!("{e:#}")), false),
+                            };
+                            (exec_id, verdict, lost)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    vec![(
+                        "?".to_owned(),
+                        Err("an exec loop panicked".to_owned()),
+                        false,
+                    )]
+                })
+            })
+            .collect()
+    });
+    let mut tally = ExecTally::default();
+    for (exec_id, verdict, lost) in outcomes {
+        if let Err(detail) = verdict {
+            let line = format!("{exec_id}: {detail}");
+            if lost {
+                tally.lost_output.push(line);
+            } else {
+                tally.failed.push(line);
+            }
+        }
+    }
+    Ok(tally)
+}
+
+/// Execs in parallel all finish with their exit code and output. The runtime forks helpers
+/// while libcontainer forks its intermediate process with a raw clone3 (no glibc fork
+/// handlers): a helper thread holding a userspace lock at that moment left the intermediate
+/// hung in futex_wait, which showed only under parallel execs (3 of 6 x 40 hung before
+/// `agent_sandbox_sys::background_write`). A hang or a wrong exit code always fails.
+///
+/// Output: containerd 1.6's `ctr` loses a fast exec's stdout now and then (exit 0, nothing
+/// printed), under runc-v2 too. Our shim keeps each output fifo open until the client read
+/// it (`stdio::drain_outputs`), so it must lose no more than runc-v2 under the same load in
+/// the same run; both counts are printed.
 #[test]
 fn ctr_parallel_execs_all_finish() -> anyhow::Result<()> {
     const LOOPS: usize = 6;
     const EXECS: usize = 30;
     let l = Lifecycle::new()?;
-    let id = unique_id("par-exec");
-    let (c, _) = Container::sleeping(Shim::AgentSandbox, &l.args(&[]), &id)?;
-    let failures: Vec<String> = std::thread::scope(|scope| {
-        let loops: Vec<_> = (0..LOOPS)
-            .map(|j| {
-                let c = &c;
-                scope.spawn(move || {
-                    let mut failed = Vec::new();
-                    for i in 0..EXECS {
-                        let exec_id = format!("p{j}-{i}");
-                        let word = format!("done-{j}-{i}");
-                        match c.task_cmd(&["exec", "--exec-id", &exec_id], &["echo", &word]) {
-                            Ok(out) if out.success() && out.stdout.contains(&word) => {}
-                            Ok(out) => failed.push(format!("{exec_id}: {out}")),
-                            Err(e) => failed.push(format!("{exec_id}: {e:#}")),
-                        }
-                    }
-                    failed
-                })
-            })
-            .collect();
-        loops
-            .into_iter()
-            .flat_map(|h| h.join().expect("exec loop panicked"))
-            .collect()
-    });
-    ensure!(
-        failures.is_empty(),
-        "{} of {} parallel execs failed or hung:\n{}",
-        failures.len(),
+    let ours = parallel_echo_execs(Shim::AgentSandbox, &l.args(&[]), LOOPS, EXECS)?;
+    let runc = parallel_echo_execs(Shim::RuncV2, &[], LOOPS, EXECS)?;
+    eprintln!(
+        "{} parallel execs each: output lost by ctr {} times with agent-sandbox, {} with runc-v2",
         LOOPS * EXECS,
-        failures.join("\n")
+        ours.lost_output.len(),
+        runc.lost_output.len()
+    );
+    ensure!(
+        ours.failed.is_empty(),
+        "{} of {} parallel execs hung or failed:\n{}",
+        ours.failed.len(),
+        LOOPS * EXECS,
+        ours.failed.join("\n")
+    );
+    ensure!(
+        ours.lost_output.len() <= runc.lost_output.len(),
+        "ctr lost the output of {} of {} execs with agent-sandbox, {} with runc-v2:\n{}",
+        ours.lost_output.len(),
+        LOOPS * EXECS,
+        runc.lost_output.len(),
+        ours.lost_output.join("\n")
     );
     Ok(())
 }
