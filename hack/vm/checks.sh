@@ -421,8 +421,9 @@ CONF
     # The rootless user: a lingering logind user, so user@UID.service (with cpu, memory and
     # pids delegated) runs without a login.
     capture loginctl enable-linger "$user" || { echo "checks.sh: loginctl enable-linger: $got" >&2; return 1; }
-    for _ in $(seq 100); do [[ -S /run/user/$user_uid/bus ]] && break; sleep 0.2; done
-    [[ -S /run/user/$user_uid/bus ]] || { echo "checks.sh: user@$user_uid.service has no D-Bus socket" >&2; return 1; }
+    # Its D-Bus socket (dbus-user-session) comes up with the user manager's sockets.target.
+    for _ in $(seq 150); do [[ -S /run/user/$user_uid/bus ]] && break; sleep 0.2; done
+    [[ -S /run/user/$user_uid/bus ]] || { echo "checks.sh: user@$user_uid.service has no D-Bus socket after 30 s" >&2; return 1; }
     install -m 0644 "$in/images/busybox.tar" "/home/$user/busybox.tar"
     read -r -a p <<<"$(podman_cmd "$user")"
     capture "${p[@]}" load -q -i "/home/$user/busybox.tar" || { echo "checks.sh: rootless podman load: $got" >&2; return 1; }
