@@ -124,9 +124,8 @@ fn run(
             .unwrap_or_default(),
         std::process::id()
     );
-    let parent = format!(
-        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice"
-    );
+    let parent =
+        format!("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid}.slice");
     if let Some(meta) = pod.metadata.as_mut() {
         meta.uid.clone_from(&uid);
     }
@@ -141,11 +140,11 @@ fn run(
     let pod_id = cri.run_pod(&pod, handler)?;
     let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
     let mut app = container_config("app", image, &cmd, &[]);
-    if memory > 0 {
-        if let Some(r) = app.linux.as_mut().and_then(|l| l.resources.as_mut()) {
-            r.memory_limit_in_bytes = memory;
-            r.memory_swap_limit_in_bytes = memory;
-        }
+    if memory > 0
+        && let Some(r) = app.linux.as_mut().and_then(|l| l.resources.as_mut())
+    {
+        r.memory_limit_in_bytes = memory;
+        r.memory_swap_limit_in_bytes = memory;
     }
     let id = cri
         .create_container(&pod_id, &pod, &app)
@@ -159,11 +158,7 @@ fn run(
             return Err(e);
         }
     };
-    let pid = if want_pid {
-        cri.container_pid(&id)?
-    } else {
-        0
-    };
+    let pid = if want_pid { cri.container_pid(&id)? } else { 0 };
     let out = HashMap::from([
         ("pod", serde_json::Value::from(pod_id)),
         ("container", id.into()),

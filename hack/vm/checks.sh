@@ -163,7 +163,7 @@ podman_scenario() {
     [[ $who == root ]] || sc=(systemctl --user "--machine=$user@.host")
     local rtarg=$rt
     [[ $rt == agent-sandbox ]] && rtarg=/usr/local/bin/agent-sandbox
-    capture "${p[@]}" rm -f "$name" "$name-oom" || true
+    capture "${p[@]}" "${f[@]}" rm -f "$name" "$name-oom" || true
     if ! capture "${p[@]}" "${f[@]}" --runtime "$rtarg" run -d --name "$name" --network none \
         --memory 64m --pids-limit "$pids" "$image" \
         sh -c 'cat /proc/self/attr/current; echo; echo ready; exec sleep 600'; then
@@ -193,7 +193,7 @@ podman_scenario() {
         fi
         local cg=${want_cg//ID/$id}
         cg=${cg%%\**}
-        if ! capture "${p[@]}" rm -f -t 0 "$name"; then
+        if ! capture "${p[@]}" "${f[@]}" rm -f -t 0 "$name"; then
             result "$check.cleanup" "$rt" FAIL "podman rm: $(brief "$got")"
         elif ! wait_gone "/sys/fs/cgroup$cg"; then
             result "$check.cleanup" "$rt" FAIL "/sys/fs/cgroup$cg is left after podman rm"
@@ -214,7 +214,7 @@ podman_scenario() {
     else
         result "$check.oom" "$rt" FAIL "podman reports no OOM kill ($(tail -n1 <<<"$got")): $(brief "$run_out")"
     fi
-    capture "${p[@]}" rm -f "$name-oom" || true
+    capture "${p[@]}" "${f[@]}" rm -f "$name-oom" || true
 }
 
 # --- ctr (d) ----------------------------------------------------------------------------
