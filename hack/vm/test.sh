@@ -88,7 +88,7 @@ cp profiles/*.toml "$stage/in/profiles/"
 cp hack/vm/checks.sh "$stage/in/"
 printf 'VM_ONLY=%q\nVM_RUNTIMES=%q\n' "$only" "$runtimes" >"$stage/in/env"
 size_mb=$(($(du -sm "$stage" | cut -f1) + 256))
-mke2fs -F -q -t ext4 -L vmexchange -d "$stage" "$run/exchange.img" "${size_mb}M" ||
+mke2fs -F -q -t ext4 -L vmexchange -d "$stage" "$run/exchange.img" "${size_mb}M" >/dev/null ||
     die "mke2fs -d $stage failed"
 
 # 3. boot. The root disk is a snapshot (writes are dropped), so every run starts clean.
@@ -101,7 +101,7 @@ start=$SECONDS
 timeout -k 10 "$timeout_s" "${qemu[@]}" </dev/null >"$run/serial.log" 2>&1 &
 qemu_pid=$!
 # Progress: the checks' own lines from the console, as they come.
-tail -n +1 -F --pid="$qemu_pid" "$run/serial.log" 2>/dev/null | grep --line-buffered -a 'vm-check' &
+tail -n +1 -F --pid="$qemu_pid" "$run/serial.log" 2>/dev/null | grep --line-buffered -a -o 'vm-checks\?: .*' &
 tail_pid=$!
 qemu_rc=0
 wait "$qemu_pid" || qemu_rc=$?
