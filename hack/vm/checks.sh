@@ -154,7 +154,7 @@ podman_prefix() {
         p=(podman)
     else
         # shellcheck disable=SC2016
-        p=(su -l -s /bin/sh -c 'exec podman "$@"' "$user" sh)
+        p=(su -l -s /bin/sh -c 'exec podman "$@"' -- "$user" sh)
     fi
 }
 
