@@ -27,6 +27,10 @@ packages=(
     iproute2 iptables hyperfine jq python3 procps util-linux git
     # The proxy's client tests: git over ssh through netcat's SOCKS mode, TLS via openssl.
     netcat-openbsd openssh-client openssl
+    # The VM suite (hack/vm): a systemd + cgroup v2 + AppArmor guest built with debootstrap,
+    # its disks made with mke2fs -d and read with debugfs, booted under qemu (TCG). Debian 12's
+    # qemu-system-x86 (7.2) installs beside a newer backported qemu-utils.
+    qemu-system-x86 debootstrap e2fsprogs
 )
 
 missing=()

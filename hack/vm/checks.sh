@@ -1,0 +1,547 @@
+#!/usr/bin/env bash
+# The VM suite's checks (docs/vm-suite.md). Runs INSIDE the guest, started by
+# vm-checks.service (hack/vm/guest) from the exchange disk that hack/vm/test.sh made:
+#   checks.sh IN OUT
+# IN holds bin/ (agent-sandbox, containerd-shim-agent-sandbox, probe, cri_vm), images/
+# (OCI archives), cni/, profiles/ and env (the selection: VM_ONLY, VM_RUNTIMES). OUT gets
+# results.tsv (one line per check and runtime: CHECK RUNTIME PASS|FAIL REASON, tab-separated),
+# logs/CHECK.RUNTIME.log (every command and its output) and facts.txt (the guest's kernel,
+# cgroup, AppArmor and package versions).
+#
+# Each scenario runs for runc and for agent-sandbox in this same guest, so a check that
+# agent-sandbox fails is shown to pass with runc (the check is real). The guest only
+# reports; hack/vm/test.sh decides which results gate its exit code.
+set -euo pipefail
+
+in=${1:?usage: checks.sh IN OUT}
+out=${2:?usage: checks.sh IN OUT}
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+VM_ONLY='*'
+VM_RUNTIMES='runc agent-sandbox'
+# shellcheck source=/dev/null
+[[ -f $in/env ]] && . "$in/env"
+
+image=localhost/agent-sandbox/busybox:latest
+user=agentci
+user_uid=1500
+# What the checks ask for: a memory limit, a pids limit, and for the OOM a smaller limit
+# with a bigger allocation (probe hog).
+mem=67108864
+pids=64
+oom_mem=33554432
+oom_alloc_mib=128
+# The pids ceiling of the agent-sandbox's built-in profile (profiles/agent.toml): where the
+# caller asks for no pids limit (ctr, CRI), agent-sandbox must still set this one.
+sandbox_pids=$(awk -F' *= *' '$1 == "pids" {print $2; exit}' "$in/profiles/agent.toml")
+[[ -n $sandbox_pids ]] || { echo "checks.sh: no pids in $in/profiles/agent.toml" >&2; exit 1; }
+
+mkdir -p "$out/logs"
+: >"$out/results.tsv"
+log=/dev/null
+got=''
+
+say() { printf 'vm-check: %s\n' "$*"; }
+
+# result CHECK RUNTIME PASS|FAIL REASON
+result() {
+    local reason=${4//$'\t'/ }
+    reason=${reason//$'\n'/ | }
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${reason:0:400}" >>"$out/results.tsv"
+    say "$3 $1 [$2] ${reason:0:400}"
+}
+
+# capture CMD...: runs CMD (2 min at most), its stdout and stderr in $got, both logged.
+capture() {
+    local rc=0
+    got=$(timeout -k 5 120 "$@" 2>&1) || rc=$?
+    { printf '$ %s\n%s\n(exit %d)\n' "$*" "$got" "$rc"; } >>"$log"
+    return "$rc"
+}
+
+# capture_out CMD...: as capture, but $got is stdout only (stderr goes to the log).
+capture_out() {
+    local rc=0
+    printf '$ %s\n' "$*" >>"$log"
+    got=$(timeout -k 5 120 "$@" 2>>"$log") || rc=$?
+    { printf '%s\n(exit %d)\n' "$got" "$rc"; } >>"$log"
+    return "$rc"
+}
+
+# The most telling line of a command's output: its first error line, else its last line.
+brief() {
+    local line
+    # A CRI error's text is the gRPC status message.
+    line=$(grep -m1 -oE 'message: ".*' <<<"$1" || true)
+    [[ -n $line ]] || line=$(grep -m1 -iE 'error|fail|denied|invalid|not supported|no such|cannot|unable' <<<"$1" || true)
+    [[ -n $line ]] || line=$(tail -n1 <<<"$1")
+    printf '%s' "${line:0:400}"
+}
+
+selected() {
+    # shellcheck disable=SC2053
+    [[ $1 == $VM_ONLY ]]
+}
+
+# The v2 cgroup of a pid, from the guest's root cgroup namespace ("0::/path").
+cgroup_of() { sed -n 's/^0:://p' "/proc/$1/cgroup" 2>/dev/null; }
+
+# wait_gone PATH: true once PATH no longer exists (10 s at most).
+wait_gone() {
+    local _
+    for _ in $(seq 50); do [[ -e $1 ]] || return 0; sleep 0.2; done
+    return 1
+}
+
+# The steps every scenario shares, given what the manager and runtime set up:
+# check_limits CHECK RT PID EXPECTED_CGROUP_PREFIX WANT_MEM WANT_PIDS
+check_limits() {
+    local check=$1 rt=$2 pid=$3 want_cg=$4 want_mem=$5 want_pids=$6 cg memmax pidsmax
+    cg=$(cgroup_of "$pid")
+    echo "pid $pid cgroup: ${cg:-none}" >>"$log"
+    if [[ -z $cg ]]; then
+        result "$check.limits" "$rt" FAIL "no cgroup v2 path for the container's pid $pid"
+        return 1
+    fi
+    # shellcheck disable=SC2053
+    if [[ $cg != $want_cg ]]; then
+        result "$check.limits" "$rt" FAIL "container is in $cg, the manager expects $want_cg"
+        return 1
+    fi
+    memmax=$(cat "/sys/fs/cgroup$cg/memory.max" 2>&1 || true)
+    pidsmax=$(cat "/sys/fs/cgroup$cg/pids.max" 2>&1 || true)
+    echo "memory.max=$memmax pids.max=$pidsmax" >>"$log"
+    if [[ $memmax != "$want_mem" || $pidsmax != "$want_pids" ]]; then
+        result "$check.limits" "$rt" FAIL "$cg: memory.max=$memmax pids.max=$pidsmax, want $want_mem and $want_pids"
+        return 1
+    fi
+    result "$check.limits" "$rt" PASS "$cg memory.max=$memmax pids.max=$pidsmax"
+}
+
+# check_apparmor CHECK RT LABEL WANT_RUNC [WANT_SANDBOX]: the label the container's process
+# reads from /proc/self/attr/current, against a glob. runc gets what the manager asks for
+# (WANT_RUNC); agent-sandbox must be confined by some profile (WANT_SANDBOX "confined", the
+# default: the kernel has AppArmor), or match WANT_SANDBOX where no runtime can be (rootless:
+# an unprivileged runtime cannot load a profile).
+check_apparmor() {
+    local check=$1 rt=$2 label=$3 want=$4
+    [[ $rt == runc ]] || want=${5:-confined}
+    label=${label%%$'\n'*}
+    if [[ $want == confined ]]; then
+        if [[ -n $label && $label != unconfined* ]]; then
+            result "$check.apparmor" "$rt" PASS "label '$label'"
+        else
+            result "$check.apparmor" "$rt" FAIL "label '${label:-none}': not confined by AppArmor"
+        fi
+        return 0
+    fi
+    # shellcheck disable=SC2053
+    if [[ $label == $want ]]; then
+        result "$check.apparmor" "$rt" PASS "label '$label'"
+    else
+        result "$check.apparmor" "$rt" FAIL "label '${label:-none}', want $want"
+    fi
+}
+
+not_run() {
+    local check=$1 rt=$2 why=$3 part
+    for part in "${@:4}"; do result "$check.$part" "$rt" FAIL "not run: $why"; done
+}
+
+# --- podman (a, b, c) -------------------------------------------------------------------
+
+# podman_prefix WHO: sets the array p to the command prefix of a podman as root or as the
+# test user in a logind session of its own. su -l goes through PAM's common-session, so
+# pam_systemd opens a session (session-N.scope, XDG_RUNTIME_DIR, the user bus), as an ssh
+# login would. (A transient unit of the user manager, systemd-run --user --wait, waits for
+# and then kills the conmon and pause processes that a detached container leaves behind.)
+podman_prefix() {
+    if [[ $1 == root ]]; then
+        p=(podman)
+    else
+        # shellcheck disable=SC2016
+        p=(su -l -s /bin/sh -c 'exec podman "$@"' -- "$user" sh)
+    fi
+}
+
+# podman_scenario CHECK RT WHO MANAGER_FLAGS CGROUP_GLOB RUNC_APPARMOR [SANDBOX_APPARMOR]
+podman_scenario() {
+    local check=$1 rt=$2 who=$3 flags=$4 want_cg=$5 want_aa=$6 want_aa_sandbox=${7:-confined}
+    local name="vm-$check-$rt" p id pid label
+    log=$out/logs/$check.$rt.log
+    podman_prefix "$who"
+    read -r -a f <<<"$flags"
+    local sc=(systemctl)
+    [[ $who == root ]] || sc=(systemctl --user "--machine=$user@.host")
+    local rtarg=$rt
+    [[ $rt == agent-sandbox ]] && rtarg=/usr/local/bin/agent-sandbox
+    capture "${p[@]}" "${f[@]}" rm -f "$name" "$name-oom" || true
+    if ! capture "${p[@]}" "${f[@]}" --runtime "$rtarg" run -d --name "$name" --network none \
+        --memory 64m --pids-limit "$pids" "$image" \
+        sh -c 'cat /proc/self/attr/current; echo; echo ready; exec sleep 600'; then
+        result "$check.start" "$rt" FAIL "podman run: $(brief "$got")"
+        not_run "$check" "$rt" "the container did not start" limits apparmor cleanup
+    else
+        id=$(tail -n1 <<<"$got")
+        for _ in $(seq 60); do
+            capture "${p[@]}" logs "$name" || true
+            grep -q '^ready' <<<"$got" && break
+            sleep 0.5
+        done
+        label=$got
+        if ! grep -q '^ready' <<<"$label"; then
+            result "$check.start" "$rt" FAIL "the container's command printed no 'ready' within 30 s: $(brief "$label")"
+            not_run "$check" "$rt" "the container's command did not run" apparmor
+        else
+            result "$check.start" "$rt" PASS "podman run -d ran the command (${id:0:12})"
+            check_apparmor "$check" "$rt" "$label" "$want_aa" "$want_aa_sandbox"
+        fi
+        capture "${p[@]}" inspect -f '{{.State.Pid}}' "$name" || true
+        pid=$(tail -n1 <<<"$got")
+        if [[ $pid =~ ^[1-9][0-9]*$ ]]; then
+            check_limits "$check" "$rt" "$pid" "${want_cg//ID/$id}" "$mem" "$pids" || true
+        else
+            result "$check.limits" "$rt" FAIL "podman inspect gives no pid: $(brief "$got")"
+        fi
+        local cg=${want_cg//ID/$id}
+        cg=${cg%%\**}
+        if ! capture "${p[@]}" "${f[@]}" rm -f -t 0 "$name"; then
+            result "$check.cleanup" "$rt" FAIL "podman rm: $(brief "$got")"
+        elif ! wait_gone "/sys/fs/cgroup$cg"; then
+            result "$check.cleanup" "$rt" FAIL "/sys/fs/cgroup$cg is left after podman rm"
+        elif [[ $flags != *cgroupfs* ]] && capture "${sc[@]}" list-units --all --no-legend "*$id*" && [[ -n $got ]]; then
+            result "$check.cleanup" "$rt" FAIL "units left after podman rm: $got"
+        else
+            result "$check.cleanup" "$rt" PASS "no cgroup or unit named after the container"
+        fi
+    fi
+
+    # OOM: a 32 MiB container whose child allocates 128 MiB. The kernel's OOM kill must show
+    # in the memory.events of the cgroup the manager made (oom_kill). podman's own OOMKilled
+    # flag is recorded but not required: podman 4.3 reports false for runc's OOM-killed inits.
+    if ! capture "${p[@]}" "${f[@]}" --runtime "$rtarg" run -d --name "$name-oom" --network none \
+        --memory 32m --memory-swap 32m "$image" \
+        sh -c "probe hog $oom_alloc_mib; echo hog exited \$?; exec sleep 600"; then
+        result "$check.oom" "$rt" FAIL "podman run: $(brief "$got")"
+    else
+        local ooms='' events
+        for _ in $(seq 60); do
+            capture "${p[@]}" logs "$name-oom" || true
+            grep -q '^hog exited' <<<"$got" && break
+            sleep 0.5
+        done
+        local hog=$got
+        capture "${p[@]}" inspect -f '{{.State.Pid}}' "$name-oom" || true
+        pid=$(tail -n1 <<<"$got")
+        if [[ $pid =~ ^[1-9][0-9]*$ ]]; then
+            events=/sys/fs/cgroup$(cgroup_of "$pid")/memory.events
+            ooms=$(awk '$1 == "oom_kill" {print $2}' "$events" 2>/dev/null || true)
+            echo "$events: oom_kill ${ooms:-unreadable}" >>"$log"
+        fi
+        if [[ $ooms =~ ^[1-9] ]]; then
+            result "$check.oom" "$rt" PASS "$(grep -m1 '^hog exited' <<<"$hog"); memory.events oom_kill $ooms"
+        else
+            result "$check.oom" "$rt" FAIL "no oom_kill in the container's memory.events (${ooms:-none}): $(brief "$hog")"
+        fi
+    fi
+    capture "${p[@]}" "${f[@]}" rm -f -t 0 "$name-oom" || true
+}
+
+# --- ctr (d) ----------------------------------------------------------------------------
+
+ctr_scenario() {
+    local rt=$1 check=ctr runtime id="vm-ctr-$1" pid label evpid
+    log=$out/logs/$check.$rt.log
+    runtime=io.containerd.runc.v2
+    [[ $rt == agent-sandbox ]] && runtime=io.agent.sandbox
+    local want_pids=max
+    [[ $rt == agent-sandbox ]] && want_pids=$sandbox_pids
+    capture ctr task kill -s KILL "$id" || true
+    capture ctr task delete -f "$id" || true
+    capture ctr container delete "$id" || true
+    if ! capture ctr run -d --runtime "$runtime" --memory-limit "$mem" "$image" "$id" \
+        sh -c 'exec sleep 600'; then
+        result "$check.start" "$rt" FAIL "ctr run: $(brief "$got")"
+        not_run "$check" "$rt" "the container did not start" limits apparmor cleanup
+    else
+        if capture ctr task exec --exec-id aa "$id" cat /proc/self/attr/current; then
+            result "$check.start" "$rt" PASS "ctr run -d, ctr task exec ran a command"
+            label=$got
+            # ctr asks for no profile (--apparmor-default-profile would): runc runs unconfined.
+            check_apparmor "$check" "$rt" "$label" 'unconfined'
+        else
+            result "$check.start" "$rt" FAIL "ctr task exec: $(brief "$got")"
+            not_run "$check" "$rt" "exec failed" apparmor
+        fi
+        capture_out ctr task ls || true
+        pid=$(awk -v id="$id" '$1 == id {print $2}' <<<"$got")
+        if [[ $pid =~ ^[1-9][0-9]*$ ]]; then
+            check_limits "$check" "$rt" "$pid" "/default/$id" "$mem" "$want_pids" || true
+        else
+            result "$check.limits" "$rt" FAIL "ctr task ls shows no pid for $id"
+        fi
+        capture ctr task kill -s KILL "$id" || true
+        for _ in $(seq 50); do
+            capture_out ctr task ls || true
+            awk -v id="$id" '$1 == id && $3 == "STOPPED" {f=1} END {exit !f}' <<<"$got" && break
+            sleep 0.2
+        done
+        if ! capture ctr task delete "$id" || ! capture ctr container delete "$id"; then
+            result "$check.cleanup" "$rt" FAIL "ctr delete: $(brief "$got")"
+        elif ! wait_gone "/sys/fs/cgroup/default/$id"; then
+            result "$check.cleanup" "$rt" FAIL "/sys/fs/cgroup/default/$id is left after delete"
+        else
+            result "$check.cleanup" "$rt" PASS "no cgroup left"
+        fi
+    fi
+
+    # OOM: containerd publishes /tasks/oom (TaskOOM) for the container.
+    local events=$out/logs/$check.$rt.events
+    ctr events >"$events" 2>&1 &
+    evpid=$!
+    sleep 1
+    capture ctr run --rm --runtime "$runtime" --memory-limit "$oom_mem" "$image" "$id-oom" \
+        probe hog "$oom_alloc_mib" || true
+    local run_out=$got
+    sleep 2
+    kill "$evpid" 2>/dev/null || true
+    wait "$evpid" 2>/dev/null || true
+    cat "$events" >>"$log"
+    if grep -q "/tasks/oom.*$id-oom" "$events"; then
+        result "$check.oom" "$rt" PASS "TaskOOM event for $id-oom"
+    else
+        result "$check.oom" "$rt" FAIL "no /tasks/oom event for $id-oom: $(brief "$run_out")"
+    fi
+    capture ctr task delete -f "$id-oom" || true
+    capture ctr container delete "$id-oom" || true
+}
+
+# --- CRI (e) ----------------------------------------------------------------------------
+
+cri_scenario() {
+    local rt=$1 check=cri pod cid pid parent slice label
+    log=$out/logs/$check.$rt.log
+    # CRI asks for no pids limit: runc's systemd driver leaves systemd's DefaultTasksMax on
+    # the scope; agent-sandbox must set its own ceiling.
+    local want_pids
+    want_pids=$(systemctl show --value -p DefaultTasksMax)
+    [[ $rt == agent-sandbox ]] && want_pids=$sandbox_pids
+    if ! capture_out cri_vm run --handler "$rt" --memory "$mem" --pid -- sh -c 'exec sleep 600'; then
+        result "$check.start" "$rt" FAIL "CRI pod: $(brief "$(tail -n 20 "$log")")"
+        not_run "$check" "$rt" "the pod did not start" limits apparmor cleanup
+    else
+        pod=$(jq -r .pod <<<"$got")
+        cid=$(jq -r .container <<<"$got")
+        pid=$(jq -r .pid <<<"$got")
+        parent=$(jq -r .cgroup_parent <<<"$got")
+        slice=${parent##*/}
+        if capture cri_vm exec "$cid" -- cat /proc/self/attr/current; then
+            result "$check.start" "$rt" PASS "pod ${pod:0:12} runs, ExecSync ran a command"
+            label=$got
+            # containerd's CRI applies its default profile when the pod asks for none.
+            check_apparmor "$check" "$rt" "$label" 'cri-containerd.apparmor.d*'
+        else
+            result "$check.start" "$rt" FAIL "ExecSync: $(brief "$got")"
+            not_run "$check" "$rt" "exec failed" apparmor
+        fi
+        check_limits "$check" "$rt" "$pid" "/kubepods.slice/kubepods-besteffort.slice/$slice/cri-containerd-$cid.scope" \
+            "$mem" "$want_pids" || true
+        if ! capture cri_vm remove "$pod"; then
+            result "$check.cleanup" "$rt" FAIL "StopPodSandbox/RemovePodSandbox: $(brief "$got")"
+        else
+            # The pod slice is kubelet's to remove; the containers' scopes are the runtime's.
+            capture systemctl list-units --all --no-legend "cri-containerd-*" || true
+            local left=$got
+            local dir=/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice/$slice
+            local scopes
+            scopes=$(find "$dir" -mindepth 1 -maxdepth 1 -type d 2>/dev/null || true)
+            if [[ -n $scopes || -n $left ]]; then
+                result "$check.cleanup" "$rt" FAIL "left after RemovePodSandbox: ${scopes//$'\n'/ } ${left//$'\n'/ }"
+            else
+                result "$check.cleanup" "$rt" PASS "no scope left under $slice"
+            fi
+            capture systemctl stop "$slice" || true
+        fi
+    fi
+
+    # OOM: CRI reports the container's exit reason OOMKilled.
+    if ! capture_out cri_vm run --handler "$rt" --memory "$oom_mem" -- probe hog "$oom_alloc_mib"; then
+        result "$check.oom" "$rt" FAIL "CRI pod: $(brief "$(tail -n 20 "$log")")"
+        return
+    fi
+    pod=$(jq -r .pod <<<"$got")
+    cid=$(jq -r .container <<<"$got")
+    slice=$(jq -r .cgroup_parent <<<"$got")
+    slice=${slice##*/}
+    if capture_out cri_vm wait "$cid" --timeout 120 && [[ $(jq -r .reason <<<"$got") == OOMKilled ]]; then
+        result "$check.oom" "$rt" PASS "ContainerStatus reason OOMKilled, exit $(jq -r .exit_code <<<"$got")"
+    else
+        result "$check.oom" "$rt" FAIL "ContainerStatus: $(brief "$got")"
+    fi
+    capture cri_vm remove "$pod" || true
+    capture systemctl stop "$slice" || true
+}
+
+# --- the probe --------------------------------------------------------------------------
+
+# What agent-sandbox must block and privileged runc allows (e2e/tests/suite/podman.rs),
+# but net_ifaces: the guest has no network device, so runc's container sees only lo too.
+probe_checks=(cap_eff cap_bnd no_new_privs seccomp_mode write_rootfs ptrace mount
+    unshare unshare_user io_uring keyctl)
+
+probe_scenario() {
+    local rt=$1 check=probe want=blocked c outcome bad=()
+    log=$out/logs/$check.$rt.log
+    local args=(--runtime /usr/local/bin/agent-sandbox)
+    if [[ $rt == runc ]]; then
+        args=(--runtime runc --privileged)
+        want=allowed
+    fi
+    if ! capture_out podman run --rm --network none "${args[@]}" "$image" probe all; then
+        result "$check.properties" "$rt" FAIL "podman run probe: $(brief "$(tail -n 20 "$log")")"
+        return
+    fi
+    local report=$got
+    for c in "${probe_checks[@]}"; do
+        outcome=$(jq -r --arg c "$c" 'select(.check == $c) | .outcome' <<<"$report" 2>/dev/null || true)
+        [[ $outcome == "$want" ]] || bad+=("$c=${outcome:-missing}")
+    done
+    if [[ $rt == agent-sandbox ]]; then
+        outcome=$(jq -r 'select(.check == "write_tmp") | .outcome' <<<"$report" 2>/dev/null || true)
+        [[ $outcome == allowed ]] || bad+=("write_tmp=${outcome:-missing}")
+    fi
+    if ((${#bad[@]})); then
+        result "$check.properties" "$rt" FAIL "want $want: ${bad[*]}"
+    else
+        result "$check.properties" "$rt" PASS "${#probe_checks[@]} properties $want"
+    fi
+}
+
+# --- set-up -----------------------------------------------------------------------------
+
+setup() {
+    log=$out/logs/setup.log
+    local f
+    install -m 0755 "$in"/bin/* /usr/local/bin/
+    install -d /etc/agent-sandbox
+    cp -r "$in/profiles" /etc/agent-sandbox/
+
+    {
+        uname -a
+        echo "cmdline: $(cat /proc/cmdline)"
+        echo "cgroup: $(stat -fc %T /sys/fs/cgroup) controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+        echo "apparmor enabled: $(cat /sys/module/apparmor/parameters/enabled 2>&1)"
+        echo "lsm: $(cat /sys/kernel/security/lsm 2>&1)"
+        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64
+        for f in agent-sandbox containerd-shim-agent-sandbox; do
+            echo "$f: $(sha256sum "/usr/local/bin/$f" | cut -c1-16) $("/usr/local/bin/$f" --version 2>&1 | head -n1)"
+        done
+    } >"$out/facts.txt" 2>&1
+
+    # podman: the project's runtime next to Debian's, every other setting the distribution's
+    # (cgroup_manager systemd, journald events).
+    install -d /etc/containers
+    cat >/etc/containers/containers.conf <<'CONF'
+# Written by hack/vm/checks.sh: Debian's defaults plus the runtime under test.
+[engine]
+runtime_supports_json = ["crun", "runc", "kata", "runsc", "krun", "agent-sandbox"]
+
+[engine.runtimes]
+agent-sandbox = ["/usr/local/bin/agent-sandbox"]
+CONF
+    capture podman load -q -i "$in/images/busybox.tar" || { echo "checks.sh: podman load: $got" >&2; return 1; }
+
+    # The rootless user: a lingering logind user, so user@UID.service (with cpu, memory and
+    # pids delegated) runs without a login.
+    capture loginctl enable-linger "$user" || { echo "checks.sh: loginctl enable-linger: $got" >&2; return 1; }
+    # Its D-Bus socket (dbus-user-session) comes up with the user manager's sockets.target.
+    for _ in $(seq 150); do [[ -S /run/user/$user_uid/bus ]] && break; sleep 0.2; done
+    [[ -S /run/user/$user_uid/bus ]] || { echo "checks.sh: user@$user_uid.service has no D-Bus socket after 30 s" >&2; return 1; }
+    install -m 0644 "$in/images/busybox.tar" "/home/$user/busybox.tar"
+    local p
+    podman_prefix "$user"
+    capture "${p[@]}" load -q -i "/home/$user/busybox.tar" || { echo "checks.sh: rootless podman load: $got" >&2; return 1; }
+    # shellcheck disable=SC2016
+    capture su -l -s /bin/sh -c 'cat /proc/self/cgroup; echo "XDG_RUNTIME_DIR=$XDG_RUNTIME_DIR DBUS_SESSION_BUS_ADDRESS=$DBUS_SESSION_BUS_ADDRESS"' "$user" || true
+    echo "the rootless user's login (su -l): $got" >>"$out/facts.txt"
+    echo "user@$user_uid delegates: $(cat "/sys/fs/cgroup/user.slice/user-$user_uid.slice/user@$user_uid.service/cgroup.controllers" 2>&1)" >>"$out/facts.txt"
+
+    # containerd: the CRI with a runc handler on the systemd cgroup driver (what kubeadm sets
+    # up) and the agent-sandbox shim; the pod network of hack/cri.sh (both veth ends in the pod).
+    install -d /opt/cni/bin /etc/agent-sandbox/cni /etc/containerd
+    install -m 0755 "$in/cni/agent-sandbox-veth" /opt/cni/bin/agent-sandbox-veth
+    ln -sfn /usr/lib/cni/loopback /opt/cni/bin/loopback
+    cat >/etc/agent-sandbox/cni/10-agent-sandbox.conflist <<'CONF'
+{
+  "cniVersion": "1.0.0",
+  "name": "agent-sandbox-pod",
+  "plugins": [
+    { "type": "agent-sandbox-veth" }
+  ]
+}
+CONF
+    cat >/etc/containerd/config.toml <<'CONF'
+version = 2
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "localhost/agent-sandbox/pause:latest"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/opt/cni/bin"
+      conf_dir = "/etc/agent-sandbox/cni"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = true
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox]
+        runtime_type = "io.agent.sandbox"
+        pod_annotations = ["io.agent.sandbox.*"]
+CONF
+    capture systemctl restart containerd || { echo "checks.sh: containerd restart: $got" >&2; return 1; }
+    for _ in $(seq 150); do ctr version >/dev/null 2>&1 && break; sleep 0.2; done
+    local ns archive
+    for archive in "$in"/images/*.tar; do
+        for ns in default k8s.io; do
+            capture ctr -n "$ns" images import --all-platforms "$archive" ||
+                { echo "checks.sh: ctr import $archive: $got" >&2; return 1; }
+        done
+    done
+}
+
+say "set-up"
+if ! setup; then
+    say "set-up failed; see logs/setup.log"
+    tail -n 30 "$out/logs/setup.log" >&2
+    exit 1
+fi
+cat "$out/facts.txt"
+
+for rt in $VM_RUNTIMES; do
+    if selected podman-systemd; then
+        say "podman-systemd [$rt]"
+        podman_scenario podman-systemd "$rt" root "" '/machine.slice/libpod-ID.scope*' 'containers-default-*'
+    fi
+    if selected podman-cgroupfs; then
+        say "podman-cgroupfs [$rt]"
+        podman_scenario podman-cgroupfs "$rt" root "--cgroup-manager cgroupfs" '/libpod_parent/libpod-ID*' 'containers-default-*'
+    fi
+    if selected podman-rootless; then
+        say "podman-rootless [$rt]"
+        podman_scenario podman-rootless "$rt" "$user" "" \
+            "/user.slice/user-$user_uid.slice/user@$user_uid.service/user.slice/libpod-ID.scope*" unconfined '*'
+    fi
+    if selected ctr; then
+        say "ctr [$rt]"
+        ctr_scenario "$rt"
+    fi
+    if selected cri; then
+        say "cri [$rt]"
+        cri_scenario "$rt"
+    fi
+    if selected probe; then
+        say "probe [$rt]"
+        probe_scenario "$rt"
+    fi
+done
+say "done: $(grep -c $'\tPASS\t' "$out/results.tsv" || true) passed, $(grep -c $'\tFAIL\t' "$out/results.tsv" || true) failed"

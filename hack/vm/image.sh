@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Builds the guest of the VM suite (docs/vm-suite.md): a Debian 12 root filesystem made
+# with debootstrap and apt from the mirror this machine's apt already uses, with the
+# systemd, podman, containerd, AppArmor and cgroup v2 setup of users' hosts baked in (the
+# guest has no network). Output, in a cache directory keyed on this script, the baked-in
+# guest files and the package list (reruns with the same inputs only print the path):
+#   root.img      ext4 root filesystem (mke2fs -d, no loop mount), booted as /dev/vda
+#   vmlinuz       the guest kernel (linux-image-cloud-amd64, 6.1) for qemu -kernel
+#   initrd.img    its initramfs for qemu -initrd
+#   cmdline       the kernel command line
+#   packages.txt  dpkg -l of the guest (what was tested)
+# The last line of stdout is the cache directory.
+#
+# Usage: hack/vm/image.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+die() { echo "vm/image.sh: $*" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || die "run as root (debootstrap and chroot)"
+for tool in debootstrap mke2fs chroot sha256sum; do
+    command -v "$tool" >/dev/null || die "$tool is missing (hack/install-deps.sh)"
+done
+
+# What the checks need, all from Debian: the kernel users' cloud VMs boot (AppArmor
+# built in, no 9p), systemd as init with logind and the user D-Bus session (rootless podman
+# with cgroup_manager=systemd), udev (device units for the exchange disk), the container
+# stack of hack/install-deps.sh, and the tools checks.sh calls.
+packages=(
+    linux-image-cloud-amd64 initramfs-tools
+    systemd-sysv udev dbus dbus-user-session libpam-systemd systemd-container
+    podman containerd runc crun conmon catatonit uidmap slirp4netns fuse-overlayfs
+    containernetworking-plugins golang-github-containers-common
+    apparmor libseccomp2
+    iproute2 e2fsprogs jq procps util-linux kmod
+)
+suite=bookworm
+cache_root=/var/cache/agent-sandbox/vm
+
+# The Debian mirror (and security mirror) of this machine's apt configuration, read at
+# run time: one-line sources.list entries and deb822 .sources files.
+apt_uris() {
+    local want=$1 f
+    shopt -s nullglob
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -f $f ]] || continue
+        awk -v want="$want" '$1 == "deb" {
+            i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
+            if ($(i + 1) == want) print $i }' "$f"
+    done
+    for f in /etc/apt/sources.list.d/*.sources; do
+        awk -v want="$want" '
+            /^[[:space:]]*$/ { if (deb && ok) print uri; deb = 0; ok = 0; uri = ""; next }
+            tolower($1) == "types:" { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+            tolower($1) == "uris:" { uri = $2 }
+            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == want) ok = 1 }
+            END { if (deb && ok) print uri }' "$f"
+    done
+}
+mirror=$(apt_uris "$suite" | head -n1)
+security=$(apt_uris "$suite-security" | head -n1)
+[[ -n $mirror ]] || die "no 'deb' source for suite $suite in /etc/apt/sources.list{,.d}: cannot pick a mirror"
+
+key=$(
+    {
+        sha256sum hack/vm/image.sh hack/vm/guest/* | awk '{print $1}'
+        printf '%s\n' "${packages[@]}" "$suite" "$mirror" "$security"
+    } | sha256sum | cut -c1-16
+)
+out=$cache_root/$key
+if [[ -f $out/root.img && -f $out/vmlinuz && -f $out/initrd.img && -f $out/cmdline ]]; then
+    echo "vm/image.sh: guest image is up to date ($out)" >&2
+    echo "$out"
+    exit 0
+fi
+
+start=$SECONDS
+install -d -m 0755 "$cache_root"
+work=$cache_root/build.$key
+rootfs=$work/rootfs
+mounted=()
+cleanup() {
+    local m
+    for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
+        m=${mounted[i]}
+        umount -l "$m" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+rm -rf "$work"
+install -d -m 0755 "$work"
+
+echo "vm/image.sh: debootstrap $suite from $mirror into $rootfs" >&2
+nice debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 ||
+    die "debootstrap failed; see $work/debootstrap.log"
+
+{
+    echo "deb $mirror $suite main"
+    echo "deb $mirror $suite-updates main"
+    [[ -z $security ]] || echo "deb $security $suite-security main"
+} >"$rootfs/etc/apt/sources.list"
+# Package scripts must not start daemons in the chroot (exit 101 = action forbidden).
+printf '#!/bin/sh\nexit 101\n' >"$rootfs/usr/sbin/policy-rc.d"
+chmod 0755 "$rootfs/usr/sbin/policy-rc.d"
+for fs in proc sys dev; do
+    case $fs in
+    proc) mount -t proc proc "$rootfs/proc" ;;
+    sys) mount -t sysfs sysfs "$rootfs/sys" ;;
+    dev) mount --bind /dev "$rootfs/dev" ;;
+    esac
+    mounted+=("$rootfs/$fs")
+done
+in_root() { chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+apt_opts=(-o APT::Install-Recommends=false -y -q)
+echo "vm/image.sh: apt-get install ${#packages[@]} packages in the guest" >&2
+{
+    in_root apt-get "${apt_opts[@]}" update
+    nice chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+        apt-get "${apt_opts[@]}" install "${packages[@]}"
+    in_root apt-get clean
+} >"$work/apt.log" 2>&1 || die "apt-get in the guest failed; see $work/apt.log"
+cleanup
+mounted=()
+rm -f "$rootfs/usr/sbin/policy-rc.d"
+
+echo "vm/image.sh: configuring the guest" >&2
+echo vm >"$rootfs/etc/hostname"
+printf '127.0.0.1 localhost\n127.0.1.1 vm\n' >"$rootfs/etc/hosts"
+# The root disk is a throw-away snapshot (qemu snapshot=on): no fsck.
+echo '/dev/vda / ext4 rw,noatime 0 0' >"$rootfs/etc/fstab"
+# The check runner and its unit (hack/vm/guest): the checks themselves come on the exchange
+# disk, so changing them needs no new image.
+install -m 0755 hack/vm/guest/vm-checks "$rootfs/usr/local/sbin/vm-checks"
+install -m 0644 hack/vm/guest/vm-checks.service "$rootfs/etc/systemd/system/vm-checks.service"
+ln -sf /etc/systemd/system/vm-checks.service "$rootfs/etc/systemd/system/multi-user.target.wants/vm-checks.service"
+# Nothing that runs on a timer or waits for a login on the console: the guest lives a few
+# minutes and its console is the suite's log.
+for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service \
+    fstrim.timer logrotate.timer man-db.timer dpkg-db-backup.timer getty@tty1.service \
+    serial-getty@ttyS0.service systemd-timesyncd.service; do
+    ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
+done
+# The rootless test user of the project's conventions (ARCHITECTURE.md), with subordinate ids.
+chroot "$rootfs" useradd --uid 1500 --create-home --shell /bin/bash agentci
+echo 'agentci:200000:65536' >"$rootfs/etc/subuid"
+echo 'agentci:200000:65536' >"$rootfs/etc/subgid"
+chroot "$rootfs" dpkg -l >"$work/packages.txt"
+
+kernel=$(find "$rootfs/boot" -maxdepth 1 -name 'vmlinuz-*' | sort | tail -n1)
+initrd=$(find "$rootfs/boot" -maxdepth 1 -name 'initrd.img-*' | sort | tail -n1)
+[[ -n $kernel && -n $initrd ]] || die "no kernel or initrd in $rootfs/boot"
+cp "$kernel" "$work/vmlinuz"
+cp "$initrd" "$work/initrd.img"
+echo 'root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 apparmor=1 security=apparmor quiet' >"$work/cmdline"
+
+# Room for container images and storage beside the installed system (a sparse file).
+used_mb=$(du -sm "$rootfs" | cut -f1)
+size_mb=$((used_mb + 3072))
+mke2fs -F -q -t ext4 -L vmroot -d "$rootfs" "$work/root.img" "${size_mb}M" >"$work/mke2fs.log" 2>&1 ||
+    die "mke2fs -d of $rootfs failed; see $work/mke2fs.log"
+rm -rf "$rootfs"
+
+# Publish: replace an older image of any key.
+rm -rf "$out"
+mv "$work" "$out"
+find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
+echo "vm/image.sh: built $out ($((SECONDS - start)) s, root filesystem $used_mb MB)" >&2
+echo "$out"
