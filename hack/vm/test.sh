@@ -14,7 +14,7 @@
 #
 # Usage: hack/vm/test.sh [--only CHECK_GLOB] [--runtimes "runc agent-sandbox"]
 #                        [--expect "PATTERN..."] [--timeout SECONDS]
-# Prerequisites: hack/setup.sh (binaries in /usr/local/bin, images in
+# Prerequisites: hack/setup.sh (binaries in /usr/local/bin or $AGENT_SANDBOX_BIN_DIR, images in
 # /var/cache/agent-sandbox/images) and hack/install-deps.sh (qemu, debootstrap).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -62,7 +62,9 @@ image=$(hack/vm/image.sh | tail -n1)
 
 # 2. the exchange disk
 step "inputs"
-bin=/usr/local/bin
+# Another build can be tried without installing it: AGENT_SANDBOX_BIN_DIR as for
+# hack/install-bins.sh DIR.
+bin=${AGENT_SANDBOX_BIN_DIR:-/usr/local/bin}
 images=/var/cache/agent-sandbox/images
 for f in "$bin/agent-sandbox" "$bin/containerd-shim-agent-sandbox" "$bin/probe"; do
     [[ -x $f ]] || die "$f is missing; run hack/setup.sh (hack/install-bins.sh)"
