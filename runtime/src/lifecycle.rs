@@ -860,6 +860,12 @@ impl Runtime {
                         Err(_) => continue,
                     };
                 }
+                if force {
+                    // A create killed after it saved the state but before it recorded the
+                    // init's pid leaves the intermediate or init process in the container's
+                    // cgroups, where libcontainer's delete does not look.
+                    remove_orphan_cgroups(id);
+                }
                 if let Err(source) = result {
                     if force {
                         self.cleanup_sandbox(id);
@@ -892,6 +898,7 @@ impl Runtime {
             }
             Err(e) => {
                 if force {
+                    remove_orphan_cgroups(id);
                     self.cleanup_sandbox(id);
                     Ok(())
                 } else {

@@ -360,17 +360,19 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
         "allowed request has no bytes down\n{}",
         dump()
     );
-    let deny = find(r, allow, |v| {
+    // The allowed request's record is written when its connection closes, the denial's at
+    // once: the next command's denial may come first, so both are looked for after the exec.
+    let deny = find(r, tagged, |v| {
         v["kind"] == "net"
             && v["data"]["verdict"] == "deny"
             && v["data"]["host"] == COLLECTOR_HOST
             && v["data"]["port"] == s.collector_port
     })
     .context(format!(
-        "no denied net record after the allowed one\n{}",
+        "no denied net record after the tagged exec\n{}",
         dump()
     ))?;
-    let sys = find(r, deny, |v| {
+    let sys = find(r, allow.max(deny), |v| {
         v["kind"] == "syscall_denied" && v["data"]["syscall"] == "add_key"
     })
     .context(format!("no syscall_denied record of add_key\n{}", dump()))?;
