@@ -822,4 +822,29 @@ mod tests {
         );
         assert_eq!(std::fs::read(&file).unwrap(), b"data");
     }
+
+    #[test]
+    fn every_exec_gets_the_policys_apparmor_profile_where_apparmor_applies() {
+        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
+        let mut process = Process::default();
+        process.set_apparmor_profile(Some("containers-default-0.50.1".to_owned()));
+        let with = LayerPlan {
+            apply: vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor],
+            ..LayerPlan::default()
+        };
+        let name = agent_sandbox_policy::apparmor::loaded_profile(&policy).name;
+        let exec = harden_exec(process.clone(), &policy, &with).unwrap();
+        assert_eq!(exec.apparmor_profile().as_deref(), Some(name.as_str()));
+        // Without the layer (no AppArmor, rootless), the caller's profile is left as it is:
+        // any profile is narrower than none.
+        let without = LayerPlan {
+            apply: vec![Layer::Seccomp, Layer::Landlock],
+            ..LayerPlan::default()
+        };
+        let exec = harden_exec(process, &policy, &without).unwrap();
+        assert_eq!(
+            exec.apparmor_profile().as_deref(),
+            Some("containers-default-0.50.1")
+        );
+    }
 }
