@@ -361,8 +361,10 @@ pub enum Cover {
     /// ABI 1 does not handle `REFER` and then refuses every link or rename into another
     /// directory: narrower than the rule, not wider (a cross-directory `mv` fails with EXDEV).
     KernelRefusesReparenting,
-    /// The root filesystem, the protected paths and /proc/sys are read-only mounts: a write
-    /// or truncate outside the writable paths fails with EROFS whatever Landlock handles.
+    /// The root filesystem, the protected paths and /proc/sys are read-only mounts, and the
+    /// image's files belong to ids outside the sandbox's mapping: a write or truncate outside
+    /// the writable paths fails (EACCES from the ownership check, which newer kernels make
+    /// first, or EROFS) whatever Landlock handles.
     ReadOnlyMounts,
     /// The sandbox's own network namespace has only `lo`: nothing beyond it is reachable,
     /// though every port on that `lo` is (not only the proxy's and `local_ports`).
@@ -385,7 +387,7 @@ impl Cover {
                 "the kernel refuses every link or rename into another directory (narrower)"
             }
             Cover::ReadOnlyMounts => {
-                "read-only mounts (root filesystem, protected paths, /proc/sys): EROFS outside the writable paths"
+                "read-only mounts (root filesystem, protected paths, /proc/sys) and image files owned outside the sandbox's ids: EROFS or EACCES outside the writable paths"
             }
             Cover::NetworkNamespace => {
                 "the sandbox's network namespace (only lo; any port on lo is reachable)"
