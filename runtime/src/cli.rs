@@ -703,7 +703,7 @@ fn features_json() -> String {
             "capabilities": [],
             "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
             "seccomp": {"enabled": true, "actions": [], "operators": [], "archs": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]},
-            "apparmor": {"enabled": false},
+            "apparmor": {"enabled": crate::apparmor::host() != agent_sandbox_policy::layers::AppArmorHost::Absent},
             "selinux": {"enabled": false}
         },
         "annotations": {

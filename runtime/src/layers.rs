@@ -55,6 +55,16 @@ pub struct Applied {
     pub seccomp_bpf_instructions: Option<usize>,
     /// The kernel's Landlock ABI when the Landlock layer was applied; `None`: not applied.
     pub landlock_kernel_abi: Option<u32>,
+    /// The ABI the Landlock ruleset was built for (the kernel's, at most the newest known).
+    #[serde(default)]
+    pub landlock_abi: Option<u8>,
+    /// The Landlock rights this kernel lacks (or the sandbox does not use) and what covers
+    /// each.
+    #[serde(default)]
+    pub landlock_gaps: Vec<agent_sandbox_policy::landlock::LandlockGap>,
+    /// The AppArmor profile applied to the init and every exec; `None`: not applied.
+    #[serde(default)]
+    pub apparmor_profile: Option<String>,
     /// Optional layers that were not applied, with the reason.
     pub inactive: BTreeMap<String, String>,
     /// `none` or `proxy`.
@@ -121,10 +131,14 @@ pub fn record_create(
             all
         })
         .unwrap_or_default();
-    let landlock_kernel_abi = plan
+    let landlock = plan
+        .landlock
+        .as_ref()
+        .filter(|_| plan.apply.contains(&agent_sandbox_policy::Layer::Landlock));
+    let apparmor_profile = plan
         .apply
-        .contains(&agent_sandbox_policy::Layer::Landlock)
-        .then(|| agent_sandbox_sys::landlock_abi().unwrap_or(0));
+        .contains(&agent_sandbox_policy::Layer::Apparmor)
+        .then(|| agent_sandbox_policy::apparmor::loaded_profile(policy).name);
     let network_mode = serde_json::to_value(policy.network.mode)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -137,7 +151,10 @@ pub fn record_create(
         no_new_privs: process.and_then(|p| p.no_new_privileges()) == Some(true),
         capabilities,
         seccomp_bpf_instructions,
-        landlock_kernel_abi,
+        landlock_kernel_abi: landlock.map(|at| at.kernel_abi),
+        landlock_abi: landlock.map(|at| at.abi),
+        landlock_gaps: landlock.map(|at| at.gaps.clone()).unwrap_or_default(),
+        apparmor_profile,
         inactive: plan
             .inactive
             .iter()
@@ -283,12 +300,9 @@ pub fn report(
             "supervisor_pid": supervisor,
             "supervisor_alive": supervisor.map(|p| Path::new(&format!("/proc/{p}")).exists()),
         })),
-        "landlock": applied.landlock_kernel_abi.map(|abi| json!({"kernel_abi": abi, "enforcement": "fully enforced (required at apply)"})),
+        "landlock": applied.landlock_kernel_abi.map(|abi| landlock_report(abi, &applied)),
         "fs_denied": fs_denied,
-        "apparmor": applied.inactive.get("apparmor").map_or_else(
-            || json!("not requested by the policy"),
-            |reason| json!({"active": false, "reason": reason}),
-        ),
+        "apparmor": apparmor_report(&applied, live.as_ref().map(|(pid, _)| *pid)),
         "inactive": applied.inactive,
         "network": {
             "namespace": "new (only lo)",
@@ -303,6 +317,44 @@ pub fn report(
         },
         "live": live_json,
     }))
+}
+
+/// The Landlock layer: the ABI its ruleset was built for and, for each right that ABI
+/// lacks (or the sandbox does not use), what covers it.
+fn landlock_report(kernel_abi: u32, applied: &Applied) -> Value {
+    let gap = |g: &agent_sandbox_policy::landlock::LandlockGap| {
+        json!({
+            "right": g.right,
+            "since_abi": g.since_abi,
+            "why": if g.unused { "not used by the sandbox" } else { "the kernel lacks it" },
+            "covered_by": if g.covered_by.is_empty() {
+                json!("nothing (uncovered; the policy marks landlock optional)")
+            } else {
+                json!(g.covered_by.iter().map(|c| c.describe()).collect::<Vec<_>>())
+            },
+        })
+    };
+    let abi = applied.landlock_abi.map_or(kernel_abi, u32::from);
+    json!({
+        "kernel_abi": kernel_abi,
+        "abi": abi,
+        "enforcement": format!("fully enforced at ABI {abi} (required at apply)"),
+        "missing": applied.landlock_gaps.iter().filter(|g| !g.unused).map(gap).collect::<Vec<_>>(),
+        "unused": applied.landlock_gaps.iter().filter(|g| g.unused).map(gap).collect::<Vec<_>>(),
+    })
+}
+
+/// The AppArmor layer: the profile and the init's label now, or why it is inactive.
+fn apparmor_report(applied: &Applied, live_pid: Option<i32>) -> Value {
+    match (&applied.apparmor_profile, applied.inactive.get("apparmor")) {
+        (Some(profile), _) => json!({
+            "active": true,
+            "profile": profile,
+            "init_label": live_pid.and_then(crate::apparmor::label_of),
+        }),
+        (None, Some(reason)) => json!({"active": false, "reason": reason}),
+        (None, None) => json!({"active": false, "reason": "not applied"}),
+    }
 }
 
 /// Whether Landlock's denials reach the audit log as `fs_denied` records, and why not.
@@ -368,12 +420,85 @@ mod tests {
 
     #[test]
     fn landlock_abi_agrees_with_the_landlock_crate() {
+        use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
         let abi = agent_sandbox_sys::landlock_abi().unwrap();
-        assert_eq!(
-            abi >= 1,
-            crate::sandbox::host_support().landlock,
-            "abi {abi}"
+        assert_eq!(crate::sandbox::host_support().landlock_abi, abi);
+        // The crate creates a ruleset needing this ABI's rights, and refuses the next one's.
+        let creates = |v: ABI| {
+            Ruleset::default()
+                .set_compatibility(CompatLevel::HardRequirement)
+                .handle_access(AccessFs::from_all(v))
+                .and_then(|r| r.create())
+                .is_ok()
+        };
+        let this = ABI::from(i32::try_from(abi).unwrap());
+        assert!(creates(this), "abi {abi}");
+        if abi < 5 {
+            assert!(
+                !creates(ABI::from(i32::try_from(abi + 1).unwrap())),
+                "abi {abi}"
+            );
+        }
+    }
+
+    #[test]
+    fn layers_names_each_missing_landlock_right_and_its_cover() {
+        use agent_sandbox_policy::landlock::{CoverFacts, at_abi, ruleset};
+        let policy = agent_sandbox_policy::SandboxPolicy::builtin("agent").unwrap();
+        let facts = CoverFacts {
+            readonly_mounts: true,
+            network_namespace: true,
+            safe_devices: true,
+            namespaces: true,
+            apparmor: false,
+        };
+        // Debian 12's kernel: ABI 2.
+        let at = at_abi(&ruleset(&policy), 2, &facts);
+        let applied = Applied {
+            landlock_kernel_abi: Some(2),
+            landlock_abi: Some(at.abi),
+            landlock_gaps: at.gaps,
+            ..Applied::default()
+        };
+        let r = landlock_report(2, &applied);
+        assert_eq!(r["abi"], 2);
+        let missing: Vec<&str> = r["missing"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["right"].as_str().unwrap())
+            .collect();
+        assert_eq!(missing, ["truncate", "tcp_connect", "ioctl_dev", "scope"]);
+        assert!(
+            r["missing"][0]["covered_by"][0]
+                .as_str()
+                .unwrap()
+                .starts_with("read-only mounts")
         );
+        assert!(r["unused"].as_array().unwrap().is_empty());
+        // This machine's kernel: the same report from a real plan.
+        let host = agent_sandbox_sys::landlock_abi().unwrap();
+        let at = at_abi(&ruleset(&policy), host, &facts);
+        assert_eq!(u32::from(at.abi), host.min(7));
+    }
+
+    #[test]
+    fn apparmor_is_reported_with_its_profile_or_its_reason() {
+        let on = Applied {
+            apparmor_profile: Some("agent-sandbox-0123456789abcdef".into()),
+            ..Applied::default()
+        };
+        let r = apparmor_report(&on, None);
+        assert_eq!(r["active"], true);
+        assert_eq!(r["profile"], "agent-sandbox-0123456789abcdef");
+        let mut off = Applied::default();
+        off.inactive.insert(
+            "apparmor".into(),
+            "not available on this host; Landlock enforces the filesystem rules".into(),
+        );
+        let r = apparmor_report(&off, None);
+        assert_eq!(r["active"], false);
+        assert!(r["reason"].as_str().unwrap().contains("Landlock"));
     }
 
     #[test]

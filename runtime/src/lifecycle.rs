@@ -83,6 +83,8 @@ pub enum LifecycleError {
     Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("layers record")]
     Layers(#[source] crate::layers::LayersError),
+    #[error("apparmor layer")]
+    AppArmor(#[source] crate::apparmor::AppArmorError),
     #[error("denied-syscall audit")]
     SyscallAudit(#[source] crate::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
@@ -384,6 +386,18 @@ impl Runtime {
             pod: member.as_ref().map(|m| m.namespaces.clone()),
         };
         let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        if prepared
+            .plan
+            .apply
+            .contains(&agent_sandbox_policy::Layer::Apparmor)
+        {
+            // Loaded before libcontainer's init names it in /proc/self/attr/apparmor/exec.
+            crate::apparmor::acquire(
+                &sandbox_dir,
+                &agent_sandbox_policy::apparmor::loaded_profile(&prepared.policy),
+            )
+            .map_err(LifecycleError::AppArmor)?;
+        }
         mark("prepare");
         if let Some(m) = &member {
             m.check_policy(&prepared.policy, &prepared.spec)?;
@@ -552,6 +566,9 @@ impl Runtime {
             let _ = c.delete(true);
         }
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
+        // After the container's processes are gone: a profile removed from the kernel
+        // would leave a live process unconfined.
+        crate::apparmor::release(&self.dirs.sandbox(id));
         let record = self.record(id).ok();
         let mount_dir = record
             .as_ref()
@@ -939,7 +956,7 @@ impl Runtime {
         };
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
-        let mut process = crate::sandbox::harden_exec(process, &policy)?;
+        let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
         crate::egress::inject_env(&mut process, &policy);
         crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();

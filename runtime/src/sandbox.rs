@@ -144,32 +144,61 @@ impl Ceiling {
     }
 }
 
-/// What the host supports, measured.
+/// What the host supports, measured. Landlock's ABI comes from the kernel's own version
+/// query (`agent_sandbox_sys::landlock_abi`), the one probe every part of the runtime uses.
 pub fn host_support() -> HostSupport {
     HostSupport {
         seccomp: std::fs::read_to_string("/proc/self/status")
             .map(|s| s.contains("Seccomp:"))
             .unwrap_or(false),
-        landlock: landlock_abi() >= 1,
-        apparmor: std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
-            .map(|s| s.trim() == "Y")
-            .unwrap_or(false),
+        landlock_abi: agent_sandbox_sys::landlock_abi().unwrap_or(0),
+        apparmor: crate::apparmor::host(),
         cgroups: Path::new("/sys/fs/cgroup/memory").is_dir()
             || Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
     }
 }
 
-fn landlock_abi() -> i32 {
-    use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
-    // Probe by creating (not applying) a ruleset that needs ABI 1.
-    match Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(ABI::V1))
-        .and_then(|r| r.create())
-    {
-        Ok(_) => 1,
-        Err(_) => 0,
+/// The layer plan of a hardened spec on this host (see `agent_sandbox_policy::layers::plan`).
+fn plan_for(policy: &SandboxPolicy, spec: &Spec) -> Result<LayerPlan, SandboxError> {
+    let plan =
+        agent_sandbox_policy::layers::plan(policy, &host_support(), harden::cover_facts(spec))
+            .map_err(SandboxError::Layer)?;
+    if let Some(at) = &plan.landlock {
+        for gap in at.gaps.iter().filter(|g| !g.unused) {
+            tracing::info!(
+                layer = "landlock",
+                kernel_abi = at.kernel_abi,
+                right = %gap.right,
+                since_abi = gap.since_abi,
+                covered_by = ?gap.covered_by,
+                "landlock right missing on this kernel"
+            );
+        }
+        for gap in at.uncovered() {
+            tracing::warn!(
+                layer = "landlock",
+                right = %gap.right,
+                "landlock right missing and uncovered (landlock is optional)"
+            );
+        }
     }
+    Ok(plan)
+}
+
+/// Sets the process's AppArmor profile to the policy's when the plan applies AppArmor. An
+/// incoming profile (podman's `containers-default`, CRI's `cri-containerd.apparmor.d`) is
+/// replaced: the policy's profile is the one the sandbox's rules were written for.
+fn set_apparmor(process: &mut Process, policy: &SandboxPolicy, plan: &LayerPlan) {
+    if !plan.apply.contains(&Layer::Apparmor) {
+        return;
+    }
+    let name = agent_sandbox_policy::apparmor::loaded_profile(policy).name;
+    if let Some(incoming) = process.apparmor_profile()
+        && incoming != &name
+    {
+        tracing::info!(incoming = %incoming, profile = %name, "apparmor profile replaced by the policy's");
+    }
+    process.set_apparmor_profile(Some(name));
 }
 
 /// Inputs the runtime measured for hardening.
@@ -246,11 +275,10 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
     allow_pty_devices(&mut hardened.spec);
-    let plan = hardened
-        .policy
-        .layers
-        .plan(&host_support())
-        .map_err(SandboxError::Layer)?;
+    let plan = plan_for(&hardened.policy, &hardened.spec)?;
+    if let Some(process) = hardened.spec.process_mut().as_mut() {
+        set_apparmor(process, &hardened.policy, &plan);
+    }
     for (layer, reason) in &plan.inactive {
         tracing::warn!(layer = %layer, reason = %reason, "sandbox layer inactive");
     }
@@ -272,16 +300,19 @@ pub fn effective_for_exec(
     let annotations = hardened.annotations().clone().unwrap_or_default();
     let policy =
         harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
-    let plan = policy
-        .layers
-        .plan(&host_support())
-        .map_err(SandboxError::Layer)?;
+    let plan = plan_for(&policy, hardened)?;
     Ok((policy, plan))
 }
 
-/// Clamps an exec'd process with the policy.
-pub fn harden_exec(process: Process, policy: &SandboxPolicy) -> Result<Process, SandboxError> {
-    harden::harden_process(process, policy).map_err(SandboxError::Harden)
+/// Clamps an exec'd process with the policy, and gives it the sandbox's AppArmor profile.
+pub fn harden_exec(
+    process: Process,
+    policy: &SandboxPolicy,
+    plan: &LayerPlan,
+) -> Result<Process, SandboxError> {
+    let mut process = harden::harden_process(process, policy).map_err(SandboxError::Harden)?;
+    set_apparmor(&mut process, policy, plan);
+    Ok(process)
 }
 
 /// Builds the executor for the layers in `plan`.
@@ -297,9 +328,16 @@ pub fn executor_for(
         executor.seccomp = Some(Arc::new(bpf));
     }
     if plan.apply.contains(&Layer::Landlock) {
-        executor.landlock = Some(Arc::new(LandlockRules(
-            agent_sandbox_policy::landlock::ruleset(policy),
-        )));
+        // The ruleset at the kernel's ABI, as the plan decided (never the newest ABI's
+        // rights on an older kernel: HardRequirement below would refuse them).
+        let ruleset =
+            plan.landlock
+                .as_ref()
+                .map(|at| at.ruleset.clone())
+                .ok_or(SandboxError::Layer(LayerError::Unavailable {
+                    layer: Layer::Landlock,
+                }))?;
+        executor.landlock = Some(Arc::new(LandlockRules(ruleset)));
     }
     Ok(executor)
 }
@@ -314,12 +352,17 @@ impl LandlockApply for LandlockRules {
             RulesetCreatedAttr, RulesetStatus,
         };
         let rs = &self.0;
-        let mut created = Ruleset::default()
+        let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::HardRequirement)
             .handle_access(rs.handled_fs_flags())
-            .and_then(|r| r.handle_access(rs.handled_net_flags()))
-            .and_then(|r| r.create())
             .map_err(|e| e.to_string())?;
+        // Below ABI 4 the ruleset handles no TCP right (an empty set is an error).
+        if !rs.handled_net.is_empty() {
+            ruleset = ruleset
+                .handle_access(rs.handled_net_flags())
+                .map_err(|e| e.to_string())?;
+        }
+        let mut created = ruleset.create().map_err(|e| e.to_string())?;
         for rule in &rs.paths {
             // A path missing in this container gets no rights, which is narrower.
             let Ok(fd) = PathFd::new(&rule.path) else {
@@ -717,5 +760,91 @@ mod tests {
         res.set_devices(Some(vec![allow]));
         let err = check_update_within(&res, &policy).unwrap_err();
         assert!(err.to_string().contains("devices"), "{err}");
+    }
+
+    /// Landlock before ABI 3 does not handle truncate(2): the right is missing, and only the
+    /// layers the plan names (read-only mounts, AppArmor) stop it. Proven on this kernel by
+    /// applying the real ruleset code at ABI 2, then at the kernel's own ABI.
+    #[test]
+    fn an_abi_2_ruleset_lets_truncate_through_where_the_kernels_own_abi_refuses_it() {
+        use agent_sandbox_policy::landlock::{
+            CoverFacts, FsAccess, LandlockRuleset, PathRule, at_abi,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("victim");
+        let full = LandlockRuleset {
+            min_abi: 5,
+            handled_fs: FsAccess::ALL.into_iter().collect(),
+            handled_net: Default::default(),
+            paths: vec![PathRule {
+                path: "/".to_owned(),
+                access: [FsAccess::Execute, FsAccess::ReadFile, FsAccess::ReadDir]
+                    .into_iter()
+                    .collect(),
+            }],
+            net: Vec::new(),
+        };
+        // Landlock restricts the calling thread only: each attempt runs on a thread of its own.
+        let attempt = |abi: u32| {
+            std::fs::write(&file, b"data").unwrap();
+            let rules = LandlockRules(at_abi(&full, abi, &CoverFacts::default()).ruleset);
+            let f = file.clone();
+            std::thread::spawn(move || {
+                rules.apply(false).unwrap();
+                let write = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f)
+                    .err()
+                    .and_then(|e| e.raw_os_error());
+                (nix::unistd::truncate(&f, 0), write)
+            })
+            .join()
+            .unwrap()
+        };
+        let (truncate, write) = attempt(2);
+        assert_eq!(write, Some(libc::EACCES), "ABI 2 still refuses writes");
+        assert_eq!(
+            truncate,
+            Ok(()),
+            "ABI 2 has no truncate right: the gap is real"
+        );
+        let kernel = agent_sandbox_sys::landlock_abi().unwrap();
+        assert!(
+            kernel >= 3,
+            "this test needs a kernel with Landlock ABI 3 (has {kernel})"
+        );
+        let (truncate, write) = attempt(kernel);
+        assert_eq!(write, Some(libc::EACCES));
+        assert_eq!(
+            truncate,
+            Err(nix::errno::Errno::EACCES),
+            "ABI {kernel} refuses it"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"data");
+    }
+
+    #[test]
+    fn every_exec_gets_the_policys_apparmor_profile_where_apparmor_applies() {
+        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
+        let mut process = Process::default();
+        process.set_apparmor_profile(Some("containers-default-0.50.1".to_owned()));
+        let with = LayerPlan {
+            apply: vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor],
+            ..LayerPlan::default()
+        };
+        let name = agent_sandbox_policy::apparmor::loaded_profile(&policy).name;
+        let exec = harden_exec(process.clone(), &policy, &with).unwrap();
+        assert_eq!(exec.apparmor_profile().as_deref(), Some(name.as_str()));
+        // Without the layer (no AppArmor, rootless), the caller's profile is left as it is:
+        // any profile is narrower than none.
+        let without = LayerPlan {
+            apply: vec![Layer::Seccomp, Layer::Landlock],
+            ..LayerPlan::default()
+        };
+        let exec = harden_exec(process, &policy, &without).unwrap();
+        assert_eq!(
+            exec.apparmor_profile().as_deref(),
+            Some("containers-default-0.50.1")
+        );
     }
 }

@@ -22,6 +22,7 @@ pub const ALL: &[(&str, Check)] = &[
     ("no_new_privs", no_new_privs),
     ("seccomp_mode", seccomp_mode),
     ("write_rootfs", write_rootfs),
+    ("truncate_rootfs", truncate_rootfs),
     ("write_tmp", write_tmp),
     ("write_workspace", write_workspace),
     ("write_bashrc", write_bashrc),
@@ -239,6 +240,32 @@ fn write_rootfs() -> Report {
         .map(|dir| try_create(&Path::new(dir).join(&name)))
         .collect();
     any_allowed("write_rootfs", &attempts)
+}
+
+/// `truncate(2)` by path on image files, to their own length (the content stays the same;
+/// the kernel checks write access all the same). Landlock before ABI 3 does not handle
+/// truncate, so on those kernels the read-only root mount (EROFS) is what stops it.
+fn truncate_rootfs() -> Report {
+    let attempts: Vec<_> = ["/etc/passwd", "/bin/sh"]
+        .iter()
+        .map(|path| {
+            let len = match fs::metadata(path) {
+                Ok(m) => libc::off_t::try_from(m.len()).unwrap_or(0),
+                Err(err) => return (format!("{path}: {err}"), false),
+            };
+            let Ok(c) = CString::new(*path) else {
+                return (format!("{path}: not a C string"), false);
+            };
+            // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+            let rc = unsafe { libc::truncate(c.as_ptr(), len) };
+            if rc == 0 {
+                (format!("truncated {path} to its {len} bytes"), true)
+            } else {
+                (format!("{path}: {}", io::Error::last_os_error()), false)
+            }
+        })
+        .collect();
+    any_allowed("truncate_rootfs", &attempts)
 }
 
 /// A scratch write that a working sandbox allows: shows the probe is not merely

@@ -802,10 +802,10 @@ fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> any
             && l["seccomp"]["bpf_instructions"]
                 .as_u64()
                 .is_some_and(|n| n > 10)
-            && l["landlock"]["kernel_abi"].as_u64().is_some_and(|n| n >= 1)
-            && l["apparmor"]["active"] == false,
+            && l["landlock"]["kernel_abi"].as_u64().is_some_and(|n| n >= 1),
         "saved layers\n{l:#}"
     );
+    check_lsm_layers(&l)?;
     ensure!(
         l["cgroups"]["limits"]["memory/memory.limit_in_bytes"] == "67108864",
         "the annotation's 64M limit is not in the cgroup\n{l:#}"
@@ -1682,5 +1682,69 @@ fn rootless_fs_denied_is_reported_inactive_because_the_audit_log_needs_cap_audit
     // Landlock still refuses the write: only its report is missing.
     let write = rootless.run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
     ensure!(write.stdout.contains("rc=1"), "{write}");
+    Ok(())
+}
+
+/// The LSM lines of `layers` as this host's kernel must show them: Landlock at the kernel's
+/// ABI (at most 7) with every right an older kernel lacks named with what covers it, and
+/// AppArmor active with the policy's profile on the init exactly where the kernel has it.
+fn check_lsm_layers(l: &Value) -> anyhow::Result<()> {
+    let landlock = &l["landlock"];
+    let kernel_abi = landlock["kernel_abi"].as_u64().unwrap_or(0);
+    ensure!(
+        landlock["abi"].as_u64() == Some(kernel_abi.min(7)),
+        "landlock abi\n{l:#}"
+    );
+    let missing: Vec<&str> = landlock["missing"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g["right"].as_str())
+        .collect();
+    let expected: Vec<&str> = [
+        ("refer", 2),
+        ("truncate", 3),
+        ("tcp_connect", 4),
+        ("ioctl_dev", 5),
+        ("scope", 6),
+    ]
+    .iter()
+    .filter(|(_, since)| kernel_abi < *since)
+    .map(|(r, _)| *r)
+    .collect();
+    ensure!(
+        missing == expected,
+        "missing landlock rights {missing:?}, want {expected:?}\n{l:#}"
+    );
+    ensure!(
+        landlock["missing"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|g| g["covered_by"].is_array()),
+        "a missing landlock right is uncovered\n{l:#}"
+    );
+    let has_apparmor = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|s| s.starts_with('Y'));
+    let apparmor = &l["apparmor"];
+    if has_apparmor {
+        let profile = apparmor["profile"].as_str().unwrap_or_default();
+        ensure!(
+            apparmor["active"] == true
+                && profile.starts_with("agent-sandbox-")
+                && apparmor["init_label"]
+                    .as_str()
+                    .is_some_and(|label| label == format!("{profile} (enforce)")),
+            "apparmor is not active on the init\n{l:#}"
+        );
+    } else {
+        ensure!(
+            apparmor["active"] == false
+                && apparmor["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("Landlock enforces")),
+            "apparmor\n{l:#}"
+        );
+    }
     Ok(())
 }

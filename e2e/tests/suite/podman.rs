@@ -64,6 +64,22 @@ fn rootless_sandbox_blocks_caps_nnp_seccomp_rootfs_network_and_syscalls_that_run
     sandbox_blocks_what_runc_allows(User::Rootless)
 }
 
+/// `truncate(2)` by path of image files (to their own length): Landlock before ABI 3 has no
+/// right for it (Debian 12, Ubuntu 22.04), so the read-only root and the files' ownership must
+/// stop it on every kernel; runc lets it through. The probe is the one built with the binaries
+/// under test, bound over the image's, so the check is as new as the build.
+#[test]
+fn rootful_truncate_by_path_of_image_files_fails_on_every_landlock_abi_but_runc_allows_it()
+-> anyhow::Result<()> {
+    let probe = harness::bin_dir().join("probe");
+    harness::require_file(&probe)?;
+    let bind = format!("{}:{}:ro", probe.display(), harness::PROBE);
+    let ours = sandbox(User::Root).probe(&["-v", &bind], BUSYBOX_IMAGE, &["truncate_rootfs"])?;
+    ours.expect_blocked(&["truncate_rootfs"])?;
+    let base = runc(User::Root).probe(&["-v", &bind], BUSYBOX_IMAGE, &["truncate_rootfs"])?;
+    base.expect_allowed(&["truncate_rootfs"])
+}
+
 #[test]
 fn rootful_sandbox_maps_root_to_an_unprivileged_host_range_unlike_runc() -> anyhow::Result<()> {
     let ours = sandbox(User::Root).probe(&[], BUSYBOX_IMAGE, &["uid_map_identity", "host_uid0"])?;

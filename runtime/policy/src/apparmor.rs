@@ -26,6 +26,36 @@ pub fn profile_name(name: &str) -> String {
     format!("agent-sandbox-{safe}")
 }
 
+/// The profile a sandbox gets loaded into the kernel: named after a hash of its own text,
+/// `agent-sandbox-<16 hex digits>`.
+///
+/// Content naming (rather than one profile per sandbox) lets every sandbox of one policy
+/// share one kernel profile: a create whose profile is loaded already skips
+/// `apparmor_parser`, which compiles the profile's DFA and is the slow part, and no two
+/// policies can ever replace each other's profile under a running sandbox (a changed policy
+/// is a different name). The runtime counts the sandboxes using each name and removes the
+/// profile with the last one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedProfile {
+    /// The profile name (`process.apparmorProfile`, `/proc/PID/attr/current`).
+    pub name: String,
+    /// The text for `apparmor_parser -r`.
+    pub text: String,
+}
+
+/// The profile of `policy` as it is loaded (see [`LoadedProfile`]). Pure and deterministic:
+/// create and every exec compute the same name.
+pub fn loaded_profile(policy: &SandboxPolicy) -> LoadedProfile {
+    use sha2::Digest;
+    // The text with a fixed name is hashed; the name then goes into the loaded text.
+    let digest = sha2::Sha256::digest(profile(policy, "content").as_bytes());
+    let hash = hex::encode(digest.get(..8).unwrap_or_default());
+    LoadedProfile {
+        name: profile_name(&hash),
+        text: profile(policy, &hash),
+    }
+}
+
 /// AppArmor path globs treat these characters specially; a policy path containing them
 /// is quoted and escaped so it matches only itself.
 /// `glob` is appended unescaped (`**`).
@@ -142,4 +172,25 @@ pub fn profile(policy: &SandboxPolicy, name: &str) -> String {
          }}"
     );
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_profiles_are_named_by_content() {
+        let agent = SandboxPolicy::builtin("agent").unwrap();
+        let a = loaded_profile(&agent);
+        assert_eq!(a, loaded_profile(&agent));
+        assert!(a.name.starts_with("agent-sandbox-") && a.name.len() == 14 + 16);
+        assert!(a.text.contains(&format!("profile {} flags=", a.name)));
+        assert!(a.text.contains(&format!("peer={},", a.name)));
+        let strict = loaded_profile(&SandboxPolicy::builtin("strict").unwrap());
+        assert_ne!(a.name, strict.name);
+        // A policy that differs only in something the profile does not express shares it.
+        let mut narrower = agent.clone();
+        narrower.resources.pids = 10;
+        assert_eq!(loaded_profile(&narrower).name, a.name);
+    }
 }

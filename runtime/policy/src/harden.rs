@@ -269,6 +269,32 @@ pub fn writable_destinations(spec: &Spec) -> Vec<PathBuf> {
         .collect()
 }
 
+/// What a hardened spec gives that can stand in for Landlock rights an older kernel lacks
+/// (see [`crate::landlock::at_abi`]). Measured from the spec libcontainer gets, so a spec
+/// edited after hardening is judged as it is.
+pub fn cover_facts(spec: &Spec) -> crate::landlock::CoverFacts {
+    let linux = spec.linux().as_ref();
+    let has_ns = |typ: LinuxNamespaceType| {
+        linux
+            .and_then(|l| l.namespaces().as_ref())
+            .is_some_and(|nss| nss.iter().any(|ns| ns.typ() == typ))
+    };
+    let readonly_paths = linux
+        .and_then(|l| l.readonly_paths().as_ref())
+        .is_some_and(|p| p.iter().any(|p| p == "/proc/sys"));
+    crate::landlock::CoverFacts {
+        readonly_mounts: spec.root().as_ref().and_then(|r| r.readonly()) == Some(true)
+            && readonly_paths,
+        network_namespace: has_ns(LinuxNamespaceType::Network),
+        safe_devices: linux.and_then(|l| l.devices().as_ref()).is_none_or(|ds| {
+            ds.iter()
+                .all(|d| is_safe_device(d.typ(), d.major(), d.minor()))
+        }),
+        namespaces: has_ns(LinuxNamespaceType::Pid) && has_ns(LinuxNamespaceType::Network),
+        apparmor: false,
+    }
+}
+
 /// Read the `io.agent.sandbox.*` annotations and return the policy they select and
 /// narrow. Fails on an unknown key, a bad value, or anything wider than `ceiling`.
 pub fn effective_policy(

@@ -36,7 +36,7 @@
 use std::collections::BTreeSet;
 
 use ::landlock::{AccessFs, AccessNet, BitFlags};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::policy::{NetworkMode, SandboxPolicy};
 
@@ -271,6 +271,267 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
     }
 }
 
+/// The newest Landlock ABI this crate knows (Linux 6.15: audit flags). A newer kernel is
+/// used at this ABI.
+pub const NEWEST_ABI: u8 = 7;
+
+impl FsAccess {
+    /// The first Landlock ABI whose kernels know this right.
+    pub fn since_abi(self) -> u8 {
+        match self {
+            FsAccess::Refer => 2,
+            FsAccess::Truncate => 3,
+            FsAccess::IoctlDev => 5,
+            _ => 1,
+        }
+    }
+}
+
+impl NetAccess {
+    /// The first Landlock ABI whose kernels know this right (TCP rights came in 6.7).
+    pub fn since_abi(self) -> u8 {
+        4
+    }
+}
+
+/// A Landlock protection the sandbox does not get from Landlock on this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gap {
+    /// `LANDLOCK_ACCESS_FS_REFER` (ABI 2): linking or renaming a file into another directory.
+    Refer,
+    /// `LANDLOCK_ACCESS_FS_TRUNCATE` (ABI 3): `truncate(2)` on a path, which Landlock's
+    /// older write rights do not cover (an `open` with `O_TRUNC` needs `WRITE_FILE`).
+    Truncate,
+    /// `LANDLOCK_ACCESS_NET_CONNECT_TCP` (ABI 4): which TCP ports may be connected to.
+    TcpConnect,
+    /// `LANDLOCK_ACCESS_FS_IOCTL_DEV` (ABI 5): ioctl on device files.
+    IoctlDev,
+    /// `LANDLOCK_SCOPE_SIGNAL` and `LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET` (ABI 6). Not used
+    /// even where the kernel has them: every exec'd process restricts itself in a Landlock
+    /// domain of its own, a sibling of the init's, so scoping would cut the signals and
+    /// abstract sockets between the sandbox's own processes (an exec'd `kill` of a server
+    /// the init started).
+    Scope,
+}
+
+impl Gap {
+    /// Every gap, oldest ABI first.
+    pub const ALL: [Gap; 5] = [
+        Gap::Refer,
+        Gap::Truncate,
+        Gap::TcpConnect,
+        Gap::IoctlDev,
+        Gap::Scope,
+    ];
+
+    /// The first ABI that has the right.
+    pub fn since_abi(self) -> u8 {
+        match self {
+            Gap::Refer => FsAccess::Refer.since_abi(),
+            Gap::Truncate => FsAccess::Truncate.since_abi(),
+            Gap::TcpConnect => NetAccess::ConnectTcp.since_abi(),
+            Gap::IoctlDev => FsAccess::IoctlDev.since_abi(),
+            Gap::Scope => 6,
+        }
+    }
+
+    /// The gap's name as `layers` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Gap::Refer => "refer",
+            Gap::Truncate => "truncate",
+            Gap::TcpConnect => "tcp_connect",
+            Gap::IoctlDev => "ioctl_dev",
+            Gap::Scope => "scope",
+        }
+    }
+}
+
+impl std::fmt::Display for Gap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Another layer that gives a protection Landlock does not give on this kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cover {
+    /// ABI 1 does not handle `REFER` and then refuses every link or rename into another
+    /// directory: narrower than the rule, not wider (a cross-directory `mv` fails with EXDEV).
+    KernelRefusesReparenting,
+    /// The root filesystem, the protected paths and /proc/sys are read-only mounts, and the
+    /// image's files belong to ids outside the sandbox's mapping: a write or truncate outside
+    /// the writable paths fails (EACCES from the ownership check, which newer kernels make
+    /// first, or EROFS) whatever Landlock handles.
+    ReadOnlyMounts,
+    /// The sandbox's own network namespace has only `lo`: nothing beyond it is reachable,
+    /// though every port on that `lo` is (not only the proxy's and `local_ports`).
+    NetworkNamespace,
+    /// Only the standard safe devices (null, zero, full, random, urandom, tty, ptmx and the
+    /// pty slaves) are in the sandbox's /dev and allowed by the device cgroup.
+    SafeDevices,
+    /// The pid namespace keeps signals inside the sandbox; the network namespace keeps
+    /// abstract unix sockets inside it.
+    Namespaces,
+    /// The AppArmor profile's file rules (writes only in the writable paths).
+    AppArmor,
+}
+
+impl Cover {
+    /// One line for `layers`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Cover::KernelRefusesReparenting => {
+                "the kernel refuses every link or rename into another directory (narrower)"
+            }
+            Cover::ReadOnlyMounts => {
+                "read-only mounts (root filesystem, protected paths, /proc/sys) and image files owned outside the sandbox's ids: EROFS or EACCES outside the writable paths"
+            }
+            Cover::NetworkNamespace => {
+                "the sandbox's network namespace (only lo; any port on lo is reachable)"
+            }
+            Cover::SafeDevices => "only the standard safe devices exist in /dev (device cgroup)",
+            Cover::Namespaces => {
+                "the pid namespace (signals) and the network namespace (abstract unix sockets)"
+            }
+            Cover::AppArmor => "the AppArmor profile's file rules",
+        }
+    }
+}
+
+/// What the hardened spec (and the other layers) give that can stand in for a Landlock
+/// right. The runtime measures it from the spec it hands to libcontainer
+/// ([`crate::harden::cover_facts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoverFacts {
+    /// `root.readonly`, with the protected paths and /proc/sys read-only too.
+    pub readonly_mounts: bool,
+    /// A network namespace of the sandbox's own or its pod's (never the host's).
+    pub network_namespace: bool,
+    /// Every device in the spec is one of the safe ones.
+    pub safe_devices: bool,
+    /// A pid namespace and a network namespace, never the host's.
+    pub namespaces: bool,
+    /// The AppArmor layer is applied too.
+    pub apparmor: bool,
+}
+
+/// One right the kernel's Landlock lacks (or the sandbox does not use), and what covers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockGap {
+    pub right: Gap,
+    pub since_abi: u8,
+    /// The kernel has the right but the sandbox does not use it ([`Gap::Scope`]).
+    pub unused: bool,
+    /// Empty: nothing covers it.
+    pub covered_by: Vec<Cover>,
+}
+
+/// The policy's Landlock ruleset as this kernel can enforce it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LandlockAtAbi {
+    /// The kernel's ABI as it reported it.
+    pub kernel_abi: u32,
+    /// The ABI the ruleset is built for: the kernel's, at most [`NEWEST_ABI`].
+    pub abi: u8,
+    /// The ruleset with only the rights this ABI knows.
+    pub ruleset: LandlockRuleset,
+    /// What the ruleset lacks compared with the newest ABI, and what covers each.
+    pub gaps: Vec<LandlockGap>,
+}
+
+impl LandlockAtAbi {
+    /// The gaps nothing covers.
+    pub fn uncovered(&self) -> impl Iterator<Item = &LandlockGap> {
+        self.gaps.iter().filter(|g| g.covered_by.is_empty())
+    }
+}
+
+/// The ruleset for a kernel with Landlock ABI `kernel_abi` (at least 1), and for every
+/// right it lacks, what other layer of the sandbox covers it. Pure: the runtime decides
+/// with it and `layers` reports it.
+pub fn at_abi(full: &LandlockRuleset, kernel_abi: u32, facts: &CoverFacts) -> LandlockAtAbi {
+    let abi = u8::try_from(kernel_abi)
+        .unwrap_or(NEWEST_ABI)
+        .clamp(1, NEWEST_ABI);
+    let fs_known = |a: &FsAccess| a.since_abi() <= abi;
+    let net_known = |a: &NetAccess| a.since_abi() <= abi;
+    let ruleset = LandlockRuleset {
+        min_abi: full
+            .handled_fs
+            .iter()
+            .filter(|a| fs_known(a))
+            .map(|a| a.since_abi())
+            .chain(
+                full.handled_net
+                    .iter()
+                    .filter(|a| net_known(a))
+                    .map(|a| a.since_abi()),
+            )
+            .max()
+            .unwrap_or(1),
+        handled_fs: full.handled_fs.iter().copied().filter(fs_known).collect(),
+        handled_net: full.handled_net.iter().copied().filter(net_known).collect(),
+        paths: full
+            .paths
+            .iter()
+            .map(|r| PathRule {
+                path: r.path.clone(),
+                access: r.access.iter().copied().filter(fs_known).collect(),
+            })
+            .collect(),
+        net: if full.handled_net.iter().any(net_known) {
+            full.net.clone()
+        } else {
+            Vec::new()
+        },
+    };
+    let handles = |gap: Gap| match gap {
+        Gap::Refer => full.handled_fs.contains(&FsAccess::Refer),
+        Gap::Truncate => full.handled_fs.contains(&FsAccess::Truncate),
+        Gap::TcpConnect => full.handled_net.contains(&NetAccess::ConnectTcp),
+        Gap::IoctlDev => full.handled_fs.contains(&FsAccess::IoctlDev),
+        Gap::Scope => true,
+    };
+    let gaps = Gap::ALL
+        .into_iter()
+        .filter(|g| handles(*g) && (g.since_abi() > abi || *g == Gap::Scope))
+        .map(|right| LandlockGap {
+            right,
+            since_abi: right.since_abi(),
+            unused: right.since_abi() <= abi,
+            covered_by: covers(right, facts),
+        })
+        .collect();
+    LandlockAtAbi {
+        kernel_abi,
+        abi,
+        ruleset,
+        gaps,
+    }
+}
+
+/// The layers that stand in for `gap`, given what the sandbox has.
+fn covers(gap: Gap, facts: &CoverFacts) -> Vec<Cover> {
+    let candidates: &[(Cover, bool)] = match gap {
+        Gap::Refer => &[(Cover::KernelRefusesReparenting, true)],
+        Gap::Truncate => &[
+            (Cover::ReadOnlyMounts, facts.readonly_mounts),
+            (Cover::AppArmor, facts.apparmor),
+        ],
+        Gap::TcpConnect => &[(Cover::NetworkNamespace, facts.network_namespace)],
+        Gap::IoctlDev => &[(Cover::SafeDevices, facts.safe_devices)],
+        Gap::Scope => &[(Cover::Namespaces, facts.namespaces)],
+    };
+    candidates
+        .iter()
+        .filter(|(_, present)| *present)
+        .map(|(cover, _)| *cover)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,5 +577,116 @@ mod tests {
         strict.network.local_ports = vec![9000];
         let ports: Vec<u16> = ruleset(&strict).net.iter().map(|r| r.port).collect();
         assert_eq!(ports, [9000]);
+    }
+
+    fn every_cover() -> CoverFacts {
+        CoverFacts {
+            readonly_mounts: true,
+            network_namespace: true,
+            safe_devices: true,
+            namespaces: true,
+            apparmor: false,
+        }
+    }
+
+    /// The kernels users have: Ubuntu 22.04 (5.15, ABI 1), Debian 12 (6.1, ABI 2), 6.2 (ABI 3),
+    /// Ubuntu 24.04 (6.8, ABI 4), 6.10 (ABI 5), 6.12 (ABI 6), 6.15+ (ABI 7).
+    #[test]
+    fn each_abi_gets_the_rights_it_knows_and_names_what_covers_the_rest() {
+        let full = ruleset(&SandboxPolicy::builtin("agent").unwrap());
+        let expected_gaps: [(u32, &[Gap]); 7] = [
+            (
+                1,
+                &[
+                    Gap::Refer,
+                    Gap::Truncate,
+                    Gap::TcpConnect,
+                    Gap::IoctlDev,
+                    Gap::Scope,
+                ],
+            ),
+            (
+                2,
+                &[Gap::Truncate, Gap::TcpConnect, Gap::IoctlDev, Gap::Scope],
+            ),
+            (3, &[Gap::TcpConnect, Gap::IoctlDev, Gap::Scope]),
+            (4, &[Gap::IoctlDev, Gap::Scope]),
+            (5, &[Gap::Scope]),
+            (6, &[Gap::Scope]),
+            (7, &[Gap::Scope]),
+        ];
+        for (abi, gaps) in expected_gaps {
+            let at = at_abi(&full, abi, &every_cover());
+            assert_eq!(u32::from(at.abi), abi);
+            let names: Vec<Gap> = at.gaps.iter().map(|g| g.right).collect();
+            assert_eq!(names, gaps, "abi {abi}");
+            assert_eq!(at.uncovered().count(), 0, "abi {abi}: {:?}", at.gaps);
+            // Only rights this ABI knows are asked of the kernel (the landlock crate's
+            // flags for the ABI are exactly what the kernel accepts).
+            let kernel_abi = ::landlock::ABI::from(i32::try_from(abi).unwrap());
+            assert!(
+                AccessFs::from_all(kernel_abi).contains(at.ruleset.handled_fs_flags()),
+                "abi {abi}"
+            );
+            assert!(
+                AccessNet::from_all(kernel_abi).contains(at.ruleset.handled_net_flags()),
+                "abi {abi}"
+            );
+            for rule in &at.ruleset.paths {
+                assert!(at.ruleset.handled_fs.is_superset(&rule.access));
+            }
+            assert!(at.ruleset.min_abi <= at.abi);
+            // What the kernel lacks is reported as missing, what it has and we skip as unused.
+            for g in &at.gaps {
+                assert_eq!(g.unused, u32::from(g.since_abi) <= abi, "{g:?}");
+            }
+            // Write rights stay confined to the writable paths at every ABI.
+            assert!(at.ruleset.handled_fs.contains(&FsAccess::WriteFile));
+            assert!(at.ruleset.handled_fs.contains(&FsAccess::MakeReg));
+        }
+        // TCP rules exist only from ABI 4 on: no port rule without the handled right.
+        assert!(at_abi(&full, 3, &every_cover()).ruleset.net.is_empty());
+        assert_eq!(at_abi(&full, 4, &every_cover()).ruleset.net, full.net);
+        // ABI 5 and later get the whole ruleset.
+        assert_eq!(at_abi(&full, 5, &every_cover()).ruleset, full);
+        assert_eq!(at_abi(&full, 7, &every_cover()).ruleset, full);
+    }
+
+    #[test]
+    fn newer_kernels_are_used_at_the_newest_known_abi() {
+        let full = ruleset(&SandboxPolicy::builtin("agent").unwrap());
+        let at = at_abi(&full, 9, &every_cover());
+        assert_eq!((at.kernel_abi, at.abi), (9, NEWEST_ABI));
+        assert_eq!(at.ruleset, full);
+    }
+
+    #[test]
+    fn a_gap_without_its_substitute_is_uncovered() {
+        let full = ruleset(&SandboxPolicy::builtin("agent").unwrap());
+        let facts = CoverFacts {
+            readonly_mounts: false,
+            ..every_cover()
+        };
+        let at = at_abi(&full, 2, &facts);
+        let uncovered: Vec<Gap> = at.uncovered().map(|g| g.right).collect();
+        assert_eq!(uncovered, [Gap::Truncate]);
+        // AppArmor's file rules stand in for the read-only mounts.
+        let with_apparmor = CoverFacts {
+            apparmor: true,
+            ..facts
+        };
+        assert_eq!(at_abi(&full, 2, &with_apparmor).uncovered().count(), 0);
+        // From ABI 3 the kernel has the right itself.
+        assert_eq!(at_abi(&full, 3, &facts).uncovered().count(), 0);
+        let no_netns = CoverFacts {
+            network_namespace: false,
+            ..every_cover()
+        };
+        let uncovered: Vec<Gap> = at_abi(&full, 3, &no_netns)
+            .uncovered()
+            .map(|g| g.right)
+            .collect();
+        assert_eq!(uncovered, [Gap::TcpConnect]);
+        assert_eq!(at_abi(&full, 4, &no_netns).uncovered().count(), 0);
     }
 }

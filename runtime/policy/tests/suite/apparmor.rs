@@ -106,3 +106,13 @@ fn odd_characters_in_paths_are_escaped() {
     let (ok, stderr) = parse(&text);
     assert!(ok, "{stderr}");
 }
+
+#[test]
+fn loaded_profiles_compile_with_apparmor_parser() {
+    // The text the runtime hands to `apparmor_parser -r` on a host with AppArmor.
+    for name in agent_sandbox_policy::builtin_names() {
+        let loaded = apparmor::loaded_profile(&SandboxPolicy::builtin(name).unwrap());
+        let (ok, stderr) = parse(&loaded.text);
+        assert!(ok, "{name} ({}): {stderr}", loaded.name);
+    }
+}

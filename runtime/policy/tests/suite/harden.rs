@@ -824,3 +824,26 @@ fn a_bind_of_the_host_proc_becomes_a_fresh_procfs_and_other_proc_binds_are_refus
     assert!(matches!(err, HardenError::ProcBind { .. }), "{err}");
     assert!(err.to_string().contains("/hostroot"), "{err}");
 }
+
+#[test]
+fn a_hardened_spec_covers_every_landlock_right_an_old_kernel_lacks() {
+    let hardened = harden_ok(podman_like_spec(), &agent(), &ctx());
+    let facts = harden::cover_facts(&hardened.spec);
+    assert!(facts.readonly_mounts && facts.network_namespace);
+    assert!(facts.safe_devices && facts.namespaces);
+    // A spec with a writable root and the host's network namespace covers nothing.
+    let mut raw = podman_like_spec();
+    let mut root = raw.root().clone().unwrap();
+    root.set_readonly(Some(false));
+    raw.set_root(Some(root));
+    let mut linux = raw.linux().clone().unwrap();
+    linux.set_namespaces(Some(vec![
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Pid)
+            .build()
+            .unwrap(),
+    ]));
+    raw.set_linux(Some(linux));
+    let raw = harden::cover_facts(&raw);
+    assert!(!raw.readonly_mounts && !raw.network_namespace && !raw.namespaces);
+}
