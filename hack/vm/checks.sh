@@ -119,18 +119,20 @@ check_limits() {
 
 # check_apparmor CHECK RT LABEL WANT_RUNC [WANT_SANDBOX]: the label the container's process
 # reads from /proc/self/attr/current, against a glob. runc gets what the manager asks for
-# (WANT_RUNC); agent-sandbox must be confined by some profile (WANT_SANDBOX "confined", the
-# default: the kernel has AppArmor), or match WANT_SANDBOX where no runtime can be (rootless:
-# an unprivileged runtime cannot load a profile).
+# (WANT_RUNC); agent-sandbox must be in its own policy's profile, `agent-sandbox-<16 hex>
+# (enforce)` (WANT_SANDBOX "own", the default: the kernel has AppArmor; the manager's own
+# profile does not count), or match WANT_SANDBOX where no runtime can load one (rootless: an
+# unprivileged runtime cannot load a profile).
 check_apparmor() {
     local check=$1 rt=$2 label=$3 want=$4
-    [[ $rt == runc ]] || want=${5:-confined}
+    [[ $rt == runc ]] || want=${5:-own}
     label=${label%%$'\n'*}
-    if [[ $want == confined ]]; then
-        if [[ -n $label && $label != unconfined* ]]; then
+    label=${label%$'\0'}
+    if [[ $want == own ]]; then
+        if [[ $label =~ ^agent-sandbox-[0-9a-f]{16}\ \(enforce\)$ ]]; then
             result "$check.apparmor" "$rt" PASS "label '$label'"
         else
-            result "$check.apparmor" "$rt" FAIL "label '${label:-none}': not confined by AppArmor"
+            result "$check.apparmor" "$rt" FAIL "label '${label:-none}': not in the policy's agent-sandbox-<hash> profile"
         fi
         return 0
     fi
@@ -272,6 +274,9 @@ ctr_scenario() {
             result "$check.start" "$rt" FAIL "ctr task exec: $(brief "$got")"
             not_run "$check" "$rt" "exec failed" apparmor
         fi
+        if [[ $rt == agent-sandbox ]]; then
+            ctr_layers "$check" "$id"
+        fi
         capture_out ctr task ls || true
         pid=$(awk -v id="$id" '$1 == id {print $2}' <<<"$got")
         if [[ $pid =~ ^[1-9][0-9]*$ ]]; then
@@ -313,6 +318,26 @@ ctr_scenario() {
     fi
     capture ctr task delete -f "$id-oom" || true
     capture ctr container delete "$id-oom" || true
+}
+
+# ctr_layers CHECK ID: `agent-sandbox layers` of a running ctr sandbox on this kernel:
+# Landlock at the kernel's own ABI, every right that ABI lacks named with a cover, and
+# AppArmor active with the init in the profile.
+ctr_layers() {
+    local check=$1 id=$2 kabi abi uncovered aa
+    if ! capture_out agent-sandbox --root /run/containerd/agent-sandbox/default layers "$id"; then
+        result "$check.layers" agent-sandbox FAIL "layers: $(brief "$got")"
+        return 0
+    fi
+    kabi=$(jq -r '.landlock.kernel_abi' <<<"$got" 2>/dev/null || true)
+    abi=$(jq -r '.landlock.abi' <<<"$got" 2>/dev/null || true)
+    uncovered=$(jq -r '[.landlock.missing[]? | select((.covered_by | type) != "array" or (.covered_by | length) == 0) | .right] | join(",")' <<<"$got" 2>/dev/null || echo '?')
+    aa=$(jq -r '.apparmor.active' <<<"$got" 2>/dev/null || true)
+    if [[ $kabi =~ ^[0-9]+$ && $abi == "$kabi" && -z $uncovered && $aa == true ]]; then
+        result "$check.layers" agent-sandbox PASS "landlock abi $abi (kernel $kabi), missing rights covered: $(jq -r '[.landlock.missing[]?.right] | join(",")' <<<"$got"), apparmor active"
+    else
+        result "$check.layers" agent-sandbox FAIL "landlock abi '$abi' kernel '$kabi' uncovered '$uncovered' apparmor active '$aa'"
+    fi
 }
 
 # --- CRI (e) ----------------------------------------------------------------------------
@@ -544,4 +569,13 @@ for rt in $VM_RUNTIMES; do
         probe_scenario "$rt"
     fi
 done
+# Every agent-sandbox sandbox is gone: no profile of ours may stay loaded.
+if [[ " $VM_RUNTIMES " == *" agent-sandbox "* ]]; then
+    left=$(grep '^agent-sandbox-' /sys/kernel/security/apparmor/profiles || true)
+    if [[ -z $left ]]; then
+        result apparmor.unloaded agent-sandbox PASS "no agent-sandbox profile loaded after the last sandbox"
+    else
+        result apparmor.unloaded agent-sandbox FAIL "still loaded: $left"
+    fi
+fi
 say "done: $(grep -c $'\tPASS\t' "$out/results.tsv" || true) passed, $(grep -c $'\tFAIL\t' "$out/results.tsv" || true) failed"
