@@ -410,6 +410,7 @@ impl Runtime {
             opts.systemd_cgroup,
             rootless,
         )?;
+        crate::host::cgroups::Record::save(&cgroups, &spec, &sandbox_dir)?;
         match &member {
             Some(m) => crate::pod::verify_member(&spec, m)?,
             None => enforce::verify(&spec)?,
@@ -865,6 +866,7 @@ impl Runtime {
             }
             Err(LifecycleError::NotExist { .. }) => {
                 let leftovers = self.dirs.sandbox(id).exists();
+                let cgroup = crate::host::cgroups::Record::load(&self.dirs.sandbox(id));
                 if leftovers {
                     self.cleanup_sandbox(id);
                 } else if force && !paths::rootless().unwrap_or(true) {
@@ -873,7 +875,11 @@ impl Runtime {
                     let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
                 }
                 if force {
-                    crate::host::cgroups::remove_orphans(&crate::host::cgroups::RealHost, id);
+                    crate::host::cgroups::remove_orphans(
+                        &crate::host::cgroups::RealHost,
+                        id,
+                        cgroup.as_ref(),
+                    );
                 }
                 if force || leftovers {
                     Ok(())

@@ -610,6 +610,23 @@ fn rootless_v1(
     Ok(taken)
 }
 
+fn remove_recorded(record: &Record, id: &ContainerId) {
+    use libcgroups::common::CgroupManager;
+    let Ok(mgr) = manager(&record.path, record.systemd, id) else {
+        return;
+    };
+    for pid in mgr.get_all_pids().unwrap_or_default() {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    }
+    for _ in 0..50 {
+        if mgr.remove().is_ok() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    tracing::warn!(path = %record.path.display(), "cannot remove the orphaned cgroup");
+}
+
 /// libcgroups' manager of an existing container, with the driver its state recorded.
 fn manager(
     cgroup_path: &Path,
@@ -662,12 +679,56 @@ pub fn apply(
         })
 }
 
+/// Where `place` put a sandbox on cgroup v2, saved in its sandbox directory before
+/// libcontainer's create, so that a forced delete finds the cgroup even when libcontainer's
+/// state was never written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Record {
+    /// The cgroupsPath given to libcontainer (absolute, or `slice:prefix:name`).
+    pub path: PathBuf,
+    pub systemd: bool,
+}
+
+impl Record {
+    const FILE: &'static str = "cgroup.json";
+
+    /// Saves where the spec's cgroupsPath placed the sandbox (v2 only; v1 keeps
+    /// libcontainer's own names, see [`remove_orphans`]).
+    pub fn save(placement: &Placement, spec: &Spec, dir: &Path) -> Result<(), CgroupsError> {
+        let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
+            return Ok(());
+        };
+        if placement.hierarchy != Hierarchy::Unified {
+            return Ok(());
+        }
+        let record = Record {
+            path,
+            systemd: placement.systemd(),
+        };
+        let file = dir.join(Self::FILE);
+        let value = serde_json::to_string(&record).unwrap_or_default();
+        std::fs::write(&file, &value).map_err(|source| CgroupsError::Write {
+            path: file,
+            value,
+            source,
+        })
+    }
+
+    pub fn load(dir: &Path) -> Option<Self> {
+        let text = std::fs::read(dir.join(Self::FILE)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+}
+
 /// A create killed after libcontainer forked the init but before it wrote the state leaves
-/// that init waiting in libcontainer's default cgroups (`:youki:ID`, one per v1 controller),
-/// which no state names: kill what is in them and remove them. On v2 the sandbox's cgroup
-/// has the path `place` chose (systemd: a scope, which systemd removes once it is empty).
-pub fn remove_orphans(host: &dyn Host, id: &ContainerId) {
-    if !matches!(host.hierarchy(), Ok(Hierarchy::Legacy | Hierarchy::Hybrid)) {
+/// that init in a cgroup that no state names: kill what is in it and remove it. On v1 those
+/// are libcontainer's default cgroups (`:youki:ID`, one per controller); on v2 the one
+/// `recorded` at create (a systemd scope is stopped, which kills its processes).
+pub fn remove_orphans(host: &dyn Host, id: &ContainerId, recorded: Option<&Record>) {
+    if host.hierarchy().ok() == Some(Hierarchy::Unified) {
+        if let Some(r) = recorded {
+            remove_recorded(r, id);
+        }
         return;
     }
     let Ok(controllers) = std::fs::read_dir(host.root()) else {
@@ -1047,6 +1108,27 @@ mod tests {
         let d = host.cgroup("x", &[]);
         assert_eq!(memory_dir_of(&host, 7), Some(d));
         assert_eq!(memory_dir_of(&host, 8), None);
+    }
+
+    #[test]
+    fn v2_placements_are_recorded_and_v1_ones_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHost::new(Hierarchy::Unified).with_proc(OWN_PID, V2);
+        let mut spec = spec_with(Some("/default/c1"));
+        let p = place(&host, &mut spec, &id(), false, false).unwrap();
+        Record::save(&p, &spec, dir.path()).unwrap();
+        assert_eq!(
+            Record::load(dir.path()),
+            Some(Record {
+                path: "/default/c1".into(),
+                systemd: false
+            })
+        );
+        let v1 = tempfile::tempdir().unwrap();
+        let host = FakeHost::new(Hierarchy::Hybrid);
+        let p = place(&host, &mut spec, &id(), false, false).unwrap();
+        Record::save(&p, &spec, v1.path()).unwrap();
+        assert_eq!(Record::load(v1.path()), None);
     }
 
     #[test]
