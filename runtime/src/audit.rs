@@ -259,44 +259,14 @@ pub fn track_init(dirs: &StateDirs, id: &ContainerId, init_pid: i32) {
     );
 }
 
-/// The memory cgroup directory of `pid` as seen from the host (v1 `memory`
-/// controller, else the v2 unified hierarchy).
+/// The memory cgroup directory of `pid` as seen from the host (`crate::host::cgroups`).
 pub fn memory_cgroup_of(pid: i32) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    memory_cgroup_in(&text, Path::new("/sys/fs/cgroup"))
+    crate::host::cgroups::memory_dir_of(&crate::host::cgroups::RealHost, pid)
 }
 
-fn memory_cgroup_in(proc_cgroup: &str, root: &Path) -> Option<PathBuf> {
-    let mut v2 = None;
-    for line in proc_cgroup.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let rel = path.trim_start_matches('/');
-        if ctrls.split(',').any(|c| c == "memory") {
-            return Some(root.join("memory").join(rel));
-        }
-        if ctrls.is_empty() {
-            v2 = Some(root.join(rel));
-        }
-    }
-    v2.filter(|d| d.join("memory.events").exists())
-}
-
-/// The cgroup's OOM kill counter: `oom_kill` in v1 `memory.oom_control` or v2 `memory.events`.
+/// The cgroup's OOM kill counter (`crate::host::cgroups::oom_kills`).
 pub fn oom_kills(cgroup: &Path) -> Option<u64> {
-    ["memory.oom_control", "memory.events"]
-        .iter()
-        .find_map(|f| std::fs::read_to_string(cgroup.join(f)).ok())
-        .and_then(|text| parse_oom_kill(&text))
-}
-
-fn parse_oom_kill(text: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix("oom_kill ")
-            .and_then(|n| n.trim().parse().ok())
-    })
+    crate::host::cgroups::oom_kills(cgroup)
 }
 
 /// A detached exec started with host pid `pid`: remembers its tool-call id so
@@ -565,33 +535,6 @@ pub fn prune(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn memory_cgroup_is_found_on_v1_and_v2() {
-        let v1 = "12:pids:/a\n9:memory:/libpod_parent/libpod-x\n0::/\n";
-        assert_eq!(
-            memory_cgroup_in(v1, Path::new("/sys/fs/cgroup")),
-            Some(PathBuf::from(
-                "/sys/fs/cgroup/memory/libpod_parent/libpod-x"
-            ))
-        );
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("x")).unwrap();
-        assert_eq!(memory_cgroup_in("0::/x\n", dir.path()), None);
-        std::fs::write(dir.path().join("x/memory.events"), "oom_kill 0\n").unwrap();
-        assert_eq!(
-            memory_cgroup_in("0::/x\n", dir.path()),
-            Some(dir.path().join("x"))
-        );
-    }
-
-    #[test]
-    fn oom_kill_counter_is_parsed_from_v1_and_v2_files() {
-        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
-        assert_eq!(parse_oom_kill(v1), Some(3));
-        assert_eq!(parse_oom_kill("low 0\noom 2\noom_kill 2\n"), Some(2));
-        assert_eq!(parse_oom_kill("oom_kill_disable 0\n"), None);
-    }
 
     #[test]
     fn ages_parse_with_units_and_errors_name_the_value() {

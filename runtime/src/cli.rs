@@ -26,7 +26,8 @@ pub struct Cli {
     /// Debug logging
     #[arg(long, global = true)]
     pub debug: bool,
-    /// Accepted for runc compatibility; this runtime drives cgroupfs only and says so
+    /// Place containers with systemd (cgroup v2): a transient scope per container, as runc;
+    /// a `slice:prefix:name` cgroupsPath selects it too
     #[arg(long = "systemd-cgroup", global = true)]
     pub systemd_cgroup: bool,
     /// Accepted for runc compatibility (rootless mode is detected)
@@ -380,9 +381,6 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         print!("{}", version_text());
         return Ok(Outcome::Exit(0));
     }
-    if cli.systemd_cgroup {
-        tracing::warn!("--systemd-cgroup ignored: cgroupfs is used (no systemd on this host)");
-    }
     let command = cli.command.ok_or(CliError::NoCommand)?;
     let audit_dir = cli.audit_dir.clone();
     let rt = || {
@@ -401,6 +399,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 console_socket: a.console_socket,
                 no_pivot: a.no_pivot,
                 preserve_fds: a.preserve_fds,
+                systemd_cgroup: cli.systemd_cgroup,
             };
             rt()?.create(&id, &opts, &ceiling)?;
         }
@@ -701,7 +700,7 @@ fn features_json() -> String {
         "linux": {
             "namespaces": ["user", "mount", "pid", "ipc", "uts", "network", "cgroup"],
             "capabilities": [],
-            "cgroup": {"v1": true, "v2": true, "systemd": false, "systemdUser": false},
+            "cgroup": crate::host::cgroups::features(&crate::host::cgroups::RealHost),
             "seccomp": {"enabled": true, "actions": [], "operators": [], "archs": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]},
             "apparmor": {"enabled": crate::apparmor::host() != agent_sandbox_policy::layers::AppArmorHost::Absent},
             "selinux": {"enabled": false}

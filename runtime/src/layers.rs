@@ -168,35 +168,12 @@ pub fn record_create(
     .save(sandbox_dir)
 }
 
-/// The cgroup directories of `pid` by controller, from `/proc/PID/cgroup`.
+/// The cgroup directories of `pid` by controller (`crate::host::cgroups`).
 pub fn cgroups_of(pid: i32) -> BTreeMap<String, PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    cgroups_in(&text, Path::new("/sys/fs/cgroup"))
+    crate::host::cgroups::dirs_of(&crate::host::cgroups::RealHost, pid)
 }
 
-fn cgroups_in(text: &str, root: &Path) -> BTreeMap<String, PathBuf> {
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let rel = path.trim_start_matches('/');
-        if ctrls.is_empty() {
-            out.entry("unified".to_owned())
-                .or_insert_with(|| root.join(rel));
-            continue;
-        }
-        for c in ctrls.split(',').filter(|c| !c.starts_with("name=")) {
-            let joint = root.join(ctrls);
-            let dir = if joint.exists() { joint } else { root.join(c) };
-            out.insert(c.to_owned(), dir.join(rel));
-        }
-    }
-    out
-}
-
-/// Limits read back from the cgroup files (v1 names, and v2 where present).
+/// Limits read back from the cgroup files (v1 names, and the v2 ones where present).
 fn cgroup_limits(dirs: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
     let files = [
         ("memory", "memory.limit_in_bytes"),
@@ -208,6 +185,7 @@ fn cgroup_limits(dirs: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
         ("unified", "memory.max"),
         ("unified", "pids.max"),
         ("unified", "cpu.max"),
+        ("unified", "cpu.weight"),
     ];
     files
         .iter()
@@ -376,19 +354,6 @@ fn fs_denied_report(landlock: bool, status: Option<crate::fs_audit::FsAuditStatu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cgroup_lines_map_to_controller_dirs() {
-        let root = tempfile::tempdir().unwrap();
-        std::fs::create_dir(root.path().join("cpu,cpuacct")).unwrap();
-        let text = "4:cpu,cpuacct:/a/b\n3:memory:/a/b\n1:name=systemd:/x\n0::/u\n";
-        let m = cgroups_in(text, root.path());
-        assert_eq!(m["cpu"], root.path().join("cpu,cpuacct/a/b"));
-        assert_eq!(m["cpuacct"], root.path().join("cpu,cpuacct/a/b"));
-        assert_eq!(m["memory"], root.path().join("memory/a/b"));
-        assert_eq!(m["unified"], root.path().join("u"));
-        assert!(!m.contains_key("name=systemd") && !m.contains_key("systemd"));
-    }
 
     #[test]
     fn fs_denied_is_reported_inactive_with_its_reason() {

@@ -10,6 +10,7 @@ pub mod egress;
 pub mod enforce;
 pub mod executor;
 pub mod fs_audit;
+pub mod host;
 pub mod id;
 pub mod idmap;
 pub mod install;

@@ -91,18 +91,18 @@ pub enum LifecycleError {
     NoWorkspace { id: ContainerId },
     #[error("cannot bring lo up in the sandbox network namespace")]
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
-    #[error("cgroups layer: {detail}")]
-    Cgroup { detail: String },
+    #[error("cgroups layer")]
+    Cgroups(#[from] crate::host::cgroups::CgroupsError),
     #[error("{op} failed")]
     Container {
         op: &'static str,
         #[source]
-        source: libcontainer::error::LibcontainerError,
+        source: Box<libcontainer::error::LibcontainerError>,
     },
     #[error("exec failed")]
     Exec {
         #[source]
-        source: libcontainer::error::LibcontainerError,
+        source: Box<libcontainer::error::LibcontainerError>,
     },
     #[error("cannot wait for process {pid}")]
     Wait {
@@ -119,6 +119,16 @@ pub enum LifecycleError {
 }
 
 type Result<T> = std::result::Result<T, LifecycleError>;
+
+/// Maps libcontainer's error of operation `op` (boxed: it is large).
+fn container_err(
+    op: &'static str,
+) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LifecycleError {
+    move |source| LifecycleError::Container {
+        op,
+        source: Box::new(source),
+    }
+}
 
 /// Runs `build` (libcontainer's create or exec) in `/`, then returns to the caller's working
 /// directory.
@@ -182,6 +192,8 @@ pub struct CreateOpts {
     pub console_socket: Option<PathBuf>,
     pub no_pivot: bool,
     pub preserve_fds: i32,
+    /// `--systemd-cgroup`: the systemd driver places the sandbox (`crate::host::cgroups`).
+    pub systemd_cgroup: bool,
 }
 
 /// Options of `exec`.
@@ -262,10 +274,7 @@ impl Runtime {
         self.dirs.ensure()?;
         ContainerBuilder::new(id.as_str().to_owned(), SyscallType::default())
             .with_root_path(self.dirs.containers())
-            .map_err(|source| LifecycleError::Container {
-                op: "create",
-                source,
-            })
+            .map_err(container_err("create"))
     }
 
     /// Loads libcontainer's view of `id`, with a fresh status.
@@ -274,15 +283,8 @@ impl Runtime {
         if !dir.join("state.json").exists() {
             return Err(LifecycleError::NotExist { id: id.clone() });
         }
-        let mut c = Container::load(dir).map_err(|source| LifecycleError::Container {
-            op: "load state",
-            source,
-        })?;
-        c.refresh_status()
-            .map_err(|source| LifecycleError::Container {
-                op: "refresh state",
-                source,
-            })?;
+        let mut c = Container::load(dir).map_err(container_err("load state"))?;
+        c.refresh_status().map_err(container_err("refresh state"))?;
         Ok(c)
     }
 
@@ -415,11 +417,14 @@ impl Runtime {
         crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
         mounts::bind_readonly(&rootfs_src, &record.rootfs_mount)?;
         enforce::apply_runtime_facts(&mut spec, &record.rootfs_mount)?;
-        let rootless_limits = if rootless {
-            crate::sandbox::rootless_cgroups(&mut spec, id)?
-        } else {
-            None
-        };
+        let cgroups = crate::host::cgroups::place(
+            &crate::host::cgroups::RealHost,
+            &mut spec,
+            id,
+            opts.systemd_cgroup,
+            rootless,
+        )?;
+        crate::host::cgroups::Record::save(&cgroups, &spec, &sandbox_dir)?;
         match &member {
             Some(m) => crate::pod::verify_member(&spec, m)?,
             None => enforce::verify(&spec)?,
@@ -459,22 +464,15 @@ impl Runtime {
         let init = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
-            .map_err(|source| LifecycleError::Container {
-                op: "create",
-                source,
-            })?
+            .map_err(container_err("create"))?
             .with_console_socket(opts.console_socket.as_ref())
             .with_preserved_fds(opts.preserve_fds)
             .with_executor(executor)
             .as_init(&bundle)
-            .with_systemd(false)
+            .with_systemd(cgroups.systemd())
             .with_detach(true)
             .with_no_pivot(opts.no_pivot);
-        let container =
-            in_root_dir(|| init.build())?.map_err(|source| LifecycleError::Container {
-                op: "create",
-                source,
-            })?;
+        let container = in_root_dir(|| init.build())?.map_err(container_err("create"))?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
         mark("libcontainer");
         crate::audit::track_init(&self.dirs, id, pid);
@@ -507,8 +505,9 @@ impl Runtime {
             crate::audit::exec(&self.dirs, id, process, &spec).map_err(LifecycleError::Audit)?;
         }
         mark("audit");
-        if let Some(res) = &rootless_limits {
-            crate::sandbox::apply_v1_limits(&spec, id, res)?;
+        let host = crate::host::cgroups::RealHost;
+        if let Some(res) = &cgroups.deferred {
+            crate::host::cgroups::apply_v1_limits(&host, &spec, id, res)?;
             if let Some(linux) = spec.linux_mut().as_mut() {
                 linux.set_resources(Some(res.clone()));
             }
@@ -518,7 +517,7 @@ impl Runtime {
             .apply
             .contains(&agent_sandbox_policy::Layer::Cgroups)
         {
-            crate::sandbox::verify_cgroups(&spec, id)?;
+            crate::host::cgroups::verify(&host, cgroups.hierarchy, cgroups.driver, &spec, id, pid)?;
         }
         mark("cgroups");
         crate::layers::record_create(
@@ -598,10 +597,7 @@ impl Runtime {
                 wanted: "created",
             });
         }
-        c.start().map_err(|source| LifecycleError::Container {
-            op: "start",
-            source,
-        })?;
+        c.start().map_err(container_err("start"))?;
         self.arm_wall_clock(id, &c)
     }
 
@@ -665,7 +661,7 @@ impl Runtime {
             libcontainer::signal::Signal::from(nix::sys::signal::Signal::SIGKILL),
             true,
         )
-        .map_err(|source| LifecycleError::Container { op: "kill", source })
+        .map_err(container_err("kill"))
     }
 
     /// The effective policy of a created sandbox, as at create: its saved ceiling
@@ -781,7 +777,7 @@ impl Runtime {
         } else {
             ("resume", c.resume())
         };
-        result.map_err(|source| LifecycleError::Container { op, source })
+        result.map_err(container_err(op))
     }
 
     /// `state`: runc's JSON.
@@ -824,8 +820,7 @@ impl Runtime {
         if c.status() == ContainerStatus::Stopped && !all {
             return Err(LifecycleError::NotRunning);
         }
-        c.kill(sig, all)
-            .map_err(|source| LifecycleError::Container { op: "kill", source })
+        c.kill(sig, all).map_err(container_err("kill"))
     }
 
     /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
@@ -881,31 +876,28 @@ impl Runtime {
                     // A create killed after it saved the state but before it recorded the
                     // init's pid leaves the intermediate or init process in the container's
                     // cgroups, where libcontainer's delete does not look.
-                    remove_orphan_cgroups(id);
+                    self.remove_orphan_cgroups(id);
                 }
                 if let Err(source) = result {
                     if force {
                         self.cleanup_sandbox(id);
                     }
-                    return Err(LifecycleError::Container {
-                        op: "delete",
-                        source,
-                    });
+                    return Err(container_err("delete")(source));
                 }
                 self.cleanup_sandbox(id);
                 Ok(())
             }
             Err(LifecycleError::NotExist { .. }) => {
                 let leftovers = self.dirs.sandbox(id).exists();
+                if force {
+                    self.remove_orphan_cgroups(id);
+                }
                 if leftovers {
                     self.cleanup_sandbox(id);
                 } else if force && !paths::rootless().unwrap_or(true) {
                     // A create killed between allocating the id block and making the
                     // sandbox directory left only the block behind.
                     let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
-                }
-                if force {
-                    remove_orphan_cgroups(id);
                 }
                 if force || leftovers {
                     Ok(())
@@ -915,7 +907,7 @@ impl Runtime {
             }
             Err(e) => {
                 if force {
-                    remove_orphan_cgroups(id);
+                    self.remove_orphan_cgroups(id);
                     self.cleanup_sandbox(id);
                     Ok(())
                 } else {
@@ -923,6 +915,18 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Kills what is left in the container's cgroups and removes them (see
+    /// [`crate::host::cgroups::remove_orphans`]); before the sandbox directory, which holds
+    /// the v2 placement record, is cleaned up.
+    fn remove_orphan_cgroups(&self, id: &ContainerId) {
+        let recorded = crate::host::cgroups::Record::load(&self.dirs.sandbox(id));
+        crate::host::cgroups::remove_orphans(
+            &crate::host::cgroups::RealHost,
+            id,
+            recorded.as_ref(),
+        );
     }
 
     /// The init's `exit` record at delete, while its cgroup (and OOM counter)
@@ -974,7 +978,9 @@ impl Runtime {
         let tenant = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
-            .map_err(|source| LifecycleError::Exec { source })?
+            .map_err(|source| LifecycleError::Exec {
+                source: Box::new(source),
+            })?
             .with_console_socket(opts.console_socket.as_ref())
             .with_preserved_fds(opts.preserve_fds)
             .with_executor(executor)
@@ -983,7 +989,9 @@ impl Runtime {
             .with_detach(opts.detach);
         let result = in_root_dir(|| tenant.build());
         let _ = std::fs::remove_file(&clamped);
-        let pid = result?.map_err(|source| LifecycleError::Exec { source })?;
+        let pid = result?.map_err(|source| LifecycleError::Exec {
+            source: Box::new(source),
+        })?;
         if opts.detach {
             crate::audit::tag_exec(&self.dirs, id, pid.as_raw(), &process_for_audit, &hardened);
             return Ok(None);
@@ -1010,22 +1018,12 @@ impl Runtime {
     /// `ps`: the pids in the container's cgroup.
     pub fn pids(&self, id: &ContainerId) -> Result<Vec<i32>> {
         let c = self.load(id)?;
-        let cfg = c
-            .spec()
-            .map_err(|source| LifecycleError::Container { op: "ps", source })?;
-        let mgr = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
-            cgroup_path: cfg.cgroup_path,
-            systemd_cgroup: false,
-            container_name: id.as_str().to_owned(),
-        })
-        .map_err(|e| LifecycleError::Cgroup {
-            detail: e.to_string(),
-        })?;
-        use libcgroups::common::CgroupManager;
-        let pids = mgr.get_all_pids().map_err(|e| LifecycleError::Cgroup {
-            detail: e.to_string(),
-        })?;
-        Ok(pids.into_iter().map(|p| p.as_raw()).collect())
+        let cfg = c.spec().map_err(container_err("ps"))?;
+        Ok(crate::host::cgroups::pids(
+            &cfg.cgroup_path,
+            c.systemd(),
+            id,
+        )?)
     }
 
     /// `update --resources`: applies new limits and verifies they took. The
@@ -1043,34 +1041,25 @@ impl Runtime {
             source,
         })?;
         let (policy, _) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
-        crate::sandbox::check_update_within(resources, &policy)?;
-        let resources = &crate::sandbox::update_resources(resources);
-        let cfg = c.spec().map_err(|source| LifecycleError::Container {
-            op: "update",
-            source,
-        })?;
-        let mgr = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
-            cgroup_path: cfg.cgroup_path,
-            systemd_cgroup: false,
-            container_name: id.as_str().to_owned(),
-        })
-        .map_err(|e| LifecycleError::Cgroup {
-            detail: e.to_string(),
-        })?;
-        use libcgroups::common::CgroupManager;
-        mgr.apply(&libcgroups::common::ControllerOpt {
-            resources,
-            freezer_state: None,
-            oom_score_adj: None,
-            disable_oom_killer: false,
-        })
-        .map_err(|e| LifecycleError::Cgroup {
-            detail: e.to_string(),
-        })?;
+        crate::host::cgroups::check_update_within(resources, &policy)?;
+        let resources = &crate::host::cgroups::update_resources(resources);
+        let cfg = c.spec().map_err(container_err("update"))?;
+        crate::host::cgroups::apply(&cfg.cgroup_path, c.systemd(), id, resources)?;
         if let Some(linux) = hardened.linux_mut().as_mut() {
             linux.set_resources(Some(resources.clone()));
         }
-        crate::sandbox::verify_cgroups(&hardened, id)?;
+        let host = crate::host::cgroups::RealHost;
+        let hierarchy = crate::host::cgroups::Host::hierarchy(&host)?;
+        let driver = if c.systemd() {
+            crate::host::cgroups::Driver::Systemd
+        } else {
+            crate::host::cgroups::Driver::Cgroupfs
+        };
+        let pid = c
+            .pid()
+            .map(|p| p.as_raw())
+            .ok_or(LifecycleError::NotRunning)?;
+        crate::host::cgroups::verify(&host, hierarchy, driver, &hardened, id, pid)?;
         Ok(())
     }
 
@@ -1159,39 +1148,6 @@ fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
 
 /// Shared handle type for executor pieces.
 pub type Shared<T> = Arc<T>;
-
-/// A create killed after libcontainer forked the init but before it wrote the state leaves
-/// that init waiting in libcontainer's default cgroups (`:youki:ID`, one per v1 controller),
-/// which no state names: kill what is in them and remove them.
-fn remove_orphan_cgroups(id: &ContainerId) {
-    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return;
-    };
-    let name = format!(":youki:{id}");
-    let dirs: Vec<PathBuf> = controllers
-        .flatten()
-        .map(|c| c.path().join(&name))
-        .filter(|d| d.is_dir())
-        .collect();
-    for dir in &dirs {
-        if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-    for dir in &dirs {
-        for _ in 0..50 {
-            if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,10 +1,9 @@
 //! The bridge between a container and the policy crate: which policy is the
 //! ceiling, hardening the spec with the runtime's facts (id mapping, overlay
 //! dirs, protected paths found on the host), the layer plan, the in-process
-//! layers handed to the executor (seccomp BPF, Landlock), and checking that the
-//! cgroup limits took.
+//! layers handed to the executor (seccomp BPF, Landlock). Cgroups are
+//! `crate::host::cgroups`.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,8 +49,8 @@ pub enum SandboxError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cgroups layer: {detail}")]
-    Cgroup { detail: String },
+    #[error("cgroups layer")]
+    Cgroups(#[from] crate::host::cgroups::CgroupsError),
     #[error(transparent)]
     Mount(#[from] mounts::MountError),
     #[error(transparent)]
@@ -153,8 +152,7 @@ pub fn host_support() -> HostSupport {
             .unwrap_or(false),
         landlock_abi: agent_sandbox_sys::landlock_abi().unwrap_or(0),
         apparmor: crate::apparmor::host(),
-        cgroups: Path::new("/sys/fs/cgroup/memory").is_dir()
-            || Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        cgroups: crate::host::cgroups::available(&crate::host::cgroups::RealHost),
     }
 }
 
@@ -485,123 +483,6 @@ fn host_uid_of_self() -> Option<u32> {
     })
 }
 
-/// In a rootless user namespace on cgroup v1 only a delegated cgroup is
-/// writable: put the sandbox under the runtime's own memory cgroup.
-pub fn rootless_cgroups(
-    spec: &mut Spec,
-    id: &ContainerId,
-) -> Result<Option<libcontainer::oci_spec::runtime::LinuxResources>, SandboxError> {
-    let current = current_v1_cgroup("memory").ok_or(SandboxError::Cgroup {
-        detail: "cannot find the runtime's memory cgroup in /proc/self/cgroup".into(),
-    })?;
-    let dir = Path::new("/sys/fs/cgroup/memory").join(current.trim_start_matches('/'));
-    let owned = std::fs::metadata(&dir)
-        .map(|m| m.uid() == nix::unistd::geteuid().as_raw())
-        .unwrap_or(false);
-    if !owned {
-        return Err(SandboxError::Cgroup {
-            detail: format!(
-                "cgroup {} is not delegated to this user: limits cannot be enforced (delegate a v1 cgroup, see e2e/src/podman.rs)",
-                dir.display()
-            ),
-        });
-    }
-    if let Some(linux) = spec.linux_mut().as_mut() {
-        linux.set_cgroups_path(Some(
-            PathBuf::from(&current).join(format!("agent-sandbox-{id}")),
-        ));
-        // v1 device rules need CAP_SYS_ADMIN in the host namespace, which a
-        // rootless runtime never has, and libcontainer writes them whenever it
-        // applies resources. So the resources are taken out here and the runtime
-        // writes the limits itself after create (`apply_v1_limits`), before the
-        // workload starts. Device access stays bounded: the sandbox's /dev holds
-        // only the policy's bind-mounted nodes and a user namespace cannot mknod.
-        let taken = linux.resources_mut().take();
-        if taken.as_ref().is_some_and(|r| r.devices().is_some()) {
-            tracing::warn!(
-                layer = "cgroups",
-                "device cgroup rules not applied: rootless on cgroup v1"
-            );
-        }
-        return Ok(taken);
-    }
-    Ok(None)
-}
-
-fn current_v1_cgroup(controller: &str) -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|l| {
-        let mut parts = l.splitn(3, ':');
-        let _n = parts.next()?;
-        let ctrls = parts.next()?;
-        let path = parts.next()?;
-        ctrls
-            .split(',')
-            .any(|c| c == controller)
-            .then(|| path.to_owned())
-    })
-}
-
-/// Reads the v1 limits back and compares them with the spec.
-pub fn verify_cgroups(spec: &Spec, id: &ContainerId) -> Result<(), SandboxError> {
-    let Some(linux) = spec.linux().as_ref() else {
-        return Ok(());
-    };
-    let Some(res) = linux.resources().as_ref() else {
-        return Ok(());
-    };
-    let rel = libcontainer::utils::get_cgroup_path(linux.cgroups_path(), id.as_str());
-    let rel = rel.to_string_lossy().trim_start_matches('/').to_owned();
-    let read = |ctrl: &str, file: &str| -> Result<String, SandboxError> {
-        let path = Path::new("/sys/fs/cgroup").join(ctrl).join(&rel).join(file);
-        std::fs::read_to_string(&path)
-            .map(|s| s.trim().to_owned())
-            .map_err(|e| SandboxError::Cgroup {
-                detail: format!("cannot read {}: {e}", path.display()),
-            })
-    };
-    let expect = |ctrl: &str, file: &str, want: String| -> Result<(), SandboxError> {
-        let got = read(ctrl, file)?;
-        if got != want {
-            return Err(SandboxError::Cgroup {
-                detail: format!(
-                    "{ctrl}/{rel}/{file} is {got}, wanted {want}: the limit did not take"
-                ),
-            });
-        }
-        Ok(())
-    };
-    if let Some(mem) = res.memory().as_ref()
-        && let Some(limit) = mem.limit()
-        && limit > 0
-    {
-        let page = 4096;
-        expect(
-            "memory",
-            "memory.limit_in_bytes",
-            (limit / page * page).to_string(),
-        )?;
-    }
-    if let Some(pids) = res.pids().as_ref()
-        && pids.limit() > 0
-    {
-        expect("pids", "pids.max", pids.limit().to_string())?;
-    }
-    if let Some(cpu) = res.cpu().as_ref() {
-        if let Some(q) = cpu.quota()
-            && q > 0
-        {
-            expect("cpu", "cpu.cfs_quota_us", q.to_string())?;
-        }
-        if let Some(s) = cpu.shares()
-            && s > 0
-        {
-            expect("cpu", "cpu.shares", s.to_string())?;
-        }
-    }
-    Ok(())
-}
-
 impl Prepared {
     /// The profile name for logs and `state`: the selecting annotation, if any.
     pub fn spec_profile_name(&self) -> Option<String> {
@@ -612,155 +493,9 @@ impl Prepared {
     }
 }
 
-/// Writes the memory, pids and cpu limits of `res` into the container's v1
-/// cgroup (rootless path: the runtime owns the delegated cgroup).
-pub fn apply_v1_limits(
-    spec: &Spec,
-    id: &ContainerId,
-    res: &libcontainer::oci_spec::runtime::LinuxResources,
-) -> Result<(), SandboxError> {
-    let Some(linux) = spec.linux().as_ref() else {
-        return Ok(());
-    };
-    let rel = libcontainer::utils::get_cgroup_path(linux.cgroups_path(), id.as_str());
-    let rel = rel.to_string_lossy().trim_start_matches('/').to_owned();
-    let write = |ctrl: &str, file: &str, value: String| -> Result<(), SandboxError> {
-        let path = Path::new("/sys/fs/cgroup").join(ctrl).join(&rel).join(file);
-        std::fs::write(&path, &value).map_err(|e| SandboxError::Cgroup {
-            detail: format!("cannot write {value} to {}: {e}", path.display()),
-        })
-    };
-    if let Some(mem) = res.memory().as_ref()
-        && let Some(limit) = mem.limit()
-        && limit > 0
-    {
-        write("memory", "memory.limit_in_bytes", limit.to_string())?;
-    }
-    if let Some(pids) = res.pids().as_ref()
-        && pids.limit() > 0
-    {
-        write("pids", "pids.max", pids.limit().to_string())?;
-    }
-    if let Some(cpu) = res.cpu().as_ref() {
-        if let Some(p) = cpu.period()
-            && p > 0
-        {
-            write("cpu", "cpu.cfs_period_us", p.to_string())?;
-        }
-        if let Some(q) = cpu.quota()
-            && q > 0
-        {
-            write("cpu", "cpu.cfs_quota_us", q.to_string())?;
-        }
-        if let Some(sh) = cpu.shares()
-            && sh > 0
-        {
-            write("cpu", "cpu.shares", sh.to_string())?;
-        }
-    }
-    Ok(())
-}
-
-/// Refuses an `update` that would lift a limit above the policy or remove it.
-pub fn check_update_within(
-    res: &libcontainer::oci_spec::runtime::LinuxResources,
-    policy: &SandboxPolicy,
-) -> Result<(), SandboxError> {
-    let over = |what: &str, got: String, max: String| SandboxError::Cgroup {
-        detail: format!("update would set {what} to {got}, above the policy's {max}"),
-    };
-    let max_mem = i64::try_from(policy.resources.memory.bytes()).unwrap_or(i64::MAX);
-    if let Some(mem) = res.memory().as_ref() {
-        for (what, v) in [("memory.limit", mem.limit()), ("memory.swap", mem.swap())] {
-            if let Some(v) = v
-                && (v <= 0 || v > max_mem)
-            {
-                return Err(over(what, v.to_string(), max_mem.to_string()));
-            }
-        }
-    }
-    if let Some(pids) = res.pids().as_ref() {
-        let max = i64::from(policy.resources.pids);
-        if pids.limit() <= 0 || pids.limit() > max {
-            return Err(over(
-                "pids.limit",
-                pids.limit().to_string(),
-                max.to_string(),
-            ));
-        }
-    }
-    if let Some(cpu) = res.cpu().as_ref() {
-        if let Some(sh) = cpu.shares()
-            && sh > policy.resources.cpu_shares
-        {
-            return Err(over(
-                "cpu.shares",
-                sh.to_string(),
-                policy.resources.cpu_shares.to_string(),
-            ));
-        }
-        let quota = cpu.quota();
-        let period = cpu.period().unwrap_or(policy.resources.cpu_period_us);
-        if let Some(q) = quota {
-            // quota/period must not exceed the policy's ratio (compared crosswise).
-            let lhs = i128::from(q) * i128::from(policy.resources.cpu_period_us);
-            let rhs = i128::from(policy.resources.cpu_quota_us) * i128::from(period);
-            if q <= 0 || lhs > rhs {
-                return Err(over(
-                    "cpu quota/period",
-                    format!("{q}/{period}"),
-                    format!(
-                        "{}/{}",
-                        policy.resources.cpu_quota_us, policy.resources.cpu_period_us
-                    ),
-                ));
-            }
-        }
-    }
-    // containerd's CRI sends the container's whole resources section with every
-    // UpdateContainerResources, device rules included (its default: deny all). Deny rules
-    // can only narrow; the sandbox keeps its own fixed device rules (see `update_resources`).
-    // An allow rule would widen and is refused.
-    if res.devices().iter().flatten().any(|d| d.allow()) {
-        return Err(SandboxError::Cgroup {
-            detail: "update may not allow devices".into(),
-        });
-    }
-    Ok(())
-}
-
-/// The resources an `update` applies after [`check_update_within`] passed: the incoming
-/// limits without device rules, so the sandbox's device rules stay as created (writing a
-/// CRI deny-all would take /dev/null and the other safe devices from the workload).
-pub fn update_resources(
-    res: &libcontainer::oci_spec::runtime::LinuxResources,
-) -> libcontainer::oci_spec::runtime::LinuxResources {
-    let mut out = res.clone();
-    out.set_devices(None);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use libcontainer::oci_spec::runtime::{LinuxDeviceCgroup, LinuxResources};
-
-    #[test]
-    fn cri_deny_all_device_rules_are_kept_out_of_an_update() {
-        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
-        let mut deny_all = LinuxDeviceCgroup::default();
-        deny_all.set_allow(false);
-        deny_all.set_access(Some("rwm".into()));
-        let mut res = LinuxResources::default();
-        res.set_devices(Some(vec![deny_all.clone()]));
-        check_update_within(&res, &policy).unwrap();
-        assert!(update_resources(&res).devices().is_none());
-        let mut allow = deny_all;
-        allow.set_allow(true);
-        res.set_devices(Some(vec![allow]));
-        let err = check_update_within(&res, &policy).unwrap_err();
-        assert!(err.to_string().contains("devices"), "{err}");
-    }
 
     /// Landlock before ABI 3 does not handle truncate(2): the right is missing, and only the
     /// layers the plan names (read-only mounts, AppArmor) stop it. Proven on this kernel by

@@ -1,9 +1,11 @@
-//! Reading a container's cgroup v1 controllers: metrics for `ctr task metrics` and the OOM
-//! notification behind TaskOOM. The shim only observes; limits are the runtime's business.
+//! Reading a container's cgroups: metrics for `ctr task metrics` and CRI stats, and the OOM
+//! notification behind TaskOOM, from the v1 controllers (legacy and hybrid hosts) or the
+//! unified v2 directory (every current distribution). The shim only observes; placement and
+//! limits are the runtime's business (`agent_sandbox::host::cgroups`).
 //!
-//! containerd-shim's `collect_metrics` targets cgroup v2 layouts (and panics on values it does
-//! not expect); this machine is hybrid with every resource controller on v1, so the few files
-//! needed are read here.
+//! containerd-shim's `collect_metrics` panics on values it does not expect, so the few files
+//! needed are read here: v1 metrics go out as `io.containerd.cgroups.v1.Metrics`, v2 ones as
+//! `io.containerd.cgroups.v2.Metrics`, the two types containerd decodes.
 
 use std::collections::HashMap;
 use std::fs;
@@ -14,7 +16,10 @@ use std::path::{Path, PathBuf};
 use containerd_shim::protos::cgroups::metrics::{
     CPUStat, CPUUsage, MemoryEntry, MemoryOomControl, MemoryStat, Metrics, PidsStat, Throttle,
 };
+use containerd_shim::protos::cgroups_v2::metrics as v2;
+use containerd_shim::protos::protobuf::MessageDyn;
 use rustix::event::{EventfdFlags, eventfd};
+use rustix::fs::inotify;
 use tokio::io::unix::AsyncFd;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -30,6 +35,8 @@ pub enum CgroupError {
     },
     #[error("Process has no cgroup v1 {controller} controller")]
     NoController { controller: &'static str },
+    #[error("Process has neither a cgroup v1 memory controller nor a cgroup v2 directory")]
+    NoCgroup,
     #[error("Cannot read {path}")]
     Read {
         path: PathBuf,
@@ -44,10 +51,12 @@ pub enum CgroupError {
     },
 }
 
-/// The v1 directories of one process, by controller name.
+/// The cgroups of one process: its v1 directories by controller name, and its v2 directory
+/// where the unified hierarchy has the resource controllers.
 #[derive(Debug, Clone, Default)]
 pub struct Cgroups {
     dirs: HashMap<String, PathBuf>,
+    unified: Option<PathBuf>,
 }
 
 impl Cgroups {
@@ -60,6 +69,7 @@ impl Cgroups {
 
     fn parse(text: &str, root: &Path) -> Self {
         let mut dirs = HashMap::new();
+        let mut unified = None;
         for line in text.lines() {
             let mut parts = line.splitn(3, ':');
             let (Some(_), Some(controllers), Some(path)) =
@@ -67,10 +77,18 @@ impl Cgroups {
             else {
                 continue;
             };
-            if controllers.is_empty() || controllers.starts_with("name=") {
+            let rel = path.trim_start_matches('/');
+            if controllers.is_empty() {
+                // On a unified host the v2 tree is the root (it has cgroup.controllers); on a
+                // hybrid one it is `unified/`, without resource controllers.
+                if root.join("cgroup.controllers").exists() {
+                    unified = Some(root.join(rel));
+                }
                 continue;
             }
-            let rel = path.trim_start_matches('/');
+            if controllers.starts_with("name=") {
+                continue;
+            }
             // Co-mounted controllers (cpu,cpuacct) share one mount named after the list.
             let joint = root.join(controllers);
             for controller in controllers.split(',') {
@@ -82,7 +100,25 @@ impl Cgroups {
                 dirs.insert(controller.to_owned(), mount.join(rel));
             }
         }
-        Self { dirs }
+        Self { dirs, unified }
+    }
+
+    /// The v2 directory, when the process has no v1 memory controller (a unified host).
+    fn v2_dir(&self) -> Option<&Path> {
+        if self.dirs.contains_key("memory") {
+            return None;
+        }
+        self.unified.as_deref()
+    }
+
+    /// Metrics in containerd's shape for the hierarchy in use: cgroups v1 `Metrics` or v2
+    /// `Metrics`.
+    pub fn metrics(&self) -> Result<Box<dyn MessageDyn>, CgroupError> {
+        match self.v2_dir() {
+            Some(dir) => Ok(Box::new(metrics_v2(dir)?)),
+            None if self.dirs.contains_key("memory") => Ok(Box::new(self.metrics_v1()?)),
+            None => Err(CgroupError::NoCgroup),
+        }
     }
 
     fn dir(&self, controller: &'static str) -> Result<&Path, CgroupError> {
@@ -94,7 +130,7 @@ impl Cgroups {
 
     /// Metrics in containerd's cgroups v1 shape. Memory is required; cpu and pids are filled
     /// when their controllers are present.
-    pub fn metrics(&self) -> Result<Metrics, CgroupError> {
+    fn metrics_v1(&self) -> Result<Metrics, CgroupError> {
         let mut m = Metrics::new();
         let mem = self.dir("memory")?;
         let entry = |prefix: &str| -> Result<MemoryEntry, CgroupError> {
@@ -216,16 +252,36 @@ impl Cgroups {
         Ok(m)
     }
 
-    /// The memory cgroup's `oom_kill` counter (kernels from 4.13 report it).
+    /// The memory cgroup's `oom_kill` counter: v1 `memory.oom_control` (kernels from 4.13
+    /// report it) or v2 `memory.events`.
     pub fn oom_kills(&self) -> Option<u64> {
-        let text = fs::read_to_string(self.dir("memory").ok()?.join("memory.oom_control")).ok()?;
-        key_values(&text)
-            .find(|(k, _)| *k == "oom_kill")
-            .map(|(_, v)| v)
+        let file = match self.v2_dir() {
+            Some(dir) => dir.join("memory.events"),
+            None => self.dir("memory").ok()?.join("memory.oom_control"),
+        };
+        oom_kill_in(&fs::read_to_string(file).ok()?)
     }
 
-    /// Registers for memory OOM notifications (cgroup v1 `cgroup.event_control`).
+    /// Registers for memory OOM notifications: v1 `cgroup.event_control`, v2 an inotify watch
+    /// of `memory.events` (the kernel signals a modification when a counter moves).
     pub fn oom_watch(&self) -> Result<OomWatch, CgroupError> {
+        if let Some(dir) = self.v2_dir() {
+            let events = dir.join("memory.events");
+            let reg_err = |source| CgroupError::OomRegister {
+                path: events.clone(),
+                source,
+            };
+            let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)
+                .map_err(|e| reg_err(e.into()))?;
+            inotify::add_watch(&fd, &events, inotify::WatchFlags::MODIFY)
+                .map_err(|e| reg_err(e.into()))?;
+            let seen = self.oom_kills().unwrap_or(0);
+            return Ok(OomWatch::V2 {
+                fd: crate::stdio::async_fd(fd).map_err(reg_err)?,
+                events,
+                seen,
+            });
+        }
         let mem = self.dir("memory")?.to_owned();
         let control = mem.join("memory.oom_control");
         let reg_err = |source| CgroupError::OomRegister {
@@ -237,7 +293,7 @@ impl Cgroups {
             .map_err(|e| reg_err(e.into()))?;
         let line = format!("{} {}", efd.as_raw_fd(), oom_file.as_raw_fd());
         fs::write(mem.join("cgroup.event_control"), line).map_err(reg_err)?;
-        Ok(OomWatch {
+        Ok(OomWatch::V1 {
             efd: crate::stdio::async_fd(efd).map_err(reg_err)?,
             control,
             _oom_file: oom_file,
@@ -246,31 +302,167 @@ impl Cgroups {
 }
 
 /// An armed OOM notification for one memory cgroup.
-pub struct OomWatch {
-    efd: AsyncFd<OwnedFd>,
-    control: PathBuf,
-    _oom_file: fs::File,
+pub enum OomWatch {
+    V1 {
+        efd: AsyncFd<OwnedFd>,
+        control: PathBuf,
+        _oom_file: fs::File,
+    },
+    V2 {
+        fd: AsyncFd<OwnedFd>,
+        events: PathBuf,
+        /// The `oom_kill` count already reported.
+        seen: u64,
+    },
 }
 
 impl OomWatch {
-    /// Resolves when the cgroup hits an OOM; `None` once the cgroup is gone. The kernel
-    /// signals the eventfd when the OOM starts (before the victim is killed, so the `oom_kill`
-    /// counter may not have moved yet) and again when the cgroup is removed; a notification
-    /// counts as an OOM while the cgroup still exists.
+    /// Resolves when the cgroup hits an OOM; `None` once the cgroup is gone.
+    ///
+    /// v1: the kernel signals the eventfd when the OOM starts (before the victim is killed, so
+    /// the `oom_kill` counter may not have moved yet) and again when the cgroup is removed; a
+    /// notification counts as an OOM while the cgroup still exists. v2: every change of
+    /// `memory.events` wakes the watch; an OOM is a rise of its `oom_kill` count.
     pub async fn next(&mut self) -> Option<()> {
-        loop {
-            let mut guard = self.efd.readable().await.ok()?;
-            let mut buf = [0u8; 8];
-            match guard
-                .try_io(|fd| rustix::io::read(fd.get_ref(), &mut buf).map_err(io::Error::from))
-            {
-                Ok(Ok(_)) => {}
-                Ok(Err(_)) => return None,
-                Err(_would_block) => continue,
+        match self {
+            OomWatch::V1 { efd, control, .. } => {
+                read_ready(efd).await?;
+                fs::metadata(&*control).ok().map(drop)
             }
-            return fs::metadata(&self.control).ok().map(drop);
+            OomWatch::V2 { fd, events, seen } => loop {
+                read_ready(fd).await?;
+                let kills = oom_kill_in(&fs::read_to_string(&*events).ok()?)?;
+                if kills > *seen {
+                    *seen = kills;
+                    return Some(());
+                }
+            },
         }
     }
+}
+
+/// Waits until `fd` has something to read and drains it; `None` when it fails.
+async fn read_ready(fd: &AsyncFd<OwnedFd>) -> Option<()> {
+    loop {
+        let mut guard = fd.readable().await.ok()?;
+        // Large enough for a batch of inotify events; an eventfd read takes 8 bytes.
+        let mut buf = [0u8; 1024];
+        match guard.try_io(|fd| rustix::io::read(fd.get_ref(), &mut buf).map_err(io::Error::from)) {
+            Ok(Ok(_)) => return Some(()),
+            Ok(Err(_)) => return None,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+fn oom_kill_in(text: &str) -> Option<u64> {
+    key_values(text)
+        .find(|(k, _)| *k == "oom_kill")
+        .map(|(_, v)| v)
+}
+
+/// Metrics of a v2 cgroup directory in containerd's cgroups v2 shape. Memory is required;
+/// cpu, pids and memory events are filled when their files exist.
+fn metrics_v2(dir: &Path) -> Result<v2::Metrics, CgroupError> {
+    let mut m = v2::Metrics::new();
+    let mut ms = v2::MemoryStat {
+        usage: read_u64(&dir.join("memory.current"))?,
+        usage_limit: read_limit(&dir.join("memory.max"))?,
+        ..Default::default()
+    };
+    if let Ok(v) = read_u64(&dir.join("memory.swap.current")) {
+        ms.swap_usage = v;
+    }
+    if let Ok(v) = read_limit(&dir.join("memory.swap.max")) {
+        ms.swap_limit = v;
+    }
+    if let Ok(v) = read_u64(&dir.join("memory.peak")) {
+        ms.max_usage = v;
+    }
+    for (key, value) in key_values(&read(&dir.join("memory.stat"))?) {
+        let field = match key {
+            "anon" => &mut ms.anon,
+            "file" => &mut ms.file,
+            "kernel_stack" => &mut ms.kernel_stack,
+            "slab" => &mut ms.slab,
+            "sock" => &mut ms.sock,
+            "shmem" => &mut ms.shmem,
+            "file_mapped" => &mut ms.file_mapped,
+            "file_dirty" => &mut ms.file_dirty,
+            "file_writeback" => &mut ms.file_writeback,
+            "anon_thp" => &mut ms.anon_thp,
+            "inactive_anon" => &mut ms.inactive_anon,
+            "active_anon" => &mut ms.active_anon,
+            "inactive_file" => &mut ms.inactive_file,
+            "active_file" => &mut ms.active_file,
+            "unevictable" => &mut ms.unevictable,
+            "slab_reclaimable" => &mut ms.slab_reclaimable,
+            "slab_unreclaimable" => &mut ms.slab_unreclaimable,
+            "pgfault" => &mut ms.pgfault,
+            "pgmajfault" => &mut ms.pgmajfault,
+            "workingset_refault" => &mut ms.workingset_refault,
+            "workingset_activate" => &mut ms.workingset_activate,
+            "workingset_nodereclaim" => &mut ms.workingset_nodereclaim,
+            "pgrefill" => &mut ms.pgrefill,
+            "pgscan" => &mut ms.pgscan,
+            "pgsteal" => &mut ms.pgsteal,
+            "pgactivate" => &mut ms.pgactivate,
+            "pgdeactivate" => &mut ms.pgdeactivate,
+            "pglazyfree" => &mut ms.pglazyfree,
+            "pglazyfreed" => &mut ms.pglazyfreed,
+            "thp_fault_alloc" => &mut ms.thp_fault_alloc,
+            "thp_collapse_alloc" => &mut ms.thp_collapse_alloc,
+            _ => continue,
+        };
+        *field = value;
+    }
+    m.memory = Some(ms).into();
+    if let Ok(text) = read(&dir.join("memory.events")) {
+        let mut ev = v2::MemoryEvents::new();
+        for (key, value) in key_values(&text) {
+            match key {
+                "low" => ev.low = value,
+                "high" => ev.high = value,
+                "max" => ev.max = value,
+                "oom" => ev.oom = value,
+                "oom_kill" => ev.oom_kill = value,
+                "oom_group_kill" => ev.oom_group_kill = value,
+                _ => {}
+            }
+        }
+        m.memory_events = Some(ev).into();
+    }
+    if let Ok(text) = read(&dir.join("cpu.stat")) {
+        let mut cpu = v2::CPUStat::new();
+        for (key, value) in key_values(&text) {
+            match key {
+                "usage_usec" => cpu.usage_usec = value,
+                "user_usec" => cpu.user_usec = value,
+                "system_usec" => cpu.system_usec = value,
+                "nr_periods" => cpu.nr_periods = value,
+                "nr_throttled" => cpu.nr_throttled = value,
+                "throttled_usec" => cpu.throttled_usec = value,
+                "nr_bursts" => cpu.nr_bursts = value,
+                "burst_usec" => cpu.burst_usec = value,
+                _ => {}
+            }
+        }
+        m.cpu = Some(cpu).into();
+    }
+    if let Ok(current) = read_u64(&dir.join("pids.current")) {
+        m.pids = Some(v2::PidsStat {
+            current,
+            limit: read_limit(&dir.join("pids.max"))?,
+            ..Default::default()
+        })
+        .into();
+    }
+    Ok(m)
+}
+
+/// A v2 limit file: a number, or "max" (unlimited, reported as 0 like containerd does).
+fn read_limit(path: &Path) -> Result<u64, CgroupError> {
+    Ok(read(path)?.trim().parse().unwrap_or(0))
 }
 
 fn read(path: &Path) -> Result<String, CgroupError> {
@@ -332,7 +524,7 @@ mod tests {
             fs::write(mem.join(f), v).unwrap();
         }
         let cg = Cgroups::parse("4:memory:/c\n", root.path());
-        let m = cg.metrics().unwrap();
+        let m = cg.metrics_v1().unwrap();
         let usage = m.memory.usage.as_ref().unwrap();
         assert_eq!(
             (usage.usage, usage.limit, usage.max, usage.failcnt),
@@ -341,5 +533,83 @@ mod tests {
         assert_eq!((m.memory.cache, m.memory.rss), (10, 20));
         assert_eq!(m.memory_oom_control.oom_kill, 2);
         assert!(m.cpu.is_none());
+    }
+
+    fn v2_host() -> (tempfile::TempDir, PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        fs::write(root.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let dir = root.path().join("machine.slice/libpod-c.scope");
+        fs::create_dir_all(&dir).unwrap();
+        for (f, v) in [
+            ("memory.current", "4096\n"),
+            ("memory.max", "8192\n"),
+            ("memory.stat", "anon 10\nfile 20\npgfault 3\n"),
+            ("memory.events", "low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\n"),
+            ("pids.current", "2\n"),
+            ("pids.max", "max\n"),
+            (
+                "cpu.stat",
+                "usage_usec 100\nuser_usec 60\nsystem_usec 40\nnr_throttled 5\n",
+            ),
+        ] {
+            fs::write(dir.join(f), v).unwrap();
+        }
+        (root, dir)
+    }
+
+    #[test]
+    fn unified_hosts_use_the_v2_dir_and_hybrid_ones_v1() {
+        let (root, dir) = v2_host();
+        let cg = Cgroups::parse("0::/machine.slice/libpod-c.scope\n", root.path());
+        assert_eq!(cg.v2_dir(), Some(dir.as_path()));
+        assert_eq!(cg.oom_kills(), Some(1));
+        // Hybrid: no cgroup.controllers at the root, the v1 memory controller rules.
+        let hybrid = tempfile::tempdir().unwrap();
+        let cg = Cgroups::parse("4:memory:/c\n0::/c\n", hybrid.path());
+        assert_eq!(cg.v2_dir(), None);
+        assert!(
+            Cgroups::parse("1:name=systemd:/c\n", hybrid.path())
+                .metrics()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn v2_metrics_read_memory_cpu_pids_and_events() {
+        let (root, dir) = v2_host();
+        let m = metrics_v2(&dir).unwrap();
+        assert_eq!((m.memory.usage, m.memory.usage_limit), (4096, 8192));
+        assert_eq!(
+            (m.memory.anon, m.memory.file, m.memory.pgfault),
+            (10, 20, 3)
+        );
+        assert_eq!(m.memory_events.oom_kill, 1);
+        assert_eq!((m.pids.current, m.pids.limit), (2, 0));
+        assert_eq!((m.cpu.usage_usec, m.cpu.nr_throttled), (100, 5));
+        let cg = Cgroups::parse("0::/machine.slice/libpod-c.scope\n", root.path());
+        let any = containerd_shim::util::convert_to_any(cg.metrics().unwrap()).unwrap();
+        assert_eq!(any.type_url, "io.containerd.cgroups.v2.Metrics");
+    }
+
+    #[tokio::test]
+    async fn v2_oom_watch_fires_when_oom_kill_rises() {
+        let (root, dir) = v2_host();
+        let cg = Cgroups::parse("0::/machine.slice/libpod-c.scope\n", root.path());
+        let mut watch = cg.oom_watch().unwrap();
+        // A change that is not an OOM kill does not fire.
+        fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 1\nmax 1\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), watch.next()).await;
+        assert!(quiet.is_err(), "fired without a new kill");
+        fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 1\nmax 2\noom 2\noom_kill 2\n",
+        )
+        .unwrap();
+        let fired = tokio::time::timeout(std::time::Duration::from_secs(5), watch.next()).await;
+        assert_eq!(fired.unwrap(), Some(()));
     }
 }

@@ -1,12 +1,14 @@
 //! Runtime options: which runtime binary the shim drives, where that runtime keeps its state,
-//! and which policy file (profile) it is asked to apply as the ceiling.
+//! which policy file (profile) it is asked to apply as the ceiling, and whether systemd places
+//! the containers' cgroups (`SystemdCgroup`, as for runc: the runtime gets `--systemd-cgroup`).
 //!
 //! containerd hands the shim whatever its configuration or the client supplied, wrapped in a
 //! protobuf `Any`. Three shapes reach us:
 //! - nothing (ctr without options): the defaults;
 //! - `runtimeoptions.v1.Options` (CRI for a non-runc runtime type, `ctr --runtime-config-path`):
 //!   a TOML table, inline as `config_body` or in the file named by `config_path`;
-//! - `containerd.runc.v1.Options` (runc-style options): `binary_name` and `root` are honoured.
+//! - `containerd.runc.v1.Options` (runc-style options): `binary_name`, `root` and
+//!   `systemd_cgroup` are honoured.
 //!
 //! The shim never interprets the policy: it forwards the file's path to the runtime (the
 //! runtime's `AGENT_SANDBOX_POLICY`, same as its `--policy`), which takes every policy decision.
@@ -99,6 +101,10 @@ struct OptionsTable {
     root: Option<String>,
     #[serde(rename = "Policy")]
     policy: Option<String>,
+    /// As in runc's options: kubelet's systemd cgroup driver (the runtime also picks systemd
+    /// from a `slice:prefix:name` cgroupsPath on its own).
+    #[serde(rename = "SystemdCgroup")]
+    systemd_cgroup: Option<bool>,
     #[serde(rename = "TypeUrl")]
     _type_url: Option<String>,
     #[serde(rename = "ConfigPath")]
@@ -114,6 +120,9 @@ pub struct RuntimeOptions {
     pub root: PathBuf,
     /// Policy file (the ceiling) forwarded to the runtime, if configured.
     pub policy: Option<PathBuf>,
+    /// Pass `--systemd-cgroup` to the runtime.
+    #[serde(default)]
+    pub systemd_cgroup: bool,
 }
 
 impl RuntimeOptions {
@@ -123,6 +132,7 @@ impl RuntimeOptions {
             runtime: default_runtime(),
             root: Path::new(DEFAULT_ROOT_BASE).join(namespace),
             policy: None,
+            systemd_cgroup: false,
         }
     }
 
@@ -155,10 +165,12 @@ impl RuntimeOptions {
             let table: OptionsTable =
                 toml::from_str(&text).map_err(|source| OptionsError::Toml { origin, source })?;
             opts.apply(table.binary_name, table.root, table.policy)?;
+            opts.systemd_cgroup = table.systemd_cgroup.unwrap_or(false);
         } else if RUNC_OPTIONS_TYPES.contains(&type_url) {
             let runc = RuncOptions::parse_from_bytes(&any.value).map_err(decode_err)?;
             let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
             opts.apply(non_empty(&runc.binary_name), non_empty(&runc.root), None)?;
+            opts.systemd_cgroup = runc.systemd_cgroup;
         } else {
             return Err(OptionsError::UnsupportedType {
                 type_url: any.type_url.clone(),
@@ -296,11 +308,53 @@ mod tests {
     }
 
     #[test]
-    fn unknown_key_is_named() {
+    fn systemd_cgroup_is_accepted_from_toml_and_runc_options() {
         let any = runtime_any("", "SystemdCgroup = true\n");
+        assert!(
+            RuntimeOptions::from_any(Some(&any), "k8s.io")
+                .unwrap()
+                .systemd_cgroup
+        );
+        let any = runtime_any("", "SystemdCgroup = false\n");
+        assert!(
+            !RuntimeOptions::from_any(Some(&any), "k8s.io")
+                .unwrap()
+                .systemd_cgroup
+        );
+        let runc = RuncOptions {
+            systemd_cgroup: true,
+            ..Default::default()
+        };
+        let any = Any {
+            type_url: "io.containerd.runc.v1.Options".into(),
+            value: runc.write_to_bytes().unwrap(),
+            ..Default::default()
+        };
+        assert!(
+            RuntimeOptions::from_any(Some(&any), "k8s.io")
+                .unwrap()
+                .systemd_cgroup
+        );
+    }
+
+    #[test]
+    fn persisted_options_without_systemd_cgroup_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(PERSISTED_FILE),
+            r#"{"runtime":"/r","root":"/x","policy":null}"#,
+        )
+        .unwrap();
+        let o = RuntimeOptions::load_persisted(dir.path(), "ns").unwrap();
+        assert!(!o.systemd_cgroup);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let any = runtime_any("", "SystemdCgroups = true\n");
         let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
         let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
-        assert!(chain.contains("SystemdCgroup"), "{chain}");
+        assert!(chain.contains("SystemdCgroups"), "{chain}");
     }
 
     #[test]

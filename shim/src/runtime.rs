@@ -78,6 +78,7 @@ pub struct Runtime {
     binary: PathBuf,
     root: PathBuf,
     policy: Option<PathBuf>,
+    systemd_cgroup: bool,
     log: PathBuf,
 }
 
@@ -88,6 +89,7 @@ impl Runtime {
             binary: opts.runtime.clone(),
             root: opts.root.clone(),
             policy: opts.policy.clone(),
+            systemd_cgroup: opts.systemd_cgroup,
             log: bundle.join("log.json"),
         }
     }
@@ -266,8 +268,11 @@ impl Runtime {
             .arg("--log")
             .arg(&self.log)
             .arg("--log-format")
-            .arg("json")
-            .args(args);
+            .arg("json");
+        if self.systemd_cgroup {
+            cmd.arg("--systemd-cgroup");
+        }
+        cmd.args(args);
         match &self.policy {
             Some(policy) => cmd.env(POLICY_ENV, policy),
             None => cmd.env_remove(POLICY_ENV),

@@ -1162,8 +1162,7 @@ impl TaskService {
             .clone()
             .ok_or_else(|| ServiceError::NoCgroup { id: req.id.clone() })?;
         let metrics = cgroups.metrics()?;
-        let any = containerd_shim::util::convert_to_any(Box::new(metrics))
-            .map_err(ServiceError::Encode)?;
+        let any = containerd_shim::util::convert_to_any(metrics).map_err(ServiceError::Encode)?;
         Ok(StatsResponse {
             stats: Some(any).into(),
             ..Default::default()

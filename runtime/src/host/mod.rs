@@ -1,0 +1,4 @@
+//! The host mechanisms the runtime drives, one module each, so that a second kind of host
+//! changes one place.
+
+pub mod cgroups;
