@@ -79,7 +79,8 @@ cargo build --quiet --locked -p agent-sandbox-e2e --example cri_vm ||
 cri_vm=$target_dir/debug/examples/cri_vm
 [[ -x $cri_vm ]] || die "cargo did not produce $cri_vm"
 
-run=/var/cache/agent-sandbox/vm-run
+# One run at a time per directory: VM_RUN_DIR gives a second run its own.
+run=${VM_RUN_DIR:-/var/cache/agent-sandbox/vm-run}
 rm -rf "$run"
 stage=$run/exchange
 install -d "$stage/in/bin" "$stage/in/images" "$stage/in/cni" "$stage/in/profiles" "$stage/out"
