@@ -167,7 +167,7 @@ podman_prefix() {
 
 # podman_scenario CHECK RT WHO MANAGER_FLAGS CGROUP_GLOB RUNC_APPARMOR [SANDBOX_APPARMOR]
 podman_scenario() {
-    local check=$1 rt=$2 who=$3 flags=$4 want_cg=$5 want_aa=$6 want_aa_sandbox=${7:-confined}
+    local check=$1 rt=$2 who=$3 flags=$4 want_cg=$5 want_aa=$6 want_aa_sandbox=${7:-own}
     local name="vm-$check-$rt" p id pid label
     log=$out/logs/$check.$rt.log
     podman_prefix "$who"
