@@ -277,6 +277,7 @@ ctr_scenario() {
         if [[ $rt == agent-sandbox ]]; then
             ctr_layers "$check" "$id"
         fi
+        ctr_metrics "$check" "$rt" "$id"
         capture_out ctr task ls || true
         pid=$(awk -v id="$id" '$1 == id {print $2}' <<<"$got")
         if [[ $pid =~ ^[1-9][0-9]*$ ]]; then
@@ -318,6 +319,24 @@ ctr_scenario() {
     fi
     capture ctr task delete -f "$id-oom" || true
     capture ctr container delete "$id-oom" || true
+}
+
+# ctr_metrics CHECK RT ID: `ctr task metrics` from the shim's cgroup v2 statistics: the
+# memory in use (non-zero) under the limit asked for, and the pids in the cgroup.
+ctr_metrics() {
+    local check=$1 rt=$2 id=$3 usage limit pids
+    if ! capture_out ctr task metrics "$id"; then
+        result "$check.metrics" "$rt" FAIL "ctr task metrics: $(brief "$got")"
+        return 0
+    fi
+    usage=$(awk '$1 == "memory.usage" {print $2}' <<<"$got")
+    limit=$(awk '$1 == "memory.usage_limit" {print $2}' <<<"$got")
+    pids=$(awk '$1 == "pids.current" {print $2}' <<<"$got")
+    if [[ $usage =~ ^[1-9][0-9]*$ && $limit == "$mem" && $pids =~ ^[1-9][0-9]*$ ]]; then
+        result "$check.metrics" "$rt" PASS "memory.usage $usage of $limit, pids.current $pids"
+    else
+        result "$check.metrics" "$rt" FAIL "memory.usage '$usage' limit '$limit' (want $mem) pids.current '$pids': $(brief "$got")"
+    fi
 }
 
 # ctr_layers CHECK ID: `agent-sandbox layers` of a running ctr sandbox on this kernel:
