@@ -50,10 +50,12 @@ result() {
     say "$3 $1 [$2] ${reason:0:400}"
 }
 
-# capture CMD...: runs CMD (2 min at most), its stdout and stderr in $got, both logged.
+# capture CMD...: runs CMD (2 min at most, $capture_limit s if set: a command with a timeout
+# of its own gets more, so it can report), its stdout and stderr in $got, both logged.
+capture_limit=''
 capture() {
     local rc=0
-    got=$(timeout -k 5 120 "$@" 2>&1) || rc=$?
+    got=$(timeout -k 5 "${capture_limit:-120}" "$@" 2>&1) || rc=$?
     { printf '$ %s\n%s\n(exit %d)\n' "$*" "$got" "$rc"; } >>"$log"
     return "$rc"
 }
@@ -62,9 +64,41 @@ capture() {
 capture_out() {
     local rc=0
     printf '$ %s\n' "$*" >>"$log"
-    got=$(timeout -k 5 120 "$@" 2>>"$log") || rc=$?
+    got=$(timeout -k 5 "${capture_limit:-120}" "$@" 2>>"$log") || rc=$?
     { printf '%s\n(exit %d)\n' "$got" "$rc"; } >>"$log"
     return "$rc"
+}
+
+# diagnose NAME: after a failed check, what containerd, the shims and the runtimes left
+# behind, in logs/NAME.diag (containerd's journal carries the shims' logs).
+diagnose() {
+    local f=$out/logs/$1.diag b
+    {
+        echo "=== $(date -u +%FT%TZ) diagnosis for $1"
+        echo "=== journalctl -u containerd (last 400 lines)"
+        journalctl -u containerd --no-pager -o short-precise -n 400 2>&1 || true
+        echo "=== systemctl list-units --all '*.scope' '*.slice'"
+        systemctl list-units --all --no-pager --no-legend '*.scope' '*.slice' 2>&1 || true
+        echo "=== systemctl list-jobs"
+        systemctl list-jobs --no-pager 2>&1 || true
+        echo "=== ps -ef"
+        ps -eo pid,ppid,stat,wchan:32,etime,args 2>&1 || true
+        echo "=== cgroups of the shims and their children"
+        for b in $(pgrep -f containerd-shim 2>/dev/null || true); do
+            echo "--- pid $b: $(tr '\0' ' ' <"/proc/$b/cmdline" 2>/dev/null) $(cat "/proc/$b/cgroup" 2>/dev/null)"
+        done
+        for b in /run/containerd/io.containerd.runtime.v2.task/*/*/; do
+            [[ -d $b ]] || continue
+            echo "=== bundle $b: $(ls "$b" 2>&1 | tr '\n' ' ')"
+            [[ -f $b/log.json ]] && tail -n 100 "$b/log.json"
+            [[ -f $b/log ]] && tail -n 100 "$b/log"
+        done
+        echo "=== runtime logs (--log files, state)"
+        find /run/containerd/agent-sandbox /run/containerd/runc -maxdepth 3 \( -name '*.log' -o -name 'log.json' \) \
+            -exec sh -c 'echo "--- $1"; tail -n 100 "$1"' _ {} \; 2>/dev/null || true
+        echo "=== journalctl (kernel, systemd; last 200 lines)"
+        journalctl --no-pager -o short-precise -n 200 _PID=1 + _TRANSPORT=kernel 2>&1 || true
+    } >>"$f" 2>&1
 }
 
 # The most telling line of a command's output: its first error line, else its last line.
@@ -391,6 +425,7 @@ cri_scenario() {
             "$mem" "$want_pids" || true
         if ! capture cri_vm remove "$pod"; then
             result "$check.cleanup" "$rt" FAIL "StopPodSandbox/RemovePodSandbox: $(brief "$got")"
+            diagnose "$check.$rt.cleanup"
         else
             # The pod slice is kubelet's to remove; the containers' scopes are the runtime's.
             capture systemctl list-units --all --no-legend "cri-containerd-*" || true
@@ -400,6 +435,7 @@ cri_scenario() {
             scopes=$(find "$dir" -mindepth 1 -maxdepth 1 -type d 2>/dev/null || true)
             if [[ -n $scopes || -n $left ]]; then
                 result "$check.cleanup" "$rt" FAIL "left after RemovePodSandbox: ${scopes//$'\n'/ } ${left//$'\n'/ }"
+                diagnose "$check.$rt.cleanup"
             else
                 result "$check.cleanup" "$rt" PASS "no scope left under $slice"
             fi
@@ -416,12 +452,18 @@ cri_scenario() {
     cid=$(jq -r .container <<<"$got")
     slice=$(jq -r .cgroup_parent <<<"$got")
     slice=${slice##*/}
+    # cri_vm gives up after its own 120 s and says what it last saw: let it.
+    capture_limit=150
     if capture_out cri_vm wait "$cid" --timeout 120 && [[ $(jq -r .reason <<<"$got") == OOMKilled ]]; then
         result "$check.oom" "$rt" PASS "ContainerStatus reason OOMKilled, exit $(jq -r .exit_code <<<"$got")"
     else
         result "$check.oom" "$rt" FAIL "ContainerStatus: $(brief "$got")"
+        diagnose "$check.$rt.oom"
     fi
-    capture cri_vm remove "$pod" || true
+    capture_limit=''
+    if ! capture cri_vm remove "$pod"; then
+        diagnose "$check.$rt.oom-remove"
+    fi
     capture systemctl stop "$slice" || true
 }
 
@@ -523,8 +565,12 @@ CONF
   ]
 }
 CONF
+    # Debug level: containerd's journal then has the shims' debug logs too (diagnose).
     cat >/etc/containerd/config.toml <<'CONF'
 version = 2
+
+[debug]
+  level = "debug"
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]

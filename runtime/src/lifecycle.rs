@@ -817,8 +817,20 @@ impl Runtime {
                 signal: signal.to_owned(),
             })?;
         let mut c = self.load(id)?;
-        if c.status() == ContainerStatus::Stopped && !all {
-            return Err(LifecycleError::NotRunning);
+        if c.status() == ContainerStatus::Stopped {
+            if !all {
+                return Err(LifecycleError::NotRunning);
+            }
+            // containerd follows every init exit with `kill --all` (its Delete kills what may
+            // be left in the cgroup). Under the systemd driver the scope went with the last
+            // process, and libcontainer fails to list a cgroup that is not there: that failure
+            // kept containerd from ever handling the exit. No cgroup, nothing left to signal
+            // (runc answers the same).
+            let cfg = c.spec().map_err(container_err("kill"))?;
+            if crate::host::cgroups::is_gone(&cfg.cgroup_path, c.systemd(), id) {
+                tracing::debug!(id = %id, "kill --all: the stopped container's cgroup is gone, nothing to signal");
+                return Ok(());
+            }
         }
         c.kill(sig, all).map_err(container_err("kill"))
     }

@@ -657,6 +657,59 @@ pub fn pids(cgroup_path: &Path, systemd: bool, id: &ContainerId) -> Result<Vec<i
     Ok(pids.into_iter().map(|p| p.as_raw()).collect())
 }
 
+/// Whether a container's own cgroup is known to be gone: its manager, listing the processes,
+/// finds no directory where the cgroup's leaf (`prefix-name.scope`, or the last component of
+/// a cgroupfs path) should be. Only v2 (cgroupfs or systemd) is looked at.
+///
+/// systemd removes a transient scope once its last process exits, before the runtime's
+/// `delete`: a stopped container under the systemd driver usually has no cgroup left. Without
+/// a cgroup no process of the container can be left either (a populated cgroup cannot be
+/// removed). Anything else, a cgroup still there or an error that does not prove it gone
+/// (a child cgroup vanishing during the walk), answers false: the caller then goes on
+/// as if the cgroup were there.
+pub fn is_gone(cgroup_path: &Path, systemd: bool, id: &ContainerId) -> bool {
+    use libcgroups::common::CgroupManager;
+    let leaf = if systemd {
+        match SystemdPath::parse(&cgroup_path.to_string_lossy()) {
+            Ok(p) => p.unit(),
+            Err(_) => return false,
+        }
+    } else {
+        match cgroup_path.file_name() {
+            Some(name) => name.to_string_lossy().into_owned(),
+            None => return false,
+        }
+    };
+    let Ok(mgr) = manager(cgroup_path, systemd, id) else {
+        return false;
+    };
+    match mgr.get_all_pids() {
+        Ok(_) => false,
+        Err(e) => proves_gone(&e, &leaf),
+    }
+}
+
+/// Whether a v2 manager's error says the directory named `leaf` is not there (and it still
+/// is not).
+fn proves_gone(err: &libcgroups::common::AnyManagerError, leaf: &str) -> bool {
+    use libcgroups::common::{AnyManagerError, WrappedIoError};
+    let io = match err {
+        AnyManagerError::Systemd(libcgroups::systemd::manager::SystemdManagerError::WrappedIo(
+            io,
+        ))
+        | AnyManagerError::V2(libcgroups::v2::manager::V2ManagerError::WrappedIo(io)) => io,
+        _ => return false,
+    };
+    let WrappedIoError::Read { err, path } = io else {
+        return false;
+    };
+    err.kind() == std::io::ErrorKind::NotFound
+        && path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy() == leaf)
+        && !path.exists()
+}
+
 /// Applies new resources to a container's cgroup (`update`).
 pub fn apply(
     cgroup_path: &Path,
@@ -1141,5 +1194,43 @@ mod tests {
         host.systemd = true;
         assert_eq!(features(&host)["systemd"], true);
         assert_eq!(features(&host)["v1"], true);
+    }
+
+    fn read_error(path: &Path, kind: std::io::ErrorKind) -> libcgroups::common::AnyManagerError {
+        libcgroups::systemd::manager::SystemdManagerError::WrappedIo(
+            libcgroups::common::WrappedIoError::Read {
+                err: std::io::Error::from(kind),
+                path: path.to_owned(),
+            },
+        )
+        .into()
+    }
+
+    #[test]
+    fn a_missing_scope_proves_the_cgroup_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let scope = dir.path().join("pod1.slice/cri-containerd-c1.scope");
+        let err = read_error(&scope, std::io::ErrorKind::NotFound);
+        assert!(proves_gone(&err, "cri-containerd-c1.scope"));
+    }
+
+    #[test]
+    fn a_missing_child_or_an_existing_dir_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        // A child cgroup that vanished during the walk is not the container's own.
+        let child = dir.path().join("cri-containerd-c1.scope/sub");
+        let err = read_error(&child, std::io::ErrorKind::NotFound);
+        assert!(!proves_gone(&err, "cri-containerd-c1.scope"));
+        // The directory is there (it came back, or the error was not about it).
+        let scope = dir.path().join("cri-containerd-c1.scope");
+        std::fs::create_dir(&scope).unwrap();
+        let err = read_error(&scope, std::io::ErrorKind::NotFound);
+        assert!(!proves_gone(&err, "cri-containerd-c1.scope"));
+        // Another error than "not found".
+        let err = read_error(
+            &dir.path().join("gone.scope"),
+            std::io::ErrorKind::PermissionDenied,
+        );
+        assert!(!proves_gone(&err, "gone.scope"));
     }
 }
