@@ -123,42 +123,25 @@ fn verify_v1(root: &Path, rel: &str, res: &LinuxResources) -> Result<(), Cgroups
             limit.to_string(),
         )?;
     }
+    // pids and cpu read back exactly what was written.
+    let exact = |ctrl: &str, file: &'static str, limit: Limit, want: String| {
+        expect(ctrl, file, limit, &|g| g == want, want.clone())
+    };
     if let Some(pids) = res.pids().as_ref()
         && pids.limit() > 0
     {
-        let want = pids.limit().to_string();
-        expect(
-            "pids",
-            "pids.max",
-            Limit::Pids,
-            &|g| g == want,
-            want.clone(),
-        )?;
+        exact("pids", "pids.max", Limit::Pids, pids.limit().to_string())?;
     }
     if let Some(cpu) = res.cpu().as_ref() {
         if let Some(q) = cpu.quota()
             && q > 0
         {
-            let want = q.to_string();
-            expect(
-                "cpu",
-                "cpu.cfs_quota_us",
-                Limit::CpuQuota,
-                &|g| g == want,
-                want.clone(),
-            )?;
+            exact("cpu", "cpu.cfs_quota_us", Limit::CpuQuota, q.to_string())?;
         }
         if let Some(s) = cpu.shares()
             && s > 0
         {
-            let want = s.to_string();
-            expect(
-                "cpu",
-                "cpu.shares",
-                Limit::CpuShares,
-                &|g| g == want,
-                want.clone(),
-            )?;
+            exact("cpu", "cpu.shares", Limit::CpuShares, s.to_string())?;
         }
     }
     Ok(())
