@@ -443,10 +443,31 @@ cri_scenario() {
         fi
     fi
 
-    # OOM: CRI reports the container's exit reason OOMKilled.
+    # OOM: CRI reports the container's exit reason OOMKilled. agent-sandbox's shim reads the
+    # cgroup's oom_kill counter before it publishes the exit, so it gets one attempt. runc's
+    # shim in containerd 1.6 (this guest's) can lose TaskOOM for an init killed right after
+    # start (containerd#8180, containerd#8893; containerd 2.2 orders OOM before exit, #12714):
+    # the baseline gets up to three attempts, each one logged.
+    local attempts=1 n
+    [[ $rt == runc ]] && attempts=3
+    for ((n = 1; n <= attempts; n++)); do
+        if cri_oom_once "$check" "$rt"; then
+            result "$check.oom" "$rt" PASS "ContainerStatus reason OOMKilled, exit $(jq -r .exit_code <<<"$got")$( ((n > 1)) && echo ", attempt $n of $attempts")"
+            return 0
+        fi
+        echo "$check.oom $rt attempt $n: $(brief "$got")" >>"$log"
+    done
+    result "$check.oom" "$rt" FAIL "ContainerStatus: $(brief "$got")"
+    diagnose "$check.$rt.oom"
+}
+
+# cri_oom_once CHECK RT: one pod whose 32 MiB container allocates 128 MiB; true when CRI
+# reports reason OOMKilled. Leaves the last ContainerStatus (or error) in $got.
+cri_oom_once() {
+    local check=$1 rt=$2 pod cid slice status
     if ! capture_out cri_vm run --handler "$rt" --memory "$oom_mem" -- probe hog "$oom_alloc_mib"; then
-        result "$check.oom" "$rt" FAIL "CRI pod: $(brief "$(tail -n 20 "$log")")"
-        return
+        got="CRI pod: $(tail -n 20 "$log")"
+        return 1
     fi
     pod=$(jq -r .pod <<<"$got")
     cid=$(jq -r .container <<<"$got")
@@ -454,17 +475,18 @@ cri_scenario() {
     slice=${slice##*/}
     # cri_vm gives up after its own 120 s and says what it last saw: let it.
     capture_limit=150
+    status=1
     if capture_out cri_vm wait "$cid" --timeout 120 && [[ $(jq -r .reason <<<"$got") == OOMKilled ]]; then
-        result "$check.oom" "$rt" PASS "ContainerStatus reason OOMKilled, exit $(jq -r .exit_code <<<"$got")"
-    else
-        result "$check.oom" "$rt" FAIL "ContainerStatus: $(brief "$got")"
-        diagnose "$check.$rt.oom"
+        status=0
     fi
     capture_limit=''
+    local seen=$got
     if ! capture cri_vm remove "$pod"; then
         diagnose "$check.$rt.oom-remove"
     fi
     capture systemctl stop "$slice" || true
+    got=$seen
+    return "$status"
 }
 
 # --- the probe --------------------------------------------------------------------------
