@@ -165,6 +165,7 @@ pub fn created(
     id: &ContainerId,
     policy: &SandboxPolicy,
     plan: &LayerPlan,
+    clamped: &[agent_sandbox_policy::harden::Clamp],
 ) -> Result<(), AuditError> {
     let mut events = vec![Event::Create {
         policy_digest: policy_digest(policy),
@@ -179,6 +180,11 @@ pub fn created(
                 reason: reason.to_string(),
             }),
     );
+    events.extend(clamped.iter().map(|c| Event::Clamped {
+        key: c.key.clone(),
+        requested: c.requested.clone(),
+        granted: c.granted.clone(),
+    }));
     append(dirs, id, &events)
 }
 

@@ -99,6 +99,12 @@ pub enum LifecycleError {
         #[source]
         source: Box<libcontainer::error::LibcontainerError>,
     },
+    #[error("create failed: cannot set sysctl {settings} in the sandbox")]
+    Sysctl {
+        settings: String,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
     #[error("exec failed")]
     Exec {
         #[source]
@@ -126,6 +132,33 @@ fn container_err(
 ) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LifecycleError {
     move |source| LifecycleError::Container {
         op,
+        source: Box::new(source),
+    }
+}
+
+/// Maps libcontainer's create error; a failed sysctl write names the keys and values the
+/// sandbox asked for (libcontainer's own message names none).
+fn create_err(source: libcontainer::error::LibcontainerError, spec: &Spec) -> LifecycleError {
+    let mut chain = String::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(&source);
+    while let Some(e) = cause {
+        chain.push_str(&e.to_string());
+        cause = e.source();
+    }
+    let mut settings: Vec<String> = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.sysctl().as_ref())
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v:?}"))
+        .collect();
+    if settings.is_empty() || !chain.contains("sysctl") {
+        return container_err("create")(source);
+    }
+    settings.sort();
+    LifecycleError::Sysctl {
+        settings: settings.join(", "),
         source: Box::new(source),
     }
 }
@@ -472,7 +505,7 @@ impl Runtime {
             .with_systemd(cgroups.systemd())
             .with_detach(true)
             .with_no_pivot(opts.no_pivot);
-        let container = in_root_dir(|| init.build())?.map_err(container_err("create"))?;
+        let container = in_root_dir(|| init.build())?.map_err(|e| create_err(e, &spec))?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
         mark("libcontainer");
         crate::audit::track_init(&self.dirs, id, pid);
@@ -499,8 +532,14 @@ impl Runtime {
             s.ready().map_err(LifecycleError::SyscallAudit)?;
         }
         mark("supervisor_ready");
-        crate::audit::created(&self.dirs, id, &prepared.policy, &prepared.plan)
-            .map_err(LifecycleError::Audit)?;
+        crate::audit::created(
+            &self.dirs,
+            id,
+            &prepared.policy,
+            &prepared.plan,
+            &prepared.clamped,
+        )
+        .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
             crate::audit::exec(&self.dirs, id, process, &spec).map_err(LifecycleError::Audit)?;
         }

@@ -214,6 +214,8 @@ pub struct Prepared {
     pub policy: SandboxPolicy,
     pub plan: LayerPlan,
     pub executor: SandboxExecutor,
+    /// Settings of the incoming spec granted narrower (recorded in the audit trail).
+    pub clamped: Vec<harden::Clamp>,
 }
 
 /// Hardens `spec` under `ceiling` with the runtime's facts and builds the
@@ -286,6 +288,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         policy: hardened.policy,
         plan,
         executor,
+        clamped: hardened.clamped,
     })
 }
 

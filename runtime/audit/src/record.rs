@@ -163,6 +163,16 @@ pub enum Event {
     },
     /// The sandbox was deleted.
     Delete {},
+    /// A setting of the incoming spec that the sandbox granted only in part (e.g. Docker's
+    /// `net.ipv4.ping_group_range`, narrowed to the sandbox's gid mapping).
+    Clamped {
+        /// The setting, as the spec names it.
+        key: String,
+        /// What the spec asked.
+        requested: String,
+        /// What the sandbox got.
+        granted: String,
+    },
     /// An optional protection layer is not in force.
     LayerInactive {
         /// Layer name (e.g. `apparmor`).
@@ -250,6 +260,7 @@ impl Event {
             Event::FsDenied { .. } => "fs_denied",
             Event::FilesChanged { .. } => "files_changed",
             Event::Delete {} => "delete",
+            Event::Clamped { .. } => "clamped",
             Event::LayerInactive { .. } => "layer_inactive",
         }
     }

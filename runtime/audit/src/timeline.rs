@@ -191,6 +191,11 @@ fn details(event: &Event) -> String {
             s
         }
         Event::Delete {} => "sandbox deleted".to_owned(),
+        Event::Clamped {
+            key,
+            requested,
+            granted,
+        } => format!("{key}: asked {requested:?}, granted {granted:?}"),
         Event::LayerInactive { layer, reason } => format!("{layer}: {reason}"),
     }
 }

@@ -113,6 +113,16 @@ pub enum HardenError {
     Device { path: PathBuf },
     #[error("sysctl {key} is not namespaced to the sandbox")]
     Sysctl { key: String },
+    #[error(
+        "sysctl {key} names network device {device}, which the sandbox's network namespace does not have (only lo)"
+    )]
+    SysctlDevice { key: String, device: String },
+    #[error("sysctl {key} has a bad value `{value}`: {reason}")]
+    SysctlValue {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
     #[error("cgroup unified key {key} cannot be checked against the policy")]
     UnifiedResource { key: String },
     #[error("moving host network device {device} into the sandbox is not allowed")]
@@ -217,7 +227,27 @@ pub struct PodNamespaces {
 pub struct HardenedSpec {
     pub spec: Spec,
     pub policy: SandboxPolicy,
+    /// Settings of the incoming spec that the sandbox grants only in part (the runtime
+    /// records each one in the audit trail).
+    pub clamped: Vec<Clamp>,
 }
+
+/// A setting the incoming spec asked for that the sandbox can only grant narrower: an
+/// engine's default that would otherwise make the container fail to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Clamp {
+    /// The setting, as the spec names it (e.g. `net.ipv4.ping_group_range`).
+    pub key: String,
+    /// What the spec asked.
+    pub requested: String,
+    /// What the sandbox gets.
+    pub granted: String,
+}
+
+/// The sysctl Docker sets for every container on a non-host network (`0 2147483647`: any
+/// group may open ICMP echo sockets). The kernel takes only group ids mapped in the writer's
+/// user namespace, so [`harden_spec`] clamps it to the sandbox's gid mapping.
+pub const PING_GROUP_RANGE: &str = "net.ipv4.ping_group_range";
 
 /// The host path bind-mounted at the policy's workspace in `spec`, if any.
 pub fn workspace_source(spec: &Spec, policy: &SandboxPolicy) -> Option<PathBuf> {
@@ -505,6 +535,40 @@ pub fn harden_spec(
     {
         return Err(HardenError::Sysctl { key: key.clone() });
     }
+    // The sandbox's own network namespace has only `lo`; a pod's has the pod's devices.
+    if ctx.pod.is_none()
+        && ctx.network_namespace.is_none()
+        && let Some((key, device)) = linux
+            .sysctl()
+            .iter()
+            .flat_map(|s| s.keys())
+            .find_map(|k| sysctl_device(k).map(|d| (k, d)))
+    {
+        return Err(HardenError::SysctlDevice {
+            key: key.clone(),
+            device: device.to_owned(),
+        });
+    }
+    let mut clamped = Vec::new();
+    if let Some(mut sysctl) = linux.sysctl().clone() {
+        if let Some(value) = sysctl.get_mut(PING_GROUP_RANGE) {
+            let granted = clamp_ping_group_range(value, &ctx.gid_mappings)?;
+            if granted != *value {
+                tracing::info!(
+                    key = PING_GROUP_RANGE,
+                    requested = %value,
+                    granted = %granted,
+                    "sysctl clamped to the sandbox's gid mapping"
+                );
+                clamped.push(Clamp {
+                    key: PING_GROUP_RANGE.to_owned(),
+                    requested: std::mem::replace(value, granted.clone()),
+                    granted,
+                });
+            }
+        }
+        linux.set_sysctl(Some(sysctl));
+    }
     // OCI `netDevices` moves host interfaces into the sandbox's network namespace.
     if let Some(device) = linux.net_devices().iter().flat_map(|d| d.keys()).next() {
         return Err(HardenError::NetDevice {
@@ -539,7 +603,11 @@ pub fn harden_spec(
         capabilities = policy.privileges.capabilities.len(),
         "spec hardened"
     );
-    Ok(HardenedSpec { spec, policy })
+    Ok(HardenedSpec {
+        spec,
+        policy,
+        clamped,
+    })
 }
 
 /// Clamp an exec'd process's spec (containerd and podman send one per exec) the same way
@@ -724,6 +792,74 @@ const SAFE_DEV_SOURCES: &[&str] = &[
     "/dev/urandom",
     "/dev/tty",
 ];
+
+/// `net.ipv4.ping_group_range` (`LOW HIGH`, group ids as the sandbox sees them) narrowed to
+/// the ids `gid_mappings` map: the kernel refuses an unmapped bound (EINVAL). The result is the
+/// part of the requested range inside the first mapping it overlaps; a range that overlaps
+/// none, or an empty one (`HIGH < LOW`, the kernel's "nobody"), becomes `1 0` (nobody).
+fn clamp_ping_group_range(value: &str, gid_mappings: &[IdMapping]) -> Result<String, HardenError> {
+    let bad = |reason| HardenError::SysctlValue {
+        key: PING_GROUP_RANGE.to_owned(),
+        value: value.to_owned(),
+        reason,
+    };
+    let bounds: Vec<&str> = value.split_whitespace().collect();
+    let [low, high] = bounds.as_slice() else {
+        return Err(bad("expected two group ids, `LOW HIGH`"));
+    };
+    let parse = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| bad("a group id is not a whole number"))
+    };
+    let (low, high) = (parse(low)?, parse(high)?);
+    let mapped = |id: u32| {
+        gid_mappings.iter().any(|m| {
+            id >= m.container_id && u64::from(id) < u64::from(m.container_id) + u64::from(m.size)
+        })
+    };
+    let nobody = || {
+        if mapped(0) && mapped(1) {
+            Ok("1 0".to_owned())
+        } else {
+            Err(bad(
+                "the sandbox's gid mapping cannot express an empty range",
+            ))
+        }
+    };
+    if high < low {
+        return if mapped(low) && mapped(high) {
+            Ok(format!("{low} {high}"))
+        } else {
+            nobody()
+        };
+    }
+    let mut mappings: Vec<&IdMapping> = gid_mappings.iter().filter(|m| m.size > 0).collect();
+    mappings.sort_by_key(|m| m.container_id);
+    let overlap = mappings.iter().find_map(|m| {
+        let last = m.container_id.saturating_add(m.size - 1);
+        (m.container_id <= high && low <= last).then(|| (low.max(m.container_id), high.min(last)))
+    });
+    match overlap {
+        Some((l, h)) => Ok(format!("{l} {h}")),
+        None => nobody(),
+    }
+}
+
+/// The network device a per-device sysctl names (`net.ipv4.conf.eth0.forwarding` -> `eth0`),
+/// unless it is one every network namespace has (`all`, `default`, `lo`).
+fn sysctl_device(key: &str) -> Option<&str> {
+    let rest = [
+        "net.ipv4.conf.",
+        "net.ipv6.conf.",
+        "net.ipv4.neigh.",
+        "net.ipv6.neigh.",
+    ]
+    .iter()
+    .find_map(|p| key.strip_prefix(p))?;
+    // The device is everything up to the last dot (a device name may hold dots: `eth0.100`).
+    let (device, _) = rest.rsplit_once('.')?;
+    (!matches!(device, "all" | "default" | "lo")).then_some(device)
+}
 
 /// Sysctls the kernel scopes to the sandbox's own namespaces.
 fn is_namespaced_sysctl(key: &str) -> bool {

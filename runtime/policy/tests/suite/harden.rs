@@ -89,8 +89,13 @@ fn opts(m: &Mount) -> Vec<String> {
 
 #[test]
 fn default_spec_gets_every_protection() {
-    let HardenedSpec { spec, policy } = harden_ok(podman_like_spec(), &agent(), &ctx());
+    let HardenedSpec {
+        spec,
+        policy,
+        clamped,
+    } = harden_ok(podman_like_spec(), &agent(), &ctx());
     assert_eq!(policy, agent());
+    assert!(clamped.is_empty(), "{clamped:?}");
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
     let process = spec.process().as_ref().unwrap();
     assert_eq!(process.no_new_privileges(), Some(true));
@@ -418,7 +423,7 @@ fn annotations_narrow() {
         ("io.agent.sandbox.wall-clock", "10m"),
         ("org.other.key", "ignored"),
     ]);
-    let HardenedSpec { spec, policy } = harden_ok(spec, &agent(), &ctx());
+    let HardenedSpec { spec, policy, .. } = harden_ok(spec, &agent(), &ctx());
     assert_eq!(policy.network.allow.len(), 2);
     assert!(policy.network.allowlist().decide("pypi.org", 443).allowed);
     assert!(!policy.network.allowlist().decide("github.com", 443).allowed);
@@ -550,6 +555,7 @@ fn real_podman_specs_harden() {
         let HardenedSpec {
             spec: out,
             policy: effective,
+            ..
         } = harden::harden_spec(spec, &policy, &ctx()).unwrap_or_else(|e| panic!("{name}: {e}"));
         if name == "rootful" {
             // The fixture carries `--annotation io.agent.sandbox.memory=256M`.
@@ -846,4 +852,124 @@ fn a_hardened_spec_covers_every_landlock_right_an_old_kernel_lacks() {
     raw.set_linux(Some(linux));
     let raw = harden::cover_facts(&raw);
     assert!(!raw.readonly_mounts && !raw.network_namespace && !raw.namespaces);
+}
+
+fn with_sysctl(pairs: &[(&str, &str)]) -> Spec {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap_or_default();
+    linux.set_sysctl(Some(
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    ));
+    spec.set_linux(Some(linux));
+    spec
+}
+
+fn sysctl_of(spec: &Spec, key: &str) -> Option<String> {
+    spec.linux().as_ref()?.sysctl().as_ref()?.get(key).cloned()
+}
+
+/// Docker adds `net.ipv4.ping_group_range = "0 2147483647"` to every container on a
+/// non-host network; the kernel refuses group ids the sandbox's user namespace does not map.
+#[test]
+fn dockers_ping_group_range_is_clamped_to_the_gid_mapping_and_reported() {
+    let spec = with_sysctl(&[
+        (harden::PING_GROUP_RANGE, "0 2147483647"),
+        ("net.ipv4.ip_unprivileged_port_start", "0"),
+    ]);
+    let out = harden_ok(spec, &agent(), &ctx());
+    assert_eq!(
+        sysctl_of(&out.spec, harden::PING_GROUP_RANGE).as_deref(),
+        Some("0 65535")
+    );
+    // Other sysctls pass through unchanged, as runc would apply them.
+    assert_eq!(
+        sysctl_of(&out.spec, "net.ipv4.ip_unprivileged_port_start").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        out.clamped,
+        [harden::Clamp {
+            key: harden::PING_GROUP_RANGE.to_owned(),
+            requested: "0 2147483647".to_owned(),
+            granted: "0 65535".to_owned(),
+        }]
+    );
+}
+
+#[test]
+fn ping_group_range_within_the_mapping_is_kept_and_not_reported() {
+    for value in ["0 65535", "100 200", "1 0"] {
+        let out = harden_ok(
+            with_sysctl(&[(harden::PING_GROUP_RANGE, value)]),
+            &agent(),
+            &ctx(),
+        );
+        assert_eq!(
+            sysctl_of(&out.spec, harden::PING_GROUP_RANGE).as_deref(),
+            Some(value)
+        );
+        assert!(out.clamped.is_empty(), "{value}: {:?}", out.clamped);
+    }
+}
+
+#[test]
+fn ping_group_range_outside_the_mapping_becomes_nobody() {
+    for (value, granted) in [
+        ("70000 80000", "1 0"),
+        ("65000 4294967294", "65000 65535"),
+        ("4294967294 0", "1 0"),
+    ] {
+        let out = harden_ok(
+            with_sysctl(&[(harden::PING_GROUP_RANGE, value)]),
+            &agent(),
+            &ctx(),
+        );
+        assert_eq!(
+            sysctl_of(&out.spec, harden::PING_GROUP_RANGE).as_deref(),
+            Some(granted),
+            "{value}"
+        );
+        assert_eq!(out.clamped.len(), 1, "{value}");
+    }
+}
+
+#[test]
+fn bad_ping_group_range_is_refused_naming_the_key() {
+    for value in ["0", "0 1 2", "a b", "-1 5", ""] {
+        let err = harden::harden_spec(
+            with_sysctl(&[(harden::PING_GROUP_RANGE, value)]),
+            &agent(),
+            &ctx(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, HardenError::SysctlValue { key, .. } if key == harden::PING_GROUP_RANGE),
+            "{value}: {err:?}"
+        );
+        assert!(err.to_string().contains(harden::PING_GROUP_RANGE), "{err}");
+    }
+}
+
+/// A per-device sysctl for a device the sandbox's namespace lacks fails at create with
+/// libcontainer's "open subpath in procfs failed"; the hardening names the key instead.
+#[test]
+fn sysctl_for_a_device_the_sandbox_lacks_is_refused_naming_key_and_device() {
+    let key = "net.ipv4.conf.eth0.forwarding";
+    let err = harden::harden_spec(with_sysctl(&[(key, "1")]), &agent(), &ctx()).unwrap_err();
+    assert!(
+        matches!(&err, HardenError::SysctlDevice { key: k, device } if k == key && device == "eth0"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(key), "{err}");
+    for ok in [
+        "net.ipv4.conf.all.forwarding",
+        "net.ipv4.conf.default.rp_filter",
+        "net.ipv6.conf.lo.disable_ipv6",
+        "net.ipv4.neigh.default.gc_thresh1",
+    ] {
+        harden_ok(with_sysctl(&[(ok, "1")]), &agent(), &ctx());
+    }
 }
