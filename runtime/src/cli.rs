@@ -195,8 +195,8 @@ pub enum Command {
         #[arg(short, long, default_value = "table")]
         format: String,
     },
-    /// Print the containerd CRI runtime entry for Kubernetes (`install containerd`), or merge
-    /// it into containerd's config with `--write`
+    /// Print the containerd CRI runtime entry for Kubernetes (`install containerd`) or the
+    /// daemon.json runtime for Docker (`install docker`), or merge it in with `--write`
     Install {
         #[command(subcommand)]
         target: InstallTarget,
@@ -214,6 +214,8 @@ pub enum InstallTarget {
         #[arg(long, default_value = crate::install::DEFAULT_CONFIG)]
         config: PathBuf,
     },
+    /// The `agent-sandbox` runtime of dockerd (`docker run --runtime agent-sandbox`)
+    Docker(crate::install_docker::DockerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -326,6 +328,8 @@ pub enum CliError {
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(transparent)]
     Install(#[from] crate::install::InstallError),
+    #[error(transparent)]
+    InstallDocker(#[from] crate::install_docker::DockerInstallError),
     #[error("profile {profile}")]
     Artifact {
         profile: String,
@@ -654,6 +658,9 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 println!("{} already has the agent-sandbox runtime", config.display());
             }
         }
+        Command::Install {
+            target: InstallTarget::Docker(args),
+        } => crate::install_docker::run(&args)?,
         Command::List { format } => {
             let runtime = rt()?;
             let ids = runtime.list();

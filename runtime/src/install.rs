@@ -237,28 +237,33 @@ pub fn write(path: &Path) -> Result<bool, InstallError> {
     if !merged.changed {
         return Ok(false);
     }
-    let write_err = |source| InstallError::Write {
+    replace_atomically(path, &merged.text).map_err(|source| InstallError::Write {
         path: path.to_owned(),
         source,
-    };
+    })?;
+    tracing::info!(path = %path.display(), "merged the agent-sandbox runtime into containerd's config");
+    Ok(true)
+}
+
+/// Replaces the file at `path` with `text` atomically (a temporary file in the same directory,
+/// synced, then renamed over it), keeping the old file's permissions (0644 for a new file).
+/// Creates the directory if needed. On error the old file is untouched.
+pub(crate) fn replace_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(write_err)?;
+    fs::create_dir_all(dir)?;
     let mode = fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
     let mut tmp = tempfile::Builder::new()
         .prefix(".agent-sandbox-install-")
-        .tempfile_in(dir)
-        .map_err(write_err)?;
-    tmp.write_all(merged.text.as_bytes()).map_err(write_err)?;
+        .tempfile_in(dir)?;
+    tmp.write_all(text.as_bytes())?;
     tmp.as_file()
-        .set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(write_err)?;
-    tmp.as_file().sync_all().map_err(write_err)?;
-    tmp.persist(path).map_err(|e| write_err(e.error))?;
-    tracing::info!(path = %path.display(), "merged the agent-sandbox runtime into containerd's config");
-    Ok(true)
+        .set_permissions(fs::Permissions::from_mode(mode))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[cfg(test)]

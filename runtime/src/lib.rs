@@ -14,6 +14,7 @@ pub mod host;
 pub mod id;
 pub mod idmap;
 pub mod install;
+pub mod install_docker;
 pub mod layers;
 pub mod lifecycle;
 pub mod logging;
