@@ -7,6 +7,7 @@
 #   4. the statically linked in-sandbox probe
 #   5. the test images (hack/images.sh), loaded into podman
 #   6. containerd, when hack/containerd.sh exists
+#   7. dockerd with the agent-sandbox runtimes and the test images (hack/docker.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Root's tools (useradd, runuser, iptables) live in the sbin directories, which a
@@ -46,4 +47,7 @@ if [[ -x hack/containerd.sh ]]; then
     hack/containerd.sh
     hack/cri.sh
 fi
+
+step "docker"
+hack/docker.sh /usr/local/bin
 step "done"
