@@ -4,6 +4,7 @@
 
 pub mod cri;
 pub mod ctr;
+pub mod docker;
 pub mod harness;
 pub mod net;
 pub mod podman;

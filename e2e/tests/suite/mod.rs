@@ -3,6 +3,7 @@ mod audit;
 mod baseline;
 mod cri;
 mod ctr;
+mod docker;
 mod egress;
 mod faults;
 mod hostile;
