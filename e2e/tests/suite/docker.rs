@@ -153,7 +153,8 @@ fn wait_exit(name: &str) -> anyhow::Result<String> {
 }
 
 /// What one runtime does through a container's life: exec output and exit codes, a tty,
-/// stop, kill with a trapped signal, exit codes of `run`, and rm.
+/// pause, cp both ways, restart, logs, stop, kill with a trapped signal, exit codes of `run`,
+/// and rm.
 #[derive(Debug, PartialEq, Eq)]
 struct Lifecycle {
     exec_out: String,
@@ -161,19 +162,61 @@ struct Lifecycle {
     exec_tty: String,
     run_tty: String,
     run_code: Option<i32>,
+    paused: String,
+    unpaused: String,
+    cp_in: String,
+    cp_out: bool,
+    restarted: String,
+    logs: String,
     stop_code: String,
     kill_code: String,
     gone_after_rm: bool,
 }
 
 fn lifecycle(d: Docker) -> anyhow::Result<Lifecycle> {
-    let (_g, name) = detached(d, "life", &[BUSYBOX_IMAGE, "sleep", "600"])?;
+    let (_g, name) = detached(
+        d,
+        "life",
+        &[BUSYBOX_IMAGE, "sh", "-c", "echo started; exec sleep 600"],
+    )?;
     let exec = docker_ok(&["exec", &name, "sh", "-c", "echo hello-from-exec"])?;
     let exec_fail = docker(&["exec", &name, "sh", "-c", "exit 3"])?;
     // `-t` without `-i`: a pty whose name the process prints.
     let exec_tty = docker_ok(&["exec", "-t", &name, "sh", "-c", "tty | cut -c1-9"])?;
     let run_tty = d.run_ok(&["--rm", "-t", BUSYBOX_IMAGE, "sh", "-c", "tty | cut -c1-9"])?;
     let run_code = d.run(&["--rm", BUSYBOX_IMAGE, "sh", "-c", "exit 7"])?;
+    let status = || -> anyhow::Result<String> {
+        Ok(
+            docker_ok(&["inspect", "--format", "{{.State.Status}}", &name])?
+                .stdout
+                .trim()
+                .to_owned(),
+        )
+    };
+    docker_ok(&["pause", &name])?;
+    let paused = status()?;
+    docker_ok(&["unpause", &name])?;
+    let unpaused = status()?;
+    // `docker cp` works on the container's root filesystem (the sandbox's scratch tmpfs, like
+    // a `--tmpfs` mount under runc, is out of its reach).
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("in.txt");
+    fs::write(&file, "copied-in\n")?;
+    docker_ok(&[
+        "cp",
+        &file.display().to_string(),
+        &format!("{name}:/in.txt"),
+    ])?;
+    let cp_in = docker_ok(&["exec", &name, "cat", "/in.txt"])?;
+    let out = dir.path().join("hostname");
+    docker_ok(&[
+        "cp",
+        &format!("{name}:/etc/hostname"),
+        &out.display().to_string(),
+    ])?;
+    docker_ok(&["restart", "-t", "1", &name])?;
+    let restarted = status()?;
+    let logs = docker_ok(&["logs", &name])?;
     // `sleep` as pid 1 ignores SIGTERM: stop escalates to SIGKILL (137).
     docker_ok(&["stop", "-t", "1", &name])?;
     let stop_code = exit_code(&name)?;
@@ -205,6 +248,12 @@ fn lifecycle(d: Docker) -> anyhow::Result<Lifecycle> {
         exec_tty: exec_tty.stdout.trim().to_owned(),
         run_tty: run_tty.stdout.trim().to_owned(),
         run_code: run_code.code,
+        paused,
+        unpaused,
+        cp_in: cp_in.stdout.trim().to_owned(),
+        cp_out: fs::metadata(&out).is_ok_and(|m| m.len() > 0),
+        restarted,
+        logs: logs.stdout.trim().to_owned(),
         stop_code,
         kill_code,
         gone_after_rm: gone,
@@ -212,7 +261,8 @@ fn lifecycle(d: Docker) -> anyhow::Result<Lifecycle> {
 }
 
 #[test]
-fn docker_exec_tty_stop_kill_rm_and_exit_codes_behave_like_runc() -> anyhow::Result<()> {
+fn docker_exec_tty_pause_cp_restart_logs_stop_kill_rm_and_exit_codes_behave_like_runc()
+-> anyhow::Result<()> {
     let ours = lifecycle(sandbox())?;
     let want = Lifecycle {
         exec_out: "hello-from-exec".to_owned(),
@@ -220,6 +270,13 @@ fn docker_exec_tty_stop_kill_rm_and_exit_codes_behave_like_runc() -> anyhow::Res
         exec_tty: "/dev/pts/".to_owned(),
         run_tty: "/dev/pts/".to_owned(),
         run_code: Some(7),
+        paused: "paused".to_owned(),
+        unpaused: "running".to_owned(),
+        cp_in: "copied-in".to_owned(),
+        cp_out: true,
+        restarted: "running".to_owned(),
+        // One line per start: the run and the restart.
+        logs: "started\nstarted".to_owned(),
         stop_code: "137".to_owned(),
         kill_code: "42".to_owned(),
         gone_after_rm: true,
