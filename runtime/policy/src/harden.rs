@@ -535,9 +535,8 @@ pub fn harden_spec(
     {
         return Err(HardenError::Sysctl { key: key.clone() });
     }
-    // The sandbox's own network namespace has only `lo`; a pod's has the pod's devices.
-    if ctx.pod.is_none()
-        && ctx.network_namespace.is_none()
+    // The sandbox's own network namespace, and a pod's (docs/pod-network.md), has only `lo`.
+    if ctx.network_namespace.is_none()
         && let Some((key, device)) = linux
             .sysctl()
             .iter()
