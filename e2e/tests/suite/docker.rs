@@ -582,3 +582,31 @@ fn install_docker_merges_the_printed_runtime_keeping_other_keys_and_leaves_a_bad
     );
     Ok(())
 }
+
+/// A sysctl the sandbox cannot take fails the run, as under runc, with an error naming the key
+/// (libcontainer's own message names none): a value the kernel refuses, and a per-device key
+/// for a device the sandbox's lo-only namespace lacks.
+#[test]
+fn refused_sysctls_fail_like_runc_with_an_error_naming_the_key() -> anyhow::Result<()> {
+    docker::require_ready(BUSYBOX_IMAGE)?;
+    for (setting, key) in [
+        (
+            "net.ipv4.tcp_keepalive_time=abc",
+            "net.ipv4.tcp_keepalive_time",
+        ),
+        (
+            "net.ipv4.conf.eth0.forwarding=1",
+            "net.ipv4.conf.eth0.forwarding",
+        ),
+    ] {
+        let ours = sandbox().run(&["--rm", "--sysctl", setting, BUSYBOX_IMAGE, "true"])?;
+        ensure!(
+            !ours.success() && ours.stderr.contains(key),
+            "{setting}: the sandbox's error does not name {key}\n{ours}"
+        );
+        // runc on Docker's default network here (lo only, --bridge=none) refuses both too.
+        let base = runc().run(&["--rm", "--sysctl", setting, BUSYBOX_IMAGE, "true"])?;
+        ensure!(!base.success(), "{setting}: runc accepted it\n{base}");
+    }
+    Ok(())
+}
