@@ -107,8 +107,12 @@ pub fn require_ready(image: &str) -> anyhow::Result<()> {
         let name = rt.name();
         let path = runtimes[&name]["path"].as_str().map(PathBuf::from);
         if path.as_deref() != Some(want.as_path()) {
+            let runs = path.map_or_else(
+                || "is not registered".to_owned(),
+                |p| format!("runs {}", p.display()),
+            );
             bail!(
-                "dockerd's runtime {name} runs {path:?}, not the binary under test {}; run \
+                "dockerd's runtime {name} {runs}, not the binary under test {}; run \
                  `hack/docker.sh {} NAME` and set {RUNTIME_ENV}=NAME\n{info}",
                 want.display(),
                 harness::bin_dir().display()
