@@ -51,26 +51,28 @@ pub struct Request<'a> {
     pub audit_dir: Option<&'a Path>,
 }
 
-/// The names promotion refuses at any depth: the protected names of every built-in profile,
+/// The names promotion refuses at any depth: the protected names of the default profile,
 /// of the admin's policy and of the policy the sandbox was created under (the mandatory ones
-/// are in each).
+/// are in each). A policy that protects all of `.git/` (`strict`) refuses every `.git` change.
 pub fn rules(rt: &Runtime, req: &Request<'_>) -> Result<Rules, PromoteCmdError> {
     let mut names: Vec<String> = Vec::new();
-    let mut add = |c: &Ceiling| {
+    let mut add = |p: &agent_sandbox_policy::SandboxPolicy| {
         names.extend(
-            c.policy
-                .filesystem
+            p.filesystem
                 .protected_names()
                 .iter()
                 .map(ToString::to_string),
         );
     };
-    for builtin in agent_sandbox_policy::builtin_names() {
-        add(&Ceiling::load(Some(Path::new(builtin)))?);
-    }
-    add(&Ceiling::load(req.policy)?);
+    // The default profile's names always count: promotion must not depend on which policy
+    // a caller happens to pass.
+    add(
+        &agent_sandbox_policy::SandboxPolicy::builtin(crate::sandbox::DEFAULT_PROFILE)
+            .map_err(crate::sandbox::SandboxError::Policy)?,
+    );
+    add(&Ceiling::load(req.policy)?.policy);
     if let Ok(saved) = Ceiling::load_saved(&rt.dirs.sandbox(req.id)) {
-        add(&saved);
+        add(&saved.policy);
     }
     Ok(Rules::new(names.iter().map(String::as_str)))
 }
