@@ -159,3 +159,48 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
         Err(e) => Err(e.into()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_sandbox_audit::FileKind;
+
+    #[test]
+    fn rules_hold_the_default_profiles_names_and_a_strict_policy_protects_all_of_git()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let rt = Runtime::new(Some(dir.path()))?;
+        let id = ContainerId::try_from("pr-rules")?;
+        let mut req = Request {
+            id: &id,
+            to: dir.path(),
+            dry_run: true,
+            policy: None,
+            audit_dir: None,
+        };
+        let r = rules(&rt, &req)?;
+        for p in [
+            "pkg/.envrc",
+            "a/.git/hooks/x",
+            ".mcp.json",
+            "x/.cargo/config.toml",
+        ] {
+            assert!(
+                r.check(Path::new(p), FileKind::File, false).is_some(),
+                "{p}"
+            );
+        }
+        assert_eq!(
+            r.check(Path::new(".git/index"), FileKind::File, false),
+            None
+        );
+        req.policy = Some(Path::new("strict"));
+        let strict = rules(&rt, &req)?;
+        assert!(
+            strict
+                .check(Path::new(".git/index"), FileKind::File, false)
+                .is_some()
+        );
+        Ok(())
+    }
+}

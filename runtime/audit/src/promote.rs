@@ -1769,6 +1769,48 @@ mod tests {
         Ok(())
     }
 
+    /// The target changes between the check and the apply (someone swaps a directory for a
+    /// symlink): the apply stops there, names what it applied, and writes nothing outside.
+    #[test]
+    fn a_target_swapped_after_the_check_stops_the_apply_and_names_what_was_applied() -> TestResult {
+        let f = fixture()?;
+        std::fs::create_dir(f.target.join("d"))?;
+        std::fs::create_dir(f.lower.join("d"))?;
+        write(&f.upper.join("a.txt"), "a\n")?;
+        std::fs::create_dir(f.upper.join("d"))?;
+        write(&f.upper.join("d/x"), "x\n")?;
+        let plan = f.plan(true)?;
+        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+        std::fs::remove_dir(f.target.join("d"))?;
+        symlink(&f.outside, f.target.join("d"))?;
+        let err = apply(&plan).err();
+        let Some(PromoteError::Partial {
+            path,
+            applied,
+            total,
+            ..
+        }) = &err
+        else {
+            return Err(format!("expected a partial apply, got {err:?}").into());
+        };
+        assert_eq!(
+            (path.as_path(), applied.as_slice(), *total),
+            (Path::new("d/x"), &[PathBuf::from("a.txt")][..], 2)
+        );
+        assert!(
+            !f.outside.join("x").exists(),
+            "wrote through the swapped-in symlink"
+        );
+        let Event::Promoted {
+            complete, paths, ..
+        } = plan.event(applied, false)
+        else {
+            return Err("not a promoted event".into());
+        };
+        assert_eq!((complete, paths), (false, vec!["A /a.txt".to_owned()]));
+        Ok(())
+    }
+
     #[test]
     fn the_audit_event_lists_what_was_applied() -> TestResult {
         let f = fixture()?;
