@@ -309,7 +309,7 @@ pub enum CliError {
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
-    #[error("promote")]
+    #[error(transparent)]
     Promote(#[from] crate::promote::PromoteCmdError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
@@ -609,6 +609,8 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Promote { to, dry_run, id } => {
             let id = ContainerId::try_from(id.as_str())?;
+            // Absolute, so the audit record names the directory whatever the caller's cwd.
+            let to = std::path::absolute(&to).unwrap_or(to);
             let req = crate::promote::Request {
                 id: &id,
                 to: &to,

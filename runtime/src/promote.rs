@@ -104,7 +104,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     }
     for (path, why) in &plan.refused {
         writeln!(out, "refused /{}: {why}", escape_path(path))?;
-        tracing::warn!(
+        tracing::info!(
             id = %req.id,
             path = %escape_path(path),
             reason = %why,
