@@ -1693,6 +1693,14 @@ mod tests {
             0,
         )?;
         let _sock = std::os::unix::net::UnixListener::bind(f.upper.join("sock"))?;
+        // A real device (1:3, /dev/null), not a 0/0 whiteout (needs CAP_MKNOD: tests run as root).
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            f.upper.join("null").as_path(),
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(1, 3),
+        )?;
         write(&f.upper.join("suid"), "#!/bin/sh\n")?;
         std::fs::set_permissions(
             f.upper.join("suid"),
@@ -1711,6 +1719,12 @@ mod tests {
                     "fifo".to_owned(),
                     Refusal::Special {
                         kind: FileKind::Fifo
+                    }
+                ),
+                (
+                    "null".to_owned(),
+                    Refusal::Special {
+                        kind: FileKind::CharDevice
                     }
                 ),
                 ("sgid".to_owned(), Refusal::SetId { mode: 0o2755 }),
