@@ -189,6 +189,10 @@ pub enum Command {
         /// Print the plan (and what would be refused) without changing anything
         #[arg(long = "dry-run")]
         dry_run: bool,
+        /// Apply only if the change set still has this digest (`sha256:…`, as the dry run
+        /// printed it): what was reviewed is what is applied
+        #[arg(long)]
+        digest: Option<String>,
         id: String,
     },
     /// Internal: the wall-clock watchdog that `start` spawns
@@ -607,7 +611,12 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 },
             )?;
         }
-        Command::Promote { to, dry_run, id } => {
+        Command::Promote {
+            to,
+            dry_run,
+            digest,
+            id,
+        } => {
             let id = ContainerId::try_from(id.as_str())?;
             // Absolute, so the audit record names the directory whatever the caller's cwd.
             let to = std::path::absolute(&to).unwrap_or(to);
@@ -615,6 +624,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 id: &id,
                 to: &to,
                 dry_run,
+                digest: digest.as_deref(),
                 policy: cli.policy.as_deref(),
                 audit_dir: cli.audit_dir.as_deref(),
             };

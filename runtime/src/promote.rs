@@ -33,6 +33,14 @@ pub enum PromoteCmdError {
         escape_path(path)
     )]
     NoAuditLog { id: String, path: PathBuf },
+    #[error(
+        "the change set is {actual}, not the reviewed {expected}: the sandbox or the target changed since the review; nothing was applied (docs/promote.md)"
+    )]
+    DigestMismatch { expected: String, actual: String },
+    #[error(
+        "the sandbox's changes or the target changed while being promoted; nothing was applied (docs/promote.md)"
+    )]
+    ChangedMeanwhile,
     #[error("cannot write the promoted record")]
     Audit(#[from] agent_sandbox_audit::AuditError),
     #[error("cannot print")]
@@ -45,6 +53,8 @@ pub struct Request<'a> {
     pub id: &'a ContainerId,
     pub to: &'a Path,
     pub dry_run: bool,
+    /// `--digest`: apply only this reviewed change set (from a dry run's first line).
+    pub digest: Option<&'a str>,
     /// `--policy` / `AGENT_SANDBOX_POLICY`.
     pub policy: Option<&'a Path>,
     /// `--audit-dir`.
@@ -89,7 +99,9 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             path: log,
         });
     }
-    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, !req.dry_run)?;
+    // The check runs without touching the target; only a clean plan is staged.
+    let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false)?;
+    let plan = &checked;
     writeln!(
         out,
         "{} {} -> {} ({} entries, change set {})",
@@ -116,9 +128,24 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             count: plan.refused.len(),
         });
     }
+    if let Some(expected) = req.digest
+        && expected != plan.digest
+    {
+        return Err(PromoteCmdError::DigestMismatch {
+            expected: expected.to_owned(),
+            actual: plan.digest.clone(),
+        });
+    }
     if req.dry_run {
         writeln!(out, "dry run: nothing was changed")?;
         return Ok(());
+    }
+    // Staging reads every file again: what it staged must be what was checked and printed.
+    let printed = checked.digest.clone();
+    drop(checked);
+    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, true)?;
+    if !plan.refused.is_empty() || plan.digest != printed {
+        return Err(PromoteCmdError::ChangedMeanwhile);
     }
     let audit = agent_sandbox_audit::AuditLog::open(&log, req.id.as_str())?;
     match promote::apply(&plan) {
@@ -175,6 +202,7 @@ mod tests {
             id: &id,
             to: dir.path(),
             dry_run: true,
+            digest: None,
             policy: None,
             audit_dir: None,
         };

@@ -380,7 +380,38 @@ fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
         "the dry run changed the target"
     );
 
-    let out = agent.promote(&target, false)?;
+    let digest = dry
+        .stdout
+        .split("change set ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .context("no digest in the plan")?
+        .to_owned();
+    // A change set other than the reviewed one is not applied.
+    let stale = format!("sha256:{}", "0".repeat(64));
+    let mismatch = agent.runtime(&[
+        "promote",
+        "--to",
+        &target.display().to_string(),
+        "--digest",
+        &stale,
+    ])?;
+    ensure!(
+        mismatch.code == Some(1) && mismatch.stderr.contains("not the reviewed"),
+        "promote applied an unreviewed change set\n{mismatch}"
+    );
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+
+    let out = agent.runtime(&[
+        "promote",
+        "--to",
+        &target.display().to_string(),
+        "--digest",
+        &digest,
+    ])?;
     ensure!(out.success(), "promote failed\n{out}");
     let log = host.git(&target, &["log", "--format=%s"])?;
     ensure!(
@@ -412,13 +443,6 @@ fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
         );
     }
     // The audit log holds a promoted record with the plan's digest, and still verifies.
-    let digest = dry
-        .stdout
-        .split("change set ")
-        .nth(1)
-        .and_then(|s| s.split(')').next())
-        .context("no digest in the plan")?
-        .to_owned();
     let json = agent.runtime(&["audit", "--json"])?;
     let promoted: Vec<serde_json::Value> = json
         .stdout
