@@ -180,6 +180,21 @@ pub enum Command {
         to_tar: Option<PathBuf>,
         id: String,
     },
+    /// Apply a sandbox's workspace changes to a directory, refusing anything that could act
+    /// on the host (links out of the tree, protected names, .git internals; docs/promote.md)
+    Promote {
+        /// The directory to apply the changes to (e.g. the checkout the workspace came from)
+        #[arg(long = "to")]
+        to: PathBuf,
+        /// Print the plan (and what would be refused) without changing anything
+        #[arg(long = "dry-run")]
+        dry_run: bool,
+        /// Apply only if the change set still has this digest (`sha256:…`, as the dry run
+        /// printed it): what was reviewed is what is applied
+        #[arg(long)]
+        digest: Option<String>,
+        id: String,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -298,6 +313,8 @@ pub enum CliError {
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
+    #[error(transparent)]
+    Promote(#[from] crate::promote::PromoteCmdError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -570,43 +587,48 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Layers { id } => {
             let report = rt()?.layers(&ContainerId::try_from(id.as_str())?)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).unwrap_or_default()
-            );
+            let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+            println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));
         }
         Command::Diff { id } => {
-            let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;
-            for c in agent_sandbox_audit::diff(&ws.upper, Some(&ws.lower))? {
-                let target = c
-                    .link_target
-                    .as_ref()
-                    .map(|t| format!(" -> {}", t.display()))
-                    .unwrap_or_default();
-                println!(
-                    "{} /{} ({}){target}",
-                    c.kind.letter(),
-                    c.path.display(),
-                    c.file_type.name()
-                );
+            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
+            for c in source.changes()? {
+                println!("{}", crate::review::diff_line(&c));
             }
         }
         Command::Export { to_dir, to_tar, id } => {
-            let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;
+            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
             let target = match (to_dir, to_tar) {
                 (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
                 (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
                 (None, None) => return Err(CliError::NoCommand),
             };
-            let s = agent_sandbox_audit::export(&ws.upper, Some(&ws.lower), &target)?;
-            println!(
-                "exported {} files ({} bytes), {} dirs, {} symlinks; {} deletions listed",
-                s.files,
-                s.bytes,
-                s.dirs,
-                s.symlinks,
-                s.deleted.len()
-            );
+            let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
+            crate::review::write_export_summary(&mut std::io::stdout().lock(), &s).map_err(
+                |source| CliError::Write {
+                    path: PathBuf::from("-"),
+                    source,
+                },
+            )?;
+        }
+        Command::Promote {
+            to,
+            dry_run,
+            digest,
+            id,
+        } => {
+            let id = ContainerId::try_from(id.as_str())?;
+            // Absolute, so the audit record names the directory whatever the caller's cwd.
+            let to = std::path::absolute(&to).unwrap_or(to);
+            let req = crate::promote::Request {
+                id: &id,
+                to: &to,
+                dry_run,
+                digest: digest.as_deref(),
+                policy: cli.policy.as_deref(),
+                audit_dir: cli.audit_dir.as_deref(),
+            };
+            crate::promote::run(&rt()?, &req, &mut std::io::stdout().lock())?;
         }
         Command::Watchdog { seconds, pid, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?

@@ -20,6 +20,8 @@ pub mod logging;
 pub mod mounts;
 pub mod paths;
 pub mod pod;
+pub mod promote;
+pub mod review;
 pub mod sandbox;
 pub mod sidecar;
 pub mod syscall_audit;
