@@ -717,3 +717,59 @@ fn a_stricter_config_seccomp_profile_is_enforced() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Item 7 through podman: `--security-opt seccomp=FILE` (podman's way to a config
+/// `linux.seccomp`) that denies chmod is enforced under agent-sandbox as under runc, and the
+/// same chmod works with podman's default profile.
+#[test]
+fn podman_seccomp_profile_option_is_enforced_like_runc() -> anyhow::Result<()> {
+    use agent_sandbox_e2e::harness::{BUSYBOX_IMAGE, User};
+    use agent_sandbox_e2e::podman::{Podman, Runtime};
+    preflight()?;
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    let dir = tempfile::tempdir()?;
+    let profile = dir.path().join("deny-chmod.json");
+    fs::write(
+        &profile,
+        serde_json::to_vec(&json!({
+            "defaultAction": "SCMP_ACT_ALLOW",
+            "syscalls": [{"names": ["chmod", "fchmod", "fchmodat"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+        }))?,
+    )?;
+    let opt = format!("seccomp={}", profile.display());
+    let script = "chmod 1777 /tmp && echo changed";
+    for runtime in [Runtime::Runc, Runtime::AgentSandbox] {
+        let podman = Podman::new(User::Root, runtime);
+        let open = podman.run(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            BUSYBOX_IMAGE,
+            "sh",
+            "-c",
+            script,
+        ])?;
+        ensure!(
+            open.success() && open.stdout.contains("changed"),
+            "{runtime:?}: chmod with podman's default profile\n{open}"
+        );
+        let strict = podman.run(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--security-opt",
+            &opt,
+            BUSYBOX_IMAGE,
+            "sh",
+            "-c",
+            script,
+        ])?;
+        ensure!(
+            !strict.success() && strict.stderr.contains("Operation not permitted"),
+            "{runtime:?}: chmod under a profile that denies it\n{strict}"
+        );
+    }
+    Ok(())
+}

@@ -5,10 +5,11 @@
 //! The policy is a ceiling, so a request can only narrow it. Both are installed: the
 //! policy's filter first, then the filters compiled here, and for every syscall the kernel
 //! takes the strictest answer of all of them (`seccomp(2)`, "Filter return values"). Where the
-//! policy itself denies a syscall outright (not in its allowlist on this architecture), the
-//! request's filters allow it, so the policy's answer stands: its errno, and the
-//! `syscall_denied` audit record its supervisor writes (the request's own errno would
-//! otherwise win over the policy's user notification and the denial would go unrecorded).
+//! policy itself denies a syscall outright (not in its allowlist on this architecture, or a
+//! number above the table it reviewed), the request's filters allow it, so the policy's
+//! answer stands: its errno, and the `syscall_denied` audit record its supervisor writes (the
+//! request's own errno would otherwise win over the policy's user notification and the
+//! denial would go unrecorded).
 //!
 //! OCI profiles give each rule its own action; seccompiler gives every rule of one filter the
 //! same action. So the request becomes one filter per distinct action `A` (its rules with
@@ -101,7 +102,7 @@ pub fn compile_request(
         }
         let filter = SeccompFilter::new(map, SeccompAction::Allow, action, arch.target())
             .map_err(compile)?;
-        programs.push(BpfProgram::try_from(filter).map_err(compile)?);
+        programs.push(with_prologue(arch, filter)?);
     }
     let default = action(
         request.default_action(),
@@ -115,10 +116,49 @@ pub fn compile_request(
         }
         let filter = SeccompFilter::new(all, default, SeccompAction::Allow, arch.target())
             .map_err(compile)?;
-        programs.push(BpfProgram::try_from(filter).map_err(compile)?);
+        programs.push(with_prologue(arch, filter)?);
     }
     Ok(programs)
 }
+
+/// `filter` behind a prologue that allows every syscall number above the policy's reviewed
+/// table: the policy answers those itself (ENOSYS, and a `syscall_denied` record).
+///
+/// ```text
+///   ld  [arch]
+///   jeq AUDIT_ARCH, 0, 3       ; foreign ABI: the filter's own arch check kills
+///   ld  [nr]
+///   jge <first unreviewed nr>, 0, 1
+///   ret ALLOW
+/// ```
+fn with_prologue(arch: Arch, filter: SeccompFilter) -> Result<BpfProgram, RequestError> {
+    use super::bpf::{
+        AUDIT_ARCH_AARCH64, AUDIT_ARCH_X86_64, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_LD_W_ABS,
+        BPF_RET_K, SECCOMP_DATA_ARCH, SECCOMP_DATA_NR, jump, stmt,
+    };
+    let compile = |source| RequestError::Compile { arch, source };
+    let first_unreviewed = arch
+        .syscall_number(super::allowlist::REVIEWED_THROUGH)
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
+    let audit_arch = match arch {
+        Arch::X86_64 => AUDIT_ARCH_X86_64,
+        Arch::Aarch64 => AUDIT_ARCH_AARCH64,
+    };
+    let mut program = vec![
+        stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARCH),
+        jump(BPF_JMP_JEQ_K, audit_arch, 0, 3),
+        stmt(BPF_LD_W_ABS, SECCOMP_DATA_NR),
+        jump(BPF_JMP_JGE_K, first_unreviewed, 0, 1),
+        stmt(BPF_RET_K, SECCOMP_RET_ALLOW),
+    ];
+    program.extend(BpfProgram::try_from(filter).map_err(compile)?);
+    Ok(program)
+}
+
+/// SECCOMP_RET_ALLOW (linux/seccomp.h).
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 
 fn check_supported(request: &LinuxSeccomp) -> Result<(), RequestError> {
     if request.listener_path().is_some() {
