@@ -17,7 +17,7 @@ pub struct Cli {
     /// State directory (default: /run/agent-sandbox as root, $XDG_RUNTIME_DIR/agent-sandbox otherwise)
     #[arg(long, global = true)]
     pub root: Option<PathBuf>,
-    /// Log file (default: stderr)
+    /// Log file (default: errors only, on stderr; warnings need a log file)
     #[arg(long, global = true)]
     pub log: Option<PathBuf>,
     /// Log format: text or json (logrus style, as runc)
@@ -50,6 +50,8 @@ pub struct Cli {
 pub enum Command {
     /// Create a container from a bundle; its process waits for `start`
     Create(CreateArgs),
+    /// Create, start and wait for a container; exits with its status (`--detach`: after start)
+    Run(RunArgs),
     /// Start a created container
     Start { id: String },
     /// Print the state of a container as JSON
@@ -123,6 +125,15 @@ pub enum Command {
         #[arg(long)]
         netns: PathBuf,
         id: String,
+    },
+    /// Internal: runs an OCI hook with the caller's bundle in its state (see `hooks.rs`)
+    #[command(hide = true)]
+    Hook {
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The hook's path, then its argv (argv[0] first)
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
     },
     /// Internal: the host-side supervisor that answers and records a sandbox's denied syscalls
     #[command(name = "seccomp-supervise", hide = true)]
@@ -258,6 +269,15 @@ pub struct CreateArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub create: CreateArgs,
+    /// Return after the start instead of waiting for the container
+    #[arg(short, long)]
+    pub detach: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ExecArgs {
     #[arg(long = "console-socket")]
     pub console_socket: Option<PathBuf>,
@@ -299,6 +319,10 @@ pub enum CliError {
     Id(#[from] crate::id::IdError),
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+    #[error(transparent)]
+    Hook(#[from] crate::hooks::HookError),
     #[error("no command given (try --help)")]
     NoCommand,
     #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
@@ -388,7 +412,7 @@ fn read_input(path: &PathBuf) -> Result<Vec<u8>, CliError> {
 pub fn needs_sealed_binary(cli: &Cli) -> bool {
     matches!(
         cli.command,
-        Some(Command::Create(_)) | Some(Command::Exec(_))
+        Some(Command::Create(_)) | Some(Command::Exec(_)) | Some(Command::Run(_))
     )
 }
 
@@ -410,15 +434,14 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Create(a) => {
             let id = ContainerId::try_from(a.id.as_str())?;
             let ceiling = Ceiling::load(cli.policy.as_deref())?;
-            let opts = CreateOpts {
-                bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
-                pid_file: a.pid_file,
-                console_socket: a.console_socket,
-                no_pivot: a.no_pivot,
-                preserve_fds: a.preserve_fds,
-                systemd_cgroup: cli.systemd_cgroup,
-            };
-            rt()?.create(&id, &opts, &ceiling)?;
+            rt()?.create(&id, &create_opts(a, cli.systemd_cgroup), &ceiling)?;
+        }
+        Command::Run(RunArgs { create, detach }) => {
+            let id = ContainerId::try_from(create.id.as_str())?;
+            let ceiling = Ceiling::load(cli.policy.as_deref())?;
+            let opts = create_opts(create, cli.systemd_cgroup);
+            let code = crate::run::run(&rt()?, &id, &opts, &ceiling, detach)?;
+            return Ok(Outcome::Exit(code));
         }
         Command::Start { id } => rt()?.start(&ContainerId::try_from(id.as_str())?)?,
         Command::Pause { id } => rt()?.pause(&ContainerId::try_from(id.as_str())?, true)?,
@@ -495,6 +518,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
         }
         Command::Features => println!("{}", features_json()),
+        Command::Hook { bundle, argv } => crate::hooks::relay(&bundle, &argv)?,
         Command::Proxy { netns, id } => {
             rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
         }
@@ -697,6 +721,17 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
     Ok(Outcome::Exit(0))
 }
 
+fn create_opts(a: CreateArgs, systemd_cgroup: bool) -> CreateOpts {
+    CreateOpts {
+        bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
+        pid_file: a.pid_file,
+        console_socket: a.console_socket,
+        no_pivot: a.no_pivot,
+        preserve_fds: a.preserve_fds,
+        systemd_cgroup,
+    }
+}
+
 fn parse_user(u: &str) -> Result<(u32, Option<u32>), CliError> {
     let bad = || CliError::User {
         value: u.to_owned(),
@@ -810,6 +845,27 @@ mod tests {
         assert!(
             matches!(cli.command, Some(Command::Kill { ref signal, .. }) if signal == "SIGTERM")
         );
+    }
+
+    #[test]
+    fn parses_run_like_runc() {
+        let cli = parse(&[
+            "run",
+            "--bundle",
+            "/b",
+            "--detach",
+            "--pid-file",
+            "/p",
+            "id1",
+        ])
+        .unwrap();
+        let Some(Command::Run(r)) = cli.command else {
+            panic!("not run");
+        };
+        assert!(r.detach);
+        assert_eq!(r.create.bundle, PathBuf::from("/b"));
+        assert_eq!(r.create.pid_file, Some(PathBuf::from("/p")));
+        assert_eq!(r.create.id, "id1");
     }
 
     #[test]

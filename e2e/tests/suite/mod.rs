@@ -1,6 +1,7 @@
 //! End-to-end suites, one module per entry point.
 mod audit;
 mod baseline;
+mod contracts;
 mod cri;
 mod ctr;
 mod egress;
