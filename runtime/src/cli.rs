@@ -17,7 +17,7 @@ pub struct Cli {
     /// State directory (default: /run/agent-sandbox as root, $XDG_RUNTIME_DIR/agent-sandbox otherwise)
     #[arg(long, global = true)]
     pub root: Option<PathBuf>,
-    /// Log file (default: stderr)
+    /// Log file (default: errors only, on stderr; warnings need a log file)
     #[arg(long, global = true)]
     pub log: Option<PathBuf>,
     /// Log format: text or json (logrus style, as runc)
@@ -50,6 +50,8 @@ pub struct Cli {
 pub enum Command {
     /// Create a container from a bundle; its process waits for `start`
     Create(CreateArgs),
+    /// Create, start and wait for a container; exits with its status (`--detach`: after start)
+    Run(RunArgs),
     /// Start a created container
     Start { id: String },
     /// Print the state of a container as JSON
@@ -124,6 +126,15 @@ pub enum Command {
         netns: PathBuf,
         id: String,
     },
+    /// Internal: runs an OCI hook with the caller's bundle in its state (see `hooks.rs`)
+    #[command(hide = true)]
+    Hook {
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The hook's path, then its argv (argv[0] first)
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Internal: the host-side supervisor that answers and records a sandbox's denied syscalls
     #[command(name = "seccomp-supervise", hide = true)]
     SeccompSupervise {
@@ -178,6 +189,21 @@ pub enum Command {
         to_dir: Option<PathBuf>,
         #[arg(long = "to-tar")]
         to_tar: Option<PathBuf>,
+        id: String,
+    },
+    /// Apply a sandbox's workspace changes to a directory, refusing anything that could act
+    /// on the host (links out of the tree, protected names, .git internals; docs/promote.md)
+    Promote {
+        /// The directory to apply the changes to (e.g. the checkout the workspace came from)
+        #[arg(long = "to")]
+        to: PathBuf,
+        /// Print the plan (and what would be refused) without changing anything
+        #[arg(long = "dry-run")]
+        dry_run: bool,
+        /// Apply only if the change set still has this digest (`sha256:…`, as the dry run
+        /// printed it): what was reviewed is what is applied
+        #[arg(long)]
+        digest: Option<String>,
         id: String,
     },
     /// Internal: the wall-clock watchdog that `start` spawns
@@ -245,6 +271,15 @@ pub struct CreateArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub create: CreateArgs,
+    /// Return after the start instead of waiting for the container
+    #[arg(short, long)]
+    pub detach: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ExecArgs {
     #[arg(long = "console-socket")]
     pub console_socket: Option<PathBuf>,
@@ -286,6 +321,10 @@ pub enum CliError {
     Id(#[from] crate::id::IdError),
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+    #[error(transparent)]
+    Hook(#[from] crate::hooks::HookError),
     #[error("no command given (try --help)")]
     NoCommand,
     #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
@@ -300,6 +339,8 @@ pub enum CliError {
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
+    #[error(transparent)]
+    Promote(#[from] crate::promote::PromoteCmdError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -375,7 +416,7 @@ fn read_input(path: &PathBuf) -> Result<Vec<u8>, CliError> {
 pub fn needs_sealed_binary(cli: &Cli) -> bool {
     matches!(
         cli.command,
-        Some(Command::Create(_)) | Some(Command::Exec(_))
+        Some(Command::Create(_)) | Some(Command::Exec(_)) | Some(Command::Run(_))
     )
 }
 
@@ -397,15 +438,14 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Create(a) => {
             let id = ContainerId::try_from(a.id.as_str())?;
             let ceiling = Ceiling::load(cli.policy.as_deref())?;
-            let opts = CreateOpts {
-                bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
-                pid_file: a.pid_file,
-                console_socket: a.console_socket,
-                no_pivot: a.no_pivot,
-                preserve_fds: a.preserve_fds,
-                systemd_cgroup: cli.systemd_cgroup,
-            };
-            rt()?.create(&id, &opts, &ceiling)?;
+            rt()?.create(&id, &create_opts(a, cli.systemd_cgroup), &ceiling)?;
+        }
+        Command::Run(RunArgs { create, detach }) => {
+            let id = ContainerId::try_from(create.id.as_str())?;
+            let ceiling = Ceiling::load(cli.policy.as_deref())?;
+            let opts = create_opts(create, cli.systemd_cgroup);
+            let code = crate::run::run(&rt()?, &id, &opts, &ceiling, detach)?;
+            return Ok(Outcome::Exit(code));
         }
         Command::Start { id } => rt()?.start(&ContainerId::try_from(id.as_str())?)?,
         Command::Pause { id } => rt()?.pause(&ContainerId::try_from(id.as_str())?, true)?,
@@ -482,6 +522,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
         }
         Command::Features => println!("{}", features_json()),
+        Command::Hook { bundle, argv } => crate::hooks::relay(&bundle, &argv)?,
         Command::Proxy { netns, id } => {
             rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
         }
@@ -574,43 +615,48 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Layers { id } => {
             let report = rt()?.layers(&ContainerId::try_from(id.as_str())?)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).unwrap_or_default()
-            );
+            let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+            println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));
         }
         Command::Diff { id } => {
-            let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;
-            for c in agent_sandbox_audit::diff(&ws.upper, Some(&ws.lower))? {
-                let target = c
-                    .link_target
-                    .as_ref()
-                    .map(|t| format!(" -> {}", t.display()))
-                    .unwrap_or_default();
-                println!(
-                    "{} /{} ({}){target}",
-                    c.kind.letter(),
-                    c.path.display(),
-                    c.file_type.name()
-                );
+            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
+            for c in source.changes()? {
+                println!("{}", crate::review::diff_line(&c));
             }
         }
         Command::Export { to_dir, to_tar, id } => {
-            let ws = rt()?.workspace(&ContainerId::try_from(id.as_str())?)?;
+            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
             let target = match (to_dir, to_tar) {
                 (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
                 (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
                 (None, None) => return Err(CliError::NoCommand),
             };
-            let s = agent_sandbox_audit::export(&ws.upper, Some(&ws.lower), &target)?;
-            println!(
-                "exported {} files ({} bytes), {} dirs, {} symlinks; {} deletions listed",
-                s.files,
-                s.bytes,
-                s.dirs,
-                s.symlinks,
-                s.deleted.len()
-            );
+            let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
+            crate::review::write_export_summary(&mut std::io::stdout().lock(), &s).map_err(
+                |source| CliError::Write {
+                    path: PathBuf::from("-"),
+                    source,
+                },
+            )?;
+        }
+        Command::Promote {
+            to,
+            dry_run,
+            digest,
+            id,
+        } => {
+            let id = ContainerId::try_from(id.as_str())?;
+            // Absolute, so the audit record names the directory whatever the caller's cwd.
+            let to = std::path::absolute(&to).unwrap_or(to);
+            let req = crate::promote::Request {
+                id: &id,
+                to: &to,
+                dry_run,
+                digest: digest.as_deref(),
+                policy: cli.policy.as_deref(),
+                audit_dir: cli.audit_dir.as_deref(),
+            };
+            crate::promote::run(&rt()?, &req, &mut std::io::stdout().lock())?;
         }
         Command::Watchdog { seconds, pid, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?
@@ -680,6 +726,17 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
     }
     Ok(Outcome::Exit(0))
+}
+
+fn create_opts(a: CreateArgs, systemd_cgroup: bool) -> CreateOpts {
+    CreateOpts {
+        bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
+        pid_file: a.pid_file,
+        console_socket: a.console_socket,
+        no_pivot: a.no_pivot,
+        preserve_fds: a.preserve_fds,
+        systemd_cgroup,
+    }
 }
 
 fn parse_user(u: &str) -> Result<(u32, Option<u32>), CliError> {
@@ -795,6 +852,27 @@ mod tests {
         assert!(
             matches!(cli.command, Some(Command::Kill { ref signal, .. }) if signal == "SIGTERM")
         );
+    }
+
+    #[test]
+    fn parses_run_like_runc() {
+        let cli = parse(&[
+            "run",
+            "--bundle",
+            "/b",
+            "--detach",
+            "--pid-file",
+            "/p",
+            "id1",
+        ])
+        .unwrap();
+        let Some(Command::Run(r)) = cli.command else {
+            panic!("not run");
+        };
+        assert!(r.detach);
+        assert_eq!(r.create.bundle, PathBuf::from("/b"));
+        assert_eq!(r.create.pid_file, Some(PathBuf::from("/p")));
+        assert_eq!(r.create.id, "id1");
     }
 
     #[test]

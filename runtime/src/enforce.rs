@@ -32,7 +32,27 @@ pub fn apply_runtime_facts(spec: &mut Spec, rootfs: &Path) -> Result<(), Enforce
         .ok_or(EnforceError::Missing { what: "root" })?;
     root.set_path(rootfs.to_owned());
     root.set_readonly(Some(true));
+    if let Some(linux) = spec.linux_mut().as_mut()
+        && let Some(mode) = linux.rootfs_propagation().clone()
+    {
+        linux.set_rootfs_propagation(Some(backend_propagation(&mode)?.to_owned()));
+    }
     Ok(())
+}
+
+/// libcontainer 0.7 spells `linux.rootfsPropagation` without runc's `r` forms and always
+/// applies its mode to `/` with `MS_REC` (so `slave` is runc's `rslave`); it refuses the `r`
+/// forms. `unbindable` makes `/` itself unbindable after the pivot, its submounts stay
+/// slaves. `shared` never arrives here: hardening narrows it to `rslave`.
+fn backend_propagation(mode: &str) -> Result<&'static str, EnforceError> {
+    match mode {
+        "slave" | "rslave" => Ok("slave"),
+        "private" | "rprivate" => Ok("private"),
+        "unbindable" | "runbindable" => Ok("unbindable"),
+        _ => Err(EnforceError::Invariant {
+            invariant: "linux.rootfsPropagation is never shared",
+        }),
+    }
 }
 
 /// Refuses specs that lack a non-negotiable protection.
@@ -147,4 +167,25 @@ pub fn tenant_join_userns(
     process.set_capabilities(Some(caps));
     process.set_no_new_privileges(Some(true));
     Ok((process, join))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backend_propagation;
+
+    #[test]
+    fn every_non_shared_propagation_reaches_libcontainer_in_its_spelling() {
+        for (oci, backend) in [
+            ("slave", "slave"),
+            ("rslave", "slave"),
+            ("private", "private"),
+            ("rprivate", "private"),
+            ("unbindable", "unbindable"),
+            ("runbindable", "unbindable"),
+        ] {
+            assert_eq!(backend_propagation(oci).unwrap(), backend, "{oci}");
+        }
+        assert!(backend_propagation("shared").is_err());
+        assert!(backend_propagation("rshared").is_err());
+    }
 }

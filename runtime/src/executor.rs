@@ -30,6 +30,18 @@ pub struct SandboxExecutor {
     /// Audit of denied syscalls: install the filter in its user-notification form and hand
     /// the listener to the supervisor (see [`crate::syscall_audit`]) instead of `seccomp`.
     pub notify: Option<Arc<NotifyFilter>>,
+    /// The init's `startContainer` hooks, run here (after the pivot, before the layers) with
+    /// the caller's bundle in their state (see [`crate::hooks`]).
+    pub start_container: Option<Arc<StartContainerHooks>>,
+    /// The config's own seccomp profile, installed after the policy's filter (the kernel
+    /// takes the strictest answer; `crate::sandbox::requested_seccomp`).
+    pub requested_seccomp: Vec<Arc<BpfProgram>>,
+}
+
+/// `startContainer` hooks and the state they read.
+pub struct StartContainerHooks {
+    pub hooks: Vec<libcontainer::oci_spec::runtime::Hook>,
+    pub state: serde_json::Value,
 }
 
 /// The seccomp filter whose denials go to the supervisor, and the stream to send its
@@ -134,6 +146,12 @@ impl Executor for SandboxExecutor {
             join.join()
                 .map_err(|e| ExecutorError::Other(format!("user namespace: {e}")))?;
         }
+        if let Some(start) = &self.start_container {
+            for hook in &start.hooks {
+                crate::hooks::run(hook, &start.state)
+                    .map_err(|e| ExecutorError::Other(format!("startContainer hook: {e}")))?;
+            }
+        }
         let fs_audit = self.notify.as_ref().is_some_and(|n| n.fs_audit);
         let mut probe = None;
         if let Some(landlock) = &self.landlock {
@@ -149,6 +167,11 @@ impl Executor for SandboxExecutor {
         } else if let Some(bpf) = &self.seccomp {
             seccompiler::apply_filter(bpf)
                 .map_err(|e| ExecutorError::Other(format!("seccomp layer: {e}")))?;
+        }
+        for bpf in &self.requested_seccomp {
+            seccompiler::apply_filter(bpf).map_err(|e| {
+                ExecutorError::Other(format!("seccomp layer: the config's linux.seccomp: {e}"))
+            })?;
         }
         default::get_executor().exec(spec)
     }

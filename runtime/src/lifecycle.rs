@@ -65,6 +65,12 @@ pub enum LifecycleError {
     NotRunning,
     #[error("invalid signal {signal:?}")]
     Signal { signal: String },
+    #[error("cannot signal process {pid}")]
+    SignalSend {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
     #[error(transparent)]
     Paths(#[from] PathsError),
     #[error(transparent)]
@@ -85,6 +91,8 @@ pub enum LifecycleError {
     Layers(#[source] crate::layers::LayersError),
     #[error("apparmor layer")]
     AppArmor(#[source] crate::apparmor::AppArmorError),
+    #[error("hooks")]
+    Hook(#[source] crate::hooks::HookError),
     #[error("denied-syscall audit")]
     SyscallAudit(#[source] crate::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
@@ -203,6 +211,9 @@ fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
 
 /// The sandbox's workspace overlay dirs (`mounts::WorkspaceOverlay`), for review.
 const WORKSPACE_FILE: &str = "workspace.json";
+
+/// The config's own `linux.seccomp`, which every exec gets too (`sandbox::requested_seccomp`).
+const REQUESTED_SECCOMP_FILE: &str = "requested-seccomp.json";
 
 /// What the runtime remembers about a sandbox besides libcontainer's state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -469,6 +480,8 @@ impl Runtime {
         }
 
         mark("mounts");
+        let start_hooks = crate::hooks::prepare(&mut spec, &opts.bundle, &sandbox_dir)
+            .map_err(LifecycleError::Hook)?;
         let bundle = sandbox_dir.join("bundle");
         std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
             path: bundle.clone(),
@@ -481,8 +494,24 @@ impl Runtime {
                 source,
             })?;
 
+        if let Some(requested) = &prepared.requested_seccomp {
+            write_json(&sandbox_dir.join(REQUESTED_SECCOMP_FILE), requested)?;
+        }
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let mut executor = prepared.executor;
+        if !start_hooks.is_empty() {
+            let annotations = spec.annotations().clone().unwrap_or_default();
+            executor.start_container = Some(Arc::new(crate::executor::StartContainerHooks {
+                hooks: start_hooks,
+                state: crate::hooks::state(
+                    id.as_str(),
+                    "created",
+                    None,
+                    &opts.bundle,
+                    &annotations,
+                ),
+            }));
+        }
         let supervisor = self.notify_denials(id, &mut executor, &prepared.policy, true)?;
         // The proxy starts now and binds once the init's namespace exists (below).
         let pending_proxy = if member.is_none() && crate::egress::wanted(&prepared.policy) {
@@ -650,12 +679,10 @@ impl Runtime {
         if secs == 0 {
             return Ok(());
         }
-        let exe = std::env::current_exe().map_err(|source| LifecycleError::Read {
-            path: PathBuf::from("/proc/self/exe"),
-            source,
-        })?;
         use std::os::unix::process::CommandExt;
-        let child = std::process::Command::new(exe)
+        // `/proc/self/exe`, not `current_exe()`: `run` starts from the sealed copy, whose
+        // name is no path on disk (as `crate::sidecar` explains).
+        let child = std::process::Command::new("/proc/self/exe")
             .arg("--root")
             .arg(&self.dirs.root)
             .arg("watchdog")
@@ -838,7 +865,7 @@ impl Runtime {
             annotations.insert("io.agent.sandbox.active-profile".into(), r.profile.clone());
         }
         Ok(serde_json::json!({
-            "ociVersion": "1.0.2",
+            "ociVersion": crate::hooks::OCI_VERSION,
             "id": id.as_str(),
             "pid": pid,
             "status": status,
@@ -856,6 +883,9 @@ impl Runtime {
                 signal: signal.to_owned(),
             })?;
         let mut c = self.load(id)?;
+        if c.status() == ContainerStatus::Created {
+            return self.kill_created(id, c, signal, all);
+        }
         if c.status() == ContainerStatus::Stopped {
             if !all {
                 return Err(LifecycleError::NotRunning);
@@ -872,6 +902,60 @@ impl Runtime {
             }
         }
         c.kill(sig, all).map_err(container_err("kill"))
+    }
+
+    /// `kill` of a created container. Its init still waits for `start` inside the runtime's
+    /// own code, where, as the pid namespace's init, it ignores every signal it has no
+    /// handler for: only SIGKILL and SIGSTOP would reach it. runc's waiting init dies of any
+    /// signal whose default action ends a process, so such a signal becomes SIGKILL here
+    /// (the program never ran: nothing is lost), and `kill` returns once the init is gone,
+    /// `state` then saying `stopped`. Other signals (SIGCHLD, SIGWINCH, ...) go to the init
+    /// as they are and leave it `created`.
+    fn kill_created(
+        &self,
+        id: &ContainerId,
+        mut c: Container,
+        signal: &str,
+        all: bool,
+    ) -> Result<()> {
+        use nix::sys::signal::Signal as S;
+        let Some(sig) = nix_signal(signal) else {
+            return Err(LifecycleError::Signal {
+                signal: signal.to_owned(),
+            });
+        };
+        let pid = c.pid().ok_or(LifecycleError::NotRunning)?;
+        if matches!(
+            sig,
+            S::SIGCHLD
+                | S::SIGCONT
+                | S::SIGURG
+                | S::SIGWINCH
+                | S::SIGSTOP
+                | S::SIGTSTP
+                | S::SIGTTIN
+                | S::SIGTTOU
+        ) {
+            return match nix::sys::signal::kill(pid, sig) {
+                Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+                Err(source) => Err(LifecycleError::SignalSend {
+                    pid: pid.as_raw(),
+                    source,
+                }),
+            };
+        }
+        if sig != S::SIGKILL {
+            tracing::debug!(id = %id, signal, "created container: the waiting init gets SIGKILL");
+        }
+        c.kill(libcontainer::signal::Signal::from(S::SIGKILL), all)
+            .map_err(container_err("kill"))?;
+        // Return once it is gone, so a `state` right after says `stopped` (libcontainer
+        // counts a live init as running whatever it saved).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline && alive(pid.as_raw()) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(())
     }
 
     /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
@@ -909,6 +993,15 @@ impl Runtime {
                         wanted: "stopped",
                     });
                 }
+                let poststop_state = {
+                    let bundle = self
+                        .record(id)
+                        .map(|r| r.bundle)
+                        .unwrap_or_else(|_| c.bundle().clone());
+                    let annotations = c.state.annotations.clone().unwrap_or_default();
+                    let pid = c.pid().map(|p| p.as_raw());
+                    crate::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
+                };
                 let mut result = c.delete(force);
                 // Processes SIGKILLed by a forced delete may still be exiting, and
                 // a v1 cgroup cannot be removed until they are gone: retry for up
@@ -935,6 +1028,7 @@ impl Runtime {
                     }
                     return Err(container_err("delete")(source));
                 }
+                self.run_poststop(id, &poststop_state);
                 self.cleanup_sandbox(id);
                 Ok(())
             }
@@ -964,6 +1058,16 @@ impl Runtime {
                 } else {
                     Err(e)
                 }
+            }
+        }
+    }
+
+    /// The `poststop` hooks, after the container is gone: a failing one is a warning and
+    /// the rest still run (runtime spec, "Lifecycle" step 12; runc exits 0 too).
+    fn run_poststop(&self, id: &ContainerId, state: &serde_json::Value) {
+        for hook in crate::hooks::saved_poststop(&self.dirs.sandbox(id)) {
+            if let Err(e) = crate::hooks::run(&hook, state) {
+                tracing::warn!(id = %id, error = %e, "poststop hook failed; delete goes on");
             }
         }
     }
@@ -1017,6 +1121,15 @@ impl Runtime {
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
+        let requested_path = dir.join(REQUESTED_SECCOMP_FILE);
+        let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
+            if requested_path.exists() {
+                Some(read_json(&requested_path)?)
+            } else {
+                None
+            };
+        executor.requested_seccomp =
+            crate::sandbox::requested_seccomp(requested.as_ref(), &policy, &plan)?;
         let init_pid = c
             .pid()
             .map(|p| p.as_raw())
@@ -1141,6 +1254,30 @@ fn detach_all_under(dir: &Path) {
     for p in points {
         let _ = mounts::detach(&p);
     }
+}
+
+/// A signal as `kill` takes it: a number, or a name with or without `SIG`.
+fn nix_signal(text: &str) -> Option<nix::sys::signal::Signal> {
+    use std::str::FromStr;
+    if let Ok(n) = text.parse::<i32>() {
+        return nix::sys::signal::Signal::try_from(n).ok();
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    nix::sys::signal::Signal::from_str(&name).ok()
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+    })
 }
 
 fn inline_process(c: &Container, opts: &ExecOpts) -> Result<Process> {

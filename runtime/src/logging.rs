@@ -1,7 +1,10 @@
 //! Log output the way runc writes it, because podman and conmon read it:
 //! `--log FILE` with `--log-format json` gives one logrus-style object per line
 //! (`{"level":"error","msg":"...","time":"..."}`); text format is
-//! `time="..." level=error msg="..."`. Without `--log`, logs go to stderr.
+//! `time="..." level=error msg="..."`. Without `--log`, only errors (and, with `--debug`,
+//! everything) go to stderr: the runtime's stderr is often the container's own (a caller
+//! that passes none hands its stream to the workload), so warnings go to the log or nowhere
+//! (docs/contracts.md).
 
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
@@ -132,11 +135,10 @@ pub fn init(log: Option<&Path>, format: LogFormat, debug: bool) -> Result<(), Lo
         ),
         None => Box::new(std::io::stderr()),
     };
-    let max = if debug || std::env::var_os("AGENT_SANDBOX_DEBUG").is_some() {
-        Level::DEBUG
-    } else {
-        Level::WARN
-    };
+    let max = max_level(
+        log.is_some(),
+        debug || std::env::var_os("AGENT_SANDBOX_DEBUG").is_some(),
+    );
     let layer = LogrusLayer {
         out: Mutex::new(out),
         format,
@@ -152,9 +154,25 @@ pub fn init(log: Option<&Path>, format: LogFormat, debug: bool) -> Result<(), Lo
     Ok(())
 }
 
+/// The most verbose level written: debug when asked for; warnings only into a log file.
+fn max_level(to_file: bool, debug: bool) -> Level {
+    match (debug, to_file) {
+        (true, _) => Level::DEBUG,
+        (false, true) => Level::WARN,
+        (false, false) => Level::ERROR,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_reach_a_log_file_never_stderr() {
+        assert_eq!(max_level(true, false), Level::WARN);
+        assert_eq!(max_level(false, false), Level::ERROR);
+        assert_eq!(max_level(false, true), Level::DEBUG);
+    }
 
     #[test]
     fn json_lines_look_like_logrus() {

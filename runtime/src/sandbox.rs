@@ -41,6 +41,12 @@ pub enum SandboxError {
     Seccomp(#[source] SeccompError),
     #[error("seccomp layer: this architecture has no filter")]
     NoArch,
+    #[error("seccomp layer: the config's own profile cannot be honoured")]
+    SeccompRequest(#[source] agent_sandbox_policy::seccomp::RequestError),
+    #[error(
+        "seccomp layer: config.json asks for linux.seccomp but this host applies no seccomp filter"
+    )]
+    SeccompRequestWithoutLayer,
     #[error("writable mount {path} would land on a symlink in the rootfs ({component}); refusing")]
     SymlinkedWritable { path: PathBuf, component: PathBuf },
     #[error("cannot prepare the workspace overlay dir {path}")]
@@ -216,11 +222,35 @@ pub struct Prepared {
     pub executor: SandboxExecutor,
     /// Settings of the incoming spec granted narrower (recorded in the audit trail).
     pub clamped: Vec<harden::Clamp>,
+    /// The config's own `linux.seccomp`, honoured beside the policy's filter (saved for exec).
+    pub requested_seccomp: Option<libcontainer::oci_spec::runtime::LinuxSeccomp>,
+}
+
+/// The filters that honour the config's own seccomp profile beside the policy's (see
+/// `agent_sandbox_policy::seccomp::compile_request`); an error names what cannot be honoured.
+pub fn requested_seccomp(
+    requested: Option<&libcontainer::oci_spec::runtime::LinuxSeccomp>,
+    policy: &SandboxPolicy,
+    plan: &LayerPlan,
+) -> Result<Vec<Arc<seccompiler::BpfProgram>>, SandboxError> {
+    let Some(requested) = requested else {
+        return Ok(Vec::new());
+    };
+    if !plan.apply.contains(&Layer::Seccomp) {
+        return Err(SandboxError::SeccompRequestWithoutLayer);
+    }
+    let arch = Arch::host().ok_or(SandboxError::NoArch)?;
+    let programs =
+        agent_sandbox_policy::seccomp::compile_request(requested, &policy.syscalls, arch)
+            .map_err(SandboxError::SeccompRequest)?;
+    tracing::debug!(filters = programs.len(), "config seccomp profile honoured");
+    Ok(programs.into_iter().map(Arc::new).collect())
 }
 
 /// Hardens `spec` under `ceiling` with the runtime's facts and builds the
 /// executor for the layers the plan applies.
 pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared, SandboxError> {
+    let requested = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     let annotations = spec.annotations().clone().unwrap_or_default();
     let effective =
         harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
@@ -282,13 +312,15 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     for (layer, reason) in &plan.inactive {
         tracing::warn!(layer = %layer, reason = %reason, "sandbox layer inactive");
     }
-    let executor = executor_for(&hardened.policy, &plan)?;
+    let mut executor = executor_for(&hardened.policy, &plan)?;
+    executor.requested_seccomp = requested_seccomp(requested.as_ref(), &hardened.policy, &plan)?;
     Ok(Prepared {
         spec: hardened.spec,
         policy: hardened.policy,
         plan,
         executor,
         clamped: hardened.clamped,
+        requested_seccomp: requested,
     })
 }
 

@@ -1,6 +1,7 @@
 //! End-to-end suites, one module per entry point.
 mod audit;
 mod baseline;
+mod contracts;
 mod cri;
 mod ctr;
 mod docker;
@@ -9,3 +10,4 @@ mod faults;
 mod hostile;
 mod podman;
 mod pods;
+mod promote;

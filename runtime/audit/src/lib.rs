@@ -1,8 +1,10 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod escape;
 pub mod kernel;
 pub mod log;
+pub mod promote;
 pub mod record;
 pub mod scratch;
 pub mod timeline;

@@ -161,6 +161,22 @@ pub enum Event {
         /// True when `paths` was cut at [`MAX_CHANGED_PATHS`].
         truncated: bool,
     },
+    /// Workspace changes were applied to a host directory (`agent-sandbox promote`).
+    Promoted {
+        /// The target directory.
+        target: String,
+        /// Digest of the change set as planned (`sha256:…`, see the promote module).
+        digest: String,
+        /// Number of entries applied.
+        entries: u64,
+        /// Up to [`MAX_CHANGED_PATHS`] applied entries, each `A /path`, `M /path`,
+        /// `D /path` or `O /path`.
+        paths: Vec<String>,
+        /// True when `paths` was cut at [`MAX_CHANGED_PATHS`].
+        truncated: bool,
+        /// False when an apply step failed: `paths` then lists what was applied before it.
+        complete: bool,
+    },
     /// The sandbox was deleted.
     Delete {},
     /// A setting of the incoming spec that the sandbox granted only in part (e.g. Docker's
@@ -259,6 +275,7 @@ impl Event {
             Event::SyscallDenied { .. } => "syscall_denied",
             Event::FsDenied { .. } => "fs_denied",
             Event::FilesChanged { .. } => "files_changed",
+            Event::Promoted { .. } => "promoted",
             Event::Delete {} => "delete",
             Event::Clamped { .. } => "clamped",
             Event::LayerInactive { .. } => "layer_inactive",

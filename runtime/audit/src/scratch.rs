@@ -174,7 +174,7 @@ impl std::fmt::Display for Change {
     }
 }
 
-fn io_err(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> ScratchError {
+pub(crate) fn io_err(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> ScratchError {
     move |e| ScratchError::Io {
         op,
         path,
@@ -182,7 +182,7 @@ fn io_err(op: &'static str, path: PathBuf) -> impl FnOnce(Errno) -> ScratchError
     }
 }
 
-fn open_root(path: &Path, flags: OFlags) -> Result<OwnedFd, ScratchError> {
+pub(crate) fn open_root(path: &Path, flags: OFlags) -> Result<OwnedFd, ScratchError> {
     rustix::fs::open(
         path,
         flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -241,7 +241,7 @@ fn perm(st: &Stat) -> u32 {
     st.st_mode & 0o7777
 }
 
-fn size_of(st: &Stat) -> u64 {
+pub(crate) fn size_of(st: &Stat) -> u64 {
     u64::try_from(st.st_size).unwrap_or(0)
 }
 
@@ -458,7 +458,7 @@ pub struct ExportSummary {
 
 /// Opens the parent of `rel` under `root` (no symlink followed) and returns it with the
 /// final name.
-fn open_parent(
+pub(crate) fn open_parent(
     root: &OwnedFd,
     rel: &Path,
     root_path: &Path,
@@ -524,7 +524,11 @@ fn ensure_dirs(root: &OwnedFd, rel: &Path, root_path: &Path) -> Result<OwnedFd, 
 }
 
 /// Opens a changed regular file for reading and checks it is still a regular file.
-fn open_source(upper_fd: &OwnedFd, upper: &Path, rel: &Path) -> Result<(File, Stat), ScratchError> {
+pub(crate) fn open_source(
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    rel: &Path,
+) -> Result<(File, Stat), ScratchError> {
     let upath = upper.join(rel);
     let (parent, name) = open_parent(upper_fd, rel, upper)?;
     let fd = rustix::fs::openat(
@@ -541,7 +545,11 @@ fn open_source(upper_fd: &OwnedFd, upper: &Path, rel: &Path) -> Result<(File, St
     Ok((File::from(fd), st))
 }
 
-fn read_link(upper_fd: &OwnedFd, upper: &Path, rel: &Path) -> Result<OsString, ScratchError> {
+pub(crate) fn read_link(
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    rel: &Path,
+) -> Result<OsString, ScratchError> {
     let (parent, name) = open_parent(upper_fd, rel, upper)?;
     let t = rustix::fs::readlinkat(&parent, name.as_c_str(), Vec::new())
         .map_err(io_err("read symlink", upper.join(rel)))?;
@@ -549,9 +557,9 @@ fn read_link(upper_fd: &OwnedFd, upper: &Path, rel: &Path) -> Result<OsString, S
 }
 
 /// Reads exactly `remaining` bytes or fails (the file shrank while being exported).
-struct ExactReader {
-    inner: File,
-    remaining: u64,
+pub(crate) struct ExactReader {
+    pub(crate) inner: File,
+    pub(crate) remaining: u64,
 }
 
 impl Read for ExactReader {

@@ -2,10 +2,13 @@
 
 use std::fmt::Write as _;
 
+use crate::escape::escape as esc;
 use crate::record::{Event, ExitStatus, Record, Verdict};
 
 /// Renders one line per record: `TIME  #SEQ  KIND  details`. Times are shown as in the log
-/// (UTC, nanoseconds); the sandbox id is left out because a log holds one sandbox.
+/// (UTC, nanoseconds); the sandbox id is left out because a log holds one sandbox. Every
+/// text that came from the sandbox (paths, names, arguments) is escaped
+/// ([`crate::escape::escape`]), so a control character cannot rewrite the terminal.
 pub fn render_timeline(records: &[Record]) -> String {
     let mut out = String::new();
     for r in records {
@@ -13,13 +16,18 @@ pub fn render_timeline(records: &[Record]) -> String {
         let _ = writeln!(
             out,
             "{}  #{:<4} {:<14} {}",
-            r.time,
+            esc(&r.time),
             r.seq,
             r.event.kind(),
             details(&r.event)
         );
     }
     out
+}
+
+/// `"…"` around escaped text, with `"` escaped too.
+fn quoted(s: &str) -> String {
+    format!("\"{}\"", esc(s).replace('"', "\\\""))
 }
 
 fn quote_args(args: &[String]) -> String {
@@ -31,11 +39,15 @@ fn quote_args(args: &[String]) -> String {
             {
                 a.clone()
             } else {
-                format!("{a:?}")
+                quoted(a)
             }
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+fn esc_list(items: &[String], sep: &str) -> String {
+    items.iter().map(|i| esc(i)).collect::<Vec<_>>().join(sep)
 }
 
 fn details(event: &Event) -> String {
@@ -46,11 +58,12 @@ fn details(event: &Event) -> String {
             layers_inactive,
         } => {
             let mut s = format!(
-                "policy {policy_digest}; active: {}",
-                layers_active.join(",")
+                "policy {}; active: {}",
+                esc(policy_digest),
+                esc_list(layers_active, ",")
             );
             if !layers_inactive.is_empty() {
-                let _ = write!(s, "; INACTIVE: {}", layers_inactive.join(","));
+                let _ = write!(s, "; INACTIVE: {}", esc_list(layers_inactive, ","));
             }
             s
         }
@@ -61,12 +74,12 @@ fn details(event: &Event) -> String {
             uid,
             tool_call_id,
         } => {
-            let mut s = format!("uid {uid} cwd {cwd:?} $ {}", quote_args(argv));
+            let mut s = format!("uid {uid} cwd {} $ {}", quoted(cwd), quote_args(argv));
             if !env_keys.is_empty() {
-                let _ = write!(s, "  [env: {}]", env_keys.join(","));
+                let _ = write!(s, "  [env: {}]", esc_list(env_keys, ","));
             }
             if let Some(t) = tool_call_id {
-                let _ = write!(s, "  [tool call {t}]");
+                let _ = write!(s, "  [tool call {}]", esc(t));
             }
             s
         }
@@ -80,7 +93,7 @@ fn details(event: &Event) -> String {
         } => {
             let mut s = String::new();
             if let Some(p) = process {
-                let _ = write!(s, "{p} ");
+                let _ = write!(s, "{} ", esc(p));
             }
             if let Some(p) = pid {
                 let _ = write!(s, "pid {p} ");
@@ -95,13 +108,13 @@ fn details(event: &Event) -> String {
                 ExitStatus::Unknown => s.push_str("exit status unknown"),
             }
             if let Some(r) = reaped_by {
-                let _ = write!(s, " (reaped by {r})");
+                let _ = write!(s, " (reaped by {})", esc(r));
             }
             if *oom {
                 s.push_str(" (OOM)");
             }
             if let Some(t) = tool_call_id {
-                let _ = write!(s, "  [tool call {t}]");
+                let _ = write!(s, "  [tool call {}]", esc(t));
             }
             s
         }
@@ -119,7 +132,9 @@ fn details(event: &Event) -> String {
                 Verdict::Deny => "DENY",
             };
             format!(
-                "{v} {host}:{port} by {rule}; up {bytes_up} B, down {bytes_down} B, {duration_ms} ms"
+                "{v} {}:{port} by {}; up {bytes_up} B, down {bytes_down} B, {duration_ms} ms",
+                esc(host),
+                esc(rule)
             )
         }
         Event::SyscallDenied {
@@ -131,9 +146,9 @@ fn details(event: &Event) -> String {
             errno,
             suppressed,
         } => {
-            let mut s = format!("{syscall} (nr {nr}) by pid {pid} ({comm})");
+            let mut s = format!("{} (nr {nr}) by pid {pid} ({})", esc(syscall), esc(comm));
             if let Some(exe) = exe {
-                let _ = write!(s, " {exe}");
+                let _ = write!(s, " {}", esc(exe));
             }
             if let Some(e) = errno {
                 let _ = write!(s, ", errno {e}");
@@ -153,18 +168,18 @@ fn details(event: &Event) -> String {
             domain: _,
             suppressed,
         } => {
-            let mut s = format!("{access} {path:?}");
+            let mut s = format!("{} {}", esc(access), quoted(path));
             if let Some(sc) = syscall {
-                let _ = write!(s, " in {sc}");
+                let _ = write!(s, " in {}", esc(sc));
             }
             if let Some(p) = pid {
                 let _ = write!(s, " by pid {p}");
             }
             if let Some(c) = comm {
-                let _ = write!(s, " ({c})");
+                let _ = write!(s, " ({})", esc(c));
             }
             if let Some(exe) = exe {
-                let _ = write!(s, " {exe}");
+                let _ = write!(s, " {}", esc(exe));
             }
             if *suppressed > 0 {
                 let _ = write!(s, "; {suppressed} more not recorded (rate limit)");
@@ -183,7 +198,27 @@ fn details(event: &Event) -> String {
                 "{added} added, {modified} modified, {deleted} deleted, {opaque_dirs} opaque dirs"
             );
             if !paths.is_empty() {
-                let _ = write!(s, ": {}", paths.join(", "));
+                let _ = write!(s, ": {}", esc_list(paths, ", "));
+            }
+            if *truncated {
+                s.push_str(", …");
+            }
+            s
+        }
+        Event::Promoted {
+            target,
+            digest,
+            entries,
+            paths,
+            truncated,
+            complete,
+        } => {
+            let mut s = format!("{entries} entries to {} ({})", quoted(target), esc(digest));
+            if !complete {
+                s.push_str(" INCOMPLETE (an apply step failed)");
+            }
+            if !paths.is_empty() {
+                let _ = write!(s, ": {}", esc_list(paths, ", "));
             }
             if *truncated {
                 s.push_str(", …");
@@ -195,7 +230,12 @@ fn details(event: &Event) -> String {
             key,
             requested,
             granted,
-        } => format!("{key}: asked {requested:?}, granted {granted:?}"),
-        Event::LayerInactive { layer, reason } => format!("{layer}: {reason}"),
+        } => format!(
+            "{}: asked {}, granted {}",
+            esc(key),
+            quoted(requested),
+            quoted(granted)
+        ),
+        Event::LayerInactive { layer, reason } => format!("{}: {}", esc(layer), esc(reason)),
     }
 }

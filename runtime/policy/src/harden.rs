@@ -127,6 +127,10 @@ pub enum HardenError {
     UnifiedResource { key: String },
     #[error("moving host network device {device} into the sandbox is not allowed")]
     NetDevice { device: String },
+    #[error(
+        "linux.rootfsPropagation {value:?} is not one of shared, slave, private, unbindable or their r-forms"
+    )]
+    RootfsPropagation { value: String },
     #[error("personality domain {domain} is not allowed")]
     Personality { domain: String },
     #[error("the spec has no process")]
@@ -574,13 +578,8 @@ pub fn harden_spec(
             device: device.clone(),
         });
     }
-    // Shared propagation would let mount events cross between host and sandbox.
-    if linux
-        .rootfs_propagation()
-        .as_deref()
-        .is_some_and(|p| p.contains("shared"))
-    {
-        linux.set_rootfs_propagation(Some("rslave".to_owned()));
+    if let Some(mode) = linux.rootfs_propagation().clone() {
+        linux.set_rootfs_propagation(Some(rootfs_propagation(&mode)?.to_owned()));
     }
     if let Some(personality) = linux.personality()
         && !matches!(
@@ -609,6 +608,26 @@ pub fn harden_spec(
     })
 }
 
+/// The `linux.rootfsPropagation` the sandbox gets for `mode`: the eight values runc accepts
+/// are accepted; `shared` and `rshared` are narrowed to `rslave` (a shared root would let the
+/// sandbox's mount events reach the host's peer group), everything else is kept.
+fn rootfs_propagation(mode: &str) -> Result<&str, HardenError> {
+    match mode {
+        "shared" | "rshared" => {
+            tracing::info!(
+                requested = mode,
+                applied = "rslave",
+                "linux.rootfsPropagation narrowed: a shared root is not allowed"
+            );
+            Ok("rslave")
+        }
+        "slave" | "rslave" | "private" | "rprivate" | "unbindable" | "runbindable" => Ok(mode),
+        _ => Err(HardenError::RootfsPropagation {
+            value: mode.to_owned(),
+        }),
+    }
+}
+
 /// Clamp an exec'd process's spec (containerd and podman send one per exec) the same way
 /// as the init process: capabilities within the policy, `no_new_privs`, no negative OOM
 /// score adjustment. The runtime must apply the seccomp filter and Landlock to it too.
@@ -623,6 +642,14 @@ pub fn harden_process(
     )));
     if let Some(adj) = process.oom_score_adj() {
         process.set_oom_score_adj(Some(adj.max(0)));
+    }
+    // runc 1.1.5 folds repeated `additionalGids` into one (the kernel would keep both).
+    if let Some(gids) = process.user().additional_gids().clone() {
+        let mut seen = HashSet::new();
+        let unique: Vec<u32> = gids.into_iter().filter(|g| seen.insert(*g)).collect();
+        let mut user = process.user().clone();
+        user.set_additional_gids(Some(unique));
+        process.set_user(user);
     }
     Ok(process)
 }
@@ -898,7 +925,9 @@ fn harden_mounts(
     let fs = &policy.filesystem;
     let scratch: Vec<&AbsPath> = fs.scratch.iter().map(|s| &s.path).collect();
     let workspace = fs.workspace.as_ref();
-    let mut out = Vec::new();
+    // Mounts keep the order the spec lists them in (the OCI spec says the runtime mounts
+    // them in that order): the policy's mounts take the place of the ones they replace.
+    let mut out: Vec<Slot> = Vec::new();
     let mut workspace_lower: Option<PathBuf> = None;
     // `..` or `.` in a path would defeat every prefix check below.
     let check_path = |destination: &Path, path: &Path| {
@@ -925,13 +954,15 @@ fn harden_mounts(
         }
         let under_dev = dest.starts_with("/dev") && dest != Path::new("/dev");
         if scratch.iter().any(|s| s.as_path() == dest) {
-            continue; // replaced by the policy's tmpfs below
+            out.push(Slot::Scratch(dest)); // the policy's tmpfs, below
+            continue;
         }
         if workspace.is_some_and(|w| w.as_path() == dest) {
             if is_bind(&mount) {
                 workspace_lower = mount.source().clone();
+                out.push(Slot::Workspace); // the overlay, below
             }
-            continue; // replaced by the overlay below
+            continue;
         }
         if is_bind(&mount) {
             let source = mount.source().clone().unwrap_or_default();
@@ -949,7 +980,7 @@ fn harden_mounts(
                         "nodev".to_owned(),
                         "noexec".to_owned(),
                     ]));
-                    out.push(fresh);
+                    out.push(Slot::Mount(fresh));
                     continue;
                 }
                 return Err(HardenError::ProcBind {
@@ -970,36 +1001,40 @@ fn harden_mounts(
                     return Err(HardenError::DevNotTmpfs { destination: dest });
                 }
                 // The engine's per-container shm tmpfs: writable by design, never exec.
-                out.push(with_options(
+                out.push(Slot::Mount(with_options(
                     mount,
                     &["nosuid", "nodev", "noexec"],
                     &["suid", "dev", "exec"],
-                ));
+                )));
             } else {
-                out.push(with_options(
+                out.push(Slot::Mount(with_options(
                     mount,
                     &["ro", "nosuid", "nodev"],
                     &["rw", "suid", "dev"],
-                ));
+                )));
             }
             continue;
         }
         match typ.as_str() {
             "proc" | "devpts" | "mqueue" => {
-                out.push(with_options(mount, &["nosuid", "nodev"], &["suid", "dev"]));
+                out.push(Slot::Mount(with_options(
+                    mount,
+                    &["nosuid", "nodev"],
+                    &["suid", "dev"],
+                )));
             }
             "sysfs" | "cgroup" | "cgroup2" => {
-                out.push(with_options(
+                out.push(Slot::Mount(with_options(
                     mount,
                     &["ro", "nosuid", "nodev", "noexec"],
                     &["rw", "suid", "dev", "exec"],
-                ));
+                )));
             }
             "tmpfs" if under_dev && !dev_is_tmpfs => {
                 return Err(HardenError::DevNotTmpfs { destination: dest });
             }
             "tmpfs" if dest.starts_with("/dev") => {
-                out.push(with_options(mount, &["nosuid"], &["suid"]));
+                out.push(Slot::Mount(with_options(mount, &["nosuid"], &["suid"])));
             }
             "tmpfs" => {
                 return Err(HardenError::WritableMount {
@@ -1015,6 +1050,7 @@ fn harden_mounts(
             }
         }
     }
+    let mut tmpfs: Vec<Mount> = Vec::new();
     for s in &fs.scratch {
         let mut m = Mount::default();
         m.set_destination(s.path.as_path().to_path_buf());
@@ -1026,8 +1062,9 @@ fn harden_mounts(
             "mode=1777".to_owned(),
             format!("size={}", s.size.bytes()),
         ]));
-        out.push(m);
+        tmpfs.push(m);
     }
+    let mut overlay: Vec<Mount> = Vec::new();
     if let (Some(workspace), Some(lower)) = (workspace, workspace_lower) {
         let dirs = ctx
             .workspace
@@ -1056,24 +1093,71 @@ fn harden_mounts(
             "nosuid".to_owned(),
             "nodev".to_owned(),
         ]));
-        out.push(m);
+        overlay.push(m);
+        // The protected binds go on top of the overlay, right after it.
+        for p in &ctx.protected {
+            let mut m = Mount::default();
+            m.set_destination(p.container_path.clone());
+            m.set_typ(Some("bind".to_owned()));
+            m.set_source(Some(p.host_path.clone()));
+            m.set_options(Some(
+                ["rbind", "ro", "nosuid", "nodev"]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect(),
+            ));
+            overlay.push(m);
+        }
     }
-    for p in &ctx.protected {
-        let mut m = Mount::default();
-        m.set_destination(p.container_path.clone());
-        m.set_typ(Some("bind".to_owned()));
-        m.set_source(Some(p.host_path.clone()));
-        m.set_options(Some(
-            ["rbind", "ro", "nosuid", "nodev"]
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
-        ));
-        out.push(m);
+    Ok(in_spec_order(out, tmpfs, overlay))
+}
+
+/// One entry of the hardened mount list before the policy's own mounts are placed.
+enum Slot {
+    Mount(Mount),
+    /// Where the spec had a mount at this scratch path.
+    Scratch(PathBuf),
+    /// Where the spec bound the workspace.
+    Workspace,
+}
+
+/// The mount list in the spec's order: each scratch tmpfs where the spec had a mount at its
+/// path (else just before the first mount beneath it, else last), the workspace overlay and
+/// its protected binds where the spec bound the workspace (its last bind there).
+fn in_spec_order(slots: Vec<Slot>, tmpfs: Vec<Mount>, overlay: Vec<Mount>) -> Vec<Mount> {
+    let last_workspace = slots.iter().rposition(|s| matches!(s, Slot::Workspace));
+    let mut placed: HashSet<PathBuf> = HashSet::new();
+    let mut out: Vec<Mount> = Vec::new();
+    let mut overlay = Some(overlay);
+    for (i, slot) in slots.into_iter().enumerate() {
+        match slot {
+            Slot::Mount(m) => out.push(m),
+            Slot::Scratch(dest) => {
+                if placed.insert(dest.clone())
+                    && let Some(m) = tmpfs.iter().find(|m| m.destination() == &dest)
+                {
+                    out.push(m.clone());
+                }
+            }
+            Slot::Workspace if Some(i) == last_workspace => {
+                out.extend(overlay.take().into_iter().flatten());
+            }
+            Slot::Workspace => {}
+        }
     }
-    // Parents before children; stable, so equal depths keep their order.
-    out.sort_by_key(|m| m.destination().components().count());
-    Ok(out)
+    for m in tmpfs {
+        if placed.contains(m.destination()) {
+            continue;
+        }
+        let at = out
+            .iter()
+            .position(|o| {
+                o.destination() != m.destination() && o.destination().starts_with(m.destination())
+            })
+            .unwrap_or(out.len());
+        out.insert(at, m);
+    }
+    out
 }
 
 fn min_opt_i64(incoming: Option<i64>, policy: i64) -> i64 {

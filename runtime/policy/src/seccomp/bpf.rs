@@ -12,17 +12,17 @@ use super::{Arch, ENOSYS, SeccompError, SyscallPolicy};
 
 // Classic BPF opcodes (linux/bpf_common.h) and audit architectures (linux/audit.h) for the
 // prologue below. seccompiler keeps its own copies private.
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JMP_JEQ_K: u16 = 0x15;
-const BPF_JMP_JGE_K: u16 = 0x35;
-const BPF_RET_K: u16 = 0x06;
+pub(super) const BPF_LD_W_ABS: u16 = 0x20;
+pub(super) const BPF_JMP_JEQ_K: u16 = 0x15;
+pub(super) const BPF_JMP_JGE_K: u16 = 0x35;
+pub(super) const BPF_RET_K: u16 = 0x06;
 /// `struct seccomp_data` offsets: `nr` then `arch`.
-const SECCOMP_DATA_NR: u32 = 0;
-const SECCOMP_DATA_ARCH: u32 = 4;
+pub(super) const SECCOMP_DATA_NR: u32 = 0;
+pub(super) const SECCOMP_DATA_ARCH: u32 = 4;
 /// SECCOMP_RET_ERRNO (linux/seccomp.h); the low 16 bits carry the errno.
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
+pub(super) const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+pub(super) const AUDIT_ARCH_AARCH64: u32 = 0xc000_00b7;
 
 /// Compiles `policy` to a BPF program for `arch`, for `seccompiler::apply_filter` (after
 /// `PR_SET_NO_NEW_PRIVS`, which `apply_filter` sets itself).
@@ -142,7 +142,7 @@ fn prologue(arch: Arch) -> Result<BpfProgram, SeccompError> {
     Ok(program)
 }
 
-const fn stmt(code: u16, k: u32) -> sock_filter {
+pub(super) const fn stmt(code: u16, k: u32) -> sock_filter {
     sock_filter {
         code,
         jt: 0,
@@ -151,6 +151,6 @@ const fn stmt(code: u16, k: u32) -> sock_filter {
     }
 }
 
-const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+pub(super) const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }

@@ -82,6 +82,7 @@
 pub mod allowlist;
 mod bpf;
 mod oci;
+mod request;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -90,6 +91,7 @@ use serde::{Deserialize, Serialize};
 
 pub use bpf::{allowed_names, compile_bpf};
 pub use oci::{oci_seccomp, oci_seccomp_json};
+pub use request::{RequestError, compile_request};
 
 /// Errors of the seccomp compilers.
 #[derive(Debug, thiserror::Error)]
@@ -332,6 +334,17 @@ impl Arch {
                     .ok()
                     .map(|s| i64::from(s.id()))
             }
+        }
+    }
+
+    /// Whether `nr` is a syscall of this architecture.
+    pub(crate) fn has_number(self, nr: i64) -> bool {
+        let Ok(nr) = usize::try_from(nr) else {
+            return false;
+        };
+        match self {
+            Arch::X86_64 => syscalls::x86_64::Sysno::new(nr).is_some(),
+            Arch::Aarch64 => syscalls::aarch64::Sysno::new(nr).is_some(),
         }
     }
 

