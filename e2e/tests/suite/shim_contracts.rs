@@ -202,13 +202,14 @@ fn cri_exec_sync_keeps_the_inits_supplementary_groups_like_runc() -> anyhow::Res
     Ok(())
 }
 
-/// Item 9: StopContainer (SIGTERM, 10 s grace) at once after StartContainer, 12 times per
+/// Item 9: StopContainer (SIGTERM, 5 s grace) at once after StartContainer, 20 times per
 /// handler, on a program that exits 0 on SIGTERM. A lost TERM shows as exit 137 after the
-/// grace period (the SIGKILL). Under ours none may be lost; runc's count is reported.
+/// grace period (the SIGKILL). Under ours none may be lost; runc's count is reported. (Before
+/// `start` waited for the program, 1 in 12 here and 4 in 12 in the issue were lost; runc 0.)
 #[test]
 fn cri_stop_right_after_start_delivers_sigterm_like_runc() -> anyhow::Result<()> {
-    const TRIES: usize = 12;
-    const GRACE_S: i64 = 10;
+    const TRIES: usize = 20;
+    const GRACE_S: i64 = 5;
     let cri = cri()?;
     let mut report = Vec::new();
     let mut ours_lost = 0;
