@@ -149,6 +149,7 @@ pub fn tenant_join_userns(
         ns: ns.into(),
         uid: user.uid(),
         gid: user.gid(),
+        additional_gids: user.additional_gids().clone().unwrap_or_default(),
     };
     let mut host_user = user;
     host_user.set_uid(0);

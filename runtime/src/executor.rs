@@ -102,6 +102,9 @@ pub struct JoinUserns {
     pub ns: std::os::fd::OwnedFd,
     pub uid: u32,
     pub gid: u32,
+    /// The process's `user.additionalGids` (container ids), set inside the namespace as
+    /// runc sets them for every exec: the same groups as the init.
+    pub additional_gids: Vec<u32>,
 }
 
 impl JoinUserns {
@@ -111,6 +114,17 @@ impl JoinUserns {
         setgroups(&[]).map_err(|e| format!("clear supplementary groups: {e}"))?;
         setns(&self.ns, CloneFlags::CLONE_NEWUSER)
             .map_err(|e| format!("join user namespace: {e}"))?;
+        if !self.additional_gids.is_empty() {
+            // Container ids, mapped through the namespace just joined (its gid map and
+            // `setgroups` permission are the init's, which set the same list).
+            let groups: Vec<Gid> = self
+                .additional_gids
+                .iter()
+                .map(|g| Gid::from_raw(*g))
+                .collect();
+            setgroups(&groups)
+                .map_err(|e| format!("supplementary groups {:?}: {e}", self.additional_gids))?;
+        }
         let (u, g) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
         setresgid(g, g, g).map_err(|e| format!("setresgid {}: {e}", self.gid))?;
         setresuid(u, u, u).map_err(|e| format!("setresuid {}: {e}", self.uid))?;

@@ -63,6 +63,8 @@ pub enum LifecycleError {
     },
     #[error("container not running")]
     NotRunning,
+    #[error(transparent)]
+    StateLock(#[from] crate::state_lock::StateLockError),
     #[error("invalid signal {signal:?}")]
     Signal { signal: String },
     #[error("cannot signal process {pid}")]
@@ -274,12 +276,14 @@ fn record_path(dirs: &StateDirs, id: &ContainerId) -> PathBuf {
     dirs.sandbox(id).join("sandbox.json")
 }
 
+/// Writes `value` as JSON to `path` atomically: a reader sees the old file or the new one,
+/// never a part (see [`paths::write_atomic`]).
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_vec_pretty(value).map_err(|source| LifecycleError::Parse {
         path: path.to_owned(),
         source,
     })?;
-    std::fs::write(path, text).map_err(|source| LifecycleError::Write {
+    paths::write_atomic(path, &text).map_err(|source| LifecycleError::Write {
         path: path.to_owned(),
         source,
     })
@@ -322,14 +326,48 @@ impl Runtime {
     }
 
     /// Loads libcontainer's view of `id`, with a fresh status.
+    ///
+    /// libcontainer rewrites `state.json` in place; a command that reads it without the state
+    /// lock (see [`crate::state_lock`]) can find it mid-write, empty or cut short, and then
+    /// reads it again: a write lasts microseconds.
     pub fn load(&self, id: &ContainerId) -> Result<Container> {
+        const TORN_READ_RETRIES: u32 = 200;
         let dir = self.dirs.container(id);
-        if !dir.join("state.json").exists() {
-            return Err(LifecycleError::NotExist { id: id.clone() });
+        let mut retries = 0;
+        let mut c = loop {
+            if !dir.join("state.json").exists() {
+                return Err(LifecycleError::NotExist { id: id.clone() });
+            }
+            match Container::load(dir.clone()) {
+                Ok(c) => break c,
+                Err(libcontainer::error::LibcontainerError::State(
+                    libcontainer::container::state::StateError::ParseStateFile { .. },
+                )) if retries < TORN_READ_RETRIES => {
+                    retries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => return Err(container_err("load state")(e)),
+            }
+        };
+        if retries > 0 {
+            tracing::debug!(id = %id, retries, "state.json was being written; read again");
         }
-        let mut c = Container::load(dir).map_err(container_err("load state"))?;
         c.refresh_status().map_err(container_err("refresh state"))?;
         Ok(c)
+    }
+
+    /// Takes `id`'s state lock: every command that may write libcontainer's `state.json`
+    /// holds it (see [`crate::state_lock`]). None for an id without state: the command then
+    /// finds no container, and leaves no lock file behind.
+    fn state_lock(&self, id: &ContainerId) -> Result<Option<crate::state_lock::StateLock>> {
+        if !self.dirs.container(id).exists() {
+            return Ok(None);
+        }
+        Ok(Some(crate::state_lock::acquire(
+            &self.dirs.root,
+            id,
+            crate::state_lock::WAIT_LIMIT,
+        )?))
     }
 
     fn record(&self, id: &ContainerId) -> Result<SandboxRecord> {
@@ -657,6 +695,7 @@ impl Runtime {
     }
 
     pub fn start(&self, id: &ContainerId) -> Result<()> {
+        let lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         if c.status() != ContainerStatus::Created {
             return Err(LifecycleError::WrongState {
@@ -665,7 +704,16 @@ impl Runtime {
                 wanted: "created",
             });
         }
+        let init = c.pid().map(|p| p.as_raw());
+        let before = init.and_then(crate::init_exec::executable);
         c.start().map_err(container_err("start"))?;
+        drop(lock);
+        // As runc's: return once the program runs, so that a signal sent right after `start`
+        // reaches it (see `init_exec`).
+        if let (Some(pid), Some(before)) = (init, before) {
+            let outcome = crate::init_exec::wait(pid, before, crate::init_exec::WAIT_LIMIT);
+            tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
+        }
         self.arm_wall_clock(id, &c)
     }
 
@@ -718,6 +766,7 @@ impl Runtime {
             None => self.load(id)?.pid(),
         };
         std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         if c.pid() != pid || c.status() == ContainerStatus::Stopped {
             return Ok(());
@@ -837,6 +886,7 @@ impl Runtime {
 
     /// `pause` (`freeze = true`) and `resume`.
     pub fn pause(&self, id: &ContainerId, freeze: bool) -> Result<()> {
+        let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         let (op, result) = if freeze {
             ("pause", c.pause())
@@ -882,6 +932,7 @@ impl Runtime {
             libcontainer::signal::Signal::try_from(signal).map_err(|_| LifecycleError::Signal {
                 signal: signal.to_owned(),
             })?;
+        let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         if c.status() == ContainerStatus::Created {
             return self.kill_created(id, c, signal, all);
@@ -961,6 +1012,22 @@ impl Runtime {
     /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
     /// (from the shim) is the init's exit, recorded before anything else.
     pub fn delete(&self, id: &ContainerId, force: bool, reaped: Option<ReapedInit>) -> Result<()> {
+        let lock = self.state_lock(id)?;
+        let result = self.delete_locked(id, force, reaped);
+        if let Some(lock) = lock
+            && !self.dirs.container(id).exists()
+        {
+            lock.remove();
+        }
+        result
+    }
+
+    fn delete_locked(
+        &self,
+        id: &ContainerId,
+        force: bool,
+        reaped: Option<ReapedInit>,
+    ) -> Result<()> {
         match self.load(id) {
             Ok(mut c) => {
                 // As with `audit-exit` and the closing records, a record that cannot be

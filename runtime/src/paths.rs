@@ -118,9 +118,46 @@ impl StateDirs {
     }
 }
 
+/// Replaces `path` with `bytes` atomically: the bytes go to a temporary file in the same
+/// directory, are synced, and the file is renamed over `path`. A concurrent reader opens
+/// either the old file or the new one, never a part; a crash leaves one of the two.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("record.json");
+        write_atomic(&file, b"{\"a\":1}").unwrap();
+        write_atomic(&file, b"{}").unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"{}");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["record.json"]);
+    }
 
     #[test]
     fn identity_map_is_recognised() {

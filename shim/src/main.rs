@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod cgroup;
+mod files;
 mod options;
 mod rootfs;
 mod runtime;

@@ -204,7 +204,8 @@ impl RuntimeOptions {
             path: path.clone(),
             source,
         })?;
-        std::fs::write(&path, text).map_err(|source| OptionsError::Persist { path, source })
+        crate::files::write_atomic(&path, text)
+            .map_err(|source| OptionsError::Persist { path, source })
     }
 
     /// Reads the options recorded by [`RuntimeOptions::persist`]; defaults if there are none

@@ -63,6 +63,19 @@ impl RuntimeError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Failed { message, .. } if message.contains("does not exist") || message.contains("not found"))
     }
+
+    /// True if a `kill` failed because the process is gone: the runtime found the container
+    /// stopped (runc and this runtime say "container not running") or the signal found no
+    /// process. containerd's own runc shim answers these with NotFound, the one kill error
+    /// containerd and the CRI plugin treat as "already stopped".
+    pub fn is_process_gone(&self) -> bool {
+        matches!(self, Self::Failed { message, .. } if {
+            let lower = message.to_ascii_lowercase();
+            lower.contains("container not running")
+                || lower.contains("process already finished")
+                || lower.contains("no such process")
+        })
+    }
 }
 
 /// The standard streams given to a runtime command that starts a container process.
@@ -414,5 +427,24 @@ mod tests {
             message: "container \"a\" does not exist".into(),
         };
         assert!(e.is_not_found());
+    }
+
+    #[test]
+    fn a_kill_of_a_finished_process_is_recognised() {
+        let failed = |message: &str| RuntimeError::Failed {
+            binary: "/x".into(),
+            command: "kill",
+            code: 1,
+            message: message.into(),
+        };
+        for gone in [
+            "container not running",
+            "kill failed: ESRCH: No such process",
+            "os: process already finished",
+        ] {
+            assert!(failed(gone).is_process_gone(), "{gone}");
+        }
+        assert!(!failed("invalid signal \"FOO\"").is_process_gone());
+        assert!(!failed("load state failed").is_process_gone());
     }
 }

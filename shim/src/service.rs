@@ -991,8 +991,16 @@ impl TaskService {
             });
         }
         if req.exec_id.is_empty() {
-            runtime.kill(id, req.signal, req.all).await?;
-            return Ok(Empty::new());
+            // The init can exit between the state check above and the runtime's kill (its
+            // exit is recorded only once its output is drained): the runtime then answers
+            // that the container is not running, which is NotFound to containerd, as from
+            // its own runc shim, and not a failure of the kill.
+            return match runtime.kill(id, req.signal, req.all).await {
+                Err(e) if e.is_process_gone() => Err(ServiceError::Finished {
+                    id: name.to_owned(),
+                }),
+                other => other.map(|()| Empty::new()).map_err(Into::into),
+            };
         }
         let signal = i32::try_from(req.signal)
             .ok()

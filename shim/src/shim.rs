@@ -79,7 +79,8 @@ impl containerd_shim::Shim for Shim {
         {
             // Another container of the same pod: its shim already serves this socket. (A
             // stale socket refuses the connection; the new daemon replaces it.)
-            std::fs::write("address", &address).map_err(io_err("write address"))?;
+            crate::files::write_atomic(Path::new("address"), &address)
+                .map_err(io_err("write address"))?;
             return Ok(address);
         }
 
@@ -106,8 +107,10 @@ impl containerd_shim::Shim for Shim {
         if let Err(e) = containerd_shim::cgroup::adjust_oom_score(child.id()) {
             warn!("oom score of shim daemon: {e}");
         }
-        std::fs::write("address", &address).map_err(io_err("write address"))?;
-        std::fs::write("shim.pid", child.id().to_string()).map_err(io_err("write shim.pid"))?;
+        crate::files::write_atomic(Path::new("address"), &address)
+            .map_err(io_err("write address"))?;
+        crate::files::write_atomic(Path::new("shim.pid"), child.id().to_string())
+            .map_err(io_err("write shim.pid"))?;
         Ok(address)
     }
 

@@ -11,3 +11,4 @@ mod hostile;
 mod podman;
 mod pods;
 mod promote;
+mod shim_contracts;
