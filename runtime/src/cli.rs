@@ -180,6 +180,12 @@ pub enum Command {
         to_tar: Option<PathBuf>,
         id: String,
     },
+    /// Kept workspace change sets (docs/workspace.md): list them (`changes`), drop one
+    /// (`changes discard ID`), or apply the retention limits now (`changes prune`)
+    Changes {
+        #[command(subcommand)]
+        action: Option<crate::changes::Action>,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -298,6 +304,8 @@ pub enum CliError {
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
+    #[error("workspace changes")]
+    Changes(#[from] crate::changes::ChangesError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -607,6 +615,10 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 s.symlinks,
                 s.deleted.len()
             );
+        }
+        Command::Changes { action } => {
+            let ceiling = Ceiling::load(cli.policy.as_deref())?;
+            print!("{}", crate::changes::run(action, &ceiling.policy)?);
         }
         Command::Watchdog { seconds, pid, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?

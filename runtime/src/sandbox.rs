@@ -238,14 +238,17 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
                 })?;
             }
             mounts::mkdir_traversable(&facts.overlay_base)?;
-            // The sandbox's root owns upper and work so it can write through the overlay.
+            // The sandbox's process user owns upper and work: the top of the merged
+            // workspace is upper's, and git refuses a checkout whose top belongs to another
+            // user ("dubious ownership").
+            let (uid, gid) = process_host_ids(&spec, &map);
             for d in [&upper, &work] {
-                std::os::unix::fs::chown(d, Some(map.host_id), Some(map.host_id)).map_err(
-                    |source| SandboxError::Overlay {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|source| {
+                    SandboxError::Overlay {
                         path: d.clone(),
                         source,
-                    },
-                )?;
+                    }
+                })?;
             }
             Some(OverlayDirs { upper, work })
         }
@@ -273,6 +276,9 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
     allow_pty_devices(&mut hardened.spec);
+    if let Some(process) = hardened.spec.process_mut().as_mut() {
+        writable_home(process, &hardened.policy);
+    }
     let plan = plan_for(&hardened.policy, &hardened.spec)?;
     if let Some(process) = hardened.spec.process_mut().as_mut() {
         set_apparmor(process, &hardened.policy, &plan);
@@ -310,6 +316,7 @@ pub fn harden_exec(
 ) -> Result<Process, SandboxError> {
     let mut process = harden::harden_process(process, policy).map_err(SandboxError::Harden)?;
     set_apparmor(&mut process, policy, plan);
+    writable_home(&mut process, policy);
     Ok(process)
 }
 
@@ -404,6 +411,55 @@ fn probe_port(rs: &agent_sandbox_policy::landlock::LandlockRuleset) -> u16 {
     (1..=u16::MAX)
         .find(|p| !rs.net.iter().any(|r| r.port == *p))
         .unwrap_or(1)
+}
+
+/// The host ids of the spec's process user and group (container root's if unmapped).
+fn process_host_ids(spec: &Spec, map: &IdMapping) -> (u32, u32) {
+    let host = |id: u32| {
+        if id < map.size {
+            map.host_id + id
+        } else {
+            map.host_id
+        }
+    };
+    spec.process()
+        .as_ref()
+        .map(|p| (host(p.user().uid()), host(p.user().gid())))
+        .unwrap_or((map.host_id, map.host_id))
+}
+
+/// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
+/// and containerd give root `HOME=/root`): tools that write `~/.gitconfig` or caches then
+/// work. The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
+/// `HOME` already on a writable path is left alone.
+fn writable_home(process: &mut Process, policy: &SandboxPolicy) {
+    let writable = policy.filesystem.writable_paths();
+    let mut env = process.env().clone().unwrap_or_default();
+    let current = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("HOME="))
+        .map(str::to_owned);
+    let on_writable = |home: &str| {
+        writable
+            .iter()
+            .any(|w| Path::new(home).starts_with(w.as_path()))
+    };
+    if current.as_deref().is_some_and(on_writable) {
+        return;
+    }
+    let scratch = &policy.filesystem.scratch;
+    let Some(home) = ["/home", "/tmp"]
+        .iter()
+        .find_map(|p| scratch.iter().find(|s| s.path.as_str() == *p))
+        .or_else(|| scratch.first())
+        .map(|s| s.path.as_str().to_owned())
+    else {
+        return;
+    };
+    tracing::debug!(from = ?current, to = %home, "HOME moved to a writable scratch area");
+    env.retain(|kv| !kv.starts_with("HOME="));
+    env.push(format!("HOME={home}"));
+    process.set_env(Some(env));
 }
 
 /// A `devpts` mount with `nodev` makes `/dev/ptmx` unopenable (EACCES), so no
