@@ -3,7 +3,8 @@
 //!
 //! One store per host user, whatever the entry point or `--root`: as real root
 //! `/var/lib/agent-sandbox/changes` (disk, not `/run`: changes survive a reboot), rootless
-//! `$XDG_DATA_HOME/agent-sandbox/changes` (else `~/.local/share/...`); the environment
+//! `$XDG_DATA_HOME/agent-sandbox/changes` (else `~/.local/share/...`, else under
+//! `$XDG_RUNTIME_DIR`); the environment
 //! variable `AGENT_SANDBOX_CHANGES_DIR` overrides both. The store and each entry are 0700:
 //! nothing of the sandbox can reach them once its mount namespace is gone. An entry
 //! `<store>/<change>/` holds
@@ -154,9 +155,17 @@ impl Store {
                     .filter(|d| !d.is_empty())
                     .map(|h| PathBuf::from(h).join(".local/share"))
             })
+            // Without a home, the runtime directory (not kept across a reboot).
+            .or_else(|| {
+                std::env::var_os("XDG_RUNTIME_DIR")
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+            })
             .ok_or_else(|| ChangesError::Store {
                 path: PathBuf::from("$HOME"),
-                source: std::io::Error::other("neither XDG_DATA_HOME nor HOME is set"),
+                source: std::io::Error::other(
+                    "none of XDG_DATA_HOME, HOME and XDG_RUNTIME_DIR is set",
+                ),
             })?;
         Ok(Store {
             dir: base.join("agent-sandbox/changes"),
@@ -362,8 +371,15 @@ pub struct Created {
 /// Creates the change set of a new sandbox: the entry, its record, and (with a quota) the
 /// mounted ext4 image; then applies the retention limits to the others.
 pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
+    // Loop devices are real root's: a rootless runtime keeps its changes in plain dirs,
+    // and says so (docs/workspace.md, "Rootless").
+    let quota = new.fs.workspace_size.filter(|_| !new.rootless);
     if new.fs.workspace_size.is_some() && new.rootless {
-        return Err(ChangesError::QuotaRootless);
+        tracing::warn!(
+            layer = "workspace_quota",
+            reason = %ChangesError::QuotaRootless,
+            "workspace quota inactive"
+        );
     }
     store.ensure()?;
     let created = now();
@@ -393,14 +409,14 @@ pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
             root: new.root.to_owned(),
             created,
             workspace: new.workspace.to_owned(),
-            quota_bytes: new.fs.workspace_size.map(|s| s.bytes()),
+            quota_bytes: quota.map(|s| s.bytes()),
             keep_until: created.saturating_add(new.fs.changes_max_age.get()),
             ended: None,
             size_bytes: None,
         },
     };
     entry.save()?;
-    let base = match new.fs.workspace_size {
+    let base = match quota {
         Some(size) => {
             make_image(&entry.image(), size.bytes())?;
             crate::mounts::mkdir_traversable(new.mount_point).map_err(|e| ChangesError::Store {

@@ -1035,6 +1035,7 @@ impl Runtime {
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
+        crate::sandbox::writable_home(&mut process, &policy, &hardened);
         crate::egress::inject_env(&mut process, &policy);
         crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();

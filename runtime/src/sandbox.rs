@@ -276,9 +276,11 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
     allow_pty_devices(&mut hardened.spec);
-    if let Some(process) = hardened.spec.process_mut().as_mut() {
-        writable_home(process, &hardened.policy);
+    let mut spec_process = hardened.spec.process().clone();
+    if let Some(process) = spec_process.as_mut() {
+        writable_home(process, &hardened.policy, &hardened.spec);
     }
+    hardened.spec.set_process(spec_process);
     let plan = plan_for(&hardened.policy, &hardened.spec)?;
     if let Some(process) = hardened.spec.process_mut().as_mut() {
         set_apparmor(process, &hardened.policy, &plan);
@@ -316,7 +318,6 @@ pub fn harden_exec(
 ) -> Result<Process, SandboxError> {
     let mut process = harden::harden_process(process, policy).map_err(SandboxError::Harden)?;
     set_apparmor(&mut process, policy, plan);
-    writable_home(&mut process, policy);
     Ok(process)
 }
 
@@ -431,19 +432,29 @@ fn process_host_ids(spec: &Spec, map: &IdMapping) -> (u32, u32) {
 /// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
 /// and containerd give root `HOME=/root`): tools that write `~/.gitconfig` or caches then
 /// work. The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
-/// `HOME` already on a writable path is left alone.
-fn writable_home(process: &mut Process, policy: &SandboxPolicy) {
-    let writable = policy.filesystem.writable_paths();
+/// `HOME` on a writable path, or on a mount the caller chose (a home shared read-only on
+/// purpose), is left alone. `hardened` is the sandbox's spec (exec passes the saved one).
+pub fn writable_home(process: &mut Process, policy: &SandboxPolicy, hardened: &Spec) {
+    let mut writable: Vec<PathBuf> = policy
+        .filesystem
+        .writable_paths()
+        .iter()
+        .map(|p| p.as_path().to_path_buf())
+        .collect();
+    writable.extend(
+        hardened
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.destination().clone())
+            .filter(|d| d != Path::new("/")),
+    );
     let mut env = process.env().clone().unwrap_or_default();
     let current = env
         .iter()
         .find_map(|kv| kv.strip_prefix("HOME="))
         .map(str::to_owned);
-    let on_writable = |home: &str| {
-        writable
-            .iter()
-            .any(|w| Path::new(home).starts_with(w.as_path()))
-    };
+    let on_writable = |home: &str| writable.iter().any(|w| Path::new(home).starts_with(w));
     if current.as_deref().is_some_and(on_writable) {
         return;
     }
@@ -612,6 +623,31 @@ mod tests {
             "ABI {kernel} refuses it"
         );
         assert_eq!(std::fs::read(&file).unwrap(), b"data");
+    }
+
+    #[test]
+    fn home_on_the_read_only_image_moves_to_scratch_and_a_chosen_mount_stays() {
+        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
+        let mut spec = Spec::default();
+        let mut shared = libcontainer::oci_spec::runtime::Mount::default();
+        shared.set_destination(PathBuf::from("/home/agent"));
+        spec.set_mounts(Some(vec![shared]));
+        let home_of = |home: Option<&str>| {
+            let mut p = Process::default();
+            let mut env = vec!["PATH=/bin".to_owned()];
+            env.extend(home.map(|h| format!("HOME={h}")));
+            p.set_env(Some(env));
+            writable_home(&mut p, &policy, &spec);
+            let env = p.env().clone().unwrap();
+            assert_eq!(env.iter().filter(|e| e.starts_with("HOME=")).count(), 1);
+            env.into_iter()
+                .find_map(|e| e.strip_prefix("HOME=").map(str::to_owned))
+        };
+        assert_eq!(home_of(Some("/root")).as_deref(), Some("/home"));
+        assert_eq!(home_of(None).as_deref(), Some("/home"));
+        assert_eq!(home_of(Some("/tmp/h")).as_deref(), Some("/tmp/h"));
+        assert_eq!(home_of(Some("/workspace")).as_deref(), Some("/workspace"));
+        assert_eq!(home_of(Some("/home/agent")).as_deref(), Some("/home/agent"));
     }
 
     #[test]

@@ -8,3 +8,4 @@ mod faults;
 mod hostile;
 mod podman;
 mod pods;
+mod workspace;
