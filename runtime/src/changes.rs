@@ -746,7 +746,14 @@ pub fn table(entries: &[Entry]) -> String {
         let created = chrono::DateTime::from_timestamp(i64::try_from(r.created).unwrap_or(0), 0)
             .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
             .unwrap_or_default();
-        let short: String = r.container.chars().take(12).collect();
+        // podman's 64-hex ids as their 12-character short form; other ids (ctr's) whole.
+        let long_hex =
+            r.container.len() == 64 && r.container.bytes().all(|b| b.is_ascii_hexdigit());
+        let short: String = if long_hex {
+            r.container.chars().take(12).collect()
+        } else {
+            r.container.clone()
+        };
         out.push_str(&format!(
             "{:<13} {:<13} {:<21} {:<11} {:<8} {:<10} {:<21} {}\n",
             r.change,
