@@ -82,6 +82,14 @@ pub enum ChangesError {
     NotFound { key: String },
     #[error("change set {change} belongs to a sandbox that still exists; delete it first")]
     Live { change: String },
+    #[error(
+        "cannot remove {path} (a rootless sandbox's files belong to its subordinate ids: run this under `podman unshare`)"
+    )]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 type Result<T> = std::result::Result<T, ChangesError>;
@@ -532,6 +540,7 @@ pub fn open(entry: &Entry) -> Result<WorkspaceOverlay> {
             lower,
             upper: entry.dir.join("upper"),
             change: Some(entry.record.change.clone()),
+            change_dir: Some(entry.dir.clone()),
             held: None,
         });
     }
@@ -546,6 +555,7 @@ pub fn open(entry: &Entry) -> Result<WorkspaceOverlay> {
         lower,
         upper: at.join("upper"),
         change: Some(entry.record.change.clone()),
+        change_dir: Some(entry.dir.clone()),
         held: Some(Arc::new(guard)),
     })
 }
@@ -592,12 +602,17 @@ pub fn find(store: &Store, key: &str) -> Result<Entry> {
 /// is nothing to review), any other one is stamped ended with its size.
 pub fn ended(ws: &WorkspaceOverlay) -> Option<Entry> {
     let change = ws.change.as_ref()?;
-    let store = Store::locate().ok()?;
-    let mut entry = Entry::load(&store.dir.join(change)).ok()?;
+    let dir = match &ws.change_dir {
+        Some(dir) => dir.clone(),
+        None => Store::locate().ok()?.dir.join(change),
+    };
+    let mut entry = Entry::load(&dir).ok()?;
     let empty = std::fs::read_dir(&ws.upper).is_ok_and(|mut rd| rd.next().is_none());
     if empty {
         tracing::debug!(change = %change, "no workspace changes: nothing kept");
-        remove(&entry);
+        if let Err(e) = remove(&entry) {
+            tracing::warn!(error = %e, "cannot remove an empty change set");
+        }
         return None;
     }
     entry.record.ended = Some(now());
@@ -610,7 +625,7 @@ pub fn ended(ws: &WorkspaceOverlay) -> Option<Entry> {
 }
 
 /// Removes an entry: first whatever is still mounted under it (review mounts), then its files.
-fn remove(entry: &Entry) {
+fn remove(entry: &Entry) -> Result<()> {
     if let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") {
         for p in info
             .lines()
@@ -621,9 +636,27 @@ fn remove(entry: &Entry) {
             let _ = crate::mounts::detach(&p);
         }
     }
-    if let Err(e) = std::fs::remove_dir_all(&entry.dir) {
-        tracing::warn!(path = %entry.dir.display(), error = %e, "cannot remove a change set");
+    // The layer first, the record last: an entry that cannot be removed whole stays listed.
+    let rd = std::fs::read_dir(&entry.dir).map_err(|source| ChangesError::Remove {
+        path: entry.dir.clone(),
+        source,
+    })?;
+    for e in rd.filter_map(|e| e.ok()) {
+        if e.file_name() == INDEX_FILE {
+            continue;
+        }
+        let path = e.path();
+        let gone = if e.file_type().is_ok_and(|t| t.is_dir()) {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        gone.map_err(|source| ChangesError::Remove { path, source })?;
     }
+    std::fs::remove_dir_all(&entry.dir).map_err(|source| ChangesError::Remove {
+        path: entry.dir.clone(),
+        source,
+    })
 }
 
 /// `changes discard KEY`: removes a change set whose sandbox is gone.
@@ -634,7 +667,7 @@ pub fn discard(store: &Store, key: &str) -> Result<Record> {
             change: entry.record.change,
         });
     }
-    remove(&entry);
+    remove(&entry)?;
     tracing::info!(change = %entry.record.change, "change set discarded");
     Ok(entry.record)
 }
@@ -650,7 +683,10 @@ pub fn prune(store: &Store, max_total: u64) -> Vec<Record> {
             continue;
         }
         if now >= e.record.keep_until {
-            remove(&e);
+            if let Err(err) = remove(&e) {
+                tracing::warn!(error = %err, "cannot remove an expired change set");
+                continue;
+            }
             removed.push(e.record);
         } else {
             kept.push(e);
@@ -663,7 +699,10 @@ pub fn prune(store: &Store, max_total: u64) -> Vec<Record> {
             break;
         }
         total = total.saturating_sub(size(&e));
-        remove(&e);
+        if let Err(err) = remove(&e) {
+            tracing::warn!(error = %err, "cannot remove a change set past the total");
+            continue;
+        }
         removed.push(e.record);
     }
     for r in &removed {

@@ -439,6 +439,7 @@ impl Runtime {
             mounts::mount_workspace_overlay(&mut spec, &mount_dir.join("workspace-merged"), user)?
         {
             ws.change = change_set.as_ref().map(|c| c.entry.record.change.clone());
+            ws.change_dir = change_set.as_ref().map(|c| c.entry.dir.clone());
             tracing::info!(id = %id, change = ?ws.change, ownership = ?ownership, "workspace overlay mounted");
             write_json(&sandbox_dir.join(WORKSPACE_FILE), &ws)?;
         }
@@ -751,6 +752,7 @@ impl Runtime {
             lower: source,
             upper: created.base.join("upper"),
             change: Some(created.entry.record.change.clone()),
+            change_dir: Some(created.entry.dir.clone()),
             held: None,
         };
         write_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE), &ws)?;

@@ -229,6 +229,10 @@ pub struct WorkspaceOverlay {
     /// The kept change set (`crate::changes`) that holds `upper`.
     #[serde(default)]
     pub change: Option<String>,
+    /// That change set's directory in the store (found again at delete whatever the
+    /// environment of the deleting process).
+    #[serde(default)]
+    pub change_dir: Option<PathBuf>,
     /// A review mount that `upper` lives on, released with the last clone.
     #[serde(skip)]
     pub held: Option<std::sync::Arc<crate::changes::ReviewMount>>,
@@ -343,6 +347,7 @@ pub fn mount_workspace_overlay(
             lower,
             upper,
             change: None,
+            change_dir: None,
             held: None,
         },
         ownership,

@@ -527,3 +527,55 @@ fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_write
     ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))?.contains("curl evil"));
     Ok(())
 }
+
+#[test]
+fn rootless_podman_changes_outlive_run_rm_and_are_reviewed_under_podman_unshare()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, TOOLS_IMAGE)?;
+    let dir = harness::temp_dir_for(User::Rootless)?;
+    // Rootless has no idmapped workspace (docs/workspace.md): the directory is open to all.
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )?;
+    fs::write(dir.path().join("README"), "calc\n")?;
+    let n = name("rootless");
+    let volume = format!("{}:/workspace", dir.path().display());
+    let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let _g = ContainerGuard {
+        podman: p,
+        name: n.clone(),
+    };
+    let out = p.run(&[
+        "run",
+        "--rm",
+        "--name",
+        &n,
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        "echo new > /workspace/agent.txt",
+    ])?;
+    ensure!(out.success(), "{out}");
+    ensure!(
+        !dir.path().join("agent.txt").exists(),
+        "the write reached the host"
+    );
+    let unshare = |args: &[&str]| {
+        let mut cmd = User::Rootless.command("podman");
+        cmd.arg("unshare").arg(harness::runtime_bin()).args(args);
+        harness::run(&mut cmd, DEFAULT_TIMEOUT)
+    };
+    let diff = unshare(&["diff", &n])?;
+    ensure!(
+        diff.success() && diff.stdout.lines().any(|l| l == "A /agent.txt (file)"),
+        "{diff}"
+    );
+    let discard = unshare(&["changes", "discard", &n])?;
+    ensure!(discard.success(), "{discard}");
+    let again = unshare(&["diff", &n])?;
+    ensure!(again.stderr.contains("does not exist"), "{again}");
+    Ok(())
+}
