@@ -426,12 +426,21 @@ pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
     entry.save()?;
     let base = match quota {
         Some(size) => {
-            make_image(&entry.image(), size.bytes())?;
-            crate::mounts::mkdir_traversable(new.mount_point).map_err(|e| ChangesError::Store {
-                path: new.mount_point.to_owned(),
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            loop_mount(&entry.image(), new.mount_point, false)?;
+            let mounted = make_image(&entry.image(), size.bytes())
+                .and_then(|()| {
+                    crate::mounts::mkdir_traversable(new.mount_point).map_err(|e| {
+                        ChangesError::Store {
+                            path: new.mount_point.to_owned(),
+                            source: std::io::Error::other(e.to_string()),
+                        }
+                    })
+                })
+                .and_then(|()| loop_mount(&entry.image(), new.mount_point, false));
+            if let Err(e) = mounted {
+                // Nothing was kept yet: no entry either.
+                let _ = remove(&entry);
+                return Err(e);
+            }
             new.mount_point.to_owned()
         }
         None => dir,
