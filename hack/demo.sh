@@ -78,9 +78,9 @@ ws=$work/workspace
 mkdir -p "$ws/.git/hooks" "$ws/src"
 echo 'print("hello")' >"$ws/src/app.py"
 echo '#!/bin/sh' >"$ws/.git/hooks/pre-commit"
-# The sandbox's root is an unprivileged host user, so it can change (in its overlay)
-# only what that user may write: here everything but the protected paths.
-chmod -R a+rwX "$ws"
+# Left as its owner made it (0644/0755): inside, the workspace's owner appears as the
+# sandbox's user (an idmapped mount, docs/workspace.md), so the agent may change everything
+# but the protected paths, in its overlay; the host directory is never written.
 # The user's home, with a key worth stealing, shared read-only as agents often get it.
 home=$work/home
 mkdir -p "$home/.ssh"

@@ -206,6 +206,12 @@ pub enum Command {
         digest: Option<String>,
         id: String,
     },
+    /// Kept workspace change sets (docs/workspace.md): list them (`changes`), drop one
+    /// (`changes discard ID`), or apply the retention limits now (`changes prune`)
+    Changes {
+        #[command(subcommand)]
+        action: Option<crate::changes::Action>,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -341,6 +347,8 @@ pub enum CliError {
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error(transparent)]
     Promote(#[from] crate::promote::PromoteCmdError),
+    #[error("workspace changes")]
+    Changes(#[from] crate::changes::ChangesError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -657,6 +665,10 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 audit_dir: cli.audit_dir.as_deref(),
             };
             crate::promote::run(&rt()?, &req, &mut std::io::stdout().lock())?;
+        }
+        Command::Changes { action } => {
+            let ceiling = Ceiling::load(cli.policy.as_deref())?;
+            print!("{}", crate::changes::run(action, &ceiling.policy)?);
         }
         Command::Watchdog { seconds, pid, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?

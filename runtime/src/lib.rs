@@ -5,6 +5,7 @@
 pub mod apparmor;
 pub mod audit;
 pub mod cgroup_warm;
+pub mod changes;
 pub mod cli;
 pub mod egress;
 pub mod enforce;

@@ -99,6 +99,8 @@ pub enum LifecycleError {
     SyscallAudit(#[source] crate::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
+    #[error("workspace changes")]
+    Changes(#[source] crate::changes::ChangesError),
     #[error("cannot bring lo up in the sandbox network namespace")]
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
     #[error("cgroups layer")]
@@ -212,7 +214,7 @@ fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
 }
 
 /// The sandbox's workspace overlay dirs (`mounts::WorkspaceOverlay`), for review.
-const WORKSPACE_FILE: &str = "workspace.json";
+pub const WORKSPACE_FILE: &str = "workspace.json";
 
 /// The config's own `linux.seccomp`, which every exec gets too (`sandbox::requested_seccomp`).
 const REQUESTED_SECCOMP_FILE: &str = "requested-seccomp.json";
@@ -463,10 +465,13 @@ impl Runtime {
         mounts::mkdir_traversable(&mount_dir)?;
         // Bind sources the sandbox root could not reach are re-bound (read-only)
         // under the per-container dir first, so the policy sees reachable paths.
+        let change_set = self.new_change_set(id, &spec, ceiling, &mount_dir, rootless)?;
         mounts::rebind_sources(&mut spec, &mount_dir)?;
         let facts = crate::sandbox::Facts {
             ids,
-            overlay_base: mount_dir.join("workspace"),
+            overlay_base: change_set
+                .as_ref()
+                .map_or_else(|| mount_dir.join("workspace"), |c| c.base.clone()),
             pod: member.as_ref().map(|m| m.namespaces.clone()),
         };
         let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
@@ -511,9 +516,13 @@ impl Runtime {
             Some(m) => crate::pod::verify_member(&spec, m)?,
             None => enforce::verify(&spec)?,
         }
-        if let Some(ws) =
-            mounts::mount_workspace_overlay(&mut spec, &mount_dir.join("workspace-merged"))?
+        let user = (!rootless).then(|| sandbox_user(&spec, &ids)).flatten();
+        if let Some((mut ws, ownership)) =
+            mounts::mount_workspace_overlay(&mut spec, &mount_dir.join("workspace-merged"), user)?
         {
+            ws.change = change_set.as_ref().map(|c| c.entry.record.change.clone());
+            ws.change_dir = change_set.as_ref().map(|c| c.entry.dir.clone());
+            tracing::info!(id = %id, change = ?ws.change, ownership = ?ownership, "workspace overlay mounted");
             write_json(&sandbox_dir.join(WORKSPACE_FILE), &ws)?;
         }
 
@@ -679,6 +688,10 @@ impl Runtime {
             .as_ref()
             .and_then(|r| r.rootfs_mount.parent().map(Path::to_path_buf))
             .or_else(|| crate::sandbox::mount_dir(&self.dirs, id).ok());
+        if let Some(ws) = &workspace {
+            // Before the mounts go: an empty change set is dropped, any other is kept.
+            crate::changes::ended(ws);
+        }
         if let Some(mount_dir) = mount_dir {
             detach_all_under(&mount_dir);
             let _ = std::fs::remove_dir_all(&mount_dir);
@@ -797,17 +810,68 @@ impl Runtime {
         Ok((policy, plan, hardened))
     }
 
-    /// The workspace overlay of an existing sandbox (for `diff` and `export`).
+    /// The workspace changes `id` names, for `diff`, `export` and `promote`: those of the
+    /// sandbox `id` in this state root while it exists, else a kept change set of any entry
+    /// point found by change id, container id, name or unique prefix (`crate::changes::find`).
+    /// An ended change set with a quota is mounted read-only while the result lives.
     pub fn workspace(&self, id: &ContainerId) -> Result<mounts::WorkspaceOverlay> {
         let dir = self.dirs.sandbox(id);
-        if !dir.exists() {
-            return Err(LifecycleError::NotExist { id: id.clone() });
-        }
         let path = dir.join(WORKSPACE_FILE);
-        if !path.exists() {
-            return Err(LifecycleError::NoWorkspace { id: id.clone() });
+        if path.exists() {
+            return read_json(&path);
         }
-        read_json(&path)
+        let store = crate::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        match crate::changes::find(&store, id.as_str()) {
+            Ok(entry) => crate::changes::open(&entry).map_err(LifecycleError::Changes),
+            Err(crate::changes::ChangesError::NotFound { .. }) if dir.exists() => {
+                Err(LifecycleError::NoWorkspace { id: id.clone() })
+            }
+            Err(crate::changes::ChangesError::NotFound { .. }) => {
+                Err(LifecycleError::NotExist { id: id.clone() })
+            }
+            Err(e) => Err(LifecycleError::Changes(e)),
+        }
+    }
+
+    /// The change set of a new sandbox that has a workspace (`crate::changes`), recorded in
+    /// `workspace.json` at once so a failed create drops it again.
+    fn new_change_set(
+        &self,
+        id: &ContainerId,
+        spec: &Spec,
+        ceiling: &crate::sandbox::Ceiling,
+        mount_dir: &Path,
+        rootless: bool,
+    ) -> Result<Option<crate::changes::Created>> {
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let policy = agent_sandbox_policy::harden::effective_policy(&annotations, &ceiling.policy)
+            .map_err(|e| LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(e)))?;
+        let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, &policy) else {
+            return Ok(None);
+        };
+        let store = crate::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let created = crate::changes::create(
+            &store,
+            &crate::changes::NewChangeSet {
+                container: id.as_str(),
+                root: &self.dirs.root,
+                annotations: &annotations,
+                workspace: &source,
+                fs: &policy.filesystem,
+                mount_point: &mount_dir.join("workspace"),
+                rootless,
+            },
+        )
+        .map_err(LifecycleError::Changes)?;
+        let ws = mounts::WorkspaceOverlay {
+            lower: source,
+            upper: created.base.join("upper"),
+            change: Some(created.entry.record.change.clone()),
+            change_dir: Some(created.entry.dir.clone()),
+            held: None,
+        };
+        write_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE), &ws)?;
+        Ok(Some(created))
     }
 
     /// The egress proxy body (hidden `proxy` command, spawned by `create`):
@@ -1183,6 +1247,7 @@ impl Runtime {
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
+        crate::sandbox::writable_home(&mut process, &policy, &hardened);
         crate::egress::inject_env(&mut process, &policy);
         crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
@@ -1304,6 +1369,16 @@ impl Runtime {
             })
             .unwrap_or_default()
     }
+}
+
+/// The host ids of the sandbox's process user and group, if its range maps them.
+fn sandbox_user(spec: &Spec, ids: &IdRange) -> Option<mounts::SandboxUser> {
+    let user = spec.process().as_ref()?.user();
+    let host = |id: u32| (id < ids.size).then(|| ids.host_start + id);
+    Some(mounts::SandboxUser {
+        host_uid: host(user.uid())?,
+        host_gid: host(user.gid())?,
+    })
 }
 
 /// Detaches every mount at or below `dir` (deepest first), from /proc/self/mountinfo.

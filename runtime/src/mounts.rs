@@ -226,6 +226,33 @@ pub struct WorkspaceOverlay {
     pub lower: PathBuf,
     /// Where the sandbox's changes land, for review (the overlay's upper dir).
     pub upper: PathBuf,
+    /// The kept change set (`crate::changes`) that holds `upper`.
+    #[serde(default)]
+    pub change: Option<String>,
+    /// That change set's directory in the store (found again at delete whatever the
+    /// environment of the deleting process).
+    #[serde(default)]
+    pub change_dir: Option<PathBuf>,
+    /// A review mount that `upper` lives on, released with the last clone.
+    #[serde(skip)]
+    pub held: Option<std::sync::Arc<crate::changes::ReviewMount>>,
+}
+
+/// Whose the workspace's files appear to be inside the sandbox (`mount_workspace_overlay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxUser {
+    /// The host ids of the sandbox's process user and group.
+    pub host_uid: u32,
+    pub host_gid: u32,
+}
+
+/// How the workspace's ownership was mapped, for logs and `workspace.json` readers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// Host uid/gid `from` appear as the sandbox user's ids.
+    Mapped { from: (u32, u32) },
+    /// The lower layer is the host directory as it is.
+    Unmapped { reason: String },
 }
 
 /// Mounts the spec's workspace overlay on `merged` from the host side and turns
@@ -237,10 +264,19 @@ pub struct WorkspaceOverlay {
 /// EOVERFLOW. Mounted here, copy-up runs with the runtime's credentials while
 /// each access is still checked against the caller's, so the sandbox can change
 /// exactly what its users may write, and its changes still land in `upper` only.
+///
+/// With `user`, the lower layer is an idmapped, read-only clone of the workspace
+/// (`agent_sandbox_sys::idmap_mount`) on which the owner of the workspace's top directory
+/// (uid and gid) and the sandbox user trade places: an ordinary checkout, owned by the
+/// developer, is the sandbox user's inside, copy-up gives the upper files the sandbox's host
+/// ids, and nothing on the host changes. Where the clone cannot be made (a filesystem
+/// without idmapped mounts), the host directory is the lower layer as before: the
+/// sandbox then writes only what its ids may.
 pub fn mount_workspace_overlay(
     spec: &mut libcontainer::oci_spec::runtime::Spec,
     merged: &Path,
-) -> Result<Option<WorkspaceOverlay>, MountError> {
+    user: Option<SandboxUser>,
+) -> Result<Option<(WorkspaceOverlay, Ownership)>, MountError> {
     let Some(list) = spec.mounts_mut().as_mut() else {
         return Ok(None);
     };
@@ -262,11 +298,25 @@ pub fn mount_workspace_overlay(
             detail: "workspace overlay without lowerdir or upperdir".to_owned(),
         });
     };
+    let (clone, ownership) = idmapped_lower(&lower, user);
+    let lower_option = match &clone {
+        Some(fd) => {
+            use std::os::fd::AsRawFd;
+            format!("lowerdir=/proc/self/fd/{}", fd.as_raw_fd())
+        }
+        None => format!("lowerdir={}", lower.display()),
+    };
     // Only overlay data options go to mount(2); nosuid/nodev become flags.
     let data = options
         .iter()
         .filter(|o| o.contains('=') || o.as_str() == "userxattr")
-        .cloned()
+        .map(|o| {
+            if o.starts_with("lowerdir=") {
+                lower_option.clone()
+            } else {
+                o.clone()
+            }
+        })
         .collect::<Vec<_>>()
         .join(",");
     mkdir_traversable(merged)?;
@@ -282,6 +332,8 @@ pub fn mount_workspace_overlay(
         dst: merged.to_owned(),
         source,
     })?;
+    // The overlay holds its own reference to the detached clone.
+    drop(clone);
     m.set_typ(Some("bind".to_owned()));
     m.set_source(Some(merged.to_owned()));
     m.set_options(Some(
@@ -290,5 +342,59 @@ pub fn mount_workspace_overlay(
             .map(|s| (*s).to_owned())
             .collect(),
     ));
-    Ok(Some(WorkspaceOverlay { lower, upper }))
+    Ok(Some((
+        WorkspaceOverlay {
+            lower,
+            upper,
+            change: None,
+            change_dir: None,
+            held: None,
+        },
+        ownership,
+    )))
+}
+
+/// The idmapped clone of `lower` for `user`, or why there is none.
+fn idmapped_lower(
+    lower: &Path,
+    user: Option<SandboxUser>,
+) -> (Option<std::os::fd::OwnedFd>, Ownership) {
+    use std::os::unix::fs::MetadataExt;
+    let Some(user) = user else {
+        return (
+            None,
+            Ownership::Unmapped {
+                reason: "a rootless runtime cannot make idmapped mounts of host filesystems"
+                    .to_owned(),
+            },
+        );
+    };
+    let meta = match std::fs::metadata(lower) {
+        Ok(m) => m,
+        Err(e) => {
+            return (
+                None,
+                Ownership::Unmapped {
+                    reason: format!("cannot stat {}: {e}", lower.display()),
+                },
+            );
+        }
+    };
+    let from = (meta.uid(), meta.gid());
+    match agent_sandbox_sys::idmap_mount::idmapped_clone(
+        lower,
+        (from.0, user.host_uid),
+        (from.1, user.host_gid),
+    ) {
+        Ok(fd) => (Some(fd), Ownership::Mapped { from }),
+        Err(e) => {
+            tracing::warn!(workspace = %lower.display(), error = %e, "workspace ownership not mapped: the sandbox writes only what its own ids may");
+            (
+                None,
+                Ownership::Unmapped {
+                    reason: e.to_string(),
+                },
+            )
+        }
+    }
 }

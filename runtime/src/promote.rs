@@ -64,7 +64,8 @@ pub struct Request<'a> {
 /// The names promotion refuses at any depth: the protected names of the default profile,
 /// of the admin's policy and of the policy the sandbox was created under (the mandatory ones
 /// are in each). A policy that protects all of `.git/` (`strict`) refuses every `.git` change.
-pub fn rules(rt: &Runtime, req: &Request<'_>) -> Result<Rules, PromoteCmdError> {
+/// `sandbox_dir` is the sandbox's state dir, where its create saved the policy it ran under.
+pub fn rules(sandbox_dir: &Path, req: &Request<'_>) -> Result<Rules, PromoteCmdError> {
     let mut names: Vec<String> = Vec::new();
     let mut add = |p: &agent_sandbox_policy::SandboxPolicy| {
         names.extend(
@@ -81,7 +82,7 @@ pub fn rules(rt: &Runtime, req: &Request<'_>) -> Result<Rules, PromoteCmdError> 
             .map_err(crate::sandbox::SandboxError::Policy)?,
     );
     add(&Ceiling::load(req.policy)?.policy);
-    if let Ok(saved) = Ceiling::load_saved(&rt.dirs.sandbox(req.id)) {
+    if let Ok(saved) = Ceiling::load_saved(sandbox_dir) {
         add(&saved.policy);
     }
     Ok(Rules::new(names.iter().map(String::as_str)))
@@ -91,11 +92,12 @@ pub fn rules(rt: &Runtime, req: &Request<'_>) -> Result<Rules, PromoteCmdError> 
 pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
     let source = crate::review::source(rt, req.id)?;
     let changes = source.changes()?;
-    let rules = rules(rt, req)?;
-    let log = crate::audit::locate(&rt.dirs, req.id, req.audit_dir)?;
+    let rules = rules(&source.dirs.sandbox(&source.container), req)?;
+    // The key may be a short id, a name or a change id: the log is the container's own.
+    let log = crate::audit::locate(&source.dirs, &source.container, req.audit_dir)?;
     if !req.dry_run && !log.exists() {
         return Err(PromoteCmdError::NoAuditLog {
-            id: req.id.to_string(),
+            id: source.container.to_string(),
             path: log,
         });
     }
@@ -147,7 +149,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     if !plan.refused.is_empty() || plan.digest != printed {
         return Err(PromoteCmdError::ChangedMeanwhile);
     }
-    let audit = agent_sandbox_audit::AuditLog::open(&log, req.id.as_str())?;
+    let audit = agent_sandbox_audit::AuditLog::open(&log, source.container.as_str())?;
     match promote::apply(&plan) {
         Ok(applied) => {
             audit.append(&plan.event(&applied, true))?;
@@ -158,6 +160,13 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
                 escape_path(plan.target()),
                 escape_path(&log)
             )?;
+            // Kept until promoted or discarded: an ended sandbox's change set goes now. Its
+            // review mount is released first; a live sandbox keeps its own.
+            let change = source.change.clone();
+            drop(source);
+            if let Some(change) = change {
+                forget_promoted(&change, out)?;
+            }
             Ok(())
         }
         Err(PromoteError::Partial {
@@ -187,6 +196,23 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     }
 }
 
+/// Drops change set `change` after a complete promotion, unless its sandbox still runs.
+/// A set that cannot be removed stays listed (`agent-sandbox changes`) and is said so.
+fn forget_promoted(change: &str, out: &mut impl Write) -> std::io::Result<()> {
+    use crate::changes::{ChangesError, Store, discard};
+    match Store::locate().and_then(|store| discard(&store, change)) {
+        Ok(_) => writeln!(out, "change set {change} promoted and discarded"),
+        Err(ChangesError::Live { .. }) => Ok(()),
+        Err(e) => {
+            tracing::warn!(change, error = %e, "promoted change set not discarded");
+            writeln!(
+                out,
+                "change set {change} promoted but kept: {e} (`agent-sandbox changes discard {change}`)"
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,7 +232,7 @@ mod tests {
             policy: None,
             audit_dir: None,
         };
-        let r = rules(&rt, &req)?;
+        let r = rules(&rt.dirs.sandbox(&id), &req)?;
         for p in [
             "pkg/.envrc",
             "a/.git/hooks/x",
@@ -223,7 +249,7 @@ mod tests {
             None
         );
         req.policy = Some(Path::new("strict"));
-        let strict = rules(&rt, &req)?;
+        let strict = rules(&rt.dirs.sandbox(&id), &req)?;
         assert!(
             strict
                 .check(Path::new(".git/index"), FileKind::File, false)

@@ -8,8 +8,12 @@ use std::path::PathBuf;
 use agent_sandbox_audit::escape::escape_path;
 use agent_sandbox_audit::{Change, ExportSummary};
 
+use std::sync::Arc;
+
+use crate::changes::ReviewMount;
 use crate::id::ContainerId;
 use crate::lifecycle::{LifecycleError, Runtime};
+use crate::paths::StateDirs;
 
 /// Where a sandbox's workspace changes are read from.
 #[derive(Debug, Clone)]
@@ -19,6 +23,15 @@ pub struct ChangeSource {
     /// The layer the overlay was mounted over, when it can still be read (it tells added
     /// from modified).
     pub lower: Option<PathBuf>,
+    /// The container the changes belong to, as its entry point named it (the key the
+    /// caller gave may be a short id, a name or a change id).
+    pub container: ContainerId,
+    /// The state root that container ran under (its audit log and saved policy are there).
+    pub dirs: StateDirs,
+    /// The kept change set (`crate::changes`) holding `upper`, if the sandbox had one.
+    pub change: Option<String>,
+    /// Keeps an ended change set's image mounted while `upper` is read.
+    _held: Option<Arc<ReviewMount>>,
 }
 
 impl ChangeSource {
@@ -28,13 +41,30 @@ impl ChangeSource {
     }
 }
 
-/// The one place `diff`, `export` and `promote` find a sandbox's changes.
+/// The one place `diff`, `export` and `promote` find a sandbox's changes: the live sandbox
+/// in this state root, else a kept change set found by any of its keys.
 pub fn source(rt: &Runtime, id: &ContainerId) -> Result<ChangeSource, LifecycleError> {
     let ws = rt.workspace(id)?;
+    let record = ws
+        .change_dir
+        .as_deref()
+        .and_then(|dir| crate::changes::Entry::load(dir).ok())
+        .map(|e| e.record);
+    let (container, dirs) = match record {
+        Some(r) => (
+            ContainerId::try_from(r.container.as_str()).unwrap_or_else(|_| id.clone()),
+            StateDirs::new(r.root),
+        ),
+        None => (id.clone(), rt.dirs.clone()),
+    };
     let lower = ws.lower.is_dir().then_some(ws.lower);
     Ok(ChangeSource {
         upper: ws.upper,
         lower,
+        container,
+        dirs,
+        change: ws.change,
+        _held: ws.held,
     })
 }
 

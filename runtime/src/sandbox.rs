@@ -270,14 +270,17 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
                 })?;
             }
             mounts::mkdir_traversable(&facts.overlay_base)?;
-            // The sandbox's root owns upper and work so it can write through the overlay.
+            // The sandbox's process user owns upper and work: the top of the merged
+            // workspace is upper's, and git refuses a checkout whose top belongs to another
+            // user ("dubious ownership").
+            let (uid, gid) = process_host_ids(&spec, &map);
             for d in [&upper, &work] {
-                std::os::unix::fs::chown(d, Some(map.host_id), Some(map.host_id)).map_err(
-                    |source| SandboxError::Overlay {
+                std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|source| {
+                    SandboxError::Overlay {
                         path: d.clone(),
                         source,
-                    },
-                )?;
+                    }
+                })?;
             }
             Some(OverlayDirs { upper, work })
         }
@@ -288,12 +291,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     // the host and show the host file it points to inside the sandbox (an
     // information leak); left in the overlay it resolves inside the sandbox's
     // own view, and writes through it never reach the host (see REQUESTS.md).
-    let protected = harden::protected_path_candidates(&spec, &effective)
-        .into_iter()
-        .filter(|p| {
-            std::fs::symlink_metadata(&p.host_path).is_ok_and(|m| !m.file_type().is_symlink())
-        })
-        .collect();
+    let protected = protected_in_workspace(&spec, &effective);
     let ctx = HardenContext {
         uid_mappings: vec![map],
         gid_mappings: vec![map],
@@ -305,6 +303,11 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
     allow_pty_devices(&mut hardened.spec);
+    let mut spec_process = hardened.spec.process().clone();
+    if let Some(process) = spec_process.as_mut() {
+        writable_home(process, &hardened.policy, &hardened.spec);
+    }
+    hardened.spec.set_process(spec_process);
     let plan = plan_for(&hardened.policy, &hardened.spec)?;
     if let Some(process) = hardened.spec.process_mut().as_mut() {
         set_apparmor(process, &hardened.policy, &plan);
@@ -439,6 +442,150 @@ fn probe_port(rs: &agent_sandbox_policy::landlock::LandlockRuleset) -> u16 {
     (1..=u16::MAX)
         .find(|p| !rs.net.iter().any(|r| r.port == *p))
         .unwrap_or(1)
+}
+
+/// How much of the workspace `protected_in_workspace` reads, and how many protected paths
+/// it binds, at most: it runs at every create.
+const PROTECTED_WALK_ENTRIES: usize = 50_000;
+const PROTECTED_WALK_DEPTH: usize = 32;
+const PROTECTED_MAX_MOUNTS: usize = 256;
+
+/// The protected paths that exist in the host workspace, at its top and in its
+/// subdirectories (`pkg/.envrc`, a vendored repository's `.git/hooks`), bound read-only over
+/// the overlay. Symlinks are neither bound nor followed: binding one would follow the link on
+/// the host and show the file it points to inside the sandbox (an information leak); left in
+/// the overlay it resolves inside the sandbox's own view, and writes through it never reach
+/// the host. The walk does not enter `.git` directories (their protected parts are named
+/// from the parent) and stops after [`PROTECTED_WALK_ENTRIES`] entries; a protected name that
+/// does not exist yet, or lies past the limits, is for review and promotion to refuse
+/// (docs/workspace.md).
+fn protected_in_workspace(spec: &Spec, policy: &SandboxPolicy) -> Vec<harden::ProtectedMount> {
+    let Some(source) = harden::workspace_source(spec, policy) else {
+        return Vec::new();
+    };
+    let names = policy.filesystem.protected_names();
+    let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_symlink());
+    let mut found = Vec::new();
+    let mut queue = std::collections::VecDeque::from([(PathBuf::new(), 0usize)]);
+    let mut seen = 0usize;
+    while let Some((rel, depth)) = queue.pop_front() {
+        let dir = source.join(&rel);
+        for name in &names {
+            // Every component but the last must be a real directory, not a link.
+            let mut ok = true;
+            let mut cur = dir.clone();
+            let parts: Vec<&str> = name.as_str().split('/').collect();
+            for (i, part) in parts.iter().enumerate() {
+                cur.push(part);
+                let meta = std::fs::symlink_metadata(&cur);
+                let last = i + 1 == parts.len();
+                if !meta.as_ref().is_ok_and(|m| last || m.is_dir()) {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok
+                && exists(&cur)
+                && let Some(m) = harden::protected_path_at(spec, policy, &rel, name)
+            {
+                found.push(m);
+            }
+        }
+        if depth >= PROTECTED_WALK_DEPTH {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            seen += 1;
+            if seen > PROTECTED_WALK_ENTRIES {
+                tracing::warn!(workspace = %source.display(), limit = PROTECTED_WALK_ENTRIES, "protected paths searched only part of the workspace");
+                queue.clear();
+                break;
+            }
+            let child = e.file_name();
+            if child == ".git" || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            // A protected directory is bound whole: nothing under it needs a bind of its own.
+            if names
+                .iter()
+                .any(|n| n.is_dir() && n.as_str() == child.to_string_lossy())
+            {
+                continue;
+            }
+            queue.push_back((rel.join(&child), depth + 1));
+        }
+    }
+    if found.len() > PROTECTED_MAX_MOUNTS {
+        tracing::warn!(
+            found = found.len(),
+            limit = PROTECTED_MAX_MOUNTS,
+            "too many protected paths in the workspace: only the shallowest are bound"
+        );
+        found.truncate(PROTECTED_MAX_MOUNTS);
+    }
+    found
+}
+
+/// The host ids of the spec's process user and group (container root's if unmapped).
+fn process_host_ids(spec: &Spec, map: &IdMapping) -> (u32, u32) {
+    let host = |id: u32| {
+        if id < map.size {
+            map.host_id + id
+        } else {
+            map.host_id
+        }
+    };
+    spec.process()
+        .as_ref()
+        .map(|p| (host(p.user().uid()), host(p.user().gid())))
+        .unwrap_or((map.host_id, map.host_id))
+}
+
+/// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
+/// and containerd give root `HOME=/root`): tools that write `~/.gitconfig` or caches then
+/// work. The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
+/// `HOME` on a writable path, or on a mount the caller chose (a home shared read-only on
+/// purpose), is left alone. `hardened` is the sandbox's spec (exec passes the saved one).
+pub fn writable_home(process: &mut Process, policy: &SandboxPolicy, hardened: &Spec) {
+    let mut writable: Vec<PathBuf> = policy
+        .filesystem
+        .writable_paths()
+        .iter()
+        .map(|p| p.as_path().to_path_buf())
+        .collect();
+    writable.extend(
+        hardened
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.destination().clone())
+            .filter(|d| d != Path::new("/")),
+    );
+    let mut env = process.env().clone().unwrap_or_default();
+    let current = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("HOME="))
+        .map(str::to_owned);
+    let on_writable = |home: &str| writable.iter().any(|w| Path::new(home).starts_with(w));
+    if current.as_deref().is_some_and(on_writable) {
+        return;
+    }
+    let scratch = &policy.filesystem.scratch;
+    let Some(home) = ["/home", "/tmp"]
+        .iter()
+        .find_map(|p| scratch.iter().find(|s| s.path.as_str() == *p))
+        .or_else(|| scratch.first())
+        .map(|s| s.path.as_str().to_owned())
+    else {
+        return;
+    };
+    tracing::debug!(from = ?current, to = %home, "HOME moved to a writable scratch area");
+    env.retain(|kv| !kv.starts_with("HOME="));
+    env.push(format!("HOME={home}"));
+    process.set_env(Some(env));
 }
 
 /// A `devpts` mount with `nodev` makes `/dev/ptmx` unopenable (EACCES), so no
@@ -591,6 +738,31 @@ mod tests {
             "ABI {kernel} refuses it"
         );
         assert_eq!(std::fs::read(&file).unwrap(), b"data");
+    }
+
+    #[test]
+    fn home_on_the_read_only_image_moves_to_scratch_and_a_chosen_mount_stays() {
+        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
+        let mut spec = Spec::default();
+        let mut shared = libcontainer::oci_spec::runtime::Mount::default();
+        shared.set_destination(PathBuf::from("/home/agent"));
+        spec.set_mounts(Some(vec![shared]));
+        let home_of = |home: Option<&str>| {
+            let mut p = Process::default();
+            let mut env = vec!["PATH=/bin".to_owned()];
+            env.extend(home.map(|h| format!("HOME={h}")));
+            p.set_env(Some(env));
+            writable_home(&mut p, &policy, &spec);
+            let env = p.env().clone().unwrap();
+            assert_eq!(env.iter().filter(|e| e.starts_with("HOME=")).count(), 1);
+            env.into_iter()
+                .find_map(|e| e.strip_prefix("HOME=").map(str::to_owned))
+        };
+        assert_eq!(home_of(Some("/root")).as_deref(), Some("/home"));
+        assert_eq!(home_of(None).as_deref(), Some("/home"));
+        assert_eq!(home_of(Some("/tmp/h")).as_deref(), Some("/tmp/h"));
+        assert_eq!(home_of(Some("/workspace")).as_deref(), Some("/workspace"));
+        assert_eq!(home_of(Some("/home/agent")).as_deref(), Some("/home/agent"));
     }
 
     #[test]

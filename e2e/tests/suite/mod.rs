@@ -12,3 +12,4 @@ mod podman;
 mod pods;
 mod promote;
 mod shim_contracts;
+mod workspace;

@@ -142,7 +142,25 @@ fn workspace_overlay_keeps_writes_off_host(user: User) -> anyhow::Result<()> {
     let checks = ["write_workspace", "write_bashrc", "write_git_hooks"];
     let dir = workspace(user)?;
     let volume = format!("{}:/workspace", dir.path().display());
-    let args = ["-v", volume.as_str(), "-e", "WORKSPACE=/workspace"];
+    // A home shared read-only, as agents often get it: the sandbox keeps a HOME on a mount
+    // the caller chose (one on the read-only image moves to its scratch area, where a
+    // `.bashrc` dies with the sandbox: docs/workspace.md).
+    let home = harness::temp_dir_for(user)?;
+    fs::set_permissions(
+        home.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let home_volume = format!("{}:/home/agent:ro", home.path().display());
+    let args = [
+        "-v",
+        volume.as_str(),
+        "-v",
+        home_volume.as_str(),
+        "-e",
+        "WORKSPACE=/workspace",
+        "-e",
+        "HOME=/home/agent",
+    ];
     let ours = sandbox(user).probe(&args, BUSYBOX_IMAGE, &checks)?;
     ours.expect(&[
         ("write_workspace", Outcome::Allowed),

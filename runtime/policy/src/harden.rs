@@ -286,6 +286,53 @@ pub fn protected_path_candidates(spec: &Spec, policy: &SandboxPolicy) -> Vec<Pro
         .collect()
 }
 
+/// The protected path `name` found in the workspace's subdirectory `rel` (relative, normal
+/// components only; empty for the top level), as [`protected_path_candidates`] would name it
+/// there. `None` when `rel` is not a plain relative path or the spec has no workspace.
+pub fn protected_path_at(
+    spec: &Spec,
+    policy: &SandboxPolicy,
+    rel: &Path,
+    name: &crate::value::ProtectedName,
+) -> Option<ProtectedMount> {
+    let workspace = policy.filesystem.workspace.as_ref()?;
+    let source = workspace_source(spec, policy)?;
+    if !rel
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)))
+    {
+        return None;
+    }
+    Some(ProtectedMount {
+        container_path: workspace.as_path().join(rel).join(name.as_str()),
+        host_path: source.join(rel).join(name.as_str()),
+        dir: name.is_dir(),
+    })
+}
+
+/// Whether `p` is a protected path at some depth of the workspace: its host and container
+/// paths are the same protected name under the same relative directory.
+fn is_protected_candidate(spec: &Spec, policy: &SandboxPolicy, p: &ProtectedMount) -> bool {
+    let (Some(workspace), Some(source)) = (
+        policy.filesystem.workspace.as_ref(),
+        workspace_source(spec, policy),
+    ) else {
+        return false;
+    };
+    let Ok(rel) = p.host_path.strip_prefix(&source) else {
+        return false;
+    };
+    policy.filesystem.protected_names().iter().any(|name| {
+        let name_path = Path::new(name.as_str().trim_end_matches('/'));
+        rel.ends_with(name_path)
+            && rel
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+            && p.container_path == workspace.as_path().join(rel)
+            && p.dir == name.is_dir()
+    })
+}
+
 /// Destinations of the writable mounts in a hardened spec (tmpfs, overlay, the engine's
 /// `/dev/shm`). The runtime must check that none of them, nor any parent, is a symlink in
 /// the rootfs: a symlink in the image (`/tmp -> /etc`) would put the writable mount over a
@@ -482,11 +529,13 @@ pub fn harden_spec(
     check_mappings("uid", &ctx.uid_mappings, &policy)?;
     check_mappings("gid", &ctx.gid_mappings, &policy)?;
 
-    // Protected paths must be ones we asked the runtime to look for.
-    let candidates: HashSet<ProtectedMount> = protected_path_candidates(&spec, &policy)
-        .into_iter()
-        .collect();
-    if let Some(unexpected) = ctx.protected.iter().find(|p| !candidates.contains(p)) {
+    // Protected paths must be ones we asked the runtime to look for: a protected name at
+    // the workspace's top or in one of its subdirectories.
+    if let Some(unexpected) = ctx
+        .protected
+        .iter()
+        .find(|p| !is_protected_candidate(&spec, &policy, p))
+    {
         return Err(HardenError::UnexpectedProtectedPath {
             path: unexpected.container_path.clone(),
         });

@@ -123,6 +123,8 @@ pub enum Violation {
     WritableRootfs,
     #[error("the root directory cannot be a writable scratch area")]
     ScratchAtRoot,
+    #[error("the workspace's writable layer needs at least {min} (a filesystem of its own)")]
+    WorkspaceSizeTooSmall { min: ByteSize },
     #[error("writable path `{path}` overlaps writable path `{other}`")]
     OverlappingWritable { path: AbsPath, other: AbsPath },
     #[error("`{path}` is not under /proc or /sys")]
@@ -184,6 +186,9 @@ pub enum Violation {
     },
 }
 
+/// The smallest `workspace_size`: an ext4 filesystem of its own needs a few megabytes.
+pub const MIN_WORKSPACE_SIZE: ByteSize = ByteSize::from_trusted(16 << 20);
+
 /// One writable scratch area: a fresh tmpfs of at most `size`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -203,6 +208,13 @@ pub struct Filesystem {
     /// Where the workspace appears: the host directory bind-mounted there becomes the
     /// read-only lower layer of an overlay whose writes stay in the sandbox.
     pub workspace: Option<AbsPath>,
+    /// The size of the workspace's writable layer (its overlay upper and work dirs live on
+    /// a filesystem of this size: past it the sandbox gets ENOSPC). None: no cap.
+    pub workspace_size: Option<ByteSize>,
+    /// How long a sandbox's unpromoted workspace changes are kept after it ends.
+    pub changes_max_age: Seconds,
+    /// The most disk all kept change sets may take; past it the oldest ended ones go.
+    pub changes_max_total: ByteSize,
     /// Extra protected names, added to [`MANDATORY_PROTECTED`].
     pub protected: Vec<ProtectedName>,
     /// Extra masked paths under /proc or /sys, added to [`MANDATORY_MASKED`].
@@ -220,6 +232,9 @@ impl Default for Filesystem {
                 size: ByteSize::from_trusted(64 << 20),
             }],
             workspace: None,
+            workspace_size: None,
+            changes_max_age: Seconds::from_trusted(7 * 86_400),
+            changes_max_total: ByteSize::from_trusted(20 << 30),
             protected: Vec::new(),
             masked_paths: Vec::new(),
             readonly_paths: Vec::new(),
@@ -498,6 +513,16 @@ impl SandboxPolicy {
                     },
                 ));
             }
+        }
+        if let Some(size) = fs.workspace_size
+            && size.bytes() < MIN_WORKSPACE_SIZE.bytes()
+        {
+            return Err((
+                root.key("workspace_size"),
+                Violation::WorkspaceSizeTooSmall {
+                    min: MIN_WORKSPACE_SIZE,
+                },
+            ));
         }
         for (name, list) in [
             ("masked_paths", &fs.masked_paths),

@@ -305,6 +305,7 @@ impl TryFrom<&str> for Seconds {
             Some((i, 's')) => (&value[..i], 1u64),
             Some((i, 'm')) => (&value[..i], 60),
             Some((i, 'h')) => (&value[..i], 3600),
+            Some((i, 'd')) => (&value[..i], 86_400),
             _ => return Err(bad()),
         };
         if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {

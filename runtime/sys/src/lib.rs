@@ -3,6 +3,7 @@
 #![allow(unsafe_code)]
 
 pub mod background_write;
+pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
 pub mod loopback;

