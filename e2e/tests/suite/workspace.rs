@@ -243,8 +243,23 @@ fn podman_agent_edits_and_commits_a_uid_1000_checkout_reviewable_after_run_rm() 
     ensure!(gone.code == Some(1), "podman --rm left {n}\n{gone}");
     ensure!(host_state(&co.repo)? == before, "the host checkout changed");
     expect_reviewable(&n, &out)?;
-    let discarded = runtime_ok(&["changes", "discard", &n])?;
-    ensure!(discarded.stdout.contains("discarded"), "{discarded}");
+    // Promoted by podman's name after the container is gone: the commit lands in the host
+    // checkout, owned by its developer, the record goes to that container's audit log, and
+    // the promoted change set is discarded.
+    let repo = co.repo.display().to_string();
+    let promoted = runtime_ok(&["promote", &n, "--to", &repo])?;
+    ensure!(
+        promoted.stdout.contains("promoted and discarded"),
+        "{promoted}"
+    );
+    let log = host_git(&co.repo, &["log", "--format=%s"])?;
+    ensure!(log == "agent: sub\ninit\n", "host git log: {log:?}");
+    host_git(&co.repo, &["fsck", "--strict", "--no-progress"])?;
+    let calc = co.repo.join("src/calc.py");
+    ensure!(fs::read_to_string(&calc)?.contains("def sub"));
+    ensure!(fs::metadata(&calc)?.uid() == DEV && !co.repo.join("README").exists());
+    let list = runtime_ok(&["changes"])?;
+    ensure!(!list.stdout.contains(&n), "{n} still listed\n{list}");
     let again = runtime(&["diff", &n])?;
     ensure!(
         again.code == Some(1) && again.stderr.contains("does not exist"),
