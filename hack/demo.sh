@@ -119,6 +119,12 @@ else
     echo "host workspace: CHANGED"
 fi
 
+say "Review the agent's workspace changes, then promote them (agent-sandbox diff / promote)"
+agent-sandbox diff "$cid"
+agent-sandbox promote "$cid" --to "$ws" --dry-run
+agent-sandbox promote "$cid" --to "$ws"
+echo "host workspace now has: $(cat "$ws/src/patch.py")"
+
 say "The audit trail of the podman sandbox (agent-sandbox audit $cid)"
 agent-sandbox audit "$cid"
 agent-sandbox audit verify "$cid"
@@ -132,4 +138,4 @@ ctr run --rm --runtime io.agent.sandbox --runtime-config-path "$work/runtime-opt
     --mount "type=bind,src=$home,dst=/home/agent,options=rbind:ro" --env HOME=/home/agent \
     --cwd /workspace "$image" demo-ctr sh -c "$attacks" || true
 
-say "Done: every attack was refused, the allowed fetch went through the proxy, and the host kept its files"
+say "Done: every attack was refused, the allowed fetch went through the proxy, the host kept its files until the reviewed change was promoted"
