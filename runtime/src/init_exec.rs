@@ -63,6 +63,84 @@ pub fn wait(pid: i32, before: (u64, u64), limit: Duration) -> Outcome {
     }
 }
 
+/// After `start`, how long a signal that would end the init (SIGTERM, ...) waits for the
+/// program to install its handler for it.
+///
+/// The window between the program's exec and its first `trap`/`signal()` exists under runc
+/// too, but the sandbox's filters make a program's start-up slower, and a TERM sent in that
+/// window is dropped (the init of a PID namespace ignores signals it has no handler for). A
+/// CRI StopContainer right after StartContainer then ends only in the SIGKILL after the
+/// grace period. Holding such a signal until the program caught or ignored it, for at most
+/// this long after the start, delivers it where the program wanted it.
+pub const HANDLER_GRACE: Duration = Duration::from_secs(2);
+
+/// The file in the sandbox dir where `start` notes when the program ran (seconds since boot).
+pub const STARTED_FILE: &str = "started";
+
+/// Seconds since boot (`/proc/uptime`), the clock of [`STARTED_FILE`].
+pub fn uptime() -> Option<f64> {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether `sig`'s bit is set in the `field` mask (`SigCgt`, `SigIgn`) of a `/proc/PID/status`.
+fn mask_has(status: &str, field: &str, sig: i32) -> bool {
+    let Some(bit) = u32::try_from(sig).ok().and_then(|s| s.checked_sub(1)) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| bit < 64 && mask & (1 << bit) != 0)
+}
+
+/// Whether a signal's default action ends the process while a program may catch it: the
+/// signals a PID namespace's init drops until it has a handler.
+pub fn ends_unless_caught(sig: i32) -> bool {
+    use nix::sys::signal::Signal as S;
+    [
+        S::SIGHUP,
+        S::SIGINT,
+        S::SIGQUIT,
+        S::SIGTERM,
+        S::SIGUSR1,
+        S::SIGUSR2,
+        S::SIGALRM,
+        S::SIGPIPE,
+    ]
+    .iter()
+    .any(|s| *s as i32 == sig)
+}
+
+/// Holds `sig` for the init `pid`, whose program `start` saw run at `started` (uptime), until
+/// the program caught or ignored it, the init ended, or [`HANDLER_GRACE`] after the start.
+/// Returns at once for a program that set up long ago.
+pub fn await_handler(pid: i32, sig: i32, started: f64) {
+    if !ends_unless_caught(sig) {
+        return;
+    }
+    let grace = HANDLER_GRACE.as_secs_f64();
+    loop {
+        let Some(now) = uptime() else { return };
+        if now - started >= grace || now < started {
+            return;
+        }
+        match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            Ok(status) if mask_has(&status, "SigCgt", sig) || mask_has(&status, "SigIgn", sig) => {
+                return;
+            }
+            Ok(_) if !ended(pid) => {}
+            _ => return,
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +148,47 @@ mod tests {
 
     fn pid_of(child: &std::process::Child) -> i32 {
         i32::try_from(child.id()).unwrap()
+    }
+
+    #[test]
+    fn reads_caught_and_ignored_signals_from_proc_status() {
+        let status = "Name:\tsh\nSigIgn:\t0000000000000004\nSigCgt:\t0000000000004002\n";
+        assert!(mask_has(status, "SigCgt", 15));
+        assert!(mask_has(status, "SigCgt", 2));
+        assert!(!mask_has(status, "SigCgt", 1));
+        assert!(mask_has(status, "SigIgn", 3));
+        assert!(!mask_has(status, "SigIgn", 15));
+        assert!(!mask_has(status, "SigCgt", 0));
+        assert!(!mask_has("SigCgt:\tzz\n", "SigCgt", 15));
+        assert!(ends_unless_caught(15) && !ends_unless_caught(9) && !ends_unless_caught(17));
+    }
+
+    #[test]
+    fn holds_a_term_until_the_program_traps_it_and_no_longer_than_the_grace() {
+        // sh traps TERM only after ~300 ms: the hold ends when SigCgt shows the handler.
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "sleep 0.3; trap 'exit 0' TERM; while :; do sleep 0.05; done",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = pid_of(&child);
+        let t = Instant::now();
+        await_handler(pid, 15, uptime().unwrap());
+        let held = t.elapsed();
+        assert!(held >= Duration::from_millis(250), "{held:?}");
+        assert!(held < HANDLER_GRACE, "{held:?}");
+        // A start long ago: no hold at all.
+        let t = Instant::now();
+        await_handler(pid, 15, 0.0);
+        assert!(t.elapsed() < Duration::from_millis(100));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert_eq!(child.wait().unwrap().code(), Some(0));
     }
 
     #[test]

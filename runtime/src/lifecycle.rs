@@ -726,6 +726,12 @@ impl Runtime {
         if let (Some(pid), Some(before)) = (init, before) {
             let outcome = crate::init_exec::wait(pid, before, crate::init_exec::WAIT_LIMIT);
             tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
+            if let Some(now) = crate::init_exec::uptime() {
+                let _ = paths::write_atomic(
+                    &self.dirs.sandbox(id).join(crate::init_exec::STARTED_FILE),
+                    now.to_string().as_bytes(),
+                );
+            }
         }
         self.arm_wall_clock(id, &c)
     }
@@ -1016,7 +1022,22 @@ impl Runtime {
                 return Ok(());
             }
         }
-        c.kill(sig, all).map_err(container_err("kill"))
+        // A process-ending signal right after `start` waits for the program's handler.
+        if let (Some(pid), Some(n)) = (c.pid(), nix_signal(signal))
+            && let Some(started) =
+                std::fs::read_to_string(self.dirs.sandbox(id).join(crate::init_exec::STARTED_FILE))
+                    .ok()
+                    .and_then(|t| t.trim().parse::<f64>().ok())
+        {
+            crate::init_exec::await_handler(pid.as_raw(), n as i32, started);
+        }
+        match c.kill(sig, all) {
+            // It exited meanwhile (libcontainer looks again): as for a stopped one above.
+            Err(libcontainer::error::LibcontainerError::IncorrectStatus(
+                ContainerStatus::Stopped,
+            )) if !all => Err(LifecycleError::NotRunning),
+            r => r.map_err(container_err("kill")),
+        }
     }
 
     /// `kill` of a created container. Its init still waits for `start` inside the runtime's
