@@ -1,5 +1,5 @@
 //! Limits suite: a limit that ends or refuses something says so where the caller looks.
-//! A wall-clock kill, through podman and ctr, prints a line on the container's stderr and
+//! A wall-clock kill, through podman (rootful and rootless) and ctr, prints a line on the container's stderr and
 //! leaves an `exit` record whose cause is `wall_clock` (the same command runs to the end
 //! under runc); a fork bomb under a small pids limit leaves exactly one `limit_hit` record
 //! naming `pids` with the kernel's count (the same bomb forks freely under runc).
@@ -209,6 +209,61 @@ fn podman_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_
     ensure!(
         base.stdout.contains("spawned 60"),
         "runc baseline: the 60 forks should all succeed without the sandbox's limit\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn rootless_podman_wall_clock_kill_says_so_on_stderr_and_in_the_audit() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, BUSYBOX_IMAGE)?;
+    harness::require_file(harness::runtime_bin())?;
+    let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let name = unique_name("lm-wall-rl");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    let mut args = vec![
+        "run",
+        "--name",
+        &name,
+        "--annotation",
+        "io.agent.sandbox.wall-clock=2s",
+        BUSYBOX_IMAGE,
+    ];
+    args.extend(SLEEPER);
+    let ours = p.run(&args)?;
+    ensure!(
+        ours.code == Some(137) && !ours.stdout.contains("finished"),
+        "the wall clock should kill the sandbox (137)\n{ours}"
+    );
+    ensure!(
+        ours.stderr.contains(WALL_CLOCK_LINE) || ours.stdout.contains(WALL_CLOCK_LINE),
+        "the container's output does not say the wall clock killed it\n{ours}"
+    );
+    let id = p
+        .run_ok(&["inspect", "--format", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    p.run_ok(&["rm", &name])?;
+    // `audit` from inside the rootless user namespace, where the runtime keeps its state.
+    let runtime = harness::runtime_bin().display().to_string();
+    let out = harness::run_ok(
+        User::Rootless
+            .podman()
+            .args(["unshare", &runtime, "audit", "--json", &id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    let init = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|r| r["kind"] == "exit" && r["data"]["process"] == "init")
+        .with_context(|| format!("no init exit record\n{out}"))?;
+    ensure!(
+        init["data"]["cause"] == "wall_clock",
+        "the init's exit record does not name the wall clock: {init}"
     );
     Ok(())
 }
