@@ -1,8 +1,9 @@
 //! Limits suite: a limit that ends or refuses something says so where the caller looks.
-//! A wall-clock kill, through podman (rootful and rootless) and ctr, prints a line on the container's stderr and
-//! leaves an `exit` record whose cause is `wall_clock` (the same command runs to the end
-//! under runc); a fork bomb under a small pids limit leaves exactly one `limit_hit` record
-//! naming `pids` with the kernel's count (the same bomb forks freely under runc).
+//! A wall-clock kill, through podman (rootful and rootless) and ctr, prints a line on the
+//! container's stderr and leaves an `exit` record whose cause is `wall_clock` (the same
+//! command runs to the end under runc); a fork bomb under a small pids limit, through podman
+//! and ctr, leaves exactly one `limit_hit` record naming `pids` with the kernel's count (the
+//! same bomb forks freely under runc).
 
 use std::path::Path;
 use std::process::Command;
@@ -152,6 +153,29 @@ const FORK_BOMB: [&str; 3] = [
     "i=0; while [ $i -lt 60 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i",
 ];
 
+/// The log of `id` holds exactly one `limit_hit` record: pids, a count > 0, the limit 16.
+fn expect_one_pids_hit(root: &str, id: &str) -> anyhow::Result<()> {
+    let records = net::read_audit(&log_of(root, id))?;
+    let hits = of_kind(&records, "limit_hit");
+    ensure!(
+        hits.len() == 1,
+        "expected exactly one limit_hit record: {records:#?}"
+    );
+    let data = &hits[0]["data"];
+    ensure!(
+        data["limit"] == "pids"
+            && data["count"].as_u64().is_some_and(|c| c > 0)
+            && data["max"] == 16,
+        "the limit_hit record should name pids, a count > 0 and the limit 16: {data}"
+    );
+    let text = timeline(root, id)?;
+    ensure!(
+        text.contains("pids: the kernel refused"),
+        "`audit {id}` does not show the pids refusals:\n{text}"
+    );
+    Ok(())
+}
+
 #[test]
 fn podman_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_count()
 -> anyhow::Result<()> {
@@ -183,24 +207,7 @@ fn podman_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_
         .trim()
         .to_owned();
     p.run_ok(&["rm", "-f", "-t", "0", &name])?;
-    let records = net::read_audit(&log_of(PODMAN_ROOT, &id))?;
-    let hits = of_kind(&records, "limit_hit");
-    ensure!(
-        hits.len() == 1,
-        "expected exactly one limit_hit record: {records:#?}"
-    );
-    let data = &hits[0]["data"];
-    ensure!(
-        data["limit"] == "pids"
-            && data["count"].as_u64().is_some_and(|c| c > 0)
-            && data["max"] == 16,
-        "the limit_hit record should name pids, a count > 0 and the limit 16: {data}"
-    );
-    let text = timeline(PODMAN_ROOT, &id)?;
-    ensure!(
-        text.contains("pids: the kernel refused"),
-        "`audit {id}` does not show the pids refusals:\n{text}"
-    );
+    expect_one_pids_hit(PODMAN_ROOT, &id)?;
 
     let runc = Podman::new(User::Root, Runtime::Runc);
     let mut base_args = vec!["run", "--rm", BUSYBOX_IMAGE];
@@ -264,6 +271,34 @@ fn rootless_podman_wall_clock_kill_says_so_on_stderr_and_in_the_audit() -> anyho
     ensure!(
         init["data"]["cause"] == "wall_clock",
         "the init's exit record does not name the wall clock: {init}"
+    );
+    Ok(())
+}
+
+#[test]
+fn ctr_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_count()
+-> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let id = unique_id("lm-pids");
+    let ours = run_rm(
+        Shim::AgentSandbox,
+        &["--annotation", "io.agent.sandbox.pids=16"],
+        BUSYBOX_IMAGE,
+        &id,
+        &FORK_BOMB,
+    )?;
+    ensure!(
+        !ours.stdout.contains("spawned 60"),
+        "all 60 forks succeeded under a pids limit of 16\n{ours}"
+    );
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    expect_one_pids_hit(&root, &id)?;
+
+    let base_id = unique_id("lm-pids-runc");
+    let base = run_rm(Shim::RuncV2, &[], BUSYBOX_IMAGE, &base_id, &FORK_BOMB)?;
+    ensure!(
+        base.stdout.contains("spawned 60"),
+        "runc baseline: the 60 forks should all succeed without the sandbox's limit\n{base}"
     );
     Ok(())
 }
