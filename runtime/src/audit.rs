@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use agent_sandbox_audit::{AuditError, AuditLog, Event, ExitStatus};
+use agent_sandbox_audit::{AuditError, AuditLog, Event, ExitCause, ExitStatus};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
 use libcontainer::oci_spec::runtime::{Process, Spec};
@@ -226,6 +226,15 @@ struct ExitState {
     oom_seen: u64,
     /// Whether the init's `exit` record is written.
     init_exit_recorded: bool,
+    /// The sandbox's pids cgroup directory (host path), found from its init at create.
+    #[serde(default)]
+    pids_cgroup: Option<PathBuf>,
+    /// The pids cgroup's refusal counter at create (the baseline of the `limit_hit` record).
+    #[serde(default)]
+    pids_refused_at_create: u64,
+    /// Whether the `limit_hit` records are written (once per sandbox, at delete).
+    #[serde(default)]
+    limits_recorded: bool,
 }
 
 fn load_state(dirs: &StateDirs, id: &ContainerId) -> ExitState {
@@ -254,6 +263,11 @@ pub fn track_init(dirs: &StateDirs, id: &ContainerId, init_pid: i32) {
         .as_deref()
         .and_then(oom_kills)
         .unwrap_or_default();
+    let pids_cgroup = pids_cgroup_of(init_pid);
+    let pids_refused_at_create = pids_cgroup
+        .as_deref()
+        .and_then(pids_refused)
+        .unwrap_or_default();
     save_state(
         dirs,
         id,
@@ -261,8 +275,90 @@ pub fn track_init(dirs: &StateDirs, id: &ContainerId, init_pid: i32) {
             memory_cgroup,
             oom_seen,
             init_exit_recorded: false,
+            pids_cgroup,
+            pids_refused_at_create,
+            limits_recorded: false,
         },
     );
+}
+
+/// The pids cgroup directory of `pid` as seen from the host: v1 `pids`, else the v2 one.
+fn pids_cgroup_of(pid: i32) -> Option<PathBuf> {
+    let dirs = crate::host::cgroups::dirs_of(&crate::host::cgroups::RealHost, pid);
+    ["pids", "unified"]
+        .iter()
+        .filter_map(|k| dirs.get(*k))
+        .find(|d| d.join("pids.events").is_file())
+        .cloned()
+}
+
+/// How often the pids cgroup refused a fork or clone: `max` in `pids.events` (v1 and v2).
+fn pids_refused(cgroup: &Path) -> Option<u64> {
+    counter(
+        &std::fs::read_to_string(cgroup.join("pids.events")).ok()?,
+        "max",
+    )
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key N` per line).
+fn counter(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+/// File in the sandbox dir the wall-clock watchdog writes before it kills the sandbox.
+const WALL_CLOCK_FIRED: &str = "wall-clock-fired";
+
+/// The watchdog is about to SIGKILL the sandbox for its `wall_clock` limit of `seconds`:
+/// the `exit` records of the processes it kills name the wall clock as their cause.
+pub fn wall_clock_fired(dirs: &StateDirs, id: &ContainerId, seconds: u64) {
+    let path = dirs.sandbox(id).join(WALL_CLOCK_FIRED);
+    if let Err(e) = std::fs::write(&path, seconds.to_string()) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot mark the wall-clock kill");
+    }
+}
+
+/// The cause of an exit with `status`: the wall clock when the watchdog fired and the
+/// process died of SIGKILL (or its reaper kept the status).
+fn exit_cause(dirs: &StateDirs, id: &ContainerId, status: ExitStatus) -> Option<ExitCause> {
+    let killed = matches!(status, ExitStatus::Signal(9) | ExitStatus::Unknown);
+    (killed && dirs.sandbox(id).join(WALL_CLOCK_FIRED).exists()).then_some(ExitCause::WallClock)
+}
+
+/// At delete, while the cgroups still exist: one `limit_hit` record for the pids limit
+/// when its cgroup refused forks during the sandbox's life, with the count. Written once.
+pub fn limits_at_delete(dirs: &StateDirs, id: &ContainerId) -> Result<(), AuditError> {
+    let mut st = load_state(dirs, id);
+    if st.limits_recorded
+        || !agent_sandbox_audit::log_path(&dir_of(dirs, id, None), id.as_str())?.exists()
+    {
+        return Ok(());
+    }
+    let Some(cgroup) = st.pids_cgroup.clone() else {
+        return Ok(());
+    };
+    let refused = pids_refused(&cgroup)
+        .unwrap_or_default()
+        .saturating_sub(st.pids_refused_at_create);
+    if refused > 0 {
+        let max = std::fs::read_to_string(cgroup.join("pids.max"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        append(
+            dirs,
+            id,
+            &[Event::LimitHit {
+                limit: "pids".to_owned(),
+                count: refused,
+                max,
+            }],
+        )?;
+    }
+    st.limits_recorded = true;
+    save_state(dirs, id, &st);
+    Ok(())
 }
 
 /// The memory cgroup directory of `pid` as seen from the host (`crate::host::cgroups`).
@@ -322,6 +418,7 @@ pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result
             process: Some(report.process.clone()),
             pid: report.pid,
             reaped_by: report.reaped_by.clone(),
+            cause: exit_cause(dirs, id, report.status),
         }],
     )?;
     if let Some(k) = kills {
@@ -613,7 +710,7 @@ mod tests {
             &ExitState {
                 memory_cgroup: Some(cg.clone()),
                 oom_seen: 1,
-                init_exit_recorded: false,
+                ..ExitState::default()
             },
         );
         let mut p = Process::default();
@@ -663,5 +760,103 @@ mod tests {
             &recs[1].event,
             Event::Exit { status: ExitStatus::Unknown, reaped_by: Some(r), .. } if r == "caller"
         ));
+    }
+
+    #[test]
+    fn a_wall_clock_kill_is_the_cause_of_killed_exits_and_wins_over_an_earlier_oom() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, id) = fake_sandbox(root.path(), "wc1");
+        let log = init(&dirs, &id, None).unwrap();
+        let cg = root.path().join("cg");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(cg.join("memory.oom_control"), "oom_kill 1\n").unwrap();
+        save_state(
+            &dirs,
+            &id,
+            &ExitState {
+                memory_cgroup: Some(cg.clone()),
+                ..ExitState::default()
+            },
+        );
+        let report = |process: &str, status| ExitReport {
+            process: process.into(),
+            pid: Some(3),
+            status,
+            reaped_by: None,
+        };
+        exited(&dirs, &id, &report("before", ExitStatus::Signal(9))).unwrap();
+        wall_clock_fired(&dirs, &id, 2);
+        exited(&dirs, &id, &report("done", ExitStatus::Code(0))).unwrap();
+        exited(&dirs, &id, &report("init", ExitStatus::Signal(9))).unwrap();
+        let recs = agent_sandbox_audit::read_records(&log).unwrap();
+        let got: Vec<(bool, Option<ExitCause>)> = recs
+            .iter()
+            .map(|r| match &r.event {
+                Event::Exit { oom, cause, .. } => (*oom, *cause),
+                e => panic!("unexpected {e:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (true, None),
+                (false, None),
+                (false, Some(ExitCause::WallClock))
+            ]
+        );
+        let (_, id2) = fake_sandbox(root.path(), "wc2");
+        let log2 = init(&dirs, &id2, None).unwrap();
+        append(&dirs, &id2, &[Event::Delete {}]).unwrap();
+        wall_clock_fired(&dirs, &id2, 2);
+        init_exit_at_delete(&dirs, &id2, Some(1), ExitStatus::Unknown, "caller").unwrap();
+        let recs = agent_sandbox_audit::read_records(&log2).unwrap();
+        assert!(matches!(
+            &recs[1].event,
+            Event::Exit {
+                cause: Some(ExitCause::WallClock),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn pids_refusals_are_recorded_once_with_the_count_since_create() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, id) = fake_sandbox(root.path(), "pid1");
+        let log = init(&dirs, &id, None).unwrap();
+        append(&dirs, &id, &[Event::Delete {}]).unwrap();
+        let cg = root.path().join("pids");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(cg.join("pids.events"), "max 3\n").unwrap();
+        std::fs::write(cg.join("pids.max"), "64\n").unwrap();
+        save_state(
+            &dirs,
+            &id,
+            &ExitState {
+                pids_cgroup: Some(cg.clone()),
+                pids_refused_at_create: 3,
+                ..ExitState::default()
+            },
+        );
+        limits_at_delete(&dirs, &id).unwrap();
+        assert_eq!(agent_sandbox_audit::read_records(&log).unwrap().len(), 1);
+        let mut st = load_state(&dirs, &id);
+        st.limits_recorded = false;
+        save_state(&dirs, &id, &st);
+        std::fs::write(cg.join("pids.events"), "max 10\n").unwrap();
+        limits_at_delete(&dirs, &id).unwrap();
+        limits_at_delete(&dirs, &id).unwrap();
+        let recs = agent_sandbox_audit::read_records(&log).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(
+            recs[1].event,
+            Event::LimitHit {
+                limit: "pids".into(),
+                count: 7,
+                max: Some(64)
+            }
+        );
+        assert_eq!(counter("max 5\nother 1\n", "other"), Some(1));
+        assert_eq!(counter("maximum 5\n", "max"), None);
     }
 }

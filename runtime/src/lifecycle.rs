@@ -791,6 +791,16 @@ impl Runtime {
             return Ok(());
         }
         tracing::warn!(id = %id, seconds, "wall-clock limit reached: killing the sandbox");
+        crate::audit::wall_clock_fired(&self.dirs, id, seconds);
+        if let Some(init) = c.pid() {
+            tell_init_stderr(
+                init.as_raw(),
+                &format!(
+                    "agent-sandbox: wall-clock limit of {seconds}s reached: killing the sandbox \
+                     (see docs/limits.md)\n"
+                ),
+            );
+        }
         c.kill(
             libcontainer::signal::Signal::from(nix::sys::signal::Signal::SIGKILL),
             true,
@@ -1241,6 +1251,9 @@ impl Runtime {
     /// reaped by the caller (status unknown here); a live one is about to be
     /// SIGKILLed by this forced delete (e.g. containerd cleaning up after a dead shim).
     fn audit_init_exit(&self, id: &ContainerId, c: &Container, force: bool) {
+        if let Err(e) = crate::audit::limits_at_delete(&self.dirs, id) {
+            tracing::error!(id = %id, error = %e, "cannot write the limit records");
+        }
         let (status, reaped_by) = match c.status() {
             ContainerStatus::Stopped => (agent_sandbox_audit::ExitStatus::Unknown, "caller"),
             _ if force => (agent_sandbox_audit::ExitStatus::Signal(9), "delete --force"),
@@ -1499,6 +1512,29 @@ fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
 
 /// Shared handle type for executor pieces.
 pub type Shared<T> = Arc<T>;
+
+/// Writes `line` to the stderr of the sandbox's init (host pid `pid`), where podman's
+/// conmon and the shim collect the container's output, when that is a pipe or a terminal.
+/// Opened without blocking: a FIFO without reader, a socket or a full pipe drop the line.
+/// Best effort; the `exit` record names the cause either way.
+fn tell_init_stderr(pid: i32, line: &str) {
+    use std::io::Write as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let path = format!("/proc/{pid}/fd/2");
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&path);
+    let Ok(mut f) = opened else {
+        return;
+    };
+    let pipe_or_tty = f
+        .metadata()
+        .is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_char_device());
+    if pipe_or_tty && let Err(e) = f.write_all(line.as_bytes()) {
+        tracing::debug!(pid, error = %e, "cannot tell the init's stderr about the kill");
+    }
+}
 
 #[cfg(test)]
 mod tests {

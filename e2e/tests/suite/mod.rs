@@ -8,6 +8,7 @@ mod docker;
 mod egress;
 mod faults;
 mod hostile;
+mod limits;
 mod podman;
 mod pods;
 mod promote;

@@ -14,7 +14,8 @@ pub use log::{
     read_records, repair_torn_tail, verify, verify_with_anchor,
 };
 pub use record::{
-    Event, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict, tool_call_id,
+    Event, ExitCause, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict,
+    tool_call_id,
 };
 pub use scratch::{
     Change, ChangeKind, ExportSummary, ExportTarget, FileKind, ScratchError, diff, export,

@@ -78,6 +78,11 @@ pub enum Event {
         /// conmon), or what reported it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reaped_by: Option<String>,
+        /// What ended the process when a sandbox limit did (`wall_clock`: the policy's
+        /// wall-clock watchdog killed it). Wins over `oom`, which only says the memory
+        /// cgroup counted a kill of some process since the previous `exit` record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cause: Option<ExitCause>,
     },
     /// An egress proxy decision.
     Net {
@@ -196,6 +201,25 @@ pub enum Event {
         /// Why it could not be applied.
         reason: String,
     },
+    /// A cgroup limit refused the sandbox something during its life; written once, at
+    /// delete, with the kernel's count.
+    LimitHit {
+        /// The limit (`pids`: the pids cgroup refused a fork or clone).
+        limit: String,
+        /// How often the kernel refused (pids: the `max` counter of `pids.events`).
+        count: u64,
+        /// The limit's value, when readable.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max: Option<u64>,
+    },
+}
+
+/// What ended a process, when a sandbox limit did rather than the process itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitCause {
+    /// The policy's `wall_clock` limit ran out and the watchdog SIGKILLed the sandbox.
+    WallClock,
 }
 
 /// How a process ended.
@@ -279,6 +303,7 @@ impl Event {
             Event::Delete {} => "delete",
             Event::Clamped { .. } => "clamped",
             Event::LayerInactive { .. } => "layer_inactive",
+            Event::LimitHit { .. } => "limit_hit",
         }
     }
 }
@@ -348,6 +373,7 @@ mod tests {
             process: Some("init".into()),
             pid: None,
             reaped_by: Some("caller".into()),
+            cause: None,
         };
         let json = serde_json::to_string(&e).unwrap();
         assert_eq!(

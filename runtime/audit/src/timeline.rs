@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::escape::escape as esc;
-use crate::record::{Event, ExitStatus, Record, Verdict};
+use crate::record::{Event, ExitCause, ExitStatus, Record, Verdict};
 
 /// Renders one line per record: `TIME  #SEQ  KIND  details`. Times are shown as in the log
 /// (UTC, nanoseconds); the sandbox id is left out because a log holds one sandbox. Every
@@ -90,6 +90,7 @@ fn details(event: &Event) -> String {
             process,
             pid,
             reaped_by,
+            cause,
         } => {
             let mut s = String::new();
             if let Some(p) = process {
@@ -110,8 +111,13 @@ fn details(event: &Event) -> String {
             if let Some(r) = reaped_by {
                 let _ = write!(s, " (reaped by {})", esc(r));
             }
-            if *oom {
-                s.push_str(" (OOM)");
+            match (cause, *oom) {
+                (Some(ExitCause::WallClock), false) => s.push_str(" (wall-clock limit)"),
+                (Some(ExitCause::WallClock), true) => {
+                    s.push_str(" (wall-clock limit; an earlier OOM kill in the sandbox)")
+                }
+                (None, true) => s.push_str(" (OOM)"),
+                (None, false) => {}
             }
             if let Some(t) = tool_call_id {
                 let _ = write!(s, "  [tool call {}]", esc(t));
@@ -237,5 +243,12 @@ fn details(event: &Event) -> String {
             quoted(granted)
         ),
         Event::LayerInactive { layer, reason } => format!("{}: {}", esc(layer), esc(reason)),
+        Event::LimitHit { limit, count, max } => {
+            let mut s = format!("{}: the kernel refused {count} time(s)", esc(limit));
+            if let Some(m) = max {
+                let _ = write!(s, " (limit {m})");
+            }
+            s
+        }
     }
 }

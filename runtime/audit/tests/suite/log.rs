@@ -60,6 +60,7 @@ fn sample(i: u64) -> Event {
             process: Some("init".into()),
             pid: Some(4242),
             reaped_by: None,
+            cause: None,
         },
         _ => Event::FsDenied {
             path: "/work/.bashrc".into(),

@@ -1,0 +1,304 @@
+//! Limits suite: a limit that ends or refuses something says so where the caller looks.
+//! A wall-clock kill, through podman (rootful and rootless) and ctr, prints a line on the
+//! container's stderr and leaves an `exit` record whose cause is `wall_clock` (the same
+//! command runs to the end under runc); a fork bomb under a small pids limit, through podman
+//! and ctr, leaves exactly one `limit_hit` record naming `pids` with the kernel's count (the
+//! same bomb forks freely under runc).
+
+use std::path::Path;
+use std::process::Command;
+
+use agent_sandbox_e2e::ctr::{self, Shim, run_rm, unique_id};
+use agent_sandbox_e2e::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, User};
+use agent_sandbox_e2e::net;
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use anyhow::{Context, ensure};
+use serde_json::Value;
+
+/// Rootful podman's runtime state root (the runtime's default as root).
+const PODMAN_ROOT: &str = "/run/agent-sandbox";
+
+/// The line the watchdog writes on the init's stderr.
+const WALL_CLOCK_LINE: &str = "agent-sandbox: wall-clock limit of 2s reached";
+
+/// Sleeps past a 2 s wall clock, saying whether it got to the end.
+const SLEEPER: [&str; 3] = ["sh", "-c", "echo started; sleep 5; echo finished"];
+
+fn log_of(root: &str, id: &str) -> std::path::PathBuf {
+    Path::new(root).join("audit").join(format!("{id}.jsonl"))
+}
+
+/// `agent-sandbox --root ROOT audit ID` (the human timeline).
+fn timeline(root: &str, id: &str) -> anyhow::Result<String> {
+    let out = harness::run_ok(
+        Command::new(harness::runtime_bin()).args(["--root", root, "audit", id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    Ok(out.stdout)
+}
+
+fn of_kind<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    records.iter().filter(|r| r["kind"] == kind).collect()
+}
+
+/// The init's `exit` record says the wall clock ended it, and the timeline says so too.
+fn expect_wall_clock_exit(root: &str, id: &str) -> anyhow::Result<()> {
+    let records = net::read_audit(&log_of(root, id))?;
+    let exits = of_kind(&records, "exit");
+    let init = exits
+        .iter()
+        .find(|r| r["data"]["process"] == "init")
+        .with_context(|| format!("no init exit record in {records:#?}"))?;
+    ensure!(
+        init["data"]["cause"] == "wall_clock",
+        "the init's exit record does not name the wall clock: {init}"
+    );
+    let text = timeline(root, id)?;
+    ensure!(
+        text.contains("(wall-clock limit)"),
+        "`audit {id}` does not name the wall clock:\n{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_wall_clock_kill_says_so_on_stderr_and_in_the_audit_while_runc_runs_to_the_end()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    harness::require_file(harness::runtime_bin())?;
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let name = unique_name("lm-wall");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    let mut args = vec![
+        "run",
+        "--name",
+        &name,
+        "--annotation",
+        "io.agent.sandbox.wall-clock=2s",
+        BUSYBOX_IMAGE,
+    ];
+    args.extend(SLEEPER);
+    let ours = p.run(&args)?;
+    ensure!(
+        ours.code == Some(137) && !ours.stdout.contains("finished"),
+        "the wall clock should kill the sandbox (137)\n{ours}"
+    );
+    ensure!(
+        ours.stderr.contains(WALL_CLOCK_LINE) || ours.stdout.contains(WALL_CLOCK_LINE),
+        "the container's output does not say the wall clock killed it\n{ours}"
+    );
+    let logs = p.run_ok(&["logs", &name])?;
+    ensure!(
+        format!("{}{}", logs.stdout, logs.stderr).contains(WALL_CLOCK_LINE),
+        "`podman logs` does not have the wall-clock line\n{logs}"
+    );
+    let id = p
+        .run_ok(&["inspect", "--format", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    p.run_ok(&["rm", &name])?;
+    expect_wall_clock_exit(PODMAN_ROOT, &id)?;
+
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let mut base_args = vec!["run", "--rm", BUSYBOX_IMAGE];
+    base_args.extend(SLEEPER);
+    let base = runc.run(&base_args)?;
+    ensure!(
+        base.success() && base.stdout.contains("finished"),
+        "runc baseline: the sleeper should run to the end\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn ctr_wall_clock_kill_says_so_on_stderr_and_in_the_audit_while_runc_runs_to_the_end()
+-> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let id = unique_id("lm-wall");
+    let ours = run_rm(
+        Shim::AgentSandbox,
+        &["--annotation", "io.agent.sandbox.wall-clock=2s"],
+        BUSYBOX_IMAGE,
+        &id,
+        &SLEEPER,
+    )?;
+    ensure!(
+        ours.code == Some(137) && !ours.stdout.contains("finished"),
+        "the wall clock should kill the sandbox (137)\n{ours}"
+    );
+    ensure!(
+        ours.stderr.contains(WALL_CLOCK_LINE),
+        "ctr's stderr does not say the wall clock killed the sandbox\n{ours}"
+    );
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    expect_wall_clock_exit(&root, &id)?;
+
+    let base_id = unique_id("lm-wall-runc");
+    let base = run_rm(Shim::RuncV2, &[], BUSYBOX_IMAGE, &base_id, &SLEEPER)?;
+    ensure!(
+        base.success() && base.stdout.contains("finished"),
+        "runc baseline: the sleeper should run to the end\n{base}"
+    );
+    Ok(())
+}
+
+/// Starts 60 sleepers in the background and prints how many it started.
+const FORK_BOMB: [&str; 3] = [
+    "sh",
+    "-c",
+    "i=0; while [ $i -lt 60 ]; do sleep 30 & i=$((i+1)); done; echo spawned $i",
+];
+
+/// The log of `id` holds exactly one `limit_hit` record: pids, a count > 0, the limit 16.
+fn expect_one_pids_hit(root: &str, id: &str) -> anyhow::Result<()> {
+    let records = net::read_audit(&log_of(root, id))?;
+    let hits = of_kind(&records, "limit_hit");
+    ensure!(
+        hits.len() == 1,
+        "expected exactly one limit_hit record: {records:#?}"
+    );
+    let data = &hits[0]["data"];
+    ensure!(
+        data["limit"] == "pids"
+            && data["count"].as_u64().is_some_and(|c| c > 0)
+            && data["max"] == 16,
+        "the limit_hit record should name pids, a count > 0 and the limit 16: {data}"
+    );
+    let text = timeline(root, id)?;
+    ensure!(
+        text.contains("pids: the kernel refused"),
+        "`audit {id}` does not show the pids refusals:\n{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_count()
+-> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    harness::require_file(harness::runtime_bin())?;
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let name = unique_name("lm-pids");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    let mut args = vec![
+        "run",
+        "--name",
+        &name,
+        "--annotation",
+        "io.agent.sandbox.pids=16",
+        BUSYBOX_IMAGE,
+    ];
+    args.extend(FORK_BOMB);
+    let ours = p.run(&args)?;
+    ensure!(
+        !ours.stdout.contains("spawned 60"),
+        "all 60 forks succeeded under a pids limit of 16\n{ours}"
+    );
+    let id = p
+        .run_ok(&["inspect", "--format", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    p.run_ok(&["rm", "-f", "-t", "0", &name])?;
+    expect_one_pids_hit(PODMAN_ROOT, &id)?;
+
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let mut base_args = vec!["run", "--rm", BUSYBOX_IMAGE];
+    base_args.extend(FORK_BOMB);
+    let base = runc.run(&base_args)?;
+    ensure!(
+        base.stdout.contains("spawned 60"),
+        "runc baseline: the 60 forks should all succeed without the sandbox's limit\n{base}"
+    );
+    Ok(())
+}
+
+#[test]
+fn rootless_podman_wall_clock_kill_says_so_on_stderr_and_in_the_audit() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, BUSYBOX_IMAGE)?;
+    harness::require_file(harness::runtime_bin())?;
+    let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let name = unique_name("lm-wall-rl");
+    let _g = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    let mut args = vec![
+        "run",
+        "--name",
+        &name,
+        "--annotation",
+        "io.agent.sandbox.wall-clock=2s",
+        BUSYBOX_IMAGE,
+    ];
+    args.extend(SLEEPER);
+    let ours = p.run(&args)?;
+    ensure!(
+        ours.code == Some(137) && !ours.stdout.contains("finished"),
+        "the wall clock should kill the sandbox (137)\n{ours}"
+    );
+    ensure!(
+        ours.stderr.contains(WALL_CLOCK_LINE) || ours.stdout.contains(WALL_CLOCK_LINE),
+        "the container's output does not say the wall clock killed it\n{ours}"
+    );
+    let id = p
+        .run_ok(&["inspect", "--format", "{{.Id}}", &name])?
+        .stdout
+        .trim()
+        .to_owned();
+    p.run_ok(&["rm", &name])?;
+    // `audit` from inside the rootless user namespace, where the runtime keeps its state.
+    let runtime = harness::runtime_bin().display().to_string();
+    let out = harness::run_ok(
+        User::Rootless
+            .podman()
+            .args(["unshare", &runtime, "audit", "--json", &id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    let init = out
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|r| r["kind"] == "exit" && r["data"]["process"] == "init")
+        .with_context(|| format!("no init exit record\n{out}"))?;
+    ensure!(
+        init["data"]["cause"] == "wall_clock",
+        "the init's exit record does not name the wall clock: {init}"
+    );
+    Ok(())
+}
+
+#[test]
+fn ctr_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_count()
+-> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let id = unique_id("lm-pids");
+    let ours = run_rm(
+        Shim::AgentSandbox,
+        &["--annotation", "io.agent.sandbox.pids=16"],
+        BUSYBOX_IMAGE,
+        &id,
+        &FORK_BOMB,
+    )?;
+    ensure!(
+        !ours.stdout.contains("spawned 60"),
+        "all 60 forks succeeded under a pids limit of 16\n{ours}"
+    );
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    expect_one_pids_hit(&root, &id)?;
+
+    let base_id = unique_id("lm-pids-runc");
+    let base = run_rm(Shim::RuncV2, &[], BUSYBOX_IMAGE, &base_id, &FORK_BOMB)?;
+    ensure!(
+        base.stdout.contains("spawned 60"),
+        "runc baseline: the 60 forks should all succeed without the sandbox's limit\n{base}"
+    );
+    Ok(())
+}
