@@ -1521,6 +1521,13 @@ fn tell_init_stderr(pid: i32, line: &str) {
     use std::io::Write as _;
     use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
     let path = format!("/proc/{pid}/fd/2");
+    let pipe_or_tty =
+        |m: std::fs::Metadata| m.file_type().is_fifo() || m.file_type().is_char_device();
+    // Looked at before the open too: the sandbox's fd may be anything (a file, a socket), and
+    // nothing but a pipe or a terminal is opened through the link.
+    if !std::fs::metadata(&path).is_ok_and(pipe_or_tty) {
+        return;
+    }
     let opened = std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -1528,10 +1535,9 @@ fn tell_init_stderr(pid: i32, line: &str) {
     let Ok(mut f) = opened else {
         return;
     };
-    let pipe_or_tty = f
-        .metadata()
-        .is_ok_and(|m| m.file_type().is_fifo() || m.file_type().is_char_device());
-    if pipe_or_tty && let Err(e) = f.write_all(line.as_bytes()) {
+    if f.metadata().is_ok_and(pipe_or_tty)
+        && let Err(e) = f.write_all(line.as_bytes())
+    {
         tracing::debug!(pid, error = %e, "cannot tell the init's stderr about the kill");
     }
 }
