@@ -115,3 +115,60 @@ fn ctr_id_finds_the_sandbox_without_root_and_a_miss_names_the_roots_searched() -
     );
     Ok(())
 }
+
+/// `podman run --privileged` is refused with a sentence about privilege (not the first host
+/// device it lists); under runc the same run gets every capability, so the refusal is ours.
+#[test]
+fn podman_privileged_is_refused_as_privileged_and_runc_grants_it() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    let args = |name: &str| -> Vec<String> {
+        [
+            "run",
+            "--rm",
+            "--name",
+            name,
+            "--privileged",
+            BUSYBOX_IMAGE,
+            "grep",
+            "CapEff",
+            "/proc/self/status",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let name = unique("priv");
+    let _guard = ContainerGuard {
+        podman: Podman::new(User::Root, Runtime::AgentSandbox),
+        name: name.clone(),
+    };
+    let a = args(&name);
+    let ours = Podman::new(User::Root, Runtime::AgentSandbox)
+        .run(&a.iter().map(String::as_str).collect::<Vec<_>>())?;
+    ensure!(
+        !ours.success()
+            && ours.stderr.contains("privileged containers are refused")
+            && ours.stderr.contains("docs/threat-model.md")
+            && !ours.stdout.contains("CapEff"),
+        "--privileged was not refused as privileged\n{ours}"
+    );
+    let base_name = unique("priv-runc");
+    let _base_guard = ContainerGuard {
+        podman: Podman::new(User::Root, Runtime::Runc),
+        name: base_name.clone(),
+    };
+    let b = args(&base_name);
+    let runc = Podman::new(User::Root, Runtime::Runc)
+        .run(&b.iter().map(String::as_str).collect::<Vec<_>>())?;
+    let cap_eff = runc
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_ADMIN: u64 = 1 << 21;
+    ensure!(
+        runc.success() && cap_eff & CAP_SYS_ADMIN != 0,
+        "runc did not grant --privileged its capabilities\n{runc}"
+    );
+    Ok(())
+}
