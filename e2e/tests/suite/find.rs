@@ -172,3 +172,37 @@ fn podman_privileged_is_refused_as_privileged_and_runc_grants_it() -> anyhow::Re
     );
     Ok(())
 }
+
+/// A missing `--runtime-flag policy=FILE` fails the run naming the file, not as podman's
+/// "command not found" (exit 127).
+#[test]
+fn podman_missing_policy_file_is_named_and_not_command_not_found() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    let podman = Podman::new(User::Root, Runtime::AgentSandbox);
+    let name = unique("nopolicy");
+    let _guard = ContainerGuard {
+        podman: Podman::new(User::Root, Runtime::AgentSandbox),
+        name: name.clone(),
+    };
+    let missing = format!("/nonexistent/{}.toml", unique("policy"));
+    let out = podman.run(&[
+        "--runtime-flag",
+        &format!("policy={missing}"),
+        "run",
+        "--rm",
+        "--name",
+        &name,
+        BUSYBOX_IMAGE,
+        "true",
+    ])?;
+    ensure!(
+        !out.success()
+            && out.code != Some(127)
+            && out.stderr.contains(&missing)
+            && out.stderr.contains("does not exist")
+            && out.stderr.contains("docs/policy.md")
+            && !out.stderr.contains("command that was not found"),
+        "podman did not report the missing policy file\n{out}"
+    );
+    Ok(())
+}
