@@ -580,7 +580,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 [verb, id] if verb == "verify" => (true, id),
                 _ => return Err(CliError::AuditArgs { args }),
             };
-            let found = crate::find::find(cli.root.as_deref(), id)?;
+            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
             let (runtime, id) = (Runtime::new(Some(&found.root))?, found.id);
             let log = crate::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
             if !log.exists() {
@@ -624,7 +624,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             )?;
         }
         Command::Layers { id } => {
-            let found = crate::find::find(cli.root.as_deref(), &id)?;
+            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), &id)?;
             let report = Runtime::new(Some(&found.root))?.layers(&found.id)?;
             let json = serde_json::to_string_pretty(&report).unwrap_or_default();
             println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));

@@ -140,8 +140,9 @@ fn known_in(root: &Path) -> Vec<Known> {
 
 /// The sandbox `key` names in `roots`: exact ids win over exact names, which win over unique
 /// id prefixes. Change-store records add names for sandboxes whose name was not kept.
-pub fn find_in(roots: &[PathBuf], key: &str) -> Result<Found, FindError> {
+fn find_in(roots: &[PathBuf], extra: Vec<Known>, key: &str) -> Result<Found, FindError> {
     let mut known: Vec<Known> = roots.iter().flat_map(|r| known_in(r)).collect();
+    known.extend(extra);
     if let Ok(store) = crate::changes::Store::locate() {
         for e in store.entries() {
             let Some(name) = e.record.name else { continue };
@@ -196,8 +197,32 @@ pub fn find_in(roots: &[PathBuf], key: &str) -> Result<Found, FindError> {
     })
 }
 
-/// `key` in `explicit` (`--root`) alone, else in every root of [`roots`].
-pub fn find(explicit: Option<&Path>, key: &str) -> Result<Found, FindError> {
+/// The sandboxes whose logs are in `dir` (`--audit-dir`): a live one in the root its live
+/// marker names, an ended one in `fallback` (its log is then found through `--audit-dir`).
+fn known_by_logs(dir: &Path, fallback: &Path) -> Vec<Known> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| {
+        let n = e.ok()?.file_name().into_string().ok()?;
+        let id = n.strip_suffix(".jsonl")?.to_owned();
+        ContainerId::try_from(id.as_str()).ok()?;
+        let root = std::fs::read_to_string(dir.join(".live").join(&id))
+            .map(|r| PathBuf::from(r.trim_end_matches('\n')))
+            .unwrap_or_else(|_| fallback.to_owned());
+        let name = std::fs::read_to_string(dir.join(NAMES_DIR).join(&id)).ok();
+        Some(Known { root, id, name })
+    })
+    .collect()
+}
+
+/// `key` in `explicit` (`--root`) alone, else in every root of [`roots`]; with `--audit-dir`
+/// also among the logs there.
+pub fn find(
+    explicit: Option<&Path>,
+    audit_dir: Option<&Path>,
+    key: &str,
+) -> Result<Found, FindError> {
     if key.is_empty() {
         return Err(FindError::NotFound {
             key: key.to_owned(),
@@ -208,7 +233,11 @@ pub fn find(explicit: Option<&Path>, key: &str) -> Result<Found, FindError> {
         Some(r) => vec![r.to_owned()],
         None => roots()?,
     };
-    find_in(&roots, key)
+    let extra = match audit_dir {
+        Some(dir) => known_by_logs(dir, &crate::paths::state_root(explicit)?),
+        None => Vec::new(),
+    };
+    find_in(&roots, extra, key)
 }
 
 #[cfg(test)]
@@ -235,26 +264,44 @@ mod tests {
         sandbox(&b, "abc999", false, None);
         sandbox(&b, "web", false, None);
         let roots = vec![a.clone(), b.clone()];
-        let f = find_in(&roots, "abc123def").unwrap();
+        let f = find_in(&roots, Vec::new(), "abc123def").unwrap();
         assert_eq!(
             (f.root.as_path(), f.id.as_str()),
             (a.as_path(), "abc123def")
         );
         // An exact id beats a name.
-        let f = find_in(&roots, "web").unwrap();
+        let f = find_in(&roots, Vec::new(), "web").unwrap();
         assert_eq!((f.root.as_path(), f.id.as_str()), (b.as_path(), "web"));
-        let f = find_in(&roots, "abc9").unwrap();
+        let f = find_in(&roots, Vec::new(), "abc9").unwrap();
         assert_eq!((f.root.as_path(), f.id.as_str()), (b.as_path(), "abc999"));
-        let e = find_in(&roots, "abc").unwrap_err().to_string();
+        let e = find_in(&roots, Vec::new(), "abc").unwrap_err().to_string();
         assert!(
             e.contains("abc123def (web) in ") && e.contains("abc999 in "),
             "{e}"
         );
-        let e = find_in(&roots, "zzz").unwrap_err().to_string();
+        let e = find_in(&roots, Vec::new(), "zzz").unwrap_err().to_string();
         assert!(
             e.contains(&a.display().to_string()) && e.contains(&b.display().to_string()),
             "{e}"
         );
         assert!(e.contains("docs/audit.md"), "{e}");
+    }
+
+    #[test]
+    fn logs_in_an_audit_dir_are_found_live_in_their_marked_root_and_ended_in_the_fallback() {
+        let t = tempfile::tempdir().unwrap();
+        let logs = t.path().join("logs");
+        std::fs::create_dir_all(logs.join(".live")).unwrap();
+        std::fs::write(logs.join("live1.jsonl"), "").unwrap();
+        std::fs::write(logs.join(".live").join("live1"), "/some/root\n").unwrap();
+        std::fs::write(logs.join("gone1.jsonl"), "").unwrap();
+        let extra = known_by_logs(&logs, Path::new("/fallback"));
+        let f = find_in(&[], extra.clone(), "live1").unwrap();
+        assert_eq!(f.root, PathBuf::from("/some/root"));
+        let f = find_in(&[], extra, "gone").unwrap();
+        assert_eq!(
+            (f.root, f.id.as_str()),
+            (PathBuf::from("/fallback"), "gone1")
+        );
     }
 }
