@@ -100,11 +100,17 @@ fn ctr_id_finds_the_sandbox_without_root_and_a_miss_names_the_roots_searched() -
     found(&id, &id, true)?;
     drop(container);
     found(&id, &id, false)?;
-    let _ = runtime(&["audit", "prune", &id]);
+    let ns_root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    // prune still takes the root (it removes files; finding is for reading).
+    let pruned = runtime(&["--root", &ns_root, "audit", "prune", &id])?;
+    ensure!(
+        pruned.stdout.contains("1 removed"),
+        "the ended log was not pruned
+{pruned}"
+    );
 
     let missing = unique("missing");
     let miss = runtime(&["audit", &missing])?;
-    let ns_root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
     ensure!(
         !miss.success()
             && miss.stderr.contains(&missing)
