@@ -629,6 +629,7 @@ pub fn prune(
             source,
         })?;
         let _ = std::fs::remove_file(dir.join(LIVE_DIR).join(&id));
+        crate::find::forget(dir, &id);
         tracing::info!(path = %path.display(), "audit log pruned");
         out.removed.push(path);
     }

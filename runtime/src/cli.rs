@@ -349,6 +349,8 @@ pub enum CliError {
     Promote(#[from] crate::promote::PromoteCmdError),
     #[error("workspace changes")]
     Changes(#[from] crate::changes::ChangesError),
+    #[error(transparent)]
+    Find(#[from] crate::find::FindError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -578,8 +580,8 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 [verb, id] if verb == "verify" => (true, id),
                 _ => return Err(CliError::AuditArgs { args }),
             };
-            let id = ContainerId::try_from(id.as_str())?;
-            let runtime = rt()?;
+            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
+            let (runtime, id) = (Runtime::new(Some(&found.root))?, found.id);
             let log = crate::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
             if !log.exists() {
                 return Err(CliError::NoAuditLog {
@@ -622,7 +624,8 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             )?;
         }
         Command::Layers { id } => {
-            let report = rt()?.layers(&ContainerId::try_from(id.as_str())?)?;
+            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), &id)?;
+            let report = Runtime::new(Some(&found.root))?.layers(&found.id)?;
             let json = serde_json::to_string_pretty(&report).unwrap_or_default();
             println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));
         }

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod egress;
 pub mod enforce;
 pub mod executor;
+pub mod find;
 pub mod fs_audit;
 pub mod hooks;
 pub mod host;

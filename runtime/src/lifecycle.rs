@@ -451,6 +451,7 @@ impl Runtime {
         mounts::mkdir_traversable(&sandbox_dir)?;
         crate::audit::init(&self.dirs, id, self.audit_dir.as_deref())
             .map_err(LifecycleError::Audit)?;
+        crate::find::remember(&self.dirs, id, spec.annotations().as_ref());
         mark("audit_init");
         let mut record = SandboxRecord {
             id: id.as_str().to_owned(),

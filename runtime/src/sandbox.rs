@@ -25,6 +25,10 @@ pub const DEFAULT_PROFILE: &str = "agent";
 /// Errors of the policy bridge; each names the layer, file or annotation.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
+    #[error(
+        "policy file {path} does not exist (a path or a built-in profile name: docs/policy.md)"
+    )]
+    MissingPolicy { path: PathBuf },
     #[error("cannot read policy file {path}")]
     ReadPolicy {
         path: PathBuf,
@@ -93,11 +97,20 @@ impl Ceiling {
                 Self::builtin(&p.to_string_lossy())
             }
             Some(path) => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|source| SandboxError::ReadPolicy {
-                        path: path.to_owned(),
-                        source,
-                    })?;
+                let text = std::fs::read_to_string(path).map_err(|source| {
+                    // Not the io error's text: podman reads "no such file or directory" in
+                    // a runtime's error as its own "command not found" (exit 127).
+                    if source.kind() == std::io::ErrorKind::NotFound {
+                        SandboxError::MissingPolicy {
+                            path: path.to_owned(),
+                        }
+                    } else {
+                        SandboxError::ReadPolicy {
+                            path: path.to_owned(),
+                            source,
+                        }
+                    }
+                })?;
                 let origin = path.display().to_string();
                 let policy = SandboxPolicy::parse(&text, &origin).map_err(SandboxError::Policy)?;
                 Ok(Self {

@@ -7,6 +7,7 @@ mod ctr;
 mod docker;
 mod egress;
 mod faults;
+mod find;
 mod hostile;
 mod limits;
 mod podman;

@@ -109,6 +109,10 @@ pub enum HardenError {
         destination: PathBuf,
         source_path: PathBuf,
     },
+    #[error(
+        "privileged containers are refused: a sandbox never holds the host's capabilities or devices, and --privileged asks for all of them (found CAP_SYS_ADMIN with host device {device}); run without --privileged and add only what the policy allows (docs/threat-model.md#privileged-containers)"
+    )]
+    Privileged { device: PathBuf },
     #[error("device {path} is not one of the standard safe devices")]
     Device { path: PathBuf },
     #[error("sysctl {key} is not namespaced to the sandbox")]
@@ -546,6 +550,7 @@ pub fn harden_spec(
     spec.set_root(Some(root));
 
     let process = spec.process().clone().ok_or(HardenError::NoProcess)?;
+    check_privileged(&spec, &process)?;
     spec.set_process(Some(harden_process(process, &policy)?));
 
     let mounts = harden_mounts(spec.mounts().clone().unwrap_or_default(), &policy, ctx)?;
@@ -701,6 +706,33 @@ pub fn harden_process(
         process.set_user(user);
     }
     Ok(process)
+}
+
+/// The shape `--privileged` gives a container (podman, Docker, `ctr --privileged` alike): every
+/// capability in the bounding set and the host's devices. Refused up front with one sentence
+/// about privilege rather than by the first device it lists.
+fn check_privileged(spec: &Spec, process: &Process) -> Result<(), HardenError> {
+    let sys_admin = process
+        .capabilities()
+        .as_ref()
+        .and_then(|c| c.bounding().as_ref())
+        .is_some_and(|b| b.contains(&oci_spec::runtime::Capability::SysAdmin));
+    if !sys_admin {
+        return Ok(());
+    }
+    let host_device = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.devices().as_ref())
+        .into_iter()
+        .flatten()
+        .find(|d| !is_safe_device(d.typ(), d.major(), d.minor()));
+    match host_device {
+        Some(d) => Err(HardenError::Privileged {
+            device: d.path().clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn clamp_capabilities(

@@ -424,6 +424,41 @@ fn host_devices_and_extra_writable_mounts_are_refused() {
     let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
     assert!(matches!(err, HardenError::Device { .. }), "{err}");
 
+    // The same host device with every capability in the bounding set is `--privileged`'s
+    // shape: refused with a sentence about privilege that points at the docs.
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_devices(Some(vec![
+        LinuxDeviceBuilder::default()
+            .path("/dev/autofs")
+            .typ(LinuxDeviceType::C)
+            .major(10)
+            .minor(235)
+            .build()
+            .unwrap(),
+    ]));
+    spec.set_linux(Some(linux));
+    let mut process = spec.process().clone().unwrap();
+    let all: oci_spec::runtime::Capabilities = [
+        oci_spec::runtime::Capability::Chown,
+        oci_spec::runtime::Capability::SysAdmin,
+        oci_spec::runtime::Capability::NetAdmin,
+    ]
+    .into_iter()
+    .collect();
+    let mut caps = LinuxCapabilities::default();
+    caps.set_bounding(Some(all));
+    process.set_capabilities(Some(caps));
+    spec.set_process(Some(process));
+    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, HardenError::Privileged { .. }), "{err}");
+    assert!(
+        text.starts_with("privileged containers are refused")
+            && text.contains("docs/threat-model.md"),
+        "{text}"
+    );
+
     let mut spec = podman_like_spec();
     let mut mounts = spec.mounts().clone().unwrap();
     mounts.push(bind("/dev/kvm", "/dev/kvm", &["rbind"]));
