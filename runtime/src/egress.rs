@@ -13,8 +13,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
+use std::time::Instant;
 
-use agent_sandbox_audit::{AuditError, AuditLog, Event};
+use agent_sandbox_audit::{AuditError, AuditLog, Event, RateLimit};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
 use agent_sandbox_policy::policy::NetworkMode;
@@ -333,14 +334,28 @@ pub fn serve(
     };
     watch_sandbox_init(&netns, pid_file.to_path_buf());
     // Audit records are fsynced one by one: a writer thread keeps that off the
-    // proxy's event loop (the sink must not block).
+    // proxy's event loop (the sink must not block). Denials are rate-limited (the same
+    // limit as `syscall_denied`; what is left out is counted in the next denial's record)
+    // and every `net` record is subject to the policy's audit size cap.
     let (tx, rx) = mpsc::channel::<EgressEvent>();
+    let cap = policy.network.audit_max_bytes.bytes();
     std::thread::spawn(move || {
+        let mut denials = RateLimit::new();
+        let mut full = false;
         for event in rx {
-            if let Some(record) = net_record(&event)
-                && let Err(e) = log.append(&record)
-            {
-                tracing::error!(error = %e, "cannot append a net record to the audit log");
+            let Some(record) = net_record(&event, &mut denials, Instant::now()) else {
+                continue;
+            };
+            if full {
+                continue;
+            }
+            match log.append_capped(&record, cap) {
+                Ok(agent_sandbox_audit::Capped::Written(_)) => {}
+                // One `truncated` record, even when lifecycle records follow it.
+                Ok(_) => full = true,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot append a net record to the audit log")
+                }
             }
         }
     });
@@ -409,14 +424,20 @@ fn report(line: &str) {
     // Later writes to stdout (none are made) would go to a closed pipe.
 }
 
-/// The audit record of a finished connection (one per connection).
-fn net_record(event: &EgressEvent) -> Option<Event> {
+/// The audit record of a finished connection (one per connection; denials only as far as
+/// `denials` lets them through, the next one counting those left out).
+fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Option<Event> {
     if event.stage != Stage::Finished {
         return None;
     }
     let verdict = match event.outcome {
         Outcome::Allowed => agent_sandbox_audit::Verdict::Allow,
         _ => agent_sandbox_audit::Verdict::Deny,
+    };
+    let suppressed = match verdict {
+        agent_sandbox_audit::Verdict::Allow => 0,
+        agent_sandbox_audit::Verdict::Deny if denials.take(now) => denials.take_suppressed(),
+        agent_sandbox_audit::Verdict::Deny => return None,
     };
     let rule = match (&event.rule, &event.outcome) {
         (Some(rule), Outcome::Allowed | Outcome::Denied) => rule.clone(),
@@ -434,12 +455,51 @@ fn net_record(event: &EgressEvent) -> Option<Event> {
         bytes_up: event.bytes_up,
         bytes_down: event.bytes_down,
         duration_ms,
+        suppressed,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn finished(outcome: Outcome) -> EgressEvent {
+        EgressEvent {
+            stage: Stage::Finished,
+            connection: 1,
+            client: "127.0.0.1:40000".parse().expect("address"),
+            protocol: agent_sandbox_proxy::Protocol::HttpConnect,
+            host: Some("blocked.example".to_owned()),
+            port: Some(443),
+            rule: Some("default deny".to_owned()),
+            address_rule: None,
+            resolved: None,
+            outcome,
+            bytes_up: 0,
+            bytes_down: 0,
+            duration: std::time::Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn denials_are_rate_limited_and_the_next_record_counts_the_rest() {
+        let t = Instant::now();
+        let mut limit = RateLimit::starting_at(t);
+        let denied = finished(Outcome::Denied);
+        let written = (0..1000)
+            .filter(|_| net_record(&denied, &mut limit, t).is_some())
+            .count();
+        assert_eq!(written, 50);
+        // Allowed connections are never left out and do not carry the count.
+        match net_record(&finished(Outcome::Allowed), &mut limit, t) {
+            Some(Event::Net { suppressed: 0, .. }) => {}
+            other => panic!("allowed connection not recorded plainly: {other:?}"),
+        }
+        match net_record(&denied, &mut limit, t + std::time::Duration::from_secs(1)) {
+            Some(Event::Net { suppressed, .. }) => assert_eq!(suppressed, 950),
+            other => panic!("no record after the refill: {other:?}"),
+        }
+    }
 
     #[test]
     fn a_pid_that_is_not_the_sandbox_proxy_is_never_signalled() {

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use agent_sandbox_audit::kernel::{Found, LandlockTracker};
-use agent_sandbox_audit::{AuditLog, Event};
+use agent_sandbox_audit::{AuditLog, Event, RateLimit};
 use agent_sandbox_policy::seccomp::Arch;
 use agent_sandbox_sys::seccomp_notify::{self, Handover, Instruction};
 use seccompiler::BpfProgram;
@@ -37,9 +37,6 @@ use crate::sidecar::{self, READY};
 pub const SOCKET: &str = "seccomp.sock";
 /// The supervisor's pid in the sandbox dir.
 pub const PID_FILE: &str = "seccomp-supervisor.pid";
-/// Records allowed in a burst, and refilled per second after it.
-const BURST: f64 = 50.0;
-const PER_SECOND: f64 = 10.0;
 
 /// Errors of the syscall-denial supervisor.
 #[derive(Debug, thiserror::Error)]
@@ -280,36 +277,6 @@ pub fn connect(sandbox_dir: &Path) -> Result<OwnedFd, SyscallAuditError> {
     UnixStream::connect(&path).map(OwnedFd::from).map_err(err)
 }
 
-/// A token bucket: at most [`BURST`] records at once, [`PER_SECOND`] after.
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-    suppressed: u64,
-}
-
-impl Bucket {
-    fn new() -> Self {
-        Self {
-            tokens: BURST,
-            at: Instant::now(),
-            suppressed: 0,
-        }
-    }
-
-    fn take(&mut self, now: Instant) -> bool {
-        let refill = now.duration_since(self.at).as_secs_f64() * PER_SECOND;
-        self.tokens = (self.tokens + refill).min(BURST);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            self.suppressed += 1;
-            false
-        }
-    }
-}
-
 /// The name of syscall `nr` on `arch` (the `syscalls` crate's kernel-generated tables).
 fn syscall_name(arch: Arch, nr: i32) -> Option<String> {
     let nr = usize::try_from(nr).ok()?;
@@ -369,8 +336,8 @@ pub fn supervise(
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
     let mut streams: Vec<Stream> = Vec::new();
     let mut listeners: Vec<OwnedFd> = Vec::new();
-    let mut bucket = Bucket::new();
-    let mut fs_bucket = Bucket::new();
+    let mut bucket = RateLimit::new();
+    let mut fs_bucket = RateLimit::new();
     let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
     let answers = Answers::new(arch, errno);
@@ -437,7 +404,7 @@ pub fn supervise(
                     comm,
                     exe,
                     errno: Some(errno),
-                    suppressed: std::mem::take(&mut bucket.suppressed),
+                    suppressed: bucket.take_suppressed(),
                 };
                 if let Err(e) = log.append(&event) {
                     tracing::error!(id, error = %e, "cannot write a syscall_denied record");
@@ -502,12 +469,12 @@ pub fn supervise(
                         exe: d.exe,
                         syscall: d.syscall_nr.map(|nr| name_of(&mut names, arch, nr)),
                         domain: Some(d.domain),
-                        suppressed: std::mem::take(&mut fs_bucket.suppressed),
+                        suppressed: fs_bucket.take_suppressed(),
                     }
                 }
                 Found::Unrecorded { count, .. } => {
                     // Reported with the next record, like what the rate limit leaves out.
-                    fs_bucket.suppressed += count;
+                    fs_bucket.add_suppressed(count);
                     continue;
                 }
                 Found::Claimed { pid, .. } => {
@@ -683,19 +650,5 @@ mod tests {
         assert_eq!(syscall_name(Arch::X86_64, 250).as_deref(), Some("keyctl"));
         assert_eq!(syscall_name(Arch::Aarch64, 219).as_deref(), Some("keyctl"));
         assert_eq!(syscall_name(Arch::X86_64, -1), None);
-    }
-
-    #[test]
-    fn the_bucket_allows_a_burst_then_counts_what_it_drops() {
-        let t = Instant::now();
-        let mut b = Bucket {
-            tokens: BURST,
-            at: t,
-            suppressed: 0,
-        };
-        let taken = (0..200).filter(|_| b.take(t)).count();
-        assert_eq!(taken, 50);
-        assert_eq!(b.suppressed, 150);
-        assert!(b.take(t + std::time::Duration::from_millis(150)));
     }
 }

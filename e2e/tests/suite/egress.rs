@@ -1360,3 +1360,99 @@ fn proxy_stopped_by_a_signal_leaves_a_record_and_no_network() -> anyhow::Result<
     );
     Ok(())
 }
+
+// ---- denials cannot flood the audit log ----
+
+/// Denials a loop of plain requests to the collector attempts in the flood test (twice).
+const FLOOD: usize = 3000;
+
+/// A loop of refused requests from inside the sandbox: the proxy refuses every one (the
+/// workload counts the 403s), but the log holds a burst of `net` records at the
+/// `syscall_denied` rate, later records count what was left out (`suppressed`), the log stops
+/// at `network.audit_max_bytes` with one `truncated` record, and `audit verify` passes.
+/// Without the limit every refusal is a record: the count of refusals the workload saw
+/// against the records written shows the difference.
+#[test]
+fn a_flood_of_denials_stays_under_the_rate_and_the_size_cap_and_verifies() -> anyhow::Result<()> {
+    let collector = HttpServer::start(COLLECTOR_IP, "collected")?;
+    let p = policy(&[format!("{REGISTRY_HOST}:443")], &[])?;
+    // About 450 bytes a record: past the first burst (50), reached after the pause.
+    const CAP: u64 = 36 * 1024;
+    let text = std::fs::read_to_string(&p.path)?;
+    let text = text.replacen("[network]\n", "[network]\naudit_max_bytes = \"36K\"\n", 1);
+    std::fs::write(&p.path, text)?;
+    let (guard, id) = detached(&p.path, "na-flood")?;
+    // Two floods with a pause between, so the bucket refills and the log reaches the cap.
+    let flood = format!(
+        "curl -s -o /dev/null -w '%{{http_code}}\\n' '{}'",
+        url(COLLECTOR_HOST, &collector, &format!("/[1-{FLOOD}]"))
+    );
+    let script = format!("{{ {flood}; sleep 5; {flood}; }} | grep -c '^403$'");
+    let out = sandbox().run(&["exec", &guard.name, "sh", "-c", &script])?;
+    let refused: usize = out.stdout.trim().parse().unwrap_or(0);
+    ensure!(
+        refused == 2 * FLOOD,
+        "the workload should see {} refusals\n{out}",
+        2 * FLOOD
+    );
+    expect_nothing_received(&collector, &out)?;
+
+    let log = Path::new("/run/agent-sandbox/audit").join(format!("{id}.jsonl"));
+    let records = net::read_audit(&log)?;
+    let denials: Vec<_> = records
+        .iter()
+        .filter(|r| r["kind"] == "net" && r["data"]["verdict"] == "deny")
+        .collect();
+    let suppressed: u64 = denials
+        .iter()
+        .filter_map(|r| r["data"]["suppressed"].as_u64())
+        .sum();
+    let truncated: Vec<_> = records
+        .iter()
+        .filter(|r| r["kind"] == "truncated")
+        .collect();
+    let size = std::fs::metadata(&log)?.len();
+    ensure!(
+        !denials.is_empty() && denials.len() < refused / 20,
+        "{} net denial records for {refused} refusals: not rate-limited",
+        denials.len()
+    );
+    ensure!(
+        suppressed > 0 && denials.len() as u64 + suppressed <= refused as u64,
+        "the records should count the denials left out: {} records, {suppressed} suppressed",
+        denials.len()
+    );
+    ensure!(
+        truncated.len() == 1
+            && truncated[0]["data"]["limit_bytes"] == CAP
+            && truncated[0]["data"]["dropped_kind"] == "net",
+        "expected one truncated record naming the cap: {:?}",
+        net::kinds(&records)
+    );
+    // The cap, the one `truncated` line, and the lifecycle records (create, exec) ahead of it.
+    ensure!(
+        size < CAP + 4096,
+        "the log grew to {size} bytes past a {CAP}-byte cap"
+    );
+    let after = records
+        .iter()
+        .skip_while(|r| r["kind"] != "truncated")
+        .filter(|r| r["kind"] == "net")
+        .count();
+    ensure!(after == 0, "{after} net records after the truncated record");
+    let verify = harness::run(
+        std::process::Command::new(harness::runtime_bin()).args([
+            "--root",
+            "/run/agent-sandbox",
+            "audit",
+            "verify",
+            &id,
+        ]),
+        Duration::from_secs(60),
+    )?;
+    ensure!(
+        verify.success(),
+        "audit verify failed after truncation\n{verify}"
+    );
+    Ok(())
+}

@@ -3,15 +3,17 @@
 
 pub mod escape;
 pub mod kernel;
+pub mod limit;
 pub mod log;
 pub mod promote;
 pub mod record;
 pub mod scratch;
 pub mod timeline;
 
+pub use limit::RateLimit;
 pub use log::{
-    Anchor, Appended, AuditError, AuditLog, Broken, TornTail, VerifyReport, genesis, log_path,
-    read_records, repair_torn_tail, verify, verify_with_anchor,
+    Anchor, Appended, AuditError, AuditLog, Broken, Capped, TornTail, VerifyReport, genesis,
+    log_path, read_records, repair_torn_tail, verify, verify_with_anchor,
 };
 pub use record::{
     Event, ExitCause, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict,

@@ -355,6 +355,17 @@ pub struct Appended {
     pub anchor: Anchor,
 }
 
+/// What [`AuditLog::append_capped`] did.
+#[derive(Debug)]
+pub enum Capped {
+    /// The record was written.
+    Written(Appended),
+    /// The cap was reached: the `truncated` record was written instead.
+    Truncated(Appended),
+    /// The log had already been truncated: nothing was written.
+    Dropped,
+}
+
 /// A writer for one sandbox's log. Several processes may hold one for the same file: each
 /// append takes an exclusive `flock` for read-last-line + write + fsync.
 #[derive(Debug)]
@@ -441,6 +452,27 @@ impl AuditLog {
     /// `fdatasync` (for busy writers such as the proxy, which can queue `net` records and
     /// flush them together). All or nothing: a failed write rolls the whole batch back.
     pub fn append_all(&self, events: &[Event]) -> Result<Vec<Appended>, AuditError> {
+        self.append_batch(events, None)
+    }
+
+    /// Appends one record unless the log has reached `limit_bytes`: the record that would
+    /// cross the cap is replaced by one `truncated` record (part of the hash chain, so
+    /// `verify` passes), and every capped append after it writes nothing. Used for the
+    /// records that can flood (`net`); lifecycle records use [`AuditLog::append`].
+    pub fn append_capped(&self, event: &Event, limit_bytes: u64) -> Result<Capped, AuditError> {
+        let mut out = self.append_batch(std::slice::from_ref(event), Some(limit_bytes))?;
+        Ok(match out.pop() {
+            None => Capped::Dropped,
+            Some(a) if matches!(a.record.event, Event::Truncated { .. }) => Capped::Truncated(a),
+            Some(a) => Capped::Written(a),
+        })
+    }
+
+    fn append_batch(
+        &self,
+        events: &[Event],
+        limit_bytes: Option<u64>,
+    ) -> Result<Vec<Appended>, AuditError> {
         for event in events {
             check_event(event)?;
         }
@@ -463,8 +495,8 @@ impl AuditLog {
                 source,
             })?
             .len();
-        let (mut seq, mut prev) = match self.last_line(len)? {
-            None => (1, genesis(&self.sandbox)),
+        let (seq, prev, last_truncated) = match self.last_line(len)? {
+            None => (1, genesis(&self.sandbox), false),
             Some(line) => {
                 let last: Record =
                     serde_json::from_slice(&line).map_err(|e| AuditError::CorruptTail {
@@ -478,10 +510,46 @@ impl AuditLog {
                         found: last.sandbox,
                     });
                 }
-                (last.seq.saturating_add(1), sha256_hex(&line))
+                let truncated = matches!(last.event, Event::Truncated { .. });
+                (last.seq.saturating_add(1), sha256_hex(&line), truncated)
             }
         };
 
+        let (mut batch, mut out) = self.lines(events, seq, prev.clone())?;
+        let mut first_kind = first.kind();
+        if let Some(limit) = limit_bytes
+            && len.saturating_add(batch.len() as u64) > limit
+        {
+            if last_truncated {
+                return Ok(Vec::new());
+            }
+            let marker = Event::Truncated {
+                limit_bytes: limit,
+                size_bytes: len,
+                dropped_kind: first.kind().to_owned(),
+            };
+            (batch, out) = self.lines(std::slice::from_ref(&marker), seq, prev)?;
+            first_kind = marker.kind();
+        }
+
+        self.write_line(&batch, len, first_kind)?;
+        let last_seq = out.last().map_or(seq, |a| a.record.seq);
+        self.file.sync_data().map_err(|source| AuditError::Sync {
+            path: self.path.clone(),
+            seq: last_seq,
+            source,
+        })?;
+        tracing::debug!(path = %self.path.display(), seq = last_seq, records = out.len(), "audit records appended");
+        Ok(out)
+    }
+
+    /// The lines of `events` chained from `seq` and `prev`, and the records they hold.
+    fn lines(
+        &self,
+        events: &[Event],
+        mut seq: u64,
+        mut prev: String,
+    ) -> Result<(Vec<u8>, Vec<Appended>), AuditError> {
         let mut batch = Vec::new();
         let mut out = Vec::with_capacity(events.len());
         for event in events {
@@ -529,16 +597,7 @@ impl AuditLog {
             });
             seq = seq.saturating_add(1);
         }
-
-        self.write_line(&batch, len, first.kind())?;
-        let last_seq = seq.saturating_sub(1);
-        self.file.sync_data().map_err(|source| AuditError::Sync {
-            path: self.path.clone(),
-            seq: last_seq,
-            source,
-        })?;
-        tracing::debug!(path = %self.path.display(), seq = last_seq, records = out.len(), "audit records appended");
-        Ok(out)
+        Ok((batch, out))
     }
 
     /// Writes the line with `write(2)` on the O_APPEND descriptor: one call, unless the kernel

@@ -100,6 +100,9 @@ pub enum Event {
         bytes_down: u64,
         /// Connection duration in milliseconds.
         duration_ms: u64,
+        /// Denials left out by the proxy's rate limit since the previous `net` record.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        suppressed: u64,
     },
     /// The seccomp filter refused a syscall.
     SyscallDenied {
@@ -193,6 +196,16 @@ pub enum Event {
         requested: String,
         /// What the sandbox got.
         granted: String,
+    },
+    /// The log reached its size cap: records of the kinds that can flood (`net`) are no
+    /// longer written after this one (lifecycle records still are). Written once.
+    Truncated {
+        /// The cap in bytes (the policy's `network.audit_max_bytes`).
+        limit_bytes: u64,
+        /// The log's size when the cap was reached.
+        size_bytes: u64,
+        /// The kind of the first record that was not written.
+        dropped_kind: String,
     },
     /// An optional protection layer is not in force.
     LayerInactive {
@@ -304,6 +317,7 @@ impl Event {
             Event::Clamped { .. } => "clamped",
             Event::LayerInactive { .. } => "layer_inactive",
             Event::LimitHit { .. } => "limit_hit",
+            Event::Truncated { .. } => "truncated",
         }
     }
 }

@@ -132,16 +132,21 @@ fn details(event: &Event) -> String {
             bytes_up,
             bytes_down,
             duration_ms,
+            suppressed,
         } => {
             let v = match verdict {
                 Verdict::Allow => "ALLOW",
                 Verdict::Deny => "DENY",
             };
-            format!(
+            let mut s = format!(
                 "{v} {}:{port} by {}; up {bytes_up} B, down {bytes_down} B, {duration_ms} ms",
                 esc(host),
                 esc(rule)
-            )
+            );
+            if *suppressed > 0 {
+                let _ = write!(s, "; {suppressed} more denials not recorded (rate limit)");
+            }
+            s
         }
         Event::SyscallDenied {
             syscall,
@@ -250,5 +255,13 @@ fn details(event: &Event) -> String {
             }
             s
         }
+        Event::Truncated {
+            limit_bytes,
+            size_bytes,
+            dropped_kind,
+        } => format!(
+            "log reached its cap of {limit_bytes} B at {size_bytes} B; no more {} records are written",
+            esc(dropped_kind)
+        ),
     }
 }

@@ -347,6 +347,17 @@ pub struct Network {
     /// Headers the proxy adds to plain-HTTP requests, with secrets read on the host.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<Credential>,
+    /// Size cap of the sandbox's audit log for `net` records: the record that would cross
+    /// it is replaced by one `truncated` record, and no `net` record is written after it.
+    #[serde(skip_serializing_if = "is_default_audit_cap")]
+    pub audit_max_bytes: ByteSize,
+}
+
+/// The default of `network.audit_max_bytes` (16 MiB, tens of thousands of records).
+pub const DEFAULT_AUDIT_MAX_BYTES: ByteSize = ByteSize::from_trusted(16 << 20);
+
+fn is_default_audit_cap(size: &ByteSize) -> bool {
+    *size == DEFAULT_AUDIT_MAX_BYTES
 }
 
 impl Default for Network {
@@ -358,6 +369,7 @@ impl Default for Network {
             allow: Vec::new(),
             deny: Vec::new(),
             credentials: Vec::new(),
+            audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
         }
     }
 }

@@ -7,8 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_audit::{
-    AuditError, AuditLog, Broken, Event, ExitStatus, Record, Verdict, genesis, read_records,
-    render_timeline, repair_torn_tail, verify, verify_with_anchor,
+    AuditError, AuditLog, Broken, Capped, Event, ExitStatus, Record, Verdict, genesis,
+    read_records, render_timeline, repair_torn_tail, verify, verify_with_anchor,
 };
 use anyhow::{Result, bail};
 use sha2::{Digest as _, Sha256};
@@ -43,6 +43,7 @@ fn sample(i: u64) -> Event {
             bytes_up: i,
             bytes_down: 2 * i,
             duration_ms: 7,
+            suppressed: 0,
         },
         3 => Event::SyscallDenied {
             syscall: "ptrace".into(),
@@ -728,5 +729,72 @@ fn verify_while_processes_append_sees_only_whole_records() -> Result<()> {
         checks > 3,
         "only {checks} verifications overlapped the writers"
     );
+    Ok(())
+}
+
+/// A flood of capped records stops at the cap with one `truncated` record that is part of
+/// the chain; lifecycle records still follow and the log verifies. Without the cap the same
+/// flood grows the log past it (so the test can fail).
+#[test]
+fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let flood = |i: u64| Event::Net {
+        verdict: Verdict::Deny,
+        rule: "default deny".into(),
+        host: format!("h{i}.example"),
+        port: 443,
+        bytes_up: 0,
+        bytes_down: 0,
+        duration_ms: 0,
+        suppressed: 0,
+    };
+    const CAP: u64 = 8192;
+
+    let uncapped = dir.path().join("uncapped.jsonl");
+    let log = AuditLog::open(&uncapped, "sb")?;
+    for i in 0..200 {
+        log.append(&flood(i))?;
+    }
+    assert!(fs::metadata(&uncapped)?.len() > 4 * CAP);
+
+    let path = dir.path().join("capped.jsonl");
+    let log = AuditLog::open(&path, "sb")?;
+    let (mut written, mut truncated, mut dropped) = (0, 0, 0);
+    for i in 0..200 {
+        match log.append_capped(&flood(i), CAP)? {
+            Capped::Written(_) => written += 1,
+            Capped::Truncated(_) => truncated += 1,
+            Capped::Dropped => dropped += 1,
+        }
+    }
+    assert!(written > 0 && written < 200, "{written} written");
+    assert_eq!(truncated, 1);
+    assert_eq!(written + truncated + dropped, 200);
+    let size = fs::metadata(&path)?.len();
+    assert!(size <= CAP + 512, "{size} bytes");
+    log.append(&Event::Delete {})?;
+    let report = verify(&path)?;
+    assert_eq!(report.records, written + 2);
+    let records = read_records(&path)?;
+    let marks: Vec<_> = records
+        .iter()
+        .filter(|r| matches!(r.event, Event::Truncated { .. }))
+        .collect();
+    assert_eq!(marks.len(), 1);
+    match &marks[0].event {
+        Event::Truncated {
+            limit_bytes,
+            dropped_kind,
+            ..
+        } => {
+            assert_eq!(*limit_bytes, CAP);
+            assert_eq!(dropped_kind, "net");
+        }
+        other => bail!("not a truncated record: {other:?}"),
+    }
+    assert!(matches!(
+        records.last().map(|r| &r.event),
+        Some(Event::Delete {})
+    ));
     Ok(())
 }
