@@ -1456,3 +1456,60 @@ fn a_flood_of_denials_stays_under_the_rate_and_the_size_cap_and_verifies() -> an
     );
     Ok(())
 }
+
+// ---- an HTTPS refusal is not an outage ----
+
+/// Over HTTPS a tool only gets the proxy's answer to CONNECT (curl: `CONNECT tunnel failed,
+/// response N`). A policy refusal answers `403 Forbidden by agent-sandbox policy` with the
+/// rule in `X-Agent-Sandbox-Denied`; an allowed host that cannot be reached answers `502`
+/// with `X-Agent-Sandbox-Error: upstream` and no denial header, so the two cannot be confused.
+#[test]
+fn https_denial_names_the_rule_and_differs_from_an_unreachable_allowed_host() -> anyhow::Result<()>
+{
+    let collector = HttpServer::start(COLLECTOR_IP, "collected")?;
+    // An allowed port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind((REGISTRY_IP, 0))?
+        .local_addr()?
+        .port();
+    let p = policy(
+        &[
+            format!("{REGISTRY_HOST}:{closed}"),
+            format!("{REGISTRY_IP}:{closed}"),
+        ],
+        &[],
+    )?;
+    let curl = |host: &str, port: u16| {
+        format!("curl -sS -v -m 15 https://{host}:{port}/x 2>&1; echo rc=$?")
+    };
+    let script = format!(
+        "{}; echo =====; {}",
+        curl(COLLECTOR_HOST, collector.port()),
+        curl(REGISTRY_HOST, closed)
+    );
+    let out = sandbox_sh(&p.path, &script)?;
+    let (denied, outage) = out
+        .stdout
+        .split_once("=====")
+        .with_context(|| format!("no separator in the output\n{out}"))?;
+    let header = |text: &str, name: &str| {
+        text.lines().any(|l| {
+            l.to_ascii_lowercase()
+                .starts_with(&format!("< {}:", name.to_ascii_lowercase()))
+        })
+    };
+    ensure!(
+        denied.contains("< HTTP/1.1 403 Forbidden by agent-sandbox policy")
+            && denied.contains(&format!("< {DENIED_HEADER}: default deny"))
+            && !denied.contains("rc=0"),
+        "the HTTPS refusal should show the policy's 403 and rule\n{out}"
+    );
+    ensure!(
+        outage.contains("< HTTP/1.1 502")
+            && outage.contains("< X-Agent-Sandbox-Error: upstream")
+            && !header(outage, DENIED_HEADER)
+            && !outage.contains("rc=0"),
+        "the unreachable allowed host should give a 502 without the denial header\n{out}"
+    );
+    expect_nothing_received(&collector, &out)?;
+    Ok(())
+}

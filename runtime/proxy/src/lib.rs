@@ -22,7 +22,9 @@ pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};
 pub use guard::{SpecialRange, classify};
 pub use http::HttpError;
 pub use listener::{ListenerError, bind_in_netns};
-pub use proxy::{DENIED_HEADER, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy, ProxyConfig, ProxyError};
+pub use proxy::{
+    DENIED_HEADER, DENIED_REASON, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy, ProxyConfig, ProxyError,
+};
 pub use resolve::{
     BoxFuture, DNS_CACHE_ENTRIES, DnsResolver, ResolveError, Resolver, StaticResolver,
     SystemResolver,

@@ -245,7 +245,7 @@ impl Refusal {
         match self {
             Self::Denied { rule } => http::response(
                 403,
-                "Forbidden",
+                DENIED_REASON,
                 (DENIED_HEADER, rule),
                 &format!(
                     "agent-sandbox: connection to {host}:{port} denied by policy rule \"{rule}\""
@@ -253,7 +253,7 @@ impl Refusal {
             ),
             Self::Special { addr, range } => http::response(
                 403,
-                "Forbidden",
+                DENIED_REASON,
                 (DENIED_HEADER, &format!("{} address {addr}", range.name())),
                 &format!(
                     "agent-sandbox: {host} resolves to {addr}, a {} address the policy does not allow",
@@ -278,6 +278,9 @@ impl Refusal {
 
 /// Header naming the rule (or refused address class) on a policy refusal.
 pub const DENIED_HEADER: &str = "X-Agent-Sandbox-Denied";
+/// The reason phrase of a policy refusal's `403` (tools that print the status line, e.g.
+/// `curl -v` or an SSH `ProxyCommand`, show that the policy refused, not an outage).
+pub const DENIED_REASON: &str = "Forbidden by agent-sandbox policy";
 /// The rule a refused plain request whose Host header names another host is reported under.
 pub const HOST_MISMATCH_RULE: &str = "host header mismatch";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
@@ -390,7 +393,7 @@ impl Inner {
                 let _ = stream
                     .write_all(&http::response(
                         403,
-                        "Forbidden",
+                        DENIED_REASON,
                         (DENIED_HEADER, HOST_MISMATCH_RULE),
                         &format!("agent-sandbox: request refused by policy: {reason}"),
                     ))

@@ -387,7 +387,9 @@ async fn git_over_ssh(tool: SshProxyTool, protocol: Protocol) {
     // The user sees that the policy refused it, not an outage.
     let said = text(&out.stderr);
     let refusal = match tool {
-        SshProxyTool::Bash => "agent-sandbox proxy: blocked.test:22: HTTP/1.1 403 Forbidden",
+        SshProxyTool::Bash => {
+            "agent-sandbox proxy: blocked.test:22: HTTP/1.1 403 Forbidden by agent-sandbox policy"
+        }
         _ => "Connection not allowed by ruleset",
     };
     assert!(said.contains(refusal), "want {refusal:?} in {said}");

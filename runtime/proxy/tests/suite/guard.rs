@@ -30,7 +30,7 @@ async fn allowed_name_resolving_to_special_address_is_refused() {
         .await;
         let answer = roundtrip(proxy.addr, b"CONNECT rebind.test:443 HTTP/1.1\r\n\r\n").await;
         assert!(
-            answer.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+            answer.starts_with("HTTP/1.1 403 Forbidden by agent-sandbox policy\r\n"),
             "{addr}: {answer}"
         );
         let header = format!(

@@ -82,7 +82,10 @@ async fn denied_domain_gets_403_naming_the_rule() {
         format!("CONNECT other.test:{port} HTTP/1.1\r\n\r\n").as_bytes(),
     )
     .await;
-    assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 403 Forbidden by agent-sandbox policy\r\n"),
+        "{answer}"
+    );
     assert!(
         answer.contains("\r\nX-Agent-Sandbox-Denied: default deny\r\n"),
         "{answer}"
@@ -191,7 +194,10 @@ async fn host_header_mismatch_is_refused() {
             format!("GET http://web.test:{port}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
         )
         .await;
-        assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
+        assert!(
+            answer.starts_with("HTTP/1.1 403 Forbidden by agent-sandbox policy\r\n"),
+            "{answer}"
+        );
         assert!(
             answer.contains("X-Agent-Sandbox-Denied: host header mismatch\r\n"),
             "{answer}"
