@@ -455,6 +455,8 @@ fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Opt
         bytes_up: event.bytes_up,
         bytes_down: event.bytes_down,
         duration_ms,
+        method: event.method.clone(),
+        path: event.path.clone(),
         suppressed,
     })
 }
@@ -471,6 +473,8 @@ mod tests {
             protocol: agent_sandbox_proxy::Protocol::HttpConnect,
             host: Some("blocked.example".to_owned()),
             port: Some(443),
+            method: None,
+            path: None,
             rule: Some("default deny".to_owned()),
             address_rule: None,
             resolved: None,

@@ -1385,7 +1385,11 @@ fn a_flood_of_denials_stays_under_the_rate_and_the_size_cap_and_verifies() -> an
     // Two floods with a pause between, so the bucket refills and the log reaches the cap.
     let flood = format!(
         "curl -s -o /dev/null -w '%{{http_code}}\\n' '{}'",
-        url(COLLECTOR_HOST, &collector, &format!("/[1-{FLOOD}]"))
+        url(
+            COLLECTOR_HOST,
+            &collector,
+            &format!("/flood[1-{FLOOD}]?token=s3cret")
+        )
     );
     let script = format!("{{ {flood}; sleep 5; {flood}; }} | grep -c '^403$'");
     let out = sandbox().run(&["exec", &guard.name, "sh", "-c", &script])?;
@@ -1412,6 +1416,19 @@ fn a_flood_of_denials_stays_under_the_rate_and_the_size_cap_and_verifies() -> an
         .filter(|r| r["kind"] == "truncated")
         .collect();
     let size = std::fs::metadata(&log)?.len();
+    // Each record names the request (method and path), never its query string.
+    ensure!(
+        denials.iter().all(|r| r["data"]["method"] == "GET"
+            && r["data"]["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/flood") && !p.contains('?'))),
+        "net records without the request's method and path: {:?}",
+        denials.first()
+    );
+    ensure!(
+        !denials.iter().any(|r| r.to_string().contains("s3cret")),
+        "a query string reached a net record"
+    );
     ensure!(
         !denials.is_empty() && denials.len() < refused / 20,
         "{} net denial records for {refused} refusals: not rate-limited",

@@ -100,6 +100,12 @@ pub enum Event {
         bytes_down: u64,
         /// Connection duration in milliseconds.
         duration_ms: u64,
+        /// Method of a plain HTTP request.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        method: Option<String>,
+        /// Path of a plain HTTP request, without its query string.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<String>,
         /// Denials left out by the proxy's rate limit since the previous `net` record.
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,

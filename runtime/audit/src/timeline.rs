@@ -132,15 +132,21 @@ fn details(event: &Event) -> String {
             bytes_up,
             bytes_down,
             duration_ms,
+            method,
+            path,
             suppressed,
         } => {
             let v = match verdict {
                 Verdict::Allow => "ALLOW",
                 Verdict::Deny => "DENY",
             };
-            let mut s = format!(
-                "{v} {}:{port} by {}; up {bytes_up} B, down {bytes_down} B, {duration_ms} ms",
-                esc(host),
+            let mut s = format!("{v} {}:{port}", esc(host));
+            if let (Some(m), Some(p)) = (method, path) {
+                let _ = write!(s, " {} {}", esc(m), esc(p));
+            }
+            let _ = write!(
+                s,
+                " by {}; up {bytes_up} B, down {bytes_down} B, {duration_ms} ms",
                 esc(rule)
             );
             if *suppressed > 0 {

@@ -68,6 +68,9 @@ pub enum Outcome {
     },
 }
 
+/// Most characters of a request path an event keeps.
+pub const MAX_PATH_CHARS: usize = 256;
+
 /// One structured egress record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EgressEvent {
@@ -83,6 +86,13 @@ pub struct EgressEvent {
     pub host: Option<String>,
     /// The requested port, if the request got that far.
     pub port: Option<u16>,
+    /// The method of a plain HTTP request (`GET`), when the request got that far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The path of a plain HTTP request, without its query string (which can carry
+    /// secrets) and cut at [`MAX_PATH_CHARS`] characters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     /// The policy rule that decided (or let a refused address through), if any.
     pub rule: Option<String>,
     /// The policy rule that let the dialled address through although it is in a refused range
@@ -139,6 +149,8 @@ mod tests {
             protocol: Protocol::HttpConnect,
             host: Some("example.com".into()),
             port: Some(443),
+            method: None,
+            path: None,
             rule: Some("allow example.com".into()),
             address_rule: None,
             resolved: Some("93.184.216.34:443".parse().unwrap()),

@@ -90,6 +90,23 @@ pub(crate) struct ForwardHead {
 }
 
 impl ForwardHead {
+    /// The request's method and path (origin form, without query string or fragment, cut at
+    /// [`crate::events::MAX_PATH_CHARS`] characters), for the event.
+    pub(crate) fn method_and_path(&self) -> (String, String) {
+        let line = String::from_utf8_lossy(&self.start_line);
+        let mut words = line.split_ascii_whitespace();
+        let method = words.next().unwrap_or_default().chars().take(32).collect();
+        let target = words.next().unwrap_or_default();
+        let path = target
+            .split(['?', '#'])
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .take(crate::events::MAX_PATH_CHARS)
+            .collect();
+        (method, path)
+    }
+
     /// The bytes to send upstream. `inject` (name, value) replaces any header of that name the
     /// client sent.
     pub(crate) fn encode(&self, inject: Option<(&str, &str)>) -> Vec<u8> {
@@ -353,6 +370,22 @@ mod tests {
             parse("CONNECT example.com HTTP/1.1\r\n\r\n").await,
             Err(HttpError::ConnectWithoutPort { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn the_event_gets_method_and_path_without_the_query() {
+        let raw = "GET http://a.test/p/q?token=s3cret#f HTTP/1.1\r\nHost: a.test\r\n\r\n";
+        let Request::Forward { head, .. } = parse(raw).await.unwrap() else {
+            panic!("not a forward")
+        };
+        assert_eq!(head.method_and_path(), ("GET".into(), "/p/q".into()));
+        let long = format!("PUT http://a.test/{} HTTP/1.1\r\n\r\n", "x".repeat(5000));
+        let Request::Forward { head, .. } = parse(&long).await.unwrap() else {
+            panic!("not a forward")
+        };
+        let (method, path) = head.method_and_path();
+        assert_eq!(method, "PUT");
+        assert_eq!(path.chars().count(), crate::events::MAX_PATH_CHARS);
     }
 
     #[tokio::test]

@@ -196,6 +196,8 @@ struct Record {
     protocol: Protocol,
     host: Option<Host>,
     port: Option<u16>,
+    method: Option<String>,
+    path: Option<String>,
     rule: Option<String>,
     address_rule: Option<String>,
     resolved: Option<SocketAddr>,
@@ -307,6 +309,8 @@ impl Inner {
             protocol: Protocol::Unknown,
             host: None,
             port: None,
+            method: None,
+            path: None,
             rule: None,
             address_rule: None,
             resolved: None,
@@ -425,6 +429,11 @@ impl Inner {
         }
         rec.host = Some(host.clone());
         rec.port = Some(port);
+        if let Some(head) = &forward {
+            let (method, path) = head.method_and_path();
+            rec.method = Some(method);
+            rec.path = Some(path);
+        }
         let mut upstream = match self.open(&host, port, rec).await {
             Ok(upstream) => upstream,
             Err(refusal) => {
@@ -629,6 +638,8 @@ impl Inner {
             protocol: rec.protocol,
             host: rec.host.as_ref().map(ToString::to_string),
             port: rec.port,
+            method: rec.method.clone(),
+            path: rec.path.clone(),
             rule: rec.rule.clone(),
             address_rule: rec.address_rule.clone(),
             resolved: rec.resolved,

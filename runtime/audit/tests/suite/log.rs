@@ -43,6 +43,8 @@ fn sample(i: u64) -> Event {
             bytes_up: i,
             bytes_down: 2 * i,
             duration_ms: 7,
+            method: None,
+            path: None,
             suppressed: 0,
         },
         3 => Event::SyscallDenied {
@@ -746,6 +748,8 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
         bytes_up: 0,
         bytes_down: 0,
         duration_ms: 0,
+        method: Some("GET".into()),
+        path: Some(format!("/{i}")),
         suppressed: 0,
     };
     const CAP: u64 = 8192;
