@@ -30,6 +30,8 @@ pub enum NarrowError {
     NetworkMode,
     #[error("proxy port differs from the ceiling's")]
     ProxyPort,
+    #[error("network.audit_max_bytes is larger than the ceiling's")]
+    AuditMaxBytes,
     #[error("local port {port} is not among the ceiling's local ports")]
     LocalPort { port: u16 },
     #[error("allow rule {rule} is not covered by the ceiling's allow list")]
@@ -138,6 +140,10 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
         if cn.proxy_port != pn.proxy_port {
             return Err(NarrowError::ProxyPort);
         }
+        // A larger cap lets a sandbox use more of the host's disk.
+        if cn.audit_max_bytes > pn.audit_max_bytes {
+            return Err(NarrowError::AuditMaxBytes);
+        }
         if let Some(rule) = cn
             .allow
             .iter()
@@ -221,6 +227,19 @@ mod tests {
         assert_eq!(
             within(&candidate, &ceiling),
             Err(NarrowError::LocalPort { port: 22 })
+        );
+    }
+
+    #[test]
+    fn the_audit_cap_narrows_down_only() {
+        let ceiling = SandboxPolicy::builtin("agent").unwrap();
+        let mut candidate = ceiling.clone();
+        candidate.network.audit_max_bytes = crate::value::ByteSize::from_trusted(1 << 20);
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        candidate.network.audit_max_bytes = crate::value::ByteSize::from_trusted(1 << 30);
+        assert_eq!(
+            within(&candidate, &ceiling),
+            Err(NarrowError::AuditMaxBytes)
         );
     }
 }
