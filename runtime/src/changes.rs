@@ -17,7 +17,6 @@
 //! A change set is found by its change id, its container id, its name (podman's
 //! `--name`, CRI's container name) or a unique prefix of either id ([`find`]).
 
-use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -249,28 +248,14 @@ impl Entry {
     /// Writes the record atomically: a temporary file, fsync'd, renamed over the old one.
     pub fn save(&self) -> Result<()> {
         let path = self.dir.join(INDEX_FILE);
-        let tmp = self
-            .dir
-            .join(format!(".{INDEX_FILE}.{}", std::process::id()));
-        let write = |source| ChangesError::Write {
-            path: path.clone(),
-            source,
-        };
         let text =
             serde_json::to_vec_pretty(&self.record).map_err(|source| ChangesError::Corrupt {
                 path: path.clone(),
                 source,
             })?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(write)?;
-        f.write_all(&text).map_err(write)?;
-        f.sync_all().map_err(write)?;
-        std::fs::rename(&tmp, &path).map_err(write)
+        // The temporary file is 0600, as the record must be; it is removed on failure.
+        crate::paths::write_atomic(&path, &text)
+            .map_err(|source| ChangesError::Write { path, source })
     }
 
     pub fn image(&self) -> PathBuf {
@@ -904,6 +889,11 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+        let mode = std::fs::metadata(tmp.path().join("eeee11112222").join(INDEX_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
         let table = table(&store.entries());
         assert!(table.contains("a\\u{1b}[2Kb"), "{table}");
         assert!(!table.contains('\x1b'));
