@@ -29,6 +29,14 @@ command -v cargo >/dev/null || { echo "setup.sh: cargo is not installed" >&2; ex
 
 step() { printf '\n== setup: %s (%ds)\n' "$1" "$SECONDS"; }
 
+# A full run (builds, images, the VM guest) needs about 10 GiB on the disk that holds the
+# repository. Say so first, so that a later "No space left on device" has its explanation.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if (( free_kib < 10 * 1024 * 1024 )); then
+    echo "setup.sh: warning: only $((free_kib / 1024)) MiB free on the disk holding $PWD;" \
+        "the build and the tests need about 10 GiB" >&2
+fi
+
 step "packages"
 hack/install-deps.sh
 

@@ -13,6 +13,8 @@ if ! command -v cargo >/dev/null && [[ -f $HOME/.cargo/env ]]; then
     # shellcheck source=/dev/null
     . "$HOME/.cargo/env"
 fi
+# One full build per run: incremental state would only double the debug target's size.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
