@@ -3,13 +3,17 @@
 #![forbid(unsafe_code)]
 
 mod cgroup;
+mod container;
+mod error;
+mod exits;
 mod files;
 mod options;
+mod process;
 mod rootfs;
 mod runtime;
-mod service;
 mod shim;
 mod stdio;
+mod task;
 
 /// containerd resolves `--runtime io.agent.sandbox` to this binary's name.
 const RUNTIME_ID: &str = "io.agent.sandbox";

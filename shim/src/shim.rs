@@ -12,9 +12,10 @@ use containerd_shim::publisher::RemotePublisher;
 use containerd_shim::{Config, Error, ExitSignal, Flags, StartOpts};
 use log::warn;
 
+use crate::error::error_chain;
 use crate::options::RuntimeOptions;
 use crate::runtime::Runtime;
-use crate::service::{DELETED_MARKER, TaskService, error_chain};
+use crate::task::{DELETED_MARKER, TaskService};
 
 /// Annotation CRI puts on every container of a pod: one shim serves the whole pod.
 pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";

@@ -1,0 +1,268 @@
+//! What the task service knows of each container: its processes (the init and its execs, each
+//! with its lifecycle, streams and exit watch), its runtime, cgroups and bundle, and the table
+//! of all containers this shim serves.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use containerd_shim::protos::protobuf::well_known_types::any::Any;
+use log::warn;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+
+use crate::cgroup::Cgroups;
+use crate::error::TaskError;
+use crate::exits::{EarlyExits, InitExitRecord};
+use crate::process::{Exit, Lifecycle};
+use crate::runtime::{Runtime, Stdio3};
+use crate::stdio::{self, ConsoleSocket, Copies, StdioPaths};
+
+type Result<T> = std::result::Result<T, TaskError>;
+
+/// One container process: its lifecycle, its streams and the watch that Wait listens on.
+pub struct Process {
+    pub life: Lifecycle,
+    exit_tx: watch::Sender<Option<Exit>>,
+    pub stdio: StdioPaths,
+    pub copies: Copies,
+    /// Exec only: the OCI process spec (JSON) containerd sent.
+    pub spec: Option<Vec<u8>>,
+}
+
+impl Process {
+    /// A created process; `pid` is 0 for an exec until its start reports one.
+    pub fn new(pid: u32, stdio: StdioPaths) -> Self {
+        Self {
+            life: Lifecycle::created(pid),
+            exit_tx: watch::channel(None).0,
+            stdio,
+            copies: Copies::default(),
+            spec: None,
+        }
+    }
+
+    pub fn exit(&self) -> Option<Exit> {
+        self.life.exit().cloned()
+    }
+
+    /// Records the exit and wakes every Wait.
+    pub fn stop(&mut self, exit: Exit) {
+        self.life.stop(exit.clone());
+        self.exit_tx.send_replace(Some(exit));
+    }
+
+    /// A receiver that sees the exit once [`Process::stop`] recorded it.
+    pub fn exit_watch(&self) -> watch::Receiver<Option<Exit>> {
+        self.exit_tx.subscribe()
+    }
+}
+
+pub struct Container {
+    pub bundle: PathBuf,
+    pub runtime: Runtime,
+    pub init: Process,
+    pub execs: HashMap<String, Process>,
+    pub cgroups: Option<Cgroups>,
+    pub oom_task: Option<JoinHandle<()>>,
+    /// Set once TaskOOM went out (by the notification or the exit check, whichever is first).
+    pub oom_published: Arc<AtomicBool>,
+    /// The cgroup's `oom_kill` counter when the container was created.
+    pub oom_kills_at_create: u64,
+    pub rootfs_mounted: bool,
+    /// Held while the runtime deletes, so that the late writer and Delete never both write.
+    pub init_exit_record: Arc<Mutex<InitExitRecord>>,
+}
+
+impl Container {
+    pub fn process(&self, id: &str, exec_id: &str) -> Result<&Process> {
+        if exec_id.is_empty() {
+            return Ok(&self.init);
+        }
+        self.execs
+            .get(exec_id)
+            .ok_or_else(|| TaskError::ExecNotFound {
+                id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+            })
+    }
+
+    pub fn process_mut(&mut self, id: &str, exec_id: &str) -> Result<&mut Process> {
+        if exec_id.is_empty() {
+            return Ok(&mut self.init);
+        }
+        self.execs
+            .get_mut(exec_id)
+            .ok_or_else(|| TaskError::ExecNotFound {
+                id: id.to_owned(),
+                exec_id: exec_id.to_owned(),
+            })
+    }
+}
+
+/// Every container this shim serves, and the exits no process has claimed yet.
+#[derive(Default)]
+pub struct Table {
+    pub containers: HashMap<String, Container>,
+    pub early_exits: EarlyExits,
+}
+
+impl Table {
+    pub fn container(&self, id: &str) -> Result<&Container> {
+        self.containers
+            .get(id)
+            .ok_or_else(|| TaskError::ContainerNotFound { id: id.to_owned() })
+    }
+
+    pub fn container_mut(&mut self, id: &str) -> Result<&mut Container> {
+        self.containers
+            .get_mut(id)
+            .ok_or_else(|| TaskError::ContainerNotFound { id: id.to_owned() })
+    }
+
+    /// Every process's lifecycle, keyed `(container id, exec id)` ("" for the init), and the
+    /// early-exit buffer, for [`crate::exits::route`].
+    pub fn lifecycles_mut(
+        &mut self,
+    ) -> (
+        impl Iterator<Item = ((String, String), &mut Lifecycle)>,
+        &mut EarlyExits,
+    ) {
+        let procs = self.containers.iter_mut().flat_map(|(cid, c)| {
+            std::iter::once(((cid.clone(), String::new()), &mut c.init.life)).chain(
+                c.execs
+                    .iter_mut()
+                    .map(|(exec_id, p)| ((cid.clone(), exec_id.clone()), &mut p.life)),
+            )
+        });
+        (procs, &mut self.early_exits)
+    }
+}
+
+/// The `Info` of an exec process in `Pids` (`ctr task ps`): its exec id as runc-v2 reports
+/// it, a `containerd.runc.v1.ProcessDetails`.
+pub fn exec_info(exec_id: &str) -> Option<Any> {
+    let details = containerd_shim::protos::shim::oci::ProcessDetails {
+        exec_id: exec_id.to_owned(),
+        ..Default::default()
+    };
+    match containerd_shim::util::convert_to_any(Box::new(details)) {
+        Ok(any) => Some(any),
+        Err(e) => {
+            warn!("cannot encode the exec id {exec_id} for ps: {e}");
+            None
+        }
+    }
+}
+
+/// Refuses a container or exec id that could not be a file name in the bundle.
+pub fn check_id(field: &'static str, value: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= 1024
+        && !value.starts_with('.')
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(TaskError::InvalidId {
+            field,
+            value: value.to_owned(),
+        })
+    }
+}
+
+/// The pid the runtime wrote to `path`.
+pub fn read_pid(path: &Path) -> Result<u32> {
+    let text = std::fs::read_to_string(path).map_err(|source| TaskError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| TaskError::PidFile {
+            path: path.to_owned(),
+        })
+}
+
+/// Opens the process's streams: the runtime's stdio, plus a console socket with a terminal.
+pub fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
+    if paths.terminal {
+        let socket = ConsoleSocket::new()?;
+        let null = || std::process::Stdio::null();
+        Ok((
+            Stdio3 {
+                stdin: null(),
+                stdout: null(),
+                stderr: null(),
+            },
+            Copies::default(),
+            Some(socket),
+        ))
+    } else {
+        let (stdio, copies) = stdio::direct(paths)?;
+        Ok((stdio, copies, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_info_is_runc_v2_process_details() {
+        use containerd_shim::protos::protobuf::Message;
+        let any = exec_info("probe-1").unwrap();
+        // containerd's ctr decodes it by this name (runc-v2 sends the same type).
+        assert_eq!(any.type_url, "containerd.runc.v1.ProcessDetails");
+        let back = containerd_shim::protos::shim::oci::ProcessDetails::parse_from_bytes(&any.value)
+            .unwrap();
+        assert_eq!(back.exec_id, "probe-1");
+    }
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(check_id("exec id", "exec-1.a_b").is_ok());
+        for bad in ["", "../x", "a/b", ".hidden", "a b"] {
+            assert!(check_id("exec id", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pid_files_are_checked_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("init.pid");
+        std::fs::write(&file, "123\n").unwrap();
+        assert_eq!(read_pid(&file).unwrap(), 123);
+        for bad in ["0", "-1", "x", ""] {
+            std::fs::write(&file, bad).unwrap();
+            let e = read_pid(&file).unwrap_err();
+            assert!(e.to_string().contains("init.pid"), "{bad}: {e}");
+        }
+        let gone = dir.path().join("gone.pid");
+        assert!(
+            read_pid(&gone)
+                .unwrap_err()
+                .to_string()
+                .contains("gone.pid")
+        );
+    }
+
+    #[test]
+    fn a_stopped_process_wakes_its_waiters() {
+        let mut p = Process::new(0, StdioPaths::default());
+        let rx = p.exit_watch();
+        assert!(rx.borrow().is_none());
+        let exit = Exit {
+            code: 3,
+            at: Default::default(),
+        };
+        p.stop(exit.clone());
+        assert_eq!(rx.borrow().as_ref(), Some(&exit));
+        assert_eq!(p.exit(), Some(exit));
+    }
+}
