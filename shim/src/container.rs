@@ -175,7 +175,7 @@ pub fn check_id(field: &'static str, value: &str) -> Result<()> {
 }
 
 /// The pid the runtime wrote to `path`.
-pub fn read_pid(path: &Path) -> Result<u32> {
+fn read_pid(path: &Path) -> Result<u32> {
     let text = std::fs::read_to_string(path).map_err(|source| TaskError::File {
         path: path.to_owned(),
         source,
@@ -190,7 +190,7 @@ pub fn read_pid(path: &Path) -> Result<u32> {
 }
 
 /// Opens the process's streams: the runtime's stdio, plus a console socket with a terminal.
-pub fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
+fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
     if paths.terminal {
         let socket = ConsoleSocket::new()?;
         let null = || std::process::Stdio::null();
@@ -207,6 +207,67 @@ pub fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<Consol
         let (stdio, copies) = stdio::direct(paths)?;
         Ok((stdio, copies, None))
     }
+}
+
+/// Runs the runtime's `create` for the init and returns its pid and the copies of its
+/// streams; with a terminal, the pty master comes over the console socket.
+pub async fn create_init(
+    id: &str,
+    bundle: &Path,
+    runtime: &Runtime,
+    paths: &StdioPaths,
+) -> Result<(u32, Copies)> {
+    let (stdio, mut copies, socket) = open_streams(paths)?;
+    let pid_file = bundle.join("init.pid");
+    let socket_path = socket.as_ref().map(ConsoleSocket::path);
+    runtime
+        .create(id, bundle, &pid_file, socket_path.as_deref(), stdio)
+        .await?;
+    if let Some(socket) = socket {
+        let master = match socket.receive().await {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = runtime.delete(id, true, None).await;
+                return Err(e.into());
+            }
+        };
+        copies = stdio::console(master, paths)?;
+    }
+    let pid = read_pid(&pid_file)?;
+    Ok((pid, copies))
+}
+
+/// Runs the runtime's `exec` with the process spec containerd sent and returns the pid and
+/// the copies of its streams. The spec and pid files live in the bundle only meanwhile.
+pub async fn run_exec(
+    id: &str,
+    exec_id: &str,
+    runtime: &Runtime,
+    bundle: &Path,
+    paths: &StdioPaths,
+    spec: &[u8],
+) -> Result<(u32, Copies)> {
+    let process_file = bundle.join(format!("exec-{exec_id}.json"));
+    let pid_file = bundle.join(format!("exec-{exec_id}.pid"));
+    std::fs::write(&process_file, spec).map_err(|source| TaskError::File {
+        path: process_file.clone(),
+        source,
+    })?;
+    let result = async {
+        let (stdio, mut copies, socket) = open_streams(paths)?;
+        let socket_path = socket.as_ref().map(ConsoleSocket::path);
+        runtime
+            .exec(id, &process_file, &pid_file, socket_path.as_deref(), stdio)
+            .await?;
+        if let Some(socket) = socket {
+            copies = stdio::console(socket.receive().await?, paths)?;
+        }
+        Ok((read_pid(&pid_file)?, copies))
+    }
+    .await;
+    let _ = std::fs::remove_file(&process_file);
+    let _ = std::fs::remove_file(&pid_file);
+    result
 }
 
 #[cfg(test)]

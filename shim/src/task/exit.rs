@@ -1,0 +1,130 @@
+//! Reaped exits: routed to their process, then finished in the order containerd expects.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use containerd_shim::protos::events::task::{TaskExit, TaskOOM};
+use log::{debug, info};
+
+use crate::cgroup::Cgroups;
+use crate::exits::{self, Kind, Route};
+use crate::process::Exit;
+use crate::stdio;
+
+use super::{TaskService, now, process_name};
+
+/// How long an exit waits for the process's last output to be taken by the client.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long the init's `exit` record waits for the task's Delete (which writes it in the
+/// same runtime run) before a separate `audit-exit` writes it.
+const LATE_EXIT_RECORD: Duration = Duration::from_secs(1);
+
+impl TaskService {
+    /// A reaped child, routed by [`exits::route`]: finished now, held by a starting process,
+    /// buffered for an exec start in flight, or ignored.
+    pub(super) async fn on_exit(&self, pid: u32, code: u32) {
+        let exit = Exit { code, at: now() };
+        let mut table = self.inner.table.lock().await;
+        let (procs, early) = table.lifecycles_mut();
+        match exits::route(pid, exit, procs, early) {
+            Route::Finish((cid, exec_id), exit) => {
+                drop(table);
+                self.finish_exit(&cid, &exec_id, exit).await;
+            }
+            Route::Held | Route::Buffered => {}
+            Route::Ignored => debug!("reaped pid {pid} (exit {code})"),
+        }
+    }
+
+    /// Drains the process's output, writes or hands over its audit `exit` record, publishes
+    /// TaskOOM if the init was OOM-killed, records the exit and publishes TaskExit, in that
+    /// order.
+    pub(super) async fn finish_exit(&self, cid: &str, exec_id: &str, exit: Exit) {
+        let kind = if exec_id.is_empty() {
+            Kind::Init
+        } else {
+            Kind::Exec
+        };
+        let (drain, outputs, audit) = {
+            let mut table = self.inner.table.lock().await;
+            let Ok(c) = table.container_mut(cid) else {
+                return;
+            };
+            let runtime = c.runtime.clone();
+            let record = c.init_exit_record.clone();
+            let Ok(p) = c.process_mut(cid, exec_id) else {
+                return;
+            };
+            let outputs = p.copies.take_outputs();
+            (
+                p.copies.output_watch(),
+                outputs,
+                (runtime, p.life.pid(), record),
+            )
+        };
+        if let Some(mut rx) = drain {
+            let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
+        }
+        // Keep this before the exit is published: a client that hears of the exit stops
+        // waiting for a reader it has not opened yet, and the output would be lost.
+        stdio::drain_outputs(outputs, DRAIN_LIMIT).await;
+        // Audit trail: the runtime appends the `exit` record, always before the `delete`
+        // record. An exec's is written now, before containerd hears of the exit (outside the
+        // table's lock). The init's goes with the Delete that usually follows at once (`ctr
+        // run --rm`, CRI): one runtime run instead of two; without a Delete, a separate
+        // `audit-exit` writes it after LATE_EXIT_RECORD.
+        let (runtime, pid, record) = audit;
+        match kind {
+            Kind::Init => {
+                record.lock().await.reaped(pid, exit.code);
+                let cid = cid.to_owned();
+                tokio::spawn(async move {
+                    tokio::time::sleep(LATE_EXIT_RECORD).await;
+                    let mut record = record.lock().await;
+                    if let Some((pid, code)) = record.take() {
+                        runtime.audit_exit(&cid, "", pid, code).await;
+                    }
+                });
+            }
+            Kind::Exec => runtime.audit_exit(cid, exec_id, pid, exit.code).await,
+        }
+        let mut table = self.inner.table.lock().await;
+        if let Ok(c) = table.container(cid)
+            && exits::oom_before_exit(
+                kind,
+                c.cgroups.as_ref().and_then(Cgroups::oom_kills),
+                c.oom_kills_at_create,
+                || !c.oom_published.swap(true, Ordering::SeqCst),
+            )
+        {
+            info!("container {cid} was OOM-killed");
+            self.publish(TaskOOM {
+                container_id: cid.to_owned(),
+                ..Default::default()
+            })
+            .await;
+        }
+        let Ok(p) = table
+            .container_mut(cid)
+            .and_then(|c| c.process_mut(cid, exec_id))
+        else {
+            return;
+        };
+        p.stop(exit.clone());
+        let pid = p.life.pid();
+        info!(
+            "process {cid}/{exec_id} pid {pid} exited with {}",
+            exit.code
+        );
+        self.publish(TaskExit {
+            container_id: cid.to_owned(),
+            id: process_name(cid, exec_id).to_owned(),
+            pid,
+            exit_status: exit.code,
+            exited_at: Some(exit.at).into(),
+            ..Default::default()
+        })
+        .await;
+    }
+}
