@@ -126,14 +126,14 @@ impl Table {
     pub fn lifecycles_mut(
         &mut self,
     ) -> (
-        impl Iterator<Item = ((String, String), &mut Lifecycle)>,
+        impl Iterator<Item = ((&str, &str), &mut Lifecycle)>,
         &mut EarlyExits,
     ) {
         let procs = self.containers.iter_mut().flat_map(|(cid, c)| {
-            std::iter::once(((cid.clone(), String::new()), &mut c.init.life)).chain(
+            std::iter::once(((cid.as_str(), ""), &mut c.init.life)).chain(
                 c.execs
                     .iter_mut()
-                    .map(|(exec_id, p)| ((cid.clone(), exec_id.clone()), &mut p.life)),
+                    .map(move |(exec_id, p)| ((cid.as_str(), exec_id.as_str()), &mut p.life)),
             )
         });
         (procs, &mut self.early_exits)
@@ -325,5 +325,58 @@ mod tests {
         p.stop(exit.clone());
         assert_eq!(rx.borrow().as_ref(), Some(&exit));
         assert_eq!(p.exit(), Some(exit));
+    }
+
+    fn container(init_pid: u32, execs: &[(&str, u32)]) -> Container {
+        let opts = crate::options::RuntimeOptions::defaults("default");
+        let mut init = Process::new(init_pid, StdioPaths::default());
+        init.life.begin_start().unwrap();
+        init.life.start_succeeded(init_pid);
+        let execs = execs
+            .iter()
+            .map(|(id, pid)| {
+                let mut p = Process::new(0, StdioPaths::default());
+                p.life.begin_start().unwrap();
+                p.life.start_succeeded(*pid);
+                ((*id).to_owned(), p)
+            })
+            .collect();
+        Container {
+            bundle: PathBuf::from("/b"),
+            runtime: Runtime::new(&opts, Path::new("/b")),
+            init,
+            execs,
+            cgroups: None,
+            oom_task: None,
+            oom_published: Arc::default(),
+            oom_kills_at_create: 0,
+            rootfs_mounted: false,
+            init_exit_record: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn a_reaped_pid_finds_its_container_and_exec() {
+        use crate::exits::{Route, route};
+        let mut table = Table::default();
+        table
+            .containers
+            .insert("a".into(), container(10, &[("x", 11)]));
+        table
+            .containers
+            .insert("b".into(), container(20, &[("y", 21)]));
+        let exit = Exit {
+            code: 0,
+            at: Default::default(),
+        };
+        for (pid, want) in [(21, ("b", "y")), (10, ("a", "")), (11, ("a", "x"))] {
+            let (procs, early) = table.lifecycles_mut();
+            assert_eq!(
+                route(pid, exit.clone(), procs, early),
+                Route::Finish(want, exit.clone())
+            );
+        }
+        let (procs, early) = table.lifecycles_mut();
+        assert_eq!(route(99, exit, procs, early), Route::Ignored);
     }
 }

@@ -29,6 +29,7 @@ impl TaskService {
         let (procs, early) = table.lifecycles_mut();
         match exits::route(pid, exit, procs, early) {
             Route::Finish((cid, exec_id), exit) => {
+                let (cid, exec_id) = (cid.to_owned(), exec_id.to_owned());
                 drop(table);
                 self.finish_exit(&cid, &exec_id, exit).await;
             }
