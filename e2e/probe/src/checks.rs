@@ -10,6 +10,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::{Outcome, Report};
+/// `libc::syscall` with every argument widened to a `c_long` first. The call is variadic, so a
+/// bare `0` would travel as a 32-bit `int` and leave the register's upper half undefined: the
+/// kernel reads all 64 bits of `size_t` and pointer arguments, and a probe would fail with
+/// `EINVAL` depending on what the compiler left there.
+macro_rules! raw_syscall {
+    ($nr:expr $(, $arg:expr)* $(,)?) => {{
+        // The register keeps the argument's bits; wrapping is the point.
+        #[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+        let ret = libc::syscall($nr $(, ($arg) as libc::c_long)*);
+        ret
+    }};
+}
 
 type Check = fn() -> Report;
 
@@ -779,7 +791,7 @@ fn io_uring() -> Report {
     // struct io_uring_params is 120 bytes; zeroed means default flags.
     let mut params = [0u64; 15];
     // SAFETY: params is a writable, suitably aligned 120-byte buffer.
-    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
+    let fd = unsafe { raw_syscall!(libc::SYS_io_uring_setup, 1u32, params.as_mut_ptr()) };
     if fd >= 0 {
         close_raw(fd);
         allowed(CHECK, "io_uring_setup succeeded")
@@ -811,7 +823,7 @@ fn keyctl() -> Report {
     let keyring: libc::c_long = -2;
     // SAFETY: all pointers are valid for the call; the payload length matches.
     let rc = unsafe {
-        libc::syscall(
+        raw_syscall!(
             libc::SYS_add_key,
             c"user".as_ptr(),
             c"agent-sandbox-probe".as_ptr(),
@@ -833,7 +845,7 @@ pub(crate) fn unreviewed_syscall() -> Report {
     const CHECK: &str = "unreviewed_syscall";
     const NR: libc::c_long = 1000;
     // SAFETY: syscall 1000 does not exist; no argument is passed and no memory is touched.
-    let rc = unsafe { libc::syscall(NR) };
+    let rc = unsafe { raw_syscall!(NR) };
     if rc >= 0 {
         allowed(CHECK, format!("syscall {NR} returned {rc}"))
     } else {
@@ -851,7 +863,7 @@ fn bpf() -> Report {
     attr[3] = 1;
     let size = std::mem::size_of_val(&attr);
     // SAFETY: attr is a readable buffer of `size` bytes; 0 is BPF_MAP_CREATE.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, 0, attr.as_mut_ptr(), size) };
+    let fd = unsafe { raw_syscall!(libc::SYS_bpf, 0, attr.as_mut_ptr(), size) };
     if fd >= 0 {
         close_raw(fd);
         allowed(CHECK, "bpf(BPF_MAP_CREATE) succeeded")
@@ -868,7 +880,7 @@ fn perf_event_open() -> Report {
     attr[0] = 1 | (128 << 32);
     attr[5] = 1 | (1 << 5) | (1 << 6);
     // SAFETY: attr is a readable 128-byte buffer; pid 0 / cpu -1 measures this process.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_mut_ptr(), 0, -1, -1, 0) };
+    let fd = unsafe { raw_syscall!(libc::SYS_perf_event_open, attr.as_mut_ptr(), 0, -1, -1, 0) };
     if fd >= 0 {
         close_raw(fd);
         allowed(CHECK, "perf_event_open succeeded")
@@ -886,7 +898,7 @@ fn userfaultfd() -> Report {
         (libc::O_CLOEXEC, "userfaultfd()"),
     ] {
         // SAFETY: userfaultfd takes an integer flag.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+        let fd = unsafe { raw_syscall!(libc::SYS_userfaultfd, flags) };
         if fd >= 0 {
             close_raw(fd);
             attempts.push((format!("{what} succeeded"), true));
@@ -911,12 +923,12 @@ fn open_by_handle_at() -> Report {
         let mut mount_id: libc::c_int = 0;
         // SAFETY: handle is a writable buffer large enough for MAX_HANDLE_SZ; path is a C string.
         let rc = unsafe {
-            libc::syscall(
+            raw_syscall!(
                 libc::SYS_name_to_handle_at,
                 libc::AT_FDCWD,
                 path.as_ptr(),
                 handle.as_mut_ptr(),
-                &mut mount_id,
+                &raw mut mount_id,
                 0,
             )
         };
@@ -932,7 +944,7 @@ fn open_by_handle_at() -> Report {
         }
         // SAFETY: mount_fd is a valid fd, handle was filled by the kernel above.
         let fd = unsafe {
-            libc::syscall(
+            raw_syscall!(
                 libc::SYS_open_by_handle_at,
                 mount_fd,
                 handle.as_mut_ptr(),

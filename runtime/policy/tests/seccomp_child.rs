@@ -31,6 +31,19 @@ use std::process::Command;
 use agent_sandbox_policy::seccomp::{Arch, DenyErrno, SyscallPolicy, compile_bpf};
 use serde_json::{Value, json};
 
+/// `libc::syscall` with every argument widened to a `c_long` first. The call is variadic, so a
+/// bare `0` would travel as a 32-bit `int` and leave the register's upper half undefined: the
+/// kernel reads all 64 bits of `size_t` and pointer arguments, and a probe would fail with
+/// `EINVAL` depending on what the compiler left there.
+macro_rules! raw_syscall {
+    ($nr:expr $(, $arg:expr)* $(,)?) => {{
+        // The register keeps the argument's bits; wrapping is the point.
+        #[allow(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+        let ret = libc::syscall($nr $(, ($arg) as libc::c_long)*);
+        ret
+    }};
+}
+
 const CHILD_ENV: &str = "AGENT_SANDBOX_SECCOMP_CHILD";
 const PORT_ENV: &str = "AGENT_SANDBOX_SECCOMP_PORT";
 const FILE_ENV: &str = "AGENT_SANDBOX_SECCOMP_FILE";
@@ -79,13 +92,13 @@ fn clone_with(flag: libc::c_int) -> libc::c_long {
     let flags = libc::c_long::from(flag | libc::CLONE_SIGHAND);
     // SAFETY: raw clone with only null pointers; the flag combination is rejected by the
     // kernel (or the filter) before any process is created.
-    unsafe { libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) }
+    unsafe { raw_syscall!(libc::SYS_clone, flags, 0, 0, 0, 0) }
 }
 
 fn socket(domain: libc::c_int, kind: libc::c_int, protocol: libc::c_long) -> libc::c_long {
     // SAFETY: socket() takes no pointers; a returned descriptor is closed by the caller.
     unsafe {
-        libc::syscall(
+        raw_syscall!(
             libc::SYS_socket,
             libc::c_long::from(domain),
             libc::c_long::from(kind),
@@ -100,7 +113,7 @@ fn ioctl_request(request: u64) -> libc::c_long {
     // SAFETY: the third argument points at a live local byte; on /dev/null every terminal
     // ioctl fails with ENOTTY without touching it.
     unsafe {
-        libc::syscall(
+        raw_syscall!(
             libc::SYS_ioctl,
             libc::c_long::from(file.as_raw_fd()),
             request,
@@ -118,7 +131,7 @@ fn fionread(request: u64) -> libc::c_long {
     let mut queued: libc::c_int = -1;
     // SAFETY: FIONREAD writes one int into `queued`, which is live for the call.
     let ret = unsafe {
-        libc::syscall(
+        raw_syscall!(
             libc::SYS_ioctl,
             libc::c_long::from(fds[0]),
             request,
@@ -147,8 +160,7 @@ fn probes() -> Vec<Probe> {
                 let mut params = [0u8; IO_URING_PARAMS_SIZE];
                 // SAFETY: `params` is a zeroed, live buffer of the size of io_uring_params,
                 // which the kernel reads and fills.
-                let ret =
-                    unsafe { libc::syscall(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) };
+                let ret = unsafe { raw_syscall!(libc::SYS_io_uring_setup, 1, params.as_mut_ptr()) };
                 close_if_fd(ret);
                 ret
             },
@@ -157,20 +169,20 @@ fn probes() -> Vec<Probe> {
             name: "io_uring_enter",
             blocked: true,
             // SAFETY: invalid descriptor and null pointers; the kernel dereferences nothing.
-            call: || unsafe { libc::syscall(libc::SYS_io_uring_enter, -1, 0, 0, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_io_uring_enter, -1, 0, 0, 0, 0, 0) },
         },
         Probe {
             name: "io_uring_register",
             blocked: true,
             // SAFETY: invalid descriptor and a null pointer.
-            call: || unsafe { libc::syscall(libc::SYS_io_uring_register, -1, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_io_uring_register, -1, 0, 0, 0) },
         },
         Probe {
             name: "ptrace",
             blocked: true,
             // SAFETY: PEEKDATA on a pid that cannot exist: nothing is attached or written.
             call: || unsafe {
-                libc::syscall(libc::SYS_ptrace, libc::PTRACE_PEEKDATA, i32::MAX, 0, 0)
+                raw_syscall!(libc::SYS_ptrace, libc::PTRACE_PEEKDATA, i32::MAX, 0, 0)
             },
         },
         Probe {
@@ -178,7 +190,7 @@ fn probes() -> Vec<Probe> {
             blocked: true,
             // SAFETY: zero iovecs of our own process: the kernel copies nothing.
             call: || unsafe {
-                libc::syscall(libc::SYS_process_vm_readv, libc::getpid(), 0, 0, 0, 0, 0)
+                raw_syscall!(libc::SYS_process_vm_readv, libc::getpid(), 0, 0, 0, 0, 0)
             },
         },
         Probe {
@@ -186,105 +198,105 @@ fn probes() -> Vec<Probe> {
             blocked: true,
             // SAFETY: zero iovecs of our own process: the kernel copies nothing.
             call: || unsafe {
-                libc::syscall(libc::SYS_process_vm_writev, libc::getpid(), 0, 0, 0, 0, 0)
+                raw_syscall!(libc::SYS_process_vm_writev, libc::getpid(), 0, 0, 0, 0, 0)
             },
         },
         Probe {
             name: "bpf",
             blocked: true,
             // SAFETY: BPF_MAP_CREATE with a null attribute pointer fails before any use.
-            call: || unsafe { libc::syscall(libc::SYS_bpf, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_bpf, 0, 0, 0) },
         },
         Probe {
             name: "perf_event_open",
             blocked: true,
             // SAFETY: null attribute pointer: EFAULT at most.
-            call: || unsafe { libc::syscall(libc::SYS_perf_event_open, 0, 0, -1, -1, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_perf_event_open, 0, 0, -1, -1, 0) },
         },
         Probe {
             name: "keyctl",
             blocked: true,
             // SAFETY: KEYCTL_GET_KEYRING_ID of the session keyring without creating it:
             // no pointers.
-            call: || unsafe { libc::syscall(libc::SYS_keyctl, 0, -3, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_keyctl, 0, -3, 0) },
         },
         Probe {
             name: "add_key",
             blocked: true,
             // SAFETY: null type pointer: EFAULT at most.
-            call: || unsafe { libc::syscall(libc::SYS_add_key, 0, 0, 0, 0, -3) },
+            call: || unsafe { raw_syscall!(libc::SYS_add_key, 0, 0, 0, 0, -3) },
         },
         Probe {
             name: "request_key",
             blocked: true,
             // SAFETY: null type pointer: EFAULT at most.
-            call: || unsafe { libc::syscall(libc::SYS_request_key, 0, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_request_key, 0, 0, 0, 0) },
         },
         Probe {
             name: "mount",
             blocked: true,
             // SAFETY: null paths: EFAULT at most, nothing is mounted.
-            call: || unsafe { libc::syscall(libc::SYS_mount, 0, 0, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_mount, 0, 0, 0, 0, 0) },
         },
         Probe {
             name: "umount2",
             blocked: true,
             // SAFETY: null path.
-            call: || unsafe { libc::syscall(libc::SYS_umount2, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_umount2, 0, 0) },
         },
         Probe {
             name: "pivot_root",
             blocked: true,
             // SAFETY: null paths.
-            call: || unsafe { libc::syscall(libc::SYS_pivot_root, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_pivot_root, 0, 0) },
         },
         Probe {
             name: "move_mount",
             blocked: true,
             // SAFETY: invalid descriptors and null paths.
-            call: || unsafe { libc::syscall(libc::SYS_move_mount, -1, 0, -1, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_move_mount, -1, 0, -1, 0, 0) },
         },
         Probe {
             name: "fsopen",
             blocked: true,
             // SAFETY: null filesystem name.
-            call: || unsafe { libc::syscall(libc::SYS_fsopen, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_fsopen, 0, 0) },
         },
         Probe {
             name: "fsmount",
             blocked: true,
             // SAFETY: invalid descriptor, no pointers.
-            call: || unsafe { libc::syscall(libc::SYS_fsmount, -1, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_fsmount, -1, 0, 0) },
         },
         Probe {
             name: "fsconfig",
             blocked: true,
             // SAFETY: invalid descriptor and null pointers.
-            call: || unsafe { libc::syscall(libc::SYS_fsconfig, -1, 0, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_fsconfig, -1, 0, 0, 0, 0) },
         },
         Probe {
             name: "fspick",
             blocked: true,
             // SAFETY: invalid descriptor and null path.
-            call: || unsafe { libc::syscall(libc::SYS_fspick, -1, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_fspick, -1, 0, 0) },
         },
         Probe {
             name: "open_tree",
             blocked: true,
             // SAFETY: invalid descriptor and null path.
-            call: || unsafe { libc::syscall(libc::SYS_open_tree, -1, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_open_tree, -1, 0, 0) },
         },
         Probe {
             name: "unshare",
             blocked: true,
             // SAFETY: unshare(0) changes nothing and takes no pointers.
-            call: || unsafe { libc::syscall(libc::SYS_unshare, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_unshare, 0) },
         },
         Probe {
             name: "setns",
             blocked: true,
             // SAFETY: invalid descriptor.
-            call: || unsafe { libc::syscall(libc::SYS_setns, -1, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_setns, -1, 0) },
         },
         Probe {
             name: "clone(CLONE_NEWUSER)",
@@ -325,14 +337,14 @@ fn probes() -> Vec<Probe> {
             name: "clone3",
             blocked: true,
             // SAFETY: null clone_args with size 0: rejected before anything is created.
-            call: || unsafe { libc::syscall(libc::SYS_clone3, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_clone3, 0, 0) },
         },
         Probe {
             name: "userfaultfd",
             blocked: true,
             call: || {
                 // SAFETY: no pointers; a returned descriptor is closed.
-                let ret = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+                let ret = unsafe { raw_syscall!(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
                 close_if_fd(ret);
                 ret
             },
@@ -342,45 +354,45 @@ fn probes() -> Vec<Probe> {
             blocked: true,
             // SAFETY: all-ones flags are invalid, so even a privileged caller loads and
             // unloads nothing; null segment pointer.
-            call: || unsafe { libc::syscall(libc::SYS_kexec_load, 0, 0, 0, 0xffff_ffffu32) },
+            call: || unsafe { raw_syscall!(libc::SYS_kexec_load, 0, 0, 0, 0xffff_ffffu32) },
         },
         Probe {
             name: "kexec_file_load",
             blocked: true,
             // SAFETY: invalid descriptors, null command line, invalid flags.
             call: || unsafe {
-                libc::syscall(libc::SYS_kexec_file_load, -1, -1, 0, 0, 0xffff_ffffu32)
+                raw_syscall!(libc::SYS_kexec_file_load, -1, -1, 0, 0, 0xffff_ffffu32)
             },
         },
         Probe {
             name: "open_by_handle_at",
             blocked: true,
             // SAFETY: invalid descriptor and null handle pointer.
-            call: || unsafe { libc::syscall(libc::SYS_open_by_handle_at, -1, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_open_by_handle_at, -1, 0, 0) },
         },
         Probe {
             name: "init_module",
             blocked: true,
             // SAFETY: null image of length 0 and null parameters.
-            call: || unsafe { libc::syscall(libc::SYS_init_module, 0, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_init_module, 0, 0, 0) },
         },
         Probe {
             name: "finit_module",
             blocked: true,
             // SAFETY: invalid descriptor and null parameters.
-            call: || unsafe { libc::syscall(libc::SYS_finit_module, -1, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_finit_module, -1, 0, 0) },
         },
         Probe {
             name: "delete_module",
             blocked: true,
             // SAFETY: null module name.
-            call: || unsafe { libc::syscall(libc::SYS_delete_module, 0, 0) },
+            call: || unsafe { raw_syscall!(libc::SYS_delete_module, 0, 0) },
         },
         Probe {
             name: "personality(ADDR_NO_RANDOMIZE)",
             blocked: true,
             // SAFETY: no pointers; only this short-lived child's persona changes.
-            call: || unsafe { libc::syscall(libc::SYS_personality, ADDR_NO_RANDOMIZE) },
+            call: || unsafe { raw_syscall!(libc::SYS_personality, ADDR_NO_RANDOMIZE) },
         },
         Probe {
             name: "socket(AF_VSOCK)",
@@ -426,7 +438,7 @@ fn probes() -> Vec<Probe> {
                 let mut fds = [0 as libc::c_int; 2];
                 // SAFETY: `fds` is a live array of two ints, as socketpair(2) requires.
                 unsafe {
-                    libc::syscall(
+                    raw_syscall!(
                         libc::SYS_socketpair,
                         libc::AF_INET,
                         libc::SOCK_STREAM,
@@ -456,13 +468,13 @@ fn probes() -> Vec<Probe> {
             name: "getpid",
             blocked: false,
             // SAFETY: no arguments.
-            call: || unsafe { libc::syscall(libc::SYS_getpid) },
+            call: || unsafe { raw_syscall!(libc::SYS_getpid) },
         },
         Probe {
             name: "personality(query)",
             blocked: false,
             // SAFETY: the query value changes nothing.
-            call: || unsafe { libc::syscall(libc::SYS_personality, PERSONALITY_QUERY) },
+            call: || unsafe { raw_syscall!(libc::SYS_personality, PERSONALITY_QUERY) },
         },
         Probe {
             name: "socket(AF_UNIX)",
