@@ -906,6 +906,101 @@ mod tests {
         assert!(fixed.allows_special_address(80, ip).is_none());
     }
 
+    /// An HTTP decider on 127.0.0.1 answering `responses` in turn; returns the requests.
+    async fn http_decider(responses: Vec<&'static str>) -> (Decider, Arc<Mutex<Vec<String>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let requests = Arc::clone(&seen);
+        tokio::spawn(async move {
+            for response in responses {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 1024];
+                // Head, then the Content-Length body the proxy announces.
+                loop {
+                    let n = s.read(&mut buf).await.unwrap();
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("Content-Length: "))
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        if body.len() >= len || n == 0 {
+                            break;
+                        }
+                    }
+                }
+                requests
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&got).into_owned());
+                s.write_all(response.as_bytes()).await.unwrap();
+            }
+        });
+        (
+            format!("http://127.0.0.1:{port}/decide").parse().unwrap(),
+            seen,
+        )
+    }
+
+    #[tokio::test]
+    async fn an_http_decider_is_posted_the_question_and_a_bad_status_gets_the_default() {
+        let (d, requests) = http_decider(vec![
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 43\r\n\r\n{\"answer\":\"allow-once\",\"reason\":\"via http\"}",
+            "HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n",
+        ])
+        .await;
+        let a = Approvals::new(
+            "sb",
+            Some(&policy(Some(d), "5s", &["*.example.com"])),
+            Arc::new(|_: &ApprovalRecord| {}),
+        );
+        let rules = Fixed(Allowlist::new(vec![rule("listed.org")], vec![]));
+        let first = a
+            .decide(
+                &rules,
+                &host("a.example.com"),
+                8443,
+                Protocol::HttpConnect,
+                None,
+            )
+            .await
+            .verdict;
+        assert_eq!(
+            (first.allowed, first.rule.as_str()),
+            (true, "allowed once by decider: via http")
+        );
+        let second = a
+            .decide(
+                &rules,
+                &host("a.example.com"),
+                8443,
+                Protocol::HttpConnect,
+                None,
+            )
+            .await
+            .verdict;
+        assert!(
+            !second.allowed && second.rule.contains("HTTP status 503"),
+            "{second:?}"
+        );
+        let requests = requests.lock().unwrap();
+        assert!(
+            requests[0].starts_with("POST /decide HTTP/1.1\r\n"),
+            "{}",
+            requests[0]
+        );
+        assert!(
+            requests[0].contains(r#""host":"a.example.com","port":8443,"protocol":"http-connect""#),
+            "{}",
+            requests[0]
+        );
+    }
+
     #[test]
     fn http_answers_and_tool_call_ids() {
         let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{\"answer\":\"deny\"}   trailing";
