@@ -562,3 +562,63 @@ fn decider_allowing_private_or_metadata_addresses_is_still_refused() -> anyhow::
     );
     Ok(())
 }
+
+/// The same approval flow through containerd (`ctr` with our shim): the decider's refusal
+/// reaches curl with its reason, and its allow-once lets the next request through.
+#[test]
+fn ctr_decider_refusal_reaches_curl_and_its_allow_reaches_the_server() -> anyhow::Result<()> {
+    use agent_sandbox_e2e::ctr::{self, Shim};
+    ctr::require_containerd()?;
+    let server = HttpServer::start(REGISTRY_IP, "registry-via-ctr")?;
+    let decider = Decider::start(|n, _| match n {
+        0 => reply("deny", Some("ask the operator")),
+        _ => reply("allow-once", None),
+    })?;
+    let ceiling = [
+        format!("{REGISTRY_HOST}:{}", server.port()),
+        format!("{REGISTRY_IP}:{}", server.port()),
+    ];
+    let p = policy(&format!(
+        "decider = {:?}\nceiling = {}\n",
+        decider.path.display().to_string(),
+        toml_list(&ceiling)
+    ))?;
+    let config = p._dir.path().join("runtime-config.toml");
+    std::fs::write(
+        &config,
+        format!("Policy = {:?}\n", p.path.display().to_string()),
+    )?;
+    let id = ctr::unique_id("happr-ctr");
+    let fetch = format!(
+        "curl -sS -i -m 20 {}; echo rc=$?",
+        url(REGISTRY_HOST, &server, "/c")
+    );
+    let out = ctr::run_rm(
+        Shim::AgentSandbox,
+        &["--runtime-config-path", &config.display().to_string()],
+        TOOLS_IMAGE,
+        &id,
+        &["sh", "-c", &format!("{fetch}; echo =====; {fetch}")],
+    )?;
+    let (denied, allowed) = out
+        .stdout
+        .split_once("=====")
+        .with_context(|| format!("no separator\n{out}"))?;
+    ensure!(
+        denied.contains(" 403 ")
+            && denied.contains(&format!(
+                "{DENIED_HEADER}: denied by decider: ask the operator"
+            )),
+        "the decider's refusal should reach curl\n{out}"
+    );
+    ensure!(
+        allowed.contains("registry-via-ctr") && server.received().len() == 1,
+        "the allowed request should reach the server once\n{out}"
+    );
+    let questions = decider.questions();
+    ensure!(
+        questions.len() == 2 && questions.iter().all(|q| q["sandbox"] == id.as_str()),
+        "the decider should be asked twice about sandbox {id}: {questions:?}"
+    );
+    Ok(())
+}
