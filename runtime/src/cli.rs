@@ -3,6 +3,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 
+use agent_sandbox_proxy::approval::ChangeAction;
 use clap::{Args, Parser, Subcommand};
 
 use crate::id::ContainerId;
@@ -173,6 +174,12 @@ pub enum Command {
         status: i32,
         id: String,
     },
+    /// Let a running sandbox reach RULE (a domain rule, e.g. `api.example.com:443`) for its
+    /// life, within its policy's network.approvals.ceiling; recorded in the audit log
+    Allow { id: String, rule: String },
+    /// Refuse RULE to a running sandbox for its life (wins over its allow list); recorded in
+    /// the audit log
+    Deny { id: String, rule: String },
     /// Print which protections are in force for a sandbox, as JSON
     Layers { id: String },
     /// List what a sandbox changed in its workspace overlay (A added, M modified, D deleted,
@@ -378,6 +385,8 @@ pub enum CliError {
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(transparent)]
+    Allow(#[from] crate::allow::AllowError),
+    #[error(transparent)]
     Install(#[from] crate::install::InstallError),
     #[error(transparent)]
     InstallDocker(#[from] crate::install_docker::DockerInstallError),
@@ -401,6 +410,23 @@ pub fn version_text() -> String {
         "agent-sandbox version {}\nspec: 1.0.2\nlibcontainer: 0.7\n",
         env!("CARGO_PKG_VERSION")
     )
+}
+
+/// `allow` / `deny`: finds the sandbox as `audit` does and asks its proxy.
+fn change_live(
+    root: Option<&std::path::Path>,
+    audit_dir: Option<&std::path::Path>,
+    id: &str,
+    action: ChangeAction,
+    rule: &str,
+) -> Result<(), CliError> {
+    let found = crate::find::find(root, audit_dir, id)?;
+    let dir = Runtime::new(Some(&found.root))?.dirs.sandbox(&found.id);
+    println!(
+        "{}",
+        crate::allow::change(&dir, found.id.as_str(), action, rule)?
+    );
+    Ok(())
 }
 
 fn read_input(path: &PathBuf) -> Result<Vec<u8>, CliError> {
@@ -535,6 +561,14 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Hook { bundle, argv } => crate::hooks::relay(&bundle, &argv)?,
         Command::Proxy { netns, id } => {
             rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
+        }
+        Command::Allow { id, rule } => {
+            let (root, audit) = (cli.root.as_deref(), cli.audit_dir.as_deref());
+            change_live(root, audit, &id, ChangeAction::Allow, &rule)?;
+        }
+        Command::Deny { id, rule } => {
+            let (root, audit) = (cli.root.as_deref(), cli.audit_dir.as_deref());
+            change_live(root, audit, &id, ChangeAction::Deny, &rule)?;
         }
         Command::SeccompSupervise {
             errno,

@@ -19,8 +19,10 @@ use agent_sandbox_audit::{AuditError, AuditLog, Event, RateLimit};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
 use agent_sandbox_policy::policy::NetworkMode;
+use agent_sandbox_proxy::approval::{AnsweredBy, ApprovalRecord};
 use agent_sandbox_proxy::{
-    Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig, Stage,
+    Approvals, Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig,
+    Stage,
 };
 use libcontainer::oci_spec::runtime::Process;
 
@@ -71,6 +73,8 @@ pub enum EgressError {
     },
     #[error("the secret of {key} is empty or contains control characters")]
     SecretValue { key: String },
+    #[error("cannot set up the approvals control socket")]
+    Control(#[source] Box<crate::allow::AllowError>),
     #[error("the egress proxy got signal {signal}")]
     Signalled { signal: &'static str },
 }
@@ -337,13 +341,17 @@ pub fn serve(
     // proxy's event loop (the sink must not block). Denials are rate-limited (the same
     // limit as `syscall_denied`; what is left out is counted in the next denial's record)
     // and every `net` record is subject to the policy's audit size cap.
-    let (tx, rx) = mpsc::channel::<EgressEvent>();
+    let (tx, rx) = mpsc::channel::<Written>();
     let cap = policy.network.audit_max_bytes.bytes();
     std::thread::spawn(move || {
         let mut denials = RateLimit::new();
         let mut full = false;
-        for event in rx {
-            let Some(record) = net_record(&event, &mut denials, Instant::now()) else {
+        for written in rx {
+            let record = match written {
+                Written::Net(event) => net_record(&event, &mut denials, Instant::now()),
+                Written::Approval(record) => Some(approval_record(&record)),
+            };
+            let Some(record) = record else {
                 continue;
             };
             if full {
@@ -359,10 +367,27 @@ pub fn serve(
             }
         }
     });
+    // Live allow/deny rules and the decider (docs/egress.md, "Approvals"); their changes go
+    // to the same writer.
+    let approval_tx = tx.clone();
+    let approvals = Arc::new(Approvals::new(
+        id,
+        policy.network.approvals.as_ref(),
+        Arc::new(move |record: &ApprovalRecord| {
+            let _ = approval_tx.send(Written::Approval(record.clone()));
+        }),
+    ));
+    let control = match bind_control(pid_file) {
+        Ok(c) => c,
+        Err(e) => {
+            report(&chain(&e));
+            return Err(e);
+        }
+    };
     // Only `finished` events become records: the others are not cloned, sent or woken for.
     let sink = move |event: &EgressEvent| {
         if event.stage == Stage::Finished {
-            let _ = tx.send(event.clone());
+            let _ = tx.send(Written::Net(event.clone()));
         }
     };
     let proxy = Proxy::with_config(
@@ -371,6 +396,7 @@ pub fn serve(
         Arc::new(sink),
         ProxyConfig {
             credentials,
+            approvals: Some(Arc::clone(&approvals)),
             ..ProxyConfig::default()
         },
     );
@@ -391,6 +417,8 @@ pub fn serve(
         let mut term = signal(SignalKind::terminate()).map_err(EgressError::Runtime)?;
         let mut int = signal(SignalKind::interrupt()).map_err(EgressError::Runtime)?;
         let mut hup = signal(SignalKind::hangup()).map_err(EgressError::Runtime)?;
+        let control = tokio::net::UnixListener::from_std(control).map_err(EgressError::Runtime)?;
+        tokio::spawn(approvals.serve_control(control));
         tokio::select! {
             served = proxy.serve_std(listener) => served.map_err(EgressError::Serve),
             _ = term.recv() => Err(EgressError::Signalled { signal: "SIGTERM" }),
@@ -402,6 +430,39 @@ pub fn serve(
         record_stop(audit, id, &chain(e));
     }
     result
+}
+
+/// What the proxy's audit writer gets.
+enum Written {
+    Net(EgressEvent),
+    Approval(ApprovalRecord),
+}
+
+/// Binds the control socket of `agent-sandbox allow`/`deny` beside the proxy's pid file (in
+/// the sandbox's state directory, which the sandbox never sees).
+fn bind_control(pid_file: &Path) -> Result<std::os::unix::net::UnixListener, EgressError> {
+    let dir = pid_file.parent().unwrap_or(Path::new("."));
+    let listener = crate::allow::bind(dir).map_err(|e| EgressError::Control(Box::new(e)))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(EgressError::Runtime)?;
+    Ok(listener)
+}
+
+/// The audit record of an applied approval.
+fn approval_record(record: &ApprovalRecord) -> Event {
+    Event::Approval {
+        answer: record.answer.name().to_owned(),
+        target: record.target.clone(),
+        by: match record.by {
+            AnsweredBy::Decider => "decider",
+            AnsweredBy::Default => "default",
+            AnsweredBy::Command => "command",
+        }
+        .to_owned(),
+        reason: record.reason.clone(),
+        tool_call_id: record.tool_call_id.clone(),
+    }
 }
 
 /// An error with its sources, one line.

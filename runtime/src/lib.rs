@@ -2,6 +2,7 @@
 //! youki's libcontainer. The `agent-sandbox` binary only parses arguments.
 #![forbid(unsafe_code)]
 
+pub mod allow;
 pub mod apparmor;
 pub mod audit;
 pub mod cgroup_warm;

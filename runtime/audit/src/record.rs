@@ -213,6 +213,23 @@ pub enum Event {
         /// The kind of the first record that was not written.
         dropped_kind: String,
     },
+    /// A live change to the sandbox's egress allowlist: a decider's answer to a connection
+    /// held for approval (or the policy's default when it gave none), or `agent-sandbox
+    /// allow`/`deny` on the host.
+    Approval {
+        /// `allow-once`, `allow-always` or `deny`.
+        answer: String,
+        /// `host:port` asked about, or the rule a command added.
+        target: String,
+        /// `decider`, `default` (the decider gave no valid answer in time) or `command`.
+        by: String,
+        /// The decider's reason, or why the default applied.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// The tool call the connection named.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
+    },
     /// An optional protection layer is not in force.
     LayerInactive {
         /// Layer name (e.g. `apparmor`).
@@ -322,6 +339,7 @@ impl Event {
             Event::Delete {} => "delete",
             Event::Clamped { .. } => "clamped",
             Event::LayerInactive { .. } => "layer_inactive",
+            Event::Approval { .. } => "approval",
             Event::LimitHit { .. } => "limit_hit",
             Event::Truncated { .. } => "truncated",
         }

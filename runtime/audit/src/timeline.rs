@@ -254,6 +254,22 @@ fn details(event: &Event) -> String {
             quoted(granted)
         ),
         Event::LayerInactive { layer, reason } => format!("{}: {}", esc(layer), esc(reason)),
+        Event::Approval {
+            answer,
+            target,
+            by,
+            reason,
+            tool_call_id,
+        } => {
+            let mut s = format!("{} {} by {}", esc(answer), esc(target), esc(by));
+            if let Some(r) = reason {
+                let _ = write!(s, ": {}", esc(r));
+            }
+            if let Some(t) = tool_call_id {
+                let _ = write!(s, "  [tool call {}]", esc(t));
+            }
+            s
+        }
         Event::LimitHit { limit, count, max } => {
             let mut s = format!("{}: the kernel refused {count} time(s)", esc(limit));
             if let Some(m) = max {

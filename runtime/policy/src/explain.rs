@@ -56,6 +56,19 @@ pub fn explain(policy: &SandboxPolicy) -> String {
                 let _ = writeln!(out, "        {rule}");
             }
             out.push_str("      (`*.x.com` means subdomains of x.com, not x.com itself)\n");
+            if let Some(a) = &net.approvals {
+                let asked = match &a.decider {
+                    Some(d) => format!("asked of the decider at {d} (timeout {}), or", a.timeout),
+                    None => "no decider; only".to_owned(),
+                };
+                let _ = writeln!(
+                    out,
+                    "    - while it runs, more hosts within this ceiling, {asked} by `agent-sandbox allow`:"
+                );
+                for rule in &a.ceiling {
+                    let _ = writeln!(out, "        {rule}");
+                }
+            }
         }
     }
     if !net.local_ports.is_empty() {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apparmor;
+pub mod approvals;
 pub mod explain;
 pub mod generated;
 pub mod harden;

@@ -38,6 +38,10 @@ pub enum NarrowError {
     Allow { rule: String },
     #[error("deny rule {rule} of the ceiling is missing")]
     Deny { rule: String },
+    #[error(
+        "network.approvals is wider than the ceiling's (another decider, a wider ceiling or default)"
+    )]
+    Approvals,
     #[error("{resource} is larger than the ceiling's")]
     Resource { resource: &'static str },
     #[error("layer {layer} is less required than under the ceiling")]
@@ -162,6 +166,9 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
                 rule: rule.to_string(),
             });
         }
+        if !approvals_within(cn.approvals.as_ref(), pn.approvals.as_ref()) {
+            return Err(NarrowError::Approvals);
+        }
     }
 
     let (cr, pr) = (&candidate.resources, &ceiling.resources);
@@ -203,6 +210,24 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
     Ok(())
 }
 
+/// A candidate's approvals are within the ceiling's when it has none, or the same decider,
+/// a default no more open, and a ceiling every rule of which the ceiling's covers.
+fn approvals_within(
+    candidate: Option<&crate::approvals::Approvals>,
+    ceiling: Option<&crate::approvals::Approvals>,
+) -> bool {
+    use crate::approvals::DefaultAnswer;
+    match (candidate, ceiling) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(c), Some(p)) => {
+            c.decider == p.decider
+                && !(c.default == DefaultAnswer::AllowOnce && p.default == DefaultAnswer::Deny)
+                && c.ceiling.iter().all(|r| p.ceiling_covers_rule(r))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +253,40 @@ mod tests {
             within(&candidate, &ceiling),
             Err(NarrowError::LocalPort { port: 22 })
         );
+    }
+
+    #[test]
+    fn approvals_narrow_to_a_covered_ceiling() {
+        use crate::approvals::{Approvals, DefaultAnswer};
+        use crate::network::DomainRule;
+        let rule = |r: &str| DomainRule::parse(r).unwrap();
+        let mut ceiling = SandboxPolicy::builtin("agent").unwrap();
+        ceiling.network.approvals = Some(Approvals {
+            decider: Some("/run/d.sock".parse().unwrap()),
+            timeout: crate::approvals::DEFAULT_TIMEOUT,
+            default: DefaultAnswer::Deny,
+            ceiling: vec![rule("*.example.com")],
+        });
+        let mut candidate = ceiling.clone();
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        if let Some(a) = candidate.network.approvals.as_mut() {
+            a.ceiling = vec![rule("api.example.com:443")];
+        }
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        if let Some(a) = candidate.network.approvals.as_mut() {
+            a.ceiling.push(rule("other.org"));
+        }
+        assert_eq!(within(&candidate, &ceiling), Err(NarrowError::Approvals));
+        candidate.network.approvals = None;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        ceiling.network.approvals = None;
+        candidate.network.approvals = Some(Approvals {
+            decider: None,
+            timeout: crate::approvals::DEFAULT_TIMEOUT,
+            default: DefaultAnswer::Deny,
+            ceiling: vec![rule("api.example.com")],
+        });
+        assert_eq!(within(&candidate, &ceiling), Err(NarrowError::Approvals));
     }
 
     #[test]

@@ -165,6 +165,14 @@ pub enum Violation {
     CredentialSource,
     #[error("`{name}` is not an environment variable name")]
     CredentialEnv { name: String },
+    #[error("approvals need network mode `proxy`")]
+    ApprovalsWithoutProxy,
+    #[error(
+        "the approvals ceiling is empty: list the hosts a decider or `agent-sandbox allow` may open"
+    )]
+    EmptyApprovalCeiling,
+    #[error("the decider timeout must be at most {max} seconds")]
+    ApprovalTimeout { max: u64 },
     #[error("proxy port must be between 1 and 65535")]
     BadProxyPort,
     #[error("local port must be between 1 and 65535")]
@@ -351,6 +359,10 @@ pub struct Network {
     /// it is replaced by one `truncated` record, and no `net` record is written after it.
     #[serde(skip_serializing_if = "is_default_audit_cap")]
     pub audit_max_bytes: ByteSize,
+    /// Live changes to the allowlist: a decider asked about unlisted hosts, and
+    /// `agent-sandbox allow`/`deny`, both bounded by the table's ceiling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::approvals::Approvals>,
 }
 
 /// The default of `network.audit_max_bytes` (16 MiB, tens of thousands of records).
@@ -370,6 +382,7 @@ impl Default for Network {
             deny: Vec::new(),
             credentials: Vec::new(),
             audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
+            approvals: None,
         }
     }
 }
@@ -635,7 +648,31 @@ impl SandboxPolicy {
                 ));
             }
         }
-        self.validate_credentials()
+        self.validate_credentials()?;
+        self.validate_approvals()
+    }
+
+    fn validate_approvals(&self) -> Result<(), (KeyPath, Violation)> {
+        let net = &self.network;
+        let Some(approvals) = &net.approvals else {
+            return Ok(());
+        };
+        let root = KeyPath::new("network").key("approvals");
+        if net.mode != NetworkMode::Proxy {
+            return Err((root, Violation::ApprovalsWithoutProxy));
+        }
+        if approvals.ceiling.is_empty() {
+            return Err((root.key("ceiling"), Violation::EmptyApprovalCeiling));
+        }
+        if approvals.timeout.get() > crate::approvals::MAX_TIMEOUT_SECS {
+            return Err((
+                root.key("timeout"),
+                Violation::ApprovalTimeout {
+                    max: crate::approvals::MAX_TIMEOUT_SECS,
+                },
+            ));
+        }
+        Ok(())
     }
 
     fn validate_credentials(&self) -> Result<(), (KeyPath, Violation)> {
@@ -762,6 +799,60 @@ mod tests {
             let toml_text = toml::to_string(&policy).unwrap();
             assert_eq!(SandboxPolicy::parse(&toml_text, "rt.toml").unwrap(), policy);
         }
+    }
+
+    #[test]
+    fn approvals_are_validated_and_errors_name_the_key() {
+        let base = "[network]\nmode = \"proxy\"\nallow = [\"pypi.org:443\"]\n[network.approvals]\n";
+        let ok = format!("{base}decider = \"/run/d.sock\"\nceiling = [\"*.example.com:443\"]\n");
+        let policy = SandboxPolicy::parse(&ok, "p.toml").unwrap();
+        let a = policy.network.approvals.unwrap();
+        assert_eq!(a.timeout, crate::approvals::DEFAULT_TIMEOUT);
+        assert_eq!(a.default, crate::approvals::DefaultAnswer::Deny);
+        for (text, key, needle) in [
+            (
+                "ceiling = []\n",
+                "network.approvals.ceiling",
+                "ceiling is empty",
+            ),
+            (
+                "timeout = \"10m\"\nceiling = [\"a.example.com\"]\n",
+                "network.approvals.timeout",
+                "at most 300",
+            ),
+            (
+                "decider = \"http://10.0.0.1:80/\"\nceiling = [\"a.example.com\"]\n",
+                "network.approvals.decider",
+                "loopback",
+            ),
+            (
+                "default = \"allow-always\"\nceiling = [\"a.example.com\"]\n",
+                "network.approvals.default",
+                "allow-always",
+            ),
+            ("decider = \"/d.sock\"\n", "network.approvals", "ceiling"),
+        ] {
+            let e = SandboxPolicy::parse(&format!("{base}{text}"), "p.toml").unwrap_err();
+            let shown = format!(
+                "{e}: {}",
+                e.violation().map(|v| v.to_string()).unwrap_or_default()
+            );
+            assert!(
+                e.key().is_some_and(|k| k.starts_with(key)),
+                "{key}: {shown}"
+            );
+            assert!(
+                shown.contains(needle) || format!("{e:?}").contains(needle),
+                "{needle}: {shown}"
+            );
+        }
+        let none =
+            "[network]\nmode = \"none\"\n[network.approvals]\nceiling = [\"a.example.com\"]\n";
+        let e = SandboxPolicy::parse(none, "p.toml").unwrap_err();
+        assert!(
+            matches!(e.violation(), Some(Violation::ApprovalsWithoutProxy)),
+            "{e}"
+        );
     }
 
     #[test]

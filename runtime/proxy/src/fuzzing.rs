@@ -49,7 +49,9 @@ pub async fn first_request<S: AsyncRead + AsyncWrite + Unpin>(
             .map_err(FirstRequestError::Socks),
         b if b.is_ascii_alphabetic() => match http::read_request(stream, head_limit).await {
             Ok(Request::Connect { host, port, .. }) => Ok(FirstRequest::Connect { host, port }),
-            Ok(Request::Forward { host, port, head }) => Ok(FirstRequest::Forward {
+            Ok(Request::Forward {
+                host, port, head, ..
+            }) => Ok(FirstRequest::Forward {
                 host,
                 port,
                 head: head.encode(None),

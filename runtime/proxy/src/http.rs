@@ -71,12 +71,14 @@ pub(crate) enum Request {
         host: Host,
         port: u16,
         early: Vec<u8>,
+        tool_call: Option<String>,
     },
     /// Forward one plain HTTP request; `head` is the rewritten head for the origin server.
     Forward {
         host: Host,
         port: u16,
         head: ForwardHead,
+        tool_call: Option<String>,
     },
 }
 
@@ -190,6 +192,14 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
     let method = req.method.unwrap_or_default();
     let target = req.path.unwrap_or_default();
     let version = req.version.unwrap_or(1);
+    let tool_call = req
+        .headers
+        .iter()
+        .find(|h| {
+            h.name
+                .eq_ignore_ascii_case(crate::approval::TOOL_CALL_HEADER)
+        })
+        .and_then(|h| crate::approval::tool_call_id(h.value));
     if method.eq_ignore_ascii_case("CONNECT") {
         let authority = Authority::from_str(target).map_err(|_| HttpError::BadTarget {
             target: target.to_owned(),
@@ -204,6 +214,7 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
             host,
             port,
             early: rest,
+            tool_call,
         });
     }
 
@@ -272,6 +283,7 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         let name = h.name.to_ascii_lowercase();
         if HOP_BY_HOP.contains(&name.as_str())
             || name.starts_with("proxy-")
+            || name.eq_ignore_ascii_case(crate::approval::TOOL_CALL_HEADER)
             || connection_tokens.contains(&name)
         {
             continue;
@@ -283,7 +295,12 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         headers,
         rest,
     };
-    Ok(Request::Forward { host, port, head })
+    Ok(Request::Forward {
+        host,
+        port,
+        head,
+        tool_call,
+    })
 }
 
 fn check_host_header(value: &[u8], host: &Host, port: u16) -> Result<(), HttpError> {
@@ -341,16 +358,23 @@ mod tests {
 
     #[tokio::test]
     async fn connect_target() {
-        let Request::Connect { host, port, early } =
-            parse("CONNECT Example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\nHELLO")
-                .await
-                .unwrap()
+        let Request::Connect {
+            host,
+            port,
+            early,
+            tool_call,
+        } = parse(
+            "CONNECT Example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nX-Agent-Sandbox-Tool-Call: toolu_7\r\n\r\nHELLO",
+        )
+        .await
+        .unwrap()
         else {
             panic!("not a connect")
         };
         assert_eq!(host, Host::Domain("example.com".into()));
         assert_eq!(port, 443);
         assert_eq!(early, b"HELLO");
+        assert_eq!(tool_call.as_deref(), Some("toolu_7"));
     }
 
     #[tokio::test]
@@ -390,10 +414,17 @@ mod tests {
 
     #[tokio::test]
     async fn forward_rewrites_head() {
-        let raw = "POST http://a.test:8080/x?y=1 HTTP/1.1\r\nHost: A.test:8080\r\nProxy-Authorization: secret\r\nConnection: keep-alive, X-Drop\r\nX-Drop: 1\r\nKeep-Alive: 5\r\nContent-Length: 4\r\n\r\nbody";
-        let Request::Forward { host, port, head } = parse(raw).await.unwrap() else {
+        let raw = "POST http://a.test:8080/x?y=1 HTTP/1.1\r\nHost: A.test:8080\r\nProxy-Authorization: secret\r\nx-agent-sandbox-tool-call: toolu_9\r\nConnection: keep-alive, X-Drop\r\nX-Drop: 1\r\nKeep-Alive: 5\r\nContent-Length: 4\r\n\r\nbody";
+        let Request::Forward {
+            host,
+            port,
+            head,
+            tool_call,
+        } = parse(raw).await.unwrap()
+        else {
             panic!("not a forward")
         };
+        assert_eq!(tool_call.as_deref(), Some("toolu_9"));
         assert_eq!(host, Host::Domain("a.test".into()));
         assert_eq!(port, 8080);
         let head = String::from_utf8(head.encode(None)).unwrap();

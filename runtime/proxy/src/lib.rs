@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod approval;
 pub mod credentials;
 pub mod env;
 pub mod events;
@@ -16,6 +17,7 @@ pub mod resolve;
 pub mod rules;
 mod socks;
 
+pub use approval::{Approvals, TOOL_CALL_HEADER};
 pub use credentials::{Credentials, InjectedHeader};
 pub use env::{NO_PROXY, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command};
 pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};

@@ -41,6 +41,8 @@ pub struct ProxyConfig {
     pub credentials: Credentials,
     /// Relay tunnels with `splice(2)` (zero-copy, the default) rather than through a buffer.
     pub splice: bool,
+    /// Live rules and the decider asked about unlisted hosts (`crate::approval`).
+    pub approvals: Option<Arc<crate::approval::Approvals>>,
 }
 
 impl Default for ProxyConfig {
@@ -54,6 +56,7 @@ impl Default for ProxyConfig {
             max_head_bytes: 32 * 1024,
             credentials: Credentials::default(),
             splice: true,
+            approvals: None,
         }
     }
 }
@@ -201,6 +204,8 @@ struct Record {
     rule: Option<String>,
     address_rule: Option<String>,
     resolved: Option<SocketAddr>,
+    /// The tool call the request named (`X-Agent-Sandbox-Tool-Call`), for the decider.
+    tool_call: Option<String>,
     /// The relay ran to its end: both sides are done, nothing is left to drain.
     relayed: bool,
 }
@@ -314,6 +319,7 @@ impl Inner {
             rule: None,
             address_rule: None,
             resolved: None,
+            tool_call: None,
             relayed: false,
         };
         let counters = Counters::new();
@@ -420,8 +426,24 @@ impl Inner {
             Ok(Ok(request)) => request,
         };
         let (host, port, early, forward) = match request {
-            Request::Connect { host, port, early } => (host, port, early, None),
-            Request::Forward { host, port, head } => (host, port, Vec::new(), Some(head)),
+            Request::Connect {
+                host,
+                port,
+                early,
+                tool_call,
+            } => {
+                rec.tool_call = tool_call;
+                (host, port, early, None)
+            }
+            Request::Forward {
+                host,
+                port,
+                head,
+                tool_call,
+            } => {
+                rec.tool_call = tool_call;
+                (host, port, Vec::new(), Some(head))
+            }
         };
         let is_connect = forward.is_none();
         if is_connect {
@@ -546,7 +568,16 @@ impl Inner {
     /// Decides, resolves once, checks every address and dials the first checked one that
     /// answers. The returned stream is connected to an address that passed the checks.
     async fn open(&self, host: &Host, port: u16, rec: &mut Record) -> Result<TcpStream, Refusal> {
-        let verdict = self.rules.decide(host, port);
+        let decided = match &self.config.approvals {
+            Some(approvals) => {
+                let tool_call = rec.tool_call.as_deref();
+                approvals
+                    .decide(&*self.rules, host, port, rec.protocol, tool_call)
+                    .await
+            }
+            None => crate::approval::Decided::fixed(self.rules.decide(host, port)),
+        };
+        let verdict = decided.verdict.clone();
         rec.rule = Some(verdict.rule.clone());
         if !verdict.allowed {
             return Err(Refusal::Denied { rule: verdict.rule });
@@ -580,7 +611,11 @@ impl Inner {
         for addr in addrs {
             match classify(addr) {
                 None => checked.push((addr, None)),
-                Some(range) => match self.rules.allows_special_address(host, port, addr) {
+                Some(range) => match self
+                    .rules
+                    .allows_special_address(host, port, addr)
+                    .or_else(|| decided.allows_special_address(port, addr))
+                {
                     Some(rule) => {
                         tracing::debug!(connection = rec.id, %addr, range = range.name(), %rule, "special address allowed by policy");
                         checked.push((addr, Some(rule)));
