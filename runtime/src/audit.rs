@@ -32,9 +32,6 @@ use crate::id::ContainerId;
 use crate::mounts::WorkspaceOverlay;
 use crate::paths::StateDirs;
 
-/// Environment variable naming the audit log directory (same as `--audit-dir`).
-pub const DIR_ENV: &str = "AGENT_SANDBOX_AUDIT_DIR";
-
 /// File in the sandbox dir holding the log directory chosen at create.
 const SAVED_DIR: &str = "audit-dir";
 /// File in the sandbox dir with what exit records need between calls.

@@ -53,11 +53,13 @@ pub struct Applied {
     pub capabilities: Vec<String>,
     /// Instructions of the seccomp BPF handed to the executor; `None`: no filter.
     pub seccomp_bpf_instructions: Option<usize>,
-    /// The kernel's Landlock ABI when the Landlock layer was applied; `None`: not applied.
+    /// The kernel's Landlock ABI (`agent_sandbox_sys::landlock_abi`, the runtime's one probe)
+    /// when the Landlock layer was applied; `None`: not applied.
     pub landlock_kernel_abi: Option<u32>,
-    /// The ABI the Landlock ruleset was built for (the kernel's, at most the newest known).
-    #[serde(default)]
-    pub landlock_abi: Option<u8>,
+    /// The ABI the Landlock ruleset was built for: the kernel's, at most the newest the
+    /// policy compiler knows. Not a probe; stored as `landlock_abi`.
+    #[serde(default, rename = "landlock_abi")]
+    pub landlock_ruleset_abi: Option<u8>,
     /// The Landlock rights this kernel lacks (or the sandbox does not use) and what covers
     /// each.
     #[serde(default)]
@@ -152,7 +154,7 @@ pub fn record_create(
         capabilities,
         seccomp_bpf_instructions,
         landlock_kernel_abi: landlock.map(|at| at.kernel_abi),
-        landlock_abi: landlock.map(|at| at.abi),
+        landlock_ruleset_abi: landlock.map(|at| at.abi),
         landlock_gaps: landlock.map(|at| at.gaps.clone()).unwrap_or_default(),
         apparmor_profile,
         inactive: plan
@@ -312,7 +314,7 @@ fn landlock_report(kernel_abi: u32, applied: &Applied) -> Value {
             },
         })
     };
-    let abi = applied.landlock_abi.map_or(kernel_abi, u32::from);
+    let abi = applied.landlock_ruleset_abi.map_or(kernel_abi, u32::from);
     json!({
         "kernel_abi": kernel_abi,
         "abi": abi,
@@ -384,6 +386,27 @@ mod tests {
     }
 
     #[test]
+    fn the_kernel_and_ruleset_abis_keep_their_stored_names() {
+        let applied = Applied {
+            landlock_kernel_abi: Some(7),
+            landlock_ruleset_abi: Some(6),
+            ..Applied::default()
+        };
+        let v = serde_json::to_value(&applied).unwrap();
+        assert_eq!(v["landlock_kernel_abi"], 7);
+        assert_eq!(v["landlock_abi"], 6);
+        let back: Applied = serde_json::from_value(v).unwrap();
+        assert_eq!(back.landlock_ruleset_abi, Some(6));
+        // The report shows the ruleset's ABI, falling back to the kernel's for old records.
+        assert_eq!(landlock_report(7, &back)["abi"], 6);
+        let old = Applied {
+            landlock_ruleset_abi: None,
+            ..back
+        };
+        assert_eq!(landlock_report(7, &old)["abi"], 7);
+    }
+
+    #[test]
     fn landlock_abi_agrees_with_the_landlock_crate() {
         use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
         let abi = agent_sandbox_sys::landlock_abi().unwrap();
@@ -421,7 +444,7 @@ mod tests {
         let at = at_abi(&ruleset(&policy), 2, &facts);
         let applied = Applied {
             landlock_kernel_abi: Some(2),
-            landlock_abi: Some(at.abi),
+            landlock_ruleset_abi: Some(at.abi),
             landlock_gaps: at.gaps,
             ..Applied::default()
         };

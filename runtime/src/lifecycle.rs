@@ -1511,9 +1511,6 @@ fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
     }
 }
 
-/// Shared handle type for executor pieces.
-pub type Shared<T> = Arc<T>;
-
 /// Writes `line` to the stderr of the sandbox's init (host pid `pid`), where podman's
 /// conmon and the shim collect the container's output, when that is a pipe or a terminal.
 /// Opened without blocking: a FIFO without reader, a socket or a full pipe drop the line.

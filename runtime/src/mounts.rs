@@ -40,8 +40,14 @@ pub enum MountError {
         #[source]
         source: nix::Error,
     },
-    #[error("cannot create mount point {path} in the rootfs: {detail}")]
-    MountPoint { path: PathBuf, detail: String },
+    #[error("cannot create mount point {path} in the rootfs")]
+    MountPoint {
+        path: PathBuf,
+        #[source]
+        source: pathrs::error::Error,
+    },
+    #[error("the workspace overlay at {path} has no {option} option")]
+    OverlayOption { path: PathBuf, option: &'static str },
     #[error("{path} is not a directory owned by this user (refusing to use it)")]
     Untrusted { path: PathBuf },
 }
@@ -185,9 +191,9 @@ pub fn ensure_mount_points(
     rootfs: &Path,
     spec: &libcontainer::oci_spec::runtime::Spec,
 ) -> Result<(), MountError> {
-    let root = pathrs::Root::open(rootfs).map_err(|e| MountError::MountPoint {
+    let root = pathrs::Root::open(rootfs).map_err(|source| MountError::MountPoint {
         path: rootfs.to_owned(),
-        detail: e.to_string(),
+        source,
     })?;
     let dir_perm = std::fs::Permissions::from_mode(0o755);
     for m in spec.mounts().iter().flatten() {
@@ -199,9 +205,9 @@ pub fn ensure_mount_points(
             .source()
             .as_ref()
             .is_some_and(|s| s.is_absolute() && s.is_file());
-        let err = |e: pathrs::error::Error| MountError::MountPoint {
+        let err = |source: pathrs::error::Error| MountError::MountPoint {
             path: dest.clone(),
-            detail: e.to_string(),
+            source,
         };
         if file_source {
             if let Some(parent) = dest.parent() {
@@ -292,12 +298,12 @@ pub fn mount_workspace_overlay(
             .iter()
             .find_map(|o| o.strip_prefix(key).map(PathBuf::from))
     };
-    let (Some(lower), Some(upper)) = (value("lowerdir="), value("upperdir=")) else {
-        return Err(MountError::MountPoint {
-            path: merged.to_owned(),
-            detail: "workspace overlay without lowerdir or upperdir".to_owned(),
-        });
+    let missing = |option| MountError::OverlayOption {
+        path: merged.to_owned(),
+        option,
     };
+    let lower = value("lowerdir=").ok_or_else(|| missing("lowerdir"))?;
+    let upper = value("upperdir=").ok_or_else(|| missing("upperdir"))?;
     let (clone, ownership) = idmapped_lower(&lower, user);
     let lower_option = match &clone {
         Some(fd) => {

@@ -1,10 +1,34 @@
 //! Where the runtime keeps its state, derived the same way on every call.
 //!
 //! Layout under the state root `R`:
-//! - `R/containers/<id>/`: libcontainer's state (`state.json`, sockets).
-//! - `R/sandbox/<id>/`: ours: the resolved policy, the mount plan, the
-//!   workspace overlay's `upper`/`work`, the reachable rootfs mount point.
-//! - `R/idmap.json` + `R/idmap.lock`: host id ranges handed to sandboxes.
+//! - `R/containers/<id>/`: libcontainer's state (`state.json`, its notify socket).
+//! - `R/sandbox/<id>/`: ours, one directory per sandbox; each file and the module that
+//!   writes it:
+//!   - `sandbox.json`: the sandbox record (policy, ids, mounts to undo) — `lifecycle`
+//!   - `bundle/config.json`: the hardened spec libcontainer runs — `lifecycle`
+//!   - `workspace.json`: the workspace overlay's placement — `lifecycle`
+//!   - `requested-seccomp.json`: the seccomp profile the caller asked for — `lifecycle`
+//!   - `watchdog.pid`: the wall-clock watchdog — `lifecycle`
+//!   - `started`: uptime when the init executed the program — `lifecycle` (`init_exec`)
+//!   - `cgroup.json`: a v2 sandbox's cgroup or scope placement — `host::cgroups`
+//!   - `layers.json`: what was applied, for `layers` — `layers`
+//!   - `pod.json`: the pod role and pins (CRI only) — `pod`
+//!   - `poststop.json`: the poststop hooks to run at delete — `hooks`
+//!   - `apparmor-profile`: the name of the loaded profile — `apparmor`
+//!   - `proxy.pid`, `proxy.log`: the egress proxy sidecar — `egress`
+//!   - `seccomp-supervisor.pid`, `seccomp.sock`: the syscall audit supervisor —
+//!     `syscall_audit`
+//!   - `fs-audit.json`: whether Landlock denials are logged — `fs_audit`
+//!   - `audit-dir`, `audit-state.json`, `audit-exec/<pid>`, `wall-clock-fired`: the audit
+//!     log's place and what exit records need — `audit`
+//! - `R/locks/<id>.lock`: serialises the lifecycle calls on one id — `state_lock`.
+//! - `R/idmap.json` + `R/idmap.lock`: host id ranges handed to sandboxes — `idmap`.
+//!
+//! Mount points live outside `R`, under [`crate::sandbox::mount_dir`]
+//! (`/run/agent-sandbox/mnt/<tag>/<id>`, or `/tmp/agent-sandbox-<uid>/<tag>/<id>` rootless):
+//! the reachable `rootfs`, the `workspace` overlay's `upper`/`work` (in the change set's
+//! directory when changes are kept, `changes`) and its `workspace-merged` view, and
+//! `binds/<n>` for re-bound sources (`mounts`).
 //!
 //! `R` is `--root` if given; otherwise `/run/agent-sandbox` for the real root
 //! user and `$XDG_RUNTIME_DIR/agent-sandbox` when unprivileged or inside a user

@@ -451,14 +451,6 @@ pub fn verify_member(spec: &Spec, member: &Member) -> Result<()> {
     Ok(())
 }
 
-/// The pod role recorded for sandbox `dir`, for `state` and tests: `None` outside pods.
-pub fn recorded_role(sandbox_dir: &Path) -> Option<&'static str> {
-    match read_record(sandbox_dir).ok().flatten()? {
-        PodRecord::Sandbox { .. } => Some("sandbox"),
-        PodRecord::Member { .. } => Some("container"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -70,6 +70,9 @@ pub struct StdioPaths {
 /// Background copies belonging to one process; aborted when the process is deleted.
 #[derive(Debug, Default)]
 pub struct Copies {
+    /// The stdin copy, kept apart so CloseIO stops it and nothing else.
+    stdin: Option<JoinHandle<()>>,
+    /// The output copies (the terminal's master -> stdout).
     tasks: Vec<JoinHandle<()>>,
     /// Becomes true once the terminal's output reached end-of-file.
     output_done: Option<watch::Receiver<bool>>,
@@ -107,10 +110,10 @@ impl Copies {
     }
 
     /// Stops feeding stdin: the process sees end-of-file (CloseIO).
+    /// Aborting the stdin copy drops its write end; a process without stdin (a terminal with
+    /// only output) keeps its output copy.
     pub fn close_stdin(&mut self) {
-        // The stdin copy is always the first task when present; aborting it drops the pipe's
-        // write end.
-        if let Some(task) = self.tasks.first() {
+        if let Some(task) = self.stdin.take() {
             task.abort();
         }
     }
@@ -118,7 +121,7 @@ impl Copies {
 
 impl Drop for Copies {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in self.stdin.iter().chain(&self.tasks) {
             t.abort();
         }
     }
@@ -177,7 +180,7 @@ pub fn direct(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
         set_blocking(&writer, false).map_err(StdioError::Pipe)?;
         let src = async_fd(OwnedFd::from(fifo)).map_err(StdioError::Pipe)?;
         let dst = async_fd(writer).map_err(StdioError::Pipe)?;
-        copies.tasks.push(tokio::spawn(async move {
+        copies.stdin = Some(tokio::spawn(async move {
             let _ = copy(&src, &dst).await;
         }));
         Stdio::from(reader)
@@ -286,7 +289,7 @@ pub fn console(master: OwnedFd, paths: &StdioPaths) -> Result<Copies, StdioError
         let fifo = open_fifo(&paths.stdin, true)?;
         let src = async_fd(OwnedFd::from(fifo)).map_err(StdioError::Pipe)?;
         let dst = master.clone();
-        copies.tasks.push(tokio::spawn(async move {
+        copies.stdin = Some(tokio::spawn(async move {
             let _ = copy(&src, &dst).await;
         }));
     }
@@ -386,6 +389,34 @@ mod tests {
             .expect("run sh");
         assert!(status.success());
         copies
+    }
+
+    #[tokio::test]
+    async fn close_stdin_stops_only_the_stdin_copy() {
+        // A terminal without stdin: the only copy is the output one, which CloseIO must keep.
+        let mut copies = Copies::default();
+        copies
+            .tasks
+            .push(tokio::spawn(std::future::pending::<()>()));
+        copies.close_stdin();
+        tokio::task::yield_now().await;
+        assert!(!copies.tasks[0].is_finished(), "output copy was stopped");
+        // With stdin, its copy stops and the output copy runs on.
+        copies.stdin = Some(tokio::spawn(std::future::pending::<()>()));
+        let stdin = copies.stdin.as_ref().map(JoinHandle::abort_handle).unwrap();
+        copies.close_stdin();
+        for _ in 0..100 {
+            if stdin.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(stdin.is_finished(), "stdin copy still runs");
+        assert!(!copies.tasks[0].is_finished(), "output copy was stopped");
+        let output = copies.tasks[0].abort_handle();
+        drop(copies);
+        tokio::task::yield_now().await;
+        assert!(output.is_finished(), "drop leaves the output copy running");
     }
 
     #[tokio::test]

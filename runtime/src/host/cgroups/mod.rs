@@ -227,19 +227,29 @@ pub struct ProcCgroups {
 }
 
 impl ProcCgroups {
-    /// Parses the text of `/proc/PID/cgroup` (read from `source`). Malformed lines are skipped.
+    /// Parses the text of `/proc/PID/cgroup` (read from `source`). Malformed lines (fewer
+    /// than three `:`-separated fields) are skipped; a path keeps any `:` it contains (only
+    /// the first two separate fields). The kernel marks a removed v2 cgroup with a
+    /// ` (deleted)` suffix on the `0::` line; that suffix is not part of the path.
+    /// This is the runtime's one parser of the file (the shim, a separate crate, has its own).
     pub fn parse(source: PathBuf, text: &str) -> Self {
         let lines = text
             .lines()
             .filter_map(|l| {
                 let mut parts = l.splitn(3, ':');
                 let (_id, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let controllers: Vec<String> = ctrls
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                let path = if controllers.is_empty() {
+                    path.strip_suffix(" (deleted)").unwrap_or(path)
+                } else {
+                    path
+                };
                 Some(Line {
-                    controllers: ctrls
-                        .split(',')
-                        .filter(|c| !c.is_empty())
-                        .map(str::to_owned)
-                        .collect(),
+                    controllers,
                     path: path.to_owned(),
                 })
             })
@@ -927,6 +937,43 @@ mod tests {
         assert_eq!(d["cpu"], host.root().join("cpu,cpuacct/user.slice/a"));
         assert_eq!(d["cpuacct"], host.root().join("cpu,cpuacct/user.slice/a"));
         assert!(!d.contains_key("name=systemd") && !d.contains_key("unified"));
+    }
+
+    #[test]
+    fn hostile_lines_are_skipped_or_kept_whole() {
+        let long = format!("/{}", "a".repeat(64 * 1024));
+        let text = format!(
+            "garbage\n\n7:\n9:memory:/with:colons:in/it\n3:pids:{long}\n0::/gone (deleted)\n"
+        );
+        let p = ProcCgroups::parse("/proc/1/cgroup".into(), &text);
+        // Lines with fewer than three fields are skipped; `:` after the second stays in the path.
+        assert_eq!(p.lines.len(), 3);
+        assert_eq!(p.v1("memory"), Some("/with:colons:in/it"));
+        assert_eq!(p.v1("pids"), Some(long.as_str()));
+        // The kernel's marker of a removed v2 cgroup is not part of its path.
+        assert_eq!(p.unified(), Some("/gone"));
+        // Only the v2 line carries the marker; a v1 name that ends in it is a real name.
+        let p = ProcCgroups::parse("/proc/1/cgroup".into(), "4:memory:/x (deleted)\n");
+        assert_eq!(p.v1("memory"), Some("/x (deleted)"));
+        // Paths outside the reader's cgroup namespace stay as the kernel printed them.
+        let p = ProcCgroups::parse("/proc/1/cgroup".into(), "0::/../../x\n");
+        assert_eq!(p.unified(), Some("/../../x"));
+        assert_eq!(
+            ProcCgroups::parse("/proc/1/cgroup".into(), "").lines.len(),
+            0
+        );
+        assert_eq!(p.source(), Path::new("/proc/1/cgroup"));
+    }
+
+    #[test]
+    fn v2_and_hybrid_lines_parse() {
+        let p = ProcCgroups::parse("/proc/1/cgroup".into(), V2);
+        assert_eq!(p.unified(), Some("/system.slice/containerd.service"));
+        assert_eq!(p.v1("memory"), None);
+        let p = ProcCgroups::parse("/proc/1/cgroup".into(), HYBRID);
+        assert_eq!(p.unified(), Some("/c"));
+        assert_eq!(p.v1("cpu"), Some("/c"));
+        assert_eq!(p.v1("name=systemd"), Some("/c"));
     }
 
     #[test]
