@@ -655,6 +655,30 @@ mod tests {
         (dirs, id)
     }
 
+    /// A sandbox with an audit log whose memory cgroup (a plain directory under `root`) shows
+    /// `oom_kill 1`, and whose saved exit state has seen `oom_seen` kills.
+    fn sandbox_with_oom_counter(
+        root: &Path,
+        id: &str,
+        oom_seen: u64,
+    ) -> (StateDirs, ContainerId, PathBuf, PathBuf) {
+        let (dirs, id) = fake_sandbox(root, id);
+        let log = init(&dirs, &id, None).unwrap();
+        let cg = root.join("cg");
+        std::fs::create_dir(&cg).unwrap();
+        std::fs::write(cg.join("memory.oom_control"), "oom_kill 1\n").unwrap();
+        save_state(
+            &dirs,
+            &id,
+            &ExitState {
+                memory_cgroup: Some(cg.clone()),
+                oom_seen,
+                ..ExitState::default()
+            },
+        );
+        (dirs, id, log, cg)
+    }
+
     #[test]
     fn prune_removes_old_logs_of_gone_sandboxes_and_never_a_live_one() {
         let root = tempfile::tempdir().unwrap();
@@ -697,20 +721,7 @@ mod tests {
     #[test]
     fn exit_records_take_the_oom_counter_delta_and_the_exec_tag_once() {
         let root = tempfile::tempdir().unwrap();
-        let (dirs, id) = fake_sandbox(root.path(), "ex1");
-        let log = init(&dirs, &id, None).unwrap();
-        let cg = root.path().join("cg");
-        std::fs::create_dir(&cg).unwrap();
-        std::fs::write(cg.join("memory.oom_control"), "oom_kill 1\n").unwrap();
-        save_state(
-            &dirs,
-            &id,
-            &ExitState {
-                memory_cgroup: Some(cg.clone()),
-                oom_seen: 1,
-                ..ExitState::default()
-            },
-        );
+        let (dirs, id, log, cg) = sandbox_with_oom_counter(root.path(), "ex1", 1);
         let mut p = Process::default();
         p.set_env(Some(vec![format!(
             "{}=toolu_e",
@@ -763,19 +774,7 @@ mod tests {
     #[test]
     fn a_wall_clock_kill_is_the_cause_of_killed_exits_and_wins_over_an_earlier_oom() {
         let root = tempfile::tempdir().unwrap();
-        let (dirs, id) = fake_sandbox(root.path(), "wc1");
-        let log = init(&dirs, &id, None).unwrap();
-        let cg = root.path().join("cg");
-        std::fs::create_dir(&cg).unwrap();
-        std::fs::write(cg.join("memory.oom_control"), "oom_kill 1\n").unwrap();
-        save_state(
-            &dirs,
-            &id,
-            &ExitState {
-                memory_cgroup: Some(cg.clone()),
-                ..ExitState::default()
-            },
-        );
+        let (dirs, id, log, _cg) = sandbox_with_oom_counter(root.path(), "wc1", 0);
         let report = |process: &str, status| ExitReport {
             process: process.into(),
             pid: Some(3),
