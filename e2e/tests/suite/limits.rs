@@ -64,43 +64,13 @@ fn expect_wall_clock_exit(root: &str, id: &str) -> anyhow::Result<()> {
 #[test]
 fn podman_wall_clock_kill_says_so_on_stderr_and_in_the_audit_while_runc_runs_to_the_end()
 -> anyhow::Result<()> {
-    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
-    harness::require_file(harness::runtime_bin())?;
-    let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let name = unique_name("lm-wall");
-    let _g = ContainerGuard {
-        podman: p,
-        name: name.clone(),
-    };
-    let mut args = vec![
-        "run",
-        "--name",
-        &name,
-        "--annotation",
-        "io.agent.sandbox.wall-clock=2s",
-        BUSYBOX_IMAGE,
-    ];
-    args.extend(SLEEPER);
-    let ours = p.run(&args)?;
-    ensure!(
-        ours.code == Some(137) && !ours.stdout.contains("finished"),
-        "the wall clock should kill the sandbox (137)\n{ours}"
-    );
-    ensure!(
-        ours.stderr.contains(WALL_CLOCK_LINE) || ours.stdout.contains(WALL_CLOCK_LINE),
-        "the container's output does not say the wall clock killed it\n{ours}"
-    );
+    let (p, name, _g) = podman_wall_clock_kill(User::Root, "lm-wall")?;
     let logs = p.run_ok(&["logs", &name])?;
     ensure!(
         format!("{}{}", logs.stdout, logs.stderr).contains(WALL_CLOCK_LINE),
         "`podman logs` does not have the wall-clock line\n{logs}"
     );
-    let id = p
-        .run_ok(&["inspect", "--format", "{{.Id}}", &name])?
-        .stdout
-        .trim()
-        .to_owned();
-    p.run_ok(&["rm", &name])?;
+    let id = remove_for_id(p, &name)?;
     expect_wall_clock_exit(PODMAN_ROOT, &id)?;
 
     let runc = Podman::new(User::Root, Runtime::Runc);
@@ -222,38 +192,8 @@ fn podman_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_
 
 #[test]
 fn rootless_podman_wall_clock_kill_says_so_on_stderr_and_in_the_audit() -> anyhow::Result<()> {
-    harness::require_podman_image(User::Rootless, BUSYBOX_IMAGE)?;
-    harness::require_file(harness::runtime_bin())?;
-    let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
-    let name = unique_name("lm-wall-rl");
-    let _g = ContainerGuard {
-        podman: p,
-        name: name.clone(),
-    };
-    let mut args = vec![
-        "run",
-        "--name",
-        &name,
-        "--annotation",
-        "io.agent.sandbox.wall-clock=2s",
-        BUSYBOX_IMAGE,
-    ];
-    args.extend(SLEEPER);
-    let ours = p.run(&args)?;
-    ensure!(
-        ours.code == Some(137) && !ours.stdout.contains("finished"),
-        "the wall clock should kill the sandbox (137)\n{ours}"
-    );
-    ensure!(
-        ours.stderr.contains(WALL_CLOCK_LINE) || ours.stdout.contains(WALL_CLOCK_LINE),
-        "the container's output does not say the wall clock killed it\n{ours}"
-    );
-    let id = p
-        .run_ok(&["inspect", "--format", "{{.Id}}", &name])?
-        .stdout
-        .trim()
-        .to_owned();
-    p.run_ok(&["rm", &name])?;
+    let (p, name, _g) = podman_wall_clock_kill(User::Rootless, "lm-wall-rl")?;
+    let id = remove_for_id(p, &name)?;
     // `audit` from inside the rootless user namespace, where the runtime keeps its state.
     let runtime = harness::runtime_bin().display().to_string();
     let out = harness::run_ok(
@@ -301,4 +241,51 @@ fn ctr_fork_bomb_under_a_small_pids_limit_leaves_one_limit_hit_record_with_a_cou
         "runc baseline: the 60 forks should all succeed without the sandbox's limit\n{base}"
     );
     Ok(())
+}
+
+/// Runs [`SLEEPER`] through podman as `user` under a 2 s wall clock and checks that the kill
+/// came (exit 137, never "finished") and said so on the container's output. The container
+/// stays for the caller's checks; the guard removes it.
+fn podman_wall_clock_kill(
+    user: User,
+    stem: &str,
+) -> anyhow::Result<(Podman, String, ContainerGuard)> {
+    harness::require_podman_image(user, BUSYBOX_IMAGE)?;
+    harness::require_file(harness::runtime_bin())?;
+    let p = Podman::new(user, Runtime::AgentSandbox);
+    let name = unique_name(stem);
+    let guard = ContainerGuard {
+        podman: p,
+        name: name.clone(),
+    };
+    let mut args = vec![
+        "run",
+        "--name",
+        &name,
+        "--annotation",
+        "io.agent.sandbox.wall-clock=2s",
+        BUSYBOX_IMAGE,
+    ];
+    args.extend(SLEEPER);
+    let ours = p.run(&args)?;
+    ensure!(
+        ours.code == Some(137) && !ours.stdout.contains("finished"),
+        "the wall clock should kill the sandbox (137)\n{ours}"
+    );
+    ensure!(
+        ours.stderr.contains(WALL_CLOCK_LINE) || ours.stdout.contains(WALL_CLOCK_LINE),
+        "the container's output does not say the wall clock killed it\n{ours}"
+    );
+    Ok((p, name, guard))
+}
+
+/// The container's full id, then `podman rm` of it.
+fn remove_for_id(p: Podman, name: &str) -> anyhow::Result<String> {
+    let id = p
+        .run_ok(&["inspect", "--format", "{{.Id}}", name])?
+        .stdout
+        .trim()
+        .to_owned();
+    p.run_ok(&["rm", name])?;
+    Ok(id)
 }
