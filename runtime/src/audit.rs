@@ -238,9 +238,6 @@ struct ExitState {
     /// Whether the `limit_hit` records are written (once per sandbox, at delete).
     #[serde(default)]
     limits_recorded: bool,
-    /// The memory cgroup's OOM kill counter at create (the baseline of the caller's OOM flag).
-    #[serde(default)]
-    oom_at_create: u64,
 }
 
 fn load_state(dirs: &StateDirs, id: &ContainerId) -> ExitState {
@@ -284,7 +281,6 @@ pub fn track_init(dirs: &StateDirs, id: &ContainerId, init_pid: i32) {
             pids_cgroup,
             pids_refused_at_create,
             limits_recorded: false,
-            oom_at_create: oom_seen,
         },
     );
 }
@@ -312,21 +308,6 @@ fn counter(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok()).flatten()
-    })
-}
-
-/// What the OOM watch of `crate::oom_watch` needs for a sandbox whose caller's bundle is
-/// `bundle`: its memory cgroup and that cgroup's kill counter at create.
-pub fn oom_target(
-    dirs: &StateDirs,
-    id: &ContainerId,
-    bundle: &Path,
-) -> Option<crate::oom_watch::Target> {
-    let st = load_state(dirs, id);
-    Some(crate::oom_watch::Target {
-        memory_cgroup: st.memory_cgroup?,
-        oom_at_create: st.oom_at_create,
-        bundle: bundle.to_owned(),
     })
 }
 

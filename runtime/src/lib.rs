@@ -24,7 +24,6 @@ pub mod layers;
 pub mod lifecycle;
 pub mod logging;
 pub mod mounts;
-pub mod oom_watch;
 pub mod paths;
 pub mod pod;
 pub mod promote;

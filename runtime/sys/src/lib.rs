@@ -7,7 +7,6 @@ pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
 pub mod loopback;
-pub mod memory_events;
 pub mod pidfd_exit;
 pub mod reaper;
 pub mod seccomp_notify;

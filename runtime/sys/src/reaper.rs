@@ -117,13 +117,6 @@ fn reap(program: Pid) -> ! {
         let sig = unsafe { libc::sigwaitinfo(set.as_ref(), std::ptr::null_mut()) };
         if sig == libc::SIGCHLD {
             if let Some(code) = reap_all(program) {
-                if code == 128 + libc::SIGKILL {
-                    // Killed by SIGKILL while the init lives: the OOM killer (or a process
-                    // of the sandbox). The host side marks an OOM kill for the caller from
-                    // the memory cgroup's notification; a moment's wait lets it do so before
-                    // the caller learns of the exit (docs/limits.md).
-                    std::thread::sleep(KILLED_GRACE);
-                }
                 // SAFETY: _exit ends the process without running anything else.
                 unsafe { libc::_exit(code) }
             }
@@ -133,9 +126,6 @@ fn reap(program: Pid) -> ! {
         }
     }
 }
-
-/// How long the reaper waits before it exits after the program died of SIGKILL.
-const KILLED_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What `ps` in the sandbox shows for the reaper.
 const TITLE: &[u8] = b"agent-sandbox-init";
