@@ -15,7 +15,8 @@
 //! publishes TaskExit). podman's conmon reaps the init and every exec itself and
 //! keeps their statuses, so for podman the runtime writes the init's `exit` at
 //! `delete` with status `unknown`, `reaped_by: "caller"`, and the OOM flag from
-//! the sandbox's memory cgroup, which it can read.
+//! the sandbox's memory cgroup, which it can read; a detached exec's exit comes from
+//! the watcher of [`crate::exec_exit`], which reads it through a pidfd.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,8 @@ const SAVED_DIR: &str = "audit-dir";
 const STATE_FILE: &str = "audit-state.json";
 /// Dir in the sandbox dir: one file per detached exec pid, holding its tool-call id.
 const EXEC_TAGS: &str = "audit-exec";
+/// Dir in the sandbox dir: one marker per exec whose `exit` record is written.
+const EXEC_EXITS: &str = "audit-exec-exits";
 /// Dir in the log directory: one marker per live sandbox (content: its state root).
 const LIVE_DIR: &str = ".live";
 
@@ -396,6 +399,9 @@ pub struct ExitReport {
 /// Appends the `exit` record of one process: the OOM flag is set when the
 /// sandbox's memory cgroup counted kills since the previous `exit` record.
 pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result<(), AuditError> {
+    if !claim_exec_exit(dirs, id, report) {
+        return Ok(());
+    }
     let mut st = load_state(dirs, id);
     let kills = st.memory_cgroup.as_deref().and_then(oom_kills);
     let oom = kills.is_some_and(|k| k > st.oom_seen);
@@ -426,6 +432,41 @@ pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result
     }
     save_state(dirs, id, &st);
     Ok(())
+}
+
+/// Whether this report may write the `exit` record of an exec: the first report of an
+/// exec (its id and pid) claims it; a second one (the shim's `audit-exit` and the runtime's
+/// pidfd watcher may both see the same exit) is dropped. The init has its own flag.
+fn claim_exec_exit(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> bool {
+    let Some(pid) = report.pid else { return true };
+    if report.process == "init" {
+        return true;
+    }
+    let name: String = report
+        .process
+        .chars()
+        .take(128)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = dirs.sandbox(id).join(EXEC_EXITS);
+    let claimed = std::fs::create_dir_all(&dir).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join(format!("{pid}-{name}")))
+    });
+    match claimed {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        // A marker that cannot be made must not cost the record.
+        Err(_) => true,
+    }
 }
 
 /// At delete, before the cgroup goes: the init's `exit` record if no reaper
@@ -735,8 +776,10 @@ mod tests {
             reaped_by: None,
         };
         exited(&dirs, &id, &report("e1", 77)).unwrap();
-        std::fs::write(cg.join("memory.oom_control"), "oom_kill 2\n").unwrap();
+        // The same exec reported again (the shim and the pidfd watcher): dropped.
         exited(&dirs, &id, &report("e1", 77)).unwrap();
+        std::fs::write(cg.join("memory.oom_control"), "oom_kill 2\n").unwrap();
+        exited(&dirs, &id, &report("e2", 77)).unwrap();
         exited(&dirs, &id, &report("init", 1)).unwrap();
         init_exit_at_delete(&dirs, &id, Some(1), ExitStatus::Unknown, "caller").unwrap();
         let recs = agent_sandbox_audit::read_records(&log).unwrap();

@@ -219,6 +219,16 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<crate::changes::Action>,
     },
+    /// Internal: records the exit of a detached exec whose caller reaps it (descriptor 3:
+    /// its pidfd)
+    #[command(name = "exec-exit", hide = true)]
+    ExecExit {
+        #[arg(long = "exec-id")]
+        exec_id: String,
+        #[arg(long)]
+        pid: i32,
+        id: String,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -706,6 +716,15 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         Command::Changes { action } => {
             let ceiling = Ceiling::load(cli.policy.as_deref())?;
             print!("{}", crate::changes::run(action, &ceiling.policy)?);
+        }
+        Command::ExecExit { exec_id, pid, id } => {
+            let runtime = rt()?;
+            crate::exec_exit::run(
+                &runtime.dirs,
+                &ContainerId::try_from(id.as_str())?,
+                &exec_id,
+                pid,
+            )?;
         }
         Command::Watchdog { seconds, pid, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?

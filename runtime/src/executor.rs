@@ -36,6 +36,9 @@ pub struct SandboxExecutor {
     /// The config's own seccomp profile, installed after the policy's filter (the kernel
     /// takes the strictest answer; `crate::sandbox::requested_seccomp`).
     pub requested_seccomp: Vec<Arc<BpfProgram>>,
+    /// The init only: fork here, the child executing the program and this process staying
+    /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::reaper`).
+    pub reaper: bool,
 }
 
 /// `startContainer` hooks and the state they read.
@@ -186,6 +189,11 @@ impl Executor for SandboxExecutor {
             seccompiler::apply_filter(bpf).map_err(|e| {
                 ExecutorError::Other(format!("seccomp layer: the config's linux.seccomp: {e}"))
             })?;
+        }
+        if self.reaper {
+            // Last: both processes keep every layer above, and only the child executes.
+            agent_sandbox_sys::reaper::fork_program()
+                .map_err(|e| ExecutorError::Other(format!("reaping init: {e}")))?;
         }
         default::get_executor().exec(spec)
     }

@@ -7,9 +7,12 @@
 //! (containerd's StopContainer right after StartContainer) is lost, and the container dies
 //! only to the SIGKILL at the end of the grace period. runc's `start` returns only when the
 //! init's close-on-exec fifo reaches end-of-file, that is after the program was executed;
-//! here `start` watches the init's executable change instead.
+//! here `start` watches the init's executable change instead. With agent-sandbox's reaper
+//! as PID 1 (`crate::reaper`), the init never executes anything: its child does, once the
+//! reaper has blocked (and so queues) every signal it forwards.
 
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Gives up waiting after this long (the caller's `start` then returns as before).
@@ -44,9 +47,21 @@ pub enum Outcome {
     TimedOut,
 }
 
+/// Whether a process listed in `procs` (a `cgroup.procs` file), other than `pid`, runs
+/// another executable than `before`.
+fn another_executed(procs: &Path, pid: i32, before: (u64, u64)) -> bool {
+    std::fs::read_to_string(procs).is_ok_and(|text| {
+        text.lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter(|p| *p != pid)
+            .any(|p| executable(p).is_some_and(|e| e != before))
+    })
+}
+
 /// Waits until process `pid`, which ran the executable `before`, has executed another one or
-/// ended, for at most `limit`.
-pub fn wait(pid: i32, before: (u64, u64), limit: Duration) -> Outcome {
+/// ended, for at most `limit`. With the reaper as `pid`, `procs` lists the sandbox's
+/// processes, and the wait also ends when one of them executed another executable.
+pub fn wait(pid: i32, before: (u64, u64), procs: Option<&Path>, limit: Duration) -> Outcome {
     let start = Instant::now();
     let mut pause = Duration::from_micros(100);
     loop {
@@ -54,6 +69,9 @@ pub fn wait(pid: i32, before: (u64, u64), limit: Duration) -> Outcome {
             Some(now) if now != before => return Outcome::Executed,
             Some(_) if !ended(pid) => {}
             _ => return Outcome::Ended,
+        }
+        if procs.is_some_and(|p| another_executed(p, pid, before)) {
+            return Outcome::Executed;
         }
         if start.elapsed() >= limit {
             return Outcome::TimedOut;
@@ -118,7 +136,9 @@ pub fn ends_unless_caught(sig: i32) -> bool {
 }
 
 /// Holds `sig` for the init `pid`, whose program `start` saw run at `started` (uptime), until
-/// the program caught or ignored it, the init ended, or [`HANDLER_GRACE`] after the start.
+/// the program caught, ignored or blocked it (a blocked signal is queued, never dropped: the
+/// reaper blocks every signal it forwards), the init ended, or [`HANDLER_GRACE`] after the
+/// start.
 /// Returns at once for a program that set up long ago.
 pub fn await_handler(pid: i32, sig: i32, started: f64) {
     if !ends_unless_caught(sig) {
@@ -131,7 +151,11 @@ pub fn await_handler(pid: i32, sig: i32, started: f64) {
             return;
         }
         match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            Ok(status) if mask_has(&status, "SigCgt", sig) || mask_has(&status, "SigIgn", sig) => {
+            Ok(status)
+                if ["SigCgt", "SigIgn", "SigBlk"]
+                    .iter()
+                    .any(|f| mask_has(&status, f, sig)) =>
+            {
                 return;
             }
             Ok(_) if !ended(pid) => {}
@@ -161,6 +185,39 @@ mod tests {
         assert!(!mask_has(status, "SigCgt", 0));
         assert!(!mask_has("SigCgt:\tzz\n", "SigCgt", 15));
         assert!(ends_unless_caught(15) && !ends_unless_caught(9) && !ends_unless_caught(17));
+        assert!(mask_has("SigBlk:\t0000000000004000\n", "SigBlk", 15));
+    }
+
+    #[test]
+    fn with_the_reaper_the_wait_ends_when_its_child_executed() {
+        // `reaper` never executes anything; `program` executes sleep after ~300 ms.
+        let mut reaper = Command::new("/bin/sh")
+            .args(["-c", "while :; do /bin/sleep 1; done"])
+            .spawn()
+            .unwrap();
+        let mut program = Command::new("/bin/sh")
+            .args(["-c", "/bin/sleep 0.3; exec /bin/sleep 5"])
+            .spawn()
+            .unwrap();
+        let (r, p) = (pid_of(&reaper), pid_of(&program));
+        let before = executable(r).unwrap();
+        let dir = std::env::temp_dir().join(format!("init-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let procs = dir.join("cgroup.procs");
+        std::fs::write(&procs, format!("{r}\n{p}\n")).unwrap();
+        let t = Instant::now();
+        let outcome = wait(r, before, Some(&procs), Duration::from_secs(20));
+        let waited = t.elapsed();
+        // Without the list, the reaper's own exe never changes.
+        let alone = wait(r, before, None, Duration::from_millis(200));
+        for c in [&mut reaper, &mut program] {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(outcome, Outcome::Executed);
+        assert!(waited >= Duration::from_millis(250), "{waited:?}");
+        assert_eq!(alone, Outcome::TimedOut);
     }
 
     #[test]
@@ -207,7 +264,7 @@ mod tests {
         let pid = pid_of(&child);
         let before = executable(pid).unwrap();
         let started = Instant::now();
-        let outcome = wait(pid, before, Duration::from_secs(20));
+        let outcome = wait(pid, before, None, Duration::from_secs(20));
         let waited = started.elapsed();
         let after = executable(pid);
         child.kill().unwrap();
@@ -227,9 +284,15 @@ mod tests {
         let before = executable(pid).unwrap_or((0, 0));
         std::thread::sleep(Duration::from_millis(100));
         // A zombie (not reaped yet) counts as ended.
-        assert_eq!(wait(pid, before, Duration::from_secs(5)), Outcome::Ended);
+        assert_eq!(
+            wait(pid, before, None, Duration::from_secs(5)),
+            Outcome::Ended
+        );
         child.wait().unwrap();
-        assert_eq!(wait(pid, before, Duration::from_secs(5)), Outcome::Ended);
+        assert_eq!(
+            wait(pid, before, None, Duration::from_secs(5)),
+            Outcome::Ended
+        );
     }
 
     #[test]
@@ -240,7 +303,7 @@ mod tests {
             .unwrap();
         let pid = pid_of(&child);
         let before = executable(pid).unwrap();
-        let outcome = wait(pid, before, Duration::from_millis(200));
+        let outcome = wait(pid, before, None, Duration::from_millis(200));
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(outcome, Outcome::TimedOut);

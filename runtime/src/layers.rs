@@ -76,6 +76,9 @@ pub struct Applied {
     pub proxy_port: Option<u16>,
     /// The init's cgroup directories by controller (host paths).
     pub cgroups: BTreeMap<String, PathBuf>,
+    /// Whether agent-sandbox's reaping init is the sandbox's PID 1 (`resources.init`).
+    #[serde(default)]
+    pub init_reaper: bool,
 }
 
 impl Applied {
@@ -98,6 +101,21 @@ impl Applied {
         })?;
         serde_json::from_slice(&text).map_err(|source| LayersError::Parse { path, source })
     }
+}
+
+/// With agent-sandbox's reaper as the sandbox's PID 1: a `cgroup.procs` file that lists the
+/// sandbox's processes (the program is one of them, beside the reaper); `None` without it.
+pub fn reaper_procs(sandbox_dir: &Path) -> Option<PathBuf> {
+    let text = std::fs::read(sandbox_dir.join(FILE)).ok()?;
+    let applied: Applied = serde_json::from_slice(&text).ok()?;
+    if !applied.init_reaper {
+        return None;
+    }
+    ["pids", "memory", "unified"]
+        .iter()
+        .find_map(|k| applied.cgroups.get(*k))
+        .or_else(|| applied.cgroups.values().next())
+        .map(|d| d.join("cgroup.procs"))
 }
 
 /// At create, once the init exists (and the proxy runs): saves what was applied.
@@ -166,6 +184,7 @@ pub fn record_create(
         proxy_pid: proxy.then_some(proxy_pid).flatten(),
         proxy_port: proxy.then_some(policy.network.proxy_port),
         cgroups: cgroups_of(init_pid),
+        init_reaper: crate::reaper::wanted(policy, spec),
     }
     .save(sandbox_dir)
 }
@@ -295,6 +314,7 @@ pub fn report(
             "dirs": applied.cgroups,
             "limits": cgroup_limits(&applied.cgroups),
         },
+        "init": if applied.init_reaper { "agent-sandbox reaper" } else { "the program" },
         "live": live_json,
     }))
 }

@@ -547,6 +547,7 @@ impl Runtime {
         }
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let mut executor = prepared.executor;
+        executor.reaper = crate::reaper::wanted(&prepared.policy, &spec);
         if !start_hooks.is_empty() {
             let annotations = spec.annotations().clone().unwrap_or_default();
             executor.start_container = Some(Arc::new(crate::executor::StartContainerHooks {
@@ -725,7 +726,9 @@ impl Runtime {
         // As runc's: return once the program runs, so that a signal sent right after `start`
         // reaches it (see `init_exec`).
         if let (Some(pid), Some(before)) = (init, before) {
-            let outcome = crate::init_exec::wait(pid, before, crate::init_exec::WAIT_LIMIT);
+            let procs = crate::layers::reaper_procs(&self.dirs.sandbox(id));
+            let outcome =
+                crate::init_exec::wait(pid, before, procs.as_deref(), crate::init_exec::WAIT_LIMIT);
             tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
             if let Some(now) = crate::init_exec::uptime() {
                 let _ = paths::write_atomic(
@@ -1033,8 +1036,10 @@ impl Runtime {
                 return Ok(());
             }
         }
-        // A process-ending signal right after `start` waits for the program's handler.
+        // A process-ending signal right after `start` waits for the program's handler (not
+        // needed with the reaper as PID 1: it queues every signal it forwards).
         if let (Some(pid), Some(n)) = (c.pid(), nix_signal(signal))
+            && crate::layers::reaper_procs(&self.dirs.sandbox(id)).is_none()
             && let Some(started) =
                 std::fs::read_to_string(self.dirs.sandbox(id).join(crate::init_exec::STARTED_FILE))
                     .ok()
@@ -1325,6 +1330,8 @@ impl Runtime {
         })?;
         if opts.detach {
             crate::audit::tag_exec(&self.dirs, id, pid.as_raw(), &process_for_audit, &hardened);
+            let exec_id = crate::exec_exit::exec_id(opts.pid_file.as_deref());
+            crate::exec_exit::watch(&self.dirs, id, pid.as_raw(), &exec_id);
             return Ok(None);
         }
         let status = wait_exit(pid.as_raw())?;

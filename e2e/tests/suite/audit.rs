@@ -419,8 +419,8 @@ fn check_session(s: &Session) -> anyhow::Result<()> {
 /// The `exit` records after index `from`, in order; returns the index of the last. Through
 /// containerd the shim reports each reaped process: the tagged exec (code 0), the hog
 /// (SIGKILL, OOM) and the init (SIGKILL from `ctr task kill`, no new OOM). Through podman
-/// conmon reaps everything, so the runtime writes the init's exit at delete: status
-/// unknown, reaped by the caller, and the OOM the sandbox's cgroup counted.
+/// conmon reaps everything: the runtime's pidfd watcher records each exec, and the runtime
+/// writes the init's exit at delete: status unknown, reaped by the caller.
 fn exits_in_order(s: &Session, from: usize) -> anyhow::Result<usize> {
     let r = &s.records;
     let dump = || s.raw.clone();
@@ -471,12 +471,36 @@ fn exits_in_order(s: &Session, from: usize) -> anyhow::Result<usize> {
         ensure!(n == 4, "{n} exit records, wanted 4\n{}", dump());
         Ok(init)
     } else {
-        let init =
-            find(r, from, exit_of("init")).context(format!("no exit of init\n{}", dump()))?;
+        // podman's execs are recorded by the runtime's pidfd watcher under their session ids
+        // (docs/audit.md): the tagged exec (code 0, its tool-call id) and the hog (SIGKILL,
+        // OOM); the init's record comes at delete and has no new OOM.
+        let tool = find(r, from, |v: &Value| {
+            v["kind"] == "exit" && v["data"]["tool_call_id"] == s.tool_call.as_str()
+        })
+        .context(format!("no exit of the tagged exec\n{}", dump()))?;
+        ensure!(
+            r[tool]["data"]["status"] == serde_json::json!({"code": 0}),
+            "exit of the tagged exec: {}\n{}",
+            r[tool]["data"],
+            dump()
+        );
+        let hog = find(r, from, |v: &Value| {
+            v["kind"] == "exit"
+                && v["data"]["status"] == serde_json::json!({"signal": 9})
+                && v["data"]["oom"] == true
+        })
+        .context(format!("no exit of the hog (SIGKILL, OOM)\n{}", dump()))?;
+        let init = find(r, hog, exit_of("init")).context(format!("no exit of init\n{}", dump()))?;
         let d = &r[init]["data"];
         ensure!(
-            d["status"] == "unknown" && d["reaped_by"] == "caller" && d["oom"] == true,
+            d["status"] == "unknown" && d["reaped_by"] == "caller" && d["oom"] == false,
             "exit of init: {d}\n{}",
+            dump()
+        );
+        let n = r.iter().filter(|v| v["kind"] == "exit").count();
+        ensure!(
+            n == 4,
+            "{n} exit records, wanted 4 (three execs, the init)\n{}",
             dump()
         );
         Ok(init)
@@ -884,9 +908,14 @@ fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_l
     ensure!(mode & 0o777 == 0o700, "log dir mode {mode:o}");
     // exec appends to the same file without the flag (the choice is saved at create).
     sandbox().run_ok(&["exec", &name, "true"])?;
+    // The exec's `exit` record comes from the runtime's pidfd watcher right after it ended.
+    let start = std::time::Instant::now();
+    while net::read_audit(&log)?.len() < 5 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let dirf = ["--audit-dir", logs_s.as_str()];
     let v = verifies(&dirf, &id)?;
-    ensure!(v.success() && v.stdout.contains("4 records"), "{v}");
+    ensure!(v.success() && v.stdout.contains("5 records"), "{v}");
 
     // A live sandbox's log is never pruned.
     let mut args = dirf.to_vec();

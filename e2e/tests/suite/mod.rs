@@ -10,6 +10,7 @@ mod egress;
 mod faults;
 mod find;
 mod hostile;
+mod init;
 mod limits;
 mod podman;
 mod pods;

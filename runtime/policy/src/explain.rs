@@ -117,6 +117,17 @@ pub fn explain(policy: &SandboxPolicy) -> String {
         res.cpu_shares
     );
     let _ = writeln!(out, "    - runs for at most {}", res.wall_clock);
+    let _ = writeln!(
+        out,
+        "    - PID 1: {}",
+        match res.init {
+            crate::policy::InitMode::Auto => {
+                "agent-sandbox's reaping init, unless the program is an init itself"
+            }
+            crate::policy::InitMode::Always => "agent-sandbox's reaping init",
+            crate::policy::InitMode::Never => "the program itself (it must reap its orphans)",
+        }
+    );
 
     out.push_str("\nDENIED\n");
     out.push_str("  - writing anywhere else, including the image's own files\n");
@@ -209,6 +220,7 @@ mod tests {
         let text = explain(&SandboxPolicy::builtin("strict").unwrap());
         assert!(text.contains("loopback (127.0.0.1) only"));
         assert!(text.contains("runs for at most 15m"));
+        assert!(text.contains("PID 1: agent-sandbox's reaping init, unless"));
         assert!(!text.contains("proxy at"));
         let mut policy = SandboxPolicy::builtin("agent").unwrap();
         policy.network.deny = vec![crate::network::DomainRule::parse("static.crates.io").unwrap()];

@@ -410,6 +410,32 @@ pub struct Resources {
     pub cpu_period_us: u64,
     /// The sandbox is killed after this long.
     pub wall_clock: Seconds,
+    /// Whether agent-sandbox's reaping init runs as the sandbox's PID 1 (docs/limits.md).
+    pub init: InitMode,
+}
+
+/// `resources.init`: who is the sandbox's PID 1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InitMode {
+    /// The reaper, unless the program is an init itself (its file name is a known init's).
+    #[default]
+    Auto,
+    /// Always the reaper, whatever the program.
+    Always,
+    /// Never: the program is PID 1, as under runc (zombies it does not wait for stay).
+    Never,
+}
+
+impl InitMode {
+    /// The policy-file spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InitMode::Auto => "auto",
+            InitMode::Always => "always",
+            InitMode::Never => "never",
+        }
+    }
 }
 
 impl Default for Resources {
@@ -421,6 +447,7 @@ impl Default for Resources {
             cpu_quota_us: 100_000,
             cpu_period_us: 100_000,
             wall_clock: Seconds::from_trusted(3600),
+            init: InitMode::Auto,
         }
     }
 }

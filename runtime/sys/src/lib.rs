@@ -7,6 +7,8 @@ pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
 pub mod loopback;
+pub mod pidfd_exit;
+pub mod reaper;
 pub mod seccomp_notify;
 pub mod selfexec;
 
