@@ -260,6 +260,35 @@ pub fn requested_seccomp(
     Ok(programs.into_iter().map(Arc::new).collect())
 }
 
+/// The namespace types whose `path` in `spec` is the runtime's own namespace of that type
+/// (the host's): the same nsfs inode as `/proc/self/ns/KIND`.
+fn host_namespaces(spec: &Spec) -> Vec<libcontainer::oci_spec::runtime::LinuxNamespaceType> {
+    use libcontainer::oci_spec::runtime::LinuxNamespaceType as T;
+    use std::os::unix::fs::MetadataExt;
+    let inode = |path: &Path| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|ns| {
+            let path = ns.path().as_ref()?;
+            let kind = match ns.typ() {
+                T::Network => "net",
+                T::Pid => "pid",
+                T::Ipc => "ipc",
+                T::Uts => "uts",
+                T::Cgroup => "cgroup",
+                T::User => "user",
+                T::Mount => "mnt",
+                T::Time => "time",
+            };
+            let own = inode(Path::new("/proc/self/ns").join(kind).as_path())?;
+            (inode(path.as_path()) == Some(own)).then_some(ns.typ())
+        })
+        .collect()
+}
+
 /// Hardens `spec` under `ceiling` with the runtime's facts and builds the
 /// executor for the layers the plan applies.
 pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared, SandboxError> {
@@ -312,6 +341,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         protected,
         network_namespace: None,
         pod: facts.pod.clone(),
+        host_namespaces: host_namespaces(&spec),
     };
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;

@@ -531,9 +531,18 @@ fn cri_egress_goes_only_through_the_proxy_to_listed_domains() -> anyhow::Result<
     pod.remove()?;
     let baseline_hits = collector.received().len();
 
-    // Ours, same request: the registry is served through the proxy, the collector is refused
-    // by the proxy and unreachable without it.
-    let pod = Pod::run(&cri, host_network_pod(&[]), &cri::e2e_handler()?)?;
+    // Ours: the same hostNetwork request is refused naming the key
+    // (docs/policy.md#widening-requests); in a pod of its own, the registry is served through
+    // the proxy, the collector is refused by the proxy and unreachable without it.
+    let refused = Pod::run(&cri, host_network_pod(&[]), &cri::e2e_handler()?);
+    let Err(err) = refused else {
+        bail!("our hostNetwork pod started");
+    };
+    ensure!(
+        format!("{err:#}").contains("linux.namespaces[network]"),
+        "the refusal does not name linux.namespaces[network]: {err:#}"
+    );
+    let pod = Pod::run(&cri, pod_config("egress", &[]), &cri::e2e_handler()?)?;
     let id = pod.start(&sleeper("app"))?;
     let env = cri::env_map(&cri.exec_sync(&id, &["env"], 10)?.stdout);
     ensure!(

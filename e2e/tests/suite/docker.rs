@@ -46,9 +46,19 @@ const SANDBOX_BLOCKS: &[&str] = &[
     "keyctl",
 ];
 
+/// What a user might pass to open a container up without asking for a capability: the sandbox
+/// clamps both (docs/policy.md#widening-requests) and runs.
+const UNCONFINED: &[&str] = &[
+    "--security-opt",
+    "seccomp=unconfined",
+    "--security-opt",
+    "apparmor=unconfined",
+];
+
 /// What a user might pass to open a container up, so that Docker's own seccomp profile and
 /// capability set do not hide what runc allows. (`--privileged` is no baseline here: it asks
-/// for CAP_SYS_RESOURCE, which root on this machine lacks, and runc fails.)
+/// for CAP_SYS_RESOURCE, which root on this machine lacks, and runc fails.) The sandbox refuses
+/// the capabilities, naming the key.
 const WIDE: &[&str] = &[
     "--cap-add",
     "SYS_ADMIN",
@@ -67,19 +77,32 @@ fn docker_sandbox_blocks_caps_nnp_seccomp_rootfs_identity_and_syscalls_that_runc
     let ours = sandbox().probe(&[], BUSYBOX_IMAGE, &["all"])?;
     ours.expect_blocked(SANDBOX_BLOCKS)?;
     ours.expect_allowed(&["write_tmp"])?;
-    let ours = sandbox().probe(WIDE, BUSYBOX_IMAGE, &["all"])?;
+    let ours = sandbox().probe(UNCONFINED, BUSYBOX_IMAGE, &["all"])?;
     ours.expect_blocked(SANDBOX_BLOCKS)?;
+    let mut args = vec!["--rm"];
+    args.extend_from_slice(WIDE);
+    args.extend([BUSYBOX_IMAGE, "true"]);
+    let ours = sandbox().run(&args)?;
+    ensure!(
+        !ours.success() && ours.stderr.contains("process.capabilities.bounding"),
+        "--cap-add SYS_ADMIN was not refused naming the key\n{ours}"
+    );
     let base = runc().probe(WIDE, BUSYBOX_IMAGE, &["all"])?;
     base.expect_allowed(SANDBOX_BLOCKS)
 }
 
-/// The network: the sandbox sees only `lo` even on the host network Docker would hand a
-/// runc container.
+/// The network: the sandbox sees only `lo`, and `--network host`, which hands a runc
+/// container the host's interfaces, is refused naming the key.
 #[test]
 fn docker_sandbox_gets_only_lo_where_runc_sees_the_host_interfaces() -> anyhow::Result<()> {
-    let args = ["--network", "host"];
-    let ours = sandbox().probe(&args, BUSYBOX_IMAGE, &["net_ifaces"])?;
+    let ours = sandbox().probe(&[], BUSYBOX_IMAGE, &["net_ifaces"])?;
     ours.expect_blocked(&["net_ifaces"])?;
+    let args = ["--network", "host"];
+    let refused = sandbox().run(&["--rm", "--network", "host", BUSYBOX_IMAGE, "true"])?;
+    ensure!(
+        !refused.success() && refused.stderr.contains("linux.namespaces[network]"),
+        "--network host was not refused naming the key\n{refused}"
+    );
     let base = runc().probe(&args, BUSYBOX_IMAGE, &["net_ifaces"])?;
     base.expect_allowed(&["net_ifaces"])
 }

@@ -1221,8 +1221,17 @@ fn host_ssh_key(e: &dyn EntryPoint) -> anyhow::Result<()> {
         ours.stdout.contains("ran") || !ours.stderr.trim().is_empty(),
         "the privileged request neither ran nor said why it failed\n{ours}"
     );
+    // Without --privileged, the host pid namespace alone is refused naming the key
+    // (docs/policy.md#widening-requests); without either, the run reads nothing.
     let mut unprivileged = escape.clone();
     unprivileged.privileged = false;
+    let ours = e.run(Side::Sandbox, &unprivileged)?;
+    ensure!(
+        !ours.stdout.contains(&marker)
+            && (ours.stdout.contains("ran") || ours.stderr.contains("linux.namespaces[pid]")),
+        "the sandbox read the host key through {via_proc}, or failed without naming the key\n{ours}"
+    );
+    unprivileged.host_pid = false;
     let ours = e.run(Side::Sandbox, &unprivileged)?;
     ensure!(
         ours.stdout.contains("ran") && !ours.stdout.contains(&marker),

@@ -16,4 +16,5 @@ mod podman;
 mod pods;
 mod promote;
 mod shim_contracts;
+mod widening;
 mod workspace;

@@ -336,22 +336,25 @@ fn pod_never_joins_the_cni_or_host_network_which_runc_pods_reach() -> anyhow::Re
             Shim::RuncV2 => ensure!(reached, "runc baseline did not reach the CNI netns\n{out}"),
         }
 
+        if shim == Shim::AgentSandbox {
+            // A hostNetwork pod is refused outright, naming the key
+            // (docs/policy.md#widening-requests).
+            let Err(err) = Pod::start(shim, &[], &["--net-host"]) else {
+                bail!("our hostNetwork pod started");
+            };
+            ensure!(
+                format!("{err:#}").contains("linux.namespaces[network]"),
+                "the refusal does not name linux.namespaces[network]: {err:#}"
+            );
+            continue;
+        }
         let mut pod = Pod::start(shim, &[], &["--net-host"])?;
         let (app, _) = pod.add(&[], TOOLS_IMAGE, &["sleep", "600"])?;
         let out = pod.exec(app, &strs(&direct(&host_url)))?;
-        let reached = out.stdout.contains("host-loopback-reached");
-        match shim {
-            Shim::AgentSandbox => {
-                ensure!(
-                    !reached,
-                    "our hostNetwork pod reached the host loopback\n{out}"
-                )
-            }
-            Shim::RuncV2 => ensure!(
-                reached,
-                "runc baseline did not reach the host loopback\n{out}"
-            ),
-        }
+        ensure!(
+            out.stdout.contains("host-loopback-reached"),
+            "runc baseline did not reach the host loopback\n{out}"
+        );
     }
     Ok(())
 }

@@ -56,6 +56,7 @@ fn compilation(c: &mut Criterion) {
         protected: harden::protected_path_candidates(&spec, &policy),
         network_namespace: None,
         pod: None,
+        host_namespaces: Vec::new(),
     };
     g.bench_function("harden podman config.json", |b| {
         b.iter(|| harden::harden_spec(black_box(spec.clone()), &policy, &ctx).unwrap())

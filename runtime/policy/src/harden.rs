@@ -113,9 +113,24 @@ pub enum HardenError {
         "privileged containers are refused: a sandbox never holds the host's capabilities or devices, and --privileged asks for all of them (found CAP_SYS_ADMIN with host device {device}); run without --privileged and add only what the policy allows (docs/threat-model.md#privileged-containers)"
     )]
     Privileged { device: PathBuf },
-    #[error("device {path} is not one of the standard safe devices")]
+    #[error(
+        "{key} asks for {requested}, which would widen the sandbox: {reason}; refused (docs/policy.md#widening-requests)"
+    )]
+    Widens {
+        /// The config.json key, e.g. `linux.namespaces[network]`.
+        key: String,
+        /// What the config asked for.
+        requested: String,
+        /// Why it widens, in the caller's words (the flag that sends it).
+        reason: &'static str,
+    },
+    #[error(
+        "linux.devices {path} is not one of the standard safe devices; refused (docs/policy.md#widening-requests)"
+    )]
     Device { path: PathBuf },
-    #[error("sysctl {key} is not namespaced to the sandbox")]
+    #[error(
+        "linux.sysctl {key} is not namespaced to the sandbox; refused (docs/policy.md#widening-requests)"
+    )]
     Sysctl { key: String },
     #[error(
         "sysctl {key} names network device {device}, which the sandbox's network namespace does not have (only lo)"
@@ -127,9 +142,13 @@ pub enum HardenError {
         value: String,
         reason: &'static str,
     },
-    #[error("cgroup unified key {key} cannot be checked against the policy")]
+    #[error(
+        "linux.resources.unified {key} cannot be checked against the policy; refused (docs/policy.md#widening-requests)"
+    )]
     UnifiedResource { key: String },
-    #[error("moving host network device {device} into the sandbox is not allowed")]
+    #[error(
+        "linux.netDevices {device}: moving a host network device into the sandbox is refused (docs/policy.md#widening-requests)"
+    )]
     NetDevice { device: String },
     #[error(
         "linux.rootfsPropagation {value:?} is not one of shared, slave, private, unbindable or their r-forms"
@@ -217,6 +236,11 @@ pub struct HardenContext {
     /// when it created that container. Never paths taken from the spec. The container still
     /// gets its own mount, PID and cgroup namespaces.
     pub pod: Option<PodNamespaces>,
+    /// The namespace types whose `path` in the spec the runtime found to be its own namespace
+    /// of that type, i.e. the host's (Docker's `--network host` names
+    /// `EXEC_ROOT/netns/default`; `--network ns:/proc/1/ns/net`). Refused like a missing
+    /// entry for the network, PID, IPC and UTS namespaces.
+    pub host_namespaces: Vec<LinuxNamespaceType>,
 }
 
 /// Namespaces a pod's containers share, pinned by the runtime (see [`HardenContext::pod`]).
@@ -256,6 +280,33 @@ pub struct Clamp {
 /// group may open ICMP echo sockets). The kernel takes only group ids mapped in the writer's
 /// user namespace, so [`harden_spec`] clamps it to the sandbox's gid mapping.
 pub const PING_GROUP_RANGE: &str = "net.ipv4.ping_group_range";
+
+/// The capabilities an engine puts in every container's sets unless told otherwise, measured
+/// (docs/policy.md#widening-requests): containerd's default set (ctr, CRI) and Docker's are
+/// these 14; podman 4's is the 11 without `CAP_AUDIT_WRITE`, `CAP_MKNOD` and `CAP_NET_RAW`.
+/// The policy narrows them to its own list, with a [`Clamp`] per set; any other capability
+/// is asked for only by an explicit flag (`--cap-add`, a pod's `capabilities.add`) and refused.
+pub const ENGINE_DEFAULT_CAPABILITIES: &[&str] = &[
+    "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_MKNOD",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_RAW",
+    "CAP_SETFCAP",
+    "CAP_SETGID",
+    "CAP_SETPCAP",
+    "CAP_SETUID",
+    "CAP_SYS_CHROOT",
+];
+
+/// What a [`Clamp`] says the sandbox granted for a namespace it made itself.
+const NEW_NAMESPACE: &str = "a new namespace";
+/// What a [`Clamp`] says a spec asked for when it listed no entry for a namespace.
+const HOST_NAMESPACE: &str = "the host's (no entry)";
 
 /// The host path bind-mounted at the policy's workspace in `spec`, if any.
 pub fn workspace_source(spec: &Spec, policy: &SandboxPolicy) -> Option<PathBuf> {
@@ -551,6 +602,18 @@ pub fn harden_spec(
 
     let process = spec.process().clone().ok_or(HardenError::NoProcess)?;
     check_privileged(&spec, &process)?;
+    // Widening requests: refused before anything else is looked at, or clamped and
+    // reported (docs/policy.md#widening-requests).
+    let mut clamped = capability_requests(&process, &policy)?;
+    clamped.extend(namespace_requests(&spec, ctx)?);
+    clamped.extend(seccomp_request(&spec));
+    if let Some(adj) = process.oom_score_adj().filter(|adj| *adj < 0) {
+        clamped.push(Clamp {
+            key: "process.oomScoreAdj".to_owned(),
+            requested: adj.to_string(),
+            granted: "0".to_owned(),
+        });
+    }
     spec.set_process(Some(harden_process(process, &policy)?));
 
     let mounts = harden_mounts(spec.mounts().clone().unwrap_or_default(), &policy, ctx)?;
@@ -606,7 +669,6 @@ pub fn harden_spec(
             device: device.to_owned(),
         });
     }
-    let mut clamped = Vec::new();
     if let Some(mut sysctl) = linux.sysctl().clone() {
         if let Some(value) = sysctl.get_mut(PING_GROUP_RANGE) {
             let granted = clamp_ping_group_range(value, &ctx.gid_mappings)?;
@@ -645,7 +707,12 @@ pub fn harden_spec(
             domain: format!("{:?}", personality.domain()),
         });
     }
-    linux.set_resources(Some(clamp_resources(linux.resources().clone(), &policy)?));
+    let (resources, resource_clamps) = clamp_resources(linux.resources().clone(), &policy)?;
+    clamped.extend(resource_clamps);
+    linux.set_resources(Some(resources));
+    for c in &clamped {
+        tracing::info!(key = %c.key, requested = %c.requested, granted = %c.granted, "request clamped");
+    }
     let seccomp =
         seccomp::oci_seccomp(&policy.syscalls).map_err(|source| HardenError::Seccomp { source })?;
     linux.set_seccomp(Some(seccomp));
@@ -689,6 +756,7 @@ pub fn harden_process(
     mut process: Process,
     policy: &SandboxPolicy,
 ) -> Result<Process, HardenError> {
+    capability_requests(&process, policy)?;
     process.set_no_new_privileges(Some(true));
     process.set_capabilities(Some(clamp_capabilities(
         process.capabilities().as_ref(),
@@ -733,6 +801,179 @@ fn check_privileged(spec: &Spec, process: &Process) -> Result<(), HardenError> {
         }),
         None => Ok(()),
     }
+}
+
+/// The name the spec uses for a capability (`CAP_CHOWN`).
+fn capability_name(c: &oci_spec::runtime::Capability) -> String {
+    serde_json::to_value(c)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{c:?}"))
+}
+
+/// A list of names for a [`Clamp`]: comma-separated, `none` when empty.
+fn name_list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(",")
+    }
+}
+
+/// `process.capabilities`: a capability the policy does not grant is refused unless an
+/// engine sends it by default ([`ENGINE_DEFAULT_CAPABILITIES`]); each set the policy narrows
+/// gives one [`Clamp`].
+fn capability_requests(
+    process: &Process,
+    policy: &SandboxPolicy,
+) -> Result<Vec<Clamp>, HardenError> {
+    let allowed: HashSet<&str> = policy
+        .privileges
+        .capabilities
+        .iter()
+        .map(Capability::as_str)
+        .collect();
+    let Some(caps) = process.capabilities() else {
+        return Ok(Vec::new());
+    };
+    let sets = [
+        ("bounding", caps.bounding()),
+        ("effective", caps.effective()),
+        ("permitted", caps.permitted()),
+        ("inheritable", caps.inheritable()),
+        ("ambient", caps.ambient()),
+    ];
+    let mut clamps = Vec::new();
+    for (set, names) in sets {
+        let Some(names) = names else { continue };
+        let mut requested: Vec<String> = names.iter().map(capability_name).collect();
+        requested.sort();
+        let key = format!("process.capabilities.{set}");
+        if let Some(wide) = requested.iter().find(|n| {
+            !allowed.contains(n.as_str()) && !ENGINE_DEFAULT_CAPABILITIES.contains(&n.as_str())
+        }) {
+            return Err(HardenError::Widens {
+                key,
+                requested: wide.clone(),
+                reason: "no engine sends this capability by default (it comes from --cap-add or a pod's capabilities.add) and the policy's [privileges] capabilities do not grant it",
+            });
+        }
+        let granted: Vec<String> = requested
+            .iter()
+            .filter(|n| allowed.contains(n.as_str()))
+            .cloned()
+            .collect();
+        if granted.len() < requested.len() {
+            clamps.push(Clamp {
+                key,
+                requested: name_list(&requested),
+                granted: name_list(&granted),
+            });
+        }
+    }
+    Ok(clamps)
+}
+
+/// `linux.namespaces`: no entry for the network, PID, IPC or UTS namespace means the host's
+/// and is refused (only `--network host`, `--pid host`, ... send that). Every namespace the
+/// sandbox makes itself where the spec asked for another one (a `path`, or no cgroup entry:
+/// the host's cgroup namespace, podman's and Docker's default on cgroup v1) gives a [`Clamp`].
+/// The user namespace is always the sandbox's own (no engine adds one by default) and a
+/// pod's member joins the pod's user, network, IPC and UTS namespaces.
+fn namespace_requests(spec: &Spec, ctx: &HardenContext) -> Result<Vec<Clamp>, HardenError> {
+    let listed: &[LinuxNamespace] = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_deref())
+        .unwrap_or_default();
+    let mut clamps = Vec::new();
+    for (typ, name, host_reason) in [
+        (
+            LinuxNamespaceType::Network,
+            "network",
+            Some(
+                "the container would share the host's network (--network host, --net-host, hostNetwork)",
+            ),
+        ),
+        (
+            LinuxNamespaceType::Pid,
+            "pid",
+            Some("the container would see and signal the host's processes (--pid host, hostPID)"),
+        ),
+        (
+            LinuxNamespaceType::Ipc,
+            "ipc",
+            Some("the container would share the host's IPC objects (--ipc host, hostIPC)"),
+        ),
+        (
+            LinuxNamespaceType::Uts,
+            "uts",
+            Some("the container could set the host's hostname (--uts host)"),
+        ),
+        (LinuxNamespaceType::Cgroup, "cgroup", None),
+        (LinuxNamespaceType::User, "user", None),
+    ] {
+        let key = format!("linux.namespaces[{name}]");
+        let requested = match listed.iter().find(|ns| ns.typ() == typ) {
+            None => match host_reason {
+                Some(reason) => {
+                    return Err(HardenError::Widens {
+                        key,
+                        requested: HOST_NAMESPACE.to_owned(),
+                        reason,
+                    });
+                }
+                None if typ == LinuxNamespaceType::Cgroup => HOST_NAMESPACE.to_owned(),
+                None => continue,
+            },
+            Some(ns) => match ns.path() {
+                Some(path) if ctx.host_namespaces.contains(&typ) => {
+                    let requested = format!("path {} (the host's)", path.display());
+                    match host_reason {
+                        Some(reason) => {
+                            return Err(HardenError::Widens {
+                                key,
+                                requested,
+                                reason,
+                            });
+                        }
+                        None => requested,
+                    }
+                }
+                Some(path) => format!("path {}", path.display()),
+                None => continue,
+            },
+        };
+        let pods = ctx.pod.is_some()
+            && matches!(
+                typ,
+                LinuxNamespaceType::User
+                    | LinuxNamespaceType::Network
+                    | LinuxNamespaceType::Ipc
+                    | LinuxNamespaceType::Uts
+            );
+        let runtimes = typ == LinuxNamespaceType::Network && ctx.network_namespace.is_some();
+        if pods || runtimes {
+            continue;
+        }
+        clamps.push(Clamp {
+            key,
+            requested,
+            granted: NEW_NAMESPACE.to_owned(),
+        });
+    }
+    Ok(clamps)
+}
+
+/// `linux.seccomp`: none at all is what `seccomp=unconfined` sends, and also ctr's default
+/// (without `--seccomp`). The policy's filter applies anyway, so the request is clamped.
+fn seccomp_request(spec: &Spec) -> Option<Clamp> {
+    let requested = spec.linux().as_ref().and_then(|l| l.seccomp().as_ref());
+    requested.is_none().then(|| Clamp {
+        key: "linux.seccomp".to_owned(),
+        requested: "none (unconfined)".to_owned(),
+        granted: "the policy's filter".to_owned(),
+    })
 }
 
 fn clamp_capabilities(
@@ -1248,11 +1489,30 @@ fn min_opt_i64(incoming: Option<i64>, policy: i64) -> i64 {
     }
 }
 
+/// A [`Clamp`] when the spec set `key` explicitly and the sandbox grants less (an unset key
+/// is no request: the policy's limit applies).
+fn resource_clamp(key: &str, requested: Option<i64>, granted: i64) -> Option<Clamp> {
+    let requested = requested?;
+    let unlimited = requested <= 0;
+    (unlimited || requested > granted).then(|| Clamp {
+        key: key.to_owned(),
+        requested: if unlimited {
+            format!("{requested} (unlimited)")
+        } else {
+            requested.to_string()
+        },
+        granted: granted.to_string(),
+    })
+}
+
+/// The cgroup limits: each at most the policy's, an explicit larger (or unlimited) value
+/// clamped with a [`Clamp`] naming its key.
 fn clamp_resources(
     incoming: Option<LinuxResources>,
     policy: &SandboxPolicy,
-) -> Result<LinuxResources, HardenError> {
+) -> Result<(LinuxResources, Vec<Clamp>), HardenError> {
     let r = &policy.resources;
+    let mut clamps = Vec::new();
     let mut res = incoming.unwrap_or_default();
     if let Some(key) = res.unified().as_ref().and_then(|u| u.keys().next()) {
         return Err(HardenError::UnifiedResource { key: key.clone() });
@@ -1260,9 +1520,19 @@ fn clamp_resources(
     let policy_memory = i64::try_from(r.memory.bytes()).unwrap_or(i64::MAX);
     let old_mem = res.memory().unwrap_or_default();
     let limit = min_opt_i64(old_mem.limit(), policy_memory);
+    clamps.extend(resource_clamp(
+        "linux.resources.memory.limit",
+        old_mem.limit(),
+        limit,
+    ));
+    // memory+swap equal to memory: no swap on top of the limit.
+    clamps.extend(resource_clamp(
+        "linux.resources.memory.swap",
+        old_mem.swap(),
+        limit,
+    ));
     let mut mem = LinuxMemory::default();
     mem.set_limit(Some(limit));
-    // memory+swap equal to memory: no swap on top of the limit.
     mem.set_swap(Some(limit));
     if let Some(reservation) = old_mem.reservation() {
         mem.set_reservation(Some(reservation.min(limit)));
@@ -1272,20 +1542,30 @@ fn clamp_resources(
     res.set_memory(Some(mem));
 
     let mut pids = LinuxPids::default();
-    pids.set_limit(min_opt_i64(
-        res.pids().map(|p| p.limit()),
-        i64::from(r.pids),
+    let requested_pids = res.pids().map(|p| p.limit());
+    let pids_limit = min_opt_i64(requested_pids, i64::from(r.pids));
+    clamps.extend(resource_clamp(
+        "linux.resources.pids.limit",
+        requested_pids,
+        pids_limit,
     ));
+    pids.set_limit(pids_limit);
     res.set_pids(Some(pids));
 
     let old_cpu = res.cpu().clone().unwrap_or_default();
     let mut cpu = LinuxCpu::default();
-    cpu.set_shares(Some(
-        old_cpu
-            .shares()
-            .filter(|s| *s > 0)
-            .map_or(r.cpu_shares, |s| s.min(r.cpu_shares)),
-    ));
+    let shares = old_cpu
+        .shares()
+        .filter(|s| *s > 0)
+        .map_or(r.cpu_shares, |s| s.min(r.cpu_shares));
+    if let Some(asked) = old_cpu.shares().filter(|s| *s > shares) {
+        clamps.push(Clamp {
+            key: "linux.resources.cpu.shares".to_owned(),
+            requested: asked.to_string(),
+            granted: shares.to_string(),
+        });
+    }
+    cpu.set_shares(Some(shares));
     let policy_quota = i64::try_from(r.cpu_quota_us).unwrap_or(i64::MAX);
     let (quota, period) = match (old_cpu.quota(), old_cpu.period()) {
         (Some(q), Some(p)) if q > 0 && p > 0 => {
@@ -1301,6 +1581,18 @@ fn clamp_resources(
         }
         _ => (policy_quota, r.cpu_period_us),
     };
+    if let Some(asked) = old_cpu.quota()
+        && (asked, old_cpu.period()) != (quota, Some(period))
+    {
+        clamps.push(Clamp {
+            key: "linux.resources.cpu.quota".to_owned(),
+            requested: match old_cpu.period() {
+                Some(p) => format!("{asked} per {p}"),
+                None => asked.to_string(),
+            },
+            granted: format!("{quota} per {period}"),
+        });
+    }
     cpu.set_quota(Some(quota));
     cpu.set_period(Some(period));
     cpu.set_cpus(old_cpu.cpus().clone());
@@ -1308,7 +1600,7 @@ fn clamp_resources(
     res.set_cpu(Some(cpu));
 
     res.set_devices(Some(device_rules()));
-    Ok(res)
+    Ok((res, clamps))
 }
 
 /// Deny every device, then allow the standard safe ones.

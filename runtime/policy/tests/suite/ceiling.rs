@@ -196,8 +196,15 @@ proptest! {
                 assert_sandboxed(&out.spec);
                 prop_assert!(narrow::within(&out.policy, &ceiling).is_ok());
             }
-            // Refusals are fine (fail closed), but only annotations may cause them here:
-            // nothing else this generator varies is ever a reason to refuse.
+            // Refusals are fine (fail closed), but only widening requests may cause them
+            // here: a host namespace or a capability no engine sends by default
+            // (docs/policy.md#widening-requests), or an annotation.
+            Err(harden::HardenError::Widens { key, .. }) => {
+                prop_assert!(
+                    key.starts_with("linux.namespaces[") || key.starts_with("process.capabilities."),
+                    "unexpected widening refusal: {key}"
+                );
+            }
             Err(e) => {
                 prop_assert!(!i.annotations.is_empty(), "refused without annotations: {e}");
                 prop_assert!(

@@ -33,6 +33,7 @@ pub fn ctx() -> HardenContext {
         protected: Vec::new(),
         network_namespace: None,
         pod: None,
+        host_namespaces: Vec::new(),
     }
 }
 
@@ -95,7 +96,26 @@ fn default_spec_gets_every_protection() {
         clamped,
     } = harden_ok(podman_like_spec(), &agent(), &ctx());
     assert_eq!(policy, agent());
-    assert!(clamped.is_empty(), "{clamped:?}");
+    // `runc spec`'s default capabilities (in every set) and its lack of a seccomp profile are
+    // engine defaults the sandbox narrows: each is reported, nothing is refused.
+    let keys: Vec<&str> = clamped.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "process.capabilities.bounding",
+            "process.capabilities.effective",
+            "process.capabilities.permitted",
+            "process.capabilities.inheritable",
+            "process.capabilities.ambient",
+            "linux.seccomp",
+        ],
+        "{clamped:?}"
+    );
+    assert_eq!(
+        clamped[0].requested,
+        "CAP_AUDIT_WRITE,CAP_KILL,CAP_NET_BIND_SERVICE"
+    );
+    assert_eq!(clamped[0].granted, "none");
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
     let process = spec.process().as_ref().unwrap();
     assert_eq!(process.no_new_privileges(), Some(true));
@@ -327,7 +347,7 @@ fn capabilities_are_the_intersection_of_spec_and_policy() {
     let mut process = spec.process().clone().unwrap();
     let wanted: oci_spec::runtime::Capabilities = [
         oci_spec::runtime::Capability::Chown,
-        oci_spec::runtime::Capability::SysAdmin,
+        oci_spec::runtime::Capability::Mknod,
         oci_spec::runtime::Capability::NetRaw,
     ]
     .into_iter()
@@ -597,6 +617,220 @@ fn unknown_or_malformed_annotations_are_errors() {
     assert!(matches!(err, HardenError::BadAnnotation { .. }), "{err}");
     let err = annotation_error(&[("io.agent.sandbox.profile", "lax")], &agent());
     assert!(matches!(err, HardenError::UnknownProfile { .. }), "{err}");
+}
+
+/// `spec` with `caps` in its bounding, effective and permitted sets (as engines send them).
+fn with_capabilities(caps: &[oci_spec::runtime::Capability]) -> Spec {
+    let mut spec = podman_like_spec();
+    let mut process = spec.process().clone().unwrap();
+    let set: oci_spec::runtime::Capabilities = caps.iter().copied().collect();
+    let mut c = LinuxCapabilities::default();
+    c.set_bounding(Some(set.clone()));
+    c.set_effective(Some(set.clone()));
+    c.set_permitted(Some(set));
+    c.set_inheritable(None);
+    c.set_ambient(None);
+    process.set_capabilities(Some(c));
+    spec.set_process(Some(process));
+    spec
+}
+
+#[test]
+fn a_capability_no_engine_sends_by_default_is_refused_naming_the_key() {
+    use oci_spec::runtime::Capability as C;
+    for cap in [C::NetAdmin, C::SysAdmin, C::SysPtrace, C::SysModule] {
+        let err =
+            harden::harden_spec(with_capabilities(&[C::Chown, cap]), &agent(), &ctx()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(&err, HardenError::Widens { key, .. } if key == "process.capabilities.bounding"),
+            "{text}"
+        );
+        assert!(text.contains("docs/policy.md#widening-requests"), "{text}");
+        assert!(
+            !text.contains("not permitted") && !text.contains("permission denied"),
+            "{text}"
+        );
+    }
+    // The same capability through an exec's process spec.
+    let process = with_capabilities(&[C::NetAdmin]).process().clone().unwrap();
+    let err = harden::harden_process(process, &agent()).unwrap_err();
+    assert!(matches!(err, HardenError::Widens { .. }), "{err}");
+    // A policy that grants it lets it through.
+    let policy = SandboxPolicy::parse(
+        "[privileges]\ncapabilities = [\"CAP_NET_BIND_SERVICE\"]\n",
+        "t.toml",
+    )
+    .unwrap();
+    let out = harden_ok(
+        with_capabilities(&[C::NetBindService, C::NetRaw]),
+        &policy,
+        &ctx(),
+    );
+    let bounding = out
+        .clamped
+        .iter()
+        .find(|c| c.key == "process.capabilities.bounding");
+    assert_eq!(
+        bounding.map(|c| (c.requested.as_str(), c.granted.as_str())),
+        Some(("CAP_NET_BIND_SERVICE,CAP_NET_RAW", "CAP_NET_BIND_SERVICE"))
+    );
+}
+
+#[test]
+fn every_engines_default_capability_set_is_clamped_and_reported() {
+    use oci_spec::runtime::Capability as C;
+    // Docker's and containerd's 14 (podman's 11 are a subset).
+    let docker = [
+        C::AuditWrite,
+        C::Chown,
+        C::DacOverride,
+        C::Fowner,
+        C::Fsetid,
+        C::Kill,
+        C::Mknod,
+        C::NetBindService,
+        C::NetRaw,
+        C::Setfcap,
+        C::Setgid,
+        C::Setpcap,
+        C::Setuid,
+        C::SysChroot,
+    ];
+    let out = harden_ok(with_capabilities(&docker), &agent(), &ctx());
+    let caps: Vec<&harden::Clamp> = out
+        .clamped
+        .iter()
+        .filter(|c| c.key.starts_with("process.capabilities."))
+        .collect();
+    assert_eq!(caps.len(), 3, "{caps:?}");
+    assert!(
+        caps.iter()
+            .all(|c| c.granted == "none" && c.requested.split(',').count() == 14)
+    );
+    assert_eq!(harden::ENGINE_DEFAULT_CAPABILITIES.len(), 14);
+}
+
+fn without_namespace(typ: LinuxNamespaceType) -> Spec {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    let mut ns = linux.namespaces().clone().unwrap();
+    ns.retain(|n| n.typ() != typ);
+    linux.set_namespaces(Some(ns));
+    spec.set_linux(Some(linux));
+    spec
+}
+
+#[test]
+fn host_network_pid_ipc_and_uts_namespaces_are_refused_naming_the_key() {
+    for (typ, key) in [
+        (LinuxNamespaceType::Network, "linux.namespaces[network]"),
+        (LinuxNamespaceType::Pid, "linux.namespaces[pid]"),
+        (LinuxNamespaceType::Ipc, "linux.namespaces[ipc]"),
+        (LinuxNamespaceType::Uts, "linux.namespaces[uts]"),
+    ] {
+        let err = harden::harden_spec(without_namespace(typ), &agent(), &ctx()).unwrap_err();
+        assert!(
+            matches!(&err, HardenError::Widens { key: k, .. } if k == key),
+            "{key}: {err}"
+        );
+        assert!(err.to_string().starts_with(key), "{err}");
+    }
+    // A path the runtime found to be its own (host) namespace: Docker's `--network host`.
+    let mut host = ctx();
+    host.host_namespaces = vec![LinuxNamespaceType::Network];
+    let mut spec = without_namespace(LinuxNamespaceType::Network);
+    let mut linux = spec.linux().clone().unwrap();
+    let mut ns = linux.namespaces().clone().unwrap();
+    ns.push(
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::Network)
+            .path("/run/docker/netns/default")
+            .build()
+            .unwrap(),
+    );
+    linux.set_namespaces(Some(ns));
+    spec.set_linux(Some(linux));
+    let err = harden::harden_spec(spec.clone(), &agent(), &host).unwrap_err();
+    assert!(
+        matches!(&err, HardenError::Widens { key, .. } if key == "linux.namespaces[network]"),
+        "{err}"
+    );
+    // Another namespace's path is clamped to a new one.
+    let out = harden_ok(spec, &agent(), &ctx());
+    assert!(
+        out.clamped
+            .iter()
+            .any(|c| c.key == "linux.namespaces[network]"
+                && c.requested == "path /run/docker/netns/default")
+    );
+    // The host's cgroup namespace (podman's and Docker's default on cgroup v1) is clamped.
+    let out = harden_ok(
+        without_namespace(LinuxNamespaceType::Cgroup),
+        &agent(),
+        &ctx(),
+    );
+    let cgroup = out
+        .clamped
+        .iter()
+        .find(|c| c.key == "linux.namespaces[cgroup]")
+        .unwrap();
+    assert_eq!(cgroup.granted, "a new namespace");
+}
+
+#[test]
+fn resources_above_the_policy_are_clamped_and_reported() {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    let mut res = LinuxResourcesBuilder::default()
+        .memory(
+            LinuxMemoryBuilder::default()
+                .limit(8i64 << 30)
+                .swap(16i64 << 30)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let mut pids = oci_spec::runtime::LinuxPids::default();
+    pids.set_limit(2048);
+    res.set_pids(Some(pids));
+    linux.set_resources(Some(res));
+    spec.set_linux(Some(linux));
+    let mut process = spec.process().clone().unwrap();
+    process.set_oom_score_adj(Some(-997));
+    spec.set_process(Some(process));
+    let out = harden_ok(spec, &agent(), &ctx());
+    let got = |key: &str| {
+        out.clamped
+            .iter()
+            .find(|c| c.key == key)
+            .map(|c| (c.requested.clone(), c.granted.clone()))
+    };
+    let two_gib = (2i64 << 30).to_string();
+    assert_eq!(
+        got("linux.resources.memory.limit"),
+        Some(((8i64 << 30).to_string(), two_gib.clone()))
+    );
+    assert_eq!(
+        got("linux.resources.memory.swap"),
+        Some(((16i64 << 30).to_string(), two_gib))
+    );
+    assert_eq!(
+        got("linux.resources.pids.limit"),
+        Some(("2048".to_owned(), "1024".to_owned()))
+    );
+    assert_eq!(
+        got("process.oomScoreAdj"),
+        Some(("-997".to_owned(), "0".to_owned()))
+    );
+    // A limit within the policy is no clamp.
+    let out = harden_ok(podman_like_spec(), &agent(), &ctx());
+    assert!(
+        !out.clamped
+            .iter()
+            .any(|c| c.key.starts_with("linux.resources"))
+    );
 }
 
 #[test]
@@ -970,13 +1204,23 @@ fn dockers_ping_group_range_is_clamped_to_the_gid_mapping_and_reported() {
         Some("0")
     );
     assert_eq!(
-        out.clamped,
+        ping_clamps(&out),
         [harden::Clamp {
             key: harden::PING_GROUP_RANGE.to_owned(),
             requested: "0 2147483647".to_owned(),
             granted: "0 65535".to_owned(),
         }]
     );
+}
+
+/// The clamps of `out` for the ping_group_range sysctl (the spec's default capabilities and
+/// missing seccomp profile give their own).
+fn ping_clamps(out: &HardenedSpec) -> Vec<harden::Clamp> {
+    out.clamped
+        .iter()
+        .filter(|c| c.key == harden::PING_GROUP_RANGE)
+        .cloned()
+        .collect()
 }
 
 #[test]
@@ -991,7 +1235,7 @@ fn ping_group_range_within_the_mapping_is_kept_and_not_reported() {
             sysctl_of(&out.spec, harden::PING_GROUP_RANGE).as_deref(),
             Some(value)
         );
-        assert!(out.clamped.is_empty(), "{value}: {:?}", out.clamped);
+        assert!(ping_clamps(&out).is_empty(), "{value}: {:?}", out.clamped);
     }
 }
 
@@ -1012,7 +1256,7 @@ fn ping_group_range_outside_the_mapping_becomes_nobody() {
             Some(granted),
             "{value}"
         );
-        assert_eq!(out.clamped.len(), 1, "{value}");
+        assert_eq!(ping_clamps(&out).len(), 1, "{value}");
     }
 }
 
