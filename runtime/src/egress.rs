@@ -18,9 +18,10 @@ use std::time::Instant;
 use agent_sandbox_audit::{AuditError, AuditLog, Event, RateLimit};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
-use agent_sandbox_policy::policy::NetworkMode;
+use agent_sandbox_policy::policy::{NetworkMode, SniMismatch};
 use agent_sandbox_proxy::{
-    Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig, Stage,
+    Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig, SniCheck,
+    Stage,
 };
 use libcontainer::oci_spec::runtime::Process;
 
@@ -371,6 +372,10 @@ pub fn serve(
         Arc::new(sink),
         ProxyConfig {
             credentials,
+            sni: match policy.network.sni_mismatch {
+                SniMismatch::Deny => SniCheck::Deny,
+                SniMismatch::Record => SniCheck::Record,
+            },
             ..ProxyConfig::default()
         },
     );
@@ -457,6 +462,7 @@ fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Opt
         duration_ms,
         method: event.method.clone(),
         path: event.path.clone(),
+        sni: event.sni.clone(),
         suppressed,
     })
 }
@@ -475,6 +481,7 @@ mod tests {
             port: Some(443),
             method: None,
             path: None,
+            sni: None,
             rule: Some("default deny".to_owned()),
             address_rule: None,
             resolved: None,

@@ -6,6 +6,7 @@ mod cri;
 mod ctr;
 mod docker;
 mod egress;
+mod egress_sni;
 mod faults;
 mod find;
 mod hostile;

@@ -27,6 +27,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("annotations", annotations),
     ("harden_spec", harden_spec),
     ("proxy_request", proxy_request),
+    ("client_hello", client_hello),
 ];
 
 /// The built-in `agent` policy, parsed once (parsing it per input would dominate the run).
@@ -230,5 +231,20 @@ pub fn proxy_request(data: &[u8]) {
             );
         }
         Err(e) => assert!(!e.to_string().is_empty(), "an error without a message"),
+    }
+}
+
+/// A tunnel's first bytes as the proxy reads them for the TLS server name: never a panic, and
+/// a name it reports is one the rules can judge (a normalised domain, never an address).
+pub fn client_hello(data: &[u8]) {
+    use agent_sandbox_proxy::Host;
+    use agent_sandbox_proxy::sni::{Peek, parse};
+    match parse(data) {
+        Peek::Sni(name) => match Host::parse(&name) {
+            Ok(Host::Domain(d)) if d == name => {}
+            other => panic!("server name {name:?} is not a normalised domain: {other:?}"),
+        },
+        Peek::Malformed(why) => assert!(!why.is_empty(), "a refusal without a reason"),
+        Peek::NoSni | Peek::NotTls | Peek::Incomplete => {}
     }
 }

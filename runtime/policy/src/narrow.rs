@@ -32,6 +32,8 @@ pub enum NarrowError {
     ProxyPort,
     #[error("network.audit_max_bytes is larger than the ceiling's")]
     AuditMaxBytes,
+    #[error("network.sni_mismatch record is wider than the ceiling's deny")]
+    SniMismatch,
     #[error("local port {port} is not among the ceiling's local ports")]
     LocalPort { port: u16 },
     #[error("allow rule {rule} is not covered by the ceiling's allow list")]
@@ -144,6 +146,10 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
         if cn.audit_max_bytes > pn.audit_max_bytes {
             return Err(NarrowError::AuditMaxBytes);
         }
+        // `record` lets through a tunnel that `deny` refuses.
+        if cn.sni_mismatch > pn.sni_mismatch {
+            return Err(NarrowError::SniMismatch);
+        }
         if let Some(rule) = cn
             .allow
             .iter()
@@ -228,6 +234,19 @@ mod tests {
             within(&candidate, &ceiling),
             Err(NarrowError::LocalPort { port: 22 })
         );
+    }
+
+    #[test]
+    fn sni_mismatch_may_tighten_to_deny_only() {
+        use crate::policy::SniMismatch;
+        let mut ceiling = SandboxPolicy::builtin("agent").unwrap();
+        let mut candidate = ceiling.clone();
+        candidate.network.sni_mismatch = SniMismatch::Record;
+        assert_eq!(within(&candidate, &ceiling), Err(NarrowError::SniMismatch));
+        ceiling.network.sni_mismatch = SniMismatch::Record;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        candidate.network.sni_mismatch = SniMismatch::Deny;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
     }
 
     #[test]

@@ -351,6 +351,27 @@ pub struct Network {
     /// it is replaced by one `truncated` record, and no `net` record is written after it.
     #[serde(skip_serializing_if = "is_default_audit_cap")]
     pub audit_max_bytes: ByteSize,
+    /// What a tunnel gets whose TLS ClientHello names another server (SNI) than the host it
+    /// was opened to: refused (the default) or only recorded.
+    #[serde(skip_serializing_if = "SniMismatch::is_deny")]
+    pub sni_mismatch: SniMismatch,
+}
+
+/// The `network.sni_mismatch` choice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SniMismatch {
+    /// Refuse the tunnel (and a ClientHello that cannot be read); record the refusal.
+    #[default]
+    Deny,
+    /// Let the tunnel through; its record names the server the ClientHello asked for.
+    Record,
+}
+
+impl SniMismatch {
+    fn is_deny(&self) -> bool {
+        *self == SniMismatch::Deny
+    }
 }
 
 /// The default of `network.audit_max_bytes` (16 MiB, tens of thousands of records).
@@ -370,6 +391,7 @@ impl Default for Network {
             deny: Vec::new(),
             credentials: Vec::new(),
             audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
+            sni_mismatch: SniMismatch::Deny,
         }
     }
 }

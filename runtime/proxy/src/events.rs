@@ -93,6 +93,10 @@ pub struct EgressEvent {
     /// secrets) and cut at [`MAX_PATH_CHARS`] characters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// The server name (SNI) of the TLS ClientHello a tunnel's client sent, read without
+    /// terminating TLS; `None` when the tunnel did not start with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
     /// The policy rule that decided (or let a refused address through), if any.
     pub rule: Option<String>,
     /// The policy rule that let the dialled address through although it is in a refused range
@@ -151,6 +155,7 @@ mod tests {
             port: Some(443),
             method: None,
             path: None,
+            sni: None,
             rule: Some("allow example.com".into()),
             address_rule: None,
             resolved: Some("93.184.216.34:443".parse().unwrap()),

@@ -14,6 +14,7 @@ mod proxy;
 mod pump;
 pub mod resolve;
 pub mod rules;
+pub mod sni;
 mod socks;
 
 pub use credentials::{Credentials, InjectedHeader};
@@ -24,10 +25,12 @@ pub use http::HttpError;
 pub use listener::{ListenerError, bind_in_netns};
 pub use proxy::{
     DENIED_HEADER, DENIED_REASON, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy, ProxyConfig, ProxyError,
+    SNI_MISMATCH_RULE, SNI_UNREADABLE_RULE,
 };
 pub use resolve::{
     BoxFuture, DNS_CACHE_ENTRIES, DnsResolver, ResolveError, Resolver, StaticResolver,
     SystemResolver,
 };
 pub use rules::{EgressRules, Host, HostError, Verdict};
+pub use sni::SniCheck;
 pub use socks::SocksError;

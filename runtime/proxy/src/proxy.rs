@@ -20,6 +20,7 @@ use crate::http::{self, ForwardHead, HttpError, Request};
 use crate::pump::{Counters, PumpEnd, pump};
 use crate::resolve::Resolver;
 use crate::rules::{EgressRules, Host};
+use crate::sni::{self, Peek, SniCheck};
 use crate::socks::{self, Reply, SocksError};
 
 /// Limits and timeouts. The defaults suit one sandbox's tools.
@@ -41,6 +42,8 @@ pub struct ProxyConfig {
     pub credentials: Credentials,
     /// Relay tunnels with `splice(2)` (zero-copy, the default) rather than through a buffer.
     pub splice: bool,
+    /// What a tunnel (CONNECT, SOCKS5) whose TLS ClientHello names another server gets.
+    pub sni: SniCheck,
 }
 
 impl Default for ProxyConfig {
@@ -54,6 +57,7 @@ impl Default for ProxyConfig {
             max_head_bytes: 32 * 1024,
             credentials: Credentials::default(),
             splice: true,
+            sni: SniCheck::Deny,
         }
     }
 }
@@ -198,6 +202,7 @@ struct Record {
     port: Option<u16>,
     method: Option<String>,
     path: Option<String>,
+    sni: Option<String>,
     rule: Option<String>,
     address_rule: Option<String>,
     resolved: Option<SocketAddr>,
@@ -285,6 +290,11 @@ pub const DENIED_HEADER: &str = "X-Agent-Sandbox-Denied";
 pub const DENIED_REASON: &str = "Forbidden by agent-sandbox policy";
 /// The rule a refused plain request whose Host header names another host is reported under.
 pub const HOST_MISMATCH_RULE: &str = "host header mismatch";
+/// The rule a refused tunnel whose TLS server name (SNI) differs from its host is reported under.
+pub const SNI_MISMATCH_RULE: &str = "sni mismatch";
+/// The rule a refused tunnel whose first bytes start a TLS ClientHello that cannot be read
+/// (malformed, too large, or not complete in time) is reported under.
+pub const SNI_UNREADABLE_RULE: &str = "unreadable tls client hello";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
 pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
 
@@ -311,6 +321,7 @@ impl Inner {
             port: None,
             method: None,
             path: None,
+            sni: None,
             rule: None,
             address_rule: None,
             resolved: None,
@@ -446,20 +457,68 @@ impl Inner {
         }
         let first_bytes = match &forward {
             Some(head) => self.forward_bytes(head, &host, port, rec),
-            None => early,
+            None => match self
+                .tunnel_start(stream, &upstream, early, &host, rec)
+                .await
+            {
+                Ok(bytes) => bytes,
+                Err(refused) => return refused,
+            },
         };
-        if !first_bytes.is_empty() {
-            if let Err(e) = upstream.write_all(&first_bytes).await {
-                return Outcome::UpstreamFailed {
-                    reason: e.to_string(),
-                };
-            }
-            counters.up.fetch_add(
-                u64::try_from(first_bytes.len()).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
+        if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
+            return outcome;
         }
         self.relay(stream, upstream, rec, counters).await
+    }
+
+    /// Reads a tunnel's first bytes for the TLS server name and applies the policy's
+    /// `sni_mismatch` choice. Returns the bytes to forward, or the refusal (already told to
+    /// the client as a TLS alert).
+    async fn tunnel_start(
+        &self,
+        client: &mut TcpStream,
+        upstream: &TcpStream,
+        early: Vec<u8>,
+        host: &Host,
+        rec: &mut Record,
+    ) -> Result<Vec<u8>, Outcome> {
+        if self.config.sni == SniCheck::Off {
+            return Ok(early);
+        }
+        let (bytes, peek) = sni::read_client_hello(
+            client,
+            upstream,
+            early,
+            self.config.handshake_timeout,
+            self.config.idle_timeout,
+        )
+        .await;
+        let problem = match &peek {
+            Peek::Sni(name) => {
+                rec.sni = Some(name.clone());
+                // An IP literal has no name to compare with; the name is recorded.
+                matches!(host, Host::Domain(d) if d != name).then_some(SNI_MISMATCH_RULE)
+            }
+            Peek::Malformed(_) | Peek::Incomplete => Some(SNI_UNREADABLE_RULE),
+            Peek::NoSni | Peek::NotTls => None,
+        };
+        let Some(rule) = problem else {
+            return Ok(bytes);
+        };
+        tracing::warn!(
+            connection = rec.id,
+            %host,
+            sni = rec.sni.as_deref().unwrap_or(""),
+            detail = ?peek,
+            action = ?self.config.sni,
+            "egress tunnel {rule}"
+        );
+        if self.config.sni == SniCheck::Record {
+            return Ok(bytes);
+        }
+        rec.rule = Some(rule.to_owned());
+        let _ = client.write_all(&sni::ACCESS_DENIED_ALERT).await;
+        Err(Outcome::Denied)
     }
 
     /// The forwarded request's bytes, with the policy's credential header for this host.
@@ -513,6 +572,17 @@ impl Inner {
         };
         if let Err(e) = socks::write_reply(stream, Reply::Succeeded).await {
             return client_error(&e.to_string());
+        }
+        let mut upstream = upstream;
+        let first_bytes = match self
+            .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
+            return outcome;
         }
         self.relay(stream, upstream, rec, counters).await
     }
@@ -640,6 +710,7 @@ impl Inner {
             port: rec.port,
             method: rec.method.clone(),
             path: rec.path.clone(),
+            sni: rec.sni.clone(),
             rule: rec.rule.clone(),
             address_rule: rec.address_rule.clone(),
             resolved: rec.resolved,
@@ -656,6 +727,7 @@ impl Inner {
             protocol = ?event.protocol,
             host = event.host.as_deref().unwrap_or(""),
             port = event.port.unwrap_or(0),
+            sni = event.sni.as_deref().unwrap_or(""),
             rule = event.rule.as_deref().unwrap_or(""),
             address_rule = event.address_rule.as_deref().unwrap_or(""),
             resolved = ?event.resolved,
@@ -667,6 +739,28 @@ impl Inner {
         );
         self.sink.record(&event);
     }
+}
+
+/// Sends the bytes read from the client before the relay (a request head, a ClientHello).
+async fn send_first(
+    upstream: &mut TcpStream,
+    bytes: &[u8],
+    counters: &Counters,
+) -> Result<(), Outcome> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    upstream
+        .write_all(bytes)
+        .await
+        .map_err(|e| Outcome::UpstreamFailed {
+            reason: e.to_string(),
+        })?;
+    counters.up.fetch_add(
+        u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    Ok(())
 }
 
 /// Closes our sending half, then reads and discards what the client still sends (bounded in
