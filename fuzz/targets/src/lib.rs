@@ -28,6 +28,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("harden_spec", harden_spec),
     ("proxy_request", proxy_request),
     ("client_hello", client_hello),
+    ("dns_query", dns_query),
 ];
 
 /// The built-in `agent` policy, parsed once (parsing it per input would dominate the run).
@@ -246,5 +247,29 @@ pub fn client_hello(data: &[u8]) {
         },
         Peek::Malformed(why) => assert!(!why.is_empty(), "a refusal without a reason"),
         Peek::NoSni | Peek::NotTls | Peek::Incomplete => {}
+    }
+}
+
+/// A datagram to the sandbox's DNS stub: never a panic; a name no rule allows is refused and
+/// gets no stand-in; an answer, if any, is a response with the query's id.
+pub fn dns_query(data: &[u8]) {
+    use agent_sandbox_proxy::dns_stub::{StandIns, answer};
+    use agent_sandbox_proxy::{EgressRules, Host};
+    let list = agent().network.allowlist();
+    let table = StandIns::new();
+    let reply = answer(data, &|h: &Host| list.may_allow(h), &table);
+    if reply.refused
+        && let Some(Host::Domain(name)) = reply.question.as_ref().and_then(|q| q.host.clone())
+    {
+        assert!(
+            table
+                .addresses(&name)
+                .is_some_and(|(v4, _)| v4.octets() == [198, 18, 0, 1]),
+            "a refused name {name:?} got a stand-in before"
+        );
+    }
+    if let (Some(r), Some(q)) = (reply.bytes.get(..3), data.get(..2)) {
+        assert_eq!(&r[..2], q, "a response with another id");
+        assert!(r[2] & 0x80 != 0, "an answer that is not a response");
     }
 }

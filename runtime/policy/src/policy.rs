@@ -355,6 +355,12 @@ pub struct Network {
     /// was opened to: refused (the default) or only recorded.
     #[serde(skip_serializing_if = "SniMismatch::is_deny")]
     pub sni_mismatch: SniMismatch,
+    /// Proxy-unaware tools (mode `proxy` only): a DNS stub in the sandbox answers allowed
+    /// names with addresses the proxy maps back to them, and every TCP connection that leaves
+    /// the sandbox's loopback is redirected to the proxy, which decides it on name, port and
+    /// SNI and records it (docs/egress.md).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub transparent: bool,
 }
 
 /// The `network.sni_mismatch` choice.
@@ -392,6 +398,7 @@ impl Default for Network {
             credentials: Vec::new(),
             audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
             sni_mismatch: SniMismatch::Deny,
+            transparent: false,
         }
     }
 }

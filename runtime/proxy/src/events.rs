@@ -17,6 +17,11 @@ pub enum Protocol {
     HttpForward,
     /// SOCKS5 `CONNECT`.
     Socks5,
+    /// A TCP connection of a proxy-unaware tool, redirected to the proxy inside the
+    /// sandbox's network namespace (policy `network.transparent`).
+    Transparent,
+    /// A query to the sandbox's DNS stub (policy `network.transparent`).
+    Dns,
     /// The first bytes matched no supported protocol.
     Unknown,
 }

@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use tokio::time::timeout;
 
 use crate::credentials::Credentials;
+use crate::dns_stub::{self, StandIns};
 use crate::events::{EgressEvent, EventSink, Outcome, Protocol, Stage};
 use crate::guard::{SpecialRange, classify};
 use crate::http::{self, ForwardHead, HttpError, Request};
@@ -22,6 +23,7 @@ use crate::resolve::Resolver;
 use crate::rules::{EgressRules, Host};
 use crate::sni::{self, Peek, SniCheck};
 use crate::socks::{self, Reply, SocksError};
+use crate::transparent;
 
 /// Limits and timeouts. The defaults suit one sandbox's tools.
 #[derive(Debug, Clone)]
@@ -164,6 +166,181 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Serves transparent egress (policy `network.transparent`): connections redirected to
+    /// `listeners` inside the sandbox's namespace are decided on the name their stand-in
+    /// address stands for (or the address itself), port and SNI, and DNS queries on `dns`
+    /// are answered by the stub. Runs until a socket fails for good.
+    pub async fn serve_transparent(
+        &self,
+        listeners: Vec<std::net::TcpListener>,
+        dns: Vec<std::net::UdpSocket>,
+        stand_ins: Arc<StandIns>,
+    ) -> Result<(), ProxyError> {
+        let mut tasks = JoinSet::new();
+        for listener in listeners {
+            listener
+                .set_nonblocking(true)
+                .map_err(ProxyError::Listener)?;
+            let listener = TcpListener::from_std(listener).map_err(ProxyError::Listener)?;
+            let (inner, names) = (Arc::clone(&self.inner), Arc::clone(&stand_ins));
+            tasks.spawn(async move { inner.accept_transparent(listener, names).await });
+        }
+        for socket in dns {
+            socket.set_nonblocking(true).map_err(ProxyError::Listener)?;
+            let socket = tokio::net::UdpSocket::from_std(socket).map_err(ProxyError::Listener)?;
+            let (inner, names) = (Arc::clone(&self.inner), Arc::clone(&stand_ins));
+            tasks.spawn(async move { inner.serve_dns(socket, names).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => tracing::error!(error = %e, "transparent egress task failed"),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    async fn accept_transparent(
+        self: Arc<Self>,
+        listener: TcpListener,
+        names: Arc<StandIns>,
+    ) -> Result<(), ProxyError> {
+        let slots = Arc::new(Semaphore::new(self.config.max_connections.max(1)));
+        loop {
+            match accept(&listener, &slots).await {
+                Ok((stream, client, permit)) => {
+                    let (inner, names) = (Arc::clone(&self), Arc::clone(&names));
+                    tokio::spawn(async move {
+                        inner.handle_transparent(stream, client, &names).await;
+                        drop(permit);
+                    });
+                }
+                Err(e) if is_transient(&e) => {
+                    tracing::warn!(error = %e, "transparent accept failed, retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(ProxyError::Accept(e)),
+            }
+        }
+    }
+
+    async fn handle_transparent(
+        &self,
+        mut stream: TcpStream,
+        client: SocketAddr,
+        names: &StandIns,
+    ) {
+        let mut rec = Record {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            client,
+            start: Instant::now(),
+            protocol: Protocol::Transparent,
+            host: None,
+            port: None,
+            method: None,
+            path: None,
+            sni: None,
+            rule: None,
+            address_rule: None,
+            resolved: None,
+            relayed: false,
+        };
+        let counters = Counters::new();
+        let _ = stream.set_nodelay(true);
+        let outcome = self
+            .serve_redirected(&mut stream, &mut rec, &counters, names)
+            .await;
+        if !rec.relayed {
+            // A refused connection is reset: the tool sees "connection refused/reset" at once.
+            let _ = stream.set_zero_linger();
+        }
+        drop(stream);
+        self.emit(&rec, Stage::Finished, outcome, &counters);
+    }
+
+    async fn serve_redirected(
+        &self,
+        stream: &mut TcpStream,
+        rec: &mut Record,
+        counters: &Counters,
+        names: &StandIns,
+    ) -> Outcome {
+        let target = match transparent::original_destination(stream) {
+            Ok(t) => t,
+            Err(e) => return client_error(&format!("no original destination: {e}")),
+        };
+        // A stand-in address means the name the stub gave it for; any other address was not
+        // learnt from the stub (a raw address) and is judged as that address.
+        let host = match names.name_of(target.ip()) {
+            Some(name) => Host::Domain(name),
+            None => Host::Ip(target.ip().to_canonical()),
+        };
+        rec.host = Some(host.clone());
+        rec.port = Some(target.port());
+        let mut upstream = match self.open(&host, target.port(), rec).await {
+            Ok(u) => u,
+            Err(refusal) => return refusal.outcome(),
+        };
+        let first = match self
+            .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        if let Err(outcome) = send_first(&mut upstream, &first, counters).await {
+            return outcome;
+        }
+        self.relay(stream, upstream, rec, counters).await
+    }
+
+    async fn serve_dns(
+        self: Arc<Self>,
+        socket: tokio::net::UdpSocket,
+        names: Arc<StandIns>,
+    ) -> Result<(), ProxyError> {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, from) = match socket.recv_from(&mut buf).await {
+                Ok(got) => got,
+                Err(e) if is_transient(&e) => continue,
+                Err(e) => return Err(ProxyError::Accept(e)),
+            };
+            let start = Instant::now();
+            let query = buf.get(..n).unwrap_or_default();
+            let reply = dns_stub::answer(query, &|h| self.rules.may_allow(h), &names);
+            if !reply.bytes.is_empty() {
+                let _ = socket.send_to(&reply.bytes, from).await;
+            }
+            if reply.refused {
+                // A lookup of a name the policy never allows: what the tool tried, recorded
+                // (rate-limited like every denial).
+                let host = reply.question.and_then(|q| q.host);
+                let rec = Record {
+                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    client: from,
+                    start,
+                    protocol: Protocol::Dns,
+                    host,
+                    port: Some(53),
+                    method: None,
+                    path: None,
+                    sni: None,
+                    rule: Some(DNS_REFUSED_RULE.to_owned()),
+                    address_rule: None,
+                    resolved: None,
+                    relayed: false,
+                };
+                self.emit(&rec, Stage::Finished, Outcome::Denied, &Counters::new());
+            }
+        }
+    }
+}
+
 async fn accept(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
@@ -295,6 +472,8 @@ pub const SNI_MISMATCH_RULE: &str = "sni mismatch";
 /// The rule a refused tunnel whose first bytes start a TLS ClientHello that cannot be read
 /// (malformed, too large, or not complete in time) is reported under.
 pub const SNI_UNREADABLE_RULE: &str = "unreadable tls client hello";
+/// The rule a DNS stub refusal (NXDOMAIN for a name no rule allows) is recorded under.
+pub const DNS_REFUSED_RULE: &str = "dns: no rule allows the name";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
 pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
 
