@@ -18,11 +18,11 @@ use std::time::Instant;
 use agent_sandbox_audit::{AuditError, AuditLog, Event, RateLimit};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
-use agent_sandbox_policy::policy::NetworkMode;
+use agent_sandbox_policy::policy::{NetworkMode, SniMismatch};
 use agent_sandbox_proxy::approval::{AnsweredBy, ApprovalRecord};
 use agent_sandbox_proxy::{
     Approvals, Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig,
-    Stage,
+    SniCheck, Stage, StandIns,
 };
 use libcontainer::oci_spec::runtime::Process;
 
@@ -51,6 +51,8 @@ pub enum EgressError {
     Listener(#[source] agent_sandbox_proxy::ListenerError),
     #[error("cannot set up the proxy's host-side resolver")]
     Resolver(#[source] agent_sandbox_proxy::ResolveError),
+    #[error("cannot set up transparent egress (policy network.transparent; docs/egress.md)")]
+    Transparent(#[source] agent_sandbox_proxy::TransparentError),
     #[error("cannot start the proxy's event loop")]
     Runtime(#[source] std::io::Error),
     #[error("the egress proxy stopped")]
@@ -336,6 +338,21 @@ pub fn serve(
             return Err(EgressError::Listener(e));
         }
     };
+    let transparent = if policy.network.transparent {
+        // The proxy's port and the local ports stay reachable on loopback; everything else
+        // that leaves loopback is redirected to the proxy (docs/egress.md).
+        let mut ports = vec![policy.network.proxy_port];
+        ports.extend(policy.network.local_ports.iter().copied());
+        match agent_sandbox_proxy::transparent_in_netns(&netns, &ports) {
+            Ok(sockets) => Some(sockets),
+            Err(e) => {
+                report(&format!("cannot set up transparent egress: {}", chain(&e)));
+                return Err(EgressError::Transparent(e));
+            }
+        }
+    } else {
+        None
+    };
     watch_sandbox_init(&netns, pid_file.to_path_buf());
     // Audit records are fsynced one by one: a writer thread keeps that off the
     // proxy's event loop (the sink must not block). Denials are rate-limited (the same
@@ -397,6 +414,10 @@ pub fn serve(
         ProxyConfig {
             credentials,
             approvals: Some(Arc::clone(&approvals)),
+            sni: match policy.network.sni_mismatch {
+                SniMismatch::Deny => SniCheck::Deny,
+                SniMismatch::Record => SniCheck::Record,
+            },
             ..ProxyConfig::default()
         },
     );
@@ -419,8 +440,19 @@ pub fn serve(
         let mut hup = signal(SignalKind::hangup()).map_err(EgressError::Runtime)?;
         let control = tokio::net::UnixListener::from_std(control).map_err(EgressError::Runtime)?;
         tokio::spawn(approvals.serve_control(control));
+        let redirected = async {
+            match transparent {
+                Some(sockets) => {
+                    proxy
+                        .serve_transparent(sockets.tcp, sockets.dns, Arc::new(StandIns::new()))
+                        .await
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             served = proxy.serve_std(listener) => served.map_err(EgressError::Serve),
+            served = redirected => served.map_err(EgressError::Serve),
             _ = term.recv() => Err(EgressError::Signalled { signal: "SIGTERM" }),
             _ = int.recv() => Err(EgressError::Signalled { signal: "SIGINT" }),
             _ = hup.recv() => Err(EgressError::Signalled { signal: "SIGHUP" }),
@@ -518,6 +550,7 @@ fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Opt
         duration_ms,
         method: event.method.clone(),
         path: event.path.clone(),
+        sni: event.sni.clone(),
         suppressed,
     })
 }
@@ -536,6 +569,7 @@ mod tests {
             port: Some(443),
             method: None,
             path: None,
+            sni: None,
             rule: Some("default deny".to_owned()),
             address_rule: None,
             resolved: None,

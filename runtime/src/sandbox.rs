@@ -467,7 +467,10 @@ impl LandlockApply for LandlockRules {
         if status.ruleset != RulesetStatus::FullyEnforced {
             return Err(format!("ruleset only {:?}", status.ruleset));
         }
-        if !audit {
+        // The probe needs a TCP port Landlock refuses; a ruleset without TCP rights
+        // (transparent egress, docs/egress.md) cannot make one, and this process's Landlock
+        // denials go unclaimed (no `fs_denied` records for it).
+        if !audit || rs.handled_net.is_empty() {
             return Ok(None);
         }
         let port = probe_port(rs);

@@ -7,6 +7,8 @@ mod cri;
 mod ctr;
 mod docker;
 mod egress;
+mod egress_sni;
+mod egress_transparent;
 mod faults;
 mod find;
 mod hostile;

@@ -27,6 +27,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("annotations", annotations),
     ("harden_spec", harden_spec),
     ("proxy_request", proxy_request),
+    ("client_hello", client_hello),
+    ("dns_query", dns_query),
 ];
 
 /// The built-in `agent` policy, parsed once (parsing it per input would dominate the run).
@@ -230,5 +232,44 @@ pub fn proxy_request(data: &[u8]) {
             );
         }
         Err(e) => assert!(!e.to_string().is_empty(), "an error without a message"),
+    }
+}
+
+/// A tunnel's first bytes as the proxy reads them for the TLS server name: never a panic, and
+/// a name it reports is one the rules can judge (a normalised domain, never an address).
+pub fn client_hello(data: &[u8]) {
+    use agent_sandbox_proxy::Host;
+    use agent_sandbox_proxy::sni::{Peek, parse};
+    match parse(data) {
+        Peek::Sni(name) => match Host::parse(&name) {
+            Ok(Host::Domain(d)) if d == name => {}
+            other => panic!("server name {name:?} is not a normalised domain: {other:?}"),
+        },
+        Peek::Malformed(why) => assert!(!why.is_empty(), "a refusal without a reason"),
+        Peek::NoSni | Peek::NotTls | Peek::Incomplete => {}
+    }
+}
+
+/// A datagram to the sandbox's DNS stub: never a panic; a name no rule allows is refused and
+/// gets no stand-in; an answer, if any, is a response with the query's id.
+pub fn dns_query(data: &[u8]) {
+    use agent_sandbox_proxy::dns_stub::{StandIns, answer};
+    use agent_sandbox_proxy::{EgressRules, Host};
+    let list = agent().network.allowlist();
+    let table = StandIns::new();
+    let reply = answer(data, &|h: &Host| list.may_allow(h), &table);
+    if reply.refused
+        && let Some(Host::Domain(name)) = reply.question.as_ref().and_then(|q| q.host.clone())
+    {
+        assert!(
+            table
+                .addresses(&name)
+                .is_some_and(|(v4, _)| v4.octets() == [198, 18, 0, 1]),
+            "a refused name {name:?} got a stand-in before"
+        );
+    }
+    if let (Some(r), Some(q)) = (reply.bytes.get(..3), data.get(..2)) {
+        assert_eq!(&r[..2], q, "a response with another id");
+        assert!(r[2] & 0x80 != 0, "an answer that is not a response");
     }
 }

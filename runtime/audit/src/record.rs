@@ -106,6 +106,9 @@ pub enum Event {
         /// Path of a plain HTTP request, without its query string.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         path: Option<String>,
+        /// Server name (SNI) of the TLS ClientHello a tunnel's client sent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sni: Option<String>,
         /// Denials left out by the proxy's rate limit since the previous `net` record.
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,

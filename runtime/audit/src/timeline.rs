@@ -134,6 +134,7 @@ fn details(event: &Event) -> String {
             duration_ms,
             method,
             path,
+            sni,
             suppressed,
         } => {
             let v = match verdict {
@@ -143,6 +144,12 @@ fn details(event: &Event) -> String {
             let mut s = format!("{v} {}:{port}", esc(host));
             if let (Some(m), Some(p)) = (method, path) {
                 let _ = write!(s, " {} {}", esc(m), esc(p));
+            }
+            if let Some(name) = sni {
+                let _ = write!(s, " sni {}", esc(name));
+                if name != host {
+                    s.push_str(" (not the host)");
+                }
             }
             let _ = write!(
                 s,

@@ -69,6 +69,12 @@ pub fn explain(policy: &SandboxPolicy) -> String {
                     let _ = writeln!(out, "        {rule}");
                 }
             }
+            if net.sni_mismatch == crate::policy::SniMismatch::Record {
+                out.push_str(
+                    "    - a TLS tunnel naming another server (SNI) than its host is let through \
+                     and recorded (sni_mismatch = record)\n",
+                );
+            }
         }
     }
     if !net.local_ports.is_empty() {

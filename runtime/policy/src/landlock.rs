@@ -249,6 +249,11 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
         NetworkMode::Proxy => Some(policy.network.proxy_port),
         NetworkMode::None => None,
     };
+    // Transparent egress: a tool connects to any port of an allowed name's stand-in address
+    // and the netns redirects it to the proxy, so Landlock (which sees the port before the
+    // redirect) cannot name the ports; the netns's own filter keeps loopback to the proxy and
+    // `local_ports` instead (docs/egress.md).
+    let transparent = policy.network.mode == NetworkMode::Proxy && policy.network.transparent;
     let mut ports: Vec<u16> = proxy
         .into_iter()
         .chain(policy.network.local_ports.iter().copied())
@@ -262,6 +267,15 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
             access: [NetAccess::ConnectTcp].into_iter().collect(),
         })
         .collect();
+    if transparent {
+        return LandlockRuleset {
+            min_abi: 5,
+            handled_fs: FsAccess::ALL.into_iter().collect(),
+            handled_net: BTreeSet::new(),
+            paths,
+            net: Vec::new(),
+        };
+    }
     LandlockRuleset {
         min_abi: 5,
         handled_fs: FsAccess::ALL.into_iter().collect(),

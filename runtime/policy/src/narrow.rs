@@ -32,6 +32,10 @@ pub enum NarrowError {
     ProxyPort,
     #[error("network.audit_max_bytes is larger than the ceiling's")]
     AuditMaxBytes,
+    #[error("network.sni_mismatch record is wider than the ceiling's deny")]
+    SniMismatch,
+    #[error("network.transparent is on but off in the ceiling")]
+    Transparent,
     #[error("local port {port} is not among the ceiling's local ports")]
     LocalPort { port: u16 },
     #[error("allow rule {rule} is not covered by the ceiling's allow list")]
@@ -147,6 +151,15 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
         // A larger cap lets a sandbox use more of the host's disk.
         if cn.audit_max_bytes > pn.audit_max_bytes {
             return Err(NarrowError::AuditMaxBytes);
+        }
+        // `record` lets through a tunnel that `deny` refuses.
+        if cn.sni_mismatch > pn.sni_mismatch {
+            return Err(NarrowError::SniMismatch);
+        }
+        // Transparent mode lifts Landlock's TCP port rule (the netns filter takes it over)
+        // and answers DNS inside: a ceiling without it stays without it.
+        if cn.transparent && !pn.transparent {
+            return Err(NarrowError::Transparent);
         }
         if let Some(rule) = cn
             .allow
@@ -287,6 +300,31 @@ mod tests {
             ceiling: vec![rule("api.example.com")],
         });
         assert_eq!(within(&candidate, &ceiling), Err(NarrowError::Approvals));
+    }
+
+    #[test]
+    fn sni_mismatch_may_tighten_to_deny_only() {
+        use crate::policy::SniMismatch;
+        let mut ceiling = SandboxPolicy::builtin("agent").unwrap();
+        let mut candidate = ceiling.clone();
+        candidate.network.sni_mismatch = SniMismatch::Record;
+        assert_eq!(within(&candidate, &ceiling), Err(NarrowError::SniMismatch));
+        ceiling.network.sni_mismatch = SniMismatch::Record;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        candidate.network.sni_mismatch = SniMismatch::Deny;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+    }
+
+    #[test]
+    fn transparent_mode_needs_the_ceiling_to_have_it() {
+        let mut ceiling = SandboxPolicy::builtin("agent").unwrap();
+        let mut candidate = ceiling.clone();
+        candidate.network.transparent = true;
+        assert_eq!(within(&candidate, &ceiling), Err(NarrowError::Transparent));
+        ceiling.network.transparent = true;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        candidate.network.transparent = false;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
     }
 
     #[test]

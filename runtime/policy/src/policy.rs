@@ -363,6 +363,33 @@ pub struct Network {
     /// `agent-sandbox allow`/`deny`, both bounded by the table's ceiling.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approvals: Option<crate::approvals::Approvals>,
+    /// What a tunnel gets whose TLS ClientHello names another server (SNI) than the host it
+    /// was opened to: refused (the default) or only recorded.
+    #[serde(skip_serializing_if = "SniMismatch::is_deny")]
+    pub sni_mismatch: SniMismatch,
+    /// Proxy-unaware tools (mode `proxy` only): a DNS stub in the sandbox answers allowed
+    /// names with addresses the proxy maps back to them, and every TCP connection that leaves
+    /// the sandbox's loopback is redirected to the proxy, which decides it on name, port and
+    /// SNI and records it (docs/egress.md).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub transparent: bool,
+}
+
+/// The `network.sni_mismatch` choice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SniMismatch {
+    /// Refuse the tunnel (and a ClientHello that cannot be read); record the refusal.
+    #[default]
+    Deny,
+    /// Let the tunnel through; its record names the server the ClientHello asked for.
+    Record,
+}
+
+impl SniMismatch {
+    fn is_deny(&self) -> bool {
+        *self == SniMismatch::Deny
+    }
 }
 
 /// The default of `network.audit_max_bytes` (16 MiB, tens of thousands of records).
@@ -383,6 +410,8 @@ impl Default for Network {
             credentials: Vec::new(),
             audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
             approvals: None,
+            sni_mismatch: SniMismatch::Deny,
+            transparent: false,
         }
     }
 }

@@ -17,6 +17,11 @@ pub enum Protocol {
     HttpForward,
     /// SOCKS5 `CONNECT`.
     Socks5,
+    /// A TCP connection of a proxy-unaware tool, redirected to the proxy inside the
+    /// sandbox's network namespace (policy `network.transparent`).
+    Transparent,
+    /// A query to the sandbox's DNS stub (policy `network.transparent`).
+    Dns,
     /// The first bytes matched no supported protocol.
     Unknown,
 }
@@ -93,6 +98,10 @@ pub struct EgressEvent {
     /// secrets) and cut at [`MAX_PATH_CHARS`] characters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// The server name (SNI) of the TLS ClientHello a tunnel's client sent, read without
+    /// terminating TLS; `None` when the tunnel did not start with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
     /// The policy rule that decided (or let a refused address through), if any.
     pub rule: Option<String>,
     /// The policy rule that let the dialled address through although it is in a refused range
@@ -151,6 +160,7 @@ mod tests {
             port: Some(443),
             method: None,
             path: None,
+            sni: None,
             rule: Some("allow example.com".into()),
             address_rule: None,
             resolved: Some("93.184.216.34:443".parse().unwrap()),

@@ -3,6 +3,7 @@
 
 pub mod approval;
 pub mod credentials;
+pub mod dns_stub;
 pub mod env;
 pub mod events;
 #[doc(hidden)]
@@ -15,21 +16,28 @@ mod proxy;
 mod pump;
 pub mod resolve;
 pub mod rules;
+pub mod sni;
 mod socks;
+mod transparent;
 
 pub use approval::{Approvals, TOOL_CALL_HEADER};
 pub use credentials::{Credentials, InjectedHeader};
+pub use dns_stub::StandIns;
 pub use env::{NO_PROXY, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command};
 pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};
 pub use guard::{SpecialRange, classify};
 pub use http::HttpError;
-pub use listener::{ListenerError, bind_in_netns};
+pub use listener::{
+    ListenerError, TransparentError, TransparentSockets, bind_in_netns, transparent_in_netns,
+};
 pub use proxy::{
-    DENIED_HEADER, DENIED_REASON, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy, ProxyConfig, ProxyError,
+    DENIED_HEADER, DENIED_REASON, DNS_REFUSED_RULE, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy,
+    ProxyConfig, ProxyError, SNI_MISMATCH_RULE, SNI_UNREADABLE_RULE,
 };
 pub use resolve::{
     BoxFuture, DNS_CACHE_ENTRIES, DnsResolver, ResolveError, Resolver, StaticResolver,
     SystemResolver,
 };
 pub use rules::{EgressRules, Host, HostError, Verdict};
+pub use sni::SniCheck;
 pub use socks::SocksError;

@@ -111,3 +111,193 @@ pub fn bind_in_netns(netns: &Path, port: u16) -> Result<TcpListener, ListenerErr
         ListenerError::Thread(std::io::Error::other("namespace helper thread panicked"))
     })?
 }
+
+/// The sockets of transparent egress, bound inside the sandbox's network namespace.
+#[derive(Debug)]
+pub struct TransparentSockets {
+    /// Where redirected TCP arrives (IPv4: `127.0.0.1`, IPv6: `[::1]`).
+    pub tcp: Vec<TcpListener>,
+    /// The DNS stub's sockets (every UDP query to port 53 is redirected to them).
+    pub dns: Vec<std::net::UdpSocket>,
+}
+
+/// Why transparent egress could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TransparentError {
+    /// Entering the namespace or binding failed.
+    #[error("cannot prepare transparent egress in the sandbox's network namespace")]
+    Listener(#[source] ListenerError),
+    /// A host tool (`ip`, `iptables-restore`, `ip6tables-restore`) is missing or failed.
+    #[error("`{command}` failed in the sandbox's network namespace: {detail}")]
+    Command {
+        /// The command line.
+        command: String,
+        /// Its error output or why it could not run.
+        detail: String,
+    },
+}
+
+/// Sets up transparent egress inside the network namespace at `netns` (docs/egress.md):
+/// binds the redirect listeners and the DNS stub's sockets on loopback (ports picked by the
+/// kernel), routes every destination to `lo`, and loads netfilter rules that send every UDP
+/// query to port 53 to the stub, every TCP connection to a non-loopback address to the
+/// redirect listener, and refuse new TCP connections on loopback except to `loopback_ports`
+/// (the proxy's port and the policy's `local_ports`) and the redirect listener. Runs the
+/// host's `ip`, `iptables-restore` and `ip6tables-restore` from a thread inside the
+/// namespace; nothing runs inside the sandbox. IPv6 is set up the same way unless the kernel
+/// has it disabled (then the sandbox has no IPv6 at all).
+pub fn transparent_in_netns(
+    netns: &Path,
+    loopback_ports: &[u16],
+) -> Result<TransparentSockets, TransparentError> {
+    let path = netns.to_path_buf();
+    let ports = loopback_ports.to_vec();
+    let worker = std::thread::Builder::new()
+        .name("proxy-netns-transparent".into())
+        .spawn(move || {
+            let listener_error = TransparentError::Listener;
+            let ns = File::open(&path).map_err(|source| {
+                listener_error(ListenerError::OpenNetns {
+                    path: path.clone(),
+                    source,
+                })
+            })?;
+            setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|source| {
+                listener_error(ListenerError::EnterNetns {
+                    path: path.clone(),
+                    source,
+                })
+            })?;
+            let bind_error = |source| {
+                listener_error(ListenerError::Bind {
+                    path: path.clone(),
+                    port: 0,
+                    source,
+                })
+            };
+            // /proc/sys/net shows the namespace of the reading thread.
+            let ipv6 = Path::new("/proc/sys/net/ipv6").exists();
+            let mut families: Vec<std::net::IpAddr> = vec![Ipv4Addr::LOCALHOST.into()];
+            if ipv6 {
+                families.push(std::net::Ipv6Addr::LOCALHOST.into());
+            }
+            let mut sockets = TransparentSockets {
+                tcp: Vec::new(),
+                dns: Vec::new(),
+            };
+            for ip in families {
+                let tcp = TcpListener::bind((ip, 0)).map_err(bind_error)?;
+                let dns = std::net::UdpSocket::bind((ip, 0)).map_err(bind_error)?;
+                let tcp_port = tcp.local_addr().map_err(bind_error)?.port();
+                let dns_port = dns.local_addr().map_err(bind_error)?.port();
+                let (family, restore, loopback) = if ip.is_ipv4() {
+                    ("-4", "iptables-restore", "127.0.0.0/8")
+                } else {
+                    ("-6", "ip6tables-restore", "::1/128")
+                };
+                // The source is loopback's own address, so answers (DNS replies above all)
+                // come back on loopback.
+                let src = ip.to_string();
+                run(
+                    "ip",
+                    &[
+                        family, "route", "replace", "default", "dev", "lo", "src", &src,
+                    ],
+                    None,
+                )?;
+                let rules = netfilter_rules(loopback, tcp_port, dns_port, &ports);
+                run(restore, &["-w", "5"], Some(&rules))?;
+                sockets.tcp.push(tcp);
+                sockets.dns.push(dns);
+            }
+            Ok(sockets)
+        })
+        .map_err(|e| TransparentError::Listener(ListenerError::Thread(e)))?;
+    worker.join().map_err(|_| {
+        TransparentError::Listener(ListenerError::Thread(std::io::Error::other(
+            "namespace helper thread panicked",
+        )))
+    })?
+}
+
+/// The `iptables-restore` input of one address family.
+fn netfilter_rules(loopback: &str, tcp_port: u16, dns_port: u16, ports: &[u16]) -> String {
+    let mut r = String::new();
+    r.push_str("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n");
+    // Every DNS query, whatever server resolv.conf names (loopback ones too), to the stub.
+    r.push_str(&format!(
+        "-A OUTPUT -p udp --dport 53 -j REDIRECT --to-ports {dns_port}\n"
+    ));
+    r.push_str(&format!("-A OUTPUT -d {loopback} -j RETURN\n"));
+    // Every TCP connection that would leave loopback, on any port, to the proxy.
+    r.push_str(&format!(
+        "-A OUTPUT -p tcp -j REDIRECT --to-ports {tcp_port}\n"
+    ));
+    r.push_str("COMMIT\n");
+    r.push_str("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+    // Loopback TCP (after the redirect) only to the proxy's ports and the local ports, as
+    // Landlock's port rule does without transparent egress.
+    let mut allowed: Vec<u16> = ports.to_vec();
+    allowed.push(tcp_port);
+    allowed.sort_unstable();
+    allowed.dedup();
+    for port in allowed {
+        r.push_str(&format!(
+            "-A OUTPUT -o lo -p tcp --syn --dport {port} -j ACCEPT\n"
+        ));
+    }
+    r.push_str("-A OUTPUT -p tcp --syn -j REJECT --reject-with tcp-reset\n");
+    // Nothing but DNS to the stub leaves over UDP (it could only loop back anyway).
+    r.push_str(&format!("-A OUTPUT -o lo -p udp -d {loopback} -j ACCEPT\n"));
+    r.push_str("-A OUTPUT -p udp -j DROP\n");
+    r.push_str("COMMIT\n");
+    r
+}
+
+/// The host tool `name` from `PATH` or the system directories (`/usr/sbin`, `/sbin`, which
+/// the environment of podman's or containerd's children may lack); the bare name otherwise.
+fn find_tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+/// Runs a host tool (from the calling thread's namespace) and fails with its stderr.
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), TransparentError> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let command = format!("{program} {}", args.join(" "));
+    let failed = |detail: String| TransparentError::Command {
+        command: command.clone(),
+        detail,
+    };
+    let mut child = Command::new(find_tool(program))
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(format!("cannot run it: {e}")))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .map_err(|e| failed(format!("cannot write its input: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(format!("cannot wait for it: {e}")))?;
+    if !out.status.success() {
+        return Err(failed(format!(
+            "{}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}

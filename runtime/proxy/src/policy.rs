@@ -16,6 +16,15 @@ impl EgressRules for Allowlist {
         }
     }
 
+    /// Some allow rule matches the name on its port (any port for rules without one: 443 is
+    /// asked) and no deny rule wins there.
+    fn may_allow(&self, host: &Host) -> bool {
+        let name = host.to_string();
+        self.allow()
+            .iter()
+            .any(|rule| Allowlist::decide(self, &name, rule.port().unwrap_or(443)).allowed)
+    }
+
     /// A loopback, private or metadata address is reachable only when the policy lists
     /// that exact address as an allow rule (domain rules never open such ranges).
     fn allows_special_address(&self, _host: &Host, port: u16, addr: IpAddr) -> Option<String> {
@@ -53,6 +62,16 @@ mod tests {
         assert!(!denied.allowed);
         assert!(denied.rule.contains("bad.example.com"), "{}", denied.rule);
         assert!(EgressRules::decide(&rules, &host("PyPI.org."), 80).allowed);
+    }
+
+    #[test]
+    fn names_on_some_allowed_port_may_be_allowed() {
+        let rules = allowlist(&["*.example.com:8443", "pypi.org"], &["bad.example.com"]);
+        assert!(rules.may_allow(&host("api.example.com")));
+        assert!(rules.may_allow(&host("PyPI.org.")));
+        assert!(!rules.may_allow(&host("example.com")));
+        assert!(!rules.may_allow(&host("bad.example.com")));
+        assert!(!rules.may_allow(&host("evil.test")));
     }
 
     #[test]

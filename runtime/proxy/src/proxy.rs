@@ -14,13 +14,16 @@ use tokio::task::JoinSet;
 use tokio::time::timeout;
 
 use crate::credentials::Credentials;
+use crate::dns_stub::{self, StandIns};
 use crate::events::{EgressEvent, EventSink, Outcome, Protocol, Stage};
 use crate::guard::{SpecialRange, classify};
 use crate::http::{self, ForwardHead, HttpError, Request};
 use crate::pump::{Counters, PumpEnd, pump};
 use crate::resolve::Resolver;
 use crate::rules::{EgressRules, Host};
+use crate::sni::{self, Peek, SniCheck};
 use crate::socks::{self, Reply, SocksError};
+use crate::transparent;
 
 /// Limits and timeouts. The defaults suit one sandbox's tools.
 #[derive(Debug, Clone)]
@@ -43,6 +46,8 @@ pub struct ProxyConfig {
     pub splice: bool,
     /// Live rules and the decider asked about unlisted hosts (`crate::approval`).
     pub approvals: Option<Arc<crate::approval::Approvals>>,
+    /// What a tunnel (CONNECT, SOCKS5) whose TLS ClientHello names another server gets.
+    pub sni: SniCheck,
 }
 
 impl Default for ProxyConfig {
@@ -57,6 +62,7 @@ impl Default for ProxyConfig {
             credentials: Credentials::default(),
             splice: true,
             approvals: None,
+            sni: SniCheck::Deny,
         }
     }
 }
@@ -163,6 +169,181 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Serves transparent egress (policy `network.transparent`): connections redirected to
+    /// `listeners` inside the sandbox's namespace are decided on the name their stand-in
+    /// address stands for (or the address itself), port and SNI, and DNS queries on `dns`
+    /// are answered by the stub. Runs until a socket fails for good.
+    pub async fn serve_transparent(
+        &self,
+        listeners: Vec<std::net::TcpListener>,
+        dns: Vec<std::net::UdpSocket>,
+        stand_ins: Arc<StandIns>,
+    ) -> Result<(), ProxyError> {
+        let mut tasks = JoinSet::new();
+        for listener in listeners {
+            listener
+                .set_nonblocking(true)
+                .map_err(ProxyError::Listener)?;
+            let listener = TcpListener::from_std(listener).map_err(ProxyError::Listener)?;
+            let (inner, names) = (Arc::clone(&self.inner), Arc::clone(&stand_ins));
+            tasks.spawn(async move { inner.accept_transparent(listener, names).await });
+        }
+        for socket in dns {
+            socket.set_nonblocking(true).map_err(ProxyError::Listener)?;
+            let socket = tokio::net::UdpSocket::from_std(socket).map_err(ProxyError::Listener)?;
+            let (inner, names) = (Arc::clone(&self.inner), Arc::clone(&stand_ins));
+            tasks.spawn(async move { inner.serve_dns(socket, names).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(e) => tracing::error!(error = %e, "transparent egress task failed"),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    async fn accept_transparent(
+        self: Arc<Self>,
+        listener: TcpListener,
+        names: Arc<StandIns>,
+    ) -> Result<(), ProxyError> {
+        let slots = Arc::new(Semaphore::new(self.config.max_connections.max(1)));
+        loop {
+            match accept(&listener, &slots).await {
+                Ok((stream, client, permit)) => {
+                    let (inner, names) = (Arc::clone(&self), Arc::clone(&names));
+                    tokio::spawn(async move {
+                        inner.handle_transparent(stream, client, &names).await;
+                        drop(permit);
+                    });
+                }
+                Err(e) if is_transient(&e) => {
+                    tracing::warn!(error = %e, "transparent accept failed, retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(ProxyError::Accept(e)),
+            }
+        }
+    }
+
+    async fn handle_transparent(
+        &self,
+        mut stream: TcpStream,
+        client: SocketAddr,
+        names: &StandIns,
+    ) {
+        let mut rec = Record {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            client,
+            start: Instant::now(),
+            protocol: Protocol::Transparent,
+            host: None,
+            port: None,
+            method: None,
+            path: None,
+            sni: None,
+            rule: None,
+            address_rule: None,
+            resolved: None,
+            relayed: false,
+        };
+        let counters = Counters::new();
+        let _ = stream.set_nodelay(true);
+        let outcome = self
+            .serve_redirected(&mut stream, &mut rec, &counters, names)
+            .await;
+        if !rec.relayed {
+            // A refused connection is reset: the tool sees "connection refused/reset" at once.
+            let _ = stream.set_zero_linger();
+        }
+        drop(stream);
+        self.emit(&rec, Stage::Finished, outcome, &counters);
+    }
+
+    async fn serve_redirected(
+        &self,
+        stream: &mut TcpStream,
+        rec: &mut Record,
+        counters: &Counters,
+        names: &StandIns,
+    ) -> Outcome {
+        let target = match transparent::original_destination(stream) {
+            Ok(t) => t,
+            Err(e) => return client_error(&format!("no original destination: {e}")),
+        };
+        // A stand-in address means the name the stub gave it for; any other address was not
+        // learnt from the stub (a raw address) and is judged as that address.
+        let host = match names.name_of(target.ip()) {
+            Some(name) => Host::Domain(name),
+            None => Host::Ip(target.ip().to_canonical()),
+        };
+        rec.host = Some(host.clone());
+        rec.port = Some(target.port());
+        let mut upstream = match self.open(&host, target.port(), rec).await {
+            Ok(u) => u,
+            Err(refusal) => return refusal.outcome(),
+        };
+        let first = match self
+            .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        if let Err(outcome) = send_first(&mut upstream, &first, counters).await {
+            return outcome;
+        }
+        self.relay(stream, upstream, rec, counters).await
+    }
+
+    async fn serve_dns(
+        self: Arc<Self>,
+        socket: tokio::net::UdpSocket,
+        names: Arc<StandIns>,
+    ) -> Result<(), ProxyError> {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, from) = match socket.recv_from(&mut buf).await {
+                Ok(got) => got,
+                Err(e) if is_transient(&e) => continue,
+                Err(e) => return Err(ProxyError::Accept(e)),
+            };
+            let start = Instant::now();
+            let query = buf.get(..n).unwrap_or_default();
+            let reply = dns_stub::answer(query, &|h| self.rules.may_allow(h), &names);
+            if !reply.bytes.is_empty() {
+                let _ = socket.send_to(&reply.bytes, from).await;
+            }
+            if reply.refused {
+                // A lookup of a name the policy never allows: what the tool tried, recorded
+                // (rate-limited like every denial).
+                let host = reply.question.and_then(|q| q.host);
+                let rec = Record {
+                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    client: from,
+                    start,
+                    protocol: Protocol::Dns,
+                    host,
+                    port: Some(53),
+                    method: None,
+                    path: None,
+                    sni: None,
+                    rule: Some(DNS_REFUSED_RULE.to_owned()),
+                    address_rule: None,
+                    resolved: None,
+                    relayed: false,
+                };
+                self.emit(&rec, Stage::Finished, Outcome::Denied, &Counters::new());
+            }
+        }
+    }
+}
+
 async fn accept(
     listener: &TcpListener,
     slots: &Arc<Semaphore>,
@@ -201,6 +382,7 @@ struct Record {
     port: Option<u16>,
     method: Option<String>,
     path: Option<String>,
+    sni: Option<String>,
     rule: Option<String>,
     address_rule: Option<String>,
     resolved: Option<SocketAddr>,
@@ -290,6 +472,13 @@ pub const DENIED_HEADER: &str = "X-Agent-Sandbox-Denied";
 pub const DENIED_REASON: &str = "Forbidden by agent-sandbox policy";
 /// The rule a refused plain request whose Host header names another host is reported under.
 pub const HOST_MISMATCH_RULE: &str = "host header mismatch";
+/// The rule a refused tunnel whose TLS server name (SNI) differs from its host is reported under.
+pub const SNI_MISMATCH_RULE: &str = "sni mismatch";
+/// The rule a refused tunnel whose first bytes start a TLS ClientHello that cannot be read
+/// (malformed, too large, or not complete in time) is reported under.
+pub const SNI_UNREADABLE_RULE: &str = "unreadable tls client hello";
+/// The rule a DNS stub refusal (NXDOMAIN for a name no rule allows) is recorded under.
+pub const DNS_REFUSED_RULE: &str = "dns: no rule allows the name";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
 pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
 
@@ -316,6 +505,7 @@ impl Inner {
             port: None,
             method: None,
             path: None,
+            sni: None,
             rule: None,
             address_rule: None,
             resolved: None,
@@ -468,20 +658,68 @@ impl Inner {
         }
         let first_bytes = match &forward {
             Some(head) => self.forward_bytes(head, &host, port, rec),
-            None => early,
+            None => match self
+                .tunnel_start(stream, &upstream, early, &host, rec)
+                .await
+            {
+                Ok(bytes) => bytes,
+                Err(refused) => return refused,
+            },
         };
-        if !first_bytes.is_empty() {
-            if let Err(e) = upstream.write_all(&first_bytes).await {
-                return Outcome::UpstreamFailed {
-                    reason: e.to_string(),
-                };
-            }
-            counters.up.fetch_add(
-                u64::try_from(first_bytes.len()).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
+        if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
+            return outcome;
         }
         self.relay(stream, upstream, rec, counters).await
+    }
+
+    /// Reads a tunnel's first bytes for the TLS server name and applies the policy's
+    /// `sni_mismatch` choice. Returns the bytes to forward, or the refusal (already told to
+    /// the client as a TLS alert).
+    async fn tunnel_start(
+        &self,
+        client: &mut TcpStream,
+        upstream: &TcpStream,
+        early: Vec<u8>,
+        host: &Host,
+        rec: &mut Record,
+    ) -> Result<Vec<u8>, Outcome> {
+        if self.config.sni == SniCheck::Off {
+            return Ok(early);
+        }
+        let (bytes, peek) = sni::read_client_hello(
+            client,
+            upstream,
+            early,
+            self.config.handshake_timeout,
+            self.config.idle_timeout,
+        )
+        .await;
+        let problem = match &peek {
+            Peek::Sni(name) => {
+                rec.sni = Some(name.clone());
+                // An IP literal has no name to compare with; the name is recorded.
+                matches!(host, Host::Domain(d) if d != name).then_some(SNI_MISMATCH_RULE)
+            }
+            Peek::Malformed(_) | Peek::Incomplete => Some(SNI_UNREADABLE_RULE),
+            Peek::NoSni | Peek::NotTls => None,
+        };
+        let Some(rule) = problem else {
+            return Ok(bytes);
+        };
+        tracing::warn!(
+            connection = rec.id,
+            %host,
+            sni = rec.sni.as_deref().unwrap_or(""),
+            detail = ?peek,
+            action = ?self.config.sni,
+            "egress tunnel {rule}"
+        );
+        if self.config.sni == SniCheck::Record {
+            return Ok(bytes);
+        }
+        rec.rule = Some(rule.to_owned());
+        let _ = client.write_all(&sni::ACCESS_DENIED_ALERT).await;
+        Err(Outcome::Denied)
     }
 
     /// The forwarded request's bytes, with the policy's credential header for this host.
@@ -535,6 +773,17 @@ impl Inner {
         };
         if let Err(e) = socks::write_reply(stream, Reply::Succeeded).await {
             return client_error(&e.to_string());
+        }
+        let mut upstream = upstream;
+        let first_bytes = match self
+            .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
+            .await
+        {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
+        };
+        if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
+            return outcome;
         }
         self.relay(stream, upstream, rec, counters).await
     }
@@ -675,6 +924,7 @@ impl Inner {
             port: rec.port,
             method: rec.method.clone(),
             path: rec.path.clone(),
+            sni: rec.sni.clone(),
             rule: rec.rule.clone(),
             address_rule: rec.address_rule.clone(),
             resolved: rec.resolved,
@@ -691,6 +941,7 @@ impl Inner {
             protocol = ?event.protocol,
             host = event.host.as_deref().unwrap_or(""),
             port = event.port.unwrap_or(0),
+            sni = event.sni.as_deref().unwrap_or(""),
             rule = event.rule.as_deref().unwrap_or(""),
             address_rule = event.address_rule.as_deref().unwrap_or(""),
             resolved = ?event.resolved,
@@ -702,6 +953,28 @@ impl Inner {
         );
         self.sink.record(&event);
     }
+}
+
+/// Sends the bytes read from the client before the relay (a request head, a ClientHello).
+async fn send_first(
+    upstream: &mut TcpStream,
+    bytes: &[u8],
+    counters: &Counters,
+) -> Result<(), Outcome> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    upstream
+        .write_all(bytes)
+        .await
+        .map_err(|e| Outcome::UpstreamFailed {
+            reason: e.to_string(),
+        })?;
+    counters.up.fetch_add(
+        u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    Ok(())
 }
 
 /// Closes our sending half, then reads and discards what the client still sends (bounded in

@@ -173,11 +173,22 @@ pub trait EgressRules: Send + Sync {
         let _ = (host, port, addr);
         None
     }
+
+    /// Whether `host` is allowed on some port: the sandbox's DNS stub answers only such names
+    /// (policy `network.transparent`). `false` (the default) answers none.
+    fn may_allow(&self, host: &Host) -> bool {
+        let _ = host;
+        false
+    }
 }
 
 impl<T: EgressRules + ?Sized> EgressRules for std::sync::Arc<T> {
     fn decide(&self, host: &Host, port: u16) -> Verdict {
         (**self).decide(host, port)
+    }
+
+    fn may_allow(&self, host: &Host) -> bool {
+        (**self).may_allow(host)
     }
 
     fn allows_special_address(&self, host: &Host, port: u16, addr: IpAddr) -> Option<String> {

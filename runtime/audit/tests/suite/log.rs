@@ -45,6 +45,7 @@ fn sample(i: u64) -> Event {
             duration_ms: 7,
             method: None,
             path: None,
+            sni: None,
             suppressed: 0,
         },
         3 => Event::SyscallDenied {
@@ -750,6 +751,7 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
         duration_ms: 0,
         method: Some("GET".into()),
         path: Some(format!("/{i}")),
+        sni: None,
         suppressed: 0,
     };
     const CAP: u64 = 8192;

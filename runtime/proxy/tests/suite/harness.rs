@@ -60,6 +60,15 @@ impl EgressRules for TestRules {
         Verdict::deny("default deny")
     }
 
+    fn may_allow(&self, host: &Host) -> bool {
+        let name = host.to_string();
+        !self.deny.contains(&name)
+            && self
+                .allow
+                .iter()
+                .any(|r| *r == name || r.strip_prefix(&format!("{name}:")).is_some())
+    }
+
     fn allows_special_address(&self, _host: &Host, _port: u16, addr: IpAddr) -> Option<String> {
         self.special_ok
             .contains(&addr)

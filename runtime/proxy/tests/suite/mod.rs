@@ -7,4 +7,5 @@ mod http;
 mod lifecycle;
 mod load;
 mod netns;
+mod sni;
 mod socks;

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use agent_sandbox_proxy::{ListenerError, Outcome, Protocol, bind_in_netns, proxy_env};
+use agent_sandbox_proxy::{
+    ListenerError, Outcome, Protocol, StandIns, bind_in_netns, proxy_env, transparent_in_netns,
+};
 
 use super::harness::*;
 
@@ -172,4 +174,111 @@ fn binding_fails_clearly_when_lo_is_down_or_the_netns_is_missing() {
     // Not a namespace file at all.
     let err = bind_in_netns(Path::new("/etc/hostname"), 0).unwrap_err();
     assert!(matches!(err, ListenerError::EnterNetns { .. }), "{err:?}");
+}
+
+/// A client that ignores proxies, run inside the namespace: resolves through whatever DNS
+/// server resolv.conf names, connects and sends a GET; times the lookup of an unlisted name;
+/// connects to a raw address.
+const UNAWARE_CLIENT: &str = r#"
+import socket, sys, time
+port = int(sys.argv[1])
+for fam, tag in ((socket.AF_INET, "v4"), (socket.AF_INET6, "v6")):
+    try:
+        addr = socket.getaddrinfo("web.test", port, fam, socket.SOCK_STREAM)[0][4]
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(addr)
+        s.sendall(b"GET /unaware-" + tag.encode() + b" HTTP/1.1\r\nHost: web.test\r\n\r\n")
+        print(tag, addr[0], s.recv(200).split(b"\r\n")[0].decode())
+    except Exception as e:
+        print(tag, "failed", e)
+t = time.time()
+try:
+    socket.getaddrinfo("evil.test", 80, socket.AF_INET)
+    print("evil resolved")
+except Exception as e:
+    print("evil lookup failed %.3f" % (time.time() - t))
+try:
+    socket.create_connection(("203.0.113.10", 80), timeout=5).recv(10)
+    print("raw connected")
+except Exception as e:
+    print("raw refused", type(e).__name__)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transparent_egress_serves_unaware_tools_for_allowed_names_only() {
+    let web = Web::start(SERVER_IP).await;
+    let ns = Netns::create("transparent");
+    let listener = bind_in_netns(&ns.path(), 0).unwrap();
+    let proxy_port = listener.local_addr().unwrap().port();
+    let sockets = transparent_in_netns(&ns.path(), &[proxy_port]).unwrap();
+    let events = Recorder::default();
+    let proxy = agent_sandbox_proxy::Proxy::new(
+        std::sync::Arc::new(TestRules::allow(&["web.test"]).special_ok(&[ip(SERVER_IP)])),
+        std::sync::Arc::new(resolver_for(&["web.test"], ip(SERVER_IP))),
+        std::sync::Arc::new(events.clone()),
+    );
+    let task = tokio::spawn(async move {
+        let _ = proxy
+            .serve_transparent(
+                sockets.tcp,
+                sockets.dns,
+                std::sync::Arc::new(StandIns::new()),
+            )
+            .await;
+    });
+    let port = web.addr.port().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        let out = ns.run(&[], &["python3", "-c", UNAWARE_CLIENT, &port]);
+        drop(ns);
+        out
+    })
+    .await
+    .unwrap();
+    task.abort();
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("v4 198.18.0.1 HTTP/1.1 200") && stdout.contains("v6 100::1 HTTP/1.1 200"),
+        "the allowed name over IPv4 and IPv6:\n{stdout}{}",
+        text(&out.stderr)
+    );
+    let seconds: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("evil lookup failed "))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the unlisted name resolved:\n{stdout}"));
+    assert!(seconds < 1.0, "the unlisted lookup took {seconds} s");
+    assert!(stdout.contains("raw refused"), "{stdout}");
+    let seen: Vec<String> = web.seen().into_iter().map(|s| s.head).collect();
+    for path in ["/unaware-v4", "/unaware-v6"] {
+        assert!(
+            seen.iter().any(|h| h.starts_with(&format!("GET {path} "))),
+            "{path} not served: {seen:?}"
+        );
+    }
+    let events = events.all();
+    let finished = |f: &dyn Fn(&agent_sandbox_proxy::EgressEvent) -> bool| {
+        events
+            .iter()
+            .any(|e| e.stage == agent_sandbox_proxy::Stage::Finished && f(e))
+    };
+    assert!(
+        finished(&|e| e.protocol == Protocol::Transparent
+            && e.host.as_deref() == Some("web.test")
+            && e.outcome == Outcome::Allowed),
+        "{events:#?}"
+    );
+    assert!(
+        finished(&|e| e.protocol == Protocol::Dns
+            && e.host.as_deref() == Some("evil.test")
+            && e.outcome == Outcome::Denied),
+        "{events:#?}"
+    );
+    assert!(
+        finished(&|e| e.protocol == Protocol::Transparent
+            && e.host.as_deref() == Some("203.0.113.10")
+            && e.rule.as_deref() == Some("default deny")
+            && e.outcome == Outcome::Denied),
+        "{events:#?}"
+    );
 }
