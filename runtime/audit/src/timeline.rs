@@ -135,6 +135,7 @@ fn details(event: &Event) -> String {
             method,
             path,
             suppressed,
+            credential,
         } => {
             let v = match verdict {
                 Verdict::Allow => "ALLOW",
@@ -151,6 +152,15 @@ fn details(event: &Event) -> String {
             );
             if *suppressed > 0 {
                 let _ = write!(s, "; {suppressed} more denials not recorded (rate limit)");
+            }
+            if let Some(c) = credential {
+                let _ = write!(
+                    s,
+                    "; credential {} added to {} request(s){}",
+                    esc(&c.header),
+                    c.requests,
+                    if c.https { " inside TLS" } else { "" }
+                );
             }
             s
         }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod ca;
 pub mod credentials;
 pub mod env;
 pub mod events;
@@ -15,10 +16,11 @@ mod pump;
 pub mod resolve;
 pub mod rules;
 mod socks;
+pub mod tls_inject;
 
 pub use credentials::{Credentials, InjectedHeader};
 pub use env::{NO_PROXY, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command};
-pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};
+pub use events::{EgressEvent, EventSink, Injection, NullSink, Outcome, Protocol, Stage};
 pub use guard::{SpecialRange, classify};
 pub use http::HttpError;
 pub use listener::{ListenerError, bind_in_netns};
@@ -31,3 +33,4 @@ pub use resolve::{
 };
 pub use rules::{EgressRules, Host, HostError, Verdict};
 pub use socks::SocksError;
+pub use tls_inject::{TlsInterceptor, TlsSetupError};

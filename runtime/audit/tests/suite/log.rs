@@ -46,6 +46,7 @@ fn sample(i: u64) -> Event {
             method: None,
             path: None,
             suppressed: 0,
+            credential: None,
         },
         3 => Event::SyscallDenied {
             syscall: "ptrace".into(),
@@ -751,6 +752,7 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
         method: Some("GET".into()),
         path: Some(format!("/{i}")),
         suppressed: 0,
+        credential: None,
     };
     const CAP: u64 = 8192;
 

@@ -8,3 +8,4 @@ mod lifecycle;
 mod load;
 mod netns;
 mod socks;
+mod tls_inject;
