@@ -14,4 +14,5 @@ mod podman;
 mod pods;
 mod promote;
 mod shim_contracts;
+mod tls_inject;
 mod workspace;
