@@ -287,8 +287,9 @@ impl TestCa {
 /// and `ssl`), optionally inside a network namespace. Prints its port, then one line per
 /// request.
 const PY_SERVER: &str = r#"
-import http.server, ssl, sys
+import http.server, os, ssl, sys
 ip, port, cert, key, body = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5].encode()
+need = os.environ.get("AS_E2E_REQUIRED_AUTHORIZATION")
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
@@ -297,6 +298,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         print("REQ %s %s host=%s len=%d" % (self.command, self.path, self.headers.get("Host"), len(data)), flush=True)
         for name, value in self.headers.items():
             print("HDR %s: %s" % (name, value), flush=True)
+        if need is not None and self.headers.get("Authorization") != need:
+            self.send_response(401)
+            self.send_header("Content-Length", "13")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b"unauthorized\n")
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
@@ -327,12 +335,33 @@ impl PyServer {
     pub fn https(ip: &str, ca: &TestCa, body: &str) -> anyhow::Result<Self> {
         let cert = ca.path("server.pem").display().to_string();
         let key = ca.path("server.key").display().to_string();
-        Self::spawn(&[], ip, 0, &cert, &key, body)
+        Self::spawn(&[], ip, 0, &cert, &key, body, None)
+    }
+
+    /// HTTPS like [`PyServer::https`], answering `401` to every request whose `Authorization`
+    /// header is not exactly `authorization` (a bearer-token API).
+    pub fn https_requiring(
+        ip: &str,
+        ca: &TestCa,
+        body: &str,
+        authorization: &str,
+    ) -> anyhow::Result<Self> {
+        let cert = ca.path("server.pem").display().to_string();
+        let key = ca.path("server.key").display().to_string();
+        Self::spawn(&[], ip, 0, &cert, &key, body, Some(authorization))
     }
 
     /// Plain HTTP on `ip:port` inside the network namespace `netns` (`ip netns exec`).
     pub fn http_in_netns(netns: &str, ip: &str, port: u16, body: &str) -> anyhow::Result<Self> {
-        Self::spawn(&["ip", "netns", "exec", netns], ip, port, "-", "-", body)
+        Self::spawn(
+            &["ip", "netns", "exec", netns],
+            ip,
+            port,
+            "-",
+            "-",
+            body,
+            None,
+        )
     }
 
     fn spawn(
@@ -342,6 +371,7 @@ impl PyServer {
         cert: &str,
         key: &str,
         body: &str,
+        authorization: Option<&str>,
     ) -> anyhow::Result<Self> {
         use std::io::BufRead;
         harness::require_tool("python3")?;
@@ -359,7 +389,11 @@ impl PyServer {
             ]
             .map(str::to_owned),
         );
-        let mut child = std::process::Command::new(&argv[0])
+        let mut command = std::process::Command::new(&argv[0]);
+        if let Some(a) = authorization {
+            command.env("AS_E2E_REQUIRED_AUTHORIZATION", a);
+        }
+        let mut child = command
             .args(&argv[1..])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())

@@ -77,6 +77,16 @@ pub enum EgressError {
     SecretValue { key: String },
     #[error("cannot set up the approvals control socket")]
     Control(#[source] Box<crate::allow::AllowError>),
+    #[error("cannot read the sandbox's CA from {path}", path = path.display())]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the sandbox's CA cannot sign")]
+    Ca(#[source] agent_sandbox_proxy::ca::CaError),
+    #[error("cannot set up TLS for https credential injection")]
+    Tls(#[source] agent_sandbox_proxy::TlsSetupError),
     #[error("the egress proxy got signal {signal}")]
     Signalled { signal: &'static str },
 }
@@ -117,9 +127,51 @@ pub fn load_credentials(policy: &SandboxPolicy) -> Result<Credentials, EgressErr
             domain: c.domain.clone(),
             name: c.header.clone(),
             value: format!("{}{secret}", c.prefix),
+            secret,
+            https: c.https,
+            placeholder: c
+                .placeholder_env
+                .as_deref()
+                .map(agent_sandbox_policy::network::placeholder_value),
+            upstream_ca: c.upstream_ca.as_ref().map(|p| PathBuf::from(p.as_str())),
         });
     }
     Ok(Credentials::new(entries))
+}
+
+/// The TLS side of the policy's `https` credentials: the sandbox's CA, loaded from the files
+/// `create` left in the sandbox's state directory (the key file is removed once read, so from
+/// then on the key exists only in this process), and the upstream trust of each credential.
+pub fn load_interceptor(
+    policy: &SandboxPolicy,
+    credentials: &Credentials,
+    sandbox_dir: &Path,
+    id: &str,
+) -> Result<Option<Arc<agent_sandbox_proxy::TlsInterceptor>>, EgressError> {
+    if !policy.network.terminates_tls() {
+        return Ok(None);
+    }
+    let read = |name: &str| {
+        let path = sandbox_dir.join(name);
+        std::fs::read_to_string(&path).map_err(|source| EgressError::CaFile { path, source })
+    };
+    let key = read(crate::tls_trust::KEY_FILE)?;
+    let cert = read(crate::tls_trust::CERT_FILE)?;
+    let key_path = sandbox_dir.join(crate::tls_trust::KEY_FILE);
+    std::fs::remove_file(&key_path).map_err(|source| EgressError::CaFile {
+        path: key_path,
+        source,
+    })?;
+    let ca = agent_sandbox_proxy::ca::SandboxCa::load(
+        id,
+        &crate::tls_trust::bound_domains(policy),
+        &key,
+        &cert,
+    )
+    .map_err(EgressError::Ca)?;
+    let tls =
+        agent_sandbox_proxy::TlsInterceptor::new(ca, credentials).map_err(EgressError::Tls)?;
+    Ok(Some(Arc::new(tls)))
 }
 
 /// Appends why the proxy stopped to the audit log: from then on the sandbox has no network.
@@ -308,6 +360,14 @@ pub fn serve(
             return Err(e);
         }
     };
+    let sandbox_dir = pid_file.parent().unwrap_or(Path::new("."));
+    let tls = match load_interceptor(policy, &credentials, sandbox_dir, id) {
+        Ok(t) => t,
+        Err(e) => {
+            report(&chain(&e));
+            return Err(e);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -418,6 +478,7 @@ pub fn serve(
                 SniMismatch::Deny => SniCheck::Deny,
                 SniMismatch::Record => SniCheck::Record,
             },
+            tls,
             ..ProxyConfig::default()
         },
     );
@@ -552,6 +613,14 @@ fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Opt
         path: event.path.clone(),
         sni: event.sni.clone(),
         suppressed,
+        credential: event
+            .credential
+            .as_ref()
+            .map(|c| agent_sandbox_audit::CredentialUse {
+                header: c.header.clone(),
+                requests: c.requests,
+                https: c.https,
+            }),
     })
 }
 
@@ -577,6 +646,7 @@ mod tests {
             bytes_up: 0,
             bytes_down: 0,
             duration: std::time::Duration::ZERO,
+            credential: None,
         }
     }
 

@@ -35,3 +35,4 @@ pub mod sandbox;
 pub mod sidecar;
 pub mod state_lock;
 pub mod syscall_audit;
+pub mod tls_trust;

@@ -87,6 +87,8 @@ pub enum LifecycleError {
     Pod(#[from] crate::pod::PodError),
     #[error("network layer: the egress proxy")]
     Egress(#[source] crate::egress::EgressError),
+    #[error("cannot set up the sandbox's CA for https credential injection")]
+    Trust(#[source] crate::tls_trust::TrustError),
     #[error("audit trail")]
     Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("layers record")]
@@ -499,7 +501,22 @@ impl Runtime {
         let mut spec = prepared.spec;
         if let Some(process) = spec.process_mut().as_mut() {
             crate::egress::inject_env(process, &prepared.policy);
+            crate::tls_trust::inject_env(process, &prepared.policy);
         }
+        let pod_mount_dir = match &member {
+            Some(m) => Some(crate::sandbox::mount_dir(&self.dirs, &m.pod)?),
+            None => None,
+        };
+        crate::tls_trust::prepare(
+            &mut spec,
+            &prepared.policy,
+            id.as_str(),
+            &sandbox_dir,
+            &mount_dir,
+            &rootfs_src,
+            pod_mount_dir.as_deref(),
+        )
+        .map_err(LifecycleError::Trust)?;
         write_json(&record_path(&self.dirs, id), &record)?;
         mounts::ensure_mount_points(&rootfs_src, &spec)?;
         crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
@@ -1289,6 +1306,7 @@ impl Runtime {
         let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
         crate::sandbox::writable_home(&mut process, &policy, &hardened);
         crate::egress::inject_env(&mut process, &policy);
+        crate::tls_trust::inject_env(&mut process, &policy);
         crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;

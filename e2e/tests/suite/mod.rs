@@ -19,4 +19,5 @@ mod pods;
 mod promote;
 mod shim_contracts;
 mod widening;
+mod tls_inject;
 mod workspace;

@@ -16,8 +16,8 @@ pub use log::{
     log_path, read_records, repair_torn_tail, verify, verify_with_anchor,
 };
 pub use record::{
-    Event, ExitCause, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict,
-    tool_call_id,
+    CredentialUse, Event, ExitCause, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV,
+    Verdict, tool_call_id,
 };
 pub use scratch::{
     Change, ChangeKind, ExportSummary, ExportTarget, FileKind, ScratchError, diff, export,

@@ -112,6 +112,9 @@ pub enum Event {
         /// Denials left out by the proxy's rate limit since the previous `net` record.
         #[serde(default, skip_serializing_if = "is_zero")]
         suppressed: u64,
+        /// The credential the proxy added to the connection's requests (never its value).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credential: Option<CredentialUse>,
     },
     /// The seccomp filter refused a syscall.
     SyscallDenied {
@@ -347,6 +350,19 @@ impl Event {
             Event::Truncated { .. } => "truncated",
         }
     }
+}
+
+/// A credential header the egress proxy added to a connection's requests: its name, never
+/// its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialUse {
+    /// The header set.
+    pub header: String,
+    /// How many requests carried it.
+    pub requests: u64,
+    /// Added inside TLS the proxy terminated (an `https` credential).
+    #[serde(default)]
+    pub https: bool,
 }
 
 /// Annotation (in config.json, or on an exec's process spec) naming the agent's tool call.

@@ -136,6 +136,7 @@ fn details(event: &Event) -> String {
             path,
             sni,
             suppressed,
+            credential,
         } => {
             let v = match verdict {
                 Verdict::Allow => "ALLOW",
@@ -158,6 +159,15 @@ fn details(event: &Event) -> String {
             );
             if *suppressed > 0 {
                 let _ = write!(s, "; {suppressed} more denials not recorded (rate limit)");
+            }
+            if let Some(c) = credential {
+                let _ = write!(
+                    s,
+                    "; credential {} added to {} request(s){}",
+                    esc(&c.header),
+                    c.requests,
+                    if c.https { " inside TLS" } else { "" }
+                );
             }
             s
         }

@@ -46,6 +46,8 @@ pub enum NarrowError {
         "network.approvals is wider than the ceiling's (another decider, a wider ceiling or default)"
     )]
     Approvals,
+    #[error("credential for {domain} is not one of the ceiling's credentials")]
+    Credential { domain: String },
     #[error("{resource} is larger than the ceiling's")]
     Resource { resource: &'static str },
     #[error("layer {layer} is less required than under the ceiling")]
@@ -182,6 +184,13 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
         if !approvals_within(cn.approvals.as_ref(), pn.approvals.as_ref()) {
             return Err(NarrowError::Approvals);
         }
+    }
+    // A credential binding (a secret source, a TLS interception) is never added by narrowing:
+    // each of the candidate's must be one of the ceiling's, unchanged.
+    if let Some(c) = cn.credentials.iter().find(|c| !pn.credentials.contains(c)) {
+        return Err(NarrowError::Credential {
+            domain: c.domain.to_string(),
+        });
     }
 
     let (cr, pr) = (&candidate.resources, &ceiling.resources);
@@ -325,6 +334,36 @@ mod tests {
         assert_eq!(within(&candidate, &ceiling), Ok(()));
         candidate.network.transparent = false;
         assert_eq!(within(&candidate, &ceiling), Ok(()));
+    }
+
+    #[test]
+    fn a_narrowed_policy_cannot_add_or_change_a_credential() {
+        let text = |extra: &str| {
+            format!(
+                "[network]\nmode = \"proxy\"\nallow = [\"api.example.com:443\", \"other.example.com:443\"]\n\
+                 [[network.credentials]]\ndomain = \"api.example.com:443\"\nheader = \"Authorization\"\n\
+                 env = \"TOKEN\"\nhttps = true\n{extra}"
+            )
+        };
+        let ceiling = SandboxPolicy::parse(&text(""), "ceiling.toml").unwrap();
+        assert_eq!(within(&ceiling, &ceiling), Ok(()));
+        let mut none = ceiling.clone();
+        none.network.credentials.clear();
+        assert_eq!(within(&none, &ceiling), Ok(()));
+        let added = SandboxPolicy::parse(
+            &text(
+                "[[network.credentials]]\ndomain = \"other.example.com:443\"\nheader = \"X-Key\"\nfile = \"/k\"\nhttps = true\n",
+            ),
+            "candidate.toml",
+        )
+        .unwrap();
+        assert!(matches!(
+            within(&added, &ceiling),
+            Err(NarrowError::Credential { domain }) if domain == "other.example.com:443"
+        ));
+        let mut changed = ceiling.clone();
+        changed.network.credentials[0].env = Some("OTHER".into());
+        assert!(within(&changed, &ceiling).is_err());
     }
 
     #[test]

@@ -276,12 +276,14 @@ pub enum SecretSource<'a> {
 }
 
 /// A `[[network.credentials]]` entry: the egress proxy sets `header` to `prefix` + the secret
-/// on plain `http://` requests to `domain`, so the secret never enters the sandbox. The secret
-/// comes from exactly one of `env` and `file`.
+/// on requests to `domain`, so the secret never enters the sandbox. The secret comes from
+/// exactly one of `env` and `file`.
 ///
-/// HTTPS traffic goes through the proxy as an opaque `CONNECT` tunnel: the proxy cannot add a
-/// header inside TLS without terminating it, so a rule for port 443 is refused when the policy
-/// is loaded, and a rule without a port applies to the plain-HTTP requests only.
+/// Without `https`, only plain `http://` requests carry it: HTTPS goes through the proxy as an
+/// opaque tunnel, so a rule for port 443 without `https = true` is refused when the policy is
+/// loaded. With `https = true`, tunnels (`CONNECT`, SOCKS5) to `domain` are terminated with the
+/// sandbox's own CA, the header is added inside, and the request is re-encrypted to the real
+/// server, verified against the host's trust store (or `upstream_ca`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Credential {
@@ -298,7 +300,63 @@ pub struct Credential {
     /// The host file holding the secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<crate::value::AbsPath>,
+    /// Terminate TLS to `domain` (with the sandbox's CA) to add the header inside HTTPS.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub https: bool,
+    /// A variable set in the sandbox to a placeholder (`agent-sandbox-placeholder-NAME`) that
+    /// the proxy replaces with the secret in requests to `domain`, and only there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placeholder_env: Option<String>,
+    /// A CA certificate file (PEM) on the host that verifies `domain`'s real server instead of
+    /// the host's trust store (`https` rules only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ca: Option<crate::value::AbsPath>,
 }
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The value a sandbox sees in a credential's `placeholder_env` variable.
+pub fn placeholder_value(name: &str) -> String {
+    format!("agent-sandbox-placeholder-{name}")
+}
+
+/// Whether `name` can be a placeholder variable: a portable shell name (`[A-Za-z_][A-Za-z0-9_]*`)
+/// that the runtime does not set itself.
+pub fn placeholder_env_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    let portable = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    let upper = name.to_ascii_uppercase();
+    portable
+        && !upper.ends_with("_PROXY")
+        && !upper.starts_with("AGENT_SANDBOX")
+        && !RUNTIME_ENV.contains(&upper.as_str())
+}
+
+/// Variables the runtime sets in a sandbox with an egress proxy, which a placeholder may not
+/// take over.
+const RUNTIME_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+    "CARGO_HTTP_CAINFO",
+    "NPM_CONFIG_PROXY",
+    "NPM_CONFIG_HTTPS_PROXY",
+    "NPM_CONFIG_NOPROXY",
+    "GIT_CONFIG_COUNT",
+    "GIT_SSH_COMMAND",
+    "NODE_USE_ENV_PROXY",
+    "JAVA_TOOL_OPTIONS",
+    "PATH",
+    "HOME",
+];
 
 impl Credential {
     /// Where the secret comes from; `None` unless exactly one of `env` and `file` is set.
@@ -527,6 +585,18 @@ mod tests {
         assert!(!header_value_ok("x\r\nInjected: 1"));
         assert!(env_name_ok("TOKEN"));
         assert!(!env_name_ok("A=B"));
+        assert!(placeholder_env_ok("GITHUB_TOKEN"));
+        for bad in [
+            "",
+            "1A",
+            "A-B",
+            "HTTPS_PROXY",
+            "SSL_CERT_FILE",
+            "AGENT_SANDBOX_X",
+            "PATH",
+        ] {
+            assert!(!placeholder_env_ok(bad), "{bad}");
+        }
         assert!(rule("*.example.com:80").matches_host("API.example.com.", 80));
         assert!(!rule("*.example.com:80").matches_host("example.com", 80));
     }

@@ -150,9 +150,15 @@ pub enum Violation {
     #[error("credentials need network mode `proxy`")]
     CredentialsWithoutProxy,
     #[error(
-        "credential for `{domain}` cannot be injected: https goes through the proxy as an opaque CONNECT tunnel, so only plain http:// requests can carry an injected header"
+        "credential for `{domain}` cannot be injected into https without `https = true` (the proxy then terminates TLS for this domain with the sandbox's CA: docs/egress.md)"
     )]
     CredentialNeedsTls { domain: DomainRule },
+    #[error("`{key}` needs `https = true`")]
+    NeedsHttps { key: &'static str },
+    #[error(
+        "`{name}` cannot be a placeholder variable (a shell name the runtime does not set itself, used once)"
+    )]
+    CredentialPlaceholder { name: String },
     #[error("credential domain `{domain}` is not covered by an allow rule")]
     CredentialNotAllowed { domain: DomainRule },
     #[error(
@@ -417,6 +423,11 @@ impl Default for Network {
 }
 
 impl Network {
+    /// Whether any credential makes the proxy terminate TLS (so the sandbox needs its CA).
+    pub fn terminates_tls(&self) -> bool {
+        self.mode == NetworkMode::Proxy && self.credentials.iter().any(|c| c.https)
+    }
+
     /// The proxy's decision table (empty, so everything denied, in mode `none`).
     pub fn allowlist(&self) -> Allowlist {
         match self.mode {
@@ -739,7 +750,7 @@ impl SandboxPolicy {
         }
         for (i, c) in net.credentials.iter().enumerate() {
             let at = root.index(i);
-            if c.domain.port() == Some(443) {
+            if c.domain.port() == Some(443) && !c.https {
                 return Err((
                     at.key("domain"),
                     Violation::CredentialNeedsTls {
@@ -765,6 +776,25 @@ impl SandboxPolicy {
             }
             if !network::header_value_ok(&c.prefix) {
                 return Err((at.key("prefix"), Violation::CredentialPrefix));
+            }
+            for (key, set) in [
+                ("upstream_ca", c.upstream_ca.is_some()),
+                ("placeholder_env", c.placeholder_env.is_some()),
+            ] {
+                if set && !c.https {
+                    return Err((at.key(key), Violation::NeedsHttps { key }));
+                }
+            }
+            if let Some(name) = &c.placeholder_env {
+                let reused = net.credentials[..i]
+                    .iter()
+                    .any(|o| o.placeholder_env.as_ref() == Some(name));
+                if reused || !network::placeholder_env_ok(name) {
+                    return Err((
+                        at.key("placeholder_env"),
+                        Violation::CredentialPlaceholder { name: name.clone() },
+                    ));
+                }
             }
             match c.source() {
                 None => return Err((at, Violation::CredentialSource)),

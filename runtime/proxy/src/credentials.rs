@@ -1,17 +1,19 @@
-//! Per-domain credential injection: headers the proxy adds to plain-HTTP requests so that a
-//! secret reaches the server without ever entering the sandbox.
+//! Per-domain credential injection: headers the proxy adds to requests so that a secret reaches
+//! the server without ever entering the sandbox.
 //!
-//! Only absolute-form `http://` requests are rewritten. HTTPS and SOCKS5 connections are
-//! opaque tunnels: the proxy cannot add a header inside TLS without terminating it, so
-//! credentials are never added there (the policy refuses a credential rule for port 443).
+//! A plain entry rewrites absolute-form `http://` requests only: HTTPS and SOCKS5 connections
+//! to its domain stay opaque tunnels. An `https` entry instead makes the proxy terminate TLS
+//! for its domain (`crate::tls_inject`), add the header to every request inside, and replace
+//! the entry's placeholder with the secret there, and only there.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use agent_sandbox_policy::network::DomainRule;
 
 use crate::rules::Host;
 
-/// One header to add: `name: value` on plain-HTTP requests to hosts `domain` matches.
+/// One header to add: `name: value` on requests to hosts `domain` matches.
 #[derive(Clone)]
 pub struct InjectedHeader {
     /// The requests it applies to.
@@ -20,6 +22,14 @@ pub struct InjectedHeader {
     pub name: String,
     /// The whole header value (prefix and secret).
     pub value: String,
+    /// The secret alone (what a placeholder is replaced with).
+    pub secret: String,
+    /// Terminate TLS to `domain` and inject inside (else plain HTTP only).
+    pub https: bool,
+    /// Text the sandbox sees instead of the secret; replaced in requests to `domain` only.
+    pub placeholder: Option<String>,
+    /// A CA file that verifies `domain`'s server instead of the host's trust store.
+    pub upstream_ca: Option<PathBuf>,
 }
 
 impl fmt::Debug for InjectedHeader {
@@ -28,6 +38,7 @@ impl fmt::Debug for InjectedHeader {
         f.debug_struct("InjectedHeader")
             .field("domain", &self.domain.to_string())
             .field("name", &self.name)
+            .field("https", &self.https)
             .finish_non_exhaustive()
     }
 }
@@ -49,15 +60,30 @@ impl Credentials {
         self.entries.is_empty()
     }
 
+    /// Every entry, in policy order.
+    pub fn entries(&self) -> &[InjectedHeader] {
+        &self.entries
+    }
+
     /// The header for a plain-HTTP request to `host:port`, if any.
     pub fn find(&self, host: &Host, port: u16) -> Option<&InjectedHeader> {
+        self.find_where(host, port, false).map(|(_, e)| e)
+    }
+
+    /// The `https` entry (and its index) whose domain a tunnel to `host:port` matches.
+    pub fn find_tls(&self, host: &Host, port: u16) -> Option<(usize, &InjectedHeader)> {
+        self.find_where(host, port, true)
+    }
+
+    fn find_where(&self, host: &Host, port: u16, https: bool) -> Option<(usize, &InjectedHeader)> {
         if self.entries.is_empty() {
             return None;
         }
         let host = host.to_string();
         self.entries
             .iter()
-            .find(|e| e.domain.matches_host(&host, port))
+            .enumerate()
+            .find(|(_, e)| e.https == https && e.domain.matches_host(&host, port))
     }
 }
 
@@ -65,17 +91,37 @@ impl Credentials {
 mod tests {
     use super::*;
 
-    #[test]
-    fn matches_by_domain_and_never_prints_the_secret() {
-        let c = Credentials::new(vec![InjectedHeader {
-            domain: DomainRule::parse("*.example.com:80").unwrap(),
+    fn entry(domain: &str, https: bool) -> InjectedHeader {
+        InjectedHeader {
+            domain: DomainRule::parse(domain).unwrap(),
             name: "Authorization".into(),
             value: "Bearer s3cret".into(),
-        }]);
+            secret: "s3cret".into(),
+            https,
+            placeholder: None,
+            upstream_ca: None,
+        }
+    }
+
+    #[test]
+    fn matches_by_domain_and_never_prints_the_secret() {
+        let c = Credentials::new(vec![entry("*.example.com:80", false)]);
         let host = Host::parse("api.example.com").unwrap();
         assert_eq!(c.find(&host, 80).unwrap().name, "Authorization");
         assert!(c.find(&host, 8080).is_none());
         assert!(c.find(&Host::parse("example.com").unwrap(), 80).is_none());
         assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn https_entries_apply_to_tunnels_only() {
+        let c = Credentials::new(vec![entry("api.example.com", true)]);
+        let host = Host::parse("api.example.com").unwrap();
+        assert!(c.find(&host, 80).is_none());
+        assert_eq!(c.find_tls(&host, 443).map(|(i, _)| i), Some(0));
+        assert!(
+            c.find_tls(&Host::parse("other.example.com").unwrap(), 443)
+                .is_none()
+        );
     }
 }

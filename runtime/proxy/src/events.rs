@@ -73,6 +73,17 @@ pub enum Outcome {
     },
 }
 
+/// A credential the proxy added to a connection's requests (the header's name, never its value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Injection {
+    /// The header set.
+    pub header: String,
+    /// How many requests carried it.
+    pub requests: u64,
+    /// Added inside TLS the proxy terminated (an `https` credential).
+    pub https: bool,
+}
+
 /// Most characters of a request path an event keeps.
 pub const MAX_PATH_CHARS: usize = 256;
 
@@ -118,6 +129,9 @@ pub struct EgressEvent {
     /// Time since the connection was accepted.
     #[serde(rename = "duration_ms", serialize_with = "millis")]
     pub duration: Duration,
+    /// The credential added to the connection's requests, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential: Option<Injection>,
 }
 
 fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -171,6 +185,7 @@ mod tests {
             bytes_up: 10,
             bytes_down: 20,
             duration: Duration::from_micros(1500),
+            credential: None,
         };
         let json = serde_json::to_value(&event).unwrap();
         assert_eq!(

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod approval;
+pub mod ca;
 pub mod credentials;
 pub mod dns_stub;
 pub mod env;
@@ -19,12 +20,13 @@ pub mod rules;
 pub mod sni;
 mod socks;
 mod transparent;
+pub mod tls_inject;
 
 pub use approval::{Approvals, TOOL_CALL_HEADER};
 pub use credentials::{Credentials, InjectedHeader};
 pub use dns_stub::StandIns;
 pub use env::{NO_PROXY, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command};
-pub use events::{EgressEvent, EventSink, NullSink, Outcome, Protocol, Stage};
+pub use events::{EgressEvent, EventSink, Injection, NullSink, Outcome, Protocol, Stage};
 pub use guard::{SpecialRange, classify};
 pub use http::HttpError;
 pub use listener::{
@@ -41,3 +43,4 @@ pub use resolve::{
 pub use rules::{EgressRules, Host, HostError, Verdict};
 pub use sni::SniCheck;
 pub use socks::SocksError;
+pub use tls_inject::{TlsInterceptor, TlsSetupError};

@@ -13,9 +13,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
-use crate::credentials::Credentials;
+use crate::credentials::{Credentials, InjectedHeader};
 use crate::dns_stub::{self, StandIns};
-use crate::events::{EgressEvent, EventSink, Outcome, Protocol, Stage};
+use crate::events::{EgressEvent, EventSink, Injection, Outcome, Protocol, Stage};
 use crate::guard::{SpecialRange, classify};
 use crate::http::{self, ForwardHead, HttpError, Request};
 use crate::pump::{Counters, PumpEnd, pump};
@@ -24,6 +24,7 @@ use crate::rules::{EgressRules, Host};
 use crate::sni::{self, Peek, SniCheck};
 use crate::socks::{self, Reply, SocksError};
 use crate::transparent;
+use crate::tls_inject::{self, InterceptError, TlsInterceptor};
 
 /// Limits and timeouts. The defaults suit one sandbox's tools.
 #[derive(Debug, Clone)]
@@ -48,6 +49,8 @@ pub struct ProxyConfig {
     pub approvals: Option<Arc<crate::approval::Approvals>>,
     /// What a tunnel (CONNECT, SOCKS5) whose TLS ClientHello names another server gets.
     pub sni: SniCheck,
+    /// TLS termination for the `https` entries of `credentials` (none: every tunnel is opaque).
+    pub tls: Option<Arc<TlsInterceptor>>,
 }
 
 impl Default for ProxyConfig {
@@ -63,6 +66,7 @@ impl Default for ProxyConfig {
             splice: true,
             approvals: None,
             sni: SniCheck::Deny,
+            tls: None,
         }
     }
 }
@@ -288,6 +292,11 @@ impl Inner {
             Ok(u) => u,
             Err(refusal) => return refusal.outcome(),
         };
+        if let Some(binding) = self.tls_binding(&host, target.port()) {
+            return self
+                .intercept(binding, stream, Vec::new(), upstream, rec, counters)
+                .await;
+        }
         let first = match self
             .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
             .await
@@ -390,6 +399,15 @@ struct Record {
     tool_call: Option<String>,
     /// The relay ran to its end: both sides are done, nothing is left to drain.
     relayed: bool,
+    /// The credential the proxy added to this connection's requests.
+    credential: Option<Injection>,
+}
+
+/// An `https` credential that binds a tunnel, with the interceptor that serves it.
+struct TlsBinding<'a> {
+    tls: &'a TlsInterceptor,
+    index: usize,
+    entry: &'a InjectedHeader,
 }
 
 /// Why `open` did not produce an upstream connection.
@@ -511,6 +529,7 @@ impl Inner {
             resolved: None,
             tool_call: None,
             relayed: false,
+            credential: None,
         };
         let counters = Counters::new();
         // Small requests should not wait for Nagle; failure only costs latency.
@@ -656,6 +675,11 @@ impl Inner {
         if is_connect && let Err(e) = stream.write_all(http::CONNECT_OK).await {
             return client_error(&e.to_string());
         }
+        if is_connect && let Some(binding) = self.tls_binding(&host, port) {
+            return self
+                .intercept(binding, stream, early, upstream, rec, counters)
+                .await;
+        }
         let first_bytes = match &forward {
             Some(head) => self.forward_bytes(head, &host, port, rec),
             None => match self
@@ -723,9 +747,20 @@ impl Inner {
     }
 
     /// The forwarded request's bytes, with the policy's credential header for this host.
-    fn forward_bytes(&self, head: &ForwardHead, host: &Host, port: u16, rec: &Record) -> Vec<u8> {
+    fn forward_bytes(
+        &self,
+        head: &ForwardHead,
+        host: &Host,
+        port: u16,
+        rec: &mut Record,
+    ) -> Vec<u8> {
         match self.config.credentials.find(host, port) {
             Some(c) => {
+                rec.credential = Some(Injection {
+                    header: c.name.clone(),
+                    requests: 1,
+                    https: false,
+                });
                 tracing::info!(
                     target: "agent_sandbox::egress",
                     connection = rec.id,
@@ -774,6 +809,11 @@ impl Inner {
         if let Err(e) = socks::write_reply(stream, Reply::Succeeded).await {
             return client_error(&e.to_string());
         }
+        if let Some(binding) = self.tls_binding(&host, port) {
+            return self
+                .intercept(binding, stream, Vec::new(), upstream, rec, counters)
+                .await;
+        }
         let mut upstream = upstream;
         let first_bytes = match self
             .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
@@ -786,6 +826,67 @@ impl Inner {
             return outcome;
         }
         self.relay(stream, upstream, rec, counters).await
+    }
+
+    /// The TLS interception for a tunnel to `host:port`, if an `https` credential binds it.
+    fn tls_binding(&self, host: &Host, port: u16) -> Option<TlsBinding<'_>> {
+        let tls = self.config.tls.as_deref()?;
+        let (index, entry) = self.config.credentials.find_tls(host, port)?;
+        Some(TlsBinding { tls, index, entry })
+    }
+
+    /// Serves a tunnel to a bound domain through `crate::tls_inject` instead of relaying it.
+    async fn intercept(
+        &self,
+        binding: TlsBinding<'_>,
+        stream: &mut TcpStream,
+        early: Vec<u8>,
+        upstream: TcpStream,
+        rec: &mut Record,
+        counters: &Counters,
+    ) -> Outcome {
+        self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
+        let Some(host) = rec.host.clone() else {
+            return client_error("tunnel without a host");
+        };
+        let job = tls_inject::Intercept {
+            tls: binding.tls,
+            entry: binding.entry,
+            index: binding.index,
+            host: &host,
+            port: rec.port.unwrap_or(0),
+            connection: rec.id,
+            handshake_timeout: self.config.handshake_timeout,
+            idle_timeout: self.config.idle_timeout,
+            max_head_bytes: self.config.max_head_bytes,
+        };
+        let done =
+            tls_inject::serve(job, stream, early, upstream, &counters.up, &counters.down).await;
+        rec.credential = Some(Injection {
+            header: binding.entry.name.clone(),
+            requests: done.requests,
+            https: true,
+        });
+        rec.relayed = true;
+        let Some(error) = done.error else {
+            return Outcome::Allowed;
+        };
+        let reason = chain(&error);
+        tracing::debug!(connection = rec.id, %reason, "intercepted connection ended early");
+        if done.host_mismatch {
+            rec.rule = Some(HOST_MISMATCH_RULE.to_owned());
+            return Outcome::Denied;
+        }
+        match error {
+            InterceptError::UpstreamHandshake(_) | InterceptError::UpstreamHandshakeTimeout => {
+                Outcome::UpstreamFailed { reason }
+            }
+            InterceptError::Request { .. } => Outcome::BadRequest { reason },
+            InterceptError::ClientHandshake(_) | InterceptError::ClientHandshakeTimeout => {
+                Outcome::ClientError { reason }
+            }
+            _ => Outcome::Allowed,
+        }
     }
 
     async fn relay(
@@ -932,6 +1033,7 @@ impl Inner {
             bytes_up: counters.up.load(Ordering::Relaxed),
             bytes_down: counters.down.load(Ordering::Relaxed),
             duration: rec.start.elapsed(),
+            credential: rec.credential.clone(),
         };
         tracing::info!(
             target: "agent_sandbox::egress",

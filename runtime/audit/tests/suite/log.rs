@@ -47,6 +47,7 @@ fn sample(i: u64) -> Event {
             path: None,
             sni: None,
             suppressed: 0,
+            credential: None,
         },
         3 => Event::SyscallDenied {
             syscall: "ptrace".into(),
@@ -753,6 +754,7 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
         path: Some(format!("/{i}")),
         sni: None,
         suppressed: 0,
+        credential: None,
     };
     const CAP: u64 = 8192;
 

@@ -394,7 +394,62 @@ fn credential_for_https_is_refused_at_load() {
         "network.credentials[0].domain",
     );
     assert!(matches!(v, Violation::CredentialNeedsTls { .. }), "{v}");
-    assert!(v.to_string().contains("CONNECT"), "{v}");
+    assert!(v.to_string().contains("https = true"), "{v}");
+}
+
+#[test]
+fn https_credential_is_accepted_with_its_placeholder_and_upstream_ca() {
+    let text = with_credential(
+        "domain = \"api.example:443\"\nheader = \"Authorization\"\nprefix = \"Bearer \"\n\
+         file = \"/run/secrets/api\"\nhttps = true\nplaceholder_env = \"API_TOKEN\"\n\
+         upstream_ca = \"/etc/ssl/api-ca.pem\"\n",
+    );
+    let p = SandboxPolicy::parse(&text, ORIGIN).unwrap();
+    let c = &p.network.credentials[0];
+    assert!(c.https && p.network.terminates_tls());
+    assert_eq!(c.placeholder_env.as_deref(), Some("API_TOKEN"));
+    // Round trip (the runtime stores the effective policy as JSON for execs).
+    let json = serde_json::to_string(&p).unwrap();
+    assert_eq!(serde_json::from_str::<SandboxPolicy>(&json).unwrap(), p);
+}
+
+#[test]
+fn https_credential_keys_are_checked_by_name() {
+    let v = invalid(
+        &with_credential(
+            "domain = \"registry.example:8080\"\nheader = \"X-Key\"\nenv = \"T\"\nupstream_ca = \"/ca.pem\"\n",
+        ),
+        8,
+        "network.credentials[0].upstream_ca",
+    );
+    assert!(
+        matches!(v, Violation::NeedsHttps { key: "upstream_ca" }),
+        "{v}"
+    );
+    let v = invalid(
+        &with_credential(
+            "domain = \"api.example:443\"\nheader = \"X-Key\"\nenv = \"T\"\nhttps = true\nplaceholder_env = \"HTTPS_PROXY\"\n",
+        ),
+        9,
+        "network.credentials[0].placeholder_env",
+    );
+    assert!(matches!(v, Violation::CredentialPlaceholder { .. }), "{v}");
+    parse_err(
+        &with_credential(
+            "domain = \"api.example:443\"\nheader = \"X-Key\"\nenv = \"T\"\nhttps = \"yes\"\n",
+        ),
+        8,
+        "network.credentials[0].https",
+        "bool",
+    );
+    parse_err(
+        &with_credential(
+            "domain = \"api.example:443\"\nheader = \"X-Key\"\nenv = \"T\"\nupstream_ca = \"ca.pem\"\n",
+        ),
+        8,
+        "network.credentials[0].upstream_ca",
+        "not absolute",
+    );
 }
 
 #[test]

@@ -9,3 +9,4 @@ mod load;
 mod netns;
 mod sni;
 mod socks;
+mod tls_inject;

@@ -1,0 +1,939 @@
+//! HTTPS credential injection: for a tunnel to a domain an `https` credential binds, the proxy
+//! terminates the client's TLS with a certificate from the sandbox's CA ([`crate::ca`]),
+//! opens its own TLS connection to the real server (verified against the host's trust store,
+//! or the credential's `upstream_ca`), and relays HTTP/1.1 between them, rewriting each request
+//! head: the credential's header is set, and its placeholder (if any) is replaced with the
+//! secret. Responses are relayed unchanged. Tunnels to every other domain stay opaque.
+//!
+//! Only HTTP/1.1 is spoken on either side (ALPN `http/1.1`), so each request's head can be
+//! found: bodies are framed by `Content-Length` or chunked encoding, and a request with both,
+//! conflicting lengths or another transfer coding is refused. A request whose `Host` (or
+//! absolute-form target) names another host than the tunnel's is refused: the credential goes
+//! to the bound name only, never to another site behind the same address. An `Upgrade`
+//! request (WebSocket) is injected, then the rest of the connection is relayed as it is.
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use rustls_pki_types::ServerName;
+use rustls_pki_types::pem::PemObject;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+
+use crate::ca::{CaError, SandboxCa};
+use crate::credentials::{Credentials, InjectedHeader};
+use crate::rules::Host;
+
+/// The protocol spoken inside the terminated TLS, on both sides.
+const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+/// Most headers a request may have.
+const MAX_HEADERS: usize = 100;
+
+/// Longest chunk-size or trailer line accepted in a chunked body.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Why TLS interception could not be set up when the proxy started.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    /// The TLS library refused the configuration (no usable protocol version).
+    #[error("cannot configure TLS")]
+    Config(#[source] rustls::Error),
+    /// The host's trust store has no certificate rustls can use.
+    #[error("the host's trust store has no usable CA certificate (set `upstream_ca`)")]
+    NoHostRoots,
+    /// The credential's `upstream_ca` file cannot be read or holds no certificate.
+    #[error("cannot use {path} as the upstream CA of {domain}", path = path.display())]
+    UpstreamCa {
+        domain: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The TLS side of credential injection, shared by every connection of one proxy.
+pub struct TlsInterceptor {
+    ca: SandboxCa,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    /// Per-host server configurations (leaf certificate and key), made on first use.
+    servers: Mutex<HashMap<String, Arc<ServerConfig>>>,
+    /// Per credential entry (index): how its real server is verified; `None` for plain entries.
+    clients: Vec<Option<Arc<ClientConfig>>>,
+}
+
+impl std::fmt::Debug for TlsInterceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsInterceptor").finish_non_exhaustive()
+    }
+}
+
+impl TlsInterceptor {
+    /// An interceptor for `credentials`' `https` entries, signing with `ca`. Loads the host's
+    /// trust store (once) for the entries that do not name an `upstream_ca`.
+    pub fn new(ca: SandboxCa, credentials: &Credentials) -> Result<Self, TlsSetupError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut host_roots: Option<Arc<RootCertStore>> = None;
+        let mut clients = Vec::new();
+        for entry in credentials.entries() {
+            if !entry.https {
+                clients.push(None);
+                continue;
+            }
+            let roots =
+                match &entry.upstream_ca {
+                    Some(path) => Arc::new(roots_from_file(path).map_err(|source| {
+                        TlsSetupError::UpstreamCa {
+                            domain: entry.domain.to_string(),
+                            path: path.clone(),
+                            source,
+                        }
+                    })?),
+                    None => match &host_roots {
+                        Some(r) => Arc::clone(r),
+                        None => {
+                            let r = Arc::new(native_roots()?);
+                            host_roots = Some(Arc::clone(&r));
+                            r
+                        }
+                    },
+                };
+            let mut config = ClientConfig::builder_with_provider(Arc::clone(&provider))
+                .with_safe_default_protocol_versions()
+                .map_err(TlsSetupError::Config)?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+            clients.push(Some(Arc::new(config)));
+        }
+        Ok(Self {
+            ca,
+            provider,
+            servers: Mutex::new(HashMap::new()),
+            clients,
+        })
+    }
+
+    fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, InterceptError> {
+        if let Ok(cache) = self.servers.lock()
+            && let Some(config) = cache.get(host)
+        {
+            return Ok(Arc::clone(config));
+        }
+        let leaf = self.ca.leaf(host).map_err(InterceptError::Leaf)?;
+        let mut config = ServerConfig::builder_with_provider(Arc::clone(&self.provider))
+            .with_safe_default_protocol_versions()
+            .map_err(InterceptError::Config)?
+            .with_no_client_auth()
+            .with_single_cert(leaf.chain, leaf.key)
+            .map_err(InterceptError::Config)?;
+        config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+        let config = Arc::new(config);
+        if let Ok(mut cache) = self.servers.lock() {
+            cache.insert(host.to_owned(), Arc::clone(&config));
+        }
+        Ok(config)
+    }
+}
+
+fn native_roots() -> Result<RootCertStore, TlsSetupError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    let (added, _ignored) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        return Err(TlsSetupError::NoHostRoots);
+    }
+    Ok(roots)
+}
+
+fn roots_from_file(path: &std::path::Path) -> io::Result<RootCertStore> {
+    let text = std::fs::read(path)?;
+    let mut roots = RootCertStore::empty();
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(&text)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no PEM certificate in the file",
+        ));
+    }
+    Ok(roots)
+}
+
+/// Why an intercepted connection ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum InterceptError {
+    #[error("cannot make a certificate for the host")]
+    Leaf(#[source] CaError),
+    #[error("cannot configure TLS")]
+    Config(#[source] rustls::Error),
+    #[error("TLS handshake with the sandbox's client failed")]
+    ClientHandshake(#[source] io::Error),
+    #[error("TLS handshake with the sandbox's client timed out")]
+    ClientHandshakeTimeout,
+    #[error("TLS to the real server failed")]
+    UpstreamHandshake(#[source] io::Error),
+    #[error("TLS to the real server timed out")]
+    UpstreamHandshakeTimeout,
+    #[error("`{host}` is not a TLS server name")]
+    ServerName { host: String },
+    #[error("request refused: {reason}")]
+    Request { reason: String },
+    #[error("the connection broke")]
+    Io(#[source] io::Error),
+    #[error("no bytes either way for {0:?}")]
+    Idle(Duration),
+}
+
+/// What one intercepted connection needs to know.
+pub(crate) struct Intercept<'a> {
+    pub(crate) tls: &'a TlsInterceptor,
+    pub(crate) entry: &'a InjectedHeader,
+    pub(crate) index: usize,
+    pub(crate) host: &'a Host,
+    pub(crate) port: u16,
+    pub(crate) connection: u64,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_head_bytes: usize,
+}
+
+/// How an intercepted connection ended, for its event.
+#[derive(Debug)]
+pub(crate) struct Intercepted {
+    /// Requests the header was added to.
+    pub(crate) requests: u64,
+    /// Why it ended early (none: both sides closed normally).
+    pub(crate) error: Option<InterceptError>,
+    /// The refusal was a request for another host than the tunnel's (a policy refusal).
+    pub(crate) host_mismatch: bool,
+}
+
+/// Serves one tunnel to a bound domain: TLS with the client (`early` holds bytes it sent with
+/// its `CONNECT`), TLS to `upstream` (already dialled and checked), then the HTTP relay.
+pub(crate) async fn serve(
+    job: Intercept<'_>,
+    client: &mut TcpStream,
+    early: Vec<u8>,
+    upstream: TcpStream,
+    up_bytes: &AtomicU64,
+    down_bytes: &AtomicU64,
+) -> Intercepted {
+    let mut requests = 0u64;
+    let error = run(
+        &job,
+        client,
+        early,
+        upstream,
+        up_bytes,
+        down_bytes,
+        &mut requests,
+    )
+    .await
+    .err();
+    let host_mismatch = matches!(&error, Some(InterceptError::Request { reason }) if reason.starts_with(HOST_MISMATCH));
+    Intercepted {
+        requests,
+        error,
+        host_mismatch,
+    }
+}
+
+const HOST_MISMATCH: &str = crate::proxy::HOST_MISMATCH_RULE;
+
+async fn run(
+    job: &Intercept<'_>,
+    client: &mut TcpStream,
+    early: Vec<u8>,
+    upstream: TcpStream,
+    up_bytes: &AtomicU64,
+    down_bytes: &AtomicU64,
+    requests: &mut u64,
+) -> Result<(), InterceptError> {
+    let host = job.host.to_string();
+    let server = job.tls.server_config(&host)?;
+    let accept = tokio_rustls::TlsAcceptor::from(server).accept(Prefixed {
+        prefix: early,
+        at: 0,
+        inner: client,
+    });
+    let mut client_tls = timeout(job.handshake_timeout, accept)
+        .await
+        .map_err(|_| InterceptError::ClientHandshakeTimeout)?
+        .map_err(InterceptError::ClientHandshake)?;
+
+    let Some(Some(client_config)) = job.tls.clients.get(job.index) else {
+        return Err(InterceptError::Request {
+            reason: "no TLS client configuration for this credential".into(),
+        });
+    };
+    let name = match job.host {
+        Host::Ip(ip) => ServerName::IpAddress((*ip).into()),
+        Host::Domain(d) => ServerName::try_from(d.clone())
+            .map_err(|_| InterceptError::ServerName { host: host.clone() })?,
+    };
+    let connect =
+        tokio_rustls::TlsConnector::from(Arc::clone(client_config)).connect(name, upstream);
+    let upstream_tls = match timeout(job.handshake_timeout, connect).await {
+        Ok(Ok(s)) => s,
+        failed => {
+            let error = match failed {
+                Ok(Err(e)) => InterceptError::UpstreamHandshake(e),
+                _ => InterceptError::UpstreamHandshakeTimeout,
+            };
+            let reason = chain(&error);
+            let _ = client_tls
+                .write_all(&crate::http::response(
+                    502,
+                    "Bad Gateway",
+                    (crate::proxy::ERROR_HEADER, "upstream-tls"),
+                    &format!("agent-sandbox: {host}:{}: {reason}", job.port),
+                ))
+                .await;
+            let _ = client_tls.shutdown().await;
+            return Err(error);
+        }
+    };
+
+    // The first request is read and checked before anything reaches the server, so that a
+    // refusal can still be answered on the client's connection.
+    let mut buf = Vec::with_capacity(4096);
+    let Some(first) = read_head(
+        &mut client_tls,
+        &mut buf,
+        job.max_head_bytes,
+        job.idle_timeout,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let first = match rewrite(job, &buf[..first]) {
+        Ok(r) => r,
+        Err(reason) => {
+            let (status, text, header) = if reason.starts_with(HOST_MISMATCH) {
+                (
+                    403,
+                    crate::proxy::DENIED_REASON,
+                    (crate::proxy::DENIED_HEADER, HOST_MISMATCH),
+                )
+            } else {
+                (
+                    400,
+                    "Bad Request",
+                    (crate::proxy::ERROR_HEADER, "bad-request"),
+                )
+            };
+            let _ = client_tls
+                .write_all(&crate::http::response(
+                    status,
+                    text,
+                    header,
+                    &format!("agent-sandbox: request refused: {reason}"),
+                ))
+                .await;
+            let _ = client_tls.shutdown().await;
+            return Err(InterceptError::Request { reason });
+        }
+    };
+    let consumed = first.head_len;
+    buf.drain(..consumed);
+
+    let (mut cr, mut cw) = tokio::io::split(client_tls);
+    let (mut ur, mut uw) = tokio::io::split(upstream_tls);
+    let idle = job.idle_timeout;
+    let up = async {
+        let mut next = Some(first);
+        let requests_up = async {
+            loop {
+                let rewritten = match next.take() {
+                    Some(r) => r,
+                    None => {
+                        let Some(len) =
+                            read_head(&mut cr, &mut buf, job.max_head_bytes, idle).await?
+                        else {
+                            break;
+                        };
+                        let r = rewrite(job, &buf[..len])
+                            .map_err(|reason| InterceptError::Request { reason })?;
+                        buf.drain(..len);
+                        r
+                    }
+                };
+                write_counted(&mut uw, &rewritten.bytes, up_bytes).await?;
+                *requests += 1;
+                tracing::info!(
+                    target: "agent_sandbox::egress",
+                    connection = job.connection,
+                    host = %job.host,
+                    port = job.port,
+                    header = %job.entry.name,
+                    "credential header injected (https)"
+                );
+                match rewritten.body {
+                    Body::None => {}
+                    Body::Length(n) => {
+                        copy_exact(&mut cr, &mut buf, &mut uw, n, idle, up_bytes).await?
+                    }
+                    Body::Chunked => {
+                        copy_chunked(&mut cr, &mut buf, &mut uw, idle, up_bytes).await?
+                    }
+                }
+                if rewritten.upgrade {
+                    // The rest is another protocol (WebSocket): relayed as it is.
+                    write_counted(&mut uw, &buf, up_bytes).await?;
+                    buf.clear();
+                    copy_counted(&mut cr, &mut uw, idle, up_bytes).await?;
+                    break;
+                }
+            }
+            Ok::<(), InterceptError>(())
+        }
+        .await;
+        // However the client's side ended, the server learns that no more requests come.
+        let _ = uw.shutdown().await;
+        requests_up
+    };
+    let down = async {
+        copy_counted(&mut ur, &mut cw, idle, down_bytes).await?;
+        cw.shutdown().await.map_err(InterceptError::Io)
+    };
+    tokio::pin!(up, down);
+    let mut up_done = false;
+    loop {
+        tokio::select! {
+            r = &mut up, if !up_done => {
+                // A refused request ends the connection at once; a client that went quiet
+                // or away still gets the answers already on their way.
+                if let Err(e @ InterceptError::Request { .. }) = r {
+                    return Err(e);
+                }
+                up_done = true;
+            }
+            r = &mut down => return r,
+        }
+    }
+}
+
+/// How a request's body is framed.
+#[derive(Debug, PartialEq, Eq)]
+enum Body {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// A request head rewritten for the real server.
+#[derive(Debug)]
+struct Rewritten {
+    bytes: Vec<u8>,
+    head_len: usize,
+    body: Body,
+    upgrade: bool,
+}
+
+/// Reads until `buf` holds a complete request head; returns its length, or `None` if the
+/// client closed the connection between requests.
+async fn read_head<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    limit: usize,
+    idle: Duration,
+) -> Result<Option<usize>, InterceptError> {
+    loop {
+        if let Some(end) = find_head_end(buf) {
+            if end > limit {
+                return Err(InterceptError::Request {
+                    reason: format!("request head is larger than {limit} bytes"),
+                });
+            }
+            return Ok(Some(end));
+        }
+        if buf.len() > limit {
+            return Err(InterceptError::Request {
+                reason: format!("request head is larger than {limit} bytes"),
+            });
+        }
+        let n = fill(reader, buf, idle).await?;
+        if n == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+async fn fill<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> Result<usize, InterceptError> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = timeout(idle, reader.read(&mut chunk))
+        .await
+        .map_err(|_| InterceptError::Idle(idle))?
+        .map_err(InterceptError::Io)?;
+    buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    Ok(n)
+}
+
+/// Checks one request head and rewrites it: the credential's header set, the placeholder
+/// replaced with the secret in every other header value. The error is a reason for the client.
+fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, String> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err("incomplete request head".into()),
+        Err(e) => return Err(format!("malformed request head: {e}")),
+    }
+    let method = req.method.unwrap_or_default();
+    let target = req.path.unwrap_or_default();
+    if method.eq_ignore_ascii_case("CONNECT") {
+        return Err("CONNECT inside an intercepted tunnel".into());
+    }
+    if !target.starts_with('/') && target != "*" {
+        let uri: http::Uri = target
+            .parse()
+            .map_err(|_| format!("request target {target:?} is not a valid URI"))?;
+        match uri.host() {
+            Some(h) if same_host(h, uri.port_u16(), job) => {}
+            _ => return Err(format!("{HOST_MISMATCH}: target {target:?}")),
+        }
+    }
+    let mut host_seen = false;
+    let mut lengths: Vec<u64> = Vec::new();
+    let mut chunked = false;
+    let mut te = false;
+    let mut upgrade = false;
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("host") {
+            if host_seen {
+                return Err("more than one Host header".into());
+            }
+            host_seen = true;
+            let authority: http::uri::Authority = value
+                .parse()
+                .map_err(|_| format!("{HOST_MISMATCH}: Host {value:?}"))?;
+            if !same_host(authority.host(), authority.port_u16(), job) {
+                return Err(format!("{HOST_MISMATCH}: Host {value:?}"));
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            for part in value.split(',') {
+                let n = part
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("bad Content-Length {value:?}"))?;
+                lengths.push(n);
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            te = true;
+            chunked = value
+                .rsplit(',')
+                .next()
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            upgrade = true;
+        }
+    }
+    if !host_seen && req.version == Some(1) {
+        return Err("HTTP/1.1 request without a Host header".into());
+    }
+    lengths.dedup();
+    let body = match (te, lengths.as_slice()) {
+        (true, []) if chunked => Body::Chunked,
+        (true, []) => return Err("a transfer coding other than chunked last".into()),
+        (true, _) => return Err("both Transfer-Encoding and Content-Length".into()),
+        (false, []) => Body::None,
+        (false, [n]) => Body::Length(*n),
+        (false, _) => return Err("conflicting Content-Length values".into()),
+    };
+
+    let entry = job.entry;
+    let line_end = head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map_or(head.len(), |p| p + 2);
+    let mut out = Vec::with_capacity(head.len() + entry.value.len() + 64);
+    out.extend_from_slice(head.get(..line_end).unwrap_or_default());
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case(&entry.name) {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        match &entry.placeholder {
+            Some(p) => {
+                out.extend_from_slice(&replace(h.value, p.as_bytes(), entry.secret.as_bytes()))
+            }
+            None => out.extend_from_slice(h.value),
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(entry.name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(entry.value.as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+    Ok(Rewritten {
+        bytes: out,
+        head_len: head.len(),
+        body,
+        upgrade,
+    })
+}
+
+/// Whether `host[:port]` from a request names the tunnel's host (a missing port is the
+/// scheme's default, which a client may leave out).
+fn same_host(host: &str, port: Option<u16>, job: &Intercept<'_>) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Host::parse(host).is_ok_and(|h| h == *job.host) && port.is_none_or(|p| p == job.port)
+}
+
+/// `value` with every occurrence of `from` replaced by `to`.
+fn replace(value: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    if from.is_empty() {
+        return value.to_vec();
+    }
+    let mut out = Vec::with_capacity(value.len());
+    let mut i = 0;
+    while i < value.len() {
+        if value.get(i..i + from.len()) == Some(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.extend_from_slice(value.get(i..=i).unwrap_or_default());
+            i += 1;
+        }
+    }
+    out
+}
+
+async fn write_counted<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    counter: &AtomicU64,
+) -> Result<(), InterceptError> {
+    w.write_all(bytes).await.map_err(InterceptError::Io)?;
+    counter.fetch_add(
+        u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+    Ok(())
+}
+
+/// Relays `n` body bytes: first what `buf` already holds, then from `r`.
+async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    w: &mut W,
+    n: u64,
+    idle: Duration,
+    counter: &AtomicU64,
+) -> Result<(), InterceptError> {
+    let mut left = n;
+    while left > 0 {
+        if buf.is_empty() && fill(r, buf, idle).await? == 0 {
+            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+        write_counted(w, buf.get(..take).unwrap_or_default(), counter).await?;
+        buf.drain(..take);
+        left -= u64::try_from(take).unwrap_or(left);
+    }
+    Ok(())
+}
+
+/// Reads one CRLF-terminated line (bounded) from `buf`/`r`, removes it from `buf`, returns it.
+async fn take_line<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> Result<Vec<u8>, InterceptError> {
+    loop {
+        if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+            return Ok(buf.drain(..p + 2).collect());
+        }
+        if buf.len() > MAX_CHUNK_LINE {
+            return Err(InterceptError::Request {
+                reason: "chunk line too long".into(),
+            });
+        }
+        if fill(r, buf, idle).await? == 0 {
+            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+/// Relays a chunked body unchanged, chunk by chunk, through its trailer.
+async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    w: &mut W,
+    idle: Duration,
+    counter: &AtomicU64,
+) -> Result<(), InterceptError> {
+    loop {
+        let line = take_line(r, buf, idle).await?;
+        let text = std::str::from_utf8(&line).unwrap_or("");
+        let size_text = text.split(';').next().unwrap_or("").trim();
+        let size = u64::from_str_radix(size_text, 16).map_err(|_| InterceptError::Request {
+            reason: format!("bad chunk size {size_text:?}"),
+        })?;
+        write_counted(w, &line, counter).await?;
+        if size == 0 {
+            // Trailer lines, then the empty line that ends the body.
+            loop {
+                let line = take_line(r, buf, idle).await?;
+                write_counted(w, &line, counter).await?;
+                if line == b"\r\n" {
+                    return Ok(());
+                }
+            }
+        }
+        copy_exact(r, buf, w, size, idle, counter).await?;
+        let end = take_line(r, buf, idle).await?;
+        if end != b"\r\n" {
+            return Err(InterceptError::Request {
+                reason: "chunk data longer than its size".into(),
+            });
+        }
+        write_counted(w, &end, counter).await?;
+    }
+}
+
+/// Relays everything from `r` to `w` until EOF.
+async fn copy_counted<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut R,
+    w: &mut W,
+    idle: Duration,
+    counter: &AtomicU64,
+) -> Result<(), InterceptError> {
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = timeout(idle, r.read(&mut chunk))
+            .await
+            .map_err(|_| InterceptError::Idle(idle))?;
+        let n = match n {
+            Ok(n) => n,
+            // A peer that closes without TLS close_notify: treat as the end of its data.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(InterceptError::Io(e)),
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        write_counted(w, chunk.get(..n).unwrap_or_default(), counter).await?;
+        w.flush().await.map_err(InterceptError::Io)?;
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// A stream that first yields `prefix` (bytes read before the TLS handshake began).
+struct Prefixed<'a> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: &'a mut TcpStream,
+}
+
+impl AsyncRead for Prefixed<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.at < self.prefix.len() {
+            let rest = self.prefix.get(self.at..).unwrap_or_default();
+            let n = rest.len().min(out.remaining());
+            out.put_slice(rest.get(..n).unwrap_or_default());
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut *self.inner).poll_read(cx, out)
+    }
+}
+
+impl AsyncWrite for Prefixed<'_> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent_sandbox_policy::network::DomainRule;
+
+    fn entry(placeholder: Option<&str>) -> InjectedHeader {
+        InjectedHeader {
+            domain: DomainRule::parse("api.example.com").unwrap(),
+            name: "Authorization".into(),
+            value: "Bearer s3cret".into(),
+            secret: "s3cret".into(),
+            https: true,
+            placeholder: placeholder.map(str::to_owned),
+            upstream_ca: None,
+        }
+    }
+
+    fn with_job<T>(e: &InjectedHeader, f: impl FnOnce(&Intercept<'_>) -> T) -> T {
+        let domains = vec![e.domain.clone()];
+        let (ca, _) = SandboxCa::ephemeral("test", &domains).unwrap();
+        let tls = TlsInterceptor {
+            ca,
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            servers: Mutex::new(HashMap::new()),
+            clients: Vec::new(),
+        };
+        let host = Host::parse("api.example.com").unwrap();
+        let job = Intercept {
+            tls: &tls,
+            entry: e,
+            index: 0,
+            host: &host,
+            port: 443,
+            connection: 1,
+            handshake_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            max_head_bytes: 8192,
+        };
+        f(&job)
+    }
+
+    fn text(r: &Rewritten) -> String {
+        String::from_utf8(r.bytes.clone()).unwrap()
+    }
+
+    #[test]
+    fn the_header_is_set_and_the_placeholder_replaced_in_this_domain_only() {
+        let e = entry(Some("agent-sandbox-placeholder-TOKEN"));
+        with_job(&e, |job| {
+            let r = rewrite(
+                job,
+                b"POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nauthorization: token agent-sandbox-placeholder-TOKEN\r\nX-Api-Key: agent-sandbox-placeholder-TOKEN\r\nContent-Length: 3\r\n\r\n",
+            )
+            .unwrap();
+            assert_eq!(
+                text(&r),
+                "POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nX-Api-Key: s3cret\r\nContent-Length: 3\r\nAuthorization: Bearer s3cret\r\n\r\n"
+            );
+            assert_eq!(r.body, Body::Length(3));
+            let r = rewrite(
+                job,
+                b"GET https://api.example.com:443/ HTTP/1.1\r\nHost: api.example.com:443\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            )
+            .unwrap();
+            assert_eq!(r.body, Body::Chunked);
+        });
+    }
+
+    #[test]
+    fn requests_for_other_hosts_or_with_ambiguous_bodies_are_refused() {
+        let e = entry(None);
+        with_job(&e, |job| {
+            for (head, why) in [
+                (
+                    "GET / HTTP/1.1\r\nHost: evil.example.com\r\n\r\n",
+                    HOST_MISMATCH,
+                ),
+                (
+                    "GET / HTTP/1.1\r\nHost: api.example.com:444\r\n\r\n",
+                    HOST_MISMATCH,
+                ),
+                (
+                    "GET https://evil.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                    HOST_MISMATCH,
+                ),
+                ("GET / HTTP/1.1\r\n\r\n", "without a Host"),
+                (
+                    "GET / HTTP/1.1\r\nHost: api.example.com\r\nHost: api.example.com\r\n\r\n",
+                    "more than one",
+                ),
+                (
+                    "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                    "both",
+                ),
+                (
+                    "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                    "conflicting",
+                ),
+                (
+                    "POST / HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+                    "other than chunked",
+                ),
+                (
+                    "CONNECT a:1 HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                    "CONNECT",
+                ),
+            ] {
+                let err = rewrite(job, head.as_bytes()).unwrap_err();
+                assert!(err.contains(why), "{head:?}: {err}");
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn chunked_bodies_are_relayed_exactly() {
+        let body = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT";
+        let mut buf = body[..7].to_vec();
+        let mut rest: &[u8] = &body[7..];
+        let mut out = Vec::new();
+        let counter = AtomicU64::new(0);
+        copy_chunked(
+            &mut rest,
+            &mut buf,
+            &mut out,
+            Duration::from_secs(1),
+            &counter,
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, &body[..body.len() - 4]);
+        // What follows the body stays for the next request.
+        let mut left = buf;
+        left.extend_from_slice(rest);
+        assert_eq!(left, b"NEXT");
+    }
+
+    #[test]
+    fn replace_every_occurrence() {
+        assert_eq!(replace(b"a-PH-b-PH", b"PH", b"xyz"), b"a-xyz-b-xyz");
+        assert_eq!(replace(b"none", b"PH", b"x"), b"none");
+    }
+}
