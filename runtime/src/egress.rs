@@ -464,7 +464,7 @@ pub fn serve(
     // Only `finished` events become records: the others are not cloned, sent or woken for.
     let sink = move |event: &EgressEvent| {
         if event.stage == Stage::Finished {
-            let _ = tx.send(Written::Net(event.clone()));
+            let _ = tx.send(Written::Net(Box::new(event.clone())));
         }
     };
     let proxy = Proxy::with_config(
@@ -527,7 +527,7 @@ pub fn serve(
 
 /// What the proxy's audit writer gets.
 enum Written {
-    Net(EgressEvent),
+    Net(Box<EgressEvent>),
     Approval(ApprovalRecord),
 }
 

@@ -18,6 +18,6 @@ mod podman;
 mod pods;
 mod promote;
 mod shim_contracts;
-mod widening;
 mod tls_inject;
+mod widening;
 mod workspace;

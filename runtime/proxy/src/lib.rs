@@ -19,8 +19,8 @@ pub mod resolve;
 pub mod rules;
 pub mod sni;
 mod socks;
-mod transparent;
 pub mod tls_inject;
+mod transparent;
 
 pub use approval::{Approvals, TOOL_CALL_HEADER};
 pub use credentials::{Credentials, InjectedHeader};

@@ -23,8 +23,8 @@ use crate::resolve::Resolver;
 use crate::rules::{EgressRules, Host};
 use crate::sni::{self, Peek, SniCheck};
 use crate::socks::{self, Reply, SocksError};
-use crate::transparent;
 use crate::tls_inject::{self, InterceptError, TlsInterceptor};
+use crate::transparent;
 
 /// Limits and timeouts. The defaults suit one sandbox's tools.
 #[derive(Debug, Clone)]
@@ -254,7 +254,9 @@ impl Inner {
             rule: None,
             address_rule: None,
             resolved: None,
+            tool_call: None,
             relayed: false,
+            credential: None,
         };
         let counters = Counters::new();
         let _ = stream.set_nodelay(true);
@@ -345,7 +347,9 @@ impl Inner {
                     rule: Some(DNS_REFUSED_RULE.to_owned()),
                     address_rule: None,
                     resolved: None,
+                    tool_call: None,
                     relayed: false,
+                    credential: None,
                 };
                 self.emit(&rec, Stage::Finished, Outcome::Denied, &Counters::new());
             }
