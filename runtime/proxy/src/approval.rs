@@ -342,6 +342,31 @@ impl Approvals {
             .cloned()
     }
 
+    /// Whether a connection to `host` could be opened by an approval on some port: the latest
+    /// live rule naming it allows, or none does and a decider may be asked because the ceiling
+    /// covers it. The DNS stub of `network.transparent` answers such names as well, so a
+    /// proxy-unaware tool's connection reaches the proxy and is decided (and asked about)
+    /// like a proxied one.
+    pub fn may_open(&self, host: &Host) -> bool {
+        let name = host.to_string();
+        let port_of = |r: &DomainRule| r.port().unwrap_or(443);
+        {
+            let live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(latest) = live
+                .iter()
+                .rev()
+                .find(|l| l.rule.matches_host(&name, port_of(&l.rule)))
+            {
+                return latest.allow;
+            }
+        }
+        self.endpoint.is_some()
+            && self
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.ceiling.iter().any(|r| r.matches_host(&name, port_of(r))))
+    }
+
     fn push_live(&self, rule: LiveRule) {
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         // A tool looping on one host must not grow the list: replace an equal rule.
@@ -878,6 +903,38 @@ mod tests {
             none.apply(&change(ChangeAction::Deny, "a.example.com"))
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn names_a_decider_or_a_live_allow_may_open_are_the_ones_the_dns_stub_answers() {
+        let sink = || Arc::new(|_: &ApprovalRecord| {}) as ApprovalSink;
+        let d = Decider::Unix("/run/agent-approvals.sock".to_owned());
+        let asked = Approvals::new(
+            "sb",
+            Some(&policy(Some(d), "5s", &["*.example.com"])),
+            sink(),
+        );
+        assert!(asked.may_open(&host("api.example.com")));
+        assert!(!asked.may_open(&host("example.com")));
+        assert!(!asked.may_open(&host("evil.test")));
+        let deny = Change {
+            action: ChangeAction::Deny,
+            rule: "api.example.com".to_owned(),
+        };
+        asked.apply(&deny).unwrap();
+        assert!(!asked.may_open(&host("api.example.com")));
+        assert!(asked.may_open(&host("www.example.com")));
+
+        let commands_only =
+            Approvals::new("sb", Some(&policy(None, "5s", &["*.example.com"])), sink());
+        assert!(!commands_only.may_open(&host("api.example.com")));
+        let allow = Change {
+            action: ChangeAction::Allow,
+            rule: "api.example.com:8443".to_owned(),
+        };
+        commands_only.apply(&allow).unwrap();
+        assert!(commands_only.may_open(&host("api.example.com")));
+        assert!(!commands_only.may_open(&host("www.example.com")));
     }
 
     #[test]

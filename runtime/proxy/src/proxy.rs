@@ -326,7 +326,15 @@ impl Inner {
             };
             let start = Instant::now();
             let query = buf.get(..n).unwrap_or_default();
-            let reply = dns_stub::answer(query, &|h| self.rules.may_allow(h), &names);
+            let may_open = |h: &Host| {
+                self.rules.may_allow(h)
+                    || self
+                        .config
+                        .approvals
+                        .as_ref()
+                        .is_some_and(|a| a.may_open(h))
+            };
+            let reply = dns_stub::answer(query, &may_open, &names);
             if !reply.bytes.is_empty() {
                 let _ = socket.send_to(&reply.bytes, from).await;
             }
