@@ -222,18 +222,34 @@ mod tests {
 
     #[test]
     fn holds_a_term_until_the_program_traps_it_and_no_longer_than_the_grace() {
-        // sh traps TERM only after ~300 ms: the hold ends when SigCgt shows the handler.
+        // sh traps TERM only once the test creates `go`, ~300 ms after the clock starts (not
+        // after a sleep in sh: on a loaded machine the spawn alone can take that long): the
+        // hold ends when SigCgt shows the handler. Until then sh spins on builtins: a shell
+        // waiting for a foreground child blocks every signal for moments, which ends the hold.
+        let dir = tempfile::tempdir().unwrap();
+        let go = dir.path().join("go");
         let mut child = Command::new("sh")
             .args([
                 "-c",
-                "sleep 0.3; trap 'exit 0' TERM; while :; do sleep 0.05; done",
+                "while [ ! -e \"$1\" ]; do :; done; trap 'exit 0' TERM; while :; do sleep 0.05; done",
+                "sh",
             ])
+            .arg(&go)
             .spawn()
             .unwrap();
         let pid = pid_of(&child);
         let t = Instant::now();
-        await_handler(pid, 15, uptime().unwrap());
+        let started = uptime().unwrap();
+        let creator = std::thread::spawn({
+            let go = go.clone();
+            move || {
+                std::thread::sleep(Duration::from_millis(300));
+                std::fs::write(go, b"").unwrap();
+            }
+        });
+        await_handler(pid, 15, started);
         let held = t.elapsed();
+        creator.join().unwrap();
         assert!(held >= Duration::from_millis(250), "{held:?}");
         assert!(held < HANDLER_GRACE, "{held:?}");
         // A start long ago: no hold at all.
