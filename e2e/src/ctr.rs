@@ -5,7 +5,6 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -100,13 +99,8 @@ pub fn require_containerd() -> anyhow::Result<()> {
 }
 
 /// A container id unique to this test process.
-pub fn unique_id(prefix: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "e2e-{prefix}-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+pub fn unique_id(stem: &str) -> String {
+    harness::unique("e2e", stem)
 }
 
 /// `ctr run --rm --runtime R ARGS... IMAGE ID CMD...`, captured.
@@ -323,25 +317,15 @@ impl Drop for Events {
 
 /// Pids of shim processes of `shim` serving container `id` (`-id ID` on their command line).
 pub fn shim_pids(shim: Shim, id: &str) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
-                return false;
-            };
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let is_shim = args
-                .first()
-                .is_some_and(|a| a.ends_with(shim.binary_name().as_bytes()));
-            is_shim
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"-id" && w[1] == id.as_bytes())
-        })
-        .collect()
+    harness::pids_with_args(|_, args| {
+        let is_shim = args
+            .first()
+            .is_some_and(|a| a.ends_with(shim.binary_name().as_bytes()));
+        is_shim
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"-id" && w[1] == id.as_bytes())
+    })
 }
 
 /// Resident set size of `pid` in KiB (`VmRSS`).

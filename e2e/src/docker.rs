@@ -175,9 +175,7 @@ impl Docker {
 
 /// A container name unique to this test process.
 pub fn unique_name(stem: &str) -> String {
-    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("dk-{stem}-{}-{n}", std::process::id())
+    crate::harness::unique("dk", stem)
 }
 
 /// The full id of a container (the id dockerd gives the runtime).

@@ -11,6 +11,7 @@ use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -395,6 +396,91 @@ pub fn temp_dir_for(user: User) -> anyhow::Result<tempfile::TempDir> {
             .with_context(|| format!("cannot chown {} to {TEST_USER}", dir.path().display()))?;
     }
     Ok(dir)
+}
+
+/// A name or id unique to this test process: `PREFIX-STEM-PID-N`. The prefix tells whose
+/// it is (a suite, or the tool it names) when one is left behind.
+pub fn unique(prefix: &str, stem: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{stem}-{}-{n}", std::process::id())
+}
+
+/// `agent-sandbox ARGS...` on the host as root, with no `--root` unless `args` give one;
+/// any exit code.
+pub fn runtime(args: &[&str]) -> anyhow::Result<Output> {
+    require_file(runtime_bin())?;
+    run(Command::new(runtime_bin()).args(args), DEFAULT_TIMEOUT)
+}
+
+/// [`runtime`], requiring exit 0.
+pub fn runtime_ok(args: &[&str]) -> anyhow::Result<Output> {
+    let out = runtime(args)?;
+    if !out.success() {
+        bail!("agent-sandbox {args:?} failed\n{out}");
+    }
+    Ok(out)
+}
+
+/// The directory of `pid`'s cgroup in the v1 `pids` controller.
+pub fn pids_cgroup(pid: u32) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .with_context(|| format!("cannot read /proc/{pid}/cgroup"))?;
+    let rel = text
+        .lines()
+        .find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            ctrls
+                .split(',')
+                .any(|c| c == "pids")
+                .then(|| path.to_owned())
+        })
+        .with_context(|| format!("no pids cgroup for {pid}: {text}"))?;
+    Ok(Path::new("/sys/fs/cgroup/pids").join(rel.trim_start_matches('/')))
+}
+
+/// Pids of the host's processes whose arguments (`/proc/PID/cmdline` split at NUL) satisfy
+/// `matches`. A process that ends while it is read is left out.
+pub fn pids_with_args(matches: impl Fn(u32, &[&[u8]]) -> bool) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            matches(*pid, &args)
+        })
+        .collect()
+}
+
+/// Writes `bundle/config.json` from `runc spec`, running `args` without a terminal, with
+/// `edit` applied; returns its path. The bundle's rootfs is the caller's.
+pub fn runc_spec(
+    bundle: &Path,
+    args: &[&str],
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> anyhow::Result<PathBuf> {
+    require_tool("runc")?;
+    run_ok(
+        Command::new("runc").arg("spec").current_dir(bundle),
+        DEFAULT_TIMEOUT,
+    )?;
+    let path = bundle.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut config: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("runc spec wrote a bad {}", path.display()))?;
+    config["process"]["terminal"] = false.into();
+    config["process"]["args"] = serde_json::json!(args);
+    edit(&mut config);
+    std::fs::write(&path, serde_json::to_vec_pretty(&config)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(path)
 }
 
 #[cfg(test)]

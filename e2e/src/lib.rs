@@ -8,4 +8,5 @@ pub mod docker;
 pub mod harness;
 pub mod net;
 pub mod podman;
+pub mod script;
 pub mod stream;

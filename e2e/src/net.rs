@@ -603,21 +603,11 @@ pub fn write_policy(dir: &Path, allow: &[String], deny: &[String]) -> anyhow::Re
 
 /// Pids of `agent-sandbox ... proxy ... ID` processes serving sandbox `id`.
 pub fn proxy_pids(id: &str) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else {
-                return false;
-            };
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.contains(&b"proxy".as_slice())
-                && args.contains(&id.as_bytes())
-                && crate::ctr::alive(*pid)
-        })
-        .collect()
+    crate::harness::pids_with_args(|pid, args| {
+        args.contains(&b"proxy".as_slice())
+            && args.contains(&id.as_bytes())
+            && crate::ctr::alive(pid)
+    })
 }
 
 /// Waits up to `timeout` for the proxies of `id` to be gone; returns those left.

@@ -11,10 +11,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::Context;
+use anyhow::{Context, ensure};
 
 use crate::harness::{
-    self, DEFAULT_TIMEOUT, Output, PROBE, ProbeReport, TEST_UID, TEST_USER, User,
+    self, DEFAULT_TIMEOUT, Output, PROBE, ProbeReport, TEST_UID, TEST_USER, TOOLS_IMAGE, User,
 };
 
 /// The OCI runtime podman is told to use.
@@ -128,6 +128,15 @@ impl Podman {
         harness::run_ok(&mut self.command(args)?, DEFAULT_TIMEOUT)
     }
 
+    /// `podman run --rm --network host ARGS... tools sh -c SCRIPT` (any exit code): a
+    /// container on the host's network, the network suites' baseline.
+    pub fn host_net_sh(&self, args: &[&str], script: &str) -> anyhow::Result<Output> {
+        let mut all = vec!["run", "--rm", "--network", "host"];
+        all.extend_from_slice(args);
+        all.extend([TOOLS_IMAGE, "sh", "-c", script]);
+        self.run(&all)
+    }
+
     /// `podman run --rm ARGS... IMAGE probe CHECKS...`.
     pub fn probe(
         &self,
@@ -151,15 +160,60 @@ impl Podman {
 
 /// A container name unique to this test process.
 pub fn unique_name(stem: &str) -> String {
-    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("as-{stem}-{}-{n}", std::process::id())
+    harness::unique("as", stem)
+}
+
+/// The value of `--runtime-flag` that gives agent-sandbox the policy file `policy`.
+pub fn policy_flag(policy: &Path) -> String {
+    format!("policy={}", policy.display())
+}
+
+/// The full container id `podman run -d` printed (its last line, 64 characters).
+pub fn container_id(out: &Output) -> anyhow::Result<String> {
+    let id = out
+        .stdout
+        .lines()
+        .last()
+        .map(str::trim)
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(id.len() == 64, "no container id from podman run -d\n{out}");
+    Ok(id)
+}
+
+impl Podman {
+    /// `podman FLAGS... run -d --name NAME ARGS...`, NAME made from `stem` by
+    /// [`unique_name`]; returns the guard that removes the container (taken before the run,
+    /// so a half-made container goes too) and its full id.
+    pub fn run_detached(
+        &self,
+        flags: &[&str],
+        stem: &str,
+        args: &[&str],
+    ) -> anyhow::Result<(ContainerGuard, String)> {
+        let guard = ContainerGuard::new(*self, &unique_name(stem));
+        let mut all = flags.to_vec();
+        all.extend(["run", "-d", "--name", &guard.name]);
+        all.extend_from_slice(args);
+        let id = container_id(&self.run_ok(&all)?)?;
+        Ok((guard, id))
+    }
 }
 
 /// Removes a named container on drop (best effort), so a failed test leaves nothing.
 pub struct ContainerGuard {
     pub podman: Podman,
     pub name: String,
+}
+
+impl ContainerGuard {
+    /// Guards the container `name` of `podman`'s user.
+    pub fn new(podman: Podman, name: &str) -> Self {
+        Self {
+            podman,
+            name: name.to_owned(),
+        }
+    }
 }
 
 impl Drop for ContainerGuard {

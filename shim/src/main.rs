@@ -6,7 +6,6 @@ mod cgroup;
 mod container;
 mod error;
 mod exits;
-mod files;
 mod options;
 mod process;
 mod rootfs;

@@ -204,7 +204,7 @@ impl RuntimeOptions {
             path: path.clone(),
             source,
         })?;
-        crate::files::write_atomic(&path, text)
+        agent_sandbox_sys::atomic_file::write_atomic(&path, text)
             .map_err(|source| OptionsError::Persist { path, source })
     }
 

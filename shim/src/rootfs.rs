@@ -115,7 +115,8 @@ fn record_volatile(bundle: &Path, workdirs: &[String]) -> Result<(), RootfsError
     let path = bundle.join(VOLATILE_WORKDIRS);
     let mut text = workdirs.join("\n");
     text.push('\n');
-    crate::files::write_atomic(&path, text).map_err(|source| RootfsError::Record { path, source })
+    agent_sandbox_sys::atomic_file::write_atomic(&path, text)
+        .map_err(|source| RootfsError::Record { path, source })
 }
 
 /// Unmounts `bundle/rootfs` and everything below it; once nothing is mounted there any more,

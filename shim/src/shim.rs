@@ -80,7 +80,7 @@ impl containerd_shim::Shim for Shim {
         {
             // Another container of the same pod: its shim already serves this socket. (A
             // stale socket refuses the connection; the new daemon replaces it.)
-            crate::files::write_atomic(Path::new("address"), &address)
+            agent_sandbox_sys::atomic_file::write_atomic(Path::new("address"), &address)
                 .map_err(io_err("write address"))?;
             return Ok(address);
         }
@@ -108,9 +108,9 @@ impl containerd_shim::Shim for Shim {
         if let Err(e) = containerd_shim::cgroup::adjust_oom_score(child.id()) {
             warn!("oom score of shim daemon: {e}");
         }
-        crate::files::write_atomic(Path::new("address"), &address)
+        agent_sandbox_sys::atomic_file::write_atomic(Path::new("address"), &address)
             .map_err(io_err("write address"))?;
-        crate::files::write_atomic(Path::new("shim.pid"), child.id().to_string())
+        agent_sandbox_sys::atomic_file::write_atomic(Path::new("shim.pid"), child.id().to_string())
             .map_err(io_err("write shim.pid"))?;
         Ok(address)
     }

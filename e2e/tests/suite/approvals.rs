@@ -17,7 +17,7 @@ use agent_sandbox_e2e::net::{
     self, COLLECTOR_HOST, DENIED_HEADER, HttpServer, INTERNAL_HOST, INTERNAL_IP, METADATA_HOST,
     METADATA_IP, PKG_APEX, REGISTRY_HOST, REGISTRY_IP,
 };
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag};
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
@@ -116,34 +116,32 @@ fn toml_list(rules: &[String]) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
+/// The policy of a sandbox whose approvals ask `decider` about hosts within `ceiling`, with
+/// `settings` (TOML lines of `[network.approvals]`, each ending in a newline) in between.
+fn decider_policy(decider: &Decider, settings: &str, ceiling: &[String]) -> anyhow::Result<Policy> {
+    policy(&format!(
+        "decider = {:?}\n{settings}ceiling = {}\n",
+        decider.path.display().to_string(),
+        toml_list(ceiling)
+    ))
+}
+
+/// `server`'s name and address on its port: what a ceiling lists to let it be approved.
+fn registry_ceiling(server: &HttpServer) -> Vec<String> {
+    vec![
+        format!("{REGISTRY_HOST}:{}", server.port()),
+        format!("{REGISTRY_IP}:{}", server.port()),
+    ]
+}
+
 /// Starts a detached sandbox sleeping; returns its guard and full container id.
 fn detached(policy: &Path, stem: &str) -> anyhow::Result<(ContainerGuard, String)> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name(stem);
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let out = sandbox().run_ok(&[
-        "--runtime-flag",
-        &format!("policy={}", policy.display()),
-        "run",
-        "-d",
-        "--name",
-        &name,
-        TOOLS_IMAGE,
-        "sleep",
-        "600",
-    ])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .map(str::trim)
-        .unwrap_or_default()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id from podman run -d\n{out}");
-    Ok((guard, id))
+    sandbox().run_detached(
+        &["--runtime-flag", &policy_flag(policy)],
+        stem,
+        &[TOOLS_IMAGE, "sleep", "600"],
+    )
 }
 
 fn exec(guard: &ContainerGuard, script: &str) -> anyhow::Result<Output> {
@@ -198,15 +196,7 @@ fn held_request_is_approved_once_then_for_life_and_the_decider_sees_the_tool_cal
             _ => reply("deny", Some("asked a third time")),
         }
     })?;
-    let ceiling = [
-        format!("{REGISTRY_HOST}:{}", server.port()),
-        format!("{REGISTRY_IP}:{}", server.port()),
-    ];
-    let p = policy(&format!(
-        "decider = {:?}\ntimeout = \"20s\"\nceiling = {}\n",
-        decider.path.display().to_string(),
-        toml_list(&ceiling)
-    ))?;
+    let p = decider_policy(&decider, "timeout = \"20s\"\n", &registry_ceiling(&server))?;
     let (guard, id) = detached(&p.path, "happr-once")?;
     let fetch = |n: u32| {
         format!(
@@ -286,15 +276,7 @@ fn decider_refusal_shows_its_reason_to_curl_and_an_allow_reaches_the_server() ->
         0 | 1 => reply("deny", Some("not needed for this task")),
         _ => reply("allow-once", None),
     })?;
-    let ceiling = [
-        format!("{REGISTRY_HOST}:{}", server.port()),
-        format!("{REGISTRY_IP}:{}", server.port()),
-    ];
-    let p = policy(&format!(
-        "decider = {:?}\nceiling = {}\n",
-        decider.path.display().to_string(),
-        toml_list(&ceiling)
-    ))?;
+    let p = decider_policy(&decider, "", &registry_ceiling(&server))?;
     let (guard, _id) = detached(&p.path, "happr-deny")?;
     let https = format!("https://{REGISTRY_HOST}:{}/", server.port());
     let script = format!(
@@ -339,19 +321,14 @@ fn decider_refusal_shows_its_reason_to_curl_and_an_allow_reaches_the_server() ->
 fn silent_decider_gets_the_default_answer_deny_or_allow_once() -> anyhow::Result<()> {
     let server = HttpServer::start(REGISTRY_IP, "registry-by-default")?;
     let decider = Decider::start(|_, _| None)?;
-    let ceiling = toml_list(&[
-        format!("{REGISTRY_HOST}:{}", server.port()),
-        format!("{REGISTRY_IP}:{}", server.port()),
-    ]);
+    let ceiling = registry_ceiling(&server);
     let fetch = format!(
         "curl -sS -i -m 20 {}; echo rc=$?",
         url(REGISTRY_HOST, &server, "/t")
     );
     for (default, reached) in [("deny", false), ("allow-once", true)] {
-        let p = policy(&format!(
-            "decider = {:?}\ntimeout = \"1s\"\ndefault = \"{default}\"\nceiling = {ceiling}\n",
-            decider.path.display().to_string(),
-        ))?;
+        let settings = format!("timeout = \"1s\"\ndefault = \"{default}\"\n");
+        let p = decider_policy(&decider, &settings, &ceiling)?;
         let before = server.received().len();
         let (guard, id) = detached(&p.path, "happr-silent")?;
         let out = exec(&guard, &fetch)?;
@@ -396,9 +373,9 @@ fn silent_decider_gets_the_default_answer_deny_or_allow_once() -> anyhow::Result
 fn allow_and_deny_change_a_running_sandbox_within_the_ceiling() -> anyhow::Result<()> {
     let server = HttpServer::start(REGISTRY_IP, "registry-allowed-live")?;
     let collector = HttpServer::start(net::COLLECTOR_IP, "collected")?;
-    let rule = format!("{REGISTRY_HOST}:{}", server.port());
-    let ceiling = toml_list(&[rule.clone(), format!("{REGISTRY_IP}:{}", server.port())]);
-    let p = policy(&format!("ceiling = {ceiling}\n"))?;
+    let ceiling = registry_ceiling(&server);
+    let rule = ceiling[0].clone();
+    let p = policy(&format!("ceiling = {}\n", toml_list(&ceiling)))?;
     let (guard, id) = detached(&p.path, "happr-cmd")?;
     let fetch = format!(
         "curl -sS -i -m 20 {}; echo rc=$?",
@@ -516,11 +493,7 @@ fn decider_allowing_private_or_metadata_addresses_is_still_refused() -> anyhow::
         "curl -sS -i -m 30 http://{INTERNAL_HOST}:{port}/; echo rc=$?; echo =====; curl -sS -i -m 30 http://{METADATA_HOST}:{port}/latest/meta-data/; echo rc=$?"
     );
     for (ceiling, opened) in [(names, false), (with_ips, true)] {
-        let p = policy(&format!(
-            "decider = {:?}\nceiling = {}\n",
-            decider.path.display().to_string(),
-            toml_list(&ceiling)
-        ))?;
+        let p = decider_policy(&decider, "", &ceiling)?;
         let before = internal.received().len();
         let (guard, _id) = detached(&p.path, "happr-special")?;
         let out = exec(&guard, &script)?;
@@ -574,15 +547,7 @@ fn ctr_decider_refusal_reaches_curl_and_its_allow_reaches_the_server() -> anyhow
         0 => reply("deny", Some("ask the operator")),
         _ => reply("allow-once", None),
     })?;
-    let ceiling = [
-        format!("{REGISTRY_HOST}:{}", server.port()),
-        format!("{REGISTRY_IP}:{}", server.port()),
-    ];
-    let p = policy(&format!(
-        "decider = {:?}\nceiling = {}\n",
-        decider.path.display().to_string(),
-        toml_list(&ceiling)
-    ))?;
+    let p = decider_policy(&decider, "", &registry_ceiling(&server))?;
     let config = p._dir.path().join("runtime-config.toml");
     std::fs::write(
         &config,

@@ -12,7 +12,7 @@ use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, Use
 use agent_sandbox_e2e::net::{
     self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_HOST, REGISTRY_IP, TOOL_CALL_ENV,
 };
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, ensure};
 use serde_json::Value;
 
@@ -71,60 +71,114 @@ const SESSION_MEMORY: &str = "io.agent.sandbox.memory=64M";
 /// An exec that allocates far beyond [`SESSION_MEMORY`].
 const HOG: [&str; 3] = [harness::PROBE, "hog", "256"];
 
+/// What both sessions run against: the registry the policy allows, the collector it does
+/// not, and a workspace with two files.
+struct SessionWorld {
+    registry: HttpServer,
+    collector: HttpServer,
+    policy: PathBuf,
+    workspace: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl SessionWorld {
+    fn start() -> anyhow::Result<Self> {
+        net::ensure_test_hosts()?;
+        let registry = HttpServer::start(REGISTRY_IP, "audit-registry")?;
+        let collector = HttpServer::start(COLLECTOR_IP, "audit-collector")?;
+        let dir = tempfile::tempdir()?;
+        let policy = net::write_policy(
+            dir.path(),
+            &[
+                format!("{REGISTRY_HOST}:{}", registry.port()),
+                format!("{REGISTRY_IP}:{}", registry.port()),
+            ],
+            &[],
+        )?;
+        let workspace = dir.path().join("ws");
+        fs::create_dir(&workspace)?;
+        fs::write(workspace.join("old.txt"), "old\n")?;
+        fs::write(workspace.join("keep.txt"), "keep\n")?;
+        Ok(Self {
+            registry,
+            collector,
+            policy,
+            workspace,
+            dir,
+        })
+    }
+
+    /// The tagged exec's script ([`session_script`]) against this world's servers.
+    fn script(&self) -> String {
+        session_script(self.registry.port(), self.collector.port())
+    }
+
+    /// The tagged exec made the allowed and the denied request, and the workspace overlay
+    /// kept the host copy untouched.
+    fn check_exec(&self, exec: &Output) -> anyhow::Result<()> {
+        ensure!(
+            exec.stdout.contains("audit-registry") && exec.stdout.contains("403"),
+            "session exec did not do the allowed and denied requests\n{exec}"
+        );
+        ensure!(
+            self.workspace.join("old.txt").exists() && !self.workspace.join("new.txt").exists(),
+            "the sandbox wrote through to the host workspace"
+        );
+        Ok(())
+    }
+
+    /// The session of sandbox `id`, whose log is under the state root `root`.
+    fn finish(
+        &self,
+        root: String,
+        id: String,
+        secret: String,
+        tool_call: String,
+        via_ctr: bool,
+    ) -> anyhow::Result<Session> {
+        let path = log_path(&root, &id);
+        let raw =
+            fs::read_to_string(&path).with_context(|| format!("no log at {}", path.display()))?;
+        let records = net::read_audit(&path)?;
+        Ok(Session {
+            root,
+            id,
+            records,
+            raw,
+            secret,
+            tool_call,
+            registry_port: self.registry.port(),
+            collector_port: self.collector.port(),
+            via_ctr,
+        })
+    }
+}
+
 /// Runs a whole session: create (with a secret env value and a workspace
 /// bind), one tagged exec doing an allowed fetch, a denied post and file
 /// changes, then stop and rm.
 fn podman_session() -> anyhow::Result<Session> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    net::ensure_test_hosts()?;
-    let registry = HttpServer::start(REGISTRY_IP, "audit-registry")?;
-    let collector = HttpServer::start(COLLECTOR_IP, "audit-collector")?;
-    let dir = tempfile::tempdir()?;
-    let policy = net::write_policy(
-        dir.path(),
-        &[
-            format!("{REGISTRY_HOST}:{}", registry.port()),
-            format!("{REGISTRY_IP}:{}", registry.port()),
-        ],
-        &[],
-    )?;
-    let workspace = dir.path().join("ws");
-    fs::create_dir(&workspace)?;
-    fs::write(workspace.join("old.txt"), "old\n")?;
-    fs::write(workspace.join("keep.txt"), "keep\n")?;
+    let w = SessionWorld::start()?;
     let secret = format!("s3cr3t-value-{}-{}", std::process::id(), unique_name("v"));
     let tool_call = format!("toolu_x{}", std::process::id());
-    let name = unique_name("audit");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let out = sandbox().run_ok(&[
-        "--runtime-flag",
-        &format!("policy={}", policy.display()),
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "-e",
-        &format!("AUDIT_SECRET={secret}"),
-        "-v",
-        &format!("{}:/workspace", workspace.display()),
-        "--annotation",
-        SESSION_MEMORY,
-        TOOLS_IMAGE,
-        "sleep",
-        "600",
-    ])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id\n{out}");
-    let script = session_script(registry.port(), collector.port());
+    let (guard, id) = sandbox().run_detached(
+        &["--runtime-flag", &policy_flag(&w.policy)],
+        "audit",
+        &[
+            "-e",
+            &format!("AUDIT_SECRET={secret}"),
+            "-v",
+            &format!("{}:/workspace", w.workspace.display()),
+            "--annotation",
+            SESSION_MEMORY,
+            TOOLS_IMAGE,
+            "sleep",
+            "600",
+        ],
+    )?;
+    let name = guard.name.clone();
+    let script = w.script();
     let exec = sandbox().run(&[
         "exec",
         "-e",
@@ -136,15 +190,7 @@ fn podman_session() -> anyhow::Result<Session> {
         "-c",
         &script,
     ])?;
-    ensure!(
-        exec.stdout.contains("audit-registry") && exec.stdout.contains("403"),
-        "session exec did not do the allowed and denied requests\n{exec}"
-    );
-    // The workspace overlay keeps the host copy untouched.
-    ensure!(
-        workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
-        "the sandbox wrote through to the host workspace"
-    );
+    w.check_exec(&exec)?;
     let sys = sandbox().run(&["exec", name.as_str(), harness::PROBE, "keyctl"])?;
     denied_syscall_answered(&sys)?;
     let mut hog = vec!["exec", name.as_str()];
@@ -154,20 +200,7 @@ fn podman_session() -> anyhow::Result<Session> {
     sandbox().run_ok(&["stop", "-t", "1", &name])?;
     sandbox().run_ok(&["rm", &name])?;
     drop(guard);
-    let path = log_path(PODMAN_ROOT, &id);
-    let raw = fs::read_to_string(&path).with_context(|| format!("no log at {}", path.display()))?;
-    let records = net::read_audit(&path)?;
-    Ok(Session {
-        root: PODMAN_ROOT.to_owned(),
-        id,
-        records,
-        raw,
-        secret,
-        tool_call,
-        registry_port: registry.port(),
-        collector_port: collector.port(),
-        via_ctr: false,
-    })
+    w.finish(PODMAN_ROOT.to_owned(), id, secret, tool_call, false)
 }
 
 /// What the tagged exec of a session does: an allowed fetch, a denied post,
@@ -190,27 +223,12 @@ fn session_script(registry_port: u16, collector_port: u16) -> String {
 /// kill, `task delete` and `containers rm`.
 fn ctr_session() -> anyhow::Result<Session> {
     ctr::require_containerd()?;
-    net::ensure_test_hosts()?;
-    let registry = HttpServer::start(REGISTRY_IP, "audit-registry")?;
-    let collector = HttpServer::start(COLLECTOR_IP, "audit-collector")?;
-    let dir = tempfile::tempdir()?;
-    let policy = net::write_policy(
-        dir.path(),
-        &[
-            format!("{REGISTRY_HOST}:{}", registry.port()),
-            format!("{REGISTRY_IP}:{}", registry.port()),
-        ],
-        &[],
-    )?;
-    let config = dir.path().join("runtime-config.toml");
+    let w = SessionWorld::start()?;
+    let config = w.dir.path().join("runtime-config.toml");
     fs::write(
         &config,
-        format!("Policy = {:?}\n", policy.display().to_string()),
+        format!("Policy = {:?}\n", w.policy.display().to_string()),
     )?;
-    let workspace = dir.path().join("ws");
-    fs::create_dir(&workspace)?;
-    fs::write(workspace.join("old.txt"), "old\n")?;
-    fs::write(workspace.join("keep.txt"), "keep\n")?;
     let secret = format!(
         "s3cr3t-value-{}-{}",
         std::process::id(),
@@ -232,7 +250,7 @@ fn ctr_session() -> anyhow::Result<Session> {
             "--mount",
             &format!(
                 "type=bind,src={},dst=/workspace,options=rbind:rw",
-                workspace.display()
+                w.workspace.display()
             ),
             "--annotation",
             SESSION_MEMORY,
@@ -242,22 +260,8 @@ fn ctr_session() -> anyhow::Result<Session> {
         &["sleep", "600"],
     )?;
     c.wait_status("RUNNING", std::time::Duration::from_secs(30))?;
-    let exec = c.task_cmd(
-        &["exec", "--exec-id", "tool"],
-        &[
-            "sh",
-            "-c",
-            &session_script(registry.port(), collector.port()),
-        ],
-    )?;
-    ensure!(
-        exec.stdout.contains("audit-registry") && exec.stdout.contains("403"),
-        "session exec did not do the allowed and denied requests\n{exec}"
-    );
-    ensure!(
-        workspace.join("old.txt").exists() && !workspace.join("new.txt").exists(),
-        "the sandbox wrote through to the host workspace"
-    );
+    let exec = c.task_cmd(&["exec", "--exec-id", "tool"], &["sh", "-c", &w.script()])?;
+    w.check_exec(&exec)?;
     let sys = c.task_cmd(&["exec", "--exec-id", "sys"], &[harness::PROBE, "keyctl"])?;
     denied_syscall_answered(&sys)?;
     let hog = c.task_cmd(&["exec", "--exec-id", "hog"], &HOG)?;
@@ -268,20 +272,7 @@ fn ctr_session() -> anyhow::Result<Session> {
     ensure!(del.success(), "ctr task delete failed\n{del}");
     drop(c);
     let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
-    let path = log_path(&root, &id);
-    let raw = fs::read_to_string(&path).with_context(|| format!("no log at {}", path.display()))?;
-    let records = net::read_audit(&path)?;
-    Ok(Session {
-        root,
-        id,
-        records,
-        raw,
-        secret,
-        tool_call,
-        registry_port: registry.port(),
-        collector_port: collector.port(),
-        via_ctr: true,
-    })
+    w.finish(root, id, secret, tool_call, true)
 }
 
 /// Index of the first record at or after `from` matching `pred`.
@@ -569,19 +560,7 @@ fn log_untouched(log: &Path, id: &str, before: &str) -> anyhow::Result<()> {
 fn sandbox_can_neither_see_nor_write_its_audit_log_but_a_runc_container_can() -> anyhow::Result<()>
 {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name("audit-reach");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let out = sandbox().run_ok(&["run", "-d", "--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
+    let (guard, id) = sandbox().run_detached(&[], "audit-reach", &[TOOLS_IMAGE, "sleep", "600"])?;
     let log = log_path(PODMAN_ROOT, &id);
     ensure!(log.exists(), "no log at {}", log.display());
     let before = fs::read_to_string(&log)?;
@@ -652,15 +631,6 @@ fn sandbox_can_neither_see_nor_write_its_audit_log_but_a_runc_container_can() ->
     Ok(())
 }
 
-/// `agent-sandbox ARGS...` (rootful podman's state root).
-fn runtime_cmd(args: &[&str]) -> anyhow::Result<Output> {
-    harness::require_file(harness::runtime_bin())?;
-    harness::run(
-        Command::new(harness::runtime_bin()).args(args),
-        DEFAULT_TIMEOUT,
-    )
-}
-
 #[test]
 fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_files()
 -> anyhow::Result<()> {
@@ -704,13 +674,13 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
         .to_owned();
     ensure!(id.len() == 64, "no container id\n{out}");
     // Wait until the script has made its changes.
-    let mut diff = runtime_cmd(&["diff", &id])?;
+    let mut diff = harness::runtime(&["diff", &id])?;
     for _ in 0..50 {
         if diff.stdout.contains("/evil") {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
-        diff = runtime_cmd(&["diff", &id])?;
+        diff = harness::runtime(&["diff", &id])?;
     }
     ensure!(diff.code == Some(0), "diff failed\n{diff}");
     for line in [
@@ -723,7 +693,7 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
     }
 
     let export = dir.path().join("review");
-    let out = runtime_cmd(&["export", "--to-dir", &export.display().to_string(), &id])?;
+    let out = harness::runtime(&["export", "--to-dir", &export.display().to_string(), &id])?;
     ensure!(out.code == Some(0), "export failed\n{out}");
     ensure!(
         fs::read_to_string(export.join("new.txt"))? == "new\n",
@@ -751,7 +721,7 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
     ensure!(workspace.join("sub/old.txt").exists());
 
     // Bad input: an unknown id, and a sandbox without a workspace.
-    let unknown = runtime_cmd(&["diff", "no-such-sandbox"])?;
+    let unknown = harness::runtime(&["diff", "no-such-sandbox"])?;
     ensure!(
         unknown.code == Some(1) && unknown.stderr.contains("does not exist"),
         "{unknown}"
@@ -759,52 +729,22 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
     Ok(())
 }
 
-/// `podman run -d ARGS...` through agent-sandbox (with `flags` before `run`); returns the
-/// full container id.
-fn podman_run_d(flags: &[&str], args: &[&str]) -> anyhow::Result<String> {
-    let mut all: Vec<&str> = flags.to_vec();
-    all.extend(["run", "-d"]);
-    all.extend(args);
-    let out = sandbox().run_ok(&all)?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id\n{out}");
-    Ok(id)
-}
-
 /// The records of `log` verify with `audit verify` (run against `root`, with `flags`).
 fn verifies(flags: &[&str], id: &str) -> anyhow::Result<Output> {
     let mut args = flags.to_vec();
     args.extend(["audit", "verify", id]);
-    runtime_cmd(&args)
+    harness::runtime(&args)
 }
 
 #[test]
 fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name("audit-layers");
-    let _guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let id = podman_run_d(
+    let (_guard, id) = sandbox().run_detached(
         &[],
-        &[
-            "--name",
-            &name,
-            "--annotation",
-            SESSION_MEMORY,
-            TOOLS_IMAGE,
-            "sleep",
-            "600",
-        ],
+        "audit-layers",
+        &["--annotation", SESSION_MEMORY, TOOLS_IMAGE, "sleep", "600"],
     )?;
-    let out = runtime_cmd(&["layers", &id])?;
+    let out = harness::runtime(&["layers", &id])?;
     ensure!(out.success(), "layers failed\n{out}");
     let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
     // What the runtime saved at create.
@@ -854,14 +794,9 @@ fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> any
     );
     // The same reading of a runc container's init (what `live` would show without our
     // runtime): host root, capabilities, no user namespace.
-    let base = unique_name("audit-layers-runc");
     let runc = Podman::new(User::Root, Runtime::Runc);
-    let _base_guard = ContainerGuard {
-        podman: Podman::new(User::Root, Runtime::Runc),
-        name: base.clone(),
-    };
-    runc.run_ok(&["run", "-d", "--name", &base, TOOLS_IMAGE, "sleep", "600"])?;
-    let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &base])?;
+    let (base, _) = runc.run_detached(&[], "audit-layers-runc", &[TOOLS_IMAGE, "sleep", "600"])?;
+    let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &base.name])?;
     let pid = pid.stdout.trim();
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let uid_map = fs::read_to_string(format!("/proc/{pid}/uid_map"))?;
@@ -873,7 +808,7 @@ fn layers_reports_the_protections_the_kernel_shows_on_a_running_sandbox() -> any
         "runc baseline init is not host root with capabilities\n{uid_map}\n{status}"
     );
     // Bad input names the sandbox.
-    let unknown = runtime_cmd(&["layers", "no-such-sandbox"])?;
+    let unknown = harness::runtime(&["layers", "no-such-sandbox"])?;
     ensure!(
         unknown.code == Some(1) && unknown.stderr.contains("no-such-sandbox"),
         "{unknown}"
@@ -889,15 +824,12 @@ fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_l
     let logs = dir.path().join("logs");
     let logs_s = logs.display().to_string();
     let flag = format!("audit-dir={logs_s}");
-    let name = unique_name("audit-dir");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let id = podman_run_d(
+    let (guard, id) = sandbox().run_detached(
         &["--runtime-flag", &flag],
-        &["--name", &name, TOOLS_IMAGE, "sleep", "600"],
+        "audit-dir",
+        &[TOOLS_IMAGE, "sleep", "600"],
     )?;
+    let name = guard.name.clone();
     let log = logs.join(format!("{id}.jsonl"));
     ensure!(log.exists(), "no log at {}", log.display());
     ensure!(
@@ -935,14 +867,14 @@ fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_l
     // A live sandbox's log is never pruned.
     let mut args = dirf.to_vec();
     args.extend(["audit", "prune", &id]);
-    let refused = runtime_cmd(&args)?;
+    let refused = harness::runtime(&args)?;
     ensure!(
         refused.code == Some(1) && refused.stderr.contains("is live") && log.exists(),
         "{refused}"
     );
     let mut args = dirf.to_vec();
     args.extend(["audit", "prune"]);
-    let all = runtime_cmd(&args)?;
+    let all = harness::runtime(&args)?;
     ensure!(
         all.success() && log.exists() && all.stdout.contains("1 kept (sandbox live)"),
         "{all}"
@@ -962,7 +894,7 @@ fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_l
     // Bad input changes nothing.
     let mut args = dirf.to_vec();
     args.extend(["audit", "prune", "--older-than", "5w"]);
-    let bad = runtime_cmd(&args)?;
+    let bad = harness::runtime(&args)?;
     ensure!(
         bad.code == Some(1) && bad.stderr.contains("\"5w\"") && log.exists(),
         "{bad}"
@@ -970,11 +902,11 @@ fn audit_dir_flag_moves_logs_which_outlive_delete_until_pruned_but_never_while_l
     // Too recent for an hour's cut-off, then pruned.
     let mut args = dirf.to_vec();
     args.extend(["audit", "prune", "--older-than", "1h"]);
-    let recent = runtime_cmd(&args)?;
+    let recent = harness::runtime(&args)?;
     ensure!(recent.success() && log.exists(), "{recent}");
     let mut args = dirf.to_vec();
     args.extend(["audit", "prune", &id]);
-    let pruned = runtime_cmd(&args)?;
+    let pruned = harness::runtime(&args)?;
     ensure!(pruned.success() && !log.exists(), "{pruned}");
     Ok(())
 }
@@ -1012,15 +944,12 @@ fn full_audit_disk_refuses_execs_with_an_error_naming_the_log_and_loses_no_recor
     let logs = fs_.dir.path().join("logs");
     let logs_s = logs.display().to_string();
     let flag = format!("audit-dir={logs_s}");
-    let name = unique_name("audit-full");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let id = podman_run_d(
+    let (guard, id) = sandbox().run_detached(
         &["--runtime-flag", &flag],
-        &["--name", &name, TOOLS_IMAGE, "sleep", "600"],
+        "audit-full",
+        &[TOOLS_IMAGE, "sleep", "600"],
     )?;
+    let name = guard.name.clone();
     let log = logs.join(format!("{id}.jsonl"));
     // Fill the file system (a write that stops at ENOSPC keeps what fit).
     let filler = fs_.dir.path().join("filler");
@@ -1091,12 +1020,8 @@ fn log_survives_a_sigkilled_runtime_and_a_sigkilled_shim_and_still_verifies() ->
 {
     // The runtime: a foreground `exec` waits for its process; SIGKILL it meanwhile.
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name("audit-kill");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
+    let (guard, id) = sandbox().run_detached(&[], "audit-kill", &[TOOLS_IMAGE, "sleep", "600"])?;
+    let name = guard.name.clone();
     let log = log_path(PODMAN_ROOT, &id);
     let mut child = Command::new(harness::runtime_bin())
         .args(["exec", &id, "sleep", "137"])
@@ -1217,20 +1142,14 @@ fn syscall_denials(log: &Path) -> anyhow::Result<Vec<Value>> {
 fn denied_syscalls_are_answered_outside_the_sandbox_rate_limited_and_fail_closed()
 -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name("audit-sys");
-    let _guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
     // The init waits for /tmp/go, then makes one denied call (its output: `podman logs`).
     let init_script = format!(
         "while [ ! -e /tmp/go ]; do sleep 0.1; done; {} keyctl; sleep 600",
         harness::PROBE
     );
-    let id = podman_run_d(
-        &[],
-        &["--name", &name, TOOLS_IMAGE, "sh", "-c", &init_script],
-    )?;
+    let (guard, id) =
+        sandbox().run_detached(&[], "audit-sys", &[TOOLS_IMAGE, "sh", "-c", &init_script])?;
+    let name = guard.name.clone();
     let log = log_path(PODMAN_ROOT, &id);
     let sup = supervisor_pid(&id)?;
     // The supervisor is a host process: the host's pid and user namespaces, not the sandbox's.
@@ -1480,13 +1399,9 @@ fn podman_landlock_denial_is_an_fs_denied_record_in_order_and_verifies_while_run
 -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
     let _audit = KernelAudit::set(1)?;
-    let name = unique_name("audit-fs");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
-    let out = runtime_cmd(&["layers", &id])?;
+    let (guard, id) = sandbox().run_detached(&[], "audit-fs", &[TOOLS_IMAGE, "sleep", "600"])?;
+    let name = guard.name.clone();
+    let out = harness::runtime(&["layers", &id])?;
     let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
     ensure!(l["fs_denied"]["active"] == true, "layers\n{l:#}");
     let write = sandbox().run_ok(&["exec", &name, "sh", "-c", FS_DENIED_SCRIPT])?;
@@ -1606,13 +1521,10 @@ fn ctr_landlock_denial_is_an_fs_denied_record_in_order_and_verifies() -> anyhow:
 fn fs_denied_is_reported_inactive_with_the_reason_when_kernel_audit_is_off() -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
     let _audit = KernelAudit::set(0)?;
-    let name = unique_name("audit-fs-off");
-    let _guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let id = podman_run_d(&[], &["--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
-    let out = runtime_cmd(&["layers", &id])?;
+    let (guard, id) =
+        sandbox().run_detached(&[], "audit-fs-off", &[TOOLS_IMAGE, "sleep", "600"])?;
+    let name = guard.name.clone();
+    let out = harness::runtime(&["layers", &id])?;
     let l: Value = serde_json::from_str(&out.stdout).context(out.to_string())?;
     ensure!(
         l["fs_denied"]["active"] == false
@@ -1638,20 +1550,17 @@ fn fs_denied_is_reported_inactive_with_the_reason_when_kernel_audit_is_off() -> 
 fn a_syscall_newer_than_the_policy_review_is_answered_enosys_and_recorded_with_its_errno()
 -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name("audit-unrev");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
     // The probe built with this tree (its `unreviewed_syscall` check may be newer than the
     // image's copy), bound over the image's.
     let probe = harness::runtime_bin().with_file_name("probe");
     harness::require_file(&probe)?;
     let bind = format!("{}:{}:ro", probe.display(), harness::PROBE);
-    let id = podman_run_d(
+    let (guard, id) = sandbox().run_detached(
         &[],
-        &["--name", &name, "-v", &bind, TOOLS_IMAGE, "sleep", "600"],
+        "audit-unrev",
+        &["-v", &bind, TOOLS_IMAGE, "sleep", "600"],
     )?;
+    let name = guard.name.clone();
     // The filter's prologue answers every number past the reviewed table ENOSYS (not the
     // policy's EPERM); the supervisor gives the same answer and records it.
     let out = sandbox().run_ok(&["exec", &name, harness::PROBE, "unreviewed_syscall"])?;
@@ -1693,20 +1602,8 @@ fn rootless_fs_denied_is_reported_inactive_because_the_audit_log_needs_cap_audit
     // Kernel audit on: the reason must be the rootless runtime, not a disabled audit.
     let _audit = KernelAudit::set(1)?;
     let rootless = Podman::new(User::Rootless, Runtime::AgentSandbox);
-    let name = unique_name("audit-fs-rl");
-    let _guard = ContainerGuard {
-        podman: Podman::new(User::Rootless, Runtime::AgentSandbox),
-        name: name.clone(),
-    };
-    let out = rootless.run_ok(&["run", "-d", "--name", &name, TOOLS_IMAGE, "sleep", "600"])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id\n{out}");
+    let (guard, id) = rootless.run_detached(&[], "audit-fs-rl", &[TOOLS_IMAGE, "sleep", "600"])?;
+    let name = guard.name.clone();
     // `layers` from inside the rootless user namespace, where the runtime keeps its state.
     let runtime = harness::runtime_bin().display().to_string();
     let layers = harness::run_ok(

@@ -140,16 +140,7 @@ fn bundle(
     for d in ["proc", "dev", "sys", "tmp", "etc"] {
         fs::create_dir_all(rootfs.join(d))?;
     }
-    harness::run_ok(
-        Command::new("runc").arg("spec").current_dir(&bundle),
-        DEFAULT_TIMEOUT,
-    )?;
-    let path = bundle.join("config.json");
-    let mut config: Value = serde_json::from_str(&fs::read_to_string(&path)?)?;
-    config["process"]["terminal"] = Value::Bool(false);
-    config["process"]["args"] = json!(args);
-    edit(&mut config);
-    fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
+    harness::runc_spec(&bundle, args, edit)?;
     for p in [dir, &bundle, &rootfs, &rootfs.join("bin")] {
         fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
     }

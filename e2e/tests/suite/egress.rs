@@ -15,7 +15,8 @@ use agent_sandbox_e2e::net::{
     METADATA_HOST, METADATA_IP, PKG_APEX, PKG_IP, PKG_MIRROR, PKG_SECRET, REGISTRY_HOST,
     REGISTRY_IP, UdpEcho,
 };
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag};
+use agent_sandbox_e2e::script::{Checks, sectioned, sections};
 use anyhow::{Context, bail, ensure};
 
 /// The key the tools image plants in the agent user's home.
@@ -51,10 +52,6 @@ fn policy_for(user: User, allow: &[String], deny: &[String]) -> anyhow::Result<P
     Ok(Policy { path, _dir: dir })
 }
 
-fn policy_flag(policy: &Path) -> String {
-    format!("policy={}", policy.display())
-}
-
 /// `podman --runtime agent-sandbox --runtime-flag policy=P run --rm TOOLS sh -c SCRIPT`.
 fn sandbox_sh(policy: &Path, script: &str) -> anyhow::Result<Output> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
@@ -63,20 +60,6 @@ fn sandbox_sh(policy: &Path, script: &str) -> anyhow::Result<Output> {
         &policy_flag(policy),
         "run",
         "--rm",
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
-        script,
-    ])
-}
-
-/// The same script under runc with the host's network (the baseline).
-fn runc_host_sh(script: &str) -> anyhow::Result<Output> {
-    runc().run(&[
-        "run",
-        "--rm",
-        "--network",
-        "host",
         TOOLS_IMAGE,
         "sh",
         "-c",
@@ -161,7 +144,7 @@ fn posting_the_ssh_key_to_an_unlisted_collector_is_refused_but_runc_delivers_it(
     );
     expect_nothing_received(&collector, &out)?;
 
-    let base = runc_host_sh(&script)?;
+    let base = runc().host_net_sh(&[], &script)?;
     let got = collector.received();
     ensure!(
         base.success() && got.iter().any(|r| r.contains("PRIVATE KEY")),
@@ -182,7 +165,7 @@ fn direct_connection_bypassing_the_proxy_fails_but_reaches_the_collector_under_r
     let out = sandbox_sh(&p.path, &script)?;
     ensure!(!out.success(), "direct connection succeeded\n{out}");
     expect_nothing_received(&collector, &out)?;
-    let base = runc_host_sh(&script)?;
+    let base = runc().host_net_sh(&[], &script)?;
     ensure!(
         base.success() && base.stdout.contains("direct") && collector.received().len() == 1,
         "runc baseline did not connect\n{base}"
@@ -199,7 +182,7 @@ fn unlisted_ip_literal_is_refused_but_reachable_under_runc() -> anyhow::Result<(
     let out = sandbox_sh(&p.path, &script)?;
     expect_denied(&out, "default deny")?;
     expect_nothing_received(&collector, &out)?;
-    let base = runc_host_sh(&script)?;
+    let base = runc().host_net_sh(&[], &script)?;
     ensure!(
         base.stdout.contains("ip-literal"),
         "runc baseline did not connect\n{base}"
@@ -297,7 +280,7 @@ fn dns_queries_never_leave_and_lookups_fail_fast_but_runc_reaches_the_resolver()
         "the resolver got {} datagrams",
         echo.received()
     );
-    let base = runc_host_sh(&dns_script(&echo))?;
+    let base = runc().host_net_sh(&[], &dns_script(&echo))?;
     ensure!(
         base.stdout.contains("dns-answered") && echo.received() == 1,
         "runc baseline did not reach the resolver\n{base}"
@@ -308,31 +291,11 @@ fn dns_queries_never_leave_and_lookups_fail_fast_but_runc_reaches_the_resolver()
 /// Starts a detached sandbox sleeping; returns its guard and full container id.
 fn detached(policy: &Path, stem: &str) -> anyhow::Result<(ContainerGuard, String)> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name(stem);
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let out = sandbox().run_ok(&[
-        "--runtime-flag",
-        &policy_flag(policy),
-        "run",
-        "-d",
-        "--name",
-        &name,
-        TOOLS_IMAGE,
-        "sleep",
-        "600",
-    ])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .map(str::trim)
-        .unwrap_or_default()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id from podman run -d\n{out}");
-    Ok((guard, id))
+    sandbox().run_detached(
+        &["--runtime-flag", &policy_flag(policy)],
+        stem,
+        &[TOOLS_IMAGE, "sleep", "600"],
+    )
 }
 
 #[test]
@@ -411,7 +374,7 @@ fn strict_profile_gets_no_proxy_and_no_network_but_runc_reaches_the_server() -> 
         "strict sandbox has a proxy env or network\n{out}"
     );
     expect_nothing_received(&server, &out)?;
-    let base = runc_host_sh(&script)?;
+    let base = runc().host_net_sh(&[], &script)?;
     ensure!(
         base.stdout.contains("strict-reached"),
         "runc baseline did not connect\n{base}"
@@ -448,16 +411,7 @@ fn rootless_allowed_fetch_works_and_key_post_is_refused_but_rootless_runc_delive
     );
     expect_denied(&out, "default deny")?;
     expect_nothing_received(&collector, &out)?;
-    let base = Podman::new(user, Runtime::Runc).run(&[
-        "run",
-        "--rm",
-        "--network",
-        "host",
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
-        &script,
-    ])?;
+    let base = Podman::new(user, Runtime::Runc).host_net_sh(&[], &script)?;
     ensure!(
         collector
             .received()
@@ -653,18 +607,9 @@ impl Engine {
     /// The same script under runc with the host's network (the baseline).
     fn runc_host(self, trust: &Path, script: &str) -> anyhow::Result<Output> {
         match self {
-            Engine::Podman => runc().run(&[
-                "run",
-                "--rm",
-                "--network",
-                "host",
-                "-v",
-                &format!("{}:{CA_DIR}:ro", trust.display()),
-                TOOLS_IMAGE,
-                "sh",
-                "-c",
-                script,
-            ]),
+            Engine::Podman => {
+                runc().host_net_sh(&["-v", &format!("{}:{CA_DIR}:ro", trust.display())], script)
+            }
             Engine::Ctr => ctr::run_rm(
                 Shim::RuncV2,
                 &["--net-host", "--mount", &ctr_ro_mount(trust, CA_DIR)],
@@ -775,59 +720,6 @@ fn ssh_cmd(host: &str, port: u16) -> String {
 /// `curl` options that go through the SOCKS5 side of the proxy with remote name resolution
 /// when the environment names one (`ALL_PROXY=socks5h://...`), and directly otherwise.
 const SOCKS: &str = "${ALL_PROXY:+--socks5-hostname ${ALL_PROXY#socks5h://}}";
-
-/// Joins `(name, command)` pairs into one script that marks each command's output.
-fn sectioned(cases: &[(&str, String)]) -> String {
-    cases
-        .iter()
-        // A newline after the command, not `;`: a command may end in a here-document.
-        .map(|(name, cmd)| format!("echo '=== {name} ==='\n{cmd}\necho \"[exit $?]\""))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The output of each section of a [`sectioned`] script.
-fn sections(out: &Output) -> std::collections::HashMap<String, String> {
-    let mut map = std::collections::HashMap::new();
-    let mut current: Option<String> = None;
-    for line in out.stdout.lines() {
-        if let Some(name) = line
-            .strip_prefix("=== ")
-            .and_then(|l| l.strip_suffix(" ==="))
-        {
-            current = Some(name.to_owned());
-            map.insert(name.to_owned(), String::new());
-        } else if let Some(name) = &current
-            && let Some(text) = map.get_mut(name)
-        {
-            text.push_str(line);
-            text.push('\n');
-        }
-    }
-    map
-}
-
-/// Collects failed checks so that one run reports all of them.
-#[derive(Default)]
-struct Checks(Vec<String>);
-
-impl Checks {
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            self.0.push(what());
-        }
-    }
-
-    fn finish(self, context: &str, out: &Output) -> anyhow::Result<()> {
-        ensure!(
-            self.0.is_empty(),
-            "{context}: {} check(s) failed:\n- {}\n{out}",
-            self.0.len(),
-            self.0.join("\n- ")
-        );
-        Ok(())
-    }
-}
 
 fn allowed_protocols_work(engine: Engine) -> anyhow::Result<()> {
     let w = World::start()?;
@@ -1261,18 +1153,9 @@ fn credential_is_injected_and_never_inside(engine: Engine) -> anyhow::Result<()>
     // Baseline: the usual way of handing a tool a token (an environment variable) under runc;
     // the same hunt finds it, so the checks above can fail.
     let base = match engine {
-        Engine::Podman => runc().run(&[
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "-e",
-            &format!("REGISTRY_TOKEN={secret}"),
-            TOOLS_IMAGE,
-            "sh",
-            "-c",
-            &script,
-        ])?,
+        Engine::Podman => {
+            runc().host_net_sh(&["-e", &format!("REGISTRY_TOKEN={secret}")], &script)?
+        }
         Engine::Ctr => ctr::run_rm(
             Shim::RuncV2,
             &["--net-host", "--env", &format!("REGISTRY_TOKEN={secret}")],

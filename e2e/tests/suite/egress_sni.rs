@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use agent_sandbox_e2e::harness::{self, Output, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, PyServer, REGISTRY_HOST, REGISTRY_IP, TestCa};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{Podman, Runtime, policy_flag};
 use anyhow::{Context, bail, ensure};
 
 const CA_DIR: &str = "/etc/agent-sandbox-test";
@@ -177,36 +177,18 @@ impl World {
     ) -> anyhow::Result<(Output, Vec<serde_json::Value>, String)> {
         harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
         let podman = Podman::new(User::Root, Runtime::AgentSandbox);
-        let name = unique_name(stem);
-        let guard = ContainerGuard {
-            podman: Podman::new(User::Root, Runtime::AgentSandbox),
-            name: name.clone(),
-        };
-        let started = podman.run_ok(&[
-            "--runtime-flag",
-            &format!("policy={}", self.policy.display()),
-            "run",
-            "-d",
-            "--name",
-            &name,
-            "-v",
-            &format!("{}:{CA_DIR}:ro", self.ca.trust_dir().display()),
-            TOOLS_IMAGE,
-            "sleep",
-            "600",
-        ])?;
-        let id = started
-            .stdout
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_owned();
-        ensure!(
-            id.len() == 64,
-            "no container id from podman run -d\n{started}"
-        );
-        let out = podman.run(&["exec", &name, "sh", "-c", script])?;
+        let (guard, id) = podman.run_detached(
+            &["--runtime-flag", &policy_flag(&self.policy)],
+            stem,
+            &[
+                "-v",
+                &format!("{}:{CA_DIR}:ro", self.ca.trust_dir().display()),
+                TOOLS_IMAGE,
+                "sleep",
+                "600",
+            ],
+        )?;
+        let out = podman.run(&["exec", &guard.name, "sh", "-c", script])?;
         drop(guard);
         let log = Path::new("/run/agent-sandbox/audit").join(format!("{id}.jsonl"));
         // The proxy's writer thread appends records shortly after each connection ends.
@@ -281,22 +263,14 @@ fn connect_with_a_foreign_sni_is_refused_and_recorded_but_a_naive_proxy_delivers
     // The same client through a naive proxy under runc: the foreign name is served, and no
     // record exists anywhere but the server's own log.
     let naive = NaiveProxy::start()?;
-    let base = Podman::new(User::Root, Runtime::Runc).run(&[
-        "run",
-        "--rm",
-        "--network",
-        "host",
-        "-v",
-        &format!("{}:{CA_DIR}:ro", w.ca.trust_dir().display()),
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
+    let base = Podman::new(User::Root, Runtime::Runc).host_net_sh(
+        &["-v", &format!("{}:{CA_DIR}:ro", w.ca.trust_dir().display())],
         &w.client(
             &format!("127.0.0.1:{}", naive.port),
             COLLECTOR_HOST,
             "/naive-fronted",
         ),
-    ])?;
+    )?;
     ensure!(
         base.stdout.contains("body: fronted-body") && w.served("/naive-fronted"),
         "the fronted request should pass a naive proxy under runc\n{base}"

@@ -12,7 +12,7 @@ use agent_sandbox_e2e::harness::{self, Output, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{
     self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_HOST, REGISTRY_IP,
 };
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{Podman, Runtime, policy_flag};
 use anyhow::{Context, ensure};
 
 /// An address no test server uses and no rule names (TEST-NET-3): a raw-address connection.
@@ -110,37 +110,20 @@ fn proxy_unaware_tools_reach_allowed_names_only_and_every_attempt_is_recorded_bu
     )?;
 
     let podman = Podman::new(User::Root, Runtime::AgentSandbox);
-    let name = unique_name("transparent");
-    let guard = ContainerGuard {
-        podman: Podman::new(User::Root, Runtime::AgentSandbox),
-        name: name.clone(),
-    };
     // --no-hosts: the test names are in the host's /etc/hosts, which podman would copy in;
     // a real sandbox resolves them through DNS, which here is the stub.
-    let started = podman.run_ok(&[
-        "--runtime-flag",
-        &format!("policy={}", policy.display()),
-        "run",
-        "-d",
-        "--no-hosts",
-        "--name",
-        &name,
-        TOOLS_IMAGE,
-        "sleep",
-        "600",
+    let (guard, id) = podman.run_detached(
+        &["--runtime-flag", &policy_flag(&policy)],
+        "transparent",
+        &["--no-hosts", TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let out = podman.run(&[
+        "exec",
+        &guard.name,
+        "sh",
+        "-c",
+        &script(&registry, &collector),
     ])?;
-    let id = started
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    ensure!(
-        id.len() == 64,
-        "no container id from podman run -d\n{started}"
-    );
-    let out = podman.run(&["exec", &name, "sh", "-c", &script(&registry, &collector)])?;
     drop(guard);
 
     let s = |n: &str| section(&out, n).to_owned();
@@ -217,16 +200,8 @@ fn proxy_unaware_tools_reach_allowed_names_only_and_every_attempt_is_recorded_bu
 
     // The same clients under runc with the host's network: both servers are reached (the
     // unlisted one too) and nothing is recorded anywhere.
-    let base = Podman::new(User::Root, Runtime::Runc).run(&[
-        "run",
-        "--rm",
-        "--network",
-        "host",
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
-        &script(&registry, &collector),
-    ])?;
+    let base =
+        Podman::new(User::Root, Runtime::Runc).host_net_sh(&[], &script(&registry, &collector))?;
     let b = |n: &str| section(&base, n).to_owned();
     ensure!(
         b("curl-unlisted").contains("collector-transparent-body")

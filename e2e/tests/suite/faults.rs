@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use agent_sandbox_e2e::ctr::{self, Shim};
 use agent_sandbox_e2e::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{self, REGISTRY_HOST, REGISTRY_IP};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{Podman, Runtime, policy_flag};
 use anyhow::{Context, bail, ensure};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -58,23 +58,6 @@ fn processes_naming(needle: &str) -> Vec<(u32, String)> {
                 .then(|| (pid, cmdline.trim().to_owned()))
         })
         .collect()
-}
-
-/// The pids cgroup directory of `pid` (v1 `pids` controller).
-fn pids_cgroup(pid: u32) -> anyhow::Result<PathBuf> {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
-    let rel = text
-        .lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-            ctrls
-                .split(',')
-                .any(|c| c == "pids")
-                .then(|| path.to_owned())
-        })
-        .with_context(|| format!("no pids cgroup for {pid}: {text}"))?;
-    Ok(Path::new("/sys/fs/cgroup/pids").join(rel.trim_start_matches('/')))
 }
 
 /// Everything a runtime-level container `id` (state under `root`) could leave behind.
@@ -142,16 +125,7 @@ fn bundle(dir: &Path, args: &[&str]) -> anyhow::Result<PathBuf> {
     for d in ["proc", "dev", "sys", "tmp", "etc"] {
         fs::create_dir_all(rootfs.join(d))?;
     }
-    harness::require_tool("runc")?;
-    harness::run_ok(
-        Command::new("runc").arg("spec").current_dir(&bundle),
-        DEFAULT_TIMEOUT,
-    )?;
-    let path = bundle.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path)?)?;
-    config["process"]["terminal"] = serde_json::Value::Bool(false);
-    config["process"]["args"] = serde_json::json!(args);
-    fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
+    harness::runc_spec(&bundle, args, |_| {})?;
     for p in [
         dir,
         &bundle,
@@ -255,8 +229,8 @@ fn runtime_killed_mid_create_never_runs_unconfined_and_delete_force_leaves_nothi
                 "after a runtime killed at {delay_ms} ms, start ran an unconfined init: {c}"
             );
             // The cgroup limits hold too (the agent profile: 1024 pids, 2 GiB).
-            let pids_max = fs::read_to_string(pids_cgroup(pid)?.join("pids.max"))?;
-            let mem = pids_cgroup(pid)?
+            let pids_max = fs::read_to_string(harness::pids_cgroup(pid)?.join("pids.max"))?;
+            let mem = harness::pids_cgroup(pid)?
                 .to_string_lossy()
                 .replacen("/pids/", "/memory/", 1);
             let mem_max = fs::read_to_string(Path::new(&mem).join("memory.limit_in_bytes"))?;
@@ -380,30 +354,12 @@ fn proxy_killed_mid_transfer_breaks_the_transfer_cuts_the_network_and_is_recorde
         ],
         &[],
     )?;
-    let name = unique_name("fault-proxy");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let flag = format!("policy={}", policy.display());
-    let out = sandbox().run_ok(&[
-        "--runtime-flag",
-        &flag,
-        "run",
-        "-d",
-        "--name",
-        &name,
-        TOOLS_IMAGE,
-        "sleep",
-        "600",
-    ])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
+    let (guard, id) = sandbox().run_detached(
+        &["--runtime-flag", &policy_flag(&policy)],
+        "fault-proxy",
+        &[TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let name = guard.name.clone();
     let proxies = net::proxy_pids(&id);
     ensure!(
         proxies.len() == 1,
@@ -500,12 +456,8 @@ fn proxy_killed_mid_transfer_breaks_the_transfer_cuts_the_network_and_is_recorde
 #[test]
 fn filling_the_scratch_tmpfs_stops_at_its_size_and_the_sandbox_survives() -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
-    let name = unique_name("fault-fill");
-    let _guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    sandbox().run_ok(&["run", "-d", "--name", &name, BUSYBOX_IMAGE, "sleep", "600"])?;
+    let (guard, _) = sandbox().run_detached(&[], "fault-fill", &[BUSYBOX_IMAGE, "sleep", "600"])?;
+    let name = guard.name.clone();
     // /run is 16M and /home 128M in the agent profile.
     for (path, limit_mib) in [("/run", 16u64), ("/home", 128)] {
         let script = format!(
@@ -549,27 +501,18 @@ fn filling_the_scratch_tmpfs_stops_at_its_size_and_the_sandbox_survives() -> any
 #[test]
 fn exhausted_pids_give_exec_a_clear_error_and_rm_still_cleans_up() -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
-    let name = unique_name("fault-pids");
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    sandbox().run_ok(&[
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "--annotation",
-        "io.agent.sandbox.pids=64",
-        BUSYBOX_IMAGE,
-        "sleep",
-        "600",
-    ])?;
-    let id = sandbox()
-        .run_ok(&["inspect", "-f", "{{.Id}}", &name])?
-        .stdout
-        .trim()
-        .to_owned();
+    let (guard, id) = sandbox().run_detached(
+        &[],
+        "fault-pids",
+        &[
+            "--annotation",
+            "io.agent.sandbox.pids=64",
+            BUSYBOX_IMAGE,
+            "sleep",
+            "600",
+        ],
+    )?;
+    let name = guard.name.clone();
     let init: u32 = sandbox()
         .run_ok(&["inspect", "-f", "{{.State.Pid}}", &name])?
         .stdout
@@ -584,7 +527,7 @@ fn exhausted_pids_give_exec_a_clear_error_and_rm_still_cleans_up() -> anyhow::Re
         "-c",
         "while :; do sleep 600 & done",
     ])?;
-    let cgroup = pids_cgroup(init)?;
+    let cgroup = harness::pids_cgroup(init)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let current = fs::read_to_string(cgroup.join("pids.current"))?;

@@ -2,51 +2,26 @@
 //! id or a ctr container id without `--root`, live and after the container is gone, and a
 //! miss names every state root searched (docs/audit.md#finding-a-sandbox).
 
-use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use agent_sandbox_e2e::ctr::{self, Container, Shim};
-use agent_sandbox_e2e::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, Output, User};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime};
+use agent_sandbox_e2e::harness::{self, BUSYBOX_IMAGE, User};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
 use anyhow::ensure;
-
-/// An id/name with this suite's prefix, unique to this test process.
-fn unique(stem: &str) -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("fd-{stem}-{}-{n}", std::process::id())
-}
-
-/// `agent-sandbox ARGS...`, no `--root`.
-fn runtime(args: &[&str]) -> anyhow::Result<Output> {
-    harness::require_file(harness::runtime_bin())?;
-    harness::run(
-        Command::new(harness::runtime_bin()).args(args),
-        DEFAULT_TIMEOUT,
-    )
-}
-
-fn runtime_ok(args: &[&str]) -> anyhow::Result<Output> {
-    let out = runtime(args)?;
-    ensure!(out.success(), "agent-sandbox {args:?} failed\n{out}");
-    Ok(out)
-}
 
 /// The checks every found sandbox passes: its timeline shows its create, its chain verifies,
 /// and (while live) `layers` reports it.
 fn found(key: &str, id: &str, live: bool) -> anyhow::Result<()> {
-    let timeline = runtime_ok(&["audit", key])?;
+    let timeline = harness::runtime_ok(&["audit", key])?;
     ensure!(
         timeline.stdout.contains("create"),
         "audit {key} shows no create record\n{timeline}"
     );
-    let verify = runtime_ok(&["audit", "verify", key])?;
+    let verify = harness::runtime_ok(&["audit", "verify", key])?;
     ensure!(
         verify.stdout.contains(&format!("{id}.jsonl")) && verify.stdout.contains("chain intact"),
         "audit verify {key} did not verify {id}'s log\n{verify}"
     );
     if live {
-        let layers = runtime_ok(&["layers", key])?;
+        let layers = harness::runtime_ok(&["layers", key])?;
         ensure!(
             layers.stdout.contains("\"status\"") && layers.stdout.contains("\"running\""),
             "layers {key} did not report the running sandbox\n{layers}"
@@ -60,20 +35,8 @@ fn podman_name_and_short_id_find_the_sandbox_without_root_live_and_after_rm() ->
 {
     harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
     let podman = Podman::new(User::Root, Runtime::AgentSandbox);
-    let name = unique("podman");
-    let guard = ContainerGuard {
-        podman: Podman::new(User::Root, Runtime::AgentSandbox),
-        name: name.clone(),
-    };
-    let out = podman.run_ok(&["run", "-d", "--name", &name, BUSYBOX_IMAGE, "sleep", "300"])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id\n{out}");
+    let (guard, id) = podman.run_detached(&[], "fd-podman", &[BUSYBOX_IMAGE, "sleep", "300"])?;
+    let name = guard.name.clone();
     let short = &id[..12];
     found(&name, &id, true)?;
     found(short, &id, true)?;
@@ -82,12 +45,12 @@ fn podman_name_and_short_id_find_the_sandbox_without_root_live_and_after_rm() ->
     // Ended: the log and the kept name outlive the container.
     found(&name, &id, false)?;
     found(short, &id, false)?;
-    let layers = runtime(&["layers", &name])?;
+    let layers = harness::runtime(&["layers", &name])?;
     ensure!(
         !layers.success(),
         "layers of a removed sandbox succeeded\n{layers}"
     );
-    let _ = runtime(&["audit", "prune", &id]);
+    let _ = harness::runtime(&["audit", "prune", &id]);
     Ok(())
 }
 
@@ -95,22 +58,22 @@ fn podman_name_and_short_id_find_the_sandbox_without_root_live_and_after_rm() ->
 fn ctr_id_finds_the_sandbox_without_root_and_a_miss_names_the_roots_searched() -> anyhow::Result<()>
 {
     ctr::require_containerd()?;
-    let id = unique("ctr");
+    let id = ctr::unique_id("fd-ctr");
     let (container, _pid) = Container::sleeping(Shim::AgentSandbox, &[], &id)?;
     found(&id, &id, true)?;
     drop(container);
     found(&id, &id, false)?;
     let ns_root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
     // prune still takes the root (it removes files; finding is for reading).
-    let pruned = runtime(&["--root", &ns_root, "audit", "prune", &id])?;
+    let pruned = harness::runtime(&["--root", &ns_root, "audit", "prune", &id])?;
     ensure!(
         pruned.stdout.contains("1 removed"),
         "the ended log was not pruned
 {pruned}"
     );
 
-    let missing = unique("missing");
-    let miss = runtime(&["audit", &missing])?;
+    let missing = unique_name("fd-missing");
+    let miss = harness::runtime(&["audit", &missing])?;
     ensure!(
         !miss.success()
             && miss.stderr.contains(&missing)
@@ -142,11 +105,8 @@ fn podman_privileged_is_refused_as_privileged_and_runc_grants_it() -> anyhow::Re
         .map(str::to_owned)
         .to_vec()
     };
-    let name = unique("priv");
-    let _guard = ContainerGuard {
-        podman: Podman::new(User::Root, Runtime::AgentSandbox),
-        name: name.clone(),
-    };
+    let name = unique_name("fd-priv");
+    let _guard = ContainerGuard::new(Podman::new(User::Root, Runtime::AgentSandbox), &name);
     let a = args(&name);
     let ours = Podman::new(User::Root, Runtime::AgentSandbox)
         .run(&a.iter().map(String::as_str).collect::<Vec<_>>())?;
@@ -157,11 +117,8 @@ fn podman_privileged_is_refused_as_privileged_and_runc_grants_it() -> anyhow::Re
             && !ours.stdout.contains("CapEff"),
         "--privileged was not refused as privileged\n{ours}"
     );
-    let base_name = unique("priv-runc");
-    let _base_guard = ContainerGuard {
-        podman: Podman::new(User::Root, Runtime::Runc),
-        name: base_name.clone(),
-    };
+    let base_name = unique_name("fd-priv-runc");
+    let _base_guard = ContainerGuard::new(Podman::new(User::Root, Runtime::Runc), &base_name);
     let b = args(&base_name);
     let runc = Podman::new(User::Root, Runtime::Runc)
         .run(&b.iter().map(String::as_str).collect::<Vec<_>>())?;
@@ -185,12 +142,9 @@ fn podman_privileged_is_refused_as_privileged_and_runc_grants_it() -> anyhow::Re
 fn podman_missing_policy_file_is_named_and_not_command_not_found() -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
     let podman = Podman::new(User::Root, Runtime::AgentSandbox);
-    let name = unique("nopolicy");
-    let _guard = ContainerGuard {
-        podman: Podman::new(User::Root, Runtime::AgentSandbox),
-        name: name.clone(),
-    };
-    let missing = format!("/nonexistent/{}.toml", unique("policy"));
+    let name = unique_name("fd-nopolicy");
+    let _guard = ContainerGuard::new(Podman::new(User::Root, Runtime::AgentSandbox), &name);
+    let missing = format!("/nonexistent/{}.toml", unique_name("fd-policy"));
     let out = podman.run(&[
         "--runtime-flag",
         &format!("policy={missing}"),

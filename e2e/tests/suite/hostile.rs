@@ -916,24 +916,6 @@ fn ptrace_of_the_proxy(e: &dyn EntryPoint) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The pids cgroup directory of `pid` (v1 `pids` controller).
-fn pids_cgroup(pid: u32) -> anyhow::Result<PathBuf> {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .with_context(|| format!("cannot read /proc/{pid}/cgroup"))?;
-    let rel = text
-        .lines()
-        .find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-            ctrls
-                .split(',')
-                .any(|c| c == "pids")
-                .then(|| path.to_owned())
-        })
-        .with_context(|| format!("no pids cgroup for {pid}: {text}"))?;
-    Ok(Path::new("/sys/fs/cgroup/pids").join(rel.trim_start_matches('/')))
-}
-
 fn read_trim(path: &Path) -> anyhow::Result<String> {
     Ok(fs::read_to_string(path)
         .with_context(|| format!("cannot read {}", path.display()))?
@@ -954,7 +936,7 @@ fn fork_bomb(e: &dyn EntryPoint) -> anyhow::Result<()> {
     let bomb = Job::sh(BUSYBOX_IMAGE, "b() { b | b & }; b; sleep 300");
     let running = e.start(Side::Sandbox, &bomb)?;
     let init = running.init_pid()?;
-    let cgroup = pids_cgroup(init)?;
+    let cgroup = harness::pids_cgroup(init)?;
     let max: u64 = read_trim(&cgroup.join("pids.max"))?
         .parse()
         .with_context(|| format!("pids.max of {} is not a number", cgroup.display()))?;

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use agent_sandbox_e2e::ctr::{self, Container, Shim};
 use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime};
 use anyhow::{Context, bail, ensure};
 
 /// The checkout's owner on the host.
@@ -172,32 +172,20 @@ impl Agent {
         match via {
             Via::Podman => {
                 harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-                let name = unique_name("pr-promote");
-                let guard = ContainerGuard {
-                    podman: sandbox(),
-                    name: name.clone(),
-                };
-                let out = sandbox().run_ok(&[
-                    "run",
-                    "-d",
-                    "--name",
-                    &name,
-                    "-v",
-                    &format!("{ws}:/workspace"),
-                    "-v",
-                    &format!("{GIT}:{GIT}:ro"),
-                    TOOLS_IMAGE,
-                    "sleep",
-                    "600",
-                ])?;
-                let id = out
-                    .stdout
-                    .lines()
-                    .last()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_owned();
-                ensure!(id.len() == 64, "no container id\n{out}");
+                let (guard, id) = sandbox().run_detached(
+                    &[],
+                    "pr-promote",
+                    &[
+                        "-v",
+                        &format!("{ws}:/workspace"),
+                        "-v",
+                        &format!("{GIT}:{GIT}:ro"),
+                        TOOLS_IMAGE,
+                        "sleep",
+                        "600",
+                    ],
+                )?;
+                let name = guard.name.clone();
                 Ok(Agent {
                     via,
                     id,

@@ -341,16 +341,7 @@ fn sleeping_bundle(dir: &Path) -> anyhow::Result<PathBuf> {
     let bundle = dir.join("bundle");
     fs::create_dir_all(&bundle)?;
     busybox_rootfs(&bundle)?;
-    harness::require_tool("runc")?;
-    harness::run_ok(
-        Command::new("runc").arg("spec").current_dir(&bundle),
-        DEFAULT_TIMEOUT,
-    )?;
-    let path = bundle.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path)?)?;
-    config["process"]["terminal"] = false.into();
-    config["process"]["args"] = serde_json::json!(["sleep", "300"]);
-    fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
+    harness::runc_spec(&bundle, &["sleep", "300"], |_| {})?;
     for p in [dir, &bundle] {
         fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
     }

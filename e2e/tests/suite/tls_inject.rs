@@ -8,9 +8,10 @@
 use std::path::{Path, PathBuf};
 
 use agent_sandbox_e2e::ctr::{self, Shim};
-use agent_sandbox_e2e::harness::{self, Output, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, COLLECTOR_IP, REGISTRY_HOST, REGISTRY_IP};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag};
+use agent_sandbox_e2e::script::{Checks, sectioned, sections};
 use anyhow::{Context, ensure};
 
 /// Where the test CA's certificate appears inside containers (to reach the unbound domain).
@@ -207,56 +208,6 @@ fn hunt(w: &World, holder_script: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Joins `(name, command)` pairs into one script that marks each command's output.
-fn sectioned(cases: &[(&str, String)]) -> String {
-    cases
-        .iter()
-        .map(|(name, cmd)| format!("echo '=== {name} ==='\n{cmd}\necho \"[exit $?]\""))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn sections(out: &Output) -> std::collections::HashMap<String, String> {
-    let mut map = std::collections::HashMap::new();
-    let mut current: Option<String> = None;
-    for line in out.stdout.lines() {
-        if let Some(name) = line
-            .strip_prefix("=== ")
-            .and_then(|l| l.strip_suffix(" ==="))
-        {
-            current = Some(name.to_owned());
-            map.insert(name.to_owned(), String::new());
-        } else if let Some(name) = &current
-            && let Some(text) = map.get_mut(name)
-        {
-            text.push_str(line);
-            text.push('\n');
-        }
-    }
-    map
-}
-
-#[derive(Default)]
-struct Checks(Vec<String>);
-
-impl Checks {
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            self.0.push(what());
-        }
-    }
-
-    fn finish(self, context: &str, out: &Output) -> anyhow::Result<()> {
-        ensure!(
-            self.0.is_empty(),
-            "{context}: {} check(s) failed:\n- {}\n{out}",
-            self.0.len(),
-            self.0.join("\n- ")
-        );
-        Ok(())
-    }
-}
-
 /// `scanned=N found=LIST` of the memory scan: (bytes scanned, whether the token was found).
 fn memory_result(text: &str) -> Option<(u64, bool)> {
     let line = text.lines().find(|l| l.starts_with("scanned="))?;
@@ -272,33 +223,17 @@ fn podman_run_detached(
     stem: &str,
 ) -> anyhow::Result<(ContainerGuard, String)> {
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
-    let name = unique_name(stem);
-    let guard = ContainerGuard {
-        podman: sandbox(),
-        name: name.clone(),
-    };
-    let out = sandbox().run_ok(&[
-        "--runtime-flag",
-        &format!("policy={}", policy.display()),
-        "run",
-        "-d",
-        "--name",
-        &name,
-        "-v",
-        &format!("{}:{TEST_CA_DIR}:ro", trust.display()),
-        TOOLS_IMAGE,
-        "sleep",
-        "600",
-    ])?;
-    let id = out
-        .stdout
-        .lines()
-        .last()
-        .map(str::trim)
-        .unwrap_or_default()
-        .to_owned();
-    ensure!(id.len() == 64, "no container id from podman run -d\n{out}");
-    Ok((guard, id))
+    sandbox().run_detached(
+        &["--runtime-flag", &policy_flag(policy)],
+        stem,
+        &[
+            "-v",
+            &format!("{}:{TEST_CA_DIR}:ro", trust.display()),
+            TOOLS_IMAGE,
+            "sleep",
+            "600",
+        ],
+    )
 }
 
 #[test]
@@ -452,7 +387,7 @@ fn podman_https_api_gets_the_token_that_never_enters_the_sandbox() -> anyhow::Re
     let plain = w.policy(false)?;
     let out = sandbox().run(&[
         "--runtime-flag",
-        &format!("policy={}", plain.display()),
+        &policy_flag(&plain),
         "run",
         "--rm",
         "-v",
@@ -476,23 +411,18 @@ fn podman_https_api_gets_the_token_that_never_enters_the_sandbox() -> anyhow::Re
     // it in the environment and in memory, so the checks above can fail.
     let cafile = format!("{TEST_CA_DIR}/ca.pem");
     let script = sectioned(&hunt(&w, &holder(&w.api_url("/v1/runc"), Some(&cafile))));
-    let base = runc().run(&[
-        "run",
-        "--rm",
-        "--network",
-        "host",
-        "-v",
-        &format!("{}:{TEST_CA_DIR}:ro", w.ca.trust_dir().display()),
-        // A CA key handed to the container the naive way, for the key hunt to find.
-        "-v",
-        &format!("{}:/etc/test-ca-keys:ro", w.ca.dir.path().display()),
-        "-e",
-        &format!("{TOKEN_ENV}={}", w.token),
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
+    let base = runc().host_net_sh(
+        &[
+            "-v",
+            &format!("{}:{TEST_CA_DIR}:ro", w.ca.trust_dir().display()),
+            // A CA key handed to the container the naive way, for the key hunt to find.
+            "-v",
+            &format!("{}:/etc/test-ca-keys:ro", w.ca.dir.path().display()),
+            "-e",
+            &format!("{TOKEN_ENV}={}", w.token),
+        ],
         &script,
-    ])?;
+    )?;
     let s = sections(&base);
     let get = |name: &str| s.get(name).cloned().unwrap_or_default();
     ensure!(

@@ -131,11 +131,20 @@ fn tag(user: User) -> &'static str {
     }
 }
 
-fn podman_run(user: User, runtime: Runtime, name: &str, flags: &[&str]) -> anyhow::Result<Output> {
+/// `podman run --name NAME FLAGS... busybox sh -c REPORT` as `user` under `runtime` (any
+/// exit code), with the guard that removes the container.
+fn podman_run(
+    user: User,
+    runtime: Runtime,
+    name: &str,
+    flags: &[&str],
+) -> anyhow::Result<(ContainerGuard, Output)> {
+    let podman = Podman::new(user, runtime);
+    let guard = ContainerGuard::new(podman, name);
     let mut args = vec!["run", "--name", name];
     args.extend_from_slice(flags);
     args.extend([BUSYBOX_IMAGE, "sh", "-c", REPORT]);
-    Podman::new(user, runtime).run(&args)
+    Ok((guard, podman.run(&args)?))
 }
 
 /// A plain `podman run` starts under the sandbox (rootful and rootless); rootful, its
@@ -146,11 +155,7 @@ fn podman_default_run_starts_and_records_its_clamped_defaults() -> anyhow::Resul
     for user in [User::Root, User::Rootless] {
         harness::require_podman_image(user, BUSYBOX_IMAGE)?;
         let name = format!("hwid-default-{}-{}", tag(user), std::process::id());
-        let _guard = ContainerGuard {
-            podman: Podman::new(user, Runtime::AgentSandbox),
-            name: name.clone(),
-        };
-        let out = podman_run(user, Runtime::AgentSandbox, &name, &[])?;
+        let (_guard, out) = podman_run(user, Runtime::AgentSandbox, &name, &[])?;
         ensure!(out.success(), "{user}: a default podman run failed\n{out}");
         ensure!(
             cap_eff(&out) == 0,
@@ -206,11 +211,7 @@ fn podman_widening_flags_are_refused_naming_the_key_and_runc_grants_them() -> an
             }
             let what = format!("{user} podman {flags:?}");
             let name = format!("hwid-wide-{}-{i}-{}", tag(user), std::process::id());
-            let _guard = ContainerGuard {
-                podman: Podman::new(user, Runtime::AgentSandbox),
-                name: name.clone(),
-            };
-            let ours = podman_run(user, Runtime::AgentSandbox, &name, flags)?;
+            let (_guard, ours) = podman_run(user, Runtime::AgentSandbox, &name, flags)?;
             refused(&ours, key, &what)?;
             // podman's own exit code for an OCI runtime error, not 127 ("not found").
             ensure!(
@@ -224,11 +225,7 @@ fn podman_widening_flags_are_refused_naming_the_key_and_runc_grants_them() -> an
     let user = User::Root;
     for (i, (flags, key)) in cases.iter().enumerate() {
         let name = format!("hwid-wide-runc-{i}-{}", std::process::id());
-        let _guard = ContainerGuard {
-            podman: Podman::new(user, Runtime::Runc),
-            name: name.clone(),
-        };
-        let base = podman_run(user, Runtime::Runc, &name, flags)?;
+        let (_guard, base) = podman_run(user, Runtime::Runc, &name, flags)?;
         ensure!(base.success(), "runc {flags:?} failed\n{base}");
         let widened = match *key {
             "process.capabilities.bounding" => cap_eff(&base) & CAP_NET_ADMIN != 0,
@@ -268,11 +265,7 @@ fn podman_clamped_flags_run_narrowed_with_a_record_and_runc_grants_them() -> any
         "NET_RAW",
     ];
     let name = format!("hwid-clamp-{}", std::process::id());
-    let _guard = ContainerGuard {
-        podman: Podman::new(user, Runtime::AgentSandbox),
-        name: name.clone(),
-    };
-    let ours = podman_run(user, Runtime::AgentSandbox, &name, flags)?;
+    let (_guard, ours) = podman_run(user, Runtime::AgentSandbox, &name, flags)?;
     ensure!(ours.success(), "the clamped run failed\n{ours}");
     ensure!(
         field(&ours, "Seccomp") == Some("2"),
@@ -307,11 +300,7 @@ fn podman_clamped_flags_run_narrowed_with_a_record_and_runc_grants_them() -> any
     )?;
 
     let base_name = format!("hwid-clamp-runc-{}", std::process::id());
-    let _base_guard = ContainerGuard {
-        podman: Podman::new(user, Runtime::Runc),
-        name: base_name.clone(),
-    };
-    let base = podman_run(user, Runtime::Runc, &base_name, flags)?;
+    let (_base_guard, base) = podman_run(user, Runtime::Runc, &base_name, flags)?;
     ensure!(
         base.success()
             && field(&base, "Seccomp") == Some("0")

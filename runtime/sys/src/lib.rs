@@ -2,6 +2,7 @@
 //! invariant it relies on in a `// SAFETY:` comment.
 #![allow(unsafe_code)]
 
+pub mod atomic_file;
 pub mod background_write;
 pub mod idmap_mount;
 pub mod inherit;
