@@ -217,7 +217,7 @@ pub enum Command {
     /// (`changes discard ID`), or apply the retention limits now (`changes prune`)
     Changes {
         #[command(subcommand)]
-        action: Option<crate::changes::Action>,
+        action: Option<crate::report::changes::Action>,
     },
     /// Internal: records the exit of a detached exec whose caller reaps it (descriptor 3:
     /// its pidfd)
@@ -260,11 +260,11 @@ pub enum InstallTarget {
         #[arg(long)]
         write: bool,
         /// containerd's config file
-        #[arg(long, default_value = crate::install::DEFAULT_CONFIG)]
+        #[arg(long, default_value = crate::install::containerd::DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// The `agent-sandbox` runtime of dockerd (`docker run --runtime agent-sandbox`)
-    Docker(crate::install_docker::DockerArgs),
+    Docker(crate::install::docker::DockerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -357,17 +357,17 @@ pub enum CliError {
     #[error("audit trail")]
     Audit(#[from] agent_sandbox_audit::AuditError),
     #[error("audit prune")]
-    Prune(#[from] crate::audit::PruneError),
+    Prune(#[from] crate::report::audit::PruneError),
     #[error("--older-than only goes with audit prune")]
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error(transparent)]
-    Promote(#[from] crate::promote::PromoteCmdError),
+    Promote(#[from] crate::report::promote::PromoteCmdError),
     #[error("workspace changes")]
-    Changes(#[from] crate::changes::ChangesError),
+    Changes(#[from] crate::report::changes::ChangesError),
     #[error(transparent)]
-    Find(#[from] crate::find::FindError),
+    Find(#[from] crate::report::find::FindError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -395,11 +395,11 @@ pub enum CliError {
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(transparent)]
-    Allow(#[from] crate::allow::AllowError),
+    Allow(#[from] crate::sidecars::allow::AllowError),
     #[error(transparent)]
-    Install(#[from] crate::install::InstallError),
+    Install(#[from] crate::install::containerd::InstallError),
     #[error(transparent)]
-    InstallDocker(#[from] crate::install_docker::DockerInstallError),
+    InstallDocker(#[from] crate::install::docker::DockerInstallError),
     #[error("profile {profile}")]
     Artifact {
         profile: String,
@@ -430,11 +430,11 @@ fn change_live(
     action: ChangeAction,
     rule: &str,
 ) -> Result<(), CliError> {
-    let found = crate::find::find(root, audit_dir, id)?;
+    let found = crate::report::find::find(root, audit_dir, id)?;
     let dir = Runtime::new(Some(&found.root))?.dirs.sandbox(&found.id);
     println!(
         "{}",
-        crate::allow::change(&dir, found.id.as_str(), action, rule)?
+        crate::sidecars::allow::change(&dir, found.id.as_str(), action, rule)?
     );
     Ok(())
 }
@@ -592,19 +592,21 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         } => {
             if args.first().is_some_and(|a| a == "prune") && args.len() <= 2 {
                 let runtime = rt()?;
-                let age = crate::audit::parse_age(older_than.as_deref().unwrap_or("0s"))?;
+                let age = crate::report::audit::parse_age(older_than.as_deref().unwrap_or("0s"))?;
                 let only = match args.get(1) {
                     Some(id) => Some(ContainerId::try_from(id.as_str())?),
                     None => None,
                 };
                 let dir = match &only {
-                    Some(id) => crate::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
+                    Some(id) => {
+                        crate::report::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref())
+                    }
                     None => cli
                         .audit_dir
                         .clone()
-                        .unwrap_or_else(|| crate::audit::dir(&runtime.dirs)),
+                        .unwrap_or_else(|| crate::report::audit::dir(&runtime.dirs)),
                 };
-                let p = crate::audit::prune(&runtime.dirs, &dir, age, only.as_ref())?;
+                let p = crate::report::audit::prune(&runtime.dirs, &dir, age, only.as_ref())?;
                 for path in &p.removed {
                     println!("removed {}", path.display());
                 }
@@ -624,9 +626,10 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 [verb, id] if verb == "verify" => (true, id),
                 _ => return Err(CliError::AuditArgs { args }),
             };
-            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
+            let found =
+                crate::report::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
             let (runtime, id) = (Runtime::new(Some(&found.root))?, found.id);
-            let log = crate::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
+            let log = crate::report::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
             if !log.exists() {
                 return Err(CliError::NoAuditLog {
                     id: id.to_string(),
@@ -642,7 +645,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                     report.head
                 );
             } else {
-                print!("{}", crate::audit::show(&log, json)?);
+                print!("{}", crate::report::audit::show(&log, json)?);
             }
         }
         Command::AuditExit {
@@ -656,10 +659,10 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             if !runtime.dirs.sandbox(&id).exists() {
                 return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
             }
-            crate::audit::exited(
+            crate::report::audit::exited(
                 &runtime.dirs,
                 &id,
-                &crate::audit::ExitReport {
+                &crate::report::audit::ExitReport {
                     process,
                     pid,
                     status: agent_sandbox_audit::ExitStatus::from_folded(status),
@@ -668,31 +671,33 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             )?;
         }
         Command::Layers { id } => {
-            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), &id)?;
+            let found =
+                crate::report::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), &id)?;
             let report = Runtime::new(Some(&found.root))?.layers(&found.id)?;
             let json = serde_json::to_string_pretty(&report).unwrap_or_default();
             println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));
         }
         Command::Diff { id } => {
-            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
+            let source =
+                crate::report::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
             for c in source.changes()? {
-                println!("{}", crate::review::diff_line(&c));
+                println!("{}", crate::report::review::diff_line(&c));
             }
         }
         Command::Export { to_dir, to_tar, id } => {
-            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
+            let source =
+                crate::report::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
             let target = match (to_dir, to_tar) {
                 (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
                 (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
                 (None, None) => return Err(CliError::NoCommand),
             };
             let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
-            crate::review::write_export_summary(&mut std::io::stdout().lock(), &s).map_err(
-                |source| CliError::Write {
+            crate::report::review::write_export_summary(&mut std::io::stdout().lock(), &s)
+                .map_err(|source| CliError::Write {
                     path: PathBuf::from("-"),
                     source,
-                },
-            )?;
+                })?;
         }
         Command::Promote {
             to,
@@ -703,7 +708,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             let id = ContainerId::try_from(id.as_str())?;
             // Absolute, so the audit record names the directory whatever the caller's cwd.
             let to = std::path::absolute(&to).unwrap_or(to);
-            let req = crate::promote::Request {
+            let req = crate::report::promote::Request {
                 id: &id,
                 to: &to,
                 dry_run,
@@ -711,15 +716,15 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 policy: cli.policy.as_deref(),
                 audit_dir: cli.audit_dir.as_deref(),
             };
-            crate::promote::run(&rt()?, &req, &mut std::io::stdout().lock())?;
+            crate::report::promote::run(&rt()?, &req, &mut std::io::stdout().lock())?;
         }
         Command::Changes { action } => {
             let ceiling = Ceiling::load(cli.policy.as_deref())?;
-            print!("{}", crate::changes::run(action, &ceiling.policy)?);
+            print!("{}", crate::report::changes::run(action, &ceiling.policy)?);
         }
         Command::ExecExit { exec_id, pid, id } => {
             let runtime = rt()?;
-            crate::exec_exit::run(
+            crate::sidecars::exec_exit::run(
                 &runtime.dirs,
                 &ContainerId::try_from(id.as_str())?,
                 &exec_id,
@@ -761,9 +766,11 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
             if !write {
                 print!(
                     "{}",
-                    crate::install::stanza(crate::install::version_of(&config)?)
+                    crate::install::containerd::stanza(crate::install::containerd::version_of(
+                        &config
+                    )?)
                 );
-            } else if crate::install::write(&config)? {
+            } else if crate::install::containerd::write(&config)? {
                 println!(
                     "merged the agent-sandbox runtime into {}; restart containerd",
                     config.display()
@@ -774,7 +781,7 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
         }
         Command::Install {
             target: InstallTarget::Docker(args),
-        } => crate::install_docker::run(&args)?,
+        } => crate::install::docker::run(&args)?,
         Command::List { format } => {
             let runtime = rt()?;
             let ids = runtime.list();
@@ -834,7 +841,7 @@ fn features_json() -> String {
             "capabilities": [],
             "cgroup": crate::host::cgroups::features(&crate::host::cgroups::RealHost),
             "seccomp": {"enabled": true, "actions": [], "operators": [], "archs": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]},
-            "apparmor": {"enabled": crate::apparmor::host() != agent_sandbox_policy::layers::AppArmorHost::Absent},
+            "apparmor": {"enabled": crate::host::apparmor::host() != agent_sandbox_policy::layers::AppArmorHost::Absent},
             "selinux": {"enabled": false}
         },
         "annotations": {
