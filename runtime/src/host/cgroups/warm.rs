@@ -25,8 +25,8 @@ use std::collections::BTreeMap;
 use std::path::{Component, PathBuf};
 
 /// The `cgroup.procs` files of `dirs` (this process's cgroups by controller, from
-/// [`crate::report::layers::cgroups_of`]). A path that climbs ("/../..": a cgroup outside this cgroup
-/// namespace's root) names no directory of ours and is left out.
+/// [`crate::report::layers::cgroups_of`]). A path that climbs ("/../..": a cgroup outside
+/// this cgroup namespace's root) names no directory of ours and is left out.
 fn procs_files(dirs: &BTreeMap<String, PathBuf>) -> impl Iterator<Item = PathBuf> + '_ {
     dirs.values()
         .filter(|d| !d.components().any(|c| c == Component::ParentDir))
