@@ -16,7 +16,7 @@ pub trait LandlockApply: Send + Sync {
     /// Restricts the calling thread; an error aborts the start. With `audit`, the domain
     /// also logs denials after `execve`, and the process makes one connect the ruleset
     /// refuses (the probe that names its domain to the supervisor, see
-    /// [`crate::fs_audit`]); returns the probe's port then.
+    /// [`crate::sidecars::fs_audit`]); returns the probe's port then.
     fn apply(&self, audit: bool) -> Result<Option<u16>, String>;
 }
 
@@ -28,7 +28,7 @@ pub struct SandboxExecutor {
     /// For exec'd processes: the container's user namespace to join.
     pub join_userns: Option<Arc<JoinUserns>>,
     /// Audit of denied syscalls: install the filter in its user-notification form and hand
-    /// the listener to the supervisor (see [`crate::syscall_audit`]) instead of `seccomp`.
+    /// the listener to the supervisor (see [`crate::sidecars::syscall_audit`]) instead of `seccomp`.
     pub notify: Option<Arc<NotifyFilter>>,
     /// The init's `startContainer` hooks, run here (after the pivot, before the layers) with
     /// the caller's bundle in their state (see [`crate::hooks`]).

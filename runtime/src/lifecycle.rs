@@ -16,8 +16,8 @@ use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
 
 use crate::enforce::{self, EnforceError};
+use crate::host::idmap::{self, IdMapError, IdRange};
 use crate::id::ContainerId;
-use crate::idmap::{self, IdMapError, IdRange};
 use crate::mounts::{self, MountError};
 use crate::paths::{self, PathsError, StateDirs};
 
@@ -86,23 +86,23 @@ pub enum LifecycleError {
     #[error(transparent)]
     Pod(#[from] crate::pod::PodError),
     #[error("network layer: the egress proxy")]
-    Egress(#[source] crate::egress::EgressError),
+    Egress(#[source] crate::sidecars::egress::EgressError),
     #[error("cannot set up the sandbox's CA for https credential injection")]
-    Trust(#[source] crate::tls_trust::TrustError),
+    Trust(#[source] crate::sidecars::tls_trust::TrustError),
     #[error("audit trail")]
     Audit(#[source] agent_sandbox_audit::AuditError),
     #[error("layers record")]
-    Layers(#[source] crate::layers::LayersError),
+    Layers(#[source] crate::report::layers::LayersError),
     #[error("apparmor layer")]
-    AppArmor(#[source] crate::apparmor::AppArmorError),
+    AppArmor(#[source] crate::host::apparmor::AppArmorError),
     #[error("hooks")]
     Hook(#[source] crate::hooks::HookError),
     #[error("denied-syscall audit")]
-    SyscallAudit(#[source] crate::syscall_audit::SyscallAuditError),
+    SyscallAudit(#[source] crate::sidecars::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
     #[error("workspace changes")]
-    Changes(#[source] crate::changes::ChangesError),
+    Changes(#[source] crate::report::changes::ChangesError),
     #[error("cannot bring lo up in the sandbox network namespace")]
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
     #[error("cgroups layer")]
@@ -388,7 +388,7 @@ impl Runtime {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
-        crate::cgroup_warm::start();
+        crate::host::cgroups::warm::start();
         let config = opts.bundle.join("config.json");
         let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
@@ -451,9 +451,9 @@ impl Runtime {
             }
         };
         mounts::mkdir_traversable(&sandbox_dir)?;
-        crate::audit::init(&self.dirs, id, self.audit_dir.as_deref())
+        crate::report::audit::init(&self.dirs, id, self.audit_dir.as_deref())
             .map_err(LifecycleError::Audit)?;
-        crate::find::remember(&self.dirs, id, spec.annotations().as_ref());
+        crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
         mark("audit_init");
         let mut record = SandboxRecord {
             id: id.as_str().to_owned(),
@@ -484,7 +484,7 @@ impl Runtime {
             .contains(&agent_sandbox_policy::Layer::Apparmor)
         {
             // Loaded before libcontainer's init names it in /proc/self/attr/apparmor/exec.
-            crate::apparmor::acquire(
+            crate::host::apparmor::acquire(
                 &sandbox_dir,
                 &agent_sandbox_policy::apparmor::loaded_profile(&prepared.policy),
             )
@@ -500,14 +500,14 @@ impl Runtime {
             .unwrap_or_else(|| ceiling.origin.clone());
         let mut spec = prepared.spec;
         if let Some(process) = spec.process_mut().as_mut() {
-            crate::egress::inject_env(process, &prepared.policy);
-            crate::tls_trust::inject_env(process, &prepared.policy);
+            crate::sidecars::egress::inject_env(process, &prepared.policy);
+            crate::sidecars::tls_trust::inject_env(process, &prepared.policy);
         }
         let pod_mount_dir = match &member {
             Some(m) => Some(crate::sandbox::mount_dir(&self.dirs, &m.pod)?),
             None => None,
         };
-        crate::tls_trust::prepare(
+        crate::sidecars::tls_trust::prepare(
             &mut spec,
             &prepared.policy,
             id.as_str(),
@@ -580,9 +580,10 @@ impl Runtime {
         }
         let supervisor = self.notify_denials(id, &mut executor, &prepared.policy, true)?;
         // The proxy starts now and binds once the init's namespace exists (below).
-        let pending_proxy = if member.is_none() && crate::egress::wanted(&prepared.policy) {
+        let pending_proxy = if member.is_none() && crate::sidecars::egress::wanted(&prepared.policy)
+        {
             Some(
-                crate::egress::prespawn(&self.dirs.root, &sandbox_dir, id.as_str())
+                crate::sidecars::egress::prespawn(&self.dirs.root, &sandbox_dir, id.as_str())
                     .map_err(LifecycleError::Egress)?,
             )
         } else {
@@ -603,7 +604,7 @@ impl Runtime {
         let container = in_root_dir(|| init.build())?.map_err(|e| create_err(e, &spec))?;
         let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
         mark("libcontainer");
-        crate::audit::track_init(&self.dirs, id, pid);
+        crate::report::audit::track_init(&self.dirs, id, pid);
         // A pod member shares its pod's network namespace: lo and the egress proxy came
         // with the pod's sandbox container, whose namespaces are pinned for the members.
         let mut proxy_pid = None;
@@ -627,7 +628,7 @@ impl Runtime {
             s.ready().map_err(LifecycleError::SyscallAudit)?;
         }
         mark("supervisor_ready");
-        crate::audit::created(
+        crate::report::audit::created(
             &self.dirs,
             id,
             &prepared.policy,
@@ -636,7 +637,8 @@ impl Runtime {
         )
         .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
-            crate::audit::exec(&self.dirs, id, process, &spec).map_err(LifecycleError::Audit)?;
+            crate::report::audit::exec(&self.dirs, id, process, &spec)
+                .map_err(LifecycleError::Audit)?;
         }
         mark("audit");
         let host = crate::host::cgroups::RealHost;
@@ -654,7 +656,7 @@ impl Runtime {
             crate::host::cgroups::verify(&host, cgroups.hierarchy, cgroups.driver, &spec, id, pid)?;
         }
         mark("cgroups");
-        crate::layers::record_create(
+        crate::report::layers::record_create(
             &sandbox_dir,
             &ids,
             &spec,
@@ -678,14 +680,14 @@ impl Runtime {
 
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
-        let proxy = crate::egress::stop(&self.dirs.sandbox(id), id.as_str());
-        crate::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
+        let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();
-        if let Err(e) = crate::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
+        if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
-        crate::audit::release(&self.dirs, id);
+        crate::report::audit::release(&self.dirs, id);
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
             && let Ok(pid) = text.trim().parse::<i32>()
         {
@@ -701,7 +703,7 @@ impl Runtime {
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
         // After the container's processes are gone: a profile removed from the kernel
         // would leave a live process unconfined.
-        crate::apparmor::release(&self.dirs.sandbox(id));
+        crate::host::apparmor::release(&self.dirs.sandbox(id));
         let record = self.record(id).ok();
         let mount_dir = record
             .as_ref()
@@ -709,7 +711,7 @@ impl Runtime {
             .or_else(|| crate::sandbox::mount_dir(&self.dirs, id).ok());
         if let Some(ws) = &workspace {
             // Before the mounts go: an empty change set is dropped, any other is kept.
-            crate::changes::ended(ws);
+            crate::report::changes::ended(ws);
         }
         if let Some(mount_dir) = mount_dir {
             detach_all_under(&mount_dir);
@@ -743,7 +745,7 @@ impl Runtime {
         // As runc's: return once the program runs, so that a signal sent right after `start`
         // reaches it (see `init_exec`).
         if let (Some(pid), Some(before)) = (init, before) {
-            let procs = crate::layers::reaper_procs(&self.dirs.sandbox(id));
+            let procs = crate::report::layers::reaper_procs(&self.dirs.sandbox(id));
             let outcome =
                 crate::init_exec::wait(pid, before, procs.as_deref(), crate::init_exec::WAIT_LIMIT);
             tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
@@ -769,7 +771,7 @@ impl Runtime {
         }
         use std::os::unix::process::CommandExt;
         // `/proc/self/exe`, not `current_exe()`: `run` starts from the sealed copy, whose
-        // name is no path on disk (as `crate::sidecar` explains).
+        // name is no path on disk (as `crate::sidecars` explains).
         let child = std::process::Command::new("/proc/self/exe")
             .arg("--root")
             .arg(&self.dirs.root)
@@ -812,7 +814,7 @@ impl Runtime {
             return Ok(());
         }
         tracing::warn!(id = %id, seconds, "wall-clock limit reached: killing the sandbox");
-        crate::audit::wall_clock_fired(&self.dirs, id, seconds);
+        crate::report::audit::wall_clock_fired(&self.dirs, id, seconds);
         if let Some(init) = c.pid() {
             tell_init_stderr(
                 init.as_raw(),
@@ -849,7 +851,7 @@ impl Runtime {
 
     /// The workspace changes `id` names, for `diff`, `export` and `promote`: those of the
     /// sandbox `id` in this state root while it exists, else a kept change set of any entry
-    /// point found by change id, container id, name or unique prefix (`crate::changes::find`).
+    /// point found by change id, container id, name or unique prefix (`crate::report::changes::find`).
     /// An ended change set with a quota is mounted read-only while the result lives.
     pub fn workspace(&self, id: &ContainerId) -> Result<mounts::WorkspaceOverlay> {
         let dir = self.dirs.sandbox(id);
@@ -857,20 +859,20 @@ impl Runtime {
         if path.exists() {
             return read_json(&path);
         }
-        let store = crate::changes::Store::locate().map_err(LifecycleError::Changes)?;
-        match crate::changes::find(&store, id.as_str()) {
-            Ok(entry) => crate::changes::open(&entry).map_err(LifecycleError::Changes),
-            Err(crate::changes::ChangesError::NotFound { .. }) if dir.exists() => {
+        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        match crate::report::changes::find(&store, id.as_str()) {
+            Ok(entry) => crate::report::changes::open(&entry).map_err(LifecycleError::Changes),
+            Err(crate::report::changes::ChangesError::NotFound { .. }) if dir.exists() => {
                 Err(LifecycleError::NoWorkspace { id: id.clone() })
             }
-            Err(crate::changes::ChangesError::NotFound { .. }) => {
+            Err(crate::report::changes::ChangesError::NotFound { .. }) => {
                 Err(LifecycleError::NotExist { id: id.clone() })
             }
             Err(e) => Err(LifecycleError::Changes(e)),
         }
     }
 
-    /// The change set of a new sandbox that has a workspace (`crate::changes`), recorded in
+    /// The change set of a new sandbox that has a workspace (`crate::report::changes`), recorded in
     /// `workspace.json` at once so a failed create drops it again.
     fn new_change_set(
         &self,
@@ -879,17 +881,17 @@ impl Runtime {
         ceiling: &crate::sandbox::Ceiling,
         mount_dir: &Path,
         rootless: bool,
-    ) -> Result<Option<crate::changes::Created>> {
+    ) -> Result<Option<crate::report::changes::Created>> {
         let annotations = spec.annotations().clone().unwrap_or_default();
         let policy = agent_sandbox_policy::harden::effective_policy(&annotations, &ceiling.policy)
             .map_err(|e| LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(e)))?;
         let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, &policy) else {
             return Ok(None);
         };
-        let store = crate::changes::Store::locate().map_err(LifecycleError::Changes)?;
-        let created = crate::changes::create(
+        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let created = crate::report::changes::create(
             &store,
-            &crate::changes::NewChangeSet {
+            &crate::report::changes::NewChangeSet {
                 container: id.as_str(),
                 root: &self.dirs.root,
                 annotations: &annotations,
@@ -916,16 +918,19 @@ impl Runtime {
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
         let bundle = self.dirs.sandbox(id).join("bundle");
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
-        let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
-        let pid_file = self.dirs.sandbox(id).join(crate::egress::PID_FILE);
+        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let pid_file = self
+            .dirs
+            .sandbox(id)
+            .join(crate::sidecars::egress::PID_FILE);
         let netns = || {
-            if netns == Path::new(crate::egress::NETNS_ON_STDIN) {
-                crate::egress::netns_from_stdin()
+            if netns == Path::new(crate::sidecars::egress::NETNS_ON_STDIN) {
+                crate::sidecars::egress::netns_from_stdin()
             } else {
                 Ok(netns.to_path_buf())
             }
         };
-        crate::egress::serve(netns, &policy, &log, id.as_str(), &pid_file)
+        crate::sidecars::egress::serve(netns, &policy, &log, id.as_str(), &pid_file)
             .map_err(LifecycleError::Egress)
     }
 
@@ -938,8 +943,8 @@ impl Runtime {
     ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::sandbox::SandboxError::NoArch)?;
-        let log = crate::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
-        crate::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit)
+        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        crate::sidecars::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit)
             .map_err(LifecycleError::SyscallAudit)
     }
 
@@ -952,7 +957,7 @@ impl Runtime {
         executor: &mut crate::executor::SandboxExecutor,
         policy: &SandboxPolicy,
         spawn: bool,
-    ) -> Result<Option<crate::syscall_audit::Starting>> {
+    ) -> Result<Option<crate::sidecars::syscall_audit::Starting>> {
         let Some(bpf) = executor.seccomp.clone() else {
             return Ok(None);
         };
@@ -960,28 +965,34 @@ impl Runtime {
         let errno = policy.syscalls.errno.number();
         let starting = if spawn {
             Some(
-                crate::syscall_audit::start(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
-                    .map_err(LifecycleError::SyscallAudit)?,
+                crate::sidecars::syscall_audit::start(
+                    &self.dirs.root,
+                    &sandbox_dir,
+                    id.as_str(),
+                    errno,
+                )
+                .map_err(LifecycleError::SyscallAudit)?,
             )
         } else {
             None
         };
-        let supervisor =
-            crate::syscall_audit::connect(&sandbox_dir).map_err(LifecycleError::SyscallAudit)?;
+        let supervisor = crate::sidecars::syscall_audit::connect(&sandbox_dir)
+            .map_err(LifecycleError::SyscallAudit)?;
         executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
-            program: crate::syscall_audit::notify_program(&bpf, errno),
+            program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),
             supervisor,
             fs_audit: executor.landlock.is_some()
-                && crate::fs_audit::FsAuditStatus::load(&sandbox_dir).is_some_and(|s| s.active),
+                && crate::sidecars::fs_audit::FsAuditStatus::load(&sandbox_dir)
+                    .is_some_and(|s| s.active),
         }));
         Ok(starting)
     }
 
-    /// `layers`: the protections in force for a sandbox (see [`crate::layers`]).
+    /// `layers`: the protections in force for a sandbox (see [`crate::report::layers`]).
     pub fn layers(&self, id: &ContainerId) -> Result<serde_json::Value> {
         let c = self.load(id)?;
         let pid = c.pid().map(|p| p.as_raw());
-        crate::layers::report(&self.dirs, id, status_name(c.status()), pid)
+        crate::report::layers::report(&self.dirs, id, status_name(c.status()), pid)
             .map_err(LifecycleError::Layers)
     }
 
@@ -1056,7 +1067,7 @@ impl Runtime {
         // A process-ending signal right after `start` waits for the program's handler (not
         // needed with the reaper as PID 1: it queues every signal it forwards).
         if let (Some(pid), Some(n)) = (c.pid(), nix_signal(signal))
-            && crate::layers::reaper_procs(&self.dirs.sandbox(id)).is_none()
+            && crate::report::layers::reaper_procs(&self.dirs.sandbox(id)).is_none()
             && let Some(started) =
                 std::fs::read_to_string(self.dirs.sandbox(id).join(crate::init_exec::STARTED_FILE))
                     .ok()
@@ -1152,10 +1163,10 @@ impl Runtime {
                 // written is logged and the delete goes on: the container must still go.
                 if let Some(r) = reaped
                     && c.status() == ContainerStatus::Stopped
-                    && let Err(e) = crate::audit::exited(
+                    && let Err(e) = crate::report::audit::exited(
                         &self.dirs,
                         id,
-                        &crate::audit::ExitReport {
+                        &crate::report::audit::ExitReport {
                             process: "init".to_owned(),
                             pid: r.pid,
                             status: r.status,
@@ -1274,7 +1285,7 @@ impl Runtime {
     /// reaped by the caller (status unknown here); a live one is about to be
     /// SIGKILLed by this forced delete (e.g. containerd cleaning up after a dead shim).
     fn audit_init_exit(&self, id: &ContainerId, c: &Container, force: bool) {
-        if let Err(e) = crate::audit::limits_at_delete(&self.dirs, id) {
+        if let Err(e) = crate::report::audit::limits_at_delete(&self.dirs, id) {
             tracing::error!(id = %id, error = %e, "cannot write the limit records");
         }
         let (status, reaped_by) = match c.status() {
@@ -1283,7 +1294,9 @@ impl Runtime {
             _ => return,
         };
         let pid = c.pid().map(|p| p.as_raw());
-        if let Err(e) = crate::audit::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by) {
+        if let Err(e) =
+            crate::report::audit::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by)
+        {
             tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
         }
     }
@@ -1296,7 +1309,7 @@ impl Runtime {
         if c.status() != ContainerStatus::Running {
             return Err(LifecycleError::NotRunning);
         }
-        crate::cgroup_warm::start();
+        crate::host::cgroups::warm::start();
         let process: Process = match &opts.process {
             Some(path) => read_json(path)?,
             None => inline_process(&c, opts)?,
@@ -1305,9 +1318,10 @@ impl Runtime {
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
         crate::sandbox::writable_home(&mut process, &policy, &hardened);
-        crate::egress::inject_env(&mut process, &policy);
-        crate::tls_trust::inject_env(&mut process, &policy);
-        crate::audit::exec(&self.dirs, id, &process, &hardened).map_err(LifecycleError::Audit)?;
+        crate::sidecars::egress::inject_env(&mut process, &policy);
+        crate::sidecars::tls_trust::inject_env(&mut process, &policy);
+        crate::report::audit::exec(&self.dirs, id, &process, &hardened)
+            .map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
@@ -1347,16 +1361,22 @@ impl Runtime {
             source: Box::new(source),
         })?;
         if opts.detach {
-            crate::audit::tag_exec(&self.dirs, id, pid.as_raw(), &process_for_audit, &hardened);
-            let exec_id = crate::exec_exit::exec_id(opts.pid_file.as_deref());
-            crate::exec_exit::watch(&self.dirs, id, pid.as_raw(), &exec_id);
+            crate::report::audit::tag_exec(
+                &self.dirs,
+                id,
+                pid.as_raw(),
+                &process_for_audit,
+                &hardened,
+            );
+            let exec_id = crate::sidecars::exec_exit::exec_id(opts.pid_file.as_deref());
+            crate::sidecars::exec_exit::watch(&self.dirs, id, pid.as_raw(), &exec_id);
             return Ok(None);
         }
         let status = wait_exit(pid.as_raw())?;
-        crate::audit::exited(
+        crate::report::audit::exited(
             &self.dirs,
             id,
-            &crate::audit::ExitReport {
+            &crate::report::audit::ExitReport {
                 process: "exec".to_owned(),
                 pid: Some(pid.as_raw()),
                 status,

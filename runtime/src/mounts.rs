@@ -232,7 +232,7 @@ pub struct WorkspaceOverlay {
     pub lower: PathBuf,
     /// Where the sandbox's changes land, for review (the overlay's upper dir).
     pub upper: PathBuf,
-    /// The kept change set (`crate::changes`) that holds `upper`.
+    /// The kept change set (`crate::report::changes`) that holds `upper`.
     #[serde(default)]
     pub change: Option<String>,
     /// That change set's directory in the store (found again at delete whatever the
@@ -241,7 +241,7 @@ pub struct WorkspaceOverlay {
     pub change_dir: Option<PathBuf>,
     /// A review mount that `upper` lives on, released with the last clone.
     #[serde(skip)]
-    pub held: Option<std::sync::Arc<crate::changes::ReviewMount>>,
+    pub held: Option<std::sync::Arc<crate::report::changes::ReviewMount>>,
 }
 
 /// Whose the workspace's files appear to be inside the sandbox (`mount_workspace_overlay`).

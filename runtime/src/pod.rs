@@ -22,8 +22,8 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 use serde::{Deserialize, Serialize};
 
+use crate::host::idmap::{self, IdRange};
 use crate::id::ContainerId;
-use crate::idmap::{self, IdRange};
 use crate::lifecycle::Runtime;
 use crate::mounts;
 use crate::sandbox::Ceiling;

@@ -14,8 +14,8 @@ use agent_sandbox_policy::{Layer, PolicyError, SandboxPolicy};
 use libcontainer::oci_spec::runtime::{Process, Spec};
 
 use crate::executor::{LandlockApply, SandboxExecutor};
+use crate::host::idmap::IdRange;
 use crate::id::ContainerId;
-use crate::idmap::IdRange;
 use crate::mounts;
 use crate::paths::{self, StateDirs};
 
@@ -170,7 +170,7 @@ pub fn host_support() -> HostSupport {
             .map(|s| s.contains("Seccomp:"))
             .unwrap_or(false),
         landlock_abi: agent_sandbox_sys::landlock_abi().unwrap_or(0),
-        apparmor: crate::apparmor::host(),
+        apparmor: crate::host::apparmor::host(),
         cgroups: crate::host::cgroups::available(&crate::host::cgroups::RealHost),
     }
 }

@@ -1,4 +1,6 @@
 //! The host mechanisms the runtime drives, one module each, so that a second kind of host
 //! changes one place.
 
+pub mod apparmor;
 pub mod cgroups;
+pub mod idmap;

@@ -32,6 +32,7 @@ use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
 use crate::id::ContainerId;
 
 mod limits;
+pub mod warm;
 pub use limits::{Limit, apply_v1_limits, check_update_within, update_resources, verify};
 
 /// Where the cgroup filesystem is mounted.

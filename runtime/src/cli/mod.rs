@@ -1,15 +1,34 @@
-//! The runc-compatible command line (parsed by the binary, run here).
+//! The runc-compatible command line (parsed by the binary, run here): the clap definitions
+//! and the dispatch; each command's work is in the file of its group:
+//! - `create`: `create`, `run`
+//! - `exec`: `exec`
+//! - `control`: `start`, `pause`, `resume`, `kill`, `delete`, `update`
+//! - `inspect`: `state`, `ps`, `list`, `features`, `spec`
+//! - `egress`: `allow`, `deny`
+//! - `audit`: `audit` (show, verify, prune), `audit-exit`, `layers`
+//! - `workspace`: `diff`, `export`, `promote`, `changes`
+//! - `policy`: `policy explain`, `profile`
+//! - `install`: `install containerd`, `install docker`
+//! - `internal`: the hidden commands the runtime and the shim run as helper processes
+//!   (`proxy`, `seccomp-supervise`, `watchdog`, `exec-exit`, `hook`)
 
-use std::io::Read;
 use std::path::PathBuf;
 
-use agent_sandbox_proxy::approval::ChangeAction;
 use clap::{Args, Parser, Subcommand};
 
-use crate::id::ContainerId;
-use crate::lifecycle::{CreateOpts, ExecOpts, Runtime};
+use crate::lifecycle::{LifecycleError, Runtime};
 use crate::logging::LogFormat;
-use crate::sandbox::Ceiling;
+
+mod audit;
+mod control;
+mod create;
+mod egress;
+mod exec;
+mod inspect;
+mod install;
+mod internal;
+mod policy;
+mod workspace;
 
 /// agent-sandbox: an OCI runtime that runs every container as an AI-agent sandbox.
 #[derive(Debug, Parser)]
@@ -217,7 +236,7 @@ pub enum Command {
     /// (`changes discard ID`), or apply the retention limits now (`changes prune`)
     Changes {
         #[command(subcommand)]
-        action: Option<crate::changes::Action>,
+        action: Option<crate::report::changes::Action>,
     },
     /// Internal: records the exit of a detached exec whose caller reaps it (descriptor 3:
     /// its pidfd)
@@ -260,11 +279,11 @@ pub enum InstallTarget {
         #[arg(long)]
         write: bool,
         /// containerd's config file
-        #[arg(long, default_value = crate::install::DEFAULT_CONFIG)]
+        #[arg(long, default_value = crate::install::containerd::DEFAULT_CONFIG)]
         config: PathBuf,
     },
     /// The `agent-sandbox` runtime of dockerd (`docker run --runtime agent-sandbox`)
-    Docker(crate::install_docker::DockerArgs),
+    Docker(crate::install::docker::DockerArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -357,17 +376,17 @@ pub enum CliError {
     #[error("audit trail")]
     Audit(#[from] agent_sandbox_audit::AuditError),
     #[error("audit prune")]
-    Prune(#[from] crate::audit::PruneError),
+    Prune(#[from] crate::report::audit::PruneError),
     #[error("--older-than only goes with audit prune")]
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error(transparent)]
-    Promote(#[from] crate::promote::PromoteCmdError),
+    Promote(#[from] crate::report::promote::PromoteCmdError),
     #[error("workspace changes")]
-    Changes(#[from] crate::changes::ChangesError),
+    Changes(#[from] crate::report::changes::ChangesError),
     #[error(transparent)]
-    Find(#[from] crate::find::FindError),
+    Find(#[from] crate::report::find::FindError),
     #[error("--user {value:?} is not UID[:GID]")]
     User { value: String },
     #[error("--cap {cap}: the sandbox grants no capabilities")]
@@ -395,11 +414,11 @@ pub enum CliError {
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(transparent)]
-    Allow(#[from] crate::allow::AllowError),
+    Allow(#[from] crate::sidecars::allow::AllowError),
     #[error(transparent)]
-    Install(#[from] crate::install::InstallError),
+    Install(#[from] crate::install::containerd::InstallError),
     #[error(transparent)]
-    InstallDocker(#[from] crate::install_docker::DockerInstallError),
+    InstallDocker(#[from] crate::install::docker::DockerInstallError),
     #[error("profile {profile}")]
     Artifact {
         profile: String,
@@ -422,41 +441,6 @@ pub fn version_text() -> String {
     )
 }
 
-/// `allow` / `deny`: finds the sandbox as `audit` does and asks its proxy.
-fn change_live(
-    root: Option<&std::path::Path>,
-    audit_dir: Option<&std::path::Path>,
-    id: &str,
-    action: ChangeAction,
-    rule: &str,
-) -> Result<(), CliError> {
-    let found = crate::find::find(root, audit_dir, id)?;
-    let dir = Runtime::new(Some(&found.root))?.dirs.sandbox(&found.id);
-    println!(
-        "{}",
-        crate::allow::change(&dir, found.id.as_str(), action, rule)?
-    );
-    Ok(())
-}
-
-fn read_input(path: &PathBuf) -> Result<Vec<u8>, CliError> {
-    let mut buf = Vec::new();
-    if path.as_os_str() == "-" {
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .map_err(|source| CliError::Read {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(buf)
-    } else {
-        std::fs::read(path).map_err(|source| CliError::Read {
-            path: path.clone(),
-            source,
-        })
-    }
-}
-
 /// Whether this command enters a container (and so must run from a sealed
 /// copy of the binary first).
 pub fn needs_sealed_binary(cli: &Cli) -> bool {
@@ -467,381 +451,82 @@ pub fn needs_sealed_binary(cli: &Cli) -> bool {
 }
 
 /// Runs one command.
-pub fn run(cli: Cli) -> Result<Outcome, CliError> {
+pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
     if cli.version {
         print!("{}", version_text());
         return Ok(Outcome::Exit(0));
     }
-    let command = cli.command.ok_or(CliError::NoCommand)?;
-    let audit_dir = cli.audit_dir.clone();
-    let rt = || {
-        Runtime::new(cli.root.as_deref()).map(|mut r| {
-            r.audit_dir = audit_dir.clone();
-            r
-        })
-    };
+    let command = cli.command.take().ok_or(CliError::NoCommand)?;
+    let cli = &cli;
     match command {
-        Command::Create(a) => {
-            let id = ContainerId::try_from(a.id.as_str())?;
-            let ceiling = Ceiling::load(cli.policy.as_deref())?;
-            rt()?.create(&id, &create_opts(a, cli.systemd_cgroup), &ceiling)?;
-        }
-        Command::Run(RunArgs { create, detach }) => {
-            let id = ContainerId::try_from(create.id.as_str())?;
-            let ceiling = Ceiling::load(cli.policy.as_deref())?;
-            let opts = create_opts(create, cli.systemd_cgroup);
-            let code = crate::run::run(&rt()?, &id, &opts, &ceiling, detach)?;
-            return Ok(Outcome::Exit(code));
-        }
-        Command::Start { id } => rt()?.start(&ContainerId::try_from(id.as_str())?)?,
-        Command::Pause { id } => rt()?.pause(&ContainerId::try_from(id.as_str())?, true)?,
-        Command::Resume { id } => rt()?.pause(&ContainerId::try_from(id.as_str())?, false)?,
-        Command::State { id } => {
-            let state = rt()?.state(&ContainerId::try_from(id.as_str())?)?;
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&state).unwrap_or_default()
-            );
-        }
-        Command::Kill { all, id, signal } => {
-            rt()?.kill(&ContainerId::try_from(id.as_str())?, &signal, all)?
-        }
+        Command::Create(a) => create::create(cli, a)?,
+        Command::Run(a) => return create::run(cli, a),
+        Command::Start { id } => control::start(cli, &id)?,
+        Command::Pause { id } => control::pause(cli, &id, true)?,
+        Command::Resume { id } => control::pause(cli, &id, false)?,
+        Command::State { id } => inspect::state(cli, &id)?,
+        Command::Kill { all, id, signal } => control::kill(cli, &id, &signal, all)?,
         Command::Delete {
             force,
             exit_pid,
             exit_status,
             id,
-        } => {
-            let reaped = exit_status.map(|status| crate::lifecycle::ReapedInit {
-                pid: exit_pid,
-                status: agent_sandbox_audit::ExitStatus::from_folded(status),
-            });
-            rt()?.delete(&ContainerId::try_from(id.as_str())?, force, reaped)?
-        }
-        Command::Exec(a) => {
-            if let Some(cap) = a.cap.first() {
-                return Err(CliError::Cap { cap: cap.clone() });
-            }
-            let id = ContainerId::try_from(a.id.as_str())?;
-            let user = match &a.user {
-                None => None,
-                Some(u) => Some(parse_user(u)?),
-            };
-            if a.process.is_none() && a.command.is_empty() {
-                return Err(CliError::NoExecCommand);
-            }
-            let runtime = rt()?;
-            let opts = ExecOpts {
-                process: a.process,
-                args: a.command,
-                env: a.env,
-                cwd: a.cwd,
-                tty: a.tty,
-                user,
-                detach: a.detach,
-                pid_file: a.pid_file,
-                console_socket: a.console_socket,
-                preserve_fds: a.preserve_fds,
-            };
-            if let Some(code) = runtime.exec(&id, &opts)? {
-                return Ok(Outcome::Exit(code));
-            }
-        }
-        Command::Ps { format, id, .. } => {
-            let pids = rt()?.pids(&ContainerId::try_from(id.as_str())?)?;
-            if format == "json" {
-                println!("{}", serde_json::to_string(&pids).unwrap_or_default());
-            } else {
-                println!("PID");
-                for p in pids {
-                    println!("{p}");
-                }
-            }
-        }
-        Command::Update { resources, id } => {
-            let bytes = read_input(&resources)?;
-            let res: libcontainer::oci_spec::runtime::LinuxResources =
-                serde_json::from_slice(&bytes).map_err(|source| CliError::Parse {
-                    path: resources.clone(),
-                    source,
-                })?;
-            rt()?.update(&ContainerId::try_from(id.as_str())?, &res)?;
-        }
-        Command::Features => println!("{}", features_json()),
-        Command::Hook { bundle, argv } => crate::hooks::relay(&bundle, &argv)?,
-        Command::Proxy { netns, id } => {
-            rt()?.proxy(&ContainerId::try_from(id.as_str())?, &netns)?
-        }
-        Command::Allow { id, rule } => {
-            let (root, audit) = (cli.root.as_deref(), cli.audit_dir.as_deref());
-            change_live(root, audit, &id, ChangeAction::Allow, &rule)?;
-        }
-        Command::Deny { id, rule } => {
-            let (root, audit) = (cli.root.as_deref(), cli.audit_dir.as_deref());
-            change_live(root, audit, &id, ChangeAction::Deny, &rule)?;
-        }
+        } => control::delete(cli, &id, force, exit_pid, exit_status)?,
+        Command::Exec(a) => return exec::exec(cli, a),
+        Command::Ps { format, id, .. } => inspect::ps(cli, &id, &format)?,
+        Command::Update { resources, id } => control::update(cli, &id, &resources)?,
+        Command::Features => inspect::features(),
+        Command::Hook { bundle, argv } => internal::hook(&bundle, &argv)?,
+        Command::Proxy { netns, id } => internal::proxy(cli, &id, &netns)?,
+        Command::Allow { id, rule } => egress::allow(cli, &id, &rule)?,
+        Command::Deny { id, rule } => egress::deny(cli, &id, &rule)?,
         Command::SeccompSupervise {
             errno,
             kernel_audit,
             id,
-        } => rt()?.seccomp_supervise(&ContainerId::try_from(id.as_str())?, errno, kernel_audit)?,
+        } => internal::seccomp_supervise(cli, &id, errno, kernel_audit)?,
         Command::Audit {
             json,
             older_than,
             args,
-        } => {
-            if args.first().is_some_and(|a| a == "prune") && args.len() <= 2 {
-                let runtime = rt()?;
-                let age = crate::audit::parse_age(older_than.as_deref().unwrap_or("0s"))?;
-                let only = match args.get(1) {
-                    Some(id) => Some(ContainerId::try_from(id.as_str())?),
-                    None => None,
-                };
-                let dir = match &only {
-                    Some(id) => crate::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
-                    None => cli
-                        .audit_dir
-                        .clone()
-                        .unwrap_or_else(|| crate::audit::dir(&runtime.dirs)),
-                };
-                let p = crate::audit::prune(&runtime.dirs, &dir, age, only.as_ref())?;
-                for path in &p.removed {
-                    println!("removed {}", path.display());
-                }
-                println!(
-                    "{} removed, {} kept (sandbox live), {} kept (newer than the cut-off)",
-                    p.removed.len(),
-                    p.live.len(),
-                    p.recent.len()
-                );
-                return Ok(Outcome::Exit(0));
-            }
-            if older_than.is_some() {
-                return Err(CliError::OlderThanWithoutPrune);
-            }
-            let (verify, id) = match args.as_slice() {
-                [id] => (false, id),
-                [verb, id] if verb == "verify" => (true, id),
-                _ => return Err(CliError::AuditArgs { args }),
-            };
-            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
-            let (runtime, id) = (Runtime::new(Some(&found.root))?, found.id);
-            let log = crate::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
-            if !log.exists() {
-                return Err(CliError::NoAuditLog {
-                    id: id.to_string(),
-                    path: log,
-                });
-            }
-            if verify {
-                let report = agent_sandbox_audit::verify(&log)?;
-                println!(
-                    "{}: {} records, chain intact (head {})",
-                    log.display(),
-                    report.records,
-                    report.head
-                );
-            } else {
-                print!("{}", crate::audit::show(&log, json)?);
-            }
-        }
+        } => audit::audit(cli, json, older_than.as_deref(), args)?,
         Command::AuditExit {
             process,
             pid,
             status,
             id,
-        } => {
-            let id = ContainerId::try_from(id.as_str())?;
-            let runtime = rt()?;
-            if !runtime.dirs.sandbox(&id).exists() {
-                return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
-            }
-            crate::audit::exited(
-                &runtime.dirs,
-                &id,
-                &crate::audit::ExitReport {
-                    process,
-                    pid,
-                    status: agent_sandbox_audit::ExitStatus::from_folded(status),
-                    reaped_by: None,
-                },
-            )?;
-        }
-        Command::Layers { id } => {
-            let found = crate::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), &id)?;
-            let report = Runtime::new(Some(&found.root))?.layers(&found.id)?;
-            let json = serde_json::to_string_pretty(&report).unwrap_or_default();
-            println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));
-        }
-        Command::Diff { id } => {
-            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
-            for c in source.changes()? {
-                println!("{}", crate::review::diff_line(&c));
-            }
-        }
-        Command::Export { to_dir, to_tar, id } => {
-            let source = crate::review::source(&rt()?, &ContainerId::try_from(id.as_str())?)?;
-            let target = match (to_dir, to_tar) {
-                (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
-                (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
-                (None, None) => return Err(CliError::NoCommand),
-            };
-            let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
-            crate::review::write_export_summary(&mut std::io::stdout().lock(), &s).map_err(
-                |source| CliError::Write {
-                    path: PathBuf::from("-"),
-                    source,
-                },
-            )?;
-        }
+        } => audit::audit_exit(cli, &id, process, pid, status)?,
+        Command::Layers { id } => audit::layers(cli, &id)?,
+        Command::Diff { id } => workspace::diff(cli, &id)?,
+        Command::Export { to_dir, to_tar, id } => workspace::export(cli, &id, to_dir, to_tar)?,
         Command::Promote {
             to,
             dry_run,
             digest,
             id,
-        } => {
-            let id = ContainerId::try_from(id.as_str())?;
-            // Absolute, so the audit record names the directory whatever the caller's cwd.
-            let to = std::path::absolute(&to).unwrap_or(to);
-            let req = crate::promote::Request {
-                id: &id,
-                to: &to,
-                dry_run,
-                digest: digest.as_deref(),
-                policy: cli.policy.as_deref(),
-                audit_dir: cli.audit_dir.as_deref(),
-            };
-            crate::promote::run(&rt()?, &req, &mut std::io::stdout().lock())?;
-        }
-        Command::Changes { action } => {
-            let ceiling = Ceiling::load(cli.policy.as_deref())?;
-            print!("{}", crate::changes::run(action, &ceiling.policy)?);
-        }
-        Command::ExecExit { exec_id, pid, id } => {
-            let runtime = rt()?;
-            crate::exec_exit::run(
-                &runtime.dirs,
-                &ContainerId::try_from(id.as_str())?,
-                &exec_id,
-                pid,
-            )?;
-        }
-        Command::Watchdog { seconds, pid, id } => {
-            rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?
-        }
+        } => workspace::promote(cli, &id, to, dry_run, digest.as_deref())?,
+        Command::Changes { action } => workspace::changes(cli, action)?,
+        Command::ExecExit { exec_id, pid, id } => internal::exec_exit(cli, &id, &exec_id, pid)?,
+        Command::Watchdog { seconds, pid, id } => internal::watchdog(cli, &id, seconds, pid)?,
         Command::Policy {
             action: PolicyAction::Explain { profile },
-        } => {
-            let c = Ceiling::load(Some(&profile))?;
-            print!("{}", agent_sandbox_policy::explain::explain(&c.policy));
-        }
-        Command::Profile { kind, profile } => {
-            let c = Ceiling::load(Some(&profile))?;
-            let name = profile
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| c.origin.clone());
-            let text = agent_sandbox_policy::generated::artifact(&c.policy, &name, &kind).map_err(
-                |source| CliError::Artifact {
-                    profile: c.origin.clone(),
-                    source,
-                },
-            )?;
-            print!("{text}");
-        }
-        Command::Spec { bundle } => {
-            let path = bundle.join("config.json");
-            let spec = libcontainer::oci_spec::runtime::Spec::default();
-            let text = serde_json::to_string_pretty(&spec).unwrap_or_default();
-            std::fs::write(&path, text).map_err(|source| CliError::Write { path, source })?;
-        }
-        Command::Install {
-            target: InstallTarget::Containerd { write, config },
-        } => {
-            if !write {
-                print!(
-                    "{}",
-                    crate::install::stanza(crate::install::version_of(&config)?)
-                );
-            } else if crate::install::write(&config)? {
-                println!(
-                    "merged the agent-sandbox runtime into {}; restart containerd",
-                    config.display()
-                );
-            } else {
-                println!("{} already has the agent-sandbox runtime", config.display());
-            }
-        }
-        Command::Install {
-            target: InstallTarget::Docker(args),
-        } => crate::install_docker::run(&args)?,
-        Command::List { format } => {
-            let runtime = rt()?;
-            let ids = runtime.list();
-            if format == "json" {
-                let states: Vec<serde_json::Value> = ids
-                    .iter()
-                    .filter_map(|i| ContainerId::try_from(i.as_str()).ok())
-                    .filter_map(|i| runtime.state(&i).ok())
-                    .collect();
-                println!("{}", serde_json::Value::Array(states));
-            } else {
-                println!("ID");
-                for i in ids {
-                    println!("{i}");
-                }
-            }
-        }
+        } => policy::explain(&profile)?,
+        Command::Profile { kind, profile } => policy::profile(&kind, &profile)?,
+        Command::Spec { bundle } => inspect::spec(&bundle)?,
+        Command::Install { target } => install::install(target)?,
+        Command::List { format } => inspect::list(cli, &format)?,
     }
     Ok(Outcome::Exit(0))
 }
 
-fn create_opts(a: CreateArgs, systemd_cgroup: bool) -> CreateOpts {
-    CreateOpts {
-        bundle: std::path::absolute(&a.bundle).unwrap_or(a.bundle.clone()),
-        pid_file: a.pid_file,
-        console_socket: a.console_socket,
-        no_pivot: a.no_pivot,
-        preserve_fds: a.preserve_fds,
-        systemd_cgroup,
+impl Cli {
+    /// The runtime on `--root`, with `--audit-dir` for the sandboxes it creates.
+    fn runtime(&self) -> Result<Runtime, LifecycleError> {
+        Runtime::new(self.root.as_deref()).map(|mut r| {
+            r.audit_dir = self.audit_dir.clone();
+            r
+        })
     }
-}
-
-fn parse_user(u: &str) -> Result<(u32, Option<u32>), CliError> {
-    let bad = || CliError::User {
-        value: u.to_owned(),
-    };
-    let (uid, gid) = match u.split_once(':') {
-        Some((a, b)) => (a, Some(b)),
-        None => (u, None),
-    };
-    let uid = uid.parse().map_err(|_| bad())?;
-    let gid = match gid {
-        Some(g) => Some(g.parse().map_err(|_| bad())?),
-        None => None,
-    };
-    Ok((uid, gid))
-}
-
-fn features_json() -> String {
-    serde_json::json!({
-        "ociVersionMin": "1.0.0",
-        "ociVersionMax": "1.0.2",
-        "hooks": ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"],
-        "mountOptions": ["ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", "private", "rprivate"],
-        "linux": {
-            "namespaces": ["user", "mount", "pid", "ipc", "uts", "network", "cgroup"],
-            "capabilities": [],
-            "cgroup": crate::host::cgroups::features(&crate::host::cgroups::RealHost),
-            "seccomp": {"enabled": true, "actions": [], "operators": [], "archs": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"]},
-            "apparmor": {"enabled": crate::apparmor::host() != agent_sandbox_policy::layers::AppArmorHost::Absent},
-            "selinux": {"enabled": false}
-        },
-        "annotations": {
-            "io.agent.sandbox.enforced": "userns,readonly-rootfs,no-caps,no-new-privs,netns,seccomp,landlock,cgroups"
-        }
-    })
-    .to_string()
 }
 
 #[cfg(test)]
@@ -949,12 +634,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--frobnicate"), "{err}");
-    }
-
-    #[test]
-    fn user_spec_is_validated() {
-        assert_eq!(parse_user("1000:100").unwrap(), (1000, Some(100)));
-        assert_eq!(parse_user("7").unwrap(), (7, None));
-        assert!(parse_user("root").is_err());
     }
 }

@@ -1,6 +1,18 @@
-//! Host-side processes the runtime starts beside a sandbox and kills at delete (the egress
-//! proxy, the seccomp supervisor): one way to start them, wait for their ready line, record
-//! their pid, and later kill them only if the pid still names that process.
+//! Host-side processes the runtime starts beside a sandbox: the egress proxy (`egress`, its
+//! live allowlist changes in `allow`, its CA in the sandbox's trust store in `tls_trust`), the
+//! seccomp supervisor (`syscall_audit`, with Landlock's denials from kernel audit in
+//! `fs_audit`) and the watcher of a detached exec's exit (`exec_exit`).
+//!
+//! This module is what the long-lived ones share (the proxy, the supervisor), killed at
+//! delete: one way to start them, wait for their ready line, record their pid, and later kill
+//! them only if the pid still names that process.
+
+pub mod allow;
+pub mod egress;
+pub mod exec_exit;
+pub mod fs_audit;
+pub mod syscall_audit;
+pub mod tls_trust;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;

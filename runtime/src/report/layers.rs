@@ -122,7 +122,7 @@ pub fn reaper_procs(sandbox_dir: &Path) -> Option<PathBuf> {
 #[allow(clippy::too_many_arguments)]
 pub fn record_create(
     sandbox_dir: &Path,
-    ids: &crate::idmap::IdRange,
+    ids: &crate::host::idmap::IdRange,
     spec: &libcontainer::oci_spec::runtime::Spec,
     seccomp_bpf_instructions: Option<usize>,
     policy: &agent_sandbox_policy::SandboxPolicy,
@@ -163,7 +163,7 @@ pub fn record_create(
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("{:?}", policy.network.mode));
-    let proxy = crate::egress::wanted(policy);
+    let proxy = crate::sidecars::egress::wanted(policy);
     Applied {
         userns_host_start: ids.host_start,
         userns_size: ids.size,
@@ -273,12 +273,15 @@ pub fn report(
             "status": st,
         })
     });
-    let supervisor = std::fs::read_to_string(dirs.sandbox(id).join(crate::syscall_audit::PID_FILE))
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok());
+    let supervisor = std::fs::read_to_string(
+        dirs.sandbox(id)
+            .join(crate::sidecars::syscall_audit::PID_FILE),
+    )
+    .ok()
+    .and_then(|s| s.trim().parse::<u32>().ok());
     let fs_denied = fs_denied_report(
         applied.landlock_kernel_abi.is_some(),
-        crate::fs_audit::FsAuditStatus::load(&dirs.sandbox(id)),
+        crate::sidecars::fs_audit::FsAuditStatus::load(&dirs.sandbox(id)),
     );
     let proxy_alive = applied
         .proxy_pid
@@ -350,7 +353,7 @@ fn apparmor_report(applied: &Applied, live_pid: Option<i32>) -> Value {
         (Some(profile), _) => json!({
             "active": true,
             "profile": profile,
-            "init_label": live_pid.and_then(crate::apparmor::label_of),
+            "init_label": live_pid.and_then(crate::host::apparmor::label_of),
         }),
         (None, Some(reason)) => json!({"active": false, "reason": reason}),
         (None, None) => json!({"active": false, "reason": "not applied"}),
@@ -358,7 +361,10 @@ fn apparmor_report(applied: &Applied, live_pid: Option<i32>) -> Value {
 }
 
 /// Whether Landlock's denials reach the audit log as `fs_denied` records, and why not.
-fn fs_denied_report(landlock: bool, status: Option<crate::fs_audit::FsAuditStatus>) -> Value {
+fn fs_denied_report(
+    landlock: bool,
+    status: Option<crate::sidecars::fs_audit::FsAuditStatus>,
+) -> Value {
     match (landlock, status) {
         (false, _) => json!({"active": false, "reason": "the Landlock layer is not applied"}),
         (true, None) => json!({
@@ -379,7 +385,7 @@ mod tests {
 
     #[test]
     fn fs_denied_is_reported_inactive_with_its_reason() {
-        use crate::fs_audit::FsAuditStatus;
+        use crate::sidecars::fs_audit::FsAuditStatus;
         let off = FsAuditStatus {
             active: false,
             reason: Some("kernel audit is disabled".into()),

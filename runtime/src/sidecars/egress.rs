@@ -26,7 +26,7 @@ use agent_sandbox_proxy::{
 };
 use libcontainer::oci_spec::runtime::Process;
 
-use crate::sidecar::{self, READY};
+use crate::sidecars::{self, READY};
 
 /// Name of the proxy's pid file in the sandbox directory.
 pub const PID_FILE: &str = "proxy.pid";
@@ -76,7 +76,7 @@ pub enum EgressError {
     #[error("the secret of {key} is empty or contains control characters")]
     SecretValue { key: String },
     #[error("cannot set up the approvals control socket")]
-    Control(#[source] Box<crate::allow::AllowError>),
+    Control(#[source] Box<crate::sidecars::allow::AllowError>),
     #[error("cannot read the sandbox's CA from {path}", path = path.display())]
     CaFile {
         path: PathBuf,
@@ -155,16 +155,16 @@ pub fn load_interceptor(
         let path = sandbox_dir.join(name);
         std::fs::read_to_string(&path).map_err(|source| EgressError::CaFile { path, source })
     };
-    let key = read(crate::tls_trust::KEY_FILE)?;
-    let cert = read(crate::tls_trust::CERT_FILE)?;
-    let key_path = sandbox_dir.join(crate::tls_trust::KEY_FILE);
+    let key = read(crate::sidecars::tls_trust::KEY_FILE)?;
+    let cert = read(crate::sidecars::tls_trust::CERT_FILE)?;
+    let key_path = sandbox_dir.join(crate::sidecars::tls_trust::KEY_FILE);
     std::fs::remove_file(&key_path).map_err(|source| EgressError::CaFile {
         path: key_path,
         source,
     })?;
     let ca = agent_sandbox_proxy::ca::SandboxCa::load(
         id,
-        &crate::tls_trust::bound_domains(policy),
+        &crate::sidecars::tls_trust::bound_domains(policy),
         &key,
         &cert,
     )
@@ -230,7 +230,7 @@ pub const NETNS_ON_STDIN: &str = "-";
 
 /// A proxy started before the sandbox's init exists ([`prespawn`]): it loads its policy, audit
 /// log, credentials and resolver meanwhile, then waits on stdin for the namespace to bind in.
-pub struct PendingProxy(sidecar::Pending);
+pub struct PendingProxy(sidecars::Pending);
 
 /// Starts the sandbox's proxy before libcontainer creates the init, so that the proxy's start-up
 /// overlaps the create; [`PendingProxy::finish`] gives it the init's network namespace. The pid
@@ -252,7 +252,7 @@ pub fn prespawn(root: &Path, sandbox_dir: &Path, id: &str) -> Result<PendingProx
         NETNS_ON_STDIN.as_ref(),
         id.as_ref(),
     ];
-    sidecar::start(&args, &sandbox_dir.join(PID_FILE), Vec::new())
+    sidecars::start(&args, &sandbox_dir.join(PID_FILE), Vec::new())
         .map(PendingProxy)
         .map_err(spawn_error)
 }
@@ -268,11 +268,11 @@ impl PendingProxy {
     }
 }
 
-fn spawn_error(e: sidecar::SpawnError) -> EgressError {
+fn spawn_error(e: sidecars::SpawnError) -> EgressError {
     match e {
-        sidecar::SpawnError::Spawn(source) => EgressError::Spawn(source),
-        sidecar::SpawnError::Write { path, source } => EgressError::Write { path, source },
-        sidecar::SpawnError::NotReady { reason } => EgressError::NotReady { reason },
+        sidecars::SpawnError::Spawn(source) => EgressError::Spawn(source),
+        sidecars::SpawnError::Write { path, source } => EgressError::Write { path, source },
+        sidecars::SpawnError::NotReady { reason } => EgressError::NotReady { reason },
     }
 }
 
@@ -306,10 +306,10 @@ pub enum Stopped {
 /// a failed create. The pid is only signalled if it still is this sandbox's
 /// proxy (a dead proxy's pid may have been reused by another process).
 pub fn stop(sandbox_dir: &Path, id: &str) -> Stopped {
-    match sidecar::stop(&sandbox_dir.join(PID_FILE), "proxy", id) {
-        sidecar::Stopped::NoPidFile => Stopped::NoProxy,
-        sidecar::Stopped::Killed => Stopped::Killed,
-        sidecar::Stopped::WasDead => {
+    match sidecars::stop(&sandbox_dir.join(PID_FILE), "proxy", id) {
+        sidecars::Stopped::NoPidFile => Stopped::NoProxy,
+        sidecars::Stopped::Killed => Stopped::Killed,
+        sidecars::Stopped::WasDead => {
             tracing::warn!(id, "the egress proxy was not running");
             Stopped::WasDead
         }
@@ -535,7 +535,8 @@ enum Written {
 /// the sandbox's state directory, which the sandbox never sees).
 fn bind_control(pid_file: &Path) -> Result<std::os::unix::net::UnixListener, EgressError> {
     let dir = pid_file.parent().unwrap_or(Path::new("."));
-    let listener = crate::allow::bind(dir).map_err(|e| EgressError::Control(Box::new(e)))?;
+    let listener =
+        crate::sidecars::allow::bind(dir).map_err(|e| EgressError::Control(Box::new(e)))?;
     listener
         .set_nonblocking(true)
         .map_err(EgressError::Runtime)?;

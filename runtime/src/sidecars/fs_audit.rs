@@ -1,7 +1,7 @@
 //! `fs_denied` records: the kernel side of reading Landlock's denials.
 //!
 //! Landlock reports a refused access only to the kernel audit subsystem. The sandbox's
-//! seccomp supervisor (one host process per sandbox, [`crate::syscall_audit`]) subscribes
+//! seccomp supervisor (one host process per sandbox, [`crate::sidecars::syscall_audit`]) subscribes
 //! to the audit log's read-only multicast group (`AUDIT_NLGRP_READLOG`, which needs
 //! CAP_AUDIT_READ in the initial user namespace and works beside auditd or without it),
 //! keeps the records of its own sandbox's Landlock domains

@@ -90,11 +90,11 @@ pub fn rules(sandbox_dir: &Path, req: &Request<'_>) -> Result<Rules, PromoteCmdE
 
 /// Runs the command, printing the plan to `out`.
 pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
-    let source = crate::review::source(rt, req.id)?;
+    let source = crate::report::review::source(rt, req.id)?;
     let changes = source.changes()?;
     let rules = rules(&source.dirs.sandbox(&source.container), req)?;
     // The key may be a short id, a name or a change id: the log is the container's own.
-    let log = crate::audit::locate(&source.dirs, &source.container, req.audit_dir)?;
+    let log = crate::report::audit::locate(&source.dirs, &source.container, req.audit_dir)?;
     if !req.dry_run && !log.exists() {
         return Err(PromoteCmdError::NoAuditLog {
             id: source.container.to_string(),
@@ -199,7 +199,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
 /// Drops change set `change` after a complete promotion, unless its sandbox still runs.
 /// A set that cannot be removed stays listed (`agent-sandbox changes`) and is said so.
 fn forget_promoted(change: &str, out: &mut impl Write) -> std::io::Result<()> {
-    use crate::changes::{ChangesError, Store, discard};
+    use crate::report::changes::{ChangesError, Store, discard};
     match Store::locate().and_then(|store| discard(&store, change)) {
         Ok(_) => writeln!(out, "change set {change} promoted and discarded"),
         Err(ChangesError::Live { .. }) => Ok(()),

@@ -1,6 +1,6 @@
 //! The runtime's side of the audit trail: where each sandbox's log lives, and
 //! the records the runtime writes itself (create, exec, exit, files_changed,
-//! delete). The proxy writes `net` records to the same log (see [`crate::egress`]).
+//! delete). The proxy writes `net` records to the same log (see [`crate::sidecars::egress`]).
 //!
 //! Logs live in `<state root>/audit/<id>.jsonl` unless `--audit-dir` /
 //! `AGENT_SANDBOX_AUDIT_DIR` names another directory at create; the directory
@@ -16,7 +16,7 @@
 //! keeps their statuses, so for podman the runtime writes the init's `exit` at
 //! `delete` with status `unknown`, `reaped_by: "caller"`, and the OOM flag from
 //! the sandbox's memory cgroup, which it can read; a detached exec's exit comes from
-//! the watcher of [`crate::exec_exit`], which reads it through a pidfd.
+//! the watcher of [`crate::sidecars::exec_exit`], which reads it through a pidfd.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -502,7 +502,7 @@ pub fn deleted(
     dirs: &StateDirs,
     id: &ContainerId,
     workspace: Option<&WorkspaceOverlay>,
-    proxy: crate::egress::Stopped,
+    proxy: crate::sidecars::egress::Stopped,
 ) -> Result<(), AuditError> {
     let log_path = path(dirs, id)?;
     if !log_path.exists() {
@@ -510,7 +510,7 @@ pub fn deleted(
         return Ok(());
     }
     let mut events = Vec::new();
-    if proxy == crate::egress::Stopped::WasDead {
+    if proxy == crate::sidecars::egress::Stopped::WasDead {
         events.push(Event::LayerInactive {
             layer: "egress-proxy".to_owned(),
             reason: "the proxy had died before delete; the sandbox had no network from then on"
@@ -667,7 +667,7 @@ pub fn prune(
             source,
         })?;
         let _ = std::fs::remove_file(dir.join(LIVE_DIR).join(&id));
-        crate::find::forget(dir, &id);
+        crate::report::find::forget(dir, &id);
         tracing::info!(path = %path.display(), "audit log pruned");
         out.removed.push(path);
     }

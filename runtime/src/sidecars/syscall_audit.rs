@@ -30,8 +30,8 @@ use agent_sandbox_policy::seccomp::Arch;
 use agent_sandbox_sys::seccomp_notify::{self, Handover, Instruction};
 use seccompiler::BpfProgram;
 
-use crate::fs_audit::{FsAuditStatus, KernelAudit};
-use crate::sidecar::{self, READY};
+use crate::sidecars::fs_audit::{FsAuditStatus, KernelAudit};
+use crate::sidecars::{self, READY};
 
 /// The supervisor's socket in the sandbox dir.
 pub const SOCKET: &str = "seccomp.sock";
@@ -72,7 +72,7 @@ pub enum SyscallAuditError {
     #[error("BPF instruction {index} does not fit the kernel's format")]
     Program { index: usize },
     #[error("fs_denied reporting")]
-    FsAudit(#[source] crate::fs_audit::FsAuditError),
+    FsAudit(#[source] crate::sidecars::fs_audit::FsAuditError),
 }
 
 /// `BPF_RET | BPF_K` (`<linux/bpf_common.h>`: 0x06 | 0x00).
@@ -163,13 +163,13 @@ const LISTENER_FD: i32 = agent_sandbox_sys::inherit::FIRST_FD;
 const KERNEL_AUDIT_FD: i32 = LISTENER_FD + 1;
 
 /// A supervisor started by [`start`] whose ready line has not been read yet.
-pub struct Starting(sidecar::Pending);
+pub struct Starting(sidecars::Pending);
 
-fn spawn_error(e: sidecar::SpawnError) -> SyscallAuditError {
+fn spawn_error(e: sidecars::SpawnError) -> SyscallAuditError {
     match e {
-        sidecar::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
-        sidecar::SpawnError::Write { path, source } => SyscallAuditError::Write { path, source },
-        sidecar::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
+        sidecars::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
+        sidecars::SpawnError::Write { path, source } => SyscallAuditError::Write { path, source },
+        sidecars::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
     }
 }
 
@@ -234,9 +234,9 @@ pub fn start(
         args.push("--kernel-audit".as_ref());
         fds.push(k.into_fd());
     }
-    // The id stays last: `sidecar::stop` recognises its process by it.
+    // The id stays last: `sidecars::stop` recognises its process by it.
     args.push(id.as_ref());
-    sidecar::start(&args, &sandbox_dir.join(PID_FILE), fds)
+    sidecars::start(&args, &sandbox_dir.join(PID_FILE), fds)
         .map(Starting)
         .map_err(spawn_error)
 }
@@ -250,7 +250,7 @@ impl Starting {
 
 /// Kills the supervisor (at delete), if it still is this sandbox's.
 pub fn stop(sandbox_dir: &Path, id: &str) {
-    sidecar::stop(&sandbox_dir.join(PID_FILE), "seccomp-supervise", id);
+    sidecars::stop(&sandbox_dir.join(PID_FILE), "seccomp-supervise", id);
 }
 
 /// The socket's path through a descriptor of the sandbox dir (`/proc/self/fd/N/seccomp.sock`):

@@ -89,7 +89,7 @@ impl Entry {
             Form::RuntimeType => {
                 m.insert(
                     "runtimeType".to_owned(),
-                    json!(crate::install::RUNTIME_TYPE),
+                    json!(crate::install::containerd::RUNTIME_TYPE),
                 );
             }
         }
@@ -194,7 +194,7 @@ pub fn write(path: &Path, entry: &Entry) -> Result<bool, DockerInstallError> {
     if !merged.changed {
         return Ok(false);
     }
-    crate::install::replace_atomically(path, &merged.text).map_err(|source| {
+    crate::install::containerd::replace_atomically(path, &merged.text).map_err(|source| {
         DockerInstallError::Write {
             path: path.to_owned(),
             source,

@@ -5,7 +5,7 @@
 //! Each entry point gives the runtime its own state root: podman none (the default root),
 //! the shim `/run/containerd/agent-sandbox/NAMESPACE`, dockerd
 //! `EXEC_ROOT/runtime-runc/NAMESPACE`. Without `--root` every such root on this host is
-//! searched, plus the roots the change store records (`crate::changes`). In each root a
+//! searched, plus the roots the change store records (`crate::report::changes`). In each root a
 //! sandbox is live (`sandbox/ID`) or ended with its log kept (`audit/ID.jsonl`). Names are
 //! kept next to the logs (`audit/.names/ID`, written at create) so they outlive the sandbox.
 
@@ -54,9 +54,9 @@ pub fn remember(
     annotations: Option<&std::collections::HashMap<String, String>>,
 ) {
     let empty = std::collections::HashMap::new();
-    let (_, name) = crate::changes::origin(annotations.unwrap_or(&empty), &dirs.root);
+    let (_, name) = crate::report::changes::origin(annotations.unwrap_or(&empty), &dirs.root);
     let Some(name) = name else { return };
-    let dir = crate::audit::dir_of(dirs, id, None).join(NAMES_DIR);
+    let dir = crate::report::audit::dir_of(dirs, id, None).join(NAMES_DIR);
     use std::os::unix::fs::DirBuilderExt;
     let made = std::fs::DirBuilder::new()
         .recursive(true)
@@ -93,7 +93,7 @@ pub fn roots() -> Result<Vec<PathBuf>, FindError> {
             }
         }
     }
-    if let Ok(store) = crate::changes::Store::locate() {
+    if let Ok(store) = crate::report::changes::Store::locate() {
         out.extend(store.entries().into_iter().map(|e| e.record.root));
     }
     let mut seen = std::collections::HashSet::new();
@@ -118,7 +118,7 @@ fn known_in(root: &Path) -> Vec<Known> {
     if let Ok(rd) = std::fs::read_dir(root.join("sandbox")) {
         ids.extend(rd.filter_map(|e| e.ok()?.file_name().into_string().ok()));
     }
-    if let Ok(rd) = std::fs::read_dir(crate::audit::dir(&dirs)) {
+    if let Ok(rd) = std::fs::read_dir(crate::report::audit::dir(&dirs)) {
         ids.extend(rd.filter_map(|e| {
             let n = e.ok()?.file_name().into_string().ok()?;
             n.strip_suffix(".jsonl").map(str::to_owned)
@@ -127,7 +127,7 @@ fn known_in(root: &Path) -> Vec<Known> {
     ids.into_iter()
         .filter_map(|id| {
             let cid = ContainerId::try_from(id.as_str()).ok()?;
-            let names = crate::audit::dir_of(&dirs, &cid, None).join(NAMES_DIR);
+            let names = crate::report::audit::dir_of(&dirs, &cid, None).join(NAMES_DIR);
             let name = std::fs::read_to_string(names.join(&id)).ok();
             Some(Known {
                 root: root.to_owned(),
@@ -143,7 +143,7 @@ fn known_in(root: &Path) -> Vec<Known> {
 fn find_in(roots: &[PathBuf], extra: Vec<Known>, key: &str) -> Result<Found, FindError> {
     let mut known: Vec<Known> = roots.iter().flat_map(|r| known_in(r)).collect();
     known.extend(extra);
-    if let Ok(store) = crate::changes::Store::locate() {
+    if let Ok(store) = crate::report::changes::Store::locate() {
         for e in store.entries() {
             let Some(name) = e.record.name else { continue };
             for k in known.iter_mut().filter(|k| {

@@ -25,8 +25,8 @@ use std::collections::BTreeMap;
 use std::path::{Component, PathBuf};
 
 /// The `cgroup.procs` files of `dirs` (this process's cgroups by controller, from
-/// [`crate::layers::cgroups_of`]). A path that climbs ("/../..": a cgroup outside this cgroup
-/// namespace's root) names no directory of ours and is left out.
+/// [`crate::report::layers::cgroups_of`]). A path that climbs ("/../..": a cgroup outside
+/// this cgroup namespace's root) names no directory of ours and is left out.
 fn procs_files(dirs: &BTreeMap<String, PathBuf>) -> impl Iterator<Item = PathBuf> + '_ {
     dirs.values()
         .filter(|d| !d.components().any(|c| c == Component::ParentDir))
@@ -35,7 +35,7 @@ fn procs_files(dirs: &BTreeMap<String, PathBuf>) -> impl Iterator<Item = PathBuf
 
 /// Starts the no-op migration in a child process and returns at once.
 pub fn start() {
-    let dirs = crate::layers::cgroups_of(nix::unistd::getpid().as_raw());
+    let dirs = crate::report::layers::cgroups_of(nix::unistd::getpid().as_raw());
     // Opening does not take the lock; only the write does. Only the first file that opens is
     // written: the lock is global, one write starts the grace period for every hierarchy.
     let Some(file) =

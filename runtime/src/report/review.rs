@@ -10,10 +10,10 @@ use agent_sandbox_audit::{Change, ExportSummary};
 
 use std::sync::Arc;
 
-use crate::changes::ReviewMount;
 use crate::id::ContainerId;
 use crate::lifecycle::{LifecycleError, Runtime};
 use crate::paths::StateDirs;
+use crate::report::changes::ReviewMount;
 
 /// Where a sandbox's workspace changes are read from.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct ChangeSource {
     pub container: ContainerId,
     /// The state root that container ran under (its audit log and saved policy are there).
     pub dirs: StateDirs,
-    /// The kept change set (`crate::changes`) holding `upper`, if the sandbox had one.
+    /// The kept change set (`crate::report::changes`) holding `upper`, if the sandbox had one.
     pub change: Option<String>,
     /// Keeps an ended change set's image mounted while `upper` is read.
     _held: Option<Arc<ReviewMount>>,
@@ -48,7 +48,7 @@ pub fn source(rt: &Runtime, id: &ContainerId) -> Result<ChangeSource, LifecycleE
     let record = ws
         .change_dir
         .as_deref()
-        .and_then(|dir| crate::changes::Entry::load(dir).ok())
+        .and_then(|dir| crate::report::changes::Entry::load(dir).ok())
         .map(|e| e.record);
     let (container, dirs) = match record {
         Some(r) => (

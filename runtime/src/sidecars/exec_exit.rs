@@ -9,7 +9,7 @@
 //! (`agent_sandbox_sys::pidfd_exit`, Linux 6.15+) and appends the `exit` record under the
 //! exec's id. On an older kernel no watcher starts and no record is written
 //! (docs/audit.md). Our own shim reports every exit itself (`audit-exit`), so no watcher
-//! starts under it; if both reported, [`crate::audit::exited`] keeps the first.
+//! starts under it; if both reported, [`crate::report::audit::exited`] keeps the first.
 
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -125,10 +125,10 @@ pub fn run(
         tracing::warn!(id = %id, pid, "the exec ended but its status never became known");
         return Ok(());
     };
-    crate::audit::exited(
+    crate::report::audit::exited(
         dirs,
         id,
-        &crate::audit::ExitReport {
+        &crate::report::audit::ExitReport {
             process: exec_id.to_owned(),
             pid: Some(pid),
             status: status_of(wait),

@@ -1,0 +1,111 @@
+//! `audit` (show, verify, prune), the shim's `audit-exit`, and `layers`: what a sandbox did
+//! and which protections it has (`crate::report`).
+
+use crate::id::ContainerId;
+use crate::lifecycle::Runtime;
+
+use super::{Cli, CliError};
+
+/// `audit ID [--json]`, `audit verify ID`, `audit prune [--older-than DUR] [ID]`.
+pub(super) fn audit(
+    cli: &Cli,
+    json: bool,
+    older_than: Option<&str>,
+    args: Vec<String>,
+) -> Result<(), CliError> {
+    if args.first().is_some_and(|a| a == "prune") && args.len() <= 2 {
+        return prune(cli, older_than, &args);
+    }
+    if older_than.is_some() {
+        return Err(CliError::OlderThanWithoutPrune);
+    }
+    let (verify, id) = match args.as_slice() {
+        [id] => (false, id),
+        [verb, id] if verb == "verify" => (true, id),
+        _ => return Err(CliError::AuditArgs { args }),
+    };
+    let found = crate::report::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
+    let (runtime, id) = (Runtime::new(Some(&found.root))?, found.id);
+    let log = crate::report::audit::locate(&runtime.dirs, &id, cli.audit_dir.as_deref())?;
+    if !log.exists() {
+        return Err(CliError::NoAuditLog {
+            id: id.to_string(),
+            path: log,
+        });
+    }
+    if verify {
+        let report = agent_sandbox_audit::verify(&log)?;
+        println!(
+            "{}: {} records, chain intact (head {})",
+            log.display(),
+            report.records,
+            report.head
+        );
+    } else {
+        print!("{}", crate::report::audit::show(&log, json)?);
+    }
+    Ok(())
+}
+
+/// `audit prune [--older-than DUR] [ID]`: `args` is `["prune"]` or `["prune", ID]`.
+fn prune(cli: &Cli, older_than: Option<&str>, args: &[String]) -> Result<(), CliError> {
+    let runtime = cli.runtime()?;
+    let age = crate::report::audit::parse_age(older_than.unwrap_or("0s"))?;
+    let only = match args.get(1) {
+        Some(id) => Some(ContainerId::try_from(id.as_str())?),
+        None => None,
+    };
+    let dir = match &only {
+        Some(id) => crate::report::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
+        None => cli
+            .audit_dir
+            .clone()
+            .unwrap_or_else(|| crate::report::audit::dir(&runtime.dirs)),
+    };
+    let p = crate::report::audit::prune(&runtime.dirs, &dir, age, only.as_ref())?;
+    for path in &p.removed {
+        println!("removed {}", path.display());
+    }
+    println!(
+        "{} removed, {} kept (sandbox live), {} kept (newer than the cut-off)",
+        p.removed.len(),
+        p.live.len(),
+        p.recent.len()
+    );
+    Ok(())
+}
+
+/// `audit-exit`: the shim reports a reaped process of the sandbox (an `exit` record).
+pub(super) fn audit_exit(
+    cli: &Cli,
+    id: &str,
+    process: String,
+    pid: Option<i32>,
+    status: i32,
+) -> Result<(), CliError> {
+    let id = ContainerId::try_from(id)?;
+    let runtime = cli.runtime()?;
+    if !runtime.dirs.sandbox(&id).exists() {
+        return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
+    }
+    crate::report::audit::exited(
+        &runtime.dirs,
+        &id,
+        &crate::report::audit::ExitReport {
+            process,
+            pid,
+            status: agent_sandbox_audit::ExitStatus::from_folded(status),
+            reaped_by: None,
+        },
+    )?;
+    Ok(())
+}
+
+/// `layers ID`: the protections in force, as JSON.
+pub(super) fn layers(cli: &Cli, id: &str) -> Result<(), CliError> {
+    let found = crate::report::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), id)?;
+    let report = Runtime::new(Some(&found.root))?.layers(&found.id)?;
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    println!("{}", agent_sandbox_audit::escape::json_for_terminal(&json));
+    Ok(())
+}

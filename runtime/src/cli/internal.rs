@@ -1,0 +1,52 @@
+//! The hidden commands: what the runtime starts as helper processes beside a sandbox
+//! (`proxy`, `seccomp-supervise`, `watchdog`, `exec-exit`) and the wrapper of OCI hooks
+//! (`hook`). People do not run these; their flags may change with the runtime.
+
+use std::path::Path;
+
+use crate::id::ContainerId;
+
+use super::{Cli, CliError};
+
+/// `proxy --netns NS ID`: the sandbox's egress proxy.
+pub(super) fn proxy(cli: &Cli, id: &str, netns: &Path) -> Result<(), CliError> {
+    cli.runtime()?.proxy(&ContainerId::try_from(id)?, netns)?;
+    Ok(())
+}
+
+/// `seccomp-supervise --errno E [--kernel-audit] ID`: the sandbox's seccomp supervisor.
+pub(super) fn seccomp_supervise(
+    cli: &Cli,
+    id: &str,
+    errno: i32,
+    kernel_audit: bool,
+) -> Result<(), CliError> {
+    cli.runtime()?
+        .seccomp_supervise(&ContainerId::try_from(id)?, errno, kernel_audit)?;
+    Ok(())
+}
+
+/// `watchdog --seconds S [--pid P] ID`: the wall-clock limit.
+pub(super) fn watchdog(
+    cli: &Cli,
+    id: &str,
+    seconds: u64,
+    pid: Option<i32>,
+) -> Result<(), CliError> {
+    cli.runtime()?
+        .watchdog(&ContainerId::try_from(id)?, seconds, pid)?;
+    Ok(())
+}
+
+/// `exec-exit --exec-id E --pid P ID`: the `exit` record of a detached exec.
+pub(super) fn exec_exit(cli: &Cli, id: &str, exec_id: &str, pid: i32) -> Result<(), CliError> {
+    let runtime = cli.runtime()?;
+    crate::sidecars::exec_exit::run(&runtime.dirs, &ContainerId::try_from(id)?, exec_id, pid)?;
+    Ok(())
+}
+
+/// `hook --bundle B -- PATH ARGS...`: runs an OCI hook with the caller's bundle in its state.
+pub(super) fn hook(bundle: &Path, argv: &[String]) -> Result<(), CliError> {
+    crate::hooks::relay(bundle, argv)?;
+    Ok(())
+}

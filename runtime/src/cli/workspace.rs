@@ -1,0 +1,74 @@
+//! The workspace change commands: `diff`, `export`, `promote` and `changes`
+//! (`crate::report::review`, `crate::report::promote`, `crate::report::changes`).
+
+use std::path::PathBuf;
+
+use crate::id::ContainerId;
+use crate::sandbox::Ceiling;
+
+use super::{Cli, CliError};
+
+/// `diff ID`: one line per change in the workspace overlay.
+pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
+    let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
+    for c in source.changes()? {
+        println!("{}", crate::report::review::diff_line(&c));
+    }
+    Ok(())
+}
+
+/// `export ID --to-dir DIR | --to-tar FILE`.
+pub(super) fn export(
+    cli: &Cli,
+    id: &str,
+    to_dir: Option<PathBuf>,
+    to_tar: Option<PathBuf>,
+) -> Result<(), CliError> {
+    let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
+    let target = match (to_dir, to_tar) {
+        (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
+        (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
+        (None, None) => return Err(CliError::NoCommand),
+    };
+    let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
+    crate::report::review::write_export_summary(&mut std::io::stdout().lock(), &s).map_err(
+        |source| CliError::Write {
+            path: PathBuf::from("-"),
+            source,
+        },
+    )?;
+    Ok(())
+}
+
+/// `promote ID --to DIR [--dry-run] [--digest D]`.
+pub(super) fn promote(
+    cli: &Cli,
+    id: &str,
+    to: PathBuf,
+    dry_run: bool,
+    digest: Option<&str>,
+) -> Result<(), CliError> {
+    let id = ContainerId::try_from(id)?;
+    // Absolute, so the audit record names the directory whatever the caller's cwd.
+    let to = std::path::absolute(&to).unwrap_or(to);
+    let req = crate::report::promote::Request {
+        id: &id,
+        to: &to,
+        dry_run,
+        digest,
+        policy: cli.policy.as_deref(),
+        audit_dir: cli.audit_dir.as_deref(),
+    };
+    crate::report::promote::run(&cli.runtime()?, &req, &mut std::io::stdout().lock())?;
+    Ok(())
+}
+
+/// `changes [list | discard ID | prune]`: the kept change sets.
+pub(super) fn changes(
+    cli: &Cli,
+    action: Option<crate::report::changes::Action>,
+) -> Result<(), CliError> {
+    let ceiling = Ceiling::load(cli.policy.as_deref())?;
+    print!("{}", crate::report::changes::run(action, &ceiling.policy)?);
+    Ok(())
+}
