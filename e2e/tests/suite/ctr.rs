@@ -158,10 +158,8 @@ fn ctr_rootfs_is_read_only() -> anyhow::Result<()> {
     sandbox_blocks_what_runc_allows(&[], &["write_rootfs"])
 }
 
-#[test]
-fn ctr_host_network_request_still_gets_only_lo() -> anyhow::Result<()> {
-    sandbox_blocks_what_runc_allows(&["--net-host"], &["net_ifaces"])
-}
+// `--net-host` is refused naming the key (and granted by runc): widening.rs,
+// `ctr_default_runs_widening_flags_are_refused_and_memory_is_clamped`.
 
 #[test]
 fn ctr_exec_is_sandboxed_like_the_init_process() -> anyhow::Result<()> {
