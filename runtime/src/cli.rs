@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use agent_sandbox_proxy::approval::ChangeAction;
 use clap::{Args, Parser, Subcommand};
 
-use crate::id::ContainerId;
 use crate::lifecycle::{CreateOpts, ExecOpts, Runtime};
 use crate::logging::LogFormat;
 use crate::sandbox::Ceiling;
+use crate::state::ContainerId;
 
 /// agent-sandbox: an OCI runtime that runs every container as an AI-agent sandbox.
 #[derive(Debug, Parser)]
@@ -341,7 +341,7 @@ pub struct ExecArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
-    Id(#[from] crate::id::IdError),
+    Id(#[from] crate::state::IdError),
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
     #[error(transparent)]

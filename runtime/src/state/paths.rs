@@ -1,34 +1,4 @@
-//! Where the runtime keeps its state, derived the same way on every call.
-//!
-//! Layout under the state root `R`:
-//! - `R/containers/<id>/`: libcontainer's state (`state.json`, its notify socket).
-//! - `R/sandbox/<id>/`: ours, one directory per sandbox; each file and the module that
-//!   writes it:
-//!   - `sandbox.json`: the sandbox record (policy, ids, mounts to undo) — `lifecycle`
-//!   - `bundle/config.json`: the hardened spec libcontainer runs — `lifecycle`
-//!   - `workspace.json`: the workspace overlay's placement — `lifecycle`
-//!   - `requested-seccomp.json`: the seccomp profile the caller asked for — `lifecycle`
-//!   - `watchdog.pid`: the wall-clock watchdog — `lifecycle`
-//!   - `started`: uptime when the init executed the program — `lifecycle` (`init_exec`)
-//!   - `cgroup.json`: a v2 sandbox's cgroup or scope placement — `host::cgroups`
-//!   - `layers.json`: what was applied, for `layers` — `layers`
-//!   - `pod.json`: the pod role and pins (CRI only) — `pod`
-//!   - `poststop.json`: the poststop hooks to run at delete — `hooks`
-//!   - `apparmor-profile`: the name of the loaded profile — `apparmor`
-//!   - `proxy.pid`, `proxy.log`: the egress proxy sidecar — `egress`
-//!   - `seccomp-supervisor.pid`, `seccomp.sock`: the syscall audit supervisor —
-//!     `syscall_audit`
-//!   - `fs-audit.json`: whether Landlock denials are logged — `fs_audit`
-//!   - `audit-dir`, `audit-state.json`, `audit-exec/<pid>`, `wall-clock-fired`: the audit
-//!     log's place and what exit records need — `audit`
-//! - `R/locks/<id>.lock`: serialises the lifecycle calls on one id — `state_lock`.
-//! - `R/idmap.json` + `R/idmap.lock`: host id ranges handed to sandboxes — `idmap`.
-//!
-//! Mount points live outside `R`, under [`crate::sandbox::mount_dir`]
-//! (`/run/agent-sandbox/mnt/<tag>/<id>`, or `/tmp/agent-sandbox-<uid>/<tag>/<id>` rootless):
-//! the reachable `rootfs`, the `workspace` overlay's `upper`/`work` (in the change set's
-//! directory when changes are kept, `changes`) and its `workspace-merged` view, and
-//! `binds/<n>` for re-bound sources (`mounts`).
+//! The state root `R` and its fixed directories (the layout is in [`crate::state`]).
 //!
 //! `R` is `--root` if given; otherwise `/run/agent-sandbox` for the real root
 //! user and `$XDG_RUNTIME_DIR/agent-sandbox` when unprivileged or inside a user
@@ -37,7 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::id::ContainerId;
+use super::id::ContainerId;
+use super::sandbox_dir::SandboxDir;
 
 /// Why the state root could not be determined or prepared.
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +85,19 @@ impl StateDirs {
         self.containers().join(id.as_str())
     }
 
-    pub fn sandbox(&self, id: &ContainerId) -> PathBuf {
-        self.root.join("sandbox").join(id.as_str())
+    /// `R/sandbox/`: one [`SandboxDir`] per sandbox.
+    pub fn sandboxes(&self) -> PathBuf {
+        self.root.join(SandboxDir::PARENT)
+    }
+
+    /// `R/sandbox/<id>/`, with every file in it.
+    pub fn sandbox(&self, id: &ContainerId) -> SandboxDir {
+        SandboxDir::new(&self.root, id)
+    }
+
+    /// `R/audit/`: where the audit logs go unless the sandbox was given another directory.
+    pub fn audit(&self) -> PathBuf {
+        self.root.join("audit")
     }
 
     pub fn idmap_db(&self) -> PathBuf {
@@ -128,11 +110,7 @@ impl StateDirs {
 
     /// Creates the root and its fixed subdirectories.
     pub fn ensure(&self) -> Result<(), PathsError> {
-        for dir in [
-            self.root.clone(),
-            self.containers(),
-            self.root.join("sandbox"),
-        ] {
+        for dir in [self.root.clone(), self.containers(), self.sandboxes()] {
             std::fs::create_dir_all(&dir).map_err(|source| PathsError::Create {
                 path: dir.clone(),
                 source,
@@ -145,8 +123,15 @@ impl StateDirs {
 /// Replaces `path` with `bytes` atomically: the bytes go to a temporary file in the same
 /// directory, are synced, and the file is renamed over `path`. A concurrent reader opens
 /// either the old file or the new one, never a part; a crash leaves one of the two.
+/// The file gets mode 0600.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+/// [`write_atomic`] with the file created with `mode` (less the umask, as `open(2)` does).
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -158,6 +143,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(mode))
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
