@@ -290,19 +290,6 @@ impl crate::pod::PodStates for Runtime {
     }
 }
 
-/// Writes `value` as JSON to `path` atomically: a reader sees the old file or the new one,
-/// never a part (see [`paths::write_atomic`]).
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_vec_pretty(value).map_err(|source| LifecycleError::Parse {
-        path: path.to_owned(),
-        source,
-    })?;
-    paths::write_atomic(path, &text).map_err(|source| LifecycleError::Write {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
     let text = std::fs::read(path).map_err(|source| LifecycleError::Read {
         path: path.to_owned(),
@@ -1336,8 +1323,9 @@ impl Runtime {
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
         self.notify_denials(id, &mut executor, &policy, false)?;
-        let clamped = dir.exec_process(std::process::id());
-        write_json(&clamped, &process)?;
+        let clamped_file = dir.exec_process(std::process::id());
+        clamped_file.write(&process)?;
+        let clamped = clamped_file.path().to_owned();
         let tenant = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())

@@ -586,6 +586,86 @@ mod tests {
         ));
     }
 
+    /// The runtime as the pod model sees it: a state root and a pod sandbox's status.
+    struct FakeStates {
+        dirs: StateDirs,
+        status: std::result::Result<Option<ContainerStatus>, &'static str>,
+    }
+
+    impl PodStates for FakeStates {
+        fn dirs(&self) -> &StateDirs {
+            &self.dirs
+        }
+
+        fn status(
+            &self,
+            _pod: &ContainerId,
+        ) -> std::result::Result<Option<ContainerStatus>, Box<dyn std::error::Error + Send + Sync>>
+        {
+            self.status.map_err(Into::into)
+        }
+    }
+
+    #[test]
+    fn a_member_joins_only_a_live_pod_sandbox() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = StateDirs::new(root.path().to_owned());
+        let (me, pod) = (id("c1"), id("p1"));
+        let join = |status| {
+            let states = FakeStates {
+                dirs: dirs.clone(),
+                status,
+            };
+            Member::join(&states, &me, &pod).unwrap_err()
+        };
+        if crate::state::paths::rootless().unwrap_or(true) {
+            // A rootless runtime has no id blocks to share: refused before anything is read.
+            assert!(matches!(join(Ok(None)), PodError::Rootless));
+            return;
+        }
+        assert!(matches!(join(Ok(None)), PodError::NoSandbox { .. }));
+        let load = join(Err("state.json is cut short"));
+        assert!(
+            matches!(&load, PodError::Load { pod, source } if pod == "p1" && source.to_string() == "state.json is cut short"),
+            "{load:?}"
+        );
+        // A container that was not created as a pod sandbox has no pod record, or a
+        // member's.
+        let pod_dir = dirs.sandbox(&pod);
+        std::fs::create_dir_all(pod_dir.path()).unwrap();
+        let running = || Ok(Some(ContainerStatus::Running));
+        assert!(matches!(join(running()), PodError::NotASandbox { .. }));
+        write_record(
+            &pod_dir,
+            &PodRecord::Member {
+                pod: "other".into(),
+            },
+        )
+        .unwrap();
+        assert!(matches!(join(running()), PodError::NotASandbox { .. }));
+        let ns = pins(&root.path().join("mnt"));
+        write_record(
+            &pod_dir,
+            &PodRecord::Sandbox {
+                user: ns.user.clone(),
+                network: ns.network.clone(),
+                ipc: ns.ipc.clone(),
+                uts: ns.uts.clone(),
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            join(Ok(Some(ContainerStatus::Stopped))),
+            PodError::Stopped { .. }
+        ));
+        // The pins are gone (the pod's mounts were cleaned up): named, not followed.
+        assert!(matches!(join(running()), PodError::PinMissing { path } if path == ns.user),);
+        // A malformed pod record names the file.
+        std::fs::write(pod_dir.pod().path(), "{").unwrap();
+        let bad = join(running());
+        assert!(bad.to_string().contains("pod.json"), "{bad}");
+    }
+
     #[test]
     fn member_network_must_match_the_pod() {
         let member = member_for(pins(Path::new("/x")));

@@ -201,8 +201,8 @@ impl SandboxDir {
 
     /// `exec-<pid>.json`: the clamped process of an exec in flight, run by the runtime with
     /// `pid` and removed when its exec is built — `lifecycle`.
-    pub fn exec_process(&self, pid: u32) -> PathBuf {
-        self.file(&format!("exec-{pid}.json"))
+    pub fn exec_process(&self, pid: u32) -> JsonFile {
+        self.json(&format!("exec-{pid}.json"), Layout::Pretty, PRIVATE)
     }
 
     /// `watchdog.pid`: the wall-clock watchdog's pid — `lifecycle`.
@@ -352,7 +352,7 @@ mod tests {
                 d.requested_seccomp().path().to_owned(),
                 "requested-seccomp.json",
             ),
-            (d.exec_process(7), "exec-7.json"),
+            (d.exec_process(7).path().to_owned(), "exec-7.json"),
             (d.watchdog_pid(), "watchdog.pid"),
             (d.started(), "started"),
             (d.cgroup().path().to_owned(), "cgroup.json"),
