@@ -19,11 +19,10 @@ use std::time::{Duration, Instant};
 
 use libcontainer::oci_spec::runtime::{Hook, Spec};
 
+use crate::state::SandboxDir;
+
 /// The runtime spec version that `state` and every hook's state report.
 pub const OCI_VERSION: &str = "1.0.2";
-
-/// The `poststop` hooks a sandbox keeps for `delete`, in its sandbox dir.
-const POSTSTOP_FILE: &str = "poststop.json";
 
 /// Why a hook failed or its state could not be handed over.
 #[derive(Debug, thiserror::Error)]
@@ -46,13 +45,8 @@ pub enum HookError {
     State(#[source] serde_json::Error),
     #[error("cannot read the hook state on stdin")]
     Stdin(#[source] std::io::Error),
-    #[error("cannot {what} {path}")]
-    File {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    SavePoststop(#[from] crate::state::StateError),
 }
 
 /// The OCI state a hook reads on stdin.
@@ -79,7 +73,11 @@ pub fn state(
 /// Rewrites the hooks of a hardened `spec` for libcontainer (see the module docs): wraps the
 /// create and start hooks so they see the caller's `bundle`, takes the `startContainer`
 /// hooks out (returned, for the executor) and saves the `poststop` hooks in `sandbox_dir`.
-pub fn prepare(spec: &mut Spec, bundle: &Path, sandbox_dir: &Path) -> Result<Vec<Hook>, HookError> {
+pub fn prepare(
+    spec: &mut Spec,
+    bundle: &Path,
+    sandbox_dir: &SandboxDir,
+) -> Result<Vec<Hook>, HookError> {
     let Some(mut hooks) = spec.hooks().clone() else {
         return Ok(Vec::new());
     };
@@ -97,13 +95,7 @@ pub fn prepare(spec: &mut Spec, bundle: &Path, sandbox_dir: &Path) -> Result<Vec
     let poststop = hooks.poststop().clone().unwrap_or_default();
     hooks.set_poststop(None);
     if !poststop.is_empty() {
-        let path = sandbox_dir.join(POSTSTOP_FILE);
-        let text = serde_json::to_vec(&poststop).map_err(HookError::State)?;
-        std::fs::write(&path, text).map_err(|source| HookError::File {
-            what: "write",
-            path,
-            source,
-        })?;
+        sandbox_dir.poststop().write(&poststop)?;
     }
     spec.set_hooks(Some(hooks));
     Ok(start_container)
@@ -130,11 +122,8 @@ fn wrapped(hook: &Hook, bundle: &Path) -> Hook {
 }
 
 /// The `poststop` hooks saved at create (none if the sandbox had none).
-pub fn saved_poststop(sandbox_dir: &Path) -> Vec<Hook> {
-    std::fs::read(sandbox_dir.join(POSTSTOP_FILE))
-        .ok()
-        .and_then(|t| serde_json::from_slice(&t).ok())
-        .unwrap_or_default()
+pub fn saved_poststop(sandbox_dir: &SandboxDir) -> Vec<Hook> {
+    sandbox_dir.poststop().read().unwrap_or_default()
 }
 
 /// The body of the hidden `hook` command: reads the state libcontainer wrote on stdin, puts
@@ -244,14 +233,17 @@ mod tests {
 
     #[test]
     fn create_hooks_are_wrapped_start_container_goes_to_the_executor_poststop_to_delete() {
-        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let dir = crate::state::StateDirs::new(root.path().to_owned())
+            .sandbox(&crate::state::ContainerId::try_from("h1").unwrap());
+        std::fs::create_dir_all(dir.path()).unwrap();
         let mut hooks = libcontainer::oci_spec::runtime::Hooks::default();
         hooks.set_create_runtime(Some(vec![hook("/bin/cr", &["cr", "-x"])]));
         hooks.set_start_container(Some(vec![hook("/bin/sc", &["sc"])]));
         hooks.set_poststop(Some(vec![hook("/bin/ps", &[])]));
         let mut spec = Spec::default();
         spec.set_hooks(Some(hooks));
-        let start = prepare(&mut spec, Path::new("/b"), dir.path()).unwrap();
+        let start = prepare(&mut spec, Path::new("/b"), &dir).unwrap();
         assert_eq!(start.len(), 1);
         let out = spec.hooks().clone().unwrap();
         let cr = &out.create_runtime().as_ref().unwrap()[0];
@@ -270,7 +262,7 @@ mod tests {
             ]
         );
         assert!(out.start_container().is_none() && out.poststop().is_none());
-        assert_eq!(saved_poststop(dir.path()).len(), 1);
+        assert_eq!(saved_poststop(&dir).len(), 1);
     }
 
     #[test]

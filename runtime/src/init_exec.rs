@@ -92,10 +92,8 @@ pub fn wait(pid: i32, before: (u64, u64), procs: Option<&Path>, limit: Duration)
 /// this long after the start, delivers it where the program wanted it.
 pub const HANDLER_GRACE: Duration = Duration::from_secs(2);
 
-/// The file in the sandbox dir where `start` notes when the program ran (seconds since boot).
-pub const STARTED_FILE: &str = "started";
-
-/// Seconds since boot (`/proc/uptime`), the clock of [`STARTED_FILE`].
+/// Seconds since boot (`/proc/uptime`), the clock of the sandbox's `started` file
+/// ([`crate::state::SandboxDir::started`]), where `start` notes when the program ran.
 pub fn uptime() -> Option<f64> {
     std::fs::read_to_string("/proc/uptime")
         .ok()?

@@ -17,9 +17,9 @@ use agent_sandbox_policy::layers::LayerPlan;
 
 use crate::enforce::{self, EnforceError};
 use crate::host::idmap::{self, IdMapError, IdRange};
-use crate::id::ContainerId;
 use crate::mounts::{self, MountError};
-use crate::paths::{self, PathsError, StateDirs};
+use crate::state::ContainerId;
+use crate::state::paths::{self, PathsError, StateDirs};
 
 /// Errors of the lifecycle operations. Messages read like runc's where callers
 /// match on them ("container ... does not exist").
@@ -64,7 +64,9 @@ pub enum LifecycleError {
     #[error("container not running")]
     NotRunning,
     #[error(transparent)]
-    StateLock(#[from] crate::state_lock::StateLockError),
+    StateLock(#[from] crate::state::lock::StateLockError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     #[error("invalid signal {signal:?}")]
     Signal { signal: String },
     #[error("cannot signal process {pid}")]
@@ -215,12 +217,6 @@ fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
     Ok(built)
 }
 
-/// The sandbox's workspace overlay dirs (`mounts::WorkspaceOverlay`), for review.
-pub const WORKSPACE_FILE: &str = "workspace.json";
-
-/// The config's own `linux.seccomp`, which every exec gets too (`sandbox::requested_seccomp`).
-const REQUESTED_SECCOMP_FILE: &str = "requested-seccomp.json";
-
 /// What the runtime remembers about a sandbox besides libcontainer's state.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -276,21 +272,22 @@ pub struct Runtime {
     pub audit_dir: Option<PathBuf>,
 }
 
-fn record_path(dirs: &StateDirs, id: &ContainerId) -> PathBuf {
-    dirs.sandbox(id).join("sandbox.json")
-}
+impl crate::pod::PodStates for Runtime {
+    fn dirs(&self) -> &StateDirs {
+        &self.dirs
+    }
 
-/// Writes `value` as JSON to `path` atomically: a reader sees the old file or the new one,
-/// never a part (see [`paths::write_atomic`]).
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_vec_pretty(value).map_err(|source| LifecycleError::Parse {
-        path: path.to_owned(),
-        source,
-    })?;
-    paths::write_atomic(path, &text).map_err(|source| LifecycleError::Write {
-        path: path.to_owned(),
-        source,
-    })
+    fn status(
+        &self,
+        pod: &ContainerId,
+    ) -> std::result::Result<Option<ContainerStatus>, Box<dyn std::error::Error + Send + Sync>>
+    {
+        match self.load(pod) {
+            Ok(c) => Ok(Some(c.status())),
+            Err(LifecycleError::NotExist { .. }) => Ok(None),
+            Err(e) => Err(Box::new(e)),
+        }
+    }
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
@@ -332,7 +329,7 @@ impl Runtime {
     /// Loads libcontainer's view of `id`, with a fresh status.
     ///
     /// libcontainer rewrites `state.json` in place; a command that reads it without the state
-    /// lock (see [`crate::state_lock`]) can find it mid-write, empty or cut short, and then
+    /// lock (see [`crate::state::lock`]) can find it mid-write, empty or cut short, and then
     /// reads it again: a write lasts microseconds.
     pub fn load(&self, id: &ContainerId) -> Result<Container> {
         const TORN_READ_RETRIES: u32 = 200;
@@ -361,21 +358,21 @@ impl Runtime {
     }
 
     /// Takes `id`'s state lock: every command that may write libcontainer's `state.json`
-    /// holds it (see [`crate::state_lock`]). None for an id without state: the command then
+    /// holds it (see [`crate::state::lock`]). None for an id without state: the command then
     /// finds no container, and leaves no lock file behind.
-    fn state_lock(&self, id: &ContainerId) -> Result<Option<crate::state_lock::StateLock>> {
+    fn state_lock(&self, id: &ContainerId) -> Result<Option<crate::state::lock::StateLock>> {
         if !self.dirs.container(id).exists() {
             return Ok(None);
         }
-        Ok(Some(crate::state_lock::acquire(
+        Ok(Some(crate::state::lock::acquire(
             &self.dirs.root,
             id,
-            crate::state_lock::WAIT_LIMIT,
+            crate::state::lock::WAIT_LIMIT,
         )?))
     }
 
     fn record(&self, id: &ContainerId) -> Result<SandboxRecord> {
-        read_json(&record_path(&self.dirs, id))
+        Ok(self.dirs.sandbox(id).record().read()?)
     }
 
     /// `create`: prepares the sandbox and leaves its init waiting for `start`.
@@ -450,7 +447,7 @@ impl Runtime {
                 opts.bundle.join(p)
             }
         };
-        mounts::mkdir_traversable(&sandbox_dir)?;
+        mounts::mkdir_traversable(sandbox_dir.path())?;
         crate::report::audit::init(&self.dirs, id, self.audit_dir.as_deref())
             .map_err(LifecycleError::Audit)?;
         crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
@@ -463,7 +460,7 @@ impl Runtime {
             rootfs_mount: mount_dir.join("rootfs"),
             profile: ceiling.origin.clone(),
         };
-        write_json(&record_path(&self.dirs, id), &record)?;
+        sandbox_dir.record().write(&record)?;
         ceiling.save(&sandbox_dir)?;
         mounts::mkdir_traversable(&mount_dir)?;
         // Bind sources the sandbox root could not reach are re-bound (read-only)
@@ -517,7 +514,7 @@ impl Runtime {
             pod_mount_dir.as_deref(),
         )
         .map_err(LifecycleError::Trust)?;
-        write_json(&record_path(&self.dirs, id), &record)?;
+        sandbox_dir.record().write(&record)?;
         mounts::ensure_mount_points(&rootfs_src, &spec)?;
         crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
         mounts::bind_readonly(&rootfs_src, &record.rootfs_mount)?;
@@ -541,13 +538,13 @@ impl Runtime {
             ws.change = change_set.as_ref().map(|c| c.entry.record.change.clone());
             ws.change_dir = change_set.as_ref().map(|c| c.entry.dir.clone());
             tracing::info!(id = %id, change = ?ws.change, ownership = ?ownership, "workspace overlay mounted");
-            write_json(&sandbox_dir.join(WORKSPACE_FILE), &ws)?;
+            sandbox_dir.workspace().write(&ws)?;
         }
 
         mark("mounts");
         let start_hooks = crate::hooks::prepare(&mut spec, &opts.bundle, &sandbox_dir)
             .map_err(LifecycleError::Hook)?;
-        let bundle = sandbox_dir.join("bundle");
+        let bundle = sandbox_dir.bundle();
         std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
             path: bundle.clone(),
             source,
@@ -560,7 +557,7 @@ impl Runtime {
             })?;
 
         if let Some(requested) = &prepared.requested_seccomp {
-            write_json(&sandbox_dir.join(REQUESTED_SECCOMP_FILE), requested)?;
+            sandbox_dir.requested_seccomp().write(requested)?;
         }
         let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
         let mut executor = prepared.executor;
@@ -683,12 +680,12 @@ impl Runtime {
         let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
         crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
-            read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();
+            self.dirs.sandbox(id).workspace().read().ok();
         if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
         crate::report::audit::release(&self.dirs, id);
-        if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).join("watchdog.pid"))
+        if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).watchdog_pid())
             && let Ok(pid) = text.trim().parse::<i32>()
         {
             let _ = nix::sys::signal::kill(
@@ -725,7 +722,7 @@ impl Runtime {
         } else if !paths::rootless().unwrap_or(true) {
             let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
         }
-        let _ = std::fs::remove_dir_all(self.dirs.sandbox(id));
+        let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
     }
 
     pub fn start(&self, id: &ContainerId) -> Result<()> {
@@ -751,7 +748,7 @@ impl Runtime {
             tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
             if let Some(now) = crate::init_exec::uptime() {
                 let _ = paths::write_atomic(
-                    &self.dirs.sandbox(id).join(crate::init_exec::STARTED_FILE),
+                    &self.dirs.sandbox(id).started(),
                     now.to_string().as_bytes(),
                 );
             }
@@ -789,7 +786,7 @@ impl Runtime {
                 path: PathBuf::from("watchdog"),
                 source,
             })?;
-        let pid_file = dir.join("watchdog.pid");
+        let pid_file = dir.watchdog_pid();
         std::fs::write(&pid_file, child.id().to_string()).map_err(|source| {
             LifecycleError::Write {
                 path: pid_file,
@@ -855,9 +852,9 @@ impl Runtime {
     /// An ended change set with a quota is mounted read-only while the result lives.
     pub fn workspace(&self, id: &ContainerId) -> Result<mounts::WorkspaceOverlay> {
         let dir = self.dirs.sandbox(id);
-        let path = dir.join(WORKSPACE_FILE);
-        if path.exists() {
-            return read_json(&path);
+        let file = dir.workspace();
+        if file.path().exists() {
+            return Ok(file.read()?);
         }
         let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
         match crate::report::changes::find(&store, id.as_str()) {
@@ -909,20 +906,17 @@ impl Runtime {
             change_dir: Some(created.entry.dir.clone()),
             held: None,
         };
-        write_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE), &ws)?;
+        self.dirs.sandbox(id).workspace().write(&ws)?;
         Ok(Some(created))
     }
 
     /// The egress proxy body (hidden `proxy` command, spawned by `create`):
     /// serves the sandbox's effective allowlist on its netns until killed.
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
-        let bundle = self.dirs.sandbox(id).join("bundle");
+        let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
-        let pid_file = self
-            .dirs
-            .sandbox(id)
-            .join(crate::sidecars::egress::PID_FILE);
+        let sandbox_dir = self.dirs.sandbox(id);
         let netns = || {
             if netns == Path::new(crate::sidecars::egress::NETNS_ON_STDIN) {
                 crate::sidecars::egress::netns_from_stdin()
@@ -930,7 +924,7 @@ impl Runtime {
                 Ok(netns.to_path_buf())
             }
         };
-        crate::sidecars::egress::serve(netns, &policy, &log, id.as_str(), &pid_file)
+        crate::sidecars::egress::serve(netns, &policy, &log, id.as_str(), &sandbox_dir)
             .map_err(LifecycleError::Egress)
     }
 
@@ -1068,10 +1062,9 @@ impl Runtime {
         // needed with the reaper as PID 1: it queues every signal it forwards).
         if let (Some(pid), Some(n)) = (c.pid(), nix_signal(signal))
             && crate::report::layers::reaper_procs(&self.dirs.sandbox(id)).is_none()
-            && let Some(started) =
-                std::fs::read_to_string(self.dirs.sandbox(id).join(crate::init_exec::STARTED_FILE))
-                    .ok()
-                    .and_then(|t| t.trim().parse::<f64>().ok())
+            && let Some(started) = std::fs::read_to_string(self.dirs.sandbox(id).started())
+                .ok()
+                .and_then(|t| t.trim().parse::<f64>().ok())
         {
             crate::init_exec::await_handler(pid.as_raw(), n as i32, started);
         }
@@ -1325,10 +1318,10 @@ impl Runtime {
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
         let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
-        let requested_path = dir.join(REQUESTED_SECCOMP_FILE);
+        let requested_file = dir.requested_seccomp();
         let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
-            if requested_path.exists() {
-                Some(read_json(&requested_path)?)
+            if requested_file.path().exists() {
+                Some(requested_file.read()?)
             } else {
                 None
             };
@@ -1341,8 +1334,9 @@ impl Runtime {
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
         self.notify_denials(id, &mut executor, &policy, false)?;
-        let clamped = dir.join(format!("exec-{}.json", std::process::id()));
-        write_json(&clamped, &process)?;
+        let clamped_file = dir.exec_process(std::process::id());
+        clamped_file.write(&process)?;
+        let clamped = clamped_file.path().to_owned();
         let tenant = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())

@@ -23,18 +23,14 @@ use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 use serde::{Deserialize, Serialize};
 
 use crate::host::idmap::{self, IdRange};
-use crate::id::ContainerId;
-use crate::lifecycle::Runtime;
 use crate::mounts;
 use crate::sandbox::Ceiling;
+use crate::state::{ContainerId, SandboxDir, StateDirs, StateError};
 
 /// `sandbox` for a pod's pause container, `container` for its app containers.
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
 /// The id of the pod's sandbox container, on every container of the pod.
 pub const SANDBOX_ID_ANNOTATION: &str = "io.kubernetes.cri.sandbox-id";
-
-/// The file in a sandbox's state dir that records its place in a pod.
-const POD_FILE: &str = "pod.json";
 
 /// Errors of the pod model; each names the annotation or the pod.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +45,7 @@ pub enum PodError {
     BadSandboxId {
         value: String,
         #[source]
-        source: crate::id::IdError,
+        source: crate::state::IdError,
     },
     #[error(
         "annotation {SANDBOX_ID_ANNOTATION} names {pod}, but a pod's sandbox container must name itself ({id})"
@@ -95,24 +91,8 @@ pub enum PodError {
         #[source]
         source: Box<libcontainer::oci_spec::OciSpecError>,
     },
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot parse {path}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    State(#[from] StateError),
     #[error(transparent)]
     IdMap(#[from] idmap::IdMapError),
     #[error("hardened spec of a pod member violates the sandbox invariant: {invariant}")]
@@ -123,11 +103,25 @@ pub enum PodError {
     Load {
         pod: String,
         #[source]
-        source: Box<crate::lifecycle::LifecycleError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
 type Result<T> = std::result::Result<T, PodError>;
+
+/// What the pod model needs from the runtime that drives it: its state directories and the
+/// status of a pod's sandbox container. The lifecycle implements it (and calls into this
+/// module), so this module never names the lifecycle.
+pub trait PodStates {
+    fn dirs(&self) -> &StateDirs;
+
+    /// The status of container `pod`, or `None` when this runtime's state has no such
+    /// container.
+    fn status(
+        &self,
+        pod: &ContainerId,
+    ) -> std::result::Result<Option<ContainerStatus>, Box<dyn std::error::Error + Send + Sync>>;
+}
 
 /// A container's place in a pod, from its spec's CRI annotations.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,24 +199,12 @@ fn pins(mount_dir: &Path) -> PodNamespaces {
     }
 }
 
-fn write_record(sandbox_dir: &Path, record: &PodRecord) -> Result<()> {
-    let path = sandbox_dir.join(POD_FILE);
-    let text = serde_json::to_vec_pretty(record).map_err(|source| PodError::Parse {
-        path: path.clone(),
-        source,
-    })?;
-    std::fs::write(&path, text).map_err(|source| PodError::Write { path, source })
+fn write_record(sandbox_dir: &SandboxDir, record: &PodRecord) -> Result<()> {
+    Ok(sandbox_dir.pod().write(record)?)
 }
 
-fn read_record(sandbox_dir: &Path) -> Result<Option<PodRecord>> {
-    let path = sandbox_dir.join(POD_FILE);
-    match std::fs::read(&path) {
-        Ok(text) => serde_json::from_slice(&text)
-            .map(Some)
-            .map_err(|source| PodError::Parse { path, source }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(PodError::Read { path, source }),
-    }
+fn read_record(sandbox_dir: &SandboxDir) -> Result<Option<PodRecord>> {
+    Ok(sandbox_dir.pod().read_if_present()?)
 }
 
 /// What an app container takes from its pod.
@@ -244,23 +226,23 @@ pub struct Member {
 impl Member {
     /// Loads the pod of app container `id` and joins its host id block. The pod's sandbox
     /// container must exist in this runtime's state, be a pod sandbox and not have stopped.
-    pub fn join(runtime: &Runtime, id: &ContainerId, pod: &ContainerId) -> Result<Self> {
-        if crate::paths::rootless().unwrap_or(true) {
+    pub fn join(runtime: &impl PodStates, id: &ContainerId, pod: &ContainerId) -> Result<Self> {
+        if crate::state::paths::rootless().unwrap_or(true) {
             return Err(PodError::Rootless);
         }
-        let dirs = &runtime.dirs;
+        let dirs = runtime.dirs();
         let pod_dir = dirs.sandbox(pod);
-        let status = match runtime.load(pod) {
-            Ok(c) => c.status(),
-            Err(crate::lifecycle::LifecycleError::NotExist { .. }) => {
+        let status = match runtime.status(pod) {
+            Ok(Some(status)) => status,
+            Ok(None) => {
                 return Err(PodError::NoSandbox {
                     pod: pod.as_str().to_owned(),
                 });
             }
-            Err(e) => {
+            Err(source) => {
                 return Err(PodError::Load {
                     pod: pod.as_str().to_owned(),
-                    source: Box::new(e),
+                    source,
                 });
             }
         };
@@ -300,7 +282,7 @@ impl Member {
             pod: pod.as_str().to_owned(),
             source: Box::new(source),
         })?;
-        let config = pod_dir.join("bundle").join("config.json");
+        let config = pod_dir.hardened_spec();
         let hardened = Spec::load(&config).map_err(|source| PodError::PodSpec {
             pod: pod.as_str().to_owned(),
             path: config.clone(),
@@ -352,7 +334,7 @@ impl Member {
     }
 
     /// Records the membership in the member's state dir.
-    pub fn record(&self, sandbox_dir: &Path) -> Result<()> {
+    pub fn record(&self, sandbox_dir: &SandboxDir) -> Result<()> {
         write_record(
             sandbox_dir,
             &PodRecord::Member {
@@ -365,7 +347,7 @@ impl Member {
 /// After a pod's sandbox container is created: pins its user, network, IPC and UTS
 /// namespaces under `mount_dir/ns/` (the pins live as long as the sandbox's mounts) and
 /// records them for the pod's app containers.
-pub fn pin_sandbox(sandbox_dir: &Path, mount_dir: &Path, pid: i32) -> Result<PodNamespaces> {
+pub fn pin_sandbox(sandbox_dir: &SandboxDir, mount_dir: &Path, pid: i32) -> Result<PodNamespaces> {
     let pinned = pins(mount_dir);
     let dir = mount_dir.join("ns");
     mounts::mkdir_traversable(&dir).map_err(|source| PodError::Pin {
@@ -602,6 +584,86 @@ mod tests {
             verify_member(&spec, &member),
             Err(PodError::Invariant { .. })
         ));
+    }
+
+    /// The runtime as the pod model sees it: a state root and a pod sandbox's status.
+    struct FakeStates {
+        dirs: StateDirs,
+        status: std::result::Result<Option<ContainerStatus>, &'static str>,
+    }
+
+    impl PodStates for FakeStates {
+        fn dirs(&self) -> &StateDirs {
+            &self.dirs
+        }
+
+        fn status(
+            &self,
+            _pod: &ContainerId,
+        ) -> std::result::Result<Option<ContainerStatus>, Box<dyn std::error::Error + Send + Sync>>
+        {
+            self.status.map_err(Into::into)
+        }
+    }
+
+    #[test]
+    fn a_member_joins_only_a_live_pod_sandbox() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = StateDirs::new(root.path().to_owned());
+        let (me, pod) = (id("c1"), id("p1"));
+        let join = |status| {
+            let states = FakeStates {
+                dirs: dirs.clone(),
+                status,
+            };
+            Member::join(&states, &me, &pod).unwrap_err()
+        };
+        if crate::state::paths::rootless().unwrap_or(true) {
+            // A rootless runtime has no id blocks to share: refused before anything is read.
+            assert!(matches!(join(Ok(None)), PodError::Rootless));
+            return;
+        }
+        assert!(matches!(join(Ok(None)), PodError::NoSandbox { .. }));
+        let load = join(Err("state.json is cut short"));
+        assert!(
+            matches!(&load, PodError::Load { pod, source } if pod == "p1" && source.to_string() == "state.json is cut short"),
+            "{load:?}"
+        );
+        // A container that was not created as a pod sandbox has no pod record, or a
+        // member's.
+        let pod_dir = dirs.sandbox(&pod);
+        std::fs::create_dir_all(pod_dir.path()).unwrap();
+        let running = || Ok(Some(ContainerStatus::Running));
+        assert!(matches!(join(running()), PodError::NotASandbox { .. }));
+        write_record(
+            &pod_dir,
+            &PodRecord::Member {
+                pod: "other".into(),
+            },
+        )
+        .unwrap();
+        assert!(matches!(join(running()), PodError::NotASandbox { .. }));
+        let ns = pins(&root.path().join("mnt"));
+        write_record(
+            &pod_dir,
+            &PodRecord::Sandbox {
+                user: ns.user.clone(),
+                network: ns.network.clone(),
+                ipc: ns.ipc.clone(),
+                uts: ns.uts.clone(),
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            join(Ok(Some(ContainerStatus::Stopped))),
+            PodError::Stopped { .. }
+        ));
+        // The pins are gone (the pod's mounts were cleaned up): named, not followed.
+        assert!(matches!(join(running()), PodError::PinMissing { path } if path == ns.user),);
+        // A malformed pod record names the file.
+        std::fs::write(pod_dir.pod().path(), "{").unwrap();
+        let bad = join(running());
+        assert!(bad.to_string().contains("pod.json"), "{bad}");
     }
 
     #[test]

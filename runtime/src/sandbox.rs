@@ -15,9 +15,10 @@ use libcontainer::oci_spec::runtime::{Process, Spec};
 
 use crate::executor::{LandlockApply, SandboxExecutor};
 use crate::host::idmap::IdRange;
-use crate::id::ContainerId;
 use crate::mounts;
-use crate::paths::{self, StateDirs};
+use crate::state::ContainerId;
+use crate::state::SandboxDir;
+use crate::state::paths::{self, StateDirs};
 
 /// The profile used when nothing else selects one.
 pub const DEFAULT_PROFILE: &str = "agent";
@@ -133,15 +134,15 @@ impl Ceiling {
         })
     }
 
-    pub fn save(&self, dir: &Path) -> Result<(), SandboxError> {
-        let path = dir.join("ceiling.toml");
+    pub fn save(&self, dir: &SandboxDir) -> Result<(), SandboxError> {
+        let path = dir.ceiling();
         std::fs::write(&path, format!("# origin: {}\n{}", self.origin, self.text))
             .map_err(|source| SandboxError::Write { path, source })
     }
 
     /// The ceiling saved at create (exec uses it, whatever flags it got).
-    pub fn load_saved(dir: &Path) -> Result<Self, SandboxError> {
-        let path = dir.join("ceiling.toml");
+    pub fn load_saved(dir: &SandboxDir) -> Result<Self, SandboxError> {
+        let path = dir.ceiling();
         let text = std::fs::read_to_string(&path).map_err(|source| SandboxError::ReadPolicy {
             path: path.clone(),
             source,

@@ -1,8 +1,8 @@
 //! `audit` (show, verify, prune), the shim's `audit-exit`, and `layers`: what a sandbox did
 //! and which protections it has (`crate::report`).
 
-use crate::id::ContainerId;
 use crate::lifecycle::Runtime;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError};
 

@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 
-use crate::id::ContainerId;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError};
 

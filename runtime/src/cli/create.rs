@@ -1,8 +1,8 @@
 //! `create` and `run`.
 
-use crate::id::ContainerId;
 use crate::lifecycle::CreateOpts;
 use crate::sandbox::Ceiling;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError, CreateArgs, Outcome, RunArgs};
 

@@ -1,7 +1,7 @@
 //! `exec`: a process inside a running container.
 
-use crate::id::ContainerId;
 use crate::lifecycle::ExecOpts;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError, ExecArgs, Outcome};
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::id::ContainerId;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError};
 

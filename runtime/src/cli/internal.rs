@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::id::ContainerId;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError};
 

@@ -360,7 +360,7 @@ pub struct ExecArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
-    Id(#[from] crate::id::IdError),
+    Id(#[from] crate::state::IdError),
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
     #[error(transparent)]

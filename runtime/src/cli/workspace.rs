@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::id::ContainerId;
 use crate::sandbox::Ceiling;
+use crate::state::ContainerId;
 
 use super::{Cli, CliError};
 

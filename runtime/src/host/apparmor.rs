@@ -23,14 +23,14 @@ use agent_sandbox_policy::apparmor::LoadedProfile;
 use agent_sandbox_policy::layers::AppArmorHost;
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::state::SandboxDir;
+
 /// `Y` when the kernel's AppArmor is on.
 const ENABLED: &str = "/sys/module/apparmor/parameters/enabled";
 /// AppArmor's securityfs directory (profile list, `.remove`).
 const SECURITYFS: &str = "/sys/kernel/security/apparmor";
 /// Host-wide markers and the lock.
 const STATE: &str = "/run/agent-sandbox/apparmor";
-/// In the sandbox dir: the name of the profile this sandbox holds a marker for.
-pub const PROFILE_FILE: &str = "apparmor-profile";
 
 /// Errors of loading and removing profiles; each names the file or the command.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +74,7 @@ pub fn host() -> AppArmorHost {
     }
     let reason = if !Path::new(SECURITYFS).join("profiles").exists() {
         format!("the kernel has AppArmor but securityfs is not mounted ({SECURITYFS})")
-    } else if crate::paths::rootless().unwrap_or(true) {
+    } else if crate::state::paths::rootless().unwrap_or(true) {
         "rootless: loading a profile needs CAP_MAC_ADMIN in the host's user namespace".to_owned()
     } else if parser().is_none() {
         AppArmorError::NoParser.to_string()
@@ -217,19 +217,19 @@ fn run_parser(flags: &'static str, file: &Path) -> Result<(), AppArmorError> {
 
 /// Makes `profile` loaded for the sandbox in `sandbox_dir` (before its init starts): records
 /// the sandbox as a user, then loads the profile unless the kernel has it already.
-pub fn acquire(sandbox_dir: &Path, profile: &LoadedProfile) -> Result<(), AppArmorError> {
+pub fn acquire(sandbox_dir: &SandboxDir, profile: &LoadedProfile) -> Result<(), AppArmorError> {
     let store = Store::host();
     let _lock = store.lock()?;
     // The sandbox dir names the profile first, so a failed create releases what it took.
-    write(&sandbox_dir.join(PROFILE_FILE), &profile.name)?;
+    write(&sandbox_dir.apparmor_profile(), &profile.name)?;
     let users = store.users(&profile.name);
     std::fs::create_dir_all(&users).map_err(|source| AppArmorError::Write {
         path: users.clone(),
         source,
     })?;
     write(
-        &store.marker(&profile.name, sandbox_dir),
-        &sandbox_dir.display().to_string(),
+        &store.marker(&profile.name, sandbox_dir.path()),
+        &sandbox_dir.path().display().to_string(),
     )?;
     if is_loaded(&profile.name) {
         tracing::debug!(profile = %profile.name, "apparmor profile already loaded");
@@ -250,15 +250,15 @@ pub fn acquire(sandbox_dir: &Path, profile: &LoadedProfile) -> Result<(), AppArm
 
 /// Drops the sandbox's marker (after its processes are gone) and removes the profile from
 /// the kernel when no live sandbox uses it any more. Best effort: errors are logged.
-pub fn release(sandbox_dir: &Path) {
-    let Ok(name) = std::fs::read_to_string(sandbox_dir.join(PROFILE_FILE)) else {
+pub fn release(sandbox_dir: &SandboxDir) {
+    let Ok(name) = std::fs::read_to_string(sandbox_dir.apparmor_profile()) else {
         return;
     };
     let name = name.trim().to_owned();
-    if let Err(e) = release_named(sandbox_dir, &name) {
+    if let Err(e) = release_named(sandbox_dir.path(), &name) {
         tracing::error!(profile = %name, error = %e, "cannot release the apparmor profile");
     }
-    let _ = std::fs::remove_file(sandbox_dir.join(PROFILE_FILE));
+    let _ = std::fs::remove_file(sandbox_dir.apparmor_profile());
 }
 
 fn release_named(sandbox_dir: &Path, name: &str) -> Result<(), AppArmorError> {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::id::ContainerId;
+use crate::state::ContainerId;
 
 pub const FIRST_HOST_ID: u32 = 1_000_000;
 pub const BLOCK: u32 = 65_536;

@@ -29,18 +29,10 @@ use libcontainer::oci_spec::runtime::{Process, Spec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::id::ContainerId;
 use crate::mounts::WorkspaceOverlay;
-use crate::paths::StateDirs;
+use crate::state::ContainerId;
+use crate::state::StateDirs;
 
-/// File in the sandbox dir holding the log directory chosen at create.
-const SAVED_DIR: &str = "audit-dir";
-/// File in the sandbox dir with what exit records need between calls.
-const STATE_FILE: &str = "audit-state.json";
-/// Dir in the sandbox dir: one file per detached exec pid, holding its tool-call id.
-const EXEC_TAGS: &str = "audit-exec";
-/// Dir in the sandbox dir: one marker per exec whose `exit` record is written.
-const EXEC_EXITS: &str = "audit-exec-exits";
 /// Dir in the log directory: one marker per live sandbox (content: its state root).
 const LIVE_DIR: &str = ".live";
 
@@ -69,13 +61,13 @@ pub enum PruneError {
 
 /// The default directory holding every sandbox's log.
 pub fn dir(dirs: &StateDirs) -> PathBuf {
-    dirs.root.join("audit")
+    dirs.audit()
 }
 
 /// The log directory of sandbox `id`: the one saved at its create, else
 /// `configured` (flag or env), else the default.
 pub fn dir_of(dirs: &StateDirs, id: &ContainerId, configured: Option<&Path>) -> PathBuf {
-    std::fs::read_to_string(dirs.sandbox(id).join(SAVED_DIR))
+    std::fs::read_to_string(dirs.sandbox(id).audit_dir())
         .ok()
         .map(|s| PathBuf::from(s.trim_end_matches('\n')))
         .or_else(|| configured.map(Path::to_path_buf))
@@ -133,10 +125,7 @@ pub fn init(
     let write = |path: PathBuf, text: &str| {
         std::fs::write(&path, text).map_err(|source| AuditError::Open { path, source })
     };
-    write(
-        dirs.sandbox(id).join(SAVED_DIR),
-        &chosen.display().to_string(),
-    )?;
+    write(dirs.sandbox(id).audit_dir(), &chosen.display().to_string())?;
     let live = chosen.join(LIVE_DIR);
     mkdir_0700(&live)?;
     write(live.join(id.as_str()), &dirs.root.display().to_string())?;
@@ -238,20 +227,12 @@ struct ExitState {
 }
 
 fn load_state(dirs: &StateDirs, id: &ContainerId) -> ExitState {
-    std::fs::read(dirs.sandbox(id).join(STATE_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    dirs.sandbox(id).audit_state().read().unwrap_or_default()
 }
 
 fn save_state(dirs: &StateDirs, id: &ContainerId, st: &ExitState) {
-    let path = dirs.sandbox(id).join(STATE_FILE);
-    let tmp = path.with_extension("json.tmp");
-    let ok = serde_json::to_vec(st)
-        .ok()
-        .is_some_and(|b| std::fs::write(&tmp, b).is_ok() && std::fs::rename(&tmp, &path).is_ok());
-    if !ok {
-        tracing::warn!(path = %path.display(), "cannot save the audit exit state");
+    if let Err(e) = dirs.sandbox(id).audit_state().write(st) {
+        tracing::warn!(error = %e, "cannot save the audit exit state");
     }
 }
 
@@ -308,13 +289,10 @@ fn counter(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// File in the sandbox dir the wall-clock watchdog writes before it kills the sandbox.
-const WALL_CLOCK_FIRED: &str = "wall-clock-fired";
-
 /// The watchdog is about to SIGKILL the sandbox for its `wall_clock` limit of `seconds`:
 /// the `exit` records of the processes it kills name the wall clock as their cause.
 pub fn wall_clock_fired(dirs: &StateDirs, id: &ContainerId, seconds: u64) {
-    let path = dirs.sandbox(id).join(WALL_CLOCK_FIRED);
+    let path = dirs.sandbox(id).wall_clock_fired();
     if let Err(e) = std::fs::write(&path, seconds.to_string()) {
         tracing::warn!(path = %path.display(), error = %e, "cannot mark the wall-clock kill");
     }
@@ -324,7 +302,7 @@ pub fn wall_clock_fired(dirs: &StateDirs, id: &ContainerId, seconds: u64) {
 /// process died of SIGKILL (or its reaper kept the status).
 fn exit_cause(dirs: &StateDirs, id: &ContainerId, status: ExitStatus) -> Option<ExitCause> {
     let killed = matches!(status, ExitStatus::Signal(9) | ExitStatus::Unknown);
-    (killed && dirs.sandbox(id).join(WALL_CLOCK_FIRED).exists()).then_some(ExitCause::WallClock)
+    (killed && dirs.sandbox(id).wall_clock_fired().exists()).then_some(ExitCause::WallClock)
 }
 
 /// At delete, while the cgroups still exist: one `limit_hit` record for the pids limit
@@ -377,9 +355,9 @@ pub fn tag_exec(dirs: &StateDirs, id: &ContainerId, pid: i32, process: &Process,
     let Some(tool_call) = tool_call_of(process, hardened) else {
         return;
     };
-    let dir = dirs.sandbox(id).join(EXEC_TAGS);
-    if let Err(e) = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(dir.join(pid.to_string()), tool_call))
+    let sandbox = dirs.sandbox(id);
+    if let Err(e) = std::fs::create_dir_all(sandbox.audit_exec_tags())
+        .and_then(|()| std::fs::write(sandbox.audit_exec_tag(pid), tool_call))
     {
         tracing::warn!(id = %id, pid, error = %e, "cannot remember the exec's tool-call id");
     }
@@ -406,7 +384,7 @@ pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result
     let kills = st.memory_cgroup.as_deref().and_then(oom_kills);
     let oom = kills.is_some_and(|k| k > st.oom_seen);
     let tool_call_id = report.pid.and_then(|pid| {
-        let f = dirs.sandbox(id).join(EXEC_TAGS).join(pid.to_string());
+        let f = dirs.sandbox(id).audit_exec_tag(pid);
         let tag = std::fs::read_to_string(&f).ok();
         let _ = std::fs::remove_file(&f);
         tag
@@ -454,7 +432,7 @@ fn claim_exec_exit(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> b
             }
         })
         .collect();
-    let dir = dirs.sandbox(id).join(EXEC_EXITS);
+    let dir = dirs.sandbox(id).audit_exec_exits();
     let claimed = std::fs::create_dir_all(&dir).and_then(|()| {
         std::fs::OpenOptions::new()
             .write(true)
@@ -692,7 +670,7 @@ mod tests {
     fn fake_sandbox(root: &Path, id: &str) -> (StateDirs, ContainerId) {
         let dirs = StateDirs::new(root.to_owned());
         let id = ContainerId::try_from(id).unwrap();
-        std::fs::create_dir_all(dirs.sandbox(&id)).unwrap();
+        std::fs::create_dir_all(dirs.sandbox(&id).path()).unwrap();
         (dirs, id)
     }
 
@@ -731,7 +709,7 @@ mod tests {
         init(&dirs, &gone, Some(&logs)).unwrap();
         append(&dirs, &gone, &[Event::Delete {}]).unwrap();
         release(&dirs, &gone);
-        std::fs::remove_dir_all(dirs.sandbox(&gone)).unwrap();
+        std::fs::remove_dir_all(dirs.sandbox(&gone).path()).unwrap();
 
         // Naming the live one is refused and changes nothing.
         let e = prune(&dirs, &logs, Duration::ZERO, Some(&live)).unwrap_err();
@@ -752,7 +730,7 @@ mod tests {
         let e = prune(&dirs, &logs, Duration::ZERO, Some(&oid)).unwrap_err();
         assert!(matches!(e, PruneError::Live { .. }), "{e}");
         // Once that sandbox is gone (even if its marker was left behind), it can go.
-        std::fs::remove_dir_all(odirs.sandbox(&oid)).unwrap();
+        std::fs::remove_dir_all(odirs.sandbox(&oid).path()).unwrap();
         let p = prune(&dirs, &logs, Duration::ZERO, Some(&oid)).unwrap();
         assert_eq!(p.removed, [logs.join("elsewhere.jsonl")]);
         let e = prune(&dirs, &logs, Duration::ZERO, Some(&oid)).unwrap_err();

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::mounts::WorkspaceOverlay;
+use crate::state::SandboxDir;
 
 /// The index record of one change set.
 pub const INDEX_FILE: &str = "change.json";
@@ -148,7 +149,7 @@ impl Store {
                 dir: PathBuf::from(dir),
             });
         }
-        let rootless = crate::paths::rootless().unwrap_or(true);
+        let rootless = crate::state::paths::rootless().unwrap_or(true);
         if !rootless {
             return Ok(Store {
                 dir: PathBuf::from("/var/lib/agent-sandbox/changes"),
@@ -254,7 +255,7 @@ impl Entry {
                 source,
             })?;
         // The temporary file is 0600, as the record must be; it is removed on failure.
-        crate::paths::write_atomic(&path, &text)
+        crate::state::paths::write_atomic(&path, &text)
             .map_err(|source| ChangesError::Write { path, source })
     }
 
@@ -264,14 +265,9 @@ impl Entry {
 
     /// The workspace record of the sandbox that still uses this change set, if any.
     pub fn live(&self) -> Option<WorkspaceOverlay> {
-        let path = self
-            .record
-            .root
-            .join("sandbox")
-            .join(&self.record.container)
-            .join(crate::lifecycle::WORKSPACE_FILE);
-        let text = std::fs::read(path).ok()?;
-        let ws: WorkspaceOverlay = serde_json::from_slice(&text).ok()?;
+        // The index names the container: a name that is not a container id names no sandbox.
+        let sandbox = SandboxDir::of(&self.record.root, &self.record.container).ok()?;
+        let ws: WorkspaceOverlay = sandbox.workspace().read().ok()?;
         (ws.change.as_deref() == Some(self.record.change.as_str())).then_some(ws)
     }
 

@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::id::ContainerId;
-use crate::paths::StateDirs;
+use crate::state::ContainerId;
+use crate::state::StateDirs;
 
 const NAMES_DIR: &str = ".names";
 
@@ -33,7 +33,7 @@ pub enum FindError {
         candidates: Vec<String>,
     },
     #[error(transparent)]
-    Paths(#[from] crate::paths::PathsError),
+    Paths(#[from] crate::state::paths::PathsError),
 }
 
 fn list(roots: &[PathBuf]) -> String {
@@ -74,8 +74,8 @@ pub fn forget(dir: &Path, id: &str) {
 
 /// The state roots searched without `--root`, existing ones only, each once.
 pub fn roots() -> Result<Vec<PathBuf>, FindError> {
-    let mut out: Vec<PathBuf> = vec![crate::paths::state_root(None)?];
-    let rootless = crate::paths::rootless().unwrap_or(true);
+    let mut out: Vec<PathBuf> = vec![crate::state::paths::state_root(None)?];
+    let rootless = crate::state::paths::rootless().unwrap_or(true);
     if !rootless {
         for parent in [
             "/run/containerd/agent-sandbox",
@@ -115,7 +115,7 @@ struct Known {
 fn known_in(root: &Path) -> Vec<Known> {
     let dirs = StateDirs::new(root.to_owned());
     let mut ids = std::collections::BTreeSet::new();
-    if let Ok(rd) = std::fs::read_dir(root.join("sandbox")) {
+    if let Ok(rd) = std::fs::read_dir(dirs.sandboxes()) {
         ids.extend(rd.filter_map(|e| e.ok()?.file_name().into_string().ok()));
     }
     if let Ok(rd) = std::fs::read_dir(crate::report::audit::dir(&dirs)) {
@@ -234,7 +234,7 @@ pub fn find(
         None => roots()?,
     };
     let extra = match audit_dir {
-        Some(dir) => known_by_logs(dir, &crate::paths::state_root(explicit)?),
+        Some(dir) => known_by_logs(dir, &crate::state::paths::state_root(explicit)?),
         None => Vec::new(),
     };
     find_in(&roots, extra, key)

@@ -9,11 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::id::ContainerId;
-use crate::paths::StateDirs;
-
-/// The file in the sandbox dir holding [`Applied`].
-const FILE: &str = "layers.json";
+use crate::state::ContainerId;
+use crate::state::{SandboxDir, StateDirs, StateError};
 
 /// Errors of the layers report.
 #[derive(Debug, thiserror::Error)]
@@ -25,18 +22,8 @@ pub enum LayersError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot parse {path}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 /// What the runtime applied at create, saved for later reports.
@@ -83,31 +70,26 @@ pub struct Applied {
 
 impl Applied {
     /// Saves the record in the sandbox dir.
-    pub fn save(&self, sandbox_dir: &Path) -> Result<(), LayersError> {
-        let path = sandbox_dir.join(FILE);
-        let text = serde_json::to_vec_pretty(self).map_err(|source| LayersError::Parse {
-            path: path.clone(),
-            source,
-        })?;
-        std::fs::write(&path, text).map_err(|source| LayersError::Write { path, source })
+    pub fn save(&self, sandbox_dir: &SandboxDir) -> Result<(), LayersError> {
+        Ok(sandbox_dir.layers().write(self)?)
     }
 
-    fn load(sandbox_dir: &Path, id: &ContainerId) -> Result<Self, LayersError> {
-        let path = sandbox_dir.join(FILE);
-        let text = std::fs::read(&path).map_err(|source| LayersError::Missing {
-            id: id.to_string(),
-            path: path.clone(),
-            source,
-        })?;
-        serde_json::from_slice(&text).map_err(|source| LayersError::Parse { path, source })
+    fn load(sandbox_dir: &SandboxDir, id: &ContainerId) -> Result<Self, LayersError> {
+        match sandbox_dir.layers().read() {
+            Err(StateError::Read { path, source }) => Err(LayersError::Missing {
+                id: id.to_string(),
+                path,
+                source,
+            }),
+            read => Ok(read?),
+        }
     }
 }
 
 /// With agent-sandbox's reaper as the sandbox's PID 1: a `cgroup.procs` file that lists the
 /// sandbox's processes (the program is one of them, beside the reaper); `None` without it.
-pub fn reaper_procs(sandbox_dir: &Path) -> Option<PathBuf> {
-    let text = std::fs::read(sandbox_dir.join(FILE)).ok()?;
-    let applied: Applied = serde_json::from_slice(&text).ok()?;
+pub fn reaper_procs(sandbox_dir: &SandboxDir) -> Option<PathBuf> {
+    let applied: Applied = sandbox_dir.layers().read().ok()?;
     if !applied.init_reaper {
         return None;
     }
@@ -121,7 +103,7 @@ pub fn reaper_procs(sandbox_dir: &Path) -> Option<PathBuf> {
 /// At create, once the init exists (and the proxy runs): saves what was applied.
 #[allow(clippy::too_many_arguments)]
 pub fn record_create(
-    sandbox_dir: &Path,
+    sandbox_dir: &SandboxDir,
     ids: &crate::host::idmap::IdRange,
     spec: &libcontainer::oci_spec::runtime::Spec,
     seccomp_bpf_instructions: Option<usize>,
@@ -273,12 +255,9 @@ pub fn report(
             "status": st,
         })
     });
-    let supervisor = std::fs::read_to_string(
-        dirs.sandbox(id)
-            .join(crate::sidecars::syscall_audit::PID_FILE),
-    )
-    .ok()
-    .and_then(|s| s.trim().parse::<u32>().ok());
+    let supervisor = std::fs::read_to_string(dirs.sandbox(id).supervisor_pid())
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
     let fs_denied = fs_denied_report(
         applied.landlock_kernel_abi.is_some(),
         crate::sidecars::fs_audit::FsAuditStatus::load(&dirs.sandbox(id)),
@@ -522,7 +501,7 @@ mod tests {
         let id = ContainerId::try_from("lay1").unwrap();
         let e = report(&dirs, &id, "running", None).unwrap_err().to_string();
         assert!(e.contains("layers.json"), "{e}");
-        std::fs::create_dir_all(dirs.sandbox(&id)).unwrap();
+        std::fs::create_dir_all(dirs.sandbox(&id).path()).unwrap();
         let me = i32::try_from(std::process::id()).unwrap();
         Applied {
             userns_host_start: 1_000_000,

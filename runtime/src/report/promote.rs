@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use agent_sandbox_audit::escape::escape_path;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
-use crate::id::ContainerId;
 use crate::lifecycle::{LifecycleError, Runtime};
 use crate::sandbox::Ceiling;
+use crate::state::ContainerId;
 
 /// Errors of the `promote` command.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +65,10 @@ pub struct Request<'a> {
 /// of the admin's policy and of the policy the sandbox was created under (the mandatory ones
 /// are in each). A policy that protects all of `.git/` (`strict`) refuses every `.git` change.
 /// `sandbox_dir` is the sandbox's state dir, where its create saved the policy it ran under.
-pub fn rules(sandbox_dir: &Path, req: &Request<'_>) -> Result<Rules, PromoteCmdError> {
+pub fn rules(
+    sandbox_dir: &crate::state::SandboxDir,
+    req: &Request<'_>,
+) -> Result<Rules, PromoteCmdError> {
     let mut names: Vec<String> = Vec::new();
     let mut add = |p: &agent_sandbox_policy::SandboxPolicy| {
         names.extend(

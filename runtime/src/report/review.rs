@@ -10,10 +10,10 @@ use agent_sandbox_audit::{Change, ExportSummary};
 
 use std::sync::Arc;
 
-use crate::id::ContainerId;
 use crate::lifecycle::{LifecycleError, Runtime};
-use crate::paths::StateDirs;
 use crate::report::changes::ReviewMount;
+use crate::state::ContainerId;
+use crate::state::StateDirs;
 
 /// Where a sandbox's workspace changes are read from.
 #[derive(Debug, Clone)]

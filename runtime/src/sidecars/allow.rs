@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use agent_sandbox_proxy::approval::{Change, ChangeAction, ChangeReply};
 
-/// The control socket's name in the sandbox directory.
-pub const CONTROL_SOCKET: &str = "egress.sock";
+use crate::state::SandboxDir;
 
 /// Errors of `allow` / `deny` and of the control socket.
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +60,6 @@ pub enum AllowError {
     },
 }
 
-/// The control socket of the sandbox whose state directory is `dir`.
-pub fn socket_path(dir: &Path) -> PathBuf {
-    dir.join(CONTROL_SOCKET)
-}
-
 /// Runs `f` with a path to `name` in `dir` that fits a socket address however long `dir`
 /// is: `/proc/self/fd/N/name`, through a descriptor of the directory.
 fn via_dir_fd<T>(
@@ -84,15 +78,17 @@ fn via_dir_fd<T>(
 }
 
 /// Binds the control socket in the sandbox directory `dir` (the proxy calls this), mode 0600.
-pub fn bind(dir: &Path) -> Result<UnixListener, AllowError> {
-    let path = socket_path(dir);
+pub fn bind(dir: &SandboxDir) -> Result<UnixListener, AllowError> {
+    let path = dir.egress_socket();
     let bind_error = |source| AllowError::Bind {
         path: path.clone(),
         source,
     };
     let _ = std::fs::remove_file(&path);
-    let listener =
-        via_dir_fd(dir, CONTROL_SOCKET, |p| UnixListener::bind(p))?.map_err(bind_error)?;
+    let listener = via_dir_fd(dir.path(), SandboxDir::EGRESS_SOCKET, |p| {
+        UnixListener::bind(p)
+    })?
+    .map_err(bind_error)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(bind_error)?;
     Ok(listener)
@@ -101,27 +97,28 @@ pub fn bind(dir: &Path) -> Result<UnixListener, AllowError> {
 /// Sends `action rule` to the proxy of sandbox `id` (state directory `dir`) and returns the
 /// proxy's confirmation.
 pub fn change(
-    dir: &Path,
+    dir: &SandboxDir,
     id: &str,
     action: ChangeAction,
     rule: &str,
 ) -> Result<String, AllowError> {
-    if !dir.is_dir() {
+    if !dir.path().is_dir() {
         return Err(AllowError::NoSandbox { id: id.to_owned() });
     }
-    let path = socket_path(dir);
+    let path = dir.egress_socket();
     if !path.exists() {
         return Err(AllowError::NoProxy { id: id.to_owned() });
     }
-    let mut stream = via_dir_fd(dir, CONTROL_SOCKET, |p| UnixStream::connect(p))?.map_err(
-        |source| match source.kind() {
-            std::io::ErrorKind::ConnectionRefused => AllowError::NoProxy { id: id.to_owned() },
-            _ => AllowError::Connect {
-                path: path.clone(),
-                source,
-            },
+    let mut stream = via_dir_fd(dir.path(), SandboxDir::EGRESS_SOCKET, |p| {
+        UnixStream::connect(p)
+    })?
+    .map_err(|source| match source.kind() {
+        std::io::ErrorKind::ConnectionRefused => AllowError::NoProxy { id: id.to_owned() },
+        _ => AllowError::Connect {
+            path: path.clone(),
+            source,
         },
-    )?;
+    })?;
     let exchange = |source| AllowError::Exchange {
         path: path.clone(),
         source,
@@ -165,11 +162,12 @@ mod tests {
     #[test]
     fn a_long_directory_still_binds_and_connects() {
         let base = tempfile::tempdir().unwrap();
-        let dir = base.path().join("d".repeat(120));
-        std::fs::create_dir(&dir).unwrap();
+        let dir = crate::state::StateDirs::new(base.path().join("d".repeat(120)))
+            .sandbox(&crate::state::ContainerId::try_from("sb").unwrap());
+        std::fs::create_dir_all(dir.path()).unwrap();
         let listener = bind(&dir).unwrap();
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(socket_path(&dir))
+        let mode = std::fs::metadata(dir.egress_socket())
             .unwrap()
             .permissions()
             .mode();
@@ -189,7 +187,7 @@ mod tests {
             "{e}"
         );
         server.join().unwrap();
-        std::fs::remove_file(socket_path(&dir)).unwrap();
+        std::fs::remove_file(dir.egress_socket()).unwrap();
         assert!(matches!(
             change(&dir, "sb", ChangeAction::Deny, "a.example.com"),
             Err(AllowError::NoProxy { .. })

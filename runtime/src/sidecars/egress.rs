@@ -27,12 +27,7 @@ use agent_sandbox_proxy::{
 use libcontainer::oci_spec::runtime::Process;
 
 use crate::sidecars::{self, READY};
-
-/// Name of the proxy's pid file in the sandbox directory.
-pub const PID_FILE: &str = "proxy.pid";
-
-/// Name of the proxy's log file in the sandbox directory.
-pub const LOG_FILE: &str = "proxy.log";
+use crate::state::SandboxDir;
 
 /// Errors of the egress door.
 #[derive(Debug, thiserror::Error)]
@@ -145,19 +140,18 @@ pub fn load_credentials(policy: &SandboxPolicy) -> Result<Credentials, EgressErr
 pub fn load_interceptor(
     policy: &SandboxPolicy,
     credentials: &Credentials,
-    sandbox_dir: &Path,
+    sandbox_dir: &SandboxDir,
     id: &str,
 ) -> Result<Option<Arc<agent_sandbox_proxy::TlsInterceptor>>, EgressError> {
     if !policy.network.terminates_tls() {
         return Ok(None);
     }
-    let read = |name: &str| {
-        let path = sandbox_dir.join(name);
+    let read = |path: PathBuf| {
         std::fs::read_to_string(&path).map_err(|source| EgressError::CaFile { path, source })
     };
-    let key = read(crate::sidecars::tls_trust::KEY_FILE)?;
-    let cert = read(crate::sidecars::tls_trust::CERT_FILE)?;
-    let key_path = sandbox_dir.join(crate::sidecars::tls_trust::KEY_FILE);
+    let key = read(sandbox_dir.tls_key())?;
+    let cert = read(sandbox_dir.tls_cert())?;
+    let key_path = sandbox_dir.tls_key();
     std::fs::remove_file(&key_path).map_err(|source| EgressError::CaFile {
         path: key_path,
         source,
@@ -236,10 +230,14 @@ pub struct PendingProxy(sidecars::Pending);
 /// overlaps the create; [`PendingProxy::finish`] gives it the init's network namespace. The pid
 /// file is written at once, so a create that fails in between stops it like a running proxy
 /// (and a proxy whose stdin closes without a path exits without binding anything).
-pub fn prespawn(root: &Path, sandbox_dir: &Path, id: &str) -> Result<PendingProxy, EgressError> {
+pub fn prespawn(
+    root: &Path,
+    sandbox_dir: &SandboxDir,
+    id: &str,
+) -> Result<PendingProxy, EgressError> {
     // The proxy's own log (warnings, refusals of special addresses, why it stopped) goes to
     // `proxy.log` beside its pid file; its decisions go to the audit log.
-    let log = sandbox_dir.join(LOG_FILE);
+    let log = sandbox_dir.proxy_log();
     let args: [&OsStr; 10] = [
         "--root".as_ref(),
         root.as_os_str(),
@@ -252,7 +250,7 @@ pub fn prespawn(root: &Path, sandbox_dir: &Path, id: &str) -> Result<PendingProx
         NETNS_ON_STDIN.as_ref(),
         id.as_ref(),
     ];
-    sidecars::start(&args, &sandbox_dir.join(PID_FILE), Vec::new())
+    sidecars::start(&args, &sandbox_dir.proxy_pid(), Vec::new())
         .map(PendingProxy)
         .map_err(spawn_error)
 }
@@ -305,8 +303,8 @@ pub enum Stopped {
 /// Stops the sandbox's proxy, if it has one. Best effort: used on delete and on
 /// a failed create. The pid is only signalled if it still is this sandbox's
 /// proxy (a dead proxy's pid may have been reused by another process).
-pub fn stop(sandbox_dir: &Path, id: &str) -> Stopped {
-    match sidecars::stop(&sandbox_dir.join(PID_FILE), "proxy", id) {
+pub fn stop(sandbox_dir: &SandboxDir, id: &str) -> Stopped {
+    match sidecars::stop(&sandbox_dir.proxy_pid(), "proxy", id) {
         sidecars::Stopped::NoPidFile => Stopped::NoProxy,
         sidecars::Stopped::Killed => Stopped::Killed,
         sidecars::Stopped::WasDead => {
@@ -350,7 +348,7 @@ pub fn serve(
     policy: &SandboxPolicy,
     audit: &Path,
     id: &str,
-    pid_file: &Path,
+    sandbox_dir: &SandboxDir,
 ) -> Result<(), EgressError> {
     let log = AuditLog::open(audit, id).map_err(EgressError::Audit)?;
     let credentials = match load_credentials(policy) {
@@ -360,7 +358,7 @@ pub fn serve(
             return Err(e);
         }
     };
-    let sandbox_dir = pid_file.parent().unwrap_or(Path::new("."));
+    let pid_file = sandbox_dir.proxy_pid();
     let tls = match load_interceptor(policy, &credentials, sandbox_dir, id) {
         Ok(t) => t,
         Err(e) => {
@@ -413,7 +411,7 @@ pub fn serve(
     } else {
         None
     };
-    watch_sandbox_init(&netns, pid_file.to_path_buf());
+    watch_sandbox_init(&netns, pid_file);
     // Audit records are fsynced one by one: a writer thread keeps that off the
     // proxy's event loop (the sink must not block). Denials are rate-limited (the same
     // limit as `syscall_denied`; what is left out is counted in the next denial's record)
@@ -454,7 +452,7 @@ pub fn serve(
             let _ = approval_tx.send(Written::Approval(record.clone()));
         }),
     ));
-    let control = match bind_control(pid_file) {
+    let control = match bind_control(sandbox_dir) {
         Ok(c) => c,
         Err(e) => {
             report(&chain(&e));
@@ -531,12 +529,11 @@ enum Written {
     Approval(ApprovalRecord),
 }
 
-/// Binds the control socket of `agent-sandbox allow`/`deny` beside the proxy's pid file (in
-/// the sandbox's state directory, which the sandbox never sees).
-fn bind_control(pid_file: &Path) -> Result<std::os::unix::net::UnixListener, EgressError> {
-    let dir = pid_file.parent().unwrap_or(Path::new("."));
+/// Binds the control socket of `agent-sandbox allow`/`deny` in the sandbox's state directory
+/// (which the sandbox never sees).
+fn bind_control(sandbox_dir: &SandboxDir) -> Result<std::os::unix::net::UnixListener, EgressError> {
     let listener =
-        crate::sidecars::allow::bind(dir).map_err(|e| EgressError::Control(Box::new(e)))?;
+        crate::sidecars::allow::bind(sandbox_dir).map_err(|e| EgressError::Control(Box::new(e)))?;
     listener
         .set_nonblocking(true)
         .map_err(EgressError::Runtime)?;
@@ -673,12 +670,15 @@ mod tests {
 
     #[test]
     fn a_pid_that_is_not_the_sandbox_proxy_is_never_signalled() {
-        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let dir = crate::state::StateDirs::new(root.path().to_owned())
+            .sandbox(&crate::state::ContainerId::try_from("sb").unwrap());
+        std::fs::create_dir_all(dir.path()).unwrap();
         // This test process is alive but is no proxy: stop must leave it alone.
-        std::fs::write(dir.path().join(PID_FILE), std::process::id().to_string()).unwrap();
-        assert_eq!(stop(dir.path(), "sb"), Stopped::WasDead);
-        assert!(!dir.path().join(PID_FILE).exists());
-        assert_eq!(stop(dir.path(), "sb"), Stopped::NoProxy);
+        std::fs::write(dir.proxy_pid(), std::process::id().to_string()).unwrap();
+        assert_eq!(stop(&dir, "sb"), Stopped::WasDead);
+        assert!(!dir.proxy_pid().exists());
+        assert_eq!(stop(&dir, "sb"), Stopped::NoProxy);
     }
 
     fn policy_with_credential(source: &str) -> SandboxPolicy {

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use agent_sandbox_audit::ExitStatus;
 
-use crate::id::ContainerId;
-use crate::paths::StateDirs;
+use crate::state::ContainerId;
+use crate::state::StateDirs;
 
 /// The hidden subcommand of the watcher.
 pub const SUBCOMMAND: &str = "exec-exit";

@@ -17,7 +17,6 @@
 //!   in a sandbox are none.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::kernel::{self, KernelRecord};
 use netlink_packet_audit::{AuditMessage, StatusMessage};
@@ -27,8 +26,7 @@ use netlink_packet_core::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_AUDIT};
 use serde::{Deserialize, Serialize};
 
-/// The supervisor's verdict on `fs_denied` reporting, in the sandbox dir.
-pub const STATUS_FILE: &str = "fs-audit.json";
+use crate::state::{SandboxDir, StateError};
 
 /// `AUDIT_NLGRP_READLOG`: the read-only multicast group of the audit log.
 const NLGRP_READLOG: u32 = 1;
@@ -49,12 +47,8 @@ pub enum FsAuditError {
         "cannot subscribe to the kernel audit log (needs CAP_AUDIT_READ in the initial user namespace)"
     )]
     Subscribe(#[source] std::io::Error),
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 /// Whether `fs_denied` reporting is in force for a sandbox, and why not.
@@ -74,20 +68,14 @@ impl FsAuditStatus {
     }
 
     /// Saves the verdict in the sandbox dir (the runtime, before it starts the supervisor).
-    pub fn save(&self, sandbox_dir: &Path) -> Result<(), FsAuditError> {
-        let path = sandbox_dir.join(STATUS_FILE);
-        let text = serde_json::to_vec(self).map_err(|e| FsAuditError::Write {
-            path: path.clone(),
-            source: e.into(),
-        })?;
-        std::fs::write(&path, text).map_err(|source| FsAuditError::Write { path, source })
+    pub fn save(&self, sandbox_dir: &SandboxDir) -> Result<(), FsAuditError> {
+        Ok(sandbox_dir.fs_audit().write(self)?)
     }
 
     /// The verdict the sandbox's supervisor saved; `None` when it has none (no supervisor,
     /// or one from an older runtime).
-    pub fn load(sandbox_dir: &Path) -> Option<Self> {
-        let text = std::fs::read(sandbox_dir.join(STATUS_FILE)).ok()?;
-        serde_json::from_slice(&text).ok()
+    pub fn load(sandbox_dir: &SandboxDir) -> Option<Self> {
+        sandbox_dir.fs_audit().read().ok()
     }
 }
 
@@ -295,10 +283,13 @@ mod tests {
 
     #[test]
     fn a_status_round_trips_through_the_sandbox_dir() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(FsAuditStatus::load(dir.path()), None);
+        let root = tempfile::tempdir().unwrap();
+        let dir = crate::state::StateDirs::new(root.path().to_owned())
+            .sandbox(&crate::state::ContainerId::try_from("fa1").unwrap());
+        std::fs::create_dir_all(dir.path()).unwrap();
+        assert_eq!(FsAuditStatus::load(&dir), None);
         let s = FsAuditStatus::inactive("kernel audit is disabled");
-        s.save(dir.path()).unwrap();
-        assert_eq!(FsAuditStatus::load(dir.path()), Some(s));
+        s.save(&dir).unwrap();
+        assert_eq!(FsAuditStatus::load(&dir), Some(s));
     }
 }

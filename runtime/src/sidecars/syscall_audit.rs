@@ -32,11 +32,7 @@ use seccompiler::BpfProgram;
 
 use crate::sidecars::fs_audit::{FsAuditStatus, KernelAudit};
 use crate::sidecars::{self, READY};
-
-/// The supervisor's socket in the sandbox dir.
-pub const SOCKET: &str = "seccomp.sock";
-/// The supervisor's pid in the sandbox dir.
-pub const PID_FILE: &str = "seccomp-supervisor.pid";
+use crate::state::SandboxDir;
 
 /// Errors of the syscall-denial supervisor.
 #[derive(Debug, thiserror::Error)]
@@ -182,15 +178,15 @@ fn spawn_error(e: sidecars::SpawnError) -> SyscallAuditError {
 /// [`Starting::ready`] checks it afterwards.
 pub fn start(
     root: &Path,
-    sandbox_dir: &Path,
+    sandbox_dir: &SandboxDir,
     id: &str,
     errno: u32,
 ) -> Result<Starting, SyscallAuditError> {
     let listen_err = |source| SyscallAuditError::Listen {
-        path: sandbox_dir.join(SOCKET),
+        path: sandbox_dir.seccomp_socket(),
         source,
     };
-    let _ = std::fs::remove_file(sandbox_dir.join(SOCKET));
+    let _ = std::fs::remove_file(sandbox_dir.seccomp_socket());
     let server = socket_path(sandbox_dir)
         .and_then(|(_dir, path)| UnixListener::bind(&path))
         .map_err(listen_err)?;
@@ -199,7 +195,7 @@ pub fn start(
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(
-            sandbox_dir.join(SOCKET),
+            sandbox_dir.seccomp_socket(),
             std::fs::Permissions::from_mode(0o600),
         )
         .map_err(listen_err)?;
@@ -236,7 +232,7 @@ pub fn start(
     }
     // The id stays last: `sidecars::stop` recognises its process by it.
     args.push(id.as_ref());
-    sidecars::start(&args, &sandbox_dir.join(PID_FILE), fds)
+    sidecars::start(&args, &sandbox_dir.supervisor_pid(), fds)
         .map(Starting)
         .map_err(spawn_error)
 }
@@ -249,28 +245,32 @@ impl Starting {
 }
 
 /// Kills the supervisor (at delete), if it still is this sandbox's.
-pub fn stop(sandbox_dir: &Path, id: &str) {
-    sidecars::stop(&sandbox_dir.join(PID_FILE), "seccomp-supervise", id);
+pub fn stop(sandbox_dir: &SandboxDir, id: &str) {
+    sidecars::stop(&sandbox_dir.supervisor_pid(), "seccomp-supervise", id);
 }
 
 /// The socket's path through a descriptor of the sandbox dir (`/proc/self/fd/N/seccomp.sock`):
 /// a rootless state dir plus a 64-character id exceeds `sun_path`'s 108 bytes. The returned
 /// file must stay open while the path is used.
-fn socket_path(sandbox_dir: &Path) -> std::io::Result<(std::fs::File, PathBuf)> {
+fn socket_path(sandbox_dir: &SandboxDir) -> std::io::Result<(std::fs::File, PathBuf)> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let dir = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(sandbox_dir)?;
-    let path = PathBuf::from(format!("/proc/self/fd/{}/{SOCKET}", dir.as_raw_fd()));
+        .open(sandbox_dir.path())?;
+    let path = PathBuf::from(format!(
+        "/proc/self/fd/{}/{}",
+        dir.as_raw_fd(),
+        SandboxDir::SECCOMP_SOCKET
+    ));
     Ok((dir, path))
 }
 
 /// A stream to the sandbox's supervisor, for one executor to send its listener over.
-pub fn connect(sandbox_dir: &Path) -> Result<OwnedFd, SyscallAuditError> {
+pub fn connect(sandbox_dir: &SandboxDir) -> Result<OwnedFd, SyscallAuditError> {
     let err = |source| SyscallAuditError::Connect {
-        path: sandbox_dir.join(SOCKET),
+        path: sandbox_dir.seccomp_socket(),
         source,
     };
     let (_dir, path) = socket_path(sandbox_dir).map_err(err)?;

@@ -13,10 +13,8 @@ use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{DomainRule, placeholder_value};
 use libcontainer::oci_spec::runtime::{Mount, Process, Spec};
 
-/// The CA key in the sandbox's state directory (host side, 0600; removed by the proxy).
-pub const KEY_FILE: &str = "tls-ca.key";
-/// The CA certificate in the sandbox's state directory, for the proxy.
-pub const CERT_FILE: &str = "tls-ca.pem";
+use crate::state::SandboxDir;
+
 /// Where the CA certificate and the bundle appear inside the sandbox.
 pub const TRUST_DIR: &str = "/etc/agent-sandbox/tls";
 /// The CA certificate alone, in [`TRUST_DIR`].
@@ -74,7 +72,7 @@ pub fn prepare(
     spec: &mut Spec,
     policy: &SandboxPolicy,
     id: &str,
-    sandbox_dir: &Path,
+    sandbox_dir: &SandboxDir,
     mount_dir: &Path,
     rootfs: &Path,
     pod_mount_dir: Option<&Path>,
@@ -93,8 +91,8 @@ pub fn prepare(
         None => {
             let ca = agent_sandbox_proxy::ca::generate(id, &bound_domains(policy))
                 .map_err(TrustError::Ca)?;
-            write_file(&sandbox_dir.join(KEY_FILE), ca.key_pem.as_bytes(), 0o600)?;
-            write_file(&sandbox_dir.join(CERT_FILE), ca.cert_pem.as_bytes(), 0o644)?;
+            write_file(&sandbox_dir.tls_key(), ca.key_pem.as_bytes(), 0o600)?;
+            write_file(&sandbox_dir.tls_cert(), ca.cert_pem.as_bytes(), 0o644)?;
             let dir = mount_dir.join(HOST_DIR);
             std::fs::create_dir_all(&dir).map_err(|source| TrustError::Write {
                 path: dir.clone(),
@@ -244,16 +242,21 @@ mod tests {
         SandboxPolicy::parse(&text, "test.toml").unwrap()
     }
 
+    fn sandbox_dir(root: &Path) -> SandboxDir {
+        crate::state::StateDirs::new(root.to_owned())
+            .sandbox(&crate::state::ContainerId::try_from("abc").unwrap())
+    }
+
     #[test]
     fn the_key_stays_in_the_state_dir_and_the_bundle_holds_the_image_cas_and_ours() {
         let p = policy("https = true\nplaceholder_env = \"API_TOKEN\"\n");
         let dir = tempfile::tempdir().unwrap();
         let (state, mnt, rootfs) = (
-            dir.path().join("s"),
+            sandbox_dir(&dir.path().join("s")),
             dir.path().join("m"),
             dir.path().join("r"),
         );
-        for d in [&state, &mnt, &rootfs.join("etc/ssl/certs")] {
+        for d in [state.path(), &mnt, &rootfs.join("etc/ssl/certs")] {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(
@@ -266,7 +269,7 @@ mod tests {
         let mut spec = Spec::default();
         spec.set_mounts(Some(Vec::new()));
         prepare(&mut spec, &p, "abc", &state, &mnt, &rootfs, None).unwrap();
-        let key = std::fs::metadata(state.join(KEY_FILE)).unwrap();
+        let key = std::fs::metadata(state.tls_key()).unwrap();
         assert_eq!(key.permissions().mode() & 0o777, 0o600);
         let bundle = std::fs::read_to_string(mnt.join("tls").join(BUNDLE_NAME)).unwrap();
         assert!(
@@ -309,18 +312,10 @@ mod tests {
         let mut spec = Spec::default();
         let before = spec.mounts().clone();
         let dir = tempfile::tempdir().unwrap();
-        prepare(
-            &mut spec,
-            &p,
-            "abc",
-            dir.path(),
-            dir.path(),
-            dir.path(),
-            None,
-        )
-        .unwrap();
+        let state = sandbox_dir(dir.path());
+        prepare(&mut spec, &p, "abc", &state, dir.path(), dir.path(), None).unwrap();
         assert_eq!(spec.mounts(), &before);
         assert!(env_vars(&p).is_empty());
-        assert!(!dir.path().join(KEY_FILE).exists());
+        assert!(!state.tls_key().exists());
     }
 }

@@ -8,7 +8,7 @@ use agent_sandbox_policy::SandboxPolicy;
 use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
 
 use super::{CgroupsError, Driver, Hierarchy, Host};
-use crate::id::ContainerId;
+use crate::state::ContainerId;
 
 /// A limit the runtime checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

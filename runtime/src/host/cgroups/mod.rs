@@ -29,7 +29,7 @@ use std::path::{Component, Path, PathBuf};
 
 use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
 
-use crate::id::ContainerId;
+use crate::state::{ContainerId, SandboxDir};
 
 mod limits;
 pub mod warm;
@@ -60,6 +60,8 @@ pub enum CgroupsError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
     #[error("{path} names no {controller} cgroup")]
     NoController {
         path: PathBuf,
@@ -754,11 +756,9 @@ pub struct Record {
 }
 
 impl Record {
-    const FILE: &'static str = "cgroup.json";
-
     /// Saves where the spec's cgroupsPath placed the sandbox (v2 only; v1 keeps
     /// libcontainer's own names, see [`remove_orphans`]).
-    pub fn save(placement: &Placement, spec: &Spec, dir: &Path) -> Result<(), CgroupsError> {
+    pub fn save(placement: &Placement, spec: &Spec, dir: &SandboxDir) -> Result<(), CgroupsError> {
         let Some(path) = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone()) else {
             return Ok(());
         };
@@ -769,18 +769,11 @@ impl Record {
             path,
             systemd: placement.systemd(),
         };
-        let file = dir.join(Self::FILE);
-        let value = serde_json::to_string(&record).unwrap_or_default();
-        std::fs::write(&file, &value).map_err(|source| CgroupsError::Write {
-            path: file,
-            value,
-            source,
-        })
+        Ok(dir.cgroup().write(&record)?)
     }
 
-    pub fn load(dir: &Path) -> Option<Self> {
-        let text = std::fs::read(dir.join(Self::FILE)).ok()?;
-        serde_json::from_slice(&text).ok()
+    pub fn load(dir: &SandboxDir) -> Option<Self> {
+        dir.cgroup().read().ok()
     }
 }
 
@@ -1213,23 +1206,27 @@ mod tests {
 
     #[test]
     fn v2_placements_are_recorded_and_v1_ones_are_not() {
-        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let dir = crate::state::StateDirs::new(root.path().to_owned()).sandbox(&id());
+        std::fs::create_dir_all(dir.path()).unwrap();
         let host = FakeHost::new(Hierarchy::Unified).with_proc(OWN_PID, V2);
         let mut spec = spec_with(Some("/default/c1"));
         let p = place(&host, &mut spec, &id(), false, false).unwrap();
-        Record::save(&p, &spec, dir.path()).unwrap();
+        Record::save(&p, &spec, &dir).unwrap();
         assert_eq!(
-            Record::load(dir.path()),
+            Record::load(&dir),
             Some(Record {
                 path: "/default/c1".into(),
                 systemd: false
             })
         );
-        let v1 = tempfile::tempdir().unwrap();
+        let v1_root = tempfile::tempdir().unwrap();
+        let v1 = crate::state::StateDirs::new(v1_root.path().to_owned()).sandbox(&id());
+        std::fs::create_dir_all(v1.path()).unwrap();
         let host = FakeHost::new(Hierarchy::Hybrid);
         let p = place(&host, &mut spec, &id(), false, false).unwrap();
-        Record::save(&p, &spec, v1.path()).unwrap();
-        assert_eq!(Record::load(v1.path()), None);
+        Record::save(&p, &spec, &v1).unwrap();
+        assert_eq!(Record::load(&v1), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::id::ContainerId;
+use super::id::ContainerId;
 
 /// How long a command waits for another command on the same container. A hook that runs a
 /// writing command on its own container while `start` waits for the hook would otherwise

@@ -1,0 +1,467 @@
+//! `R/sandbox/<id>/`: one sandbox's own state, and the only place that names its files.
+//!
+//! Each file has one method below, which says what the file holds and which module reads or
+//! writes it. Modules ask a [`SandboxDir`] for a path (or a [`JsonFile`], which also fixes the
+//! file's encoding and mode); none joins a file name onto the directory itself.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::id::{ContainerId, IdError};
+use super::paths::write_atomic_mode;
+
+/// A JSON state file could not be read or written; names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot encode {path}")]
+    Encode {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StateError {
+    /// The file named by the error.
+    pub fn path(&self) -> &Path {
+        match self {
+            Self::Read { path, .. }
+            | Self::Parse { path, .. }
+            | Self::Encode { path, .. }
+            | Self::Write { path, .. } => path,
+        }
+    }
+}
+
+/// How a JSON file is laid out (kept as each file has always been written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Pretty,
+    Compact,
+}
+
+/// Mode of a file only the runtime reads.
+const PRIVATE: u32 = 0o600;
+/// Mode (before the umask) of a file written like `std::fs::write` writes one.
+const DEFAULT: u32 = 0o666;
+
+/// One JSON file of a sandbox: its path, how it is encoded and the mode it gets. Writes are
+/// atomic (a reader sees the old file or the new one, never a part); reads name the file in
+/// their error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonFile {
+    path: PathBuf,
+    layout: Layout,
+    mode: u32,
+}
+
+impl JsonFile {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Replaces the file with `value`, atomically.
+    pub fn write<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), StateError> {
+        let text = match self.layout {
+            Layout::Pretty => serde_json::to_vec_pretty(value),
+            Layout::Compact => serde_json::to_vec(value),
+        }
+        .map_err(|source| StateError::Encode {
+            path: self.path.clone(),
+            source,
+        })?;
+        write_atomic_mode(&self.path, &text, self.mode).map_err(|source| StateError::Write {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// The file's value; a missing file is a [`StateError::Read`] (see [`Self::read_if_present`]).
+    pub fn read<T: DeserializeOwned>(&self) -> Result<T, StateError> {
+        let text = std::fs::read(&self.path).map_err(|source| StateError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        serde_json::from_slice(&text).map_err(|source| StateError::Parse {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// The file's value, `None` when there is no file.
+    pub fn read_if_present<T: DeserializeOwned>(&self) -> Result<Option<T>, StateError> {
+        match self.read() {
+            Err(StateError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Ok(None)
+            }
+            other => other.map(Some),
+        }
+    }
+}
+
+/// The state directory of one sandbox, `R/sandbox/<id>/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxDir {
+    dir: PathBuf,
+}
+
+impl SandboxDir {
+    /// The directory under the state root that holds every sandbox's directory.
+    pub(super) const PARENT: &str = "sandbox";
+
+    /// The directory of sandbox `id` under state root `root`.
+    pub fn new(root: &Path, id: &ContainerId) -> Self {
+        Self {
+            dir: root.join(Self::PARENT).join(id.as_str()),
+        }
+    }
+
+    /// The directory of the sandbox named `id`, for a name read from a file or an argument:
+    /// anything that is not a valid container id (`..`, a `/`, an empty name) is refused, so
+    /// the result always lies directly under `R/sandbox/`.
+    pub fn of(root: &Path, id: &str) -> Result<Self, IdError> {
+        Ok(Self::new(root, &ContainerId::try_from(id)?))
+    }
+
+    /// The directory itself (created at `create`, removed at `delete`).
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn exists(&self) -> bool {
+        self.dir.exists()
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn json(&self, name: &str, layout: Layout, mode: u32) -> JsonFile {
+        JsonFile {
+            path: self.file(name),
+            layout,
+            mode,
+        }
+    }
+
+    /// `sandbox.json`: the sandbox record (bundle, ids, rootfs mount, profile) — `lifecycle`.
+    pub fn record(&self) -> JsonFile {
+        self.json("sandbox.json", Layout::Pretty, PRIVATE)
+    }
+
+    /// `bundle/`: the bundle libcontainer runs — `lifecycle`.
+    pub fn bundle(&self) -> PathBuf {
+        self.file("bundle")
+    }
+
+    /// `bundle/config.json`: the hardened spec — written by `lifecycle`, read by `pod` for a
+    /// pod's members and by `exec`.
+    pub fn hardened_spec(&self) -> PathBuf {
+        self.bundle().join("config.json")
+    }
+
+    /// `ceiling.toml`: the ceiling policy the sandbox was created under (every exec and a
+    /// pod's members use it) — `sandbox::Ceiling`.
+    pub fn ceiling(&self) -> PathBuf {
+        self.file("ceiling.toml")
+    }
+
+    /// `workspace.json`: the workspace overlay's placement — `lifecycle`, read by `changes`.
+    pub fn workspace(&self) -> JsonFile {
+        self.json("workspace.json", Layout::Pretty, PRIVATE)
+    }
+
+    /// `requested-seccomp.json`: the seccomp profile the caller's spec asked for, which every
+    /// exec gets too — `lifecycle`.
+    pub fn requested_seccomp(&self) -> JsonFile {
+        self.json("requested-seccomp.json", Layout::Pretty, PRIVATE)
+    }
+
+    /// `exec-<pid>.json`: the clamped process of an exec in flight, run by the runtime with
+    /// `pid` and removed when its exec is built — `lifecycle`.
+    pub fn exec_process(&self, pid: u32) -> JsonFile {
+        self.json(&format!("exec-{pid}.json"), Layout::Pretty, PRIVATE)
+    }
+
+    /// `watchdog.pid`: the wall-clock watchdog's pid — `lifecycle`.
+    pub fn watchdog_pid(&self) -> PathBuf {
+        self.file("watchdog.pid")
+    }
+
+    /// `started`: uptime when the init executed the program — `lifecycle` (`init_exec`).
+    pub fn started(&self) -> PathBuf {
+        self.file("started")
+    }
+
+    /// `cgroup.json`: a cgroup v2 sandbox's cgroup or systemd scope — `host::cgroups`.
+    pub fn cgroup(&self) -> JsonFile {
+        self.json("cgroup.json", Layout::Compact, DEFAULT)
+    }
+
+    /// `layers.json`: which layers were applied, for `layers` — `layers`.
+    pub fn layers(&self) -> JsonFile {
+        self.json("layers.json", Layout::Pretty, DEFAULT)
+    }
+
+    /// `pod.json`: the pod role and the pinned namespaces (CRI only) — `pod`.
+    pub fn pod(&self) -> JsonFile {
+        self.json("pod.json", Layout::Pretty, DEFAULT)
+    }
+
+    /// `poststop.json`: the poststop hooks to run at delete — `hooks`.
+    pub fn poststop(&self) -> JsonFile {
+        self.json("poststop.json", Layout::Compact, DEFAULT)
+    }
+
+    /// `apparmor-profile`: the name of the AppArmor profile loaded for the sandbox —
+    /// `apparmor`.
+    pub fn apparmor_profile(&self) -> PathBuf {
+        self.file("apparmor-profile")
+    }
+
+    /// `proxy.pid`: the egress proxy sidecar's pid — `egress`.
+    pub fn proxy_pid(&self) -> PathBuf {
+        self.file("proxy.pid")
+    }
+
+    /// `proxy.log`: the egress proxy's own log — `egress`.
+    pub fn proxy_log(&self) -> PathBuf {
+        self.file("proxy.log")
+    }
+
+    /// Name of the egress proxy's control socket (`allow`), bound through a descriptor of
+    /// this directory because the full path may exceed `sun_path`.
+    pub const EGRESS_SOCKET: &str = "egress.sock";
+
+    /// `egress.sock`: the proxy's control socket, for `allow` — `egress`, `allow`.
+    pub fn egress_socket(&self) -> PathBuf {
+        self.file(Self::EGRESS_SOCKET)
+    }
+
+    /// `seccomp-supervisor.pid`: the syscall audit supervisor's pid — `syscall_audit`.
+    pub fn supervisor_pid(&self) -> PathBuf {
+        self.file("seccomp-supervisor.pid")
+    }
+
+    /// Name of the supervisor's socket, bound through a descriptor of this directory.
+    pub const SECCOMP_SOCKET: &str = "seccomp.sock";
+
+    /// `seccomp.sock`: where executors hand their seccomp listener to the supervisor —
+    /// `syscall_audit`.
+    pub fn seccomp_socket(&self) -> PathBuf {
+        self.file(Self::SECCOMP_SOCKET)
+    }
+
+    /// `fs-audit.json`: whether Landlock denials are logged, and why not — `fs_audit`.
+    pub fn fs_audit(&self) -> JsonFile {
+        self.json("fs-audit.json", Layout::Compact, DEFAULT)
+    }
+
+    /// `tls-ca.key`: the sandbox CA's key (mode 0600), removed once the proxy has read it —
+    /// `tls_trust`, `egress`.
+    pub fn tls_key(&self) -> PathBuf {
+        self.file("tls-ca.key")
+    }
+
+    /// `tls-ca.pem`: the sandbox CA's certificate — `tls_trust`, `egress`.
+    pub fn tls_cert(&self) -> PathBuf {
+        self.file("tls-ca.pem")
+    }
+
+    /// `audit-dir`: the directory of the sandbox's audit log, fixed at create — `audit`.
+    pub fn audit_dir(&self) -> PathBuf {
+        self.file("audit-dir")
+    }
+
+    /// `audit-state.json`: what the exit records need (OOM kills seen, init recorded) —
+    /// `audit`.
+    pub fn audit_state(&self) -> JsonFile {
+        self.json("audit-state.json", Layout::Compact, DEFAULT)
+    }
+
+    /// `audit-exec/`: one file per exec, named by its pid, holding its tool-call id — `audit`.
+    pub fn audit_exec_tags(&self) -> PathBuf {
+        self.file("audit-exec")
+    }
+
+    /// `audit-exec/<pid>`: the tool-call id of the exec with `pid` — `audit`.
+    pub fn audit_exec_tag(&self, pid: i32) -> PathBuf {
+        self.audit_exec_tags().join(pid.to_string())
+    }
+
+    /// `audit-exec-exits/`: one empty file per exec exit already recorded — `audit`.
+    pub fn audit_exec_exits(&self) -> PathBuf {
+        self.file("audit-exec-exits")
+    }
+
+    /// `wall-clock-fired`: the watchdog's mark before it kills the sandbox — `audit`.
+    pub fn wall_clock_fired(&self) -> PathBuf {
+        self.file("wall-clock-fired")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(root: &Path) -> SandboxDir {
+        SandboxDir::new(root, &ContainerId::try_from("c1").unwrap())
+    }
+
+    /// The names are part of the on-disk format: a running sandbox created by an older
+    /// runtime must still be found by a newer one.
+    #[test]
+    fn layout_names() {
+        let d = sandbox(Path::new("/r"));
+        assert_eq!(d.path(), Path::new("/r/sandbox/c1"));
+        let name = |p: &Path| {
+            p.strip_prefix("/r/sandbox/c1")
+                .unwrap()
+                .display()
+                .to_string()
+        };
+        let files = [
+            (d.record().path().to_owned(), "sandbox.json"),
+            (d.bundle(), "bundle"),
+            (d.hardened_spec(), "bundle/config.json"),
+            (d.ceiling(), "ceiling.toml"),
+            (d.workspace().path().to_owned(), "workspace.json"),
+            (
+                d.requested_seccomp().path().to_owned(),
+                "requested-seccomp.json",
+            ),
+            (d.exec_process(7).path().to_owned(), "exec-7.json"),
+            (d.watchdog_pid(), "watchdog.pid"),
+            (d.started(), "started"),
+            (d.cgroup().path().to_owned(), "cgroup.json"),
+            (d.layers().path().to_owned(), "layers.json"),
+            (d.pod().path().to_owned(), "pod.json"),
+            (d.poststop().path().to_owned(), "poststop.json"),
+            (d.apparmor_profile(), "apparmor-profile"),
+            (d.proxy_pid(), "proxy.pid"),
+            (d.proxy_log(), "proxy.log"),
+            (d.egress_socket(), "egress.sock"),
+            (d.supervisor_pid(), "seccomp-supervisor.pid"),
+            (d.seccomp_socket(), "seccomp.sock"),
+            (d.fs_audit().path().to_owned(), "fs-audit.json"),
+            (d.tls_key(), "tls-ca.key"),
+            (d.tls_cert(), "tls-ca.pem"),
+            (d.audit_dir(), "audit-dir"),
+            (d.audit_state().path().to_owned(), "audit-state.json"),
+            (d.audit_exec_tags(), "audit-exec"),
+            (d.audit_exec_tag(42), "audit-exec/42"),
+            (d.audit_exec_exits(), "audit-exec-exits"),
+            (d.wall_clock_fired(), "wall-clock-fired"),
+        ];
+        for (path, want) in &files {
+            assert_eq!(name(path), *want);
+        }
+        let mut names: Vec<_> = files.iter().map(|(p, _)| p.clone()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), files.len(), "two files share a name");
+        assert_eq!(
+            d.seccomp_socket(),
+            d.path().join(SandboxDir::SECCOMP_SOCKET)
+        );
+        assert_eq!(d.egress_socket(), d.path().join(SandboxDir::EGRESS_SOCKET));
+    }
+
+    #[test]
+    fn refuses_names_that_are_not_ids() {
+        let root = Path::new("/r");
+        for bad in ["", ".", "..", "../x", "a/b", "/etc", "a\0b", "x y"] {
+            assert!(SandboxDir::of(root, bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            SandboxDir::of(root, "abc-1.2_3+4").unwrap().path(),
+            Path::new("/r/sandbox/abc-1.2_3+4")
+        );
+    }
+
+    #[test]
+    fn json_files_round_trip_with_their_layout_and_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let d = sandbox(root.path());
+        std::fs::create_dir_all(d.path()).unwrap();
+        let value = serde_json::json!({"role": "member", "pod": "p"});
+        d.pod().write(&value).unwrap();
+        d.poststop().write(&value).unwrap();
+        d.record().write(&value).unwrap();
+        assert_eq!(
+            std::fs::read(d.pod().path()).unwrap(),
+            serde_json::to_vec_pretty(&value).unwrap()
+        );
+        assert_eq!(
+            std::fs::read(d.poststop().path()).unwrap(),
+            serde_json::to_vec(&value).unwrap()
+        );
+        let mode = |f: JsonFile| std::fs::metadata(f.path()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(d.record()), 0o600);
+        // As `std::fs::write` would leave it: 0666 less the umask, which removes no owner bit.
+        assert_eq!(mode(d.pod()) & 0o700, 0o600);
+        assert_eq!(mode(d.pod()), mode(d.poststop()));
+        assert_eq!(d.pod().read::<serde_json::Value>().unwrap(), value);
+        assert!(
+            d.layers()
+                .read_if_present::<serde_json::Value>()
+                .unwrap()
+                .is_none()
+        );
+        let missing = d.layers().read::<serde_json::Value>().unwrap_err();
+        assert_eq!(missing.path(), d.layers().path());
+        std::fs::write(d.fs_audit().path(), b"{not json").unwrap();
+        let bad = d.fs_audit().read::<serde_json::Value>().unwrap_err();
+        assert!(matches!(bad, StateError::Parse { .. }), "{bad:?}");
+        assert!(bad.to_string().contains("fs-audit.json"), "{bad}");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_partial_one() {
+        let root = tempfile::tempdir().unwrap();
+        let d = sandbox(root.path());
+        std::fs::create_dir_all(d.path()).unwrap();
+        d.layers().write(&serde_json::json!({"old": true})).unwrap();
+        // A map with non-string keys cannot be encoded as JSON: the encoder fails part way.
+        let unencodable: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let err = d.layers().write(&unencodable).unwrap_err();
+        assert!(matches!(err, StateError::Encode { .. }), "{err:?}");
+        assert_eq!(
+            d.layers().read::<serde_json::Value>().unwrap(),
+            serde_json::json!({"old": true})
+        );
+        // A write that cannot be renamed into place (the target is a directory) leaves no
+        // temporary file behind either.
+        std::fs::create_dir(d.pod().path()).unwrap();
+        assert!(d.pod().write(&1).is_err());
+        let mut names: Vec<_> = std::fs::read_dir(d.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["layers.json", "pod.json"]);
+    }
+}
