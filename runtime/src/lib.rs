@@ -8,6 +8,7 @@ pub mod audit;
 pub mod cgroup_warm;
 pub mod changes;
 pub mod cli;
+mod create;
 pub mod egress;
 pub mod enforce;
 pub mod exec_exit;
