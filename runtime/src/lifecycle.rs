@@ -277,6 +277,8 @@ pub struct Runtime {
     pub dirs: StateDirs,
     /// `--audit-dir` / `AGENT_SANDBOX_AUDIT_DIR`: where new sandboxes' logs go.
     pub audit_dir: Option<PathBuf>,
+    /// libcontainer, or a recording fake in unit tests (`crate::create::engine`).
+    engine: Box<dyn crate::create::engine::Engine>,
 }
 
 pub(crate) fn record_path(dirs: &StateDirs, id: &ContainerId) -> PathBuf {
@@ -322,7 +324,24 @@ impl Runtime {
         Ok(Self {
             dirs,
             audit_dir: None,
+            engine: Box::new(crate::create::engine::Libcontainer),
         })
+    }
+
+    /// The runtime with another engine (a unit test's recording fake).
+    #[cfg(test)]
+    pub(crate) fn with_engine(
+        root: &Path,
+        engine: Box<dyn crate::create::engine::Engine>,
+    ) -> Result<Self> {
+        Ok(Self {
+            engine,
+            ..Self::new(Some(root))?
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &dyn crate::create::engine::Engine {
+        self.engine.as_ref()
     }
 
     pub(crate) fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
@@ -345,7 +364,7 @@ impl Runtime {
             if !dir.join("state.json").exists() {
                 return Err(LifecycleError::NotExist { id: id.clone() });
             }
-            match Container::load(dir.clone()) {
+            match self.engine.load(dir.clone()) {
                 Ok(c) => break c,
                 Err(libcontainer::error::LibcontainerError::State(
                     libcontainer::container::state::StateError::ParseStateFile { .. },
@@ -359,7 +378,9 @@ impl Runtime {
         if retries > 0 {
             tracing::debug!(id = %id, retries, "state.json was being written; read again");
         }
-        c.refresh_status().map_err(container_err("refresh state"))?;
+        self.engine
+            .refresh(&mut c)
+            .map_err(container_err("refresh state"))?;
         Ok(c)
     }
 
@@ -401,7 +422,7 @@ impl Runtime {
         }
         if let Ok(c) = self.load(id) {
             let mut c = c;
-            let _ = c.delete(true);
+            let _ = self.engine.delete(&mut c, true);
         }
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
         // After the container's processes are gone: a profile removed from the kernel
@@ -851,7 +872,7 @@ impl Runtime {
                     let pid = c.pid().map(|p| p.as_raw());
                     crate::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
                 };
-                let mut result = c.delete(force);
+                let mut result = self.engine.delete(&mut c, force);
                 // Processes SIGKILLed by a forced delete may still be exiting, and
                 // a v1 cgroup cannot be removed until they are gone: retry for up
                 // to two seconds before reporting the failure.
@@ -860,7 +881,7 @@ impl Runtime {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     result = match self.load(id) {
-                        Ok(mut again) => again.delete(true),
+                        Ok(mut again) => self.engine.delete(&mut again, true),
                         Err(LifecycleError::NotExist { .. }) => Ok(()),
                         Err(_) => continue,
                     };

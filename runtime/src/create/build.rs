@@ -108,8 +108,8 @@ impl Runtime {
             .with_systemd(hardened.cgroups.systemd())
             .with_detach(true)
             .with_no_pivot(opts.no_pivot);
-        let container =
-            lifecycle::in_root_dir(|| init.build())?.map_err(|e| lifecycle::create_err(e, spec))?;
+        let container = lifecycle::in_root_dir(|| self.engine().build_init(init))?
+            .map_err(|e| lifecycle::create_err(e, spec))?;
         Ok(container.pid().map(|p| p.as_raw()).unwrap_or(0))
     }
 }

@@ -17,6 +17,7 @@
 //! (`Runtime::cleanup_sandbox`), which removes whatever the phases before it set up.
 
 mod build;
+pub(crate) mod engine;
 mod harden;
 mod host;
 mod ids;
@@ -149,3 +150,6 @@ impl Runtime {
         self.record_created(id, &ids, &host, &hardened, pid, proxy_pid, &marks)
     }
 }
+
+#[cfg(test)]
+mod tests;
