@@ -454,3 +454,118 @@ fn idmapped_lower(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use libcontainer::oci_spec::runtime::{Mount, Spec};
+
+    use super::{MountError, Rebinds, overlay_as_bind};
+
+    fn mount(typ: &str, source: &str, dest: &str, options: &[&str]) -> Mount {
+        let mut m = Mount::default();
+        m.set_typ(Some(typ.to_owned()));
+        m.set_source(Some(PathBuf::from(source)));
+        m.set_destination(PathBuf::from(dest));
+        m.set_options(Some(options.iter().map(|o| (*o).to_owned()).collect()));
+        m
+    }
+
+    fn spec_with(mounts: Vec<Mount>) -> Spec {
+        let mut spec = Spec::default();
+        spec.set_mounts(Some(mounts));
+        spec
+    }
+
+    /// The hardening phase turns the overlay into a bind of the merged dir and keeps the
+    /// overlay's own options for the host-side mount; nothing else in the spec changes.
+    #[test]
+    fn the_workspace_overlay_becomes_a_bind_of_its_merged_dir() {
+        let tmp = mount("tmpfs", "tmpfs", "/tmp", &["nosuid"]);
+        let mut spec = spec_with(vec![
+            tmp.clone(),
+            mount(
+                "overlay",
+                "overlay",
+                "/workspace",
+                &[
+                    "lowerdir=/srv/ws",
+                    "upperdir=/m/upper",
+                    "workdir=/m/work",
+                    "userxattr",
+                    "nosuid",
+                ],
+            ),
+        ]);
+        let merged = Path::new("/m/merged");
+        let overlay = overlay_as_bind(&mut spec, merged).unwrap().unwrap();
+        assert_eq!(overlay.merged, merged);
+        assert_eq!(overlay.lower, Path::new("/srv/ws"));
+        assert_eq!(overlay.upper, Path::new("/m/upper"));
+        let mounts = spec.mounts().clone().unwrap();
+        assert_eq!(mounts[0], tmp);
+        let ws = &mounts[1];
+        assert_eq!(ws.typ().as_deref(), Some("bind"));
+        assert_eq!(ws.source().as_deref(), Some(merged));
+        assert_eq!(ws.destination(), Path::new("/workspace"));
+        assert_eq!(
+            ws.options().clone().unwrap(),
+            ["rbind", "rw", "nosuid", "nodev"]
+        );
+        // A spec without an overlay is left alone.
+        let mut plain = spec_with(vec![tmp.clone()]);
+        assert!(overlay_as_bind(&mut plain, merged).unwrap().is_none());
+        assert_eq!(plain.mounts().clone().unwrap(), [tmp]);
+    }
+
+    #[test]
+    fn an_overlay_without_an_upper_dir_is_an_error_naming_the_option() {
+        let mut spec = spec_with(vec![mount(
+            "overlay",
+            "overlay",
+            "/workspace",
+            &["lowerdir=/srv/ws"],
+        )]);
+        let err = overlay_as_bind(&mut spec, Path::new("/m/merged")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MountError::OverlayOption {
+                    option: "upperdir",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// Re-bound sources land on the mounts they were made for, by index.
+    #[test]
+    fn rebinds_point_only_their_mounts_at_the_new_sources() {
+        let mut spec = spec_with(vec![
+            mount("bind", "/var/lib/c/hosts", "/etc/hosts", &["rbind"]),
+            mount("proc", "proc", "/proc", &[]),
+            mount("bind", "/srv/ws", "/workspace", &["rbind"]),
+        ]);
+        Rebinds(vec![
+            (0, PathBuf::from("/m/binds/0")),
+            (2, PathBuf::from("/m/binds/2")),
+        ])
+        .apply(&mut spec);
+        let sources: Vec<Option<PathBuf>> = spec
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.source().clone())
+            .collect();
+        assert_eq!(
+            sources,
+            [
+                Some(PathBuf::from("/m/binds/0")),
+                Some(PathBuf::from("proc")),
+                Some(PathBuf::from("/m/binds/2")),
+            ]
+        );
+    }
+}
