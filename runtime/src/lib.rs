@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+mod create;
 pub mod enforce;
 pub mod executor;
 pub mod hooks;

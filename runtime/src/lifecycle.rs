@@ -143,7 +143,7 @@ pub enum LifecycleError {
 type Result<T> = std::result::Result<T, LifecycleError>;
 
 /// Maps libcontainer's error of operation `op` (boxed: it is large).
-fn container_err(
+pub(crate) fn container_err(
     op: &'static str,
 ) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LifecycleError {
     move |source| LifecycleError::Container {
@@ -154,7 +154,10 @@ fn container_err(
 
 /// Maps libcontainer's create error; a failed sysctl write names the keys and values the
 /// sandbox asked for (libcontainer's own message names none).
-fn create_err(source: libcontainer::error::LibcontainerError, spec: &Spec) -> LifecycleError {
+pub(crate) fn create_err(
+    source: libcontainer::error::LibcontainerError,
+    spec: &Spec,
+) -> LifecycleError {
     let mut chain = String::new();
     let mut cause: Option<&dyn std::error::Error> = Some(&source);
     while let Some(e) = cause {
@@ -193,7 +196,7 @@ fn create_err(source: libcontainer::error::LibcontainerError, spec: &Spec) -> Li
 /// few hundred, and 6-8 ms per `create` (docs/benchmarks.md). `/` can be opened by every uid, so
 /// the probe sees `openat2` work. The fallback's checks and `openat2`'s `RESOLVE_*` flags give the
 /// same guarantees; only the cost differs.
-fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
+pub(crate) fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
     // O_PATH: the caller's directory only needs to be found again, not read.
@@ -270,6 +273,8 @@ pub struct Runtime {
     pub dirs: StateDirs,
     /// `--audit-dir` / `AGENT_SANDBOX_AUDIT_DIR`: where new sandboxes' logs go.
     pub audit_dir: Option<PathBuf>,
+    /// libcontainer, or a recording fake in unit tests (`crate::create::engine`).
+    engine: Box<dyn crate::create::engine::Engine>,
 }
 
 impl crate::pod::PodStates for Runtime {
@@ -316,10 +321,27 @@ impl Runtime {
         Ok(Self {
             dirs,
             audit_dir: None,
+            engine: Box::new(crate::create::engine::Libcontainer),
         })
     }
 
-    fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
+    /// The runtime with another engine (a unit test's recording fake).
+    #[cfg(test)]
+    pub(crate) fn with_engine(
+        root: &Path,
+        engine: Box<dyn crate::create::engine::Engine>,
+    ) -> Result<Self> {
+        Ok(Self {
+            engine,
+            ..Self::new(Some(root))?
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &dyn crate::create::engine::Engine {
+        self.engine.as_ref()
+    }
+
+    pub(crate) fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
         self.dirs.ensure()?;
         ContainerBuilder::new(id.as_str().to_owned(), SyscallType::default())
             .with_root_path(self.dirs.containers())
@@ -339,7 +361,7 @@ impl Runtime {
             if !dir.join("state.json").exists() {
                 return Err(LifecycleError::NotExist { id: id.clone() });
             }
-            match Container::load(dir.clone()) {
+            match self.engine.load(dir.clone()) {
                 Ok(c) => break c,
                 Err(libcontainer::error::LibcontainerError::State(
                     libcontainer::container::state::StateError::ParseStateFile { .. },
@@ -353,7 +375,9 @@ impl Runtime {
         if retries > 0 {
             tracing::debug!(id = %id, retries, "state.json was being written; read again");
         }
-        c.refresh_status().map_err(container_err("refresh state"))?;
+        self.engine
+            .refresh(&mut c)
+            .map_err(container_err("refresh state"))?;
         Ok(c)
     }
 
@@ -375,308 +399,8 @@ impl Runtime {
         Ok(self.dirs.sandbox(id).record().read()?)
     }
 
-    /// `create`: prepares the sandbox and leaves its init waiting for `start`.
-    pub fn create(
-        &self,
-        id: &ContainerId,
-        opts: &CreateOpts,
-        ceiling: &crate::sandbox::Ceiling,
-    ) -> Result<()> {
-        if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
-            return Err(LifecycleError::Exists { id: id.clone() });
-        }
-        crate::host::cgroups::warm::start();
-        let config = opts.bundle.join("config.json");
-        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
-            path: config.clone(),
-            source,
-        })?;
-        let result = self.create_inner(id, opts, spec, ceiling);
-        if result.is_err() {
-            self.cleanup_sandbox(id);
-        }
-        result
-    }
-
-    fn create_inner(
-        &self,
-        id: &ContainerId,
-        opts: &CreateOpts,
-        mut spec: Spec,
-        ceiling: &crate::sandbox::Ceiling,
-    ) -> Result<()> {
-        // Debug-level timings of each phase (docs/benchmarks.md, "Where the time goes").
-        let began = std::time::Instant::now();
-        let mark = |phase: &str| {
-            tracing::debug!(
-                phase,
-                ms = began.elapsed().as_secs_f64() * 1e3,
-                "create phase"
-            );
-        };
-        self.dirs.ensure()?;
-        let rootless = paths::rootless()?;
-        // A Kubernetes app container joins its pod (ids, namespaces, ceiling): crate::pod.
-        let role = crate::pod::role(&spec, id)?;
-        let member = match &role {
-            crate::pod::Role::Member { pod } => Some(crate::pod::Member::join(self, id, pod)?),
-            _ => None,
-        };
-        let ceiling = member.as_ref().map_or(ceiling, |m| &m.ceiling);
-        let (ids, allocated) = if let Some(m) = &member {
-            (m.ids, true)
-        } else if rootless {
-            (idmap::nested_range()?, false)
-        } else {
-            (
-                idmap::allocate(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id)?,
-                true,
-            )
-        };
-        mark("ids");
-        let sandbox_dir = self.dirs.sandbox(id);
-        let mount_dir = crate::sandbox::mount_dir(&self.dirs, id)?;
-        let rootfs_src = {
-            let root = spec.root().as_ref().ok_or(LifecycleError::NoRoot {
-                bundle: opts.bundle.clone(),
-            })?;
-            let p = root.path();
-            if p.is_absolute() {
-                p.clone()
-            } else {
-                opts.bundle.join(p)
-            }
-        };
-        mounts::mkdir_traversable(sandbox_dir.path())?;
-        crate::report::audit::init(&self.dirs, id, self.audit_dir.as_deref())
-            .map_err(LifecycleError::Audit)?;
-        crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
-        mark("audit_init");
-        let mut record = SandboxRecord {
-            id: id.as_str().to_owned(),
-            bundle: opts.bundle.clone(),
-            ids,
-            allocated,
-            rootfs_mount: mount_dir.join("rootfs"),
-            profile: ceiling.origin.clone(),
-        };
-        sandbox_dir.record().write(&record)?;
-        ceiling.save(&sandbox_dir)?;
-        mounts::mkdir_traversable(&mount_dir)?;
-        // Bind sources the sandbox root could not reach are re-bound (read-only)
-        // under the per-container dir first, so the policy sees reachable paths.
-        let change_set = self.new_change_set(id, &spec, ceiling, &mount_dir, rootless)?;
-        mounts::rebind_sources(&mut spec, &mount_dir)?;
-        let facts = crate::sandbox::Facts {
-            ids,
-            overlay_base: change_set
-                .as_ref()
-                .map_or_else(|| mount_dir.join("workspace"), |c| c.base.clone()),
-            pod: member.as_ref().map(|m| m.namespaces.clone()),
-        };
-        let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
-        if prepared
-            .plan
-            .apply
-            .contains(&agent_sandbox_policy::Layer::Apparmor)
-        {
-            // Loaded before libcontainer's init names it in /proc/self/attr/apparmor/exec.
-            crate::host::apparmor::acquire(
-                &sandbox_dir,
-                &agent_sandbox_policy::apparmor::loaded_profile(&prepared.policy),
-            )
-            .map_err(LifecycleError::AppArmor)?;
-        }
-        mark("prepare");
-        if let Some(m) = &member {
-            m.check_policy(&prepared.policy, &prepared.spec)?;
-            m.record(&sandbox_dir)?;
-        }
-        record.profile = prepared
-            .spec_profile_name()
-            .unwrap_or_else(|| ceiling.origin.clone());
-        let mut spec = prepared.spec;
-        if let Some(process) = spec.process_mut().as_mut() {
-            crate::sidecars::egress::inject_env(process, &prepared.policy);
-            crate::sidecars::tls_trust::inject_env(process, &prepared.policy);
-        }
-        let pod_mount_dir = match &member {
-            Some(m) => Some(crate::sandbox::mount_dir(&self.dirs, &m.pod)?),
-            None => None,
-        };
-        crate::sidecars::tls_trust::prepare(
-            &mut spec,
-            &prepared.policy,
-            id.as_str(),
-            &sandbox_dir,
-            &mount_dir,
-            &rootfs_src,
-            pod_mount_dir.as_deref(),
-        )
-        .map_err(LifecycleError::Trust)?;
-        sandbox_dir.record().write(&record)?;
-        mounts::ensure_mount_points(&rootfs_src, &spec)?;
-        crate::sandbox::check_writable_destinations(&spec, &rootfs_src)?;
-        mounts::bind_readonly(&rootfs_src, &record.rootfs_mount)?;
-        enforce::apply_runtime_facts(&mut spec, &record.rootfs_mount)?;
-        let cgroups = crate::host::cgroups::place(
-            &crate::host::cgroups::RealHost,
-            &mut spec,
-            id,
-            opts.systemd_cgroup,
-            rootless,
-        )?;
-        crate::host::cgroups::Record::save(&cgroups, &spec, &sandbox_dir)?;
-        match &member {
-            Some(m) => crate::pod::verify_member(&spec, m)?,
-            None => enforce::verify(&spec)?,
-        }
-        let user = (!rootless).then(|| sandbox_user(&spec, &ids)).flatten();
-        if let Some((mut ws, ownership)) =
-            mounts::mount_workspace_overlay(&mut spec, &mount_dir.join("workspace-merged"), user)?
-        {
-            ws.change = change_set.as_ref().map(|c| c.entry.record.change.clone());
-            ws.change_dir = change_set.as_ref().map(|c| c.entry.dir.clone());
-            tracing::info!(id = %id, change = ?ws.change, ownership = ?ownership, "workspace overlay mounted");
-            sandbox_dir.workspace().write(&ws)?;
-        }
-
-        mark("mounts");
-        let start_hooks = crate::hooks::prepare(&mut spec, &opts.bundle, &sandbox_dir)
-            .map_err(LifecycleError::Hook)?;
-        let bundle = sandbox_dir.bundle();
-        std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
-            path: bundle.clone(),
-            source,
-        })?;
-        let hardened = bundle.join("config.json");
-        spec.save(&hardened)
-            .map_err(|source| LifecycleError::BundleConfig {
-                path: hardened.clone(),
-                source,
-            })?;
-
-        if let Some(requested) = &prepared.requested_seccomp {
-            sandbox_dir.requested_seccomp().write(requested)?;
-        }
-        let seccomp_len = prepared.executor.seccomp.as_ref().map(|b| b.len());
-        let mut executor = prepared.executor;
-        executor.reaper = crate::reaper::wanted(&prepared.policy, &spec);
-        if !start_hooks.is_empty() {
-            let annotations = spec.annotations().clone().unwrap_or_default();
-            executor.start_container = Some(Arc::new(crate::executor::StartContainerHooks {
-                hooks: start_hooks,
-                state: crate::hooks::state(
-                    id.as_str(),
-                    "created",
-                    None,
-                    &opts.bundle,
-                    &annotations,
-                ),
-            }));
-        }
-        let supervisor = self.notify_denials(id, &mut executor, &prepared.policy, true)?;
-        // The proxy starts now and binds once the init's namespace exists (below).
-        let pending_proxy = if member.is_none() && crate::sidecars::egress::wanted(&prepared.policy)
-        {
-            Some(
-                crate::sidecars::egress::prespawn(&self.dirs.root, &sandbox_dir, id.as_str())
-                    .map_err(LifecycleError::Egress)?,
-            )
-        } else {
-            None
-        };
-        mark("supervisor");
-        let init = self
-            .builder(id)?
-            .with_pid_file(opts.pid_file.as_ref())
-            .map_err(container_err("create"))?
-            .with_console_socket(opts.console_socket.as_ref())
-            .with_preserved_fds(opts.preserve_fds)
-            .with_executor(executor)
-            .as_init(&bundle)
-            .with_systemd(cgroups.systemd())
-            .with_detach(true)
-            .with_no_pivot(opts.no_pivot);
-        let container = in_root_dir(|| init.build())?.map_err(|e| create_err(e, &spec))?;
-        let pid = container.pid().map(|p| p.as_raw()).unwrap_or(0);
-        mark("libcontainer");
-        crate::report::audit::track_init(&self.dirs, id, pid);
-        // A pod member shares its pod's network namespace: lo and the egress proxy came
-        // with the pod's sandbox container, whose namespaces are pinned for the members.
-        let mut proxy_pid = None;
-        if member.is_none() {
-            agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
-            if role == crate::pod::Role::Sandbox {
-                crate::pod::pin_sandbox(&sandbox_dir, &mount_dir, pid)?;
-            }
-            if let Some(pending) = pending_proxy {
-                proxy_pid = Some(
-                    pending
-                        .finish(id.as_str(), pid)
-                        .map_err(LifecycleError::Egress)?,
-                );
-            }
-        }
-        mark("net");
-        // The supervisor started beside libcontainer's create; a sandbox whose denials
-        // nobody answers or records is not handed out.
-        if let Some(s) = supervisor {
-            s.ready().map_err(LifecycleError::SyscallAudit)?;
-        }
-        mark("supervisor_ready");
-        crate::report::audit::created(
-            &self.dirs,
-            id,
-            &prepared.policy,
-            &prepared.plan,
-            &prepared.clamped,
-        )
-        .map_err(LifecycleError::Audit)?;
-        if let Some(process) = spec.process() {
-            crate::report::audit::exec(&self.dirs, id, process, &spec)
-                .map_err(LifecycleError::Audit)?;
-        }
-        mark("audit");
-        let host = crate::host::cgroups::RealHost;
-        if let Some(res) = &cgroups.deferred {
-            crate::host::cgroups::apply_v1_limits(&host, &spec, id, res)?;
-            if let Some(linux) = spec.linux_mut().as_mut() {
-                linux.set_resources(Some(res.clone()));
-            }
-        }
-        if prepared
-            .plan
-            .apply
-            .contains(&agent_sandbox_policy::Layer::Cgroups)
-        {
-            crate::host::cgroups::verify(&host, cgroups.hierarchy, cgroups.driver, &spec, id, pid)?;
-        }
-        mark("cgroups");
-        crate::report::layers::record_create(
-            &sandbox_dir,
-            &ids,
-            &spec,
-            seccomp_len,
-            &prepared.policy,
-            &prepared.plan,
-            proxy_pid,
-            pid,
-        )
-        .map_err(LifecycleError::Layers)?;
-        tracing::info!(
-            id = %id,
-            pid,
-            profile = %record.profile,
-            host_uid = ids.host_start,
-            layers = ?prepared.plan.apply,
-            "sandbox created"
-        );
-        Ok(())
-    }
-
     /// Removes everything `create` set up outside libcontainer. Best effort.
-    fn cleanup_sandbox(&self, id: &ContainerId) {
+    pub(crate) fn cleanup_sandbox(&self, id: &ContainerId) {
         let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
         crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
@@ -695,7 +419,7 @@ impl Runtime {
         }
         if let Ok(c) = self.load(id) {
             let mut c = c;
-            let _ = c.delete(true);
+            let _ = self.engine.delete(&mut c, true);
         }
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
         // After the container's processes are gone: a profile removed from the kernel
@@ -869,47 +593,6 @@ impl Runtime {
         }
     }
 
-    /// The change set of a new sandbox that has a workspace (`crate::report::changes`), recorded in
-    /// `workspace.json` at once so a failed create drops it again.
-    fn new_change_set(
-        &self,
-        id: &ContainerId,
-        spec: &Spec,
-        ceiling: &crate::sandbox::Ceiling,
-        mount_dir: &Path,
-        rootless: bool,
-    ) -> Result<Option<crate::report::changes::Created>> {
-        let annotations = spec.annotations().clone().unwrap_or_default();
-        let policy = agent_sandbox_policy::harden::effective_policy(&annotations, &ceiling.policy)
-            .map_err(|e| LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(e)))?;
-        let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, &policy) else {
-            return Ok(None);
-        };
-        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
-        let created = crate::report::changes::create(
-            &store,
-            &crate::report::changes::NewChangeSet {
-                container: id.as_str(),
-                root: &self.dirs.root,
-                annotations: &annotations,
-                workspace: &source,
-                fs: &policy.filesystem,
-                mount_point: &mount_dir.join("workspace"),
-                rootless,
-            },
-        )
-        .map_err(LifecycleError::Changes)?;
-        let ws = mounts::WorkspaceOverlay {
-            lower: source,
-            upper: created.base.join("upper"),
-            change: Some(created.entry.record.change.clone()),
-            change_dir: Some(created.entry.dir.clone()),
-            held: None,
-        };
-        self.dirs.sandbox(id).workspace().write(&ws)?;
-        Ok(Some(created))
-    }
-
     /// The egress proxy body (hidden `proxy` command, spawned by `create`):
     /// serves the sandbox's effective allowlist on its netns until killed.
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
@@ -945,7 +628,7 @@ impl Runtime {
     /// Turns the executor's seccomp layer into its user-notification form: starts the
     /// sandbox's supervisor when `spawn` (create; returned, its ready line still to be
     /// checked), then connects this process to it.
-    fn notify_denials(
+    pub(crate) fn notify_denials(
         &self,
         id: &ContainerId,
         executor: &mut crate::executor::SandboxExecutor,
@@ -1191,7 +874,7 @@ impl Runtime {
                     let pid = c.pid().map(|p| p.as_raw());
                     crate::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
                 };
-                let mut result = c.delete(force);
+                let mut result = self.engine.delete(&mut c, force);
                 // Processes SIGKILLed by a forced delete may still be exiting, and
                 // a v1 cgroup cannot be removed until they are gone: retry for up
                 // to two seconds before reporting the failure.
@@ -1200,7 +883,7 @@ impl Runtime {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     result = match self.load(id) {
-                        Ok(mut again) => again.delete(true),
+                        Ok(mut again) => self.engine.delete(&mut again, true),
                         Err(LifecycleError::NotExist { .. }) => Ok(()),
                         Err(_) => continue,
                     };
@@ -1310,7 +993,7 @@ impl Runtime {
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
-        crate::sandbox::writable_home(&mut process, &policy, &hardened);
+        agent_sandbox_policy::harden::writable_home(&mut process, &policy, &hardened);
         crate::sidecars::egress::inject_env(&mut process, &policy);
         crate::sidecars::tls_trust::inject_env(&mut process, &policy);
         crate::report::audit::exec(&self.dirs, id, &process, &hardened)
@@ -1446,7 +1129,7 @@ impl Runtime {
 }
 
 /// The host ids of the sandbox's process user and group, if its range maps them.
-fn sandbox_user(spec: &Spec, ids: &IdRange) -> Option<mounts::SandboxUser> {
+pub(crate) fn sandbox_user(spec: &Spec, ids: &IdRange) -> Option<mounts::SandboxUser> {
     let user = spec.process().as_ref()?.user();
     let host = |id: u32| (id < ids.size).then(|| ids.host_start + id);
     Some(mounts::SandboxUser {

@@ -147,20 +147,41 @@ pub fn detach(path: &Path) -> Result<(), MountError> {
     }
 }
 
+/// The bind sources `create` re-bound where the sandbox can reach them ([`rebind_sources`]):
+/// for each re-bound mount, its index in the spec's mounts and its new source.
+#[derive(Debug, Default)]
+pub struct Rebinds(Vec<(usize, PathBuf)>);
+
+impl Rebinds {
+    /// Points the spec's bind mounts at their re-bound sources (the hardening phase of
+    /// `create` does it, before the policy sees the mounts).
+    pub fn apply(&self, spec: &mut libcontainer::oci_spec::runtime::Spec) {
+        let Some(list) = spec.mounts_mut().as_mut() else {
+            return;
+        };
+        for (n, dst) in &self.0 {
+            if let Some(m) = list.get_mut(*n) {
+                m.set_source(Some(dst.clone()));
+            }
+        }
+    }
+}
+
 /// Re-binds every bind mount of `spec` through `dir` (`dir/binds/<n>`), so the
 /// sandbox's unprivileged root can reach sources that live in directories only
-/// host root can traverse. Returns the mount points created, for cleanup.
+/// host root can traverse. Returns the new sources, for [`Rebinds::apply`]; the mount
+/// points are removed with `dir`.
 pub fn rebind_sources(
-    spec: &mut libcontainer::oci_spec::runtime::Spec,
+    spec: &libcontainer::oci_spec::runtime::Spec,
     dir: &Path,
-) -> Result<Vec<PathBuf>, MountError> {
+) -> Result<Rebinds, MountError> {
     let binds = dir.join("binds");
     mkdir_traversable(&binds)?;
     let mut created = Vec::new();
-    let Some(list) = spec.mounts_mut().as_mut() else {
-        return Ok(created);
+    let Some(list) = spec.mounts().as_ref() else {
+        return Ok(Rebinds(created));
     };
-    for (n, m) in list.iter_mut().enumerate() {
+    for (n, m) in list.iter().enumerate() {
         let opts = m.options().clone().unwrap_or_default();
         let is_bind =
             m.typ().as_deref() == Some("bind") || opts.iter().any(|o| o == "bind" || o == "rbind");
@@ -178,10 +199,9 @@ pub fn rebind_sources(
         let readonly = opts.iter().any(|o| o == "ro");
         let dst = binds.join(n.to_string());
         bind(&src, &dst, readonly)?;
-        created.push(dst.clone());
-        m.set_source(Some(dst));
+        created.push((n, dst));
     }
-    Ok(created)
+    Ok(Rebinds(created))
 }
 
 /// Creates the mount points of `spec` that the image lacks, inside `rootfs`
@@ -244,7 +264,7 @@ pub struct WorkspaceOverlay {
     pub held: Option<std::sync::Arc<crate::report::changes::ReviewMount>>,
 }
 
-/// Whose the workspace's files appear to be inside the sandbox (`mount_workspace_overlay`).
+/// Whose the workspace's files appear to be inside the sandbox (`overlay_as_bind`, `mount_overlay`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SandboxUser {
     /// The host ids of the sandbox's process user and group.
@@ -261,28 +281,24 @@ pub enum Ownership {
     Unmapped { reason: String },
 }
 
-/// Mounts the spec's workspace overlay on `merged` from the host side and turns
-/// the spec's overlay mount into a bind of `merged`.
-///
-/// Mounted inside the sandbox's user namespace, overlayfs would copy files up
-/// with the sandbox's credentials, which cannot own (nor chown to) the host ids
-/// of the workspace's files: every write to an existing directory fails with
-/// EOVERFLOW. Mounted here, copy-up runs with the runtime's credentials while
-/// each access is still checked against the caller's, so the sandbox can change
-/// exactly what its users may write, and its changes still land in `upper` only.
-///
-/// With `user`, the lower layer is an idmapped, read-only clone of the workspace
-/// (`agent_sandbox_sys::idmap_mount`) on which the owner of the workspace's top directory
-/// (uid and gid) and the sandbox user trade places: an ordinary checkout, owned by the
-/// developer, is the sandbox user's inside, copy-up gives the upper files the sandbox's host
-/// ids, and nothing on the host changes. Where the clone cannot be made (a filesystem
-/// without idmapped mounts), the host directory is the lower layer as before: the
-/// sandbox then writes only what its ids may.
-pub fn mount_workspace_overlay(
+/// The workspace overlay a hardened spec asked for, taken out of the spec by
+/// [`overlay_as_bind`] and mounted by the runtime itself with [`mount_overlay`].
+#[derive(Debug, Clone)]
+pub struct OverlayMount {
+    /// Where the runtime mounts it (the spec binds this directory instead).
+    pub merged: PathBuf,
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+    /// The spec's overlay options.
+    options: Vec<String>,
+}
+
+/// Turns the spec's workspace overlay mount into a bind of `merged`, where
+/// [`mount_overlay`] mounts the overlay from the host side. Only the spec changes here.
+pub fn overlay_as_bind(
     spec: &mut libcontainer::oci_spec::runtime::Spec,
     merged: &Path,
-    user: Option<SandboxUser>,
-) -> Result<Option<(WorkspaceOverlay, Ownership)>, MountError> {
+) -> Result<Option<OverlayMount>, MountError> {
     let Some(list) = spec.mounts_mut().as_mut() else {
         return Ok(None);
     };
@@ -304,7 +320,49 @@ pub fn mount_workspace_overlay(
     };
     let lower = value("lowerdir=").ok_or_else(|| missing("lowerdir"))?;
     let upper = value("upperdir=").ok_or_else(|| missing("upperdir"))?;
-    let (clone, ownership) = idmapped_lower(&lower, user);
+    m.set_typ(Some("bind".to_owned()));
+    m.set_source(Some(merged.to_owned()));
+    m.set_options(Some(
+        ["rbind", "rw", "nosuid", "nodev"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+    ));
+    Ok(Some(OverlayMount {
+        merged: merged.to_owned(),
+        lower,
+        upper,
+        options,
+    }))
+}
+
+/// Mounts the workspace overlay on its `merged` directory from the host side.
+///
+/// Mounted inside the sandbox's user namespace, overlayfs would copy files up
+/// with the sandbox's credentials, which cannot own (nor chown to) the host ids
+/// of the workspace's files: every write to an existing directory fails with
+/// EOVERFLOW. Mounted here, copy-up runs with the runtime's credentials while
+/// each access is still checked against the caller's, so the sandbox can change
+/// exactly what its users may write, and its changes still land in `upper` only.
+///
+/// With `user`, the lower layer is an idmapped, read-only clone of the workspace
+/// (`agent_sandbox_sys::idmap_mount`) on which the owner of the workspace's top directory
+/// (uid and gid) and the sandbox user trade places: an ordinary checkout, owned by the
+/// developer, is the sandbox user's inside, copy-up gives the upper files the sandbox's host
+/// ids, and nothing on the host changes. Where the clone cannot be made (a filesystem
+/// without idmapped mounts), the host directory is the lower layer as before: the
+/// sandbox then writes only what its ids may.
+pub fn mount_overlay(
+    overlay: &OverlayMount,
+    user: Option<SandboxUser>,
+) -> Result<(WorkspaceOverlay, Ownership), MountError> {
+    let OverlayMount {
+        merged,
+        lower,
+        upper,
+        options,
+    } = overlay;
+    let (clone, ownership) = idmapped_lower(lower, user);
     let lower_option = match &clone {
         Some(fd) => {
             use std::os::fd::AsRawFd;
@@ -328,36 +386,28 @@ pub fn mount_workspace_overlay(
     mkdir_traversable(merged)?;
     mount(
         Some("overlay"),
-        merged,
+        merged.as_path(),
         Some("overlay"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(data.as_str()),
     )
     .map_err(|source| MountError::Bind {
         src: lower.clone(),
-        dst: merged.to_owned(),
+        dst: merged.clone(),
         source,
     })?;
     // The overlay holds its own reference to the detached clone.
     drop(clone);
-    m.set_typ(Some("bind".to_owned()));
-    m.set_source(Some(merged.to_owned()));
-    m.set_options(Some(
-        ["rbind", "rw", "nosuid", "nodev"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
-    ));
-    Ok(Some((
+    Ok((
         WorkspaceOverlay {
-            lower,
-            upper,
+            lower: lower.clone(),
+            upper: upper.clone(),
             change: None,
             change_dir: None,
             held: None,
         },
         ownership,
-    )))
+    ))
 }
 
 /// The idmapped clone of `lower` for `user`, or why there is none.
@@ -402,5 +452,120 @@ fn idmapped_lower(
                 },
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use libcontainer::oci_spec::runtime::{Mount, Spec};
+
+    use super::{MountError, Rebinds, overlay_as_bind};
+
+    fn mount(typ: &str, source: &str, dest: &str, options: &[&str]) -> Mount {
+        let mut m = Mount::default();
+        m.set_typ(Some(typ.to_owned()));
+        m.set_source(Some(PathBuf::from(source)));
+        m.set_destination(PathBuf::from(dest));
+        m.set_options(Some(options.iter().map(|o| (*o).to_owned()).collect()));
+        m
+    }
+
+    fn spec_with(mounts: Vec<Mount>) -> Spec {
+        let mut spec = Spec::default();
+        spec.set_mounts(Some(mounts));
+        spec
+    }
+
+    /// The hardening phase turns the overlay into a bind of the merged dir and keeps the
+    /// overlay's own options for the host-side mount; nothing else in the spec changes.
+    #[test]
+    fn the_workspace_overlay_becomes_a_bind_of_its_merged_dir() {
+        let tmp = mount("tmpfs", "tmpfs", "/tmp", &["nosuid"]);
+        let mut spec = spec_with(vec![
+            tmp.clone(),
+            mount(
+                "overlay",
+                "overlay",
+                "/workspace",
+                &[
+                    "lowerdir=/srv/ws",
+                    "upperdir=/m/upper",
+                    "workdir=/m/work",
+                    "userxattr",
+                    "nosuid",
+                ],
+            ),
+        ]);
+        let merged = Path::new("/m/merged");
+        let overlay = overlay_as_bind(&mut spec, merged).unwrap().unwrap();
+        assert_eq!(overlay.merged, merged);
+        assert_eq!(overlay.lower, Path::new("/srv/ws"));
+        assert_eq!(overlay.upper, Path::new("/m/upper"));
+        let mounts = spec.mounts().clone().unwrap();
+        assert_eq!(mounts[0], tmp);
+        let ws = &mounts[1];
+        assert_eq!(ws.typ().as_deref(), Some("bind"));
+        assert_eq!(ws.source().as_deref(), Some(merged));
+        assert_eq!(ws.destination(), Path::new("/workspace"));
+        assert_eq!(
+            ws.options().clone().unwrap(),
+            ["rbind", "rw", "nosuid", "nodev"]
+        );
+        // A spec without an overlay is left alone.
+        let mut plain = spec_with(vec![tmp.clone()]);
+        assert!(overlay_as_bind(&mut plain, merged).unwrap().is_none());
+        assert_eq!(plain.mounts().clone().unwrap(), [tmp]);
+    }
+
+    #[test]
+    fn an_overlay_without_an_upper_dir_is_an_error_naming_the_option() {
+        let mut spec = spec_with(vec![mount(
+            "overlay",
+            "overlay",
+            "/workspace",
+            &["lowerdir=/srv/ws"],
+        )]);
+        let err = overlay_as_bind(&mut spec, Path::new("/m/merged")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MountError::OverlayOption {
+                    option: "upperdir",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    /// Re-bound sources land on the mounts they were made for, by index.
+    #[test]
+    fn rebinds_point_only_their_mounts_at_the_new_sources() {
+        let mut spec = spec_with(vec![
+            mount("bind", "/var/lib/c/hosts", "/etc/hosts", &["rbind"]),
+            mount("proc", "proc", "/proc", &[]),
+            mount("bind", "/srv/ws", "/workspace", &["rbind"]),
+        ]);
+        Rebinds(vec![
+            (0, PathBuf::from("/m/binds/0")),
+            (2, PathBuf::from("/m/binds/2")),
+        ])
+        .apply(&mut spec);
+        let sources: Vec<Option<PathBuf>> = spec
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.source().clone())
+            .collect();
+        assert_eq!(
+            sources,
+            [
+                Some(PathBuf::from("/m/binds/0")),
+                Some(PathBuf::from("proc")),
+                Some(PathBuf::from("/m/binds/2")),
+            ]
+        );
     }
 }

@@ -222,8 +222,9 @@ fn set_apparmor(process: &mut Process, policy: &SandboxPolicy, plan: &LayerPlan)
 /// Inputs the runtime measured for hardening.
 pub struct Facts {
     pub ids: IdRange,
-    /// Where the workspace overlay's upper/work dirs go (reachable, per container).
-    pub overlay_base: PathBuf,
+    /// The workspace overlay's upper/work dirs, made by [`overlay_dirs`] when the sandbox
+    /// has a workspace.
+    pub workspace: Option<OverlayDirs>,
     /// The pinned namespaces of the pod a Kubernetes app container joins (`crate::pod`).
     pub pod: Option<harden::PodNamespaces>,
 }
@@ -290,55 +291,68 @@ fn host_namespaces(spec: &Spec) -> Vec<libcontainer::oci_spec::runtime::LinuxNam
         .collect()
 }
 
-/// Hardens `spec` under `ceiling` with the runtime's facts and builds the
+/// The workspace overlay's upper and work dirs under `base` (reachable, per container) when
+/// `spec` has a workspace under `policy` (the effective one), owned by the sandbox's process
+/// user: the top of the merged workspace is upper's, and git refuses a checkout whose top
+/// belongs to another user ("dubious ownership").
+pub fn overlay_dirs(
+    spec: &Spec,
+    policy: &SandboxPolicy,
+    ids: &IdRange,
+    base: &Path,
+) -> Result<Option<OverlayDirs>, SandboxError> {
+    if harden::workspace_source(spec, policy).is_none() {
+        return Ok(None);
+    }
+    let upper = base.join("upper");
+    let work = base.join("work");
+    for d in [base, upper.as_path(), work.as_path()] {
+        std::fs::create_dir_all(d).map_err(|source| SandboxError::Overlay {
+            path: d.to_owned(),
+            source,
+        })?;
+    }
+    mounts::mkdir_traversable(base)?;
+    let (uid, gid) = process_host_ids(spec, &id_mapping(ids));
+    for d in [&upper, &work] {
+        std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|source| {
+            SandboxError::Overlay {
+                path: d.clone(),
+                source,
+            }
+        })?;
+    }
+    Ok(Some(OverlayDirs { upper, work }))
+}
+
+/// The sandbox's one id mapping: container id 0 onwards to its host block.
+fn id_mapping(ids: &IdRange) -> IdMapping {
+    IdMapping {
+        container_id: 0,
+        host_id: ids.host_start,
+        size: ids.size,
+    }
+}
+
+/// Hardens `spec` under `ceiling` with the runtime's facts (the policy compiler,
+/// `harden_spec`), sets the AppArmor profile the layer plan applies, and builds the
 /// executor for the layers the plan applies.
 pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared, SandboxError> {
     let requested = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     let annotations = spec.annotations().clone().unwrap_or_default();
     let effective =
         harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
-    let map = IdMapping {
-        container_id: 0,
-        host_id: facts.ids.host_start,
-        size: facts.ids.size,
-    };
-    let workspace = match harden::workspace_source(&spec, &effective) {
-        Some(_) => {
-            let upper = facts.overlay_base.join("upper");
-            let work = facts.overlay_base.join("work");
-            for d in [&facts.overlay_base, &upper, &work] {
-                std::fs::create_dir_all(d).map_err(|source| SandboxError::Overlay {
-                    path: d.clone(),
-                    source,
-                })?;
-            }
-            mounts::mkdir_traversable(&facts.overlay_base)?;
-            // The sandbox's process user owns upper and work: the top of the merged
-            // workspace is upper's, and git refuses a checkout whose top belongs to another
-            // user ("dubious ownership").
-            let (uid, gid) = process_host_ids(&spec, &map);
-            for d in [&upper, &work] {
-                std::os::unix::fs::chown(d, Some(uid), Some(gid)).map_err(|source| {
-                    SandboxError::Overlay {
-                        path: d.clone(),
-                        source,
-                    }
-                })?;
-            }
-            Some(OverlayDirs { upper, work })
-        }
-        None => None,
-    };
+    let map = id_mapping(&facts.ids);
     // Protected paths that exist in the host workspace are bound read-only over
     // the overlay. A symlink is left out: binding it would follow the link on
     // the host and show the host file it points to inside the sandbox (an
     // information leak); left in the overlay it resolves inside the sandbox's
-    // own view, and writes through it never reach the host (see REQUESTS.md).
+    // own view, and writes through it never reach the host.
     let protected = protected_in_workspace(&spec, &effective);
     let ctx = HardenContext {
         uid_mappings: vec![map],
         gid_mappings: vec![map],
-        workspace,
+        workspace: facts.workspace.clone(),
         protected,
         network_namespace: None,
         pod: facts.pod.clone(),
@@ -346,12 +360,6 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     };
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
-    allow_pty_devices(&mut hardened.spec);
-    let mut spec_process = hardened.spec.process().clone();
-    if let Some(process) = spec_process.as_mut() {
-        writable_home(process, &hardened.policy, &hardened.spec);
-    }
-    hardened.spec.set_process(spec_process);
     let plan = plan_for(&hardened.policy, &hardened.spec)?;
     if let Some(process) = hardened.spec.process_mut().as_mut() {
         set_apparmor(process, &hardened.policy, &plan);
@@ -591,67 +599,6 @@ fn process_host_ids(spec: &Spec, map: &IdMapping) -> (u32, u32) {
         .unwrap_or((map.host_id, map.host_id))
 }
 
-/// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
-/// and containerd give root `HOME=/root`): tools that write `~/.gitconfig` or caches then
-/// work. The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
-/// `HOME` on a writable path, or on a mount the caller chose (a home shared read-only on
-/// purpose), is left alone. `hardened` is the sandbox's spec (exec passes the saved one).
-pub fn writable_home(process: &mut Process, policy: &SandboxPolicy, hardened: &Spec) {
-    let mut writable: Vec<PathBuf> = policy
-        .filesystem
-        .writable_paths()
-        .iter()
-        .map(|p| p.as_path().to_path_buf())
-        .collect();
-    writable.extend(
-        hardened
-            .mounts()
-            .iter()
-            .flatten()
-            .map(|m| m.destination().clone())
-            .filter(|d| d != Path::new("/")),
-    );
-    let mut env = process.env().clone().unwrap_or_default();
-    let current = env
-        .iter()
-        .find_map(|kv| kv.strip_prefix("HOME="))
-        .map(str::to_owned);
-    let on_writable = |home: &str| writable.iter().any(|w| Path::new(home).starts_with(w));
-    if current.as_deref().is_some_and(on_writable) {
-        return;
-    }
-    let scratch = &policy.filesystem.scratch;
-    let Some(home) = ["/home", "/tmp"]
-        .iter()
-        .find_map(|p| scratch.iter().find(|s| s.path.as_str() == *p))
-        .or_else(|| scratch.first())
-        .map(|s| s.path.as_str().to_owned())
-    else {
-        return;
-    };
-    tracing::debug!(from = ?current, to = %home, "HOME moved to a writable scratch area");
-    env.retain(|kv| !kv.starts_with("HOME="));
-    env.push(format!("HOME={home}"));
-    process.set_env(Some(env));
-}
-
-/// A `devpts` mount with `nodev` makes `/dev/ptmx` unopenable (EACCES), so no
-/// terminal works (`podman run -t`, `exec -t`). A new devpts instance only holds
-/// pty devices, and the device cgroup still limits them, so `nodev` is dropped
-/// from it (asked of the policy crate in runtime/policy/REQUESTS.md).
-fn allow_pty_devices(spec: &mut Spec) {
-    if let Some(mounts) = spec.mounts_mut().as_mut() {
-        for m in mounts
-            .iter_mut()
-            .filter(|m| m.typ().as_deref() == Some("devpts"))
-        {
-            if let Some(opts) = m.options_mut().as_mut() {
-                opts.retain(|o| o != "nodev");
-            }
-        }
-    }
-}
-
 /// Refuses a spec whose writable mounts (or a parent) are symlinks in the rootfs.
 pub fn check_writable_destinations(spec: &Spec, rootfs: &Path) -> Result<(), SandboxError> {
     for dest in harden::writable_destinations(spec) {
@@ -785,31 +732,6 @@ mod tests {
             "ABI {kernel} refuses it"
         );
         assert_eq!(std::fs::read(&file).unwrap(), b"data");
-    }
-
-    #[test]
-    fn home_on_the_read_only_image_moves_to_scratch_and_a_chosen_mount_stays() {
-        let policy = SandboxPolicy::builtin(DEFAULT_PROFILE).unwrap();
-        let mut spec = Spec::default();
-        let mut shared = libcontainer::oci_spec::runtime::Mount::default();
-        shared.set_destination(PathBuf::from("/home/agent"));
-        spec.set_mounts(Some(vec![shared]));
-        let home_of = |home: Option<&str>| {
-            let mut p = Process::default();
-            let mut env = vec!["PATH=/bin".to_owned()];
-            env.extend(home.map(|h| format!("HOME={h}")));
-            p.set_env(Some(env));
-            writable_home(&mut p, &policy, &spec);
-            let env = p.env().clone().unwrap();
-            assert_eq!(env.iter().filter(|e| e.starts_with("HOME=")).count(), 1);
-            env.into_iter()
-                .find_map(|e| e.strip_prefix("HOME=").map(str::to_owned))
-        };
-        assert_eq!(home_of(Some("/root")).as_deref(), Some("/home"));
-        assert_eq!(home_of(None).as_deref(), Some("/home"));
-        assert_eq!(home_of(Some("/tmp/h")).as_deref(), Some("/tmp/h"));
-        assert_eq!(home_of(Some("/workspace")).as_deref(), Some("/workspace"));
-        assert_eq!(home_of(Some("/home/agent")).as_deref(), Some("/home/agent"));
     }
 
     #[test]

@@ -717,6 +717,10 @@ pub fn harden_spec(
         seccomp::oci_seccomp(&policy.syscalls).map_err(|source| HardenError::Seccomp { source })?;
     linux.set_seccomp(Some(seccomp));
     spec.set_linux(Some(linux));
+    if let Some(mut process) = spec.process().clone() {
+        writable_home(&mut process, &policy, &spec);
+        spec.set_process(Some(process));
+    }
     tracing::debug!(
         network = %policy.network.mode,
         capabilities = policy.privileges.capabilities.len(),
@@ -727,6 +731,51 @@ pub fn harden_spec(
         policy,
         clamped,
     })
+}
+
+/// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
+/// and containerd give root `HOME=/root`): tools that write `~/.gitconfig` or caches then
+/// work. The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
+/// `HOME` on a writable path, or on a mount the caller chose (a home shared read-only on
+/// purpose), is left alone. `hardened` is the sandbox's spec: [`harden_spec`] applies this to
+/// the init, and the runtime to each exec'd process with the saved spec.
+pub fn writable_home(process: &mut Process, policy: &SandboxPolicy, hardened: &Spec) {
+    let mut writable: Vec<PathBuf> = policy
+        .filesystem
+        .writable_paths()
+        .iter()
+        .map(|p| p.as_path().to_path_buf())
+        .collect();
+    writable.extend(
+        hardened
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.destination().clone())
+            .filter(|d| d != Path::new("/")),
+    );
+    let mut env = process.env().clone().unwrap_or_default();
+    let current = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("HOME="))
+        .map(str::to_owned);
+    let on_writable = |home: &str| writable.iter().any(|w| Path::new(home).starts_with(w));
+    if current.as_deref().is_some_and(on_writable) {
+        return;
+    }
+    let scratch = &policy.filesystem.scratch;
+    let Some(home) = ["/home", "/tmp"]
+        .iter()
+        .find_map(|p| scratch.iter().find(|s| s.path.as_str() == *p))
+        .or_else(|| scratch.first())
+        .map(|s| s.path.as_str().to_owned())
+    else {
+        return;
+    };
+    tracing::debug!(from = ?current, to = %home, "HOME moved to a writable scratch area");
+    env.retain(|kv| !kv.starts_with("HOME="));
+    env.push(format!("HOME={home}"));
+    process.set_env(Some(env));
 }
 
 /// The `linux.rootfsPropagation` the sandbox gets for `mode`: the eight values runc accepts
@@ -1338,11 +1387,21 @@ fn harden_mounts(
             continue;
         }
         match typ.as_str() {
-            "proc" | "devpts" | "mqueue" => {
+            "proc" | "mqueue" => {
                 out.push(Slot::Mount(with_options(
                     mount,
                     &["nosuid", "nodev"],
                     &["suid", "dev"],
+                )));
+            }
+            // No `nodev` on devpts, as runc: with it `/dev/ptmx` cannot be opened (EACCES) and
+            // no terminal works (`podman run -t`, `exec -t`). A new devpts instance holds only
+            // pty devices, and the device cgroup still limits them.
+            "devpts" => {
+                out.push(Slot::Mount(with_options(
+                    mount,
+                    &["nosuid"],
+                    &["suid", "dev", "nodev"],
                 )));
             }
             "sysfs" | "cgroup" | "cgroup2" => {

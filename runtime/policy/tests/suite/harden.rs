@@ -1377,3 +1377,71 @@ fn every_rootfs_propagation_runc_accepts_is_accepted_and_shared_is_narrowed() {
     let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
     assert!(err.to_string().contains("rootfsPropagation"), "{err}");
 }
+
+/// A devpts mount keeps device nodes (runc's devpts has `nosuid,noexec` only): with `nodev`,
+/// `/dev/ptmx` cannot be opened and no terminal works. `nodev` asked for by the caller goes
+/// too; `nosuid` is always there.
+#[test]
+fn devpts_keeps_device_nodes_and_gets_nosuid() {
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    for m in mounts
+        .iter_mut()
+        .filter(|m| m.typ().as_deref() == Some("devpts"))
+    {
+        let mut o = m.options().clone().unwrap_or_default();
+        o.retain(|o| o != "nosuid");
+        o.push("nodev".to_owned());
+        o.push("dev".to_owned());
+        m.set_options(Some(o));
+    }
+    spec.set_mounts(Some(mounts));
+    let out = harden_ok(spec, &agent(), &ctx());
+    let pts = mount_at(&out.spec, "/dev/pts");
+    assert_eq!(pts.len(), 1);
+    let o = opts(pts[0]);
+    assert!(!o.iter().any(|o| o == "nodev" || o == "dev"), "{o:?}");
+    assert!(o.iter().any(|o| o == "nosuid"), "{o:?}");
+    assert!(o.iter().any(|o| o == "newinstance"), "{o:?}");
+    // Other kernel filesystems still get `nodev`.
+    assert!(opts(mount_at(&out.spec, "/proc")[0]).contains(&"nodev".to_owned()));
+}
+
+/// The init's `HOME` on the read-only image moves to the policy's scratch; `harden_spec` does
+/// it, so the spec the runtime verifies is the one the init gets.
+#[test]
+fn init_home_on_the_read_only_image_moves_to_scratch() {
+    let mut spec = podman_like_spec();
+    let mut process = spec.process().clone().unwrap();
+    process.set_env(Some(vec!["PATH=/bin".to_owned(), "HOME=/root".to_owned()]));
+    spec.set_process(Some(process));
+    let out = harden_ok(spec, &agent(), &ctx());
+    let env = out.spec.process().as_ref().unwrap().env().clone().unwrap();
+    let homes: Vec<&String> = env.iter().filter(|e| e.starts_with("HOME=")).collect();
+    assert_eq!(homes, ["HOME=/home"]);
+}
+
+#[test]
+fn home_on_the_read_only_image_moves_to_scratch_and_a_chosen_mount_stays() {
+    let policy = agent();
+    let mut spec = Spec::default();
+    let mut shared = Mount::default();
+    shared.set_destination(PathBuf::from("/home/agent"));
+    spec.set_mounts(Some(vec![shared]));
+    let home_of = |home: Option<&str>| {
+        let mut p = oci_spec::runtime::Process::default();
+        let mut env = vec!["PATH=/bin".to_owned()];
+        env.extend(home.map(|h| format!("HOME={h}")));
+        p.set_env(Some(env));
+        harden::writable_home(&mut p, &policy, &spec);
+        let env = p.env().clone().unwrap();
+        assert_eq!(env.iter().filter(|e| e.starts_with("HOME=")).count(), 1);
+        env.into_iter()
+            .find_map(|e| e.strip_prefix("HOME=").map(str::to_owned))
+    };
+    assert_eq!(home_of(Some("/root")).as_deref(), Some("/home"));
+    assert_eq!(home_of(None).as_deref(), Some("/home"));
+    assert_eq!(home_of(Some("/tmp/h")).as_deref(), Some("/tmp/h"));
+    assert_eq!(home_of(Some("/workspace")).as_deref(), Some("/workspace"));
+    assert_eq!(home_of(Some("/home/agent")).as_deref(), Some("/home/agent"));
+}

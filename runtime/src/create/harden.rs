@@ -1,0 +1,93 @@
+//! Phase 3: the spec's one owner. Every edit of the spec happens here, in order: the
+//! re-bound sources, the policy compiler (`harden_spec`), the AppArmor profile of the layer
+//! plan, the egress and CA environment, the CA's mounts, the runtime's rootfs, the cgroup
+//! placement, the workspace overlay as a bind of its merged dir, the wrapped hooks. Then
+//! `verify`: nothing edits the spec after it.
+
+use libcontainer::oci_spec::runtime::Spec;
+
+use super::{Hardened, Host, Ids, Result};
+use crate::enforce;
+use crate::executor::SandboxExecutor;
+use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::mounts;
+use crate::sandbox::{Ceiling, Facts};
+use crate::state::ContainerId;
+
+impl Runtime {
+    pub(super) fn harden(
+        &self,
+        id: &ContainerId,
+        opts: &CreateOpts,
+        mut spec: Spec,
+        ids: &Ids,
+        ceiling: &Ceiling,
+        host: &mut Host,
+    ) -> Result<(Hardened, SandboxExecutor)> {
+        host.rebinds.apply(&mut spec);
+        let member = ids.member.as_ref();
+        let facts = Facts {
+            ids: ids.ids,
+            workspace: host.workspace.clone(),
+            pod: member.map(|m| m.namespaces.clone()),
+        };
+        let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        if let Some(m) = member {
+            m.check_policy(&prepared.policy, &prepared.spec)?;
+        }
+        host.record.profile = prepared
+            .spec_profile_name()
+            .unwrap_or_else(|| ceiling.origin.clone());
+        let policy = prepared.policy;
+        let mut spec = prepared.spec;
+        if let Some(process) = spec.process_mut().as_mut() {
+            crate::sidecars::egress::inject_env(process, &policy);
+            crate::sidecars::tls_trust::inject_env(process, &policy);
+        }
+        let pod_mount_dir = match member {
+            Some(m) => Some(crate::sandbox::mount_dir(&self.dirs, &m.pod)?),
+            None => None,
+        };
+        // Writes the sandbox's CA beside the mounts it adds.
+        crate::sidecars::tls_trust::prepare(
+            &mut spec,
+            &policy,
+            id.as_str(),
+            &host.sandbox_dir,
+            &host.mount_dir,
+            &host.rootfs_src,
+            pod_mount_dir.as_deref(),
+        )
+        .map_err(LifecycleError::Trust)?;
+        enforce::apply_runtime_facts(&mut spec, &host.record.rootfs_mount)?;
+        let cgroups = crate::host::cgroups::place(
+            &crate::host::cgroups::RealHost,
+            &mut spec,
+            id,
+            opts.systemd_cgroup,
+            ids.rootless,
+        )?;
+        let overlay = mounts::overlay_as_bind(&mut spec, &host.mount_dir.join("workspace-merged"))?;
+        // Saves the `poststop` hooks for delete.
+        let start_hooks = crate::hooks::prepare(&mut spec, &opts.bundle, &host.sandbox_dir)
+            .map_err(LifecycleError::Hook)?;
+        // Keep this as the last step: the spec is checked as libcontainer will get it.
+        match member {
+            Some(m) => crate::pod::verify_member(&spec, m)?,
+            None => enforce::verify(&spec)?,
+        }
+        let executor = prepared.executor;
+        let hardened = Hardened {
+            spec,
+            policy,
+            plan: prepared.plan,
+            clamped: prepared.clamped,
+            requested_seccomp: prepared.requested_seccomp,
+            seccomp_len: executor.seccomp.as_ref().map(|b| b.len()),
+            cgroups,
+            overlay,
+            start_hooks,
+        };
+        Ok((hardened, executor))
+    }
+}

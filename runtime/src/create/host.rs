@@ -1,0 +1,116 @@
+//! Phase 2: the host side a sandbox needs before its spec is hardened.
+
+use libcontainer::oci_spec::runtime::Spec;
+
+use super::{Host, Ids, Marks, Result};
+use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
+use crate::mounts;
+use crate::sandbox::Ceiling;
+use crate::state::ContainerId;
+
+impl Runtime {
+    /// The sandbox's directories, audit log, record and saved ceiling; the workspace's change
+    /// set; bind sources re-bound where the sandbox's unprivileged root can reach them, so
+    /// the policy sees reachable paths; the workspace overlay's upper and work dirs.
+    pub(super) fn prepare_host(
+        &self,
+        id: &ContainerId,
+        opts: &CreateOpts,
+        spec: &Spec,
+        ids: &Ids,
+        ceiling: &Ceiling,
+        marks: &Marks,
+    ) -> Result<Host> {
+        let sandbox_dir = self.dirs.sandbox(id);
+        let mount_dir = crate::sandbox::mount_dir(&self.dirs, id)?;
+        let rootfs_src = {
+            let root = spec.root().as_ref().ok_or(LifecycleError::NoRoot {
+                bundle: opts.bundle.clone(),
+            })?;
+            let p = root.path();
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                opts.bundle.join(p)
+            }
+        };
+        mounts::mkdir_traversable(sandbox_dir.path())?;
+        crate::report::audit::init(&self.dirs, id, self.audit_dir.as_deref())
+            .map_err(LifecycleError::Audit)?;
+        crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
+        marks.mark("audit_init");
+        let record = SandboxRecord {
+            id: id.as_str().to_owned(),
+            bundle: opts.bundle.clone(),
+            ids: ids.ids,
+            allocated: ids.allocated,
+            rootfs_mount: mount_dir.join("rootfs"),
+            profile: ceiling.origin.clone(),
+        };
+        sandbox_dir.record().write(&record)?;
+        ceiling.save(&sandbox_dir)?;
+        mounts::mkdir_traversable(&mount_dir)?;
+        let policy = effective_policy(spec, ceiling)?;
+        let change_set = self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?;
+        let rebinds = mounts::rebind_sources(spec, &mount_dir)?;
+        let overlay_base = change_set
+            .as_ref()
+            .map_or_else(|| mount_dir.join("workspace"), |c| c.base.clone());
+        let workspace = crate::sandbox::overlay_dirs(spec, &policy, &ids.ids, &overlay_base)?;
+        Ok(Host {
+            sandbox_dir,
+            mount_dir,
+            rootfs_src,
+            record,
+            change_set,
+            rebinds,
+            workspace,
+        })
+    }
+
+    /// The change set of a new sandbox that has a workspace (`crate::report::changes`), recorded in
+    /// `workspace.json` at once so a failed create drops it again.
+    fn new_change_set(
+        &self,
+        id: &ContainerId,
+        spec: &Spec,
+        policy: &agent_sandbox_policy::SandboxPolicy,
+        mount_dir: &std::path::Path,
+        rootless: bool,
+    ) -> Result<Option<crate::report::changes::Created>> {
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
+            return Ok(None);
+        };
+        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let created = crate::report::changes::create(
+            &store,
+            &crate::report::changes::NewChangeSet {
+                container: id.as_str(),
+                root: &self.dirs.root,
+                annotations: &annotations,
+                workspace: &source,
+                fs: &policy.filesystem,
+                mount_point: &mount_dir.join("workspace"),
+                rootless,
+            },
+        )
+        .map_err(LifecycleError::Changes)?;
+        let ws = mounts::WorkspaceOverlay {
+            lower: source,
+            upper: created.base.join("upper"),
+            change: Some(created.entry.record.change.clone()),
+            change_dir: Some(created.entry.dir.clone()),
+            held: None,
+        };
+        self.dirs.sandbox(id).workspace().write(&ws)?;
+        Ok(Some(created))
+    }
+}
+
+/// The ceiling narrowed by the spec's annotations (what `harden_spec` will enforce).
+fn effective_policy(spec: &Spec, ceiling: &Ceiling) -> Result<agent_sandbox_policy::SandboxPolicy> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    agent_sandbox_policy::harden::effective_policy(&annotations, &ceiling.policy)
+        .map_err(|e| LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(e)))
+}

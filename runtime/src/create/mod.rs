@@ -1,0 +1,155 @@
+//! `create` as a recipe of named phases, each a function with a typed result:
+//!
+//! 1. [`ids`](Runtime::assign_ids): the pod role and the sandbox's host id block.
+//! 2. [`host`](Runtime::prepare_host): the sandbox's directories, audit log, record and
+//!    ceiling, the workspace change set, reachable bind sources, the overlay's dirs.
+//! 3. [`harden`](Runtime::harden): every edit of the spec, from the policy compiler to the
+//!    runtime's facts; it ends with `verify`, and nothing edits the spec after it.
+//! 4. [`install`](Runtime::install): the hardened spec made real on the host (AppArmor
+//!    profile, mount points, read-only rootfs, workspace overlay, the bundle libcontainer
+//!    reads).
+//! 5. [`spawn_sidecars`](Runtime::spawn_sidecars), [`build`](Runtime::build),
+//!    [`attach_sidecars`](Runtime::attach_sidecars): the denied-syscall supervisor and the
+//!    egress proxy start beside libcontainer's create and are tied to the init after it.
+//! 6. [`record`](Runtime::record_created): the audit records, the limits read back, the layers.
+//!
+//! A failed phase leaves the clean-up to `create`'s caller side
+//! (`Runtime::cleanup_sandbox`), which removes whatever the phases before it set up.
+
+mod build;
+pub(crate) mod engine;
+mod harden;
+mod host;
+mod ids;
+mod record;
+mod sidecars;
+
+use std::path::PathBuf;
+
+use libcontainer::oci_spec::runtime::Spec;
+
+use crate::host::idmap::IdRange;
+use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
+use crate::sandbox::Ceiling;
+use crate::state::ContainerId;
+
+type Result<T> = std::result::Result<T, LifecycleError>;
+
+/// Phase 1: who the sandbox is among its pod, and its host ids.
+struct Ids {
+    rootless: bool,
+    role: crate::pod::Role,
+    /// The pod a Kubernetes app container joins (its ids, namespaces and ceiling).
+    member: Option<crate::pod::Member>,
+    ids: IdRange,
+    /// Whether `ids` came from the host allocation file (released on delete).
+    allocated: bool,
+}
+
+impl Ids {
+    /// The ceiling in force: the pod's for a member, else the runtime's.
+    fn ceiling<'a>(&'a self, runtime: &'a Ceiling) -> &'a Ceiling {
+        self.member.as_ref().map_or(runtime, |m| &m.ceiling)
+    }
+}
+
+/// Phase 2: what the host holds for the sandbox before its spec is hardened.
+struct Host {
+    sandbox_dir: crate::state::SandboxDir,
+    /// The per-sandbox directory of reachable mounts (`crate::sandbox::mount_dir`).
+    mount_dir: PathBuf,
+    /// The image rootfs the caller's bundle names.
+    rootfs_src: PathBuf,
+    record: SandboxRecord,
+    change_set: Option<crate::report::changes::Created>,
+    rebinds: crate::mounts::Rebinds,
+    workspace: Option<agent_sandbox_policy::harden::OverlayDirs>,
+}
+
+/// Phase 3: the verified spec and what was compiled with it.
+struct Hardened {
+    /// The spec libcontainer gets; no phase after [`Runtime::harden`] edits it.
+    spec: Spec,
+    policy: agent_sandbox_policy::SandboxPolicy,
+    plan: agent_sandbox_policy::layers::LayerPlan,
+    /// Settings of the incoming spec granted narrower (recorded in the audit trail).
+    clamped: Vec<agent_sandbox_policy::harden::Clamp>,
+    /// The config's own `linux.seccomp`, saved for exec.
+    requested_seccomp: Option<libcontainer::oci_spec::runtime::LinuxSeccomp>,
+    /// The length of the policy's seccomp program, for the layers record.
+    seccomp_len: Option<usize>,
+    cgroups: crate::host::cgroups::Placement,
+    /// The workspace overlay the runtime mounts (the spec binds its merged dir).
+    overlay: Option<crate::mounts::OverlayMount>,
+    /// The `startContainer` hooks, run by the init (`crate::hooks`).
+    start_hooks: Vec<libcontainer::oci_spec::runtime::Hook>,
+}
+
+/// Phase 5: the sidecars started before libcontainer's create.
+struct Sidecars {
+    supervisor: Option<crate::sidecars::syscall_audit::Starting>,
+    proxy: Option<crate::sidecars::egress::PendingProxy>,
+}
+
+/// Debug-level timings of each phase (docs/benchmarks.md, "Where the time goes").
+struct Marks(std::time::Instant);
+
+impl Marks {
+    fn mark(&self, phase: &str) {
+        tracing::debug!(
+            phase,
+            ms = self.0.elapsed().as_secs_f64() * 1e3,
+            "create phase"
+        );
+    }
+}
+
+impl Runtime {
+    /// `create`: prepares the sandbox and leaves its init waiting for `start`.
+    pub fn create(&self, id: &ContainerId, opts: &CreateOpts, ceiling: &Ceiling) -> Result<()> {
+        if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
+            return Err(LifecycleError::Exists { id: id.clone() });
+        }
+        crate::host::cgroups::warm::start();
+        let config = opts.bundle.join("config.json");
+        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let result = self.create_inner(id, opts, spec, ceiling);
+        if result.is_err() {
+            self.cleanup_sandbox(id);
+        }
+        result
+    }
+
+    /// The recipe. Order is security where a comment says so.
+    fn create_inner(
+        &self,
+        id: &ContainerId,
+        opts: &CreateOpts,
+        spec: Spec,
+        ceiling: &Ceiling,
+    ) -> Result<()> {
+        let marks = Marks(std::time::Instant::now());
+        let ids = self.assign_ids(id, &spec)?;
+        let ceiling = ids.ceiling(ceiling);
+        marks.mark("ids");
+        let mut host = self.prepare_host(id, opts, &spec, &ids, ceiling, &marks)?;
+        // Every edit of the spec; ends with `verify`.
+        let (hardened, mut executor) = self.harden(id, opts, spec, &ids, ceiling, &mut host)?;
+        marks.mark("prepare");
+        let bundle = self.install(id, &ids, &host, &hardened)?;
+        marks.mark("mounts");
+        let sidecars = self.spawn_sidecars(id, &ids, &host, &hardened, &mut executor)?;
+        marks.mark("supervisor");
+        let pid = self.build(id, opts, &hardened, executor, &bundle)?;
+        marks.mark("libcontainer");
+        let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, &marks)?;
+        // Keep this as the last step: a sandbox is reported created only with its records.
+        self.record_created(id, &ids, &host, &hardened, pid, proxy_pid, &marks)
+    }
+}
+
+#[cfg(test)]
+mod tests;

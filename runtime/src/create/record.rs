@@ -1,0 +1,87 @@
+//! Phase 6: what the sandbox was created with, recorded: the audit trail's `create` and
+//! `exec` records, the cgroup limits read back, the layers in force.
+
+use std::borrow::Cow;
+
+use super::{Hardened, Host, Ids, Marks, Result};
+use crate::lifecycle::{LifecycleError, Runtime};
+use crate::state::ContainerId;
+
+impl Runtime {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_created(
+        &self,
+        id: &ContainerId,
+        ids: &Ids,
+        host: &Host,
+        hardened: &Hardened,
+        pid: i32,
+        proxy_pid: Option<u32>,
+        marks: &Marks,
+    ) -> Result<()> {
+        let spec = &hardened.spec;
+        crate::report::audit::created(
+            &self.dirs,
+            id,
+            &hardened.policy,
+            &hardened.plan,
+            &hardened.clamped,
+        )
+        .map_err(LifecycleError::Audit)?;
+        if let Some(process) = spec.process() {
+            crate::report::audit::exec(&self.dirs, id, process, spec)
+                .map_err(LifecycleError::Audit)?;
+        }
+        marks.mark("audit");
+        let cgroups = &hardened.cgroups;
+        let cghost = crate::host::cgroups::RealHost;
+        // The limits in force: the spec's, with those the runtime wrote itself (v1 rootless)
+        // instead of libcontainer. A view for the checks below; the bundle's spec stays.
+        let limited = match &cgroups.deferred {
+            Some(res) => {
+                crate::host::cgroups::apply_v1_limits(&cghost, spec, id, res)?;
+                let mut view = spec.clone();
+                if let Some(linux) = view.linux_mut().as_mut() {
+                    linux.set_resources(Some(res.clone()));
+                }
+                Cow::Owned(view)
+            }
+            None => Cow::Borrowed(spec),
+        };
+        if hardened
+            .plan
+            .apply
+            .contains(&agent_sandbox_policy::Layer::Cgroups)
+        {
+            crate::host::cgroups::verify(
+                &cghost,
+                cgroups.hierarchy,
+                cgroups.driver,
+                &limited,
+                id,
+                pid,
+            )?;
+        }
+        marks.mark("cgroups");
+        crate::report::layers::record_create(
+            &host.sandbox_dir,
+            &ids.ids,
+            &limited,
+            hardened.seccomp_len,
+            &hardened.policy,
+            &hardened.plan,
+            proxy_pid,
+            pid,
+        )
+        .map_err(LifecycleError::Layers)?;
+        tracing::info!(
+            id = %id,
+            pid,
+            profile = %host.record.profile,
+            host_uid = ids.ids.host_start,
+            layers = ?hardened.plan.apply,
+            "sandbox created"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! Unit tests through the engine seam: `delete --force`'s retries and the ceiling on `update`,
+//! with libcontainer replaced by [`FakeEngine`], which records every call.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use libcontainer::container::ContainerStatus;
+use libcontainer::oci_spec::runtime::{LinuxMemoryBuilder, LinuxResourcesBuilder, Spec};
+
+use super::engine::fake::{Call, FakeEngine};
+use crate::lifecycle::{LifecycleError, Runtime, SandboxRecord};
+use crate::state::ContainerId;
+
+/// A sandbox as `create` leaves it in state root `root`: libcontainer's state dir, the
+/// sandbox dir with its record and saved ceiling, the hardened bundle with `annotations`.
+struct Fixture {
+    _root: tempfile::TempDir,
+    runtime: Runtime,
+    engine: Arc<FakeEngine>,
+    id: ContainerId,
+}
+
+impl Fixture {
+    fn new(
+        name: &str,
+        status: ContainerStatus,
+        failing_deletes: u32,
+        annotations: &[(&str, &str)],
+    ) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let id =
+            ContainerId::try_from(format!("phh-{name}-{}", std::process::id()).as_str()).unwrap();
+        let bundle = root.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        let mut spec = Spec::default();
+        spec.set_annotations(Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ));
+        spec.save(bundle.join("config.json")).unwrap();
+        let engine = Arc::new(
+            FakeEngine::default()
+                .with_container(id.as_str(), status, Some(1), bundle.clone())
+                .failing_deletes(failing_deletes),
+        );
+        let runtime = Runtime::with_engine(root.path(), Box::new(engine.clone())).unwrap();
+        runtime.dirs.ensure().unwrap();
+        let state = runtime.dirs.container(&id);
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join("state.json"), "{}").unwrap();
+        let sandbox = runtime.dirs.sandbox(&id);
+        std::fs::create_dir_all(sandbox.path()).unwrap();
+        crate::sandbox::Ceiling::load(None)
+            .unwrap()
+            .save(&sandbox)
+            .unwrap();
+        // Its mounts under the temporary root, so clean-up touches nothing of the host's.
+        let record = SandboxRecord {
+            id: id.as_str().to_owned(),
+            bundle,
+            ids: crate::host::idmap::IdRange {
+                host_start: 1_000_000,
+                size: 65536,
+            },
+            allocated: false,
+            rootfs_mount: root.path().join("mnt").join("rootfs"),
+            profile: "agent".to_owned(),
+        };
+        sandbox.record().write(&record).unwrap();
+        Self {
+            _root: root,
+            runtime,
+            engine,
+            id,
+        }
+    }
+
+    fn deletes(&self) -> Vec<bool> {
+        self.engine
+            .calls()
+            .into_iter()
+            .filter_map(|c| match c {
+                Call::Delete { id, force } if id == self.id.as_str() => Some(force),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn sandbox_dir(&self) -> PathBuf {
+        self.runtime.dirs.sandbox(&self.id).path().to_owned()
+    }
+}
+
+fn exists(p: &Path) -> bool {
+    p.exists()
+}
+
+/// Killed processes may still be exiting when libcontainer first deletes (a v1 cgroup cannot
+/// be removed until they are gone): a forced delete loads the container again and retries
+/// until it succeeds, then cleans up the sandbox.
+#[test]
+fn a_forced_delete_retries_until_libcontainer_succeeds_then_cleans_up() {
+    let f = Fixture::new("retry", ContainerStatus::Stopped, 3, &[]);
+    f.runtime.delete(&f.id, true, None).unwrap();
+    assert_eq!(
+        f.deletes(),
+        [true, true, true, true],
+        "three failures, one success"
+    );
+    let id = f.id.as_str().to_owned();
+    let calls = f.engine.calls();
+    // Each retry works on a freshly loaded container.
+    let retried: Vec<&Call> = calls
+        .iter()
+        .skip_while(|c| !matches!(c, Call::Delete { .. }))
+        .take(4)
+        .collect();
+    assert_eq!(
+        retried,
+        [
+            &Call::Delete {
+                id: id.clone(),
+                force: true
+            },
+            &Call::Load(id.clone()),
+            &Call::Refresh(id.clone()),
+            &Call::Delete {
+                id: id.clone(),
+                force: true
+            },
+        ]
+    );
+    assert!(!exists(&f.sandbox_dir()), "the sandbox dir is cleaned up");
+    assert!(!exists(&f.runtime.dirs.container(&f.id)));
+}
+
+/// The retries end after two seconds: the delete fails naming the operation, and a forced one
+/// still removes what the runtime set up (clean-up asks libcontainer once more).
+#[test]
+fn a_forced_delete_gives_up_after_its_retries_and_still_cleans_up() {
+    let f = Fixture::new("giveup", ContainerStatus::Stopped, u32::MAX, &[]);
+    let err = f.runtime.delete(&f.id, true, None).unwrap_err();
+    assert!(
+        matches!(err, LifecycleError::Container { op: "delete", .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        f.deletes().len(),
+        1 + 20 + 1,
+        "first try, 20 retries, clean-up"
+    );
+    assert!(!exists(&f.sandbox_dir()));
+}
+
+/// Without `--force` a failed delete is reported at once and the sandbox is left as it is.
+#[test]
+fn a_delete_without_force_does_not_retry_nor_clean_up() {
+    let f = Fixture::new("noforce", ContainerStatus::Stopped, 1, &[]);
+    let err = f.runtime.delete(&f.id, false, None).unwrap_err();
+    assert!(
+        matches!(err, LifecycleError::Container { op: "delete", .. }),
+        "{err:?}"
+    );
+    assert_eq!(f.deletes(), [false]);
+    assert!(exists(&f.sandbox_dir().join("sandbox.json")));
+}
+
+fn memory(bytes: i64) -> libcontainer::oci_spec::runtime::LinuxResources {
+    LinuxResourcesBuilder::default()
+        .memory(LinuxMemoryBuilder::default().limit(bytes).build().unwrap())
+        .build()
+        .unwrap()
+}
+
+/// `update` is held to the sandbox's effective policy: the saved ceiling narrowed by the
+/// annotations of its hardened spec. 512M is within the built-in `agent` ceiling (2G) but
+/// above the sandbox's `io.agent.sandbox.memory=256M`: refused before any cgroup is touched.
+/// The same request to a sandbox without the annotation passes the check (and goes on to
+/// libcontainer's saved config, which this fixture does not have).
+#[test]
+fn update_above_the_sandboxs_effective_policy_is_refused_before_anything_is_applied() {
+    let mib = 1024 * 1024;
+    let narrowed = Fixture::new(
+        "update",
+        ContainerStatus::Running,
+        0,
+        &[("io.agent.sandbox.memory", "256M")],
+    );
+    let err = narrowed
+        .runtime
+        .update(&narrowed.id, &memory(512 * mib))
+        .unwrap_err();
+    match &err {
+        LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling {
+            what,
+            got,
+            max,
+        }) => {
+            assert_eq!(*what, "memory.limit");
+            assert_eq!(got, &(512 * mib).to_string());
+            assert_eq!(max, &(256 * mib).to_string());
+        }
+        other => panic!("expected the ceiling to refuse, got {other:?}"),
+    }
+    let id = narrowed.id.as_str().to_owned();
+    assert_eq!(
+        narrowed.engine.calls(),
+        [Call::Load(id.clone()), Call::Refresh(id)],
+        "nothing but the state was read"
+    );
+    // Within the annotation: the check passes.
+    let err = narrowed
+        .runtime
+        .update(&narrowed.id, &memory(128 * mib))
+        .unwrap_err();
+    assert!(
+        matches!(err, LifecycleError::Container { op: "update", .. }),
+        "{err:?}"
+    );
+    // Without the annotation 512M is within the ceiling.
+    let wide = Fixture::new("update-wide", ContainerStatus::Running, 0, &[]);
+    let err = wide
+        .runtime
+        .update(&wide.id, &memory(512 * mib))
+        .unwrap_err();
+    assert!(
+        matches!(err, LifecycleError::Container { op: "update", .. }),
+        "{err:?}"
+    );
+}
