@@ -229,6 +229,17 @@ pub enum Command {
         pid: i32,
         id: String,
     },
+    /// Internal: the OOM watcher that `create` spawns for a podman container (`podman_oom.rs`)
+    #[command(name = "oom-watch", hide = true)]
+    OomWatch {
+        /// The caller's bundle directory, where the `oom` marker goes
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The sandbox's memory cgroup directory
+        #[arg(long)]
+        cgroup: PathBuf,
+        id: String,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -348,6 +359,8 @@ pub enum CliError {
     Run(#[from] crate::run::RunError),
     #[error(transparent)]
     Hook(#[from] crate::hooks::HookError),
+    #[error(transparent)]
+    PodmanOom(#[from] crate::podman_oom::PodmanOomError),
     #[error("no command given (try --help)")]
     NoCommand,
     #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
@@ -725,6 +738,9 @@ pub fn run(cli: Cli) -> Result<Outcome, CliError> {
                 &exec_id,
                 pid,
             )?;
+        }
+        Command::OomWatch { bundle, cgroup, id } => {
+            crate::podman_oom::run(&bundle, &cgroup, &ContainerId::try_from(id.as_str())?)?
         }
         Command::Watchdog { seconds, pid, id } => {
             rt()?.watchdog(&ContainerId::try_from(id.as_str())?, seconds, pid)?

@@ -27,6 +27,7 @@ pub mod logging;
 pub mod mounts;
 pub mod paths;
 pub mod pod;
+pub mod podman_oom;
 pub mod promote;
 pub mod reaper;
 pub mod review;

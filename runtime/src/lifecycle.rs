@@ -654,6 +654,7 @@ impl Runtime {
             crate::host::cgroups::verify(&host, cgroups.hierarchy, cgroups.driver, &spec, id, pid)?;
         }
         mark("cgroups");
+        self.watch_oom_for_podman(id, &spec, &opts.bundle, pid);
         crate::layers::record_create(
             &sandbox_dir,
             &ids,
@@ -676,9 +677,34 @@ impl Runtime {
         Ok(())
     }
 
+    /// For podman's containers, before the program runs: the watcher that marks an OOM kill
+    /// where podman 4 looks for it (`crate::podman_oom`). It never fails the create.
+    fn watch_oom_for_podman(&self, id: &ContainerId, spec: &Spec, bundle: &Path, pid: i32) {
+        if !crate::podman_oom::wanted(spec) {
+            return;
+        }
+        let Some(cgroup) = crate::audit::memory_cgroup_of(pid) else {
+            tracing::warn!(id = %id, "no memory cgroup: podman's OOMKilled will stay false");
+            return;
+        };
+        let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
+        let dir = self.dirs.sandbox(id);
+        let log = crate::logging::log_args();
+        match crate::podman_oom::start(&dir, &self.dirs.root, &bundle, &cgroup, id.as_str(), log) {
+            Ok(watcher) => {
+                tracing::debug!(id = %id, watcher, cgroup = %cgroup.display(), "OOM watch registered")
+            }
+            Err(e) => {
+                crate::podman_oom::stop(&dir, id.as_str());
+                tracing::warn!(id = %id, error = %e, "podman's OOMKilled will stay false (docs/limits.md)");
+            }
+        }
+    }
+
     /// Removes everything `create` set up outside libcontainer. Best effort.
     fn cleanup_sandbox(&self, id: &ContainerId) {
         let proxy = crate::egress::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::podman_oom::stop(&self.dirs.sandbox(id), id.as_str());
         crate::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             read_json(&self.dirs.sandbox(id).join(WORKSPACE_FILE)).ok();

@@ -9,6 +9,7 @@
 //!   - `workspace.json`: the workspace overlay's placement — `lifecycle`
 //!   - `requested-seccomp.json`: the seccomp profile the caller asked for — `lifecycle`
 //!   - `watchdog.pid`: the wall-clock watchdog — `lifecycle`
+//!   - `oom-watch.pid`: the OOM watcher of a podman container — `podman_oom`
 //!   - `started`: uptime when the init executed the program — `lifecycle` (`init_exec`)
 //!   - `cgroup.json`: a v2 sandbox's cgroup or scope placement — `host::cgroups`
 //!   - `layers.json`: what was applied, for `layers` — `layers`
