@@ -15,7 +15,8 @@
 //! counter (v1 `memory.oom_control`, v2 `memory.events`; kernel 4.13 and later) rises above
 //! what it was when the watch was registered. An OOM that ends without a kill, or the
 //! cgroup's removal, is no kill. On v1 the notification precedes the kill, so after one the
-//! counter is read again for up to [`KILL_GRACE`].
+//! counter is read again for up to [`KILL_GRACE`]; on v2 the kill's own increment of the
+//! counter is notified.
 
 use std::fs::File;
 use std::io::Write;
@@ -181,7 +182,9 @@ impl OomWatch {
             let notified = self.next_notification()?;
             match read_kills(&self.counter) {
                 Some(kills) if kills > self.seen => return Ok(self.killed(kills)),
-                Some(_) if notified => {
+                // v2 notifies the kill's own change of the counter; its other notifications
+                // (every `max` or `high` event under memory pressure) need no second look.
+                Some(_) if notified && matches!(self.source, Source::V1 { .. }) => {
                     if let Some(kills) = self.kill_after_notification() {
                         return Ok(self.killed(kills));
                     }
