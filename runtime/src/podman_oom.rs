@@ -112,6 +112,9 @@ pub fn stop(sandbox_dir: &Path, id: &str) {
 /// the cgroup is gone.
 pub fn run(bundle: &Path, cgroup: &Path, id: &ContainerId) -> Result<(), PodmanOomError> {
     let dir = open_dir(bundle)?;
+    // A long-lived process pins no directory of its caller's (the bundle path is absolute
+    // and is not used again).
+    let _ = std::env::set_current_dir("/");
     let mut watch = OomWatch::register(cgroup)?;
     println!("{}", sidecar::READY);
     match watch.wait()? {
