@@ -402,6 +402,7 @@ impl Runtime {
     /// Removes everything `create` set up outside libcontainer. Best effort.
     pub(crate) fn cleanup_sandbox(&self, id: &ContainerId) {
         let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::sidecars::podman_oom::stop(&self.dirs.sandbox(id), id.as_str());
         crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             self.dirs.sandbox(id).workspace().read().ok();

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
@@ -120,8 +120,28 @@ impl<S: Subscriber> Layer<S> for LogrusLayer {
     }
 }
 
+/// The `--log FILE --log-format F` the runtime was given, for sidecars that log where it does.
+static LOG_ARGS: OnceLock<Vec<std::ffi::OsString>> = OnceLock::new();
+
+/// The runtime's own `--log` and `--log-format` arguments (none without `--log`).
+pub fn log_args() -> &'static [std::ffi::OsString] {
+    LOG_ARGS.get().map_or(&[], Vec::as_slice)
+}
+
 /// Installs the global subscriber. `debug` lowers the level to debug.
 pub fn init(log: Option<&Path>, format: LogFormat, debug: bool) -> Result<(), LoggingError> {
+    if let Some(path) = log {
+        let format = match format {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        };
+        let _ = LOG_ARGS.set(vec![
+            "--log".into(),
+            path.as_os_str().to_owned(),
+            "--log-format".into(),
+            format.into(),
+        ]);
+    }
     let out: Box<dyn Write + Send> = match log {
         Some(path) => Box::new(
             OpenOptions::new()

@@ -7,9 +7,11 @@
 //!   `resources.init = "never"` and under runc runs out of pids.
 //! - Signals reach the program through the reaper: `podman stop` and `ctr task kill` of a
 //!   tool that traps SIGTERM give the tool's own exit code, as under runc.
-//! - conmon sees an OOM kill in the sandbox's memory cgroup as under runc; podman 4's
-//!   `OOMKilled` is true for both only when conmon runs in the bundle directory (podman
-//!   issue 13102, docs/limits.md).
+//! - podman's `OOMKilled`: after an OOM kill, a plain `podman run` from any working directory
+//!   leaves it true under agent-sandbox (the runtime creates `BUNDLE/oom`, where podman 4
+//!   looks), rootful and rootless, while under runc it stays false (conmon 2.1.6 writes the
+//!   file into its working directory: podman issue 13102, docs/limits.md); a SIGKILL or a
+//!   wall-clock kill (exit 137 too) leaves it false.
 //! - podman exec exit codes and signals are in the audit log, once per exec, under the
 //!   exec session's id; ctr's execs still have exactly one record each.
 
@@ -343,72 +345,145 @@ fn ctr_task_kill_gets_the_tools_own_exit_code_through_the_reaper() -> anyhow::Re
     Ok(())
 }
 
-/// conmon's OOM report for `runtime` (docs/limits.md): a hog run from a scratch directory
-/// leaves conmon's `oom` file there (conmon saw the kill in the sandbox's memory cgroup), and
-/// run with conmon in the bundle directory, where podman 4 looks, `OOMKilled` is true.
-fn conmon_reports_the_oom_kill(runtime: Runtime) -> anyhow::Result<()> {
-    let p = Podman::new(User::Root, runtime);
-    let mut limit = vec!["--memory", "64m"];
-    if runtime == Runtime::AgentSandbox {
-        limit = vec!["--annotation", "io.agent.sandbox.memory=64M"];
-    }
-    let hog = [harness::PROBE, "hog", "256"];
+/// A memory hog that the OOM killer ends under a 64 MiB limit.
+const HOG: [&str; 3] = [harness::PROBE, "hog", "256"];
 
-    let cwd = tempfile::tempdir()?;
-    let n = name("oom");
+/// The memory limit of `runtime`'s OOM runs: agent-sandbox's policy annotation (its policy
+/// decides the sandbox's limits), podman's `--memory` for runc.
+fn memory_limit(runtime: Runtime) -> [&'static str; 2] {
+    match runtime {
+        Runtime::AgentSandbox => ["--annotation", "io.agent.sandbox.memory=64M"],
+        Runtime::Runc => ["--memory", "64m"],
+    }
+}
+
+/// A fresh working directory the user `p` runs podman in (conmon 2.1.6 writes its `oom`
+/// file there), and whether that file appeared is read from it.
+fn scratch_cwd(p: Podman) -> anyhow::Result<tempfile::TempDir> {
+    let cwd = tempfile::Builder::new().prefix("oomh-cwd-").tempdir()?;
+    if p.user == User::Rootless {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(cwd.path(), std::fs::Permissions::from_mode(0o777))?;
+    }
+    Ok(cwd)
+}
+
+/// `podman inspect`'s `OOMKilled` and exit code of `name`, as "true 137".
+fn oom_killed_and_code(p: Podman, name: &str) -> anyhow::Result<String> {
+    Ok(p.run_ok(&[
+        "inspect",
+        "--format",
+        "{{.State.OOMKilled}} {{.State.ExitCode}}",
+        name,
+    ])?
+    .stdout
+    .trim()
+    .to_owned())
+}
+
+/// `podman run --name NAME ARGS... IMAGE CMD...` from a fresh working directory; returns
+/// podman's output, `OOMKilled` and the exit code, and whether conmon's `oom` file landed in
+/// that directory.
+fn run_from_scratch_cwd(
+    p: Podman,
+    stem: &str,
+    args: &[&str],
+    cmd: &[&str],
+) -> anyhow::Result<(Output, String, bool)> {
+    let cwd = scratch_cwd(p)?;
+    let n = oomh_name(stem);
     let _g = ContainerGuard {
         podman: p,
         name: n.clone(),
     };
-    let mut args = vec!["run", "--name", &n];
-    args.extend(&limit);
-    args.push(BUSYBOX_IMAGE);
-    args.extend(hog);
-    let run = harness::run(p.command(&args)?.current_dir(cwd.path()), DEFAULT_TIMEOUT)?;
-    ensure!(
-        run.code == Some(137) && cwd.path().join("oom").exists(),
-        "{runtime:?}: the hog should be OOM-killed and conmon should create `oom` in its \
-         working directory\n{run}"
-    );
+    let mut all = vec!["run", "--name", &n];
+    all.extend(args);
+    all.push(BUSYBOX_IMAGE);
+    all.extend(cmd);
+    let run = harness::run(p.command(&all)?.current_dir(cwd.path()), DEFAULT_TIMEOUT)?;
+    let state = oom_killed_and_code(p, &n)?;
+    Ok((run, state, cwd.path().join("oom").exists()))
+}
 
-    let n = name("oom-bundle");
-    let _gb = ContainerGuard {
+/// Container names of the OOM tests.
+fn oomh_name(stem: &str) -> String {
+    format!("oomh-{}", name(stem))
+}
+
+/// podman's `OOMKilled` after an OOM kill (docs/limits.md): true under agent-sandbox through
+/// a plain `podman run`; under runc false, with conmon's `oom` file in podman's working
+/// directory instead of the bundle, which shows the check can fail.
+fn podman_sees_the_oom_kill(user: User, runtime: Runtime) -> anyhow::Result<()> {
+    let p = Podman::new(user, runtime);
+    let (run, state, in_cwd) = run_from_scratch_cwd(p, "oom", &memory_limit(runtime), &HOG)?;
+    ensure!(
+        run.code == Some(137),
+        "{runtime:?} as {user}: the hog should be OOM-killed (137)\n{run}"
+    );
+    match runtime {
+        Runtime::AgentSandbox => ensure!(
+            state == "true 137",
+            "agent-sandbox as {user}: OOMKilled should be true after the OOM kill, got \
+             {state:?}\n{run}"
+        ),
+        Runtime::Runc => ensure!(
+            state == "false 137" && in_cwd,
+            "runc as {user}: podman 4.3 with conmon 2.1.6 should say OOMKilled=false, with \
+             conmon's `oom` file in the working directory (got {state:?}, file there: \
+             {in_cwd}); if this podman says true, the baseline no longer shows the bug\n{run}"
+        ),
+    }
+    Ok(())
+}
+
+/// Exit 137 without an OOM kill leaves `OOMKilled` false under agent-sandbox, with the same
+/// memory limit: the init SIGKILLed by `podman kill`, and the wall clock's kill.
+fn no_oom_kill_no_flag(user: User) -> anyhow::Result<()> {
+    let p = Podman::new(user, Runtime::AgentSandbox);
+    let limit = memory_limit(Runtime::AgentSandbox);
+
+    let n = oomh_name("kill9");
+    let _g = ContainerGuard {
         podman: p,
         name: n.clone(),
     };
-    let mut args = vec!["create", "--name", &n];
-    args.extend(&limit);
-    args.push(BUSYBOX_IMAGE);
-    args.extend(hog);
+    let mut args = vec!["run", "-d", "--name", &n];
+    args.extend(limit);
+    args.extend([BUSYBOX_IMAGE, "sleep", "60"]);
     p.run_ok(&args)?;
-    let bundle = p
-        .run_ok(&["inspect", "--format", "{{.StaticDir}}", &n])?
-        .stdout
-        .trim()
-        .to_owned();
-    let start = harness::run(
-        p.command(&["start", "-a", &n])?.current_dir(&bundle),
-        DEFAULT_TIMEOUT,
-    )?;
-    let out = p.run_ok(&[
-        "inspect",
-        "--format",
-        "{{.State.OOMKilled}} {{.State.ExitCode}}",
-        &n,
-    ])?;
+    p.run_ok(&["kill", "-s", "KILL", &n])?;
+    p.run(&["wait", &n])?;
+    let state = oom_killed_and_code(p, &n)?;
     ensure!(
-        out.stdout.trim() == "true 137",
-        "{runtime:?}: with conmon in the bundle directory {bundle}, OOMKilled should be true\n{out}\n{start}"
+        state == "false 137",
+        "as {user}: a SIGKILLed init is no OOM kill, got {state:?}"
+    );
+
+    let mut args = limit.to_vec();
+    args.extend(["--annotation", "io.agent.sandbox.wall-clock=2s"]);
+    let (run, state, _) = run_from_scratch_cwd(p, "wall", &args, &["sh", "-c", "sleep 30"])?;
+    ensure!(
+        state == "false 137",
+        "as {user}: a wall-clock kill is no OOM kill, got {state:?}\n{run}"
     );
     Ok(())
 }
 
 #[test]
-fn podman_oom_kill_reaches_conmon_under_agent_sandbox_as_under_runc() -> anyhow::Result<()> {
+fn podman_oom_killed_is_true_under_agent_sandbox_and_false_under_runc() -> anyhow::Result<()> {
     harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
     harness::require_file(harness::runtime_bin())?;
-    conmon_reports_the_oom_kill(Runtime::AgentSandbox)?;
-    conmon_reports_the_oom_kill(Runtime::Runc)
+    podman_sees_the_oom_kill(User::Root, Runtime::AgentSandbox)?;
+    podman_sees_the_oom_kill(User::Root, Runtime::Runc)?;
+    no_oom_kill_no_flag(User::Root)
+}
+
+#[test]
+fn rootless_podman_oom_killed_is_true_under_agent_sandbox() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, BUSYBOX_IMAGE)?;
+    harness::require_file(harness::runtime_bin())?;
+    podman_sees_the_oom_kill(User::Rootless, Runtime::AgentSandbox)?;
+    no_oom_kill_no_flag(User::Rootless)
 }
 
 /// The `exit` records of `log` whose `process` is not the init.

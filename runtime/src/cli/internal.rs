@@ -45,6 +45,12 @@ pub(super) fn exec_exit(cli: &Cli, id: &str, exec_id: &str, pid: i32) -> Result<
     Ok(())
 }
 
+/// `oom-watch --bundle B --cgroup MEMDIR ID`: marks an OOM kill where podman looks for it.
+pub(super) fn oom_watch(bundle: &Path, cgroup: &Path, id: &str) -> Result<(), CliError> {
+    crate::sidecars::podman_oom::run(bundle, cgroup, &ContainerId::try_from(id)?)?;
+    Ok(())
+}
+
 /// `hook --bundle B -- PATH ARGS...`: runs an OCI hook with the caller's bundle in its state.
 pub(super) fn hook(bundle: &Path, argv: &[String]) -> Result<(), CliError> {
     crate::hooks::relay(bundle, argv)?;

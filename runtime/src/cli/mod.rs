@@ -248,6 +248,18 @@ pub enum Command {
         pid: i32,
         id: String,
     },
+    /// Internal: the OOM watcher that `create` spawns for a podman container
+    /// (`sidecars/podman_oom.rs`)
+    #[command(name = "oom-watch", hide = true)]
+    OomWatch {
+        /// The caller's bundle directory, where the `oom` marker goes
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The sandbox's memory cgroup directory
+        #[arg(long)]
+        cgroup: PathBuf,
+        id: String,
+    },
     /// Internal: the wall-clock watchdog that `start` spawns
     #[command(hide = true)]
     Watchdog {
@@ -367,6 +379,8 @@ pub enum CliError {
     Run(#[from] crate::run::RunError),
     #[error(transparent)]
     Hook(#[from] crate::hooks::HookError),
+    #[error(transparent)]
+    PodmanOom(#[from] crate::sidecars::podman_oom::PodmanOomError),
     #[error("no command given (try --help)")]
     NoCommand,
     #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
@@ -507,6 +521,7 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
         } => workspace::promote(cli, &id, to, dry_run, digest.as_deref())?,
         Command::Changes { action } => workspace::changes(cli, action)?,
         Command::ExecExit { exec_id, pid, id } => internal::exec_exit(cli, &id, &exec_id, pid)?,
+        Command::OomWatch { bundle, cgroup, id } => internal::oom_watch(&bundle, &cgroup, &id)?,
         Command::Watchdog { seconds, pid, id } => internal::watchdog(cli, &id, seconds, pid)?,
         Command::Policy {
             action: PolicyAction::Explain { profile },

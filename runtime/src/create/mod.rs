@@ -10,7 +10,8 @@
 //!    reads).
 //! 5. [`spawn_sidecars`](Runtime::spawn_sidecars), [`build`](Runtime::build),
 //!    [`attach_sidecars`](Runtime::attach_sidecars): the denied-syscall supervisor and the
-//!    egress proxy start beside libcontainer's create and are tied to the init after it.
+//!    egress proxy start beside libcontainer's create and are tied to the init after it;
+//!    for podman, the OOM watcher of `sidecars::podman_oom` is registered.
 //! 6. [`record`](Runtime::record_created): the audit records, the limits read back, the layers.
 //!
 //! A failed phase leaves the clean-up to `create`'s caller side
@@ -146,6 +147,8 @@ impl Runtime {
         let pid = self.build(id, opts, &hardened, executor, &bundle)?;
         marks.mark("libcontainer");
         let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, &marks)?;
+        // Before the program runs, so an OOM kill in its first moment is seen.
+        self.watch_oom_for_podman(id, &hardened.spec, &opts.bundle, pid);
         // Keep this as the last step: a sandbox is reported created only with its records.
         self.record_created(id, &ids, &host, &hardened, pid, proxy_pid, &marks)
     }

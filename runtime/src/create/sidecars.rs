@@ -5,6 +5,8 @@ use super::{Hardened, Host, Ids, Marks, Result, Sidecars};
 use crate::executor::SandboxExecutor;
 use crate::lifecycle::{LifecycleError, Runtime};
 use crate::state::ContainerId;
+use libcontainer::oci_spec::runtime::Spec;
+use std::path::Path;
 
 impl Runtime {
     /// Starts the supervisor (and connects `executor` to it) and pre-spawns the egress proxy.
@@ -65,5 +67,36 @@ impl Runtime {
         }
         marks.mark("supervisor_ready");
         Ok(proxy_pid)
+    }
+
+    /// For podman's containers, before the program runs: the watcher that marks an OOM kill
+    /// where podman 4 looks for it (`crate::sidecars::podman_oom`). It never fails the create.
+    pub(super) fn watch_oom_for_podman(
+        &self,
+        id: &ContainerId,
+        spec: &Spec,
+        bundle: &Path,
+        pid: i32,
+    ) {
+        use crate::sidecars::podman_oom;
+        if !podman_oom::wanted(spec) {
+            return;
+        }
+        let Some(cgroup) = crate::report::audit::memory_cgroup_of(pid) else {
+            tracing::warn!(id = %id, "no memory cgroup: podman's OOMKilled will stay false");
+            return;
+        };
+        let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
+        let dir = self.dirs.sandbox(id);
+        let log = crate::logging::log_args();
+        match podman_oom::start(&dir, &self.dirs.root, &bundle, &cgroup, id.as_str(), log) {
+            Ok(watcher) => {
+                tracing::debug!(id = %id, watcher, cgroup = %cgroup.display(), "OOM watch registered")
+            }
+            Err(e) => {
+                podman_oom::stop(&dir, id.as_str());
+                tracing::warn!(id = %id, error = %e, "podman's OOMKilled will stay false (docs/limits.md)");
+            }
+        }
     }
 }

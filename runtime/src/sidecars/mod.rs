@@ -11,6 +11,7 @@ pub mod allow;
 pub mod egress;
 pub mod exec_exit;
 pub mod fs_audit;
+pub mod podman_oom;
 pub mod syscall_audit;
 pub mod tls_trust;
 

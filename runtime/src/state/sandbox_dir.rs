@@ -210,6 +210,11 @@ impl SandboxDir {
         self.file("watchdog.pid")
     }
 
+    /// `oom-watch.pid`: the OOM watcher of a podman container — `sidecars::podman_oom`.
+    pub fn oom_watch_pid(&self) -> PathBuf {
+        self.file("oom-watch.pid")
+    }
+
     /// `started`: uptime when the init executed the program — `lifecycle` (`init_exec`).
     pub fn started(&self) -> PathBuf {
         self.file("started")
@@ -354,6 +359,7 @@ mod tests {
             ),
             (d.exec_process(7).path().to_owned(), "exec-7.json"),
             (d.watchdog_pid(), "watchdog.pid"),
+            (d.oom_watch_pid(), "oom-watch.pid"),
             (d.started(), "started"),
             (d.cgroup().path().to_owned(), "cgroup.json"),
             (d.layers().path().to_owned(), "layers.json"),

@@ -32,6 +32,7 @@ use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
 use crate::state::{ContainerId, SandboxDir};
 
 mod limits;
+pub mod oom;
 pub mod warm;
 pub use limits::{Limit, apply_v1_limits, check_update_within, update_resources, verify};
 
@@ -348,12 +349,7 @@ pub fn oom_kills(memory_dir: &Path) -> Option<u64> {
     ["memory.oom_control", "memory.events"]
         .iter()
         .find_map(|f| std::fs::read_to_string(memory_dir.join(f)).ok())
-        .and_then(|text| {
-            text.lines().find_map(|l| {
-                l.strip_prefix("oom_kill ")
-                    .and_then(|n| n.trim().parse().ok())
-            })
-        })
+        .and_then(|text| oom::flat_key(&text, "oom_kill"))
 }
 
 /// Whether the host has cgroups the runtime can limit a sandbox with.
