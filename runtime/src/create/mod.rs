@@ -155,4 +155,6 @@ impl Runtime {
 }
 
 #[cfg(test)]
+mod failure_tests;
+#[cfg(test)]
 mod tests;
