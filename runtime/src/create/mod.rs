@@ -16,6 +16,8 @@
 //!
 //! A failed phase leaves the clean-up to `create`'s caller side
 //! (`Runtime::cleanup_sandbox`), which removes whatever the phases before it set up.
+//! The unit tests in `failure_tests.rs` make each phase up to libcontainer's create fail in
+//! turn and check that nothing of the sandbox is left in the state root.
 
 mod build;
 pub(crate) mod engine;
