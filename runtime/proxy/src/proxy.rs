@@ -241,23 +241,7 @@ impl Inner {
         client: SocketAddr,
         names: &StandIns,
     ) {
-        let mut rec = Record {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            client,
-            start: Instant::now(),
-            protocol: Protocol::Transparent,
-            host: None,
-            port: None,
-            method: None,
-            path: None,
-            sni: None,
-            rule: None,
-            address_rule: None,
-            resolved: None,
-            tool_call: None,
-            relayed: false,
-            credential: None,
-        };
+        let mut rec = self.record(client, Instant::now(), Protocol::Transparent);
         let counters = Counters::new();
         let _ = stream.set_nodelay(true);
         let outcome = self
@@ -343,21 +327,10 @@ impl Inner {
                 // (rate-limited like every denial).
                 let host = reply.question.and_then(|q| q.host);
                 let rec = Record {
-                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                    client: from,
-                    start,
-                    protocol: Protocol::Dns,
                     host,
                     port: Some(53),
-                    method: None,
-                    path: None,
-                    sni: None,
                     rule: Some(DNS_REFUSED_RULE.to_owned()),
-                    address_rule: None,
-                    resolved: None,
-                    tool_call: None,
-                    relayed: false,
-                    credential: None,
+                    ..self.record(from, start, Protocol::Dns)
                 };
                 self.emit(&rec, Stage::Finished, Outcome::Denied, &Counters::new());
             }
@@ -525,12 +498,13 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Inner {
-    async fn handle(&self, mut stream: TcpStream, client: SocketAddr) {
-        let mut rec = Record {
+    /// A new connection's record: its id, client, start and protocol, nothing known yet.
+    fn record(&self, client: SocketAddr, start: Instant, protocol: Protocol) -> Record {
+        Record {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             client,
-            start: Instant::now(),
-            protocol: Protocol::Unknown,
+            start,
+            protocol,
             host: None,
             port: None,
             method: None,
@@ -542,7 +516,11 @@ impl Inner {
             tool_call: None,
             relayed: false,
             credential: None,
-        };
+        }
+    }
+
+    async fn handle(&self, mut stream: TcpStream, client: SocketAddr) {
+        let mut rec = self.record(client, Instant::now(), Protocol::Unknown);
         let counters = Counters::new();
         // Small requests should not wait for Nagle; failure only costs latency.
         let _ = stream.set_nodelay(true);
