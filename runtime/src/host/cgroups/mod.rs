@@ -285,10 +285,15 @@ impl ProcCgroups {
     /// The directories of these cgroups below `root`, by controller; the v2 directory is
     /// `unified`. On a hybrid host the v2 tree is `root/unified`; a legacy host has none.
     /// Co-mounted v1 controllers (`cpu,cpuacct`) resolve to their joint mount when it exists.
+    /// A cgroup outside the reader's cgroup namespace (its path climbs with `..`) is not below
+    /// `root`, so it has no directory here.
     pub fn dirs(&self, root: &Path, hierarchy: Hierarchy) -> BTreeMap<String, PathBuf> {
         let mut out = BTreeMap::new();
         for line in &self.lines {
             let rel = line.path.trim_start_matches('/');
+            if rel.split('/').any(|part| part == "..") {
+                continue;
+            }
             if line.controllers.is_empty() {
                 let base = match hierarchy {
                     Hierarchy::Unified => root.to_owned(),
@@ -948,6 +953,16 @@ mod tests {
         // Paths outside the reader's cgroup namespace stay as the kernel printed them.
         let p = ProcCgroups::parse("/proc/1/cgroup".into(), "0::/../../x\n");
         assert_eq!(p.unified(), Some("/../../x"));
+        // ... and have no directory below the reader's cgroup mount.
+        assert_eq!(
+            p.dirs(Path::new("/sys/fs/cgroup"), Hierarchy::Unified),
+            BTreeMap::new()
+        );
+        let v1 = ProcCgroups::parse("/proc/1/cgroup".into(), "4:memory:/a/../../b\n6:pids:/c\n");
+        assert_eq!(
+            v1.dirs(Path::new("/sys/fs/cgroup"), Hierarchy::Legacy),
+            BTreeMap::from([("pids".to_owned(), PathBuf::from("/sys/fs/cgroup/pids/c"))])
+        );
         assert_eq!(
             ProcCgroups::parse("/proc/1/cgroup".into(), "").lines.len(),
             0
