@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::files::FileError;
 use crate::state::ContainerId;
-use crate::state::{SandboxDir, StateDirs, StateError};
+use crate::state::{SandboxDir, StateDirs};
 
 /// Errors of the layers report.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +24,7 @@ pub enum LayersError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    State(#[from] StateError),
+    File(#[from] FileError),
 }
 
 /// What the runtime applied at create, saved for later reports.
@@ -75,14 +76,17 @@ impl Applied {
     }
 
     fn load(sandbox_dir: &SandboxDir, id: &ContainerId) -> Result<Self, LayersError> {
-        match sandbox_dir.layers().read() {
-            Err(StateError::Read { path, source }) => Err(LayersError::Missing {
-                id: id.to_string(),
-                path,
-                source,
-            }),
-            read => Ok(read?),
-        }
+        sandbox_dir
+            .layers()
+            .read()
+            .map_err(|e| match e.into_read() {
+                Ok((path, source)) => LayersError::Missing {
+                    id: id.to_string(),
+                    path,
+                    source,
+                },
+                Err(e) => e.into(),
+            })
     }
 }
 
