@@ -503,9 +503,20 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dirs = StateDirs::new(root.path().to_owned());
         let id = ContainerId::try_from("lay1").unwrap();
+        let layers = dirs.sandbox(&id).layers().path().to_owned();
         let e = report(&dirs, &id, "running", None).unwrap_err().to_string();
-        assert!(e.contains("layers.json"), "{e}");
+        assert_eq!(
+            e,
+            format!(
+                "sandbox lay1 has no layers record at {} (created by an older runtime?)",
+                layers.display()
+            )
+        );
         std::fs::create_dir_all(dirs.sandbox(&id).path()).unwrap();
+        // A record that is there but unreadable as JSON is not "missing": the error says so.
+        std::fs::write(&layers, "{").unwrap();
+        let e = report(&dirs, &id, "running", None).unwrap_err().to_string();
+        assert_eq!(e, format!("cannot parse {}", layers.display()));
         let me = i32::try_from(std::process::id()).unwrap();
         Applied {
             userns_host_start: 1_000_000,
