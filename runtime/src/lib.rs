@@ -6,6 +6,7 @@ pub mod cli;
 mod create;
 pub mod enforce;
 pub mod executor;
+pub mod files;
 pub mod hooks;
 pub mod host;
 pub mod init_exec;

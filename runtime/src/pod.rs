@@ -22,10 +22,11 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 use serde::{Deserialize, Serialize};
 
+use crate::files::FileError;
 use crate::host::idmap::{self, IdRange};
 use crate::mounts;
 use crate::sandbox::Ceiling;
-use crate::state::{ContainerId, SandboxDir, StateDirs, StateError};
+use crate::state::{ContainerId, SandboxDir, StateDirs};
 
 /// `sandbox` for a pod's pause container, `container` for its app containers.
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
@@ -92,7 +93,7 @@ pub enum PodError {
         source: Box<libcontainer::oci_spec::OciSpecError>,
     },
     #[error(transparent)]
-    State(#[from] StateError),
+    File(#[from] FileError),
     #[error(transparent)]
     IdMap(#[from] idmap::IdMapError),
     #[error("hardened spec of a pod member violates the sandbox invariant: {invariant}")]

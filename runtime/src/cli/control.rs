@@ -2,8 +2,9 @@
 //! `delete` and `update`.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::Path;
 
+use crate::files::FileError;
 use crate::state::ContainerId;
 
 use super::{Cli, CliError};
@@ -45,31 +46,22 @@ pub(super) fn delete(
 }
 
 /// `update --resources FILE`: new resource limits (`-` reads them from stdin).
-pub(super) fn update(cli: &Cli, id: &str, resources: &PathBuf) -> Result<(), CliError> {
+pub(super) fn update(cli: &Cli, id: &str, resources: &Path) -> Result<(), CliError> {
     let bytes = read_input(resources)?;
-    let res: libcontainer::oci_spec::runtime::LinuxResources = serde_json::from_slice(&bytes)
-        .map_err(|source| CliError::Parse {
-            path: resources.clone(),
-            source,
-        })?;
+    let res: libcontainer::oci_spec::runtime::LinuxResources =
+        crate::files::parse_json(resources, &bytes)?;
     cli.runtime()?.update(&ContainerId::try_from(id)?, &res)?;
     Ok(())
 }
 
-fn read_input(path: &PathBuf) -> Result<Vec<u8>, CliError> {
-    let mut buf = Vec::new();
+fn read_input(path: &Path) -> Result<Vec<u8>, FileError> {
     if path.as_os_str() == "-" {
+        let mut buf = Vec::new();
         std::io::stdin()
             .read_to_end(&mut buf)
-            .map_err(|source| CliError::Read {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(|e| FileError::read(path, e))?;
         Ok(buf)
     } else {
-        std::fs::read(path).map_err(|source| CliError::Read {
-            path: path.clone(),
-            source,
-        })
+        crate::files::read(path)
     }
 }

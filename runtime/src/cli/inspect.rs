@@ -61,7 +61,7 @@ pub(super) fn spec(bundle: &Path) -> Result<(), CliError> {
     let path = bundle.join("config.json");
     let spec = libcontainer::oci_spec::runtime::Spec::default();
     let text = serde_json::to_string_pretty(&spec).unwrap_or_default();
-    std::fs::write(&path, text).map_err(|source| CliError::Write { path, source })?;
+    crate::files::write(&path, text)?;
     Ok(())
 }
 

@@ -407,24 +407,8 @@ pub enum CliError {
     Cap { cap: String },
     #[error("exec needs --process or a command")]
     NoExecCommand,
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot parse {path}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error(transparent)]

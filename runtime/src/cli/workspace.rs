@@ -31,12 +31,8 @@ pub(super) fn export(
         (None, None) => return Err(CliError::NoCommand),
     };
     let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
-    crate::report::review::write_export_summary(&mut std::io::stdout().lock(), &s).map_err(
-        |source| CliError::Write {
-            path: PathBuf::from("-"),
-            source,
-        },
-    )?;
+    crate::report::review::write_export_summary(&mut std::io::stdout().lock(), &s)
+        .map_err(|e| crate::files::FileError::write("-", e))?;
     Ok(())
 }
 

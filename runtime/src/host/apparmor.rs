@@ -23,6 +23,7 @@ use agent_sandbox_policy::apparmor::LoadedProfile;
 use agent_sandbox_policy::layers::AppArmorHost;
 use nix::fcntl::{Flock, FlockArg};
 
+use crate::files::FileError;
 use crate::state::SandboxDir;
 
 /// `Y` when the kernel's AppArmor is on.
@@ -41,12 +42,8 @@ pub enum AppArmorError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("cannot run {parser}")]
     Spawn {
         parser: PathBuf,
@@ -128,10 +125,7 @@ impl Store {
 
     fn lock(&self) -> Result<Flock<File>, AppArmorError> {
         let path = self.root.join("lock");
-        std::fs::create_dir_all(&self.root).map_err(|source| AppArmorError::Write {
-            path: self.root.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&self.root).map_err(|e| FileError::write(&self.root, e))?;
         let file = File::options()
             .create(true)
             .truncate(false)
@@ -181,17 +175,11 @@ impl Store {
     }
 }
 
-fn write(path: &Path, text: &str) -> Result<(), AppArmorError> {
-    let mut f = File::create(path).map_err(|source| AppArmorError::Write {
-        path: path.to_owned(),
-        source,
-    })?;
+fn write(path: &Path, text: &str) -> Result<(), FileError> {
+    let mut f = File::create(path).map_err(|e| FileError::write(path, e))?;
     f.write_all(text.as_bytes())
         .and_then(|()| f.sync_all())
-        .map_err(|source| AppArmorError::Write {
-            path: path.to_owned(),
-            source,
-        })
+        .map_err(|e| FileError::write(path, e))
 }
 
 fn run_parser(flags: &'static str, file: &Path) -> Result<(), AppArmorError> {
@@ -223,10 +211,7 @@ pub fn acquire(sandbox_dir: &SandboxDir, profile: &LoadedProfile) -> Result<(), 
     // The sandbox dir names the profile first, so a failed create releases what it took.
     write(&sandbox_dir.apparmor_profile(), &profile.name)?;
     let users = store.users(&profile.name);
-    std::fs::create_dir_all(&users).map_err(|source| AppArmorError::Write {
-        path: users.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&users).map_err(|e| FileError::write(&users, e))?;
     write(
         &store.marker(&profile.name, sandbox_dir.path()),
         &sandbox_dir.path().display().to_string(),

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{Array, DocumentMut, Item, Table, value};
 
+use crate::files::FileError;
+
 /// containerd's default configuration file.
 pub const DEFAULT_CONFIG: &str = "/etc/containerd/config.toml";
 /// The RuntimeClass handler name.
@@ -34,12 +36,8 @@ const OPTIONS_HINT: &str = "\
 /// Why the stanza could not be merged. Nothing was written when this is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("{path} is not valid TOML")]
     Parse {
         path: PathBuf,
@@ -54,12 +52,6 @@ pub enum InstallError {
     NotATable { path: PathBuf, key: String },
     #[error("{path}: key {key} is not a string")]
     NotAString { path: PathBuf, key: String },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// containerd config versions and where the CRI runtimes table lives in each.
@@ -218,15 +210,8 @@ pub fn version_of(path: &Path) -> Result<ConfigVersion, InstallError> {
     merge(path, &text).map(|m| m.version)
 }
 
-fn read_or_empty(path: &Path) -> Result<String, InstallError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(text),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-        Err(source) => Err(InstallError::Read {
-            path: path.to_owned(),
-            source,
-        }),
-    }
+fn read_or_empty(path: &Path) -> Result<String, FileError> {
+    Ok(crate::files::read_to_string_if_present(path)?.unwrap_or_default())
 }
 
 /// Merges the stanza into the file at `path` (created if missing), atomically, keeping its
@@ -237,10 +222,7 @@ pub fn write(path: &Path) -> Result<bool, InstallError> {
     if !merged.changed {
         return Ok(false);
     }
-    replace_atomically(path, &merged.text).map_err(|source| InstallError::Write {
-        path: path.to_owned(),
-        source,
-    })?;
+    replace_atomically(path, &merged.text).map_err(|e| FileError::write(path, e))?;
     tracing::info!(path = %path.display(), "merged the agent-sandbox runtime into containerd's config");
     Ok(true)
 }

@@ -20,6 +20,8 @@ use std::process::Command;
 
 use serde_json::{Map, Value, json};
 
+use crate::files::FileError;
+
 /// dockerd's default configuration file.
 pub const DEFAULT_CONFIG: &str = "/etc/docker/daemon.json";
 /// The runtime name `docker run --runtime` takes.
@@ -30,12 +32,8 @@ pub const RUNTIME_TYPE_SINCE_MAJOR: u32 = 23;
 /// Why the entry could not be merged. Nothing was written when this is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum DockerInstallError {
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("{path} is not valid JSON")]
     Parse {
         path: PathBuf,
@@ -50,12 +48,6 @@ pub enum DockerInstallError {
     RuntimeTypeIgnored { version: String },
     #[error("runtime path {path} is not absolute")]
     RelativePath { path: PathBuf },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// How dockerd reaches the runtime.
@@ -165,11 +157,7 @@ pub fn merge(path: &Path, text: &str, entry: &Entry) -> Result<Merged, DockerIns
             changed: false,
         });
     }
-    let mut out =
-        serde_json::to_string_pretty(&doc).map_err(|source| DockerInstallError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
+    let mut out = serde_json::to_string_pretty(&doc).map_err(|e| FileError::encode(path, e))?;
     out.push('\n');
     Ok(Merged {
         text: out,
@@ -180,26 +168,13 @@ pub fn merge(path: &Path, text: &str, entry: &Entry) -> Result<Merged, DockerIns
 /// Merges `entry` into the file at `path` (created if missing), atomically, keeping its
 /// permissions. Returns whether the file changed.
 pub fn write(path: &Path, entry: &Entry) -> Result<bool, DockerInstallError> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(source) => {
-            return Err(DockerInstallError::Read {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
+    let text = crate::files::read_to_string_if_present(path)?.unwrap_or_default();
     let merged = merge(path, &text, entry)?;
     if !merged.changed {
         return Ok(false);
     }
-    crate::install::containerd::replace_atomically(path, &merged.text).map_err(|source| {
-        DockerInstallError::Write {
-            path: path.to_owned(),
-            source,
-        }
-    })?;
+    crate::install::containerd::replace_atomically(path, &merged.text)
+        .map_err(|e| FileError::write(path, e))?;
     tracing::info!(path = %path.display(), name = %entry.name, "merged the agent-sandbox runtime into dockerd's config");
     Ok(true)
 }

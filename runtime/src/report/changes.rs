@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::FileError;
 use crate::mounts::WorkspaceOverlay;
 use crate::state::SandboxDir;
 
@@ -42,18 +43,8 @@ pub enum ChangesError {
     },
     #[error("{path} is not a directory owned by this user (refusing to keep changes there)")]
     Untrusted { path: PathBuf },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("change record {path} is corrupt")]
     Corrupt {
         path: PathBuf,
@@ -234,10 +225,7 @@ fn private_dir(dir: &Path) -> Result<()> {
 impl Entry {
     pub fn load(dir: &Path) -> Result<Entry> {
         let path = dir.join(INDEX_FILE);
-        let text = std::fs::read(&path).map_err(|source| ChangesError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::files::read(&path)?;
         let record = serde_json::from_slice(&text)
             .map_err(|source| ChangesError::Corrupt { path, source })?;
         Ok(Entry {
@@ -250,13 +238,10 @@ impl Entry {
     pub fn save(&self) -> Result<()> {
         let path = self.dir.join(INDEX_FILE);
         let text =
-            serde_json::to_vec_pretty(&self.record).map_err(|source| ChangesError::Corrupt {
-                path: path.clone(),
-                source,
-            })?;
+            serde_json::to_vec_pretty(&self.record).map_err(|e| FileError::encode(&path, e))?;
         // The temporary file is 0600, as the record must be; it is removed on failure.
-        crate::state::paths::write_atomic(&path, &text)
-            .map_err(|source| ChangesError::Write { path, source })
+        crate::state::paths::write_atomic(&path, &text).map_err(|e| FileError::write(&path, e))?;
+        Ok(())
     }
 
     pub fn image(&self) -> PathBuf {
@@ -455,14 +440,8 @@ fn make_image(image: &Path, bytes: u64) -> Result<()> {
         .create_new(true)
         .mode(0o600)
         .open(image)
-        .map_err(|source| ChangesError::Write {
-            path: image.to_owned(),
-            source,
-        })?;
-    f.set_len(bytes).map_err(|source| ChangesError::Write {
-        path: image.to_owned(),
-        source,
-    })?;
+        .map_err(|e| FileError::write(image, e))?;
+    f.set_len(bytes).map_err(|e| FileError::write(image, e))?;
     drop(f);
     let args: [&std::ffi::OsStr; 10] = [
         "-q".as_ref(),

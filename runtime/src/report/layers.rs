@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::files::FileError;
 use crate::state::ContainerId;
-use crate::state::{SandboxDir, StateDirs, StateError};
+use crate::state::{SandboxDir, StateDirs};
 
 /// Errors of the layers report.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +24,7 @@ pub enum LayersError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    State(#[from] StateError),
+    File(#[from] FileError),
 }
 
 /// What the runtime applied at create, saved for later reports.
@@ -75,14 +76,17 @@ impl Applied {
     }
 
     fn load(sandbox_dir: &SandboxDir, id: &ContainerId) -> Result<Self, LayersError> {
-        match sandbox_dir.layers().read() {
-            Err(StateError::Read { path, source }) => Err(LayersError::Missing {
-                id: id.to_string(),
-                path,
-                source,
-            }),
-            read => Ok(read?),
-        }
+        sandbox_dir
+            .layers()
+            .read()
+            .map_err(|e| match e.into_read() {
+                Ok((path, source)) => LayersError::Missing {
+                    id: id.to_string(),
+                    path,
+                    source,
+                },
+                Err(e) => e.into(),
+            })
     }
 }
 
@@ -499,9 +503,20 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dirs = StateDirs::new(root.path().to_owned());
         let id = ContainerId::try_from("lay1").unwrap();
+        let layers = dirs.sandbox(&id).layers().path().to_owned();
         let e = report(&dirs, &id, "running", None).unwrap_err().to_string();
-        assert!(e.contains("layers.json"), "{e}");
+        assert_eq!(
+            e,
+            format!(
+                "sandbox lay1 has no layers record at {} (created by an older runtime?)",
+                layers.display()
+            )
+        );
         std::fs::create_dir_all(dirs.sandbox(&id).path()).unwrap();
+        // A record that is there but unreadable as JSON is not "missing": the error says so.
+        std::fs::write(&layers, "{").unwrap();
+        let e = report(&dirs, &id, "running", None).unwrap_err().to_string();
+        assert_eq!(e, format!("cannot parse {}", layers.display()));
         let me = i32::try_from(std::process::id()).unwrap();
         Applied {
             userns_host_start: 1_000_000,

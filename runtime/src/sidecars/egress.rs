@@ -36,12 +36,8 @@ pub enum EgressError {
     Spawn(#[source] std::io::Error),
     #[error("the egress proxy did not come up: {reason}")]
     NotReady { reason: String },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("cannot bind the proxy listener in the sandbox network namespace")]
     Listener(#[source] agent_sandbox_proxy::ListenerError),
     #[error("cannot set up the proxy's host-side resolver")]
@@ -269,7 +265,9 @@ impl PendingProxy {
 fn spawn_error(e: sidecars::SpawnError) -> EgressError {
     match e {
         sidecars::SpawnError::Spawn(source) => EgressError::Spawn(source),
-        sidecars::SpawnError::Write { path, source } => EgressError::Write { path, source },
+        sidecars::SpawnError::Write { path, source } => {
+            EgressError::File(crate::files::FileError::write(path, source))
+        }
         sidecars::SpawnError::NotReady { reason } => EgressError::NotReady { reason },
     }
 }

@@ -26,7 +26,8 @@ use netlink_packet_core::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_AUDIT};
 use serde::{Deserialize, Serialize};
 
-use crate::state::{SandboxDir, StateError};
+use crate::files::FileError;
+use crate::state::SandboxDir;
 
 /// `AUDIT_NLGRP_READLOG`: the read-only multicast group of the audit log.
 const NLGRP_READLOG: u32 = 1;
@@ -48,7 +49,7 @@ pub enum FsAuditError {
     )]
     Subscribe(#[source] std::io::Error),
     #[error(transparent)]
-    State(#[from] StateError),
+    File(#[from] FileError),
 }
 
 /// Whether `fs_denied` reporting is in force for a sandbox, and why not.

@@ -41,12 +41,8 @@ pub enum SyscallAuditError {
     Spawn(#[source] std::io::Error),
     #[error("the seccomp supervisor did not start: {reason}")]
     NotReady { reason: String },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("cannot listen on {path}")]
     Listen {
         path: PathBuf,
@@ -164,7 +160,9 @@ pub struct Starting(sidecars::Pending);
 fn spawn_error(e: sidecars::SpawnError) -> SyscallAuditError {
     match e {
         sidecars::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
-        sidecars::SpawnError::Write { path, source } => SyscallAuditError::Write { path, source },
+        sidecars::SpawnError::Write { path, source } => {
+            SyscallAuditError::File(crate::files::FileError::write(path, source))
+        }
         sidecars::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
     }
 }

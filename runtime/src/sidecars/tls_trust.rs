@@ -13,6 +13,7 @@ use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{DomainRule, placeholder_value};
 use libcontainer::oci_spec::runtime::{Mount, Process, Spec};
 
+use crate::files::FileError;
 use crate::state::SandboxDir;
 
 /// Where the CA certificate and the bundle appear inside the sandbox.
@@ -44,12 +45,8 @@ const MAX_BUNDLE: u64 = 8 << 20;
 pub enum TrustError {
     #[error("cannot make the sandbox's CA")]
     Ca(#[source] agent_sandbox_proxy::ca::CaError),
-    #[error("cannot write {path}", path = path.display())]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("the pod's CA directory {path} is missing (the pod's policy has no https credential)", path = path.display())]
     NoPodCa { path: PathBuf },
 }
@@ -94,16 +91,9 @@ pub fn prepare(
             write_file(&sandbox_dir.tls_key(), ca.key_pem.as_bytes(), 0o600)?;
             write_file(&sandbox_dir.tls_cert(), ca.cert_pem.as_bytes(), 0o644)?;
             let dir = mount_dir.join(HOST_DIR);
-            std::fs::create_dir_all(&dir).map_err(|source| TrustError::Write {
-                path: dir.clone(),
-                source,
-            })?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(
-                |source| TrustError::Write {
-                    path: dir.clone(),
-                    source,
-                },
-            )?;
+            std::fs::create_dir_all(&dir).map_err(|e| FileError::write(&dir, e))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| FileError::write(&dir, e))?;
             write_file(&dir.join(CA_NAME), ca.cert_pem.as_bytes(), 0o644)?;
             let mut bundle = system_bundle(rootfs).unwrap_or_default();
             if !bundle.is_empty() && !bundle.ends_with(b"\n") {
@@ -214,11 +204,8 @@ fn system_bundle(rootfs: &Path) -> Option<Vec<u8>> {
     })
 }
 
-fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), TrustError> {
-    let err = |source| TrustError::Write {
-        path: path.to_owned(),
-        source,
-    };
+fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), FileError> {
+    let err = |e| FileError::write(path, e);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

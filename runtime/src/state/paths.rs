@@ -15,12 +15,8 @@ use super::sandbox_dir::SandboxDir;
 pub enum PathsError {
     #[error("XDG_RUNTIME_DIR is not set; pass --root for an unprivileged runtime")]
     NoRuntimeDir,
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
     #[error("cannot create state directory {path}")]
     Create {
         path: PathBuf,
@@ -32,10 +28,7 @@ pub enum PathsError {
 /// Whether the process runs with the host's full id range (real root).
 pub fn in_initial_userns() -> Result<bool, PathsError> {
     let path = Path::new("/proc/self/uid_map");
-    let text = std::fs::read_to_string(path).map_err(|source| PathsError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(path)?;
     Ok(is_identity_full_map(&text))
 }
 

@@ -11,47 +11,12 @@ use serde::de::DeserializeOwned;
 
 use super::id::{ContainerId, IdError};
 use super::paths::write_atomic_mode;
+use crate::files::FileError;
 
-/// A JSON state file could not be read or written; names the file.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot parse {path}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("cannot encode {path}")]
-    Encode {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl StateError {
-    /// The file named by the error.
-    pub fn path(&self) -> &Path {
-        match self {
-            Self::Read { path, .. }
-            | Self::Parse { path, .. }
-            | Self::Encode { path, .. }
-            | Self::Write { path, .. } => path,
-        }
-    }
-}
+/// A JSON state file could not be read, parsed, encoded or written; names the file. The
+/// state files' error is the runtime's one [`FileError`]; the name stays for the modules that
+/// still use it.
+pub type StateError = FileError;
 
 /// How a JSON file is laid out (kept as each file has always been written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,41 +46,24 @@ impl JsonFile {
     }
 
     /// Replaces the file with `value`, atomically.
-    pub fn write<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), StateError> {
+    pub fn write<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), FileError> {
         let text = match self.layout {
             Layout::Pretty => serde_json::to_vec_pretty(value),
             Layout::Compact => serde_json::to_vec(value),
         }
-        .map_err(|source| StateError::Encode {
-            path: self.path.clone(),
-            source,
-        })?;
-        write_atomic_mode(&self.path, &text, self.mode).map_err(|source| StateError::Write {
-            path: self.path.clone(),
-            source,
-        })
+        .map_err(|e| FileError::encode(&self.path, e))?;
+        write_atomic_mode(&self.path, &text, self.mode).map_err(|e| FileError::write(&self.path, e))
     }
 
-    /// The file's value; a missing file is a [`StateError::Read`] (see [`Self::read_if_present`]).
-    pub fn read<T: DeserializeOwned>(&self) -> Result<T, StateError> {
-        let text = std::fs::read(&self.path).map_err(|source| StateError::Read {
-            path: self.path.clone(),
-            source,
-        })?;
-        serde_json::from_slice(&text).map_err(|source| StateError::Parse {
-            path: self.path.clone(),
-            source,
-        })
+    /// The file's value; a missing file is an error (see [`Self::read_if_present`]).
+    pub fn read<T: DeserializeOwned>(&self) -> Result<T, FileError> {
+        crate::files::read_json(&self.path)
     }
 
     /// The file's value, `None` when there is no file.
-    pub fn read_if_present<T: DeserializeOwned>(&self) -> Result<Option<T>, StateError> {
+    pub fn read_if_present<T: DeserializeOwned>(&self) -> Result<Option<T>, FileError> {
         match self.read() {
-            Err(StateError::Read { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                Ok(None)
-            }
+            Err(e) if e.is_not_found() => Ok(None),
             other => other.map(Some),
         }
     }
@@ -441,7 +389,7 @@ mod tests {
         assert_eq!(missing.path(), d.layers().path());
         std::fs::write(d.fs_audit().path(), b"{not json").unwrap();
         let bad = d.fs_audit().read::<serde_json::Value>().unwrap_err();
-        assert!(matches!(bad, StateError::Parse { .. }), "{bad:?}");
+        assert_eq!(bad.op(), crate::files::FileOp::Parse, "{bad:?}");
         assert!(bad.to_string().contains("fs-audit.json"), "{bad}");
     }
 
@@ -454,7 +402,7 @@ mod tests {
         // A map with non-string keys cannot be encoded as JSON: the encoder fails part way.
         let unencodable: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
         let err = d.layers().write(&unencodable).unwrap_err();
-        assert!(matches!(err, StateError::Encode { .. }), "{err:?}");
+        assert_eq!(err.op(), crate::files::FileOp::Encode, "{err:?}");
         assert_eq!(
             d.layers().read::<serde_json::Value>().unwrap(),
             serde_json::json!({"old": true})

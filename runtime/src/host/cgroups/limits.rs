@@ -74,9 +74,7 @@ pub fn verify(
 
 fn read(dir: &Path, file: &str) -> Result<String, CgroupsError> {
     let path = dir.join(file);
-    std::fs::read_to_string(&path)
-        .map(|s| s.trim().to_owned())
-        .map_err(|source| CgroupsError::Read { path, source })
+    Ok(crate::files::read_to_string(&path)?.trim().to_owned())
 }
 
 fn not_applied(

@@ -48,12 +48,6 @@ pub enum CgroupsError {
         #[source]
         source: Box<libcgroups::common::GetCgroupSetupError>,
     },
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("cannot write {value} to {path}")]
     Write {
         path: PathBuf,
@@ -62,7 +56,7 @@ pub enum CgroupsError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    State(#[from] crate::state::StateError),
+    File(#[from] crate::files::FileError),
     #[error("{path} names no {controller} cgroup")]
     NoController {
         path: PathBuf,
@@ -197,10 +191,7 @@ impl Host for RealHost {
 
     fn proc_cgroups(&self, pid: i32) -> Result<ProcCgroups, CgroupsError> {
         let path = PathBuf::from(format!("/proc/{pid}/cgroup"));
-        let text = std::fs::read_to_string(&path).map_err(|source| CgroupsError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(&path)?;
         Ok(ProcCgroups::parse(path, &text))
     }
 
@@ -880,10 +871,11 @@ pub(crate) mod fake {
             let path = PathBuf::from(format!("/proc/{pid}/cgroup"));
             match self.procs.get(&pid) {
                 Some(t) => Ok(ProcCgroups::parse(path, t)),
-                None => Err(CgroupsError::Read {
+                None => Err(crate::files::FileError::read(
                     path,
-                    source: std::io::ErrorKind::NotFound.into(),
-                }),
+                    std::io::ErrorKind::NotFound.into(),
+                )
+                .into()),
             }
         }
         fn own_pid(&self) -> i32 {
