@@ -34,7 +34,7 @@ pub struct SandboxExecutor {
     /// the caller's bundle in their state (see [`crate::hooks`]).
     pub start_container: Option<Arc<StartContainerHooks>>,
     /// The config's own seccomp profile, installed after the policy's filter (the kernel
-    /// takes the strictest answer; `crate::sandbox::requested_seccomp`).
+    /// takes the strictest answer; `crate::harden::requested_seccomp`).
     pub requested_seccomp: Vec<Arc<BpfProgram>>,
     /// The init only: fork here, the child executing the program and this process staying
     /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::reaper`).

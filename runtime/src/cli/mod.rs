@@ -426,7 +426,7 @@ pub enum CliError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Sandbox(#[from] crate::harden::SandboxError),
     #[error(transparent)]
     Allow(#[from] crate::sidecars::allow::AllowError),
     #[error(transparent)]

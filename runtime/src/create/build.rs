@@ -38,7 +38,7 @@ impl Runtime {
         }
         host.sandbox_dir.record().write(&host.record)?;
         mounts::ensure_mount_points(&host.rootfs_src, spec)?;
-        crate::sandbox::check_writable_destinations(spec, &host.rootfs_src)?;
+        crate::harden::check_writable_destinations(spec, &host.rootfs_src)?;
         mounts::bind_readonly(&host.rootfs_src, &host.record.rootfs_mount)?;
         crate::host::cgroups::Record::save(&hardened.cgroups, spec, &host.sandbox_dir)?;
         if let Some(overlay) = &hardened.overlay {

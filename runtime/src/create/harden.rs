@@ -9,9 +9,9 @@ use libcontainer::oci_spec::runtime::Spec;
 use super::{Hardened, Host, Ids, Result};
 use crate::enforce;
 use crate::executor::SandboxExecutor;
+use crate::harden::{Ceiling, Facts};
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::mounts;
-use crate::sandbox::{Ceiling, Facts};
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -31,7 +31,7 @@ impl Runtime {
             workspace: host.workspace.clone(),
             pod: member.map(|m| m.namespaces.clone()),
         };
-        let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        let prepared = crate::harden::prepare(ceiling, spec, &facts)?;
         if let Some(m) = member {
             m.check_policy(&prepared.policy, &prepared.spec)?;
         }
@@ -45,7 +45,7 @@ impl Runtime {
             crate::sidecars::tls_trust::inject_env(process, &policy);
         }
         let pod_mount_dir = match member {
-            Some(m) => Some(crate::sandbox::mount_dir(&self.dirs, &m.pod)?),
+            Some(m) => Some(crate::harden::mount_dir(&self.dirs, &m.pod)?),
             None => None,
         };
         // Writes the sandbox's CA beside the mounts it adds.

@@ -31,9 +31,9 @@ use std::path::PathBuf;
 
 use libcontainer::oci_spec::runtime::Spec;
 
+use crate::harden::Ceiling;
 use crate::host::idmap::IdRange;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 type Result<T> = std::result::Result<T, LifecycleError>;
@@ -59,7 +59,7 @@ impl Ids {
 /// Phase 2: what the host holds for the sandbox before its spec is hardened.
 struct Host {
     sandbox_dir: crate::state::SandboxDir,
-    /// The per-sandbox directory of reachable mounts (`crate::sandbox::mount_dir`).
+    /// The per-sandbox directory of reachable mounts (`crate::harden::mount_dir`).
     mount_dir: PathBuf,
     /// The image rootfs the caller's bundle names.
     rootfs_src: PathBuf,

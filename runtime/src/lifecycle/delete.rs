@@ -206,7 +206,7 @@ impl Runtime {
         let mount_dir = record
             .as_ref()
             .and_then(|r| r.rootfs_mount.parent().map(Path::to_path_buf))
-            .or_else(|| crate::sandbox::mount_dir(&self.dirs, id).ok());
+            .or_else(|| crate::harden::mount_dir(&self.dirs, id).ok());
         if let Some(ws) = &workspace {
             // Before the mounts go: an empty change set is dropped, any other is kept.
             crate::report::changes::ended(ws);

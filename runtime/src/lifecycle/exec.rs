@@ -27,7 +27,7 @@ impl Runtime {
         };
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
-        let mut process = crate::sandbox::harden_exec(process, &policy, &plan)?;
+        let mut process = crate::harden::harden_exec(process, &policy, &plan)?;
         agent_sandbox_policy::harden::writable_home(&mut process, &policy, &hardened);
         crate::sidecars::egress::inject_env(&mut process, &policy);
         crate::sidecars::tls_trust::inject_env(&mut process, &policy);
@@ -35,7 +35,7 @@ impl Runtime {
             .map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
-        let mut executor = crate::sandbox::executor_for(&policy, &plan)?;
+        let mut executor = crate::harden::executor_for(&policy, &plan)?;
         let requested_file = dir.requested_seccomp();
         let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
             if requested_file.path().exists() {
@@ -44,7 +44,7 @@ impl Runtime {
                 None
             };
         executor.requested_seccomp =
-            crate::sandbox::requested_seccomp(requested.as_ref(), &policy, &plan)?;
+            crate::harden::requested_seccomp(requested.as_ref(), &policy, &plan)?;
         let init_pid = c
             .pid()
             .map(|p| p.as_raw())

@@ -93,7 +93,7 @@ pub enum LifecycleError {
     #[error(transparent)]
     Enforce(#[from] EnforceError),
     #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Sandbox(#[from] crate::harden::SandboxError),
     #[error(transparent)]
     Pod(#[from] crate::pod::PodError),
     #[error("network layer: the egress proxy")]
@@ -416,13 +416,13 @@ impl Runtime {
         id: &ContainerId,
         bundle: &Path,
     ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
-        let ceiling = crate::sandbox::Ceiling::load_saved(&self.dirs.sandbox(id))?;
+        let ceiling = crate::harden::Ceiling::load_saved(&self.dirs.sandbox(id))?;
         let config = bundle.join("config.json");
         let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
-        let (policy, plan) = crate::sandbox::effective_for_exec(&ceiling, &hardened)?;
+        let (policy, plan) = crate::harden::effective_for_exec(&ceiling, &hardened)?;
         Ok((policy, plan, hardened))
     }
 }

@@ -68,7 +68,7 @@ impl Runtime {
         kernel_audit: bool,
     ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
-            .ok_or(crate::sandbox::SandboxError::NoArch)?;
+            .ok_or(crate::harden::SandboxError::NoArch)?;
         let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         crate::sidecars::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit)
             .map_err(LifecycleError::SyscallAudit)

@@ -415,7 +415,7 @@ mod tests {
     fn landlock_abi_agrees_with_the_landlock_crate() {
         use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
         let abi = agent_sandbox_sys::landlock_abi().unwrap();
-        assert_eq!(crate::sandbox::host_support().landlock_abi, abi);
+        assert_eq!(crate::harden::host_support().landlock_abi, abi);
         // The crate creates a ruleset needing this ABI's rights, and refuses the next one's.
         let creates = |v: ABI| {
             Ruleset::default()
