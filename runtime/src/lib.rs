@@ -5,17 +5,12 @@
 pub mod cli;
 mod create;
 pub mod enforce;
-pub mod executor;
 pub mod harden;
-pub mod hooks;
 pub mod host;
-pub mod init_exec;
 pub mod install;
 pub mod lifecycle;
 pub mod logging;
-pub mod mounts;
 pub mod pod;
-pub mod reaper;
 pub mod report;
 pub mod run;
 pub mod sidecars;

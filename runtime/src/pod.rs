@@ -22,9 +22,9 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 use serde::{Deserialize, Serialize};
 
+use crate::enforce::mounts;
 use crate::harden::Ceiling;
 use crate::host::idmap::{self, IdRange};
-use crate::mounts;
 use crate::state::{ContainerId, SandboxDir, StateDirs, StateError};
 
 /// `sandbox` for a pod's pause container, `container` for its app containers.

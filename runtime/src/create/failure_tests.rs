@@ -246,7 +246,7 @@ fn a_failure_installing_the_spec_leaves_nothing_and_builds_nothing() {
     assert!(
         matches!(
             &err,
-            LifecycleError::Mount(crate::mounts::MountError::MountPoint { path, .. })
+            LifecycleError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. })
                 if path == &f.bundle().join("rootfs")
         ),
         "{err:?}"

@@ -3,9 +3,9 @@
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::{Host, Ids, Marks, Result};
+use crate::enforce::mounts;
 use crate::harden::Ceiling;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
-use crate::mounts;
 use crate::state::ContainerId;
 
 impl Runtime {

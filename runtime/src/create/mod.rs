@@ -65,7 +65,7 @@ struct Host {
     rootfs_src: PathBuf,
     record: SandboxRecord,
     change_set: Option<crate::report::changes::Created>,
-    rebinds: crate::mounts::Rebinds,
+    rebinds: crate::enforce::mounts::Rebinds,
     workspace: Option<agent_sandbox_policy::harden::OverlayDirs>,
 }
 
@@ -83,8 +83,8 @@ struct Hardened {
     seccomp_len: Option<usize>,
     cgroups: crate::host::cgroups::Placement,
     /// The workspace overlay the runtime mounts (the spec binds its merged dir).
-    overlay: Option<crate::mounts::OverlayMount>,
-    /// The `startContainer` hooks, run by the init (`crate::hooks`).
+    overlay: Option<crate::enforce::mounts::OverlayMount>,
+    /// The `startContainer` hooks, run by the init (`crate::enforce::hooks`).
     start_hooks: Vec<libcontainer::oci_spec::runtime::Hook>,
 }
 

@@ -12,8 +12,8 @@ use agent_sandbox_policy::layers::{LayerError, LayerPlan};
 use agent_sandbox_policy::seccomp::{Arch, SeccompError};
 use agent_sandbox_policy::{Layer, PolicyError, SandboxPolicy};
 
-use crate::executor::{LandlockApply, SandboxExecutor};
-use crate::mounts;
+use crate::enforce::executor::{LandlockApply, SandboxExecutor};
+use crate::enforce::mounts;
 use crate::state::paths;
 
 mod ceiling;

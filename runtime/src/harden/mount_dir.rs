@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use super::SandboxError;
-use crate::mounts;
+use crate::enforce::mounts;
 use crate::state::ContainerId;
 use crate::state::paths::{self, StateDirs};
 

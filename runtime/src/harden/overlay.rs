@@ -9,8 +9,8 @@ use libcontainer::oci_spec::runtime::Spec;
 
 use super::SandboxError;
 use super::ids::{id_mapping, process_host_ids};
+use crate::enforce::mounts;
 use crate::host::idmap::IdRange;
-use crate::mounts;
 
 /// The workspace overlay's upper and work dirs under `base` (reachable, per container) when
 /// `spec` has a workspace under `policy` (the effective one), owned by the sandbox's process

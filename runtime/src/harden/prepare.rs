@@ -14,7 +14,7 @@ use super::ids::id_mapping;
 use super::plan::{plan_for, set_apparmor};
 use super::protected::protected_in_workspace;
 use super::{Ceiling, SandboxError, executor_for};
-use crate::executor::SandboxExecutor;
+use crate::enforce::executor::SandboxExecutor;
 use crate::host::idmap::IdRange;
 
 /// Inputs the runtime measured for hardening.

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use libcontainer::container::{Container, ContainerStatus};
 
 use super::{LifecycleError, ReapedInit, Result, Runtime, container_err, status_name};
+use crate::enforce::mounts;
 use crate::host::idmap;
-use crate::mounts;
 use crate::state::ContainerId;
 use crate::state::paths;
 
@@ -70,7 +70,7 @@ impl Runtime {
                         .unwrap_or_else(|_| c.bundle().clone());
                     let annotations = c.state.annotations.clone().unwrap_or_default();
                     let pid = c.pid().map(|p| p.as_raw());
-                    crate::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
+                    crate::enforce::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
                 };
                 let mut result = self.engine.delete(&mut c, force);
                 // Processes SIGKILLed by a forced delete may still be exiting, and
@@ -135,8 +135,8 @@ impl Runtime {
     /// The `poststop` hooks, after the container is gone: a failing one is a warning and
     /// the rest still run (runtime spec, "Lifecycle" step 12; runc exits 0 too).
     fn run_poststop(&self, id: &ContainerId, state: &serde_json::Value) {
-        for hook in crate::hooks::saved_poststop(&self.dirs.sandbox(id)) {
-            if let Err(e) = crate::hooks::run(&hook, state) {
+        for hook in crate::enforce::hooks::saved_poststop(&self.dirs.sandbox(id)) {
+            if let Err(e) = crate::enforce::hooks::run(&hook, state) {
                 tracing::warn!(id = %id, error = %e, "poststop hook failed; delete goes on");
             }
         }

@@ -39,7 +39,7 @@ impl Runtime {
                 .ok()
                 .and_then(|t| t.trim().parse::<f64>().ok())
         {
-            crate::init_exec::await_handler(pid.as_raw(), n as i32, started);
+            crate::enforce::init_exec::await_handler(pid.as_raw(), n as i32, started);
         }
         match c.kill(sig, all) {
             // It exited meanwhile (libcontainer looks again): as for a stopped one above.

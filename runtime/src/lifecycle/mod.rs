@@ -14,8 +14,8 @@ use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
 
 use crate::enforce::EnforceError;
+use crate::enforce::mounts::{self, MountError};
 use crate::host::idmap::{IdMapError, IdRange};
-use crate::mounts::{self, MountError};
 use crate::state::ContainerId;
 use crate::state::paths::{self, PathsError, StateDirs};
 
@@ -107,7 +107,7 @@ pub enum LifecycleError {
     #[error("apparmor layer")]
     AppArmor(#[source] crate::host::apparmor::AppArmorError),
     #[error("hooks")]
-    Hook(#[source] crate::hooks::HookError),
+    Hook(#[source] crate::enforce::hooks::HookError),
     #[error("denied-syscall audit")]
     SyscallAudit(#[source] crate::sidecars::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]

@@ -80,7 +80,7 @@ impl Runtime {
     pub(crate) fn notify_denials(
         &self,
         id: &ContainerId,
-        executor: &mut crate::executor::SandboxExecutor,
+        executor: &mut crate::enforce::executor::SandboxExecutor,
         policy: &SandboxPolicy,
         spawn: bool,
     ) -> Result<Option<crate::sidecars::syscall_audit::Starting>> {
@@ -104,13 +104,15 @@ impl Runtime {
         };
         let supervisor = crate::sidecars::syscall_audit::connect(&sandbox_dir)
             .map_err(LifecycleError::SyscallAudit)?;
-        executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
-            program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),
-            supervisor,
-            fs_audit: executor.landlock.is_some()
-                && crate::sidecars::fs_audit::FsAuditStatus::load(&sandbox_dir)
-                    .is_some_and(|s| s.active),
-        }));
+        executor.notify = Some(std::sync::Arc::new(
+            crate::enforce::executor::NotifyFilter {
+                program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),
+                supervisor,
+                fs_audit: executor.landlock.is_some()
+                    && crate::sidecars::fs_audit::FsAuditStatus::load(&sandbox_dir)
+                        .is_some_and(|s| s.active),
+            },
+        ));
         Ok(starting)
     }
 }

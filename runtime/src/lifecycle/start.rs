@@ -21,17 +21,21 @@ impl Runtime {
             });
         }
         let init = c.pid().map(|p| p.as_raw());
-        let before = init.and_then(crate::init_exec::executable);
+        let before = init.and_then(crate::enforce::init_exec::executable);
         c.start().map_err(container_err("start"))?;
         drop(lock);
         // As runc's: return once the program runs, so that a signal sent right after `start`
         // reaches it (see `init_exec`).
         if let (Some(pid), Some(before)) = (init, before) {
             let procs = crate::report::layers::reaper_procs(&self.dirs.sandbox(id));
-            let outcome =
-                crate::init_exec::wait(pid, before, procs.as_deref(), crate::init_exec::WAIT_LIMIT);
+            let outcome = crate::enforce::init_exec::wait(
+                pid,
+                before,
+                procs.as_deref(),
+                crate::enforce::init_exec::WAIT_LIMIT,
+            );
             tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
-            if let Some(now) = crate::init_exec::uptime() {
+            if let Some(now) = crate::enforce::init_exec::uptime() {
                 let _ = paths::write_atomic(
                     &self.dirs.sandbox(id).started(),
                     now.to_string().as_bytes(),

@@ -23,7 +23,7 @@ impl Runtime {
             annotations.insert("io.agent.sandbox.active-profile".into(), r.profile.clone());
         }
         Ok(serde_json::json!({
-            "ociVersion": crate::hooks::OCI_VERSION,
+            "ociVersion": crate::enforce::hooks::OCI_VERSION,
             "id": id.as_str(),
             "pid": pid,
             "status": status,

@@ -1,7 +1,7 @@
 //! The workspace changes of a sandbox, for `diff`, `export` and `promote`.
 
 use super::{LifecycleError, Result, Runtime};
-use crate::mounts;
+use crate::enforce::mounts;
 use crate::state::ContainerId;
 
 impl Runtime {

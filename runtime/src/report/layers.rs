@@ -166,7 +166,7 @@ pub fn record_create(
         proxy_pid: proxy.then_some(proxy_pid).flatten(),
         proxy_port: proxy.then_some(policy.network.proxy_port),
         cgroups: cgroups_of(init_pid),
-        init_reaper: crate::reaper::wanted(policy, spec),
+        init_reaper: crate::enforce::reaper::wanted(policy, spec),
     }
     .save(sandbox_dir)
 }

@@ -9,6 +9,12 @@ use std::path::Path;
 
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 
+pub mod executor;
+pub mod hooks;
+pub mod init_exec;
+pub mod mounts;
+pub mod reaper;
+
 /// Why a spec cannot be turned into a sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum EnforceError {
@@ -137,7 +143,7 @@ pub fn tenant_join_userns(
 ) -> Result<
     (
         libcontainer::oci_spec::runtime::Process,
-        crate::executor::JoinUserns,
+        crate::enforce::executor::JoinUserns,
     ),
     EnforceError,
 > {
@@ -145,7 +151,7 @@ pub fn tenant_join_userns(
     let path = std::path::PathBuf::from(format!("/proc/{init_pid}/ns/user"));
     let ns = std::fs::File::open(&path).map_err(|source| EnforceError::OpenNs { path, source })?;
     let user = process.user().clone();
-    let join = crate::executor::JoinUserns {
+    let join = crate::enforce::executor::JoinUserns {
         ns: ns.into(),
         uid: user.uid(),
         gid: user.gid(),

@@ -31,13 +31,13 @@ pub struct SandboxExecutor {
     /// the listener to the supervisor (see [`crate::sidecars::syscall_audit`]) instead of `seccomp`.
     pub notify: Option<Arc<NotifyFilter>>,
     /// The init's `startContainer` hooks, run here (after the pivot, before the layers) with
-    /// the caller's bundle in their state (see [`crate::hooks`]).
+    /// the caller's bundle in their state (see [`crate::enforce::hooks`]).
     pub start_container: Option<Arc<StartContainerHooks>>,
     /// The config's own seccomp profile, installed after the policy's filter (the kernel
     /// takes the strictest answer; `crate::harden::requested_seccomp`).
     pub requested_seccomp: Vec<Arc<BpfProgram>>,
     /// The init only: fork here, the child executing the program and this process staying
-    /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::reaper`).
+    /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::enforce::reaper`).
     pub reaper: bool,
 }
 
@@ -165,7 +165,7 @@ impl Executor for SandboxExecutor {
         }
         if let Some(start) = &self.start_container {
             for hook in &start.hooks {
-                crate::hooks::run(hook, &start.state)
+                crate::enforce::hooks::run(hook, &start.state)
                     .map_err(|e| ExecutorError::Other(format!("startContainer hook: {e}")))?;
             }
         }
