@@ -11,6 +11,13 @@ use libcontainer::oci_spec::runtime::Spec;
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError, default};
 use seccompiler::BpfProgram;
 
+use agent_sandbox_policy::layers::{LayerError, LayerPlan};
+use agent_sandbox_policy::seccomp::Arch;
+use agent_sandbox_policy::{Layer, SandboxPolicy};
+
+use super::landlock::LandlockRules;
+use crate::harden::SandboxError;
+
 /// A filesystem rule set applied with Landlock in the container process.
 pub trait LandlockApply: Send + Sync {
     /// Restricts the calling thread; an error aborts the start. With `audit`, the domain
@@ -201,4 +208,31 @@ impl Executor for SandboxExecutor {
     fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
         default::get_executor().validate(spec)
     }
+}
+
+/// Builds the executor for the layers in `plan`.
+pub fn executor_for(
+    policy: &SandboxPolicy,
+    plan: &LayerPlan,
+) -> Result<SandboxExecutor, SandboxError> {
+    let mut executor = SandboxExecutor::default();
+    if plan.apply.contains(&Layer::Seccomp) {
+        let arch = Arch::host().ok_or(SandboxError::NoArch)?;
+        let bpf = agent_sandbox_policy::seccomp::compile_bpf(&policy.syscalls, arch)
+            .map_err(SandboxError::Seccomp)?;
+        executor.seccomp = Some(Arc::new(bpf));
+    }
+    if plan.apply.contains(&Layer::Landlock) {
+        // The ruleset at the kernel's ABI, as the plan decided (never the newest ABI's
+        // rights on an older kernel: HardRequirement below would refuse them).
+        let ruleset =
+            plan.landlock
+                .as_ref()
+                .map(|at| at.ruleset.clone())
+                .ok_or(SandboxError::Layer(LayerError::Unavailable {
+                    layer: Layer::Landlock,
+                }))?;
+        executor.landlock = Some(Arc::new(LandlockRules(ruleset)));
+    }
+    Ok(executor)
 }

@@ -12,6 +12,7 @@ use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 pub mod executor;
 pub mod hooks;
 pub mod init_exec;
+mod landlock;
 pub mod mounts;
 pub mod reaper;
 

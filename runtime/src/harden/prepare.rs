@@ -13,8 +13,8 @@ use libcontainer::oci_spec::runtime::Spec;
 use super::ids::id_mapping;
 use super::plan::{plan_for, set_apparmor};
 use super::protected::protected_in_workspace;
-use super::{Ceiling, SandboxError, executor_for};
-use crate::enforce::executor::SandboxExecutor;
+use super::{Ceiling, SandboxError};
+use crate::enforce::executor::{SandboxExecutor, executor_for};
 use crate::host::idmap::IdRange;
 
 /// Inputs the runtime measured for hardening.

@@ -35,7 +35,7 @@ impl Runtime {
             .map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
-        let mut executor = crate::harden::executor_for(&policy, &plan)?;
+        let mut executor = crate::enforce::executor::executor_for(&policy, &plan)?;
         let requested_file = dir.requested_seccomp();
         let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
             if requested_file.path().exists() {
