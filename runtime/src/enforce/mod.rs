@@ -4,6 +4,11 @@
 //!
 //! The policy crate decides what a sandbox allows; this module refuses to start
 //! a container whose spec does not carry the non-negotiable parts.
+//!
+//! Beneath it, what enforces while the container is made and runs: the executor libcontainer
+//! calls in the container's processes (`executor`, with the Landlock ruleset in `landlock`),
+//! the runtime's host mounts (`mounts`), OCI hooks with runc's state (`hooks`), `start`'s wait
+//! for the program (`init_exec`), and whether PID 1 is the reaping init (`reaper`).
 
 use std::path::Path;
 

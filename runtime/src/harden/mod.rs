@@ -1,8 +1,9 @@
-//! The bridge between a container and the policy crate: which policy is the
-//! ceiling, hardening the spec with the runtime's facts (id mapping, overlay
-//! dirs, protected paths found on the host), the layer plan, the in-process
-//! layers handed to the executor (seccomp BPF, Landlock). Cgroups are
-//! `crate::host::cgroups`.
+//! The bridge between a container and the policy crate: which policy is the ceiling
+//! (`ceiling`), hardening the spec with the runtime's facts (the id mapping in `ids`, the
+//! workspace overlay's dirs in `overlay`, protected paths found on the host in `protected`)
+//! in `prepare`, the layer plan on this host (`plan`), and an exec'd process clamped like the
+//! init (`exec`). The in-process layers the plan applies (seccomp BPF, Landlock) are built
+//! in `crate::enforce`; cgroups are `crate::host::cgroups`.
 
 use std::path::PathBuf;
 

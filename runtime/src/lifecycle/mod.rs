@@ -1,6 +1,10 @@
 //! The runc-compatible operations: create, start, state, kill, delete, exec,
 //! ps, update. Each maps runc's contract onto libcontainer plus the sandbox's
 //! own preparation (id range, reachable rootfs, hardened spec) and cleanup.
+//!
+//! `create` is a recipe of its own (`crate::create`); every other operation has a file here,
+//! each an `impl Runtime` block. This file holds the `Runtime`, its errors and options, and what
+//! the operations share: loading a container, its state lock, the policy saved at create.
 
 use std::path::{Path, PathBuf};
 
