@@ -140,8 +140,8 @@ pub fn verify_process(
 
 /// Rewrites a verified exec process for libcontainer's tenant path, which does
 /// not join the user namespace: the process starts as host root holding only
-/// CAP_SYS_ADMIN and CAP_SETGID, and the executor's [`JoinUserns`] step joins
-/// the container's user namespace, takes the requested ids and drops every
+/// CAP_SYS_ADMIN and CAP_SETGID, and the executor's [`JoinUserns`](executor::JoinUserns)
+/// step joins the container's user namespace, takes the requested ids and drops every
 /// capability before anything of the workload runs.
 pub fn tenant_join_userns(
     mut process: libcontainer::oci_spec::runtime::Process,

@@ -20,8 +20,8 @@ use crate::host::idmap::IdRange;
 /// Inputs the runtime measured for hardening.
 pub struct Facts {
     pub ids: IdRange,
-    /// The workspace overlay's upper/work dirs, made by [`overlay_dirs`] when the sandbox
-    /// has a workspace.
+    /// The workspace overlay's upper/work dirs, made by [`overlay_dirs`](super::overlay_dirs)
+    /// when the sandbox has a workspace.
     pub workspace: Option<OverlayDirs>,
     /// The pinned namespaces of the pod a Kubernetes app container joins (`crate::pod`).
     pub pod: Option<harden::PodNamespaces>,
