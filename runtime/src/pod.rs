@@ -22,10 +22,10 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 use serde::{Deserialize, Serialize};
 
+use crate::enforce::mounts;
 use crate::files::FileError;
+use crate::harden::Ceiling;
 use crate::host::idmap::{self, IdRange};
-use crate::mounts;
-use crate::sandbox::Ceiling;
 use crate::state::{ContainerId, SandboxDir, StateDirs};
 
 /// `sandbox` for a pod's pause container, `container` for its app containers.
@@ -83,7 +83,7 @@ pub enum PodError {
     PodPolicy {
         pod: String,
         #[source]
-        source: Box<crate::sandbox::SandboxError>,
+        source: Box<crate::harden::SandboxError>,
     },
     #[error("pod sandbox {pod}: cannot read its hardened spec {path}")]
     PodSpec {
@@ -290,7 +290,7 @@ impl Member {
             source: Box::new(source),
         })?;
         let (policy, _) =
-            crate::sandbox::effective_for_exec(&ceiling, &hardened).map_err(|source| {
+            crate::harden::effective_for_exec(&ceiling, &hardened).map_err(|source| {
                 PodError::PodPolicy {
                     pod: pod.as_str().to_owned(),
                     source: Box::new(source),

@@ -8,8 +8,8 @@ use nix::sys::signalfd::SignalFd;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::harden::Ceiling;
 use crate::lifecycle::{CreateOpts, LifecycleError, ReapedInit, Runtime};
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 /// Why `run` failed before the container's status was known.

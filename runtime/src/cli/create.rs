@@ -1,7 +1,7 @@
 //! `create` and `run`.
 
+use crate::harden::Ceiling;
 use crate::lifecycle::CreateOpts;
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 use super::{Cli, CliError, CreateArgs, Outcome, RunArgs};

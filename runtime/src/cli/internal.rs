@@ -53,6 +53,6 @@ pub(super) fn oom_watch(bundle: &Path, cgroup: &Path, id: &str) -> Result<(), Cl
 
 /// `hook --bundle B -- PATH ARGS...`: runs an OCI hook with the caller's bundle in its state.
 pub(super) fn hook(bundle: &Path, argv: &[String]) -> Result<(), CliError> {
-    crate::hooks::relay(bundle, argv)?;
+    crate::enforce::hooks::relay(bundle, argv)?;
     Ok(())
 }

@@ -378,7 +378,7 @@ pub enum CliError {
     #[error(transparent)]
     Run(#[from] crate::run::RunError),
     #[error(transparent)]
-    Hook(#[from] crate::hooks::HookError),
+    Hook(#[from] crate::enforce::hooks::HookError),
     #[error(transparent)]
     PodmanOom(#[from] crate::sidecars::podman_oom::PodmanOomError),
     #[error("no command given (try --help)")]
@@ -410,7 +410,7 @@ pub enum CliError {
     #[error(transparent)]
     File(#[from] crate::files::FileError),
     #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Sandbox(#[from] crate::harden::SandboxError),
     #[error(transparent)]
     Allow(#[from] crate::sidecars::allow::AllowError),
     #[error(transparent)]

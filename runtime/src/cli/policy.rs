@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::sandbox::Ceiling;
+use crate::harden::Ceiling;
 
 use super::CliError;
 

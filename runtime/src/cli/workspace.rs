@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::sandbox::Ceiling;
+use crate::harden::Ceiling;
 use crate::state::ContainerId;
 
 use super::{Cli, CliError};

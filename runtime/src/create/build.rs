@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{Hardened, Host, Ids, Result};
-use crate::executor::SandboxExecutor;
+use crate::enforce::executor::SandboxExecutor;
+use crate::enforce::mounts;
 use crate::lifecycle::{self, CreateOpts, LifecycleError, Runtime};
-use crate::mounts;
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -38,7 +38,7 @@ impl Runtime {
         }
         host.sandbox_dir.record().write(&host.record)?;
         mounts::ensure_mount_points(&host.rootfs_src, spec)?;
-        crate::sandbox::check_writable_destinations(spec, &host.rootfs_src)?;
+        crate::harden::check_writable_destinations(spec, &host.rootfs_src)?;
         mounts::bind_readonly(&host.rootfs_src, &host.record.rootfs_mount)?;
         crate::host::cgroups::Record::save(&hardened.cgroups, spec, &host.sandbox_dir)?;
         if let Some(overlay) = &hardened.overlay {
@@ -80,19 +80,20 @@ impl Runtime {
         bundle: &std::path::Path,
     ) -> Result<i32> {
         let spec = &hardened.spec;
-        executor.reaper = crate::reaper::wanted(&hardened.policy, spec);
+        executor.reaper = crate::enforce::reaper::wanted(&hardened.policy, spec);
         if !hardened.start_hooks.is_empty() {
             let annotations = spec.annotations().clone().unwrap_or_default();
-            executor.start_container = Some(Arc::new(crate::executor::StartContainerHooks {
-                hooks: hardened.start_hooks.clone(),
-                state: crate::hooks::state(
-                    id.as_str(),
-                    "created",
-                    None,
-                    &opts.bundle,
-                    &annotations,
-                ),
-            }));
+            executor.start_container =
+                Some(Arc::new(crate::enforce::executor::StartContainerHooks {
+                    hooks: hardened.start_hooks.clone(),
+                    state: crate::enforce::hooks::state(
+                        id.as_str(),
+                        "created",
+                        None,
+                        &opts.bundle,
+                        &annotations,
+                    ),
+                }));
         }
         let init = self
             .builder(id)?

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::engine::fake::{Call, FakeEngine};
+use crate::harden::Ceiling;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 /// A bundle (its rootfs an empty directory) beside a temporary state root.
@@ -94,7 +94,7 @@ impl Fixture {
     }
 
     fn mount_dir(&self) -> PathBuf {
-        crate::sandbox::mount_dir(&self.runtime.dirs, &self.id).unwrap()
+        crate::harden::mount_dir(&self.runtime.dirs, &self.id).unwrap()
     }
 
     /// Whether the audit init ran (its directory of live sandboxes exists): the failure came
@@ -177,7 +177,7 @@ fn an_invalid_policy_annotation_fails_preparing_the_host_and_leaves_nothing() {
     assert!(
         matches!(
             &err,
-            LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(
+            LifecycleError::Sandbox(crate::harden::SandboxError::Harden(
                 agent_sandbox_policy::harden::HardenError::BadAnnotation { annotation, .. }
             )) if annotation == "io.agent.sandbox.memory"
         ),
@@ -201,7 +201,7 @@ fn a_widening_annotation_fails_preparing_the_host_and_leaves_nothing() {
     assert!(
         matches!(
             &err,
-            LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(
+            LifecycleError::Sandbox(crate::harden::SandboxError::Harden(
                 agent_sandbox_policy::harden::HardenError::AnnotationWidens { annotation, .. }
             )) if annotation == "io.agent.sandbox.memory"
         ),
@@ -223,7 +223,7 @@ fn a_hardening_refusal_leaves_nothing_and_builds_nothing() {
     assert!(
         matches!(
             &err,
-            LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(
+            LifecycleError::Sandbox(crate::harden::SandboxError::Harden(
                 agent_sandbox_policy::harden::HardenError::NoProcess
             ))
         ),
@@ -246,7 +246,7 @@ fn a_failure_installing_the_spec_leaves_nothing_and_builds_nothing() {
     assert!(
         matches!(
             &err,
-            LifecycleError::Mount(crate::mounts::MountError::MountPoint { path, .. })
+            LifecycleError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. })
                 if path == &f.bundle().join("rootfs")
         ),
         "{err:?}"

@@ -8,10 +8,10 @@ use libcontainer::oci_spec::runtime::Spec;
 
 use super::{Hardened, Host, Ids, Result};
 use crate::enforce;
-use crate::executor::SandboxExecutor;
+use crate::enforce::executor::SandboxExecutor;
+use crate::enforce::mounts;
+use crate::harden::{Ceiling, Facts};
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
-use crate::mounts;
-use crate::sandbox::{Ceiling, Facts};
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -31,7 +31,7 @@ impl Runtime {
             workspace: host.workspace.clone(),
             pod: member.map(|m| m.namespaces.clone()),
         };
-        let prepared = crate::sandbox::prepare(ceiling, spec, &facts)?;
+        let prepared = crate::harden::prepare(ceiling, spec, &facts)?;
         if let Some(m) = member {
             m.check_policy(&prepared.policy, &prepared.spec)?;
         }
@@ -45,7 +45,7 @@ impl Runtime {
             crate::sidecars::tls_trust::inject_env(process, &policy);
         }
         let pod_mount_dir = match member {
-            Some(m) => Some(crate::sandbox::mount_dir(&self.dirs, &m.pod)?),
+            Some(m) => Some(crate::harden::mount_dir(&self.dirs, &m.pod)?),
             None => None,
         };
         // Writes the sandbox's CA beside the mounts it adds.
@@ -69,8 +69,9 @@ impl Runtime {
         )?;
         let overlay = mounts::overlay_as_bind(&mut spec, &host.mount_dir.join("workspace-merged"))?;
         // Saves the `poststop` hooks for delete.
-        let start_hooks = crate::hooks::prepare(&mut spec, &opts.bundle, &host.sandbox_dir)
-            .map_err(LifecycleError::Hook)?;
+        let start_hooks =
+            crate::enforce::hooks::prepare(&mut spec, &opts.bundle, &host.sandbox_dir)
+                .map_err(LifecycleError::Hook)?;
         // Keep this as the last step: the spec is checked as libcontainer will get it.
         match member {
             Some(m) => crate::pod::verify_member(&spec, m)?,

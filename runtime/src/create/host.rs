@@ -3,9 +3,9 @@
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::{Host, Ids, Marks, Result};
+use crate::enforce::mounts;
+use crate::harden::Ceiling;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
-use crate::mounts;
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -22,7 +22,7 @@ impl Runtime {
         marks: &Marks,
     ) -> Result<Host> {
         let sandbox_dir = self.dirs.sandbox(id);
-        let mount_dir = crate::sandbox::mount_dir(&self.dirs, id)?;
+        let mount_dir = crate::harden::mount_dir(&self.dirs, id)?;
         let rootfs_src = {
             let root = spec.root().as_ref().ok_or(LifecycleError::NoRoot {
                 bundle: opts.bundle.clone(),
@@ -56,7 +56,7 @@ impl Runtime {
         let overlay_base = change_set
             .as_ref()
             .map_or_else(|| mount_dir.join("workspace"), |c| c.base.clone());
-        let workspace = crate::sandbox::overlay_dirs(spec, &policy, &ids.ids, &overlay_base)?;
+        let workspace = crate::harden::overlay_dirs(spec, &policy, &ids.ids, &overlay_base)?;
         Ok(Host {
             sandbox_dir,
             mount_dir,
@@ -112,5 +112,5 @@ impl Runtime {
 fn effective_policy(spec: &Spec, ceiling: &Ceiling) -> Result<agent_sandbox_policy::SandboxPolicy> {
     let annotations = spec.annotations().clone().unwrap_or_default();
     agent_sandbox_policy::harden::effective_policy(&annotations, &ceiling.policy)
-        .map_err(|e| LifecycleError::Sandbox(crate::sandbox::SandboxError::Harden(e)))
+        .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))
 }

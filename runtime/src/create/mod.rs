@@ -31,9 +31,9 @@ use std::path::PathBuf;
 
 use libcontainer::oci_spec::runtime::Spec;
 
+use crate::harden::Ceiling;
 use crate::host::idmap::IdRange;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 type Result<T> = std::result::Result<T, LifecycleError>;
@@ -59,13 +59,13 @@ impl Ids {
 /// Phase 2: what the host holds for the sandbox before its spec is hardened.
 struct Host {
     sandbox_dir: crate::state::SandboxDir,
-    /// The per-sandbox directory of reachable mounts (`crate::sandbox::mount_dir`).
+    /// The per-sandbox directory of reachable mounts (`crate::harden::mount_dir`).
     mount_dir: PathBuf,
     /// The image rootfs the caller's bundle names.
     rootfs_src: PathBuf,
     record: SandboxRecord,
     change_set: Option<crate::report::changes::Created>,
-    rebinds: crate::mounts::Rebinds,
+    rebinds: crate::enforce::mounts::Rebinds,
     workspace: Option<agent_sandbox_policy::harden::OverlayDirs>,
 }
 
@@ -83,8 +83,8 @@ struct Hardened {
     seccomp_len: Option<usize>,
     cgroups: crate::host::cgroups::Placement,
     /// The workspace overlay the runtime mounts (the spec binds its merged dir).
-    overlay: Option<crate::mounts::OverlayMount>,
-    /// The `startContainer` hooks, run by the init (`crate::hooks`).
+    overlay: Option<crate::enforce::mounts::OverlayMount>,
+    /// The `startContainer` hooks, run by the init (`crate::enforce::hooks`).
     start_hooks: Vec<libcontainer::oci_spec::runtime::Hook>,
 }
 

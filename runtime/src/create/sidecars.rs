@@ -2,7 +2,7 @@
 //! before libcontainer's create (they load meanwhile) and are tied to the init after it.
 
 use super::{Hardened, Host, Ids, Marks, Result, Sidecars};
-use crate::executor::SandboxExecutor;
+use crate::enforce::executor::SandboxExecutor;
 use crate::lifecycle::{LifecycleError, Runtime};
 use crate::state::ContainerId;
 use libcontainer::oci_spec::runtime::Spec;

@@ -52,7 +52,7 @@ impl Fixture {
         std::fs::write(state.join("state.json"), "{}").unwrap();
         let sandbox = runtime.dirs.sandbox(&id);
         std::fs::create_dir_all(sandbox.path()).unwrap();
-        crate::sandbox::Ceiling::load(None)
+        crate::harden::Ceiling::load(None)
             .unwrap()
             .save(&sandbox)
             .unwrap();

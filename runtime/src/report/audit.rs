@@ -29,7 +29,7 @@ use libcontainer::oci_spec::runtime::{Process, Spec};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::mounts::WorkspaceOverlay;
+use crate::enforce::mounts::WorkspaceOverlay;
 use crate::state::ContainerId;
 use crate::state::StateDirs;
 

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::enforce::mounts::WorkspaceOverlay;
 use crate::files::FileError;
-use crate::mounts::WorkspaceOverlay;
 use crate::state::SandboxDir;
 
 /// The index record of one change set.
@@ -394,7 +394,7 @@ pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
         Some(size) => {
             let mounted = make_image(&entry.image(), size.bytes())
                 .and_then(|()| {
-                    crate::mounts::mkdir_traversable(new.mount_point).map_err(|e| {
+                    crate::enforce::mounts::mkdir_traversable(new.mount_point).map_err(|e| {
                         ChangesError::Store {
                             path: new.mount_point.to_owned(),
                             source: std::io::Error::other(e.to_string()),
@@ -492,7 +492,7 @@ pub struct ReviewMount {
 
 impl Drop for ReviewMount {
     fn drop(&mut self) {
-        let _ = crate::mounts::detach(&self.at);
+        let _ = crate::enforce::mounts::detach(&self.at);
         let _ = std::fs::remove_dir(&self.at);
     }
 }
@@ -602,7 +602,7 @@ fn remove(entry: &Entry) -> Result<()> {
             .map(PathBuf::from)
             .filter(|p| p.starts_with(&entry.dir))
         {
-            let _ = crate::mounts::detach(&p);
+            let _ = crate::enforce::mounts::detach(&p);
         }
     }
     // The layer first, the record last: an entry that cannot be removed whole stays listed.

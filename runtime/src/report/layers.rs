@@ -170,7 +170,7 @@ pub fn record_create(
         proxy_pid: proxy.then_some(proxy_pid).flatten(),
         proxy_port: proxy.then_some(policy.network.proxy_port),
         cgroups: cgroups_of(init_pid),
-        init_reaper: crate::reaper::wanted(policy, spec),
+        init_reaper: crate::enforce::reaper::wanted(policy, spec),
     }
     .save(sandbox_dir)
 }
@@ -419,7 +419,7 @@ mod tests {
     fn landlock_abi_agrees_with_the_landlock_crate() {
         use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
         let abi = agent_sandbox_sys::landlock_abi().unwrap();
-        assert_eq!(crate::sandbox::host_support().landlock_abi, abi);
+        assert_eq!(crate::harden::host_support().landlock_abi, abi);
         // The crate creates a ruleset needing this ABI's rights, and refuses the next one's.
         let creates = |v: ABI| {
             Ruleset::default()

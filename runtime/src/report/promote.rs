@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use agent_sandbox_audit::escape::escape_path;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
+use crate::harden::Ceiling;
 use crate::lifecycle::{LifecycleError, Runtime};
-use crate::sandbox::Ceiling;
 use crate::state::ContainerId;
 
 /// Errors of the `promote` command.
@@ -23,7 +23,7 @@ pub enum PromoteCmdError {
     #[error(transparent)]
     Promote(#[from] PromoteError),
     #[error("policy")]
-    Policy(#[from] crate::sandbox::SandboxError),
+    Policy(#[from] crate::harden::SandboxError),
     #[error(
         "promote refused {count} of the sandbox's changes; nothing was applied (docs/promote.md)"
     )]
@@ -81,8 +81,8 @@ pub fn rules(
     // The default profile's names always count: promotion must not depend on which policy
     // a caller happens to pass.
     add(
-        &agent_sandbox_policy::SandboxPolicy::builtin(crate::sandbox::DEFAULT_PROFILE)
-            .map_err(crate::sandbox::SandboxError::Policy)?,
+        &agent_sandbox_policy::SandboxPolicy::builtin(crate::harden::DEFAULT_PROFILE)
+            .map_err(crate::harden::SandboxError::Policy)?,
     );
     add(&Ceiling::load(req.policy)?.policy);
     if let Ok(saved) = Ceiling::load_saved(sandbox_dir) {

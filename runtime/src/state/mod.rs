@@ -9,7 +9,7 @@
 //! - `R/audit/`: the default directory of the audit logs; a sandbox's own choice is saved in
 //!   its [`SandboxDir::audit_dir`] file.
 //!
-//! Mount points live outside `R`, under `crate::sandbox::mount_dir`
+//! Mount points live outside `R`, under `crate::harden::mount_dir`
 //! (`/run/agent-sandbox/mnt/<tag>/<id>`, or `/tmp/agent-sandbox-<uid>/<tag>/<id>` rootless):
 //! the reachable `rootfs`, the `workspace` overlay's `upper`/`work` (in the change set's
 //! directory when changes are kept, `changes`) and its `workspace-merged` view, `binds/<n>`

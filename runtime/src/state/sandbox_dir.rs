@@ -131,7 +131,7 @@ impl SandboxDir {
     }
 
     /// `ceiling.toml`: the ceiling policy the sandbox was created under (every exec and a
-    /// pod's members use it) — `sandbox::Ceiling`.
+    /// pod's members use it) — `harden::Ceiling`.
     pub fn ceiling(&self) -> PathBuf {
         self.file("ceiling.toml")
     }

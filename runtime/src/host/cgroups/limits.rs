@@ -599,7 +599,7 @@ mod tests {
 
     #[test]
     fn cri_deny_all_device_rules_are_kept_out_of_an_update() {
-        let policy = SandboxPolicy::builtin(crate::sandbox::DEFAULT_PROFILE).unwrap();
+        let policy = SandboxPolicy::builtin(crate::harden::DEFAULT_PROFILE).unwrap();
         let mut deny_all = LinuxDeviceCgroup::default();
         deny_all.set_allow(false);
         deny_all.set_access(Some("rwm".into()));
@@ -616,7 +616,7 @@ mod tests {
 
     #[test]
     fn an_update_above_the_policy_is_named() {
-        let policy = SandboxPolicy::builtin(crate::sandbox::DEFAULT_PROFILE).unwrap();
+        let policy = SandboxPolicy::builtin(crate::harden::DEFAULT_PROFILE).unwrap();
         let mut res = LinuxResources::default();
         res.set_pids(Some(
             LinuxPidsBuilder::default()

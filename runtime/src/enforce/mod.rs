@@ -4,10 +4,22 @@
 //!
 //! The policy crate decides what a sandbox allows; this module refuses to start
 //! a container whose spec does not carry the non-negotiable parts.
+//!
+//! Beneath it, what enforces while the container is made and runs: the executor libcontainer
+//! calls in the container's processes (`executor`, with the Landlock ruleset in `landlock`),
+//! the runtime's host mounts (`mounts`), OCI hooks with runc's state (`hooks`), `start`'s wait
+//! for the program (`init_exec`), and whether PID 1 is the reaping init (`reaper`).
 
 use std::path::Path;
 
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+pub mod executor;
+pub mod hooks;
+pub mod init_exec;
+mod landlock;
+pub mod mounts;
+pub mod reaper;
 
 /// Why a spec cannot be turned into a sandbox.
 #[derive(Debug, thiserror::Error)]
@@ -128,8 +140,8 @@ pub fn verify_process(
 
 /// Rewrites a verified exec process for libcontainer's tenant path, which does
 /// not join the user namespace: the process starts as host root holding only
-/// CAP_SYS_ADMIN and CAP_SETGID, and the executor's [`JoinUserns`] step joins
-/// the container's user namespace, takes the requested ids and drops every
+/// CAP_SYS_ADMIN and CAP_SETGID, and the executor's [`JoinUserns`](executor::JoinUserns)
+/// step joins the container's user namespace, takes the requested ids and drops every
 /// capability before anything of the workload runs.
 pub fn tenant_join_userns(
     mut process: libcontainer::oci_spec::runtime::Process,
@@ -137,7 +149,7 @@ pub fn tenant_join_userns(
 ) -> Result<
     (
         libcontainer::oci_spec::runtime::Process,
-        crate::executor::JoinUserns,
+        crate::enforce::executor::JoinUserns,
     ),
     EnforceError,
 > {
@@ -145,7 +157,7 @@ pub fn tenant_join_userns(
     let path = std::path::PathBuf::from(format!("/proc/{init_pid}/ns/user"));
     let ns = std::fs::File::open(&path).map_err(|source| EnforceError::OpenNs { path, source })?;
     let user = process.user().clone();
-    let join = crate::executor::JoinUserns {
+    let join = crate::enforce::executor::JoinUserns {
         ns: ns.into(),
         uid: user.uid(),
         gid: user.gid(),

@@ -11,6 +11,13 @@ use libcontainer::oci_spec::runtime::Spec;
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError, default};
 use seccompiler::BpfProgram;
 
+use agent_sandbox_policy::layers::{LayerError, LayerPlan};
+use agent_sandbox_policy::seccomp::Arch;
+use agent_sandbox_policy::{Layer, SandboxPolicy};
+
+use super::landlock::LandlockRules;
+use crate::harden::SandboxError;
+
 /// A filesystem rule set applied with Landlock in the container process.
 pub trait LandlockApply: Send + Sync {
     /// Restricts the calling thread; an error aborts the start. With `audit`, the domain
@@ -31,13 +38,13 @@ pub struct SandboxExecutor {
     /// the listener to the supervisor (see [`crate::sidecars::syscall_audit`]) instead of `seccomp`.
     pub notify: Option<Arc<NotifyFilter>>,
     /// The init's `startContainer` hooks, run here (after the pivot, before the layers) with
-    /// the caller's bundle in their state (see [`crate::hooks`]).
+    /// the caller's bundle in their state (see [`crate::enforce::hooks`]).
     pub start_container: Option<Arc<StartContainerHooks>>,
     /// The config's own seccomp profile, installed after the policy's filter (the kernel
-    /// takes the strictest answer; `crate::sandbox::requested_seccomp`).
+    /// takes the strictest answer; `crate::harden::requested_seccomp`).
     pub requested_seccomp: Vec<Arc<BpfProgram>>,
     /// The init only: fork here, the child executing the program and this process staying
-    /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::reaper`).
+    /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::enforce::reaper`).
     pub reaper: bool,
 }
 
@@ -165,7 +172,7 @@ impl Executor for SandboxExecutor {
         }
         if let Some(start) = &self.start_container {
             for hook in &start.hooks {
-                crate::hooks::run(hook, &start.state)
+                crate::enforce::hooks::run(hook, &start.state)
                     .map_err(|e| ExecutorError::Other(format!("startContainer hook: {e}")))?;
             }
         }
@@ -201,4 +208,31 @@ impl Executor for SandboxExecutor {
     fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
         default::get_executor().validate(spec)
     }
+}
+
+/// Builds the executor for the layers in `plan`.
+pub fn executor_for(
+    policy: &SandboxPolicy,
+    plan: &LayerPlan,
+) -> Result<SandboxExecutor, SandboxError> {
+    let mut executor = SandboxExecutor::default();
+    if plan.apply.contains(&Layer::Seccomp) {
+        let arch = Arch::host().ok_or(SandboxError::NoArch)?;
+        let bpf = agent_sandbox_policy::seccomp::compile_bpf(&policy.syscalls, arch)
+            .map_err(SandboxError::Seccomp)?;
+        executor.seccomp = Some(Arc::new(bpf));
+    }
+    if plan.apply.contains(&Layer::Landlock) {
+        // The ruleset at the kernel's ABI, as the plan decided (never the newest ABI's
+        // rights on an older kernel: HardRequirement below would refuse them).
+        let ruleset =
+            plan.landlock
+                .as_ref()
+                .map(|at| at.ruleset.clone())
+                .ok_or(SandboxError::Layer(LayerError::Unavailable {
+                    layer: Layer::Landlock,
+                }))?;
+        executor.landlock = Some(Arc::new(LandlockRules(ruleset)));
+    }
+    Ok(executor)
 }

@@ -8,7 +8,7 @@
 //! and runs the real hook with it (`/proc/self/exe` is the runtime's own sealed copy for the
 //! process that spawns the hook, in the runtime's namespaces or, before the pivot, in the
 //! container's). `startContainer` runs after the pivot, where no host binary is reachable:
-//! the executor runs those hooks itself ([`crate::executor`]). `poststop` hooks are kept
+//! the executor runs those hooks itself ([`crate::enforce::executor`]). `poststop` hooks are kept
 //! from libcontainer and run by `delete`, which warns about a failing one and goes on, as
 //! the runtime spec asks (libcontainer would fail the delete and keep the container).
 

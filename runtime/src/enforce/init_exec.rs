@@ -8,7 +8,7 @@
 //! only to the SIGKILL at the end of the grace period. runc's `start` returns only when the
 //! init's close-on-exec fifo reaches end-of-file, that is after the program was executed;
 //! here `start` watches the init's executable change instead. With agent-sandbox's reaper
-//! as PID 1 (`crate::reaper`), the init never executes anything: its child does, once the
+//! as PID 1 (`crate::enforce::reaper`), the init never executes anything: its child does, once the
 //! reaper has blocked (and so queues) every signal it forwards.
 
 use std::os::unix::fs::MetadataExt;

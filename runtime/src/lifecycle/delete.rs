@@ -1,0 +1,245 @@
+//! `delete`: the container through libcontainer, then everything `create` set up outside
+//! it (`cleanup_sandbox`, also what a failed `create` runs).
+
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::{Container, ContainerStatus};
+
+use super::{LifecycleError, ReapedInit, Result, Runtime, container_err, status_name};
+use crate::enforce::mounts;
+use crate::host::idmap;
+use crate::state::ContainerId;
+use crate::state::paths;
+
+impl Runtime {
+    /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
+    /// (from the shim) is the init's exit, recorded before anything else.
+    pub fn delete(&self, id: &ContainerId, force: bool, reaped: Option<ReapedInit>) -> Result<()> {
+        let lock = self.state_lock(id)?;
+        let result = self.delete_locked(id, force, reaped);
+        if let Some(lock) = lock
+            && !self.dirs.container(id).exists()
+        {
+            lock.remove();
+        }
+        result
+    }
+
+    fn delete_locked(
+        &self,
+        id: &ContainerId,
+        force: bool,
+        reaped: Option<ReapedInit>,
+    ) -> Result<()> {
+        match self.load(id) {
+            Ok(mut c) => {
+                // As with `audit-exit` and the closing records, a record that cannot be
+                // written is logged and the delete goes on: the container must still go.
+                if let Some(r) = reaped
+                    && c.status() == ContainerStatus::Stopped
+                    && let Err(e) = crate::report::audit::exited(
+                        &self.dirs,
+                        id,
+                        &crate::report::audit::ExitReport {
+                            process: "init".to_owned(),
+                            pid: r.pid,
+                            status: r.status,
+                            reaped_by: None,
+                        },
+                    )
+                {
+                    tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
+                }
+                self.audit_init_exit(id, &c, force);
+                if !force
+                    && !matches!(
+                        c.status(),
+                        ContainerStatus::Stopped | ContainerStatus::Created
+                    )
+                {
+                    return Err(LifecycleError::WrongState {
+                        id: id.clone(),
+                        status: status_name(c.status()),
+                        wanted: "stopped",
+                    });
+                }
+                let poststop_state = {
+                    let bundle = self
+                        .record(id)
+                        .map(|r| r.bundle)
+                        .unwrap_or_else(|_| c.bundle().clone());
+                    let annotations = c.state.annotations.clone().unwrap_or_default();
+                    let pid = c.pid().map(|p| p.as_raw());
+                    crate::enforce::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
+                };
+                let mut result = self.engine.delete(&mut c, force);
+                // Processes SIGKILLed by a forced delete may still be exiting, and
+                // a v1 cgroup cannot be removed until they are gone: retry for up
+                // to two seconds before reporting the failure.
+                let mut tries = 0;
+                while result.is_err() && force && tries < 20 {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    result = match self.load(id) {
+                        Ok(mut again) => self.engine.delete(&mut again, true),
+                        Err(LifecycleError::NotExist { .. }) => Ok(()),
+                        Err(_) => continue,
+                    };
+                }
+                if force {
+                    // A create killed after it saved the state but before it recorded the
+                    // init's pid leaves the intermediate or init process in the container's
+                    // cgroups, where libcontainer's delete does not look.
+                    self.remove_orphan_cgroups(id);
+                }
+                if let Err(source) = result {
+                    if force {
+                        self.cleanup_sandbox(id);
+                    }
+                    return Err(container_err("delete")(source));
+                }
+                self.run_poststop(id, &poststop_state);
+                self.cleanup_sandbox(id);
+                Ok(())
+            }
+            Err(LifecycleError::NotExist { .. }) => {
+                let leftovers = self.dirs.sandbox(id).exists();
+                if force {
+                    self.remove_orphan_cgroups(id);
+                }
+                if leftovers {
+                    self.cleanup_sandbox(id);
+                } else if force && !paths::rootless().unwrap_or(true) {
+                    // A create killed between allocating the id block and making the
+                    // sandbox directory left only the block behind.
+                    let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
+                }
+                if force || leftovers {
+                    Ok(())
+                } else {
+                    Err(LifecycleError::NotExist { id: id.clone() })
+                }
+            }
+            Err(e) => {
+                if force {
+                    self.remove_orphan_cgroups(id);
+                    self.cleanup_sandbox(id);
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// The `poststop` hooks, after the container is gone: a failing one is a warning and
+    /// the rest still run (runtime spec, "Lifecycle" step 12; runc exits 0 too).
+    fn run_poststop(&self, id: &ContainerId, state: &serde_json::Value) {
+        for hook in crate::enforce::hooks::saved_poststop(&self.dirs.sandbox(id)) {
+            if let Err(e) = crate::enforce::hooks::run(&hook, state) {
+                tracing::warn!(id = %id, error = %e, "poststop hook failed; delete goes on");
+            }
+        }
+    }
+
+    /// Kills what is left in the container's cgroups and removes them (see
+    /// [`crate::host::cgroups::remove_orphans`]); before the sandbox directory, which holds
+    /// the v2 placement record, is cleaned up.
+    fn remove_orphan_cgroups(&self, id: &ContainerId) {
+        let recorded = crate::host::cgroups::Record::load(&self.dirs.sandbox(id));
+        crate::host::cgroups::remove_orphans(
+            &crate::host::cgroups::RealHost,
+            id,
+            recorded.as_ref(),
+        );
+    }
+
+    /// The init's `exit` record at delete, while its cgroup (and OOM counter)
+    /// still exists, unless its reaper reported it already: a stopped init was
+    /// reaped by the caller (status unknown here); a live one is about to be
+    /// SIGKILLed by this forced delete (e.g. containerd cleaning up after a dead shim).
+    fn audit_init_exit(&self, id: &ContainerId, c: &Container, force: bool) {
+        if let Err(e) = crate::report::audit::limits_at_delete(&self.dirs, id) {
+            tracing::error!(id = %id, error = %e, "cannot write the limit records");
+        }
+        let (status, reaped_by) = match c.status() {
+            ContainerStatus::Stopped => (agent_sandbox_audit::ExitStatus::Unknown, "caller"),
+            _ if force => (agent_sandbox_audit::ExitStatus::Signal(9), "delete --force"),
+            _ => return,
+        };
+        let pid = c.pid().map(|p| p.as_raw());
+        if let Err(e) =
+            crate::report::audit::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by)
+        {
+            tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
+        }
+    }
+
+    /// Removes everything `create` set up outside libcontainer. Best effort.
+    pub(crate) fn cleanup_sandbox(&self, id: &ContainerId) {
+        let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::sidecars::podman_oom::stop(&self.dirs.sandbox(id), id.as_str());
+        crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
+        let workspace: Option<mounts::WorkspaceOverlay> =
+            self.dirs.sandbox(id).workspace().read().ok();
+        if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
+            tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
+        }
+        crate::report::audit::release(&self.dirs, id);
+        if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).watchdog_pid())
+            && let Ok(pid) = text.trim().parse::<i32>()
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if let Ok(c) = self.load(id) {
+            let mut c = c;
+            let _ = self.engine.delete(&mut c, true);
+        }
+        let _ = std::fs::remove_dir_all(self.dirs.container(id));
+        // After the container's processes are gone: a profile removed from the kernel
+        // would leave a live process unconfined.
+        crate::host::apparmor::release(&self.dirs.sandbox(id));
+        let record = self.record(id).ok();
+        let mount_dir = record
+            .as_ref()
+            .and_then(|r| r.rootfs_mount.parent().map(Path::to_path_buf))
+            .or_else(|| crate::harden::mount_dir(&self.dirs, id).ok());
+        if let Some(ws) = &workspace {
+            // Before the mounts go: an empty change set is dropped, any other is kept.
+            crate::report::changes::ended(ws);
+        }
+        if let Some(mount_dir) = mount_dir {
+            detach_all_under(&mount_dir);
+            let _ = std::fs::remove_dir_all(&mount_dir);
+        }
+        if let Some(r) = &record {
+            let _ = mounts::detach(&r.rootfs_mount);
+            if r.allocated {
+                let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
+            }
+        } else if !paths::rootless().unwrap_or(true) {
+            let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
+        }
+        let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
+    }
+}
+
+/// Detaches every mount at or below `dir` (deepest first), from /proc/self/mountinfo.
+fn detach_all_under(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = mounts::detach(&p);
+    }
+}

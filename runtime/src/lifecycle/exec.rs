@@ -1,0 +1,159 @@
+//! `exec`: a process in a running sandbox, hardened like the init and under the same
+//! in-process layers.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use libcontainer::container::{Container, ContainerStatus};
+use libcontainer::oci_spec::runtime::{Process, Spec};
+
+use super::{ExecOpts, LifecycleError, Result, Runtime, in_root_dir, read_json};
+use crate::enforce;
+use crate::state::ContainerId;
+
+impl Runtime {
+    /// `exec`: runs a process in the sandbox, clamped like the init and under
+    /// the same seccomp filter and Landlock rules. Returns the exit code when
+    /// not detached.
+    pub fn exec(&self, id: &ContainerId, opts: &ExecOpts) -> Result<Option<i32>> {
+        let c = self.load(id)?;
+        if c.status() != ContainerStatus::Running {
+            return Err(LifecycleError::NotRunning);
+        }
+        crate::host::cgroups::warm::start();
+        let process: Process = match &opts.process {
+            Some(path) => read_json(path)?,
+            None => inline_process(&c, opts)?,
+        };
+        let dir = self.dirs.sandbox(id);
+        let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
+        let mut process = crate::harden::harden_exec(process, &policy, &plan)?;
+        agent_sandbox_policy::harden::writable_home(&mut process, &policy, &hardened);
+        crate::sidecars::egress::inject_env(&mut process, &policy);
+        crate::sidecars::tls_trust::inject_env(&mut process, &policy);
+        crate::report::audit::exec(&self.dirs, id, &process, &hardened)
+            .map_err(LifecycleError::Audit)?;
+        let process_for_audit = process.clone();
+        enforce::verify_process(&process)?;
+        let mut executor = crate::enforce::executor::executor_for(&policy, &plan)?;
+        let requested_file = dir.requested_seccomp();
+        let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
+            if requested_file.path().exists() {
+                Some(requested_file.read()?)
+            } else {
+                None
+            };
+        executor.requested_seccomp =
+            crate::harden::requested_seccomp(requested.as_ref(), &policy, &plan)?;
+        let init_pid = c
+            .pid()
+            .map(|p| p.as_raw())
+            .ok_or(LifecycleError::NotRunning)?;
+        let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
+        executor.join_userns = Some(Arc::new(join));
+        self.notify_denials(id, &mut executor, &policy, false)?;
+        let clamped_file = dir.exec_process(std::process::id());
+        clamped_file.write(&process)?;
+        let clamped = clamped_file.path().to_owned();
+        let tenant = self
+            .builder(id)?
+            .with_pid_file(opts.pid_file.as_ref())
+            .map_err(|source| LifecycleError::Exec {
+                source: Box::new(source),
+            })?
+            .with_console_socket(opts.console_socket.as_ref())
+            .with_preserved_fds(opts.preserve_fds)
+            .with_executor(executor)
+            .as_tenant()
+            .with_process(Some(&clamped))
+            .with_detach(opts.detach);
+        let result = in_root_dir(|| tenant.build());
+        let _ = std::fs::remove_file(&clamped);
+        let pid = result?.map_err(|source| LifecycleError::Exec {
+            source: Box::new(source),
+        })?;
+        if opts.detach {
+            crate::report::audit::tag_exec(
+                &self.dirs,
+                id,
+                pid.as_raw(),
+                &process_for_audit,
+                &hardened,
+            );
+            let exec_id = crate::sidecars::exec_exit::exec_id(opts.pid_file.as_deref());
+            crate::sidecars::exec_exit::watch(&self.dirs, id, pid.as_raw(), &exec_id);
+            return Ok(None);
+        }
+        let status = wait_exit(pid.as_raw())?;
+        crate::report::audit::exited(
+            &self.dirs,
+            id,
+            &crate::report::audit::ExitReport {
+                process: "exec".to_owned(),
+                pid: Some(pid.as_raw()),
+                status,
+                reaped_by: None,
+            },
+        )
+        .map_err(LifecycleError::Audit)?;
+        Ok(Some(match status {
+            agent_sandbox_audit::ExitStatus::Code(c) => c,
+            agent_sandbox_audit::ExitStatus::Signal(n) => 128 + n,
+            agent_sandbox_audit::ExitStatus::Unknown => 255,
+        }))
+    }
+}
+
+fn inline_process(c: &Container, opts: &ExecOpts) -> Result<Process> {
+    let config = c.bundle().join("config.json");
+    let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        path: config.clone(),
+        source,
+    })?;
+    let mut p = spec.process().clone().unwrap_or_default();
+    p.set_args(Some(opts.args.clone()));
+    let mut env: HashMap<String, String> = p
+        .env()
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect();
+    for kv in &opts.env {
+        if let Some((k, v)) = kv.split_once('=') {
+            env.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    p.set_env(Some(
+        env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    ));
+    if let Some(cwd) = &opts.cwd {
+        p.set_cwd(cwd.clone());
+    }
+    p.set_terminal(Some(opts.tty));
+    if let Some((uid, gid)) = opts.user {
+        let mut u = libcontainer::oci_spec::runtime::User::default();
+        u.set_uid(uid);
+        u.set_gid(gid.unwrap_or(0));
+        p.set_user(u);
+    }
+    Ok(p)
+}
+
+fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
+    use agent_sandbox_audit::ExitStatus;
+    use nix::sys::wait::{WaitStatus, waitpid};
+    let p = nix::unistd::Pid::from_raw(pid);
+    loop {
+        match waitpid(p, None) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitStatus::Code(code)),
+            Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(ExitStatus::Signal(sig as i32)),
+            Ok(_) => continue,
+            Err(nix::Error::EINTR) => continue,
+            Err(source) => return Err(LifecycleError::Wait { pid, source }),
+        }
+    }
+}

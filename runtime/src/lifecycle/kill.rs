@@ -1,0 +1,130 @@
+//! `kill`, with runc's answers for a created and a stopped container.
+
+use libcontainer::container::{Container, ContainerStatus};
+
+use super::{LifecycleError, Result, Runtime, container_err};
+use crate::state::ContainerId;
+
+impl Runtime {
+    pub fn kill(&self, id: &ContainerId, signal: &str, all: bool) -> Result<()> {
+        let sig =
+            libcontainer::signal::Signal::try_from(signal).map_err(|_| LifecycleError::Signal {
+                signal: signal.to_owned(),
+            })?;
+        let _lock = self.state_lock(id)?;
+        let mut c = self.load(id)?;
+        if c.status() == ContainerStatus::Created {
+            return self.kill_created(id, c, signal, all);
+        }
+        if c.status() == ContainerStatus::Stopped {
+            if !all {
+                return Err(LifecycleError::NotRunning);
+            }
+            // containerd follows every init exit with `kill --all` (its Delete kills what may
+            // be left in the cgroup). Under the systemd driver the scope went with the last
+            // process, and libcontainer fails to list a cgroup that is not there: that failure
+            // kept containerd from ever handling the exit. No cgroup, nothing left to signal
+            // (runc answers the same).
+            let cfg = c.spec().map_err(container_err("kill"))?;
+            if crate::host::cgroups::is_gone(&cfg.cgroup_path, c.systemd(), id) {
+                tracing::debug!(id = %id, "kill --all: the stopped container's cgroup is gone, nothing to signal");
+                return Ok(());
+            }
+        }
+        // A process-ending signal right after `start` waits for the program's handler (not
+        // needed with the reaper as PID 1: it queues every signal it forwards).
+        if let (Some(pid), Some(n)) = (c.pid(), nix_signal(signal))
+            && crate::report::layers::reaper_procs(&self.dirs.sandbox(id)).is_none()
+            && let Some(started) = std::fs::read_to_string(self.dirs.sandbox(id).started())
+                .ok()
+                .and_then(|t| t.trim().parse::<f64>().ok())
+        {
+            crate::enforce::init_exec::await_handler(pid.as_raw(), n as i32, started);
+        }
+        match c.kill(sig, all) {
+            // It exited meanwhile (libcontainer looks again): as for a stopped one above.
+            Err(libcontainer::error::LibcontainerError::IncorrectStatus(
+                ContainerStatus::Stopped,
+            )) if !all => Err(LifecycleError::NotRunning),
+            r => r.map_err(container_err("kill")),
+        }
+    }
+
+    /// `kill` of a created container. Its init still waits for `start` inside the runtime's
+    /// own code, where, as the pid namespace's init, it ignores every signal it has no
+    /// handler for: only SIGKILL and SIGSTOP would reach it. runc's waiting init dies of any
+    /// signal whose default action ends a process, so such a signal becomes SIGKILL here
+    /// (the program never ran: nothing is lost), and `kill` returns once the init is gone,
+    /// `state` then saying `stopped`. Other signals (SIGCHLD, SIGWINCH, ...) go to the init
+    /// as they are and leave it `created`.
+    fn kill_created(
+        &self,
+        id: &ContainerId,
+        mut c: Container,
+        signal: &str,
+        all: bool,
+    ) -> Result<()> {
+        use nix::sys::signal::Signal as S;
+        let Some(sig) = nix_signal(signal) else {
+            return Err(LifecycleError::Signal {
+                signal: signal.to_owned(),
+            });
+        };
+        let pid = c.pid().ok_or(LifecycleError::NotRunning)?;
+        if matches!(
+            sig,
+            S::SIGCHLD
+                | S::SIGCONT
+                | S::SIGURG
+                | S::SIGWINCH
+                | S::SIGSTOP
+                | S::SIGTSTP
+                | S::SIGTTIN
+                | S::SIGTTOU
+        ) {
+            return match nix::sys::signal::kill(pid, sig) {
+                Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+                Err(source) => Err(LifecycleError::SignalSend {
+                    pid: pid.as_raw(),
+                    source,
+                }),
+            };
+        }
+        if sig != S::SIGKILL {
+            tracing::debug!(id = %id, signal, "created container: the waiting init gets SIGKILL");
+        }
+        c.kill(libcontainer::signal::Signal::from(S::SIGKILL), all)
+            .map_err(container_err("kill"))?;
+        // Return once it is gone, so a `state` right after says `stopped` (libcontainer
+        // counts a live init as running whatever it saved).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline && alive(pid.as_raw()) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(())
+    }
+}
+
+/// A signal as `kill` takes it: a number, or a name with or without `SIG`.
+fn nix_signal(text: &str) -> Option<nix::sys::signal::Signal> {
+    use std::str::FromStr;
+    if let Ok(n) = text.parse::<i32>() {
+        return nix::sys::signal::Signal::try_from(n).ok();
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    nix::sys::signal::Signal::from_str(&name).ok()
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X'))
+    })
+}

@@ -1,0 +1,465 @@
+//! The runc-compatible operations: create, start, state, kill, delete, exec,
+//! ps, update. Each maps runc's contract onto libcontainer plus the sandbox's
+//! own preparation (id range, reachable rootfs, hardened spec) and cleanup.
+//!
+//! `create` is a recipe of its own (`crate::create`); every other operation has a file here,
+//! each an `impl Runtime` block. This file holds the `Runtime`, its errors and options, and what
+//! the operations share: loading a container, its state lock, the policy saved at create.
+
+use std::path::{Path, PathBuf};
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::{Container, ContainerStatus};
+use libcontainer::oci_spec::runtime::Spec;
+use libcontainer::syscall::syscall::SyscallType;
+use serde::{Deserialize, Serialize};
+
+use agent_sandbox_policy::SandboxPolicy;
+use agent_sandbox_policy::layers::LayerPlan;
+
+use crate::enforce::EnforceError;
+use crate::enforce::mounts::{self, MountError};
+use crate::host::idmap::{IdMapError, IdRange};
+use crate::state::ContainerId;
+use crate::state::paths::{self, PathsError, StateDirs};
+
+mod delete;
+mod exec;
+mod kill;
+mod pause;
+mod ps;
+mod sidecars;
+mod start;
+mod state;
+mod update;
+mod workspace;
+
+/// Errors of the lifecycle operations. Messages read like runc's where callers
+/// match on them ("container ... does not exist").
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("container {id} does not exist")]
+    NotExist { id: ContainerId },
+    #[error("container with id {id} already exists")]
+    Exists { id: ContainerId },
+    #[error("cannot read bundle config {path}")]
+    BundleConfig {
+        path: PathBuf,
+        #[source]
+        source: libcontainer::oci_spec::OciSpecError,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("bundle {bundle} has no root.path in config.json")]
+    NoRoot { bundle: PathBuf },
+    #[error("container {id} is {status}, not {wanted}")]
+    WrongState {
+        id: ContainerId,
+        status: &'static str,
+        wanted: &'static str,
+    },
+    #[error("container not running")]
+    NotRunning,
+    #[error(transparent)]
+    StateLock(#[from] crate::state::lock::StateLockError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
+    #[error("invalid signal {signal:?}")]
+    Signal { signal: String },
+    #[error("cannot signal process {pid}")]
+    SignalSend {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error(transparent)]
+    Paths(#[from] PathsError),
+    #[error(transparent)]
+    IdMap(#[from] IdMapError),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error(transparent)]
+    Enforce(#[from] EnforceError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::harden::SandboxError),
+    #[error(transparent)]
+    Pod(#[from] crate::pod::PodError),
+    #[error("network layer: the egress proxy")]
+    Egress(#[source] crate::sidecars::egress::EgressError),
+    #[error("cannot set up the sandbox's CA for https credential injection")]
+    Trust(#[source] crate::sidecars::tls_trust::TrustError),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("layers record")]
+    Layers(#[source] crate::report::layers::LayersError),
+    #[error("apparmor layer")]
+    AppArmor(#[source] crate::host::apparmor::AppArmorError),
+    #[error("hooks")]
+    Hook(#[source] crate::enforce::hooks::HookError),
+    #[error("denied-syscall audit")]
+    SyscallAudit(#[source] crate::sidecars::syscall_audit::SyscallAuditError),
+    #[error("container {id} has no workspace overlay")]
+    NoWorkspace { id: ContainerId },
+    #[error("workspace changes")]
+    Changes(#[source] crate::report::changes::ChangesError),
+    #[error("cannot bring lo up in the sandbox network namespace")]
+    Loopback(#[source] agent_sandbox_sys::LoopbackError),
+    #[error("cgroups layer")]
+    Cgroups(#[from] crate::host::cgroups::CgroupsError),
+    #[error("{op} failed")]
+    Container {
+        op: &'static str,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+    #[error("create failed: cannot set sysctl {settings} in the sandbox")]
+    Sysctl {
+        settings: String,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+    #[error("exec failed")]
+    Exec {
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+    #[error("cannot wait for process {pid}")]
+    Wait {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot {what} the working directory around libcontainer's build")]
+    WorkingDir {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, LifecycleError>;
+
+/// Maps libcontainer's error of operation `op` (boxed: it is large).
+pub(crate) fn container_err(
+    op: &'static str,
+) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LifecycleError {
+    move |source| LifecycleError::Container {
+        op,
+        source: Box::new(source),
+    }
+}
+
+/// Maps libcontainer's create error; a failed sysctl write names the keys and values the
+/// sandbox asked for (libcontainer's own message names none).
+pub(crate) fn create_err(
+    source: libcontainer::error::LibcontainerError,
+    spec: &Spec,
+) -> LifecycleError {
+    let mut chain = String::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(&source);
+    while let Some(e) = cause {
+        chain.push_str(&e.to_string());
+        cause = e.source();
+    }
+    let mut settings: Vec<String> = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.sysctl().as_ref())
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v:?}"))
+        .collect();
+    if settings.is_empty() || !chain.contains("sysctl") {
+        return container_err("create")(source);
+    }
+    settings.sort();
+    LifecycleError::Sysctl {
+        settings: settings.join(", "),
+        source: Box::new(source),
+    }
+}
+
+/// Runs `build` (libcontainer's create or exec) in `/`, then returns to the caller's working
+/// directory.
+///
+/// The processes libcontainer forks inherit the working directory. containerd starts the
+/// runtime in the task's bundle directory (mode 0700), which the container's mapped root cannot
+/// open. libcontainer resolves procfs paths through `pathrs`, which, the first time an
+/// `openat2` lookup fails for an expected reason (a magic link's ELOOP), probes
+/// `openat2(AT_FDCWD, ".")` to tell whether `openat2` works at all (pathrs 0.2.6,
+/// `syscalls::openat2::openat2_is_not_supported`). EACCES there makes it fall back, for the rest
+/// of the process, to a walk of every procfs path one component at a time, each step checked with
+/// `fstatfs` and `statx`. In a pod member's init that is about 12,700 system calls instead of a
+/// few hundred, and 6-8 ms per `create` (docs/benchmarks.md). `/` can be opened by every uid, so
+/// the probe sees `openat2` work. The fallback's checks and `openat2`'s `RESOLVE_*` flags give the
+/// same guarantees; only the cost differs.
+pub(crate) fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    // O_PATH: the caller's directory only needs to be found again, not read.
+    let caller = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(".")
+        .map_err(|source| LifecycleError::WorkingDir {
+            what: "open",
+            source,
+        })?;
+    std::env::set_current_dir("/").map_err(|source| LifecycleError::WorkingDir {
+        what: "leave",
+        source,
+    })?;
+    let built = build();
+    nix::unistd::fchdir(caller.as_raw_fd()).map_err(|e| LifecycleError::WorkingDir {
+        what: "restore",
+        source: e.into(),
+    })?;
+    Ok(built)
+}
+
+/// What the runtime remembers about a sandbox besides libcontainer's state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    /// The bundle the caller gave (reported by `state`).
+    pub bundle: PathBuf,
+    pub ids: IdRange,
+    /// Whether `ids` came from the host allocation file (released on delete).
+    pub allocated: bool,
+    pub rootfs_mount: PathBuf,
+    pub profile: String,
+}
+
+/// Options of `create`.
+#[derive(Debug, Default)]
+pub struct CreateOpts {
+    pub bundle: PathBuf,
+    pub pid_file: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub no_pivot: bool,
+    pub preserve_fds: i32,
+    /// `--systemd-cgroup`: the systemd driver places the sandbox (`crate::host::cgroups`).
+    pub systemd_cgroup: bool,
+}
+
+/// Options of `exec`.
+#[derive(Debug, Default)]
+pub struct ExecOpts {
+    pub process: Option<PathBuf>,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: Option<PathBuf>,
+    pub tty: bool,
+    pub user: Option<(u32, Option<u32>)>,
+    pub detach: bool,
+    pub pid_file: Option<PathBuf>,
+    pub console_socket: Option<PathBuf>,
+    pub preserve_fds: i32,
+}
+
+/// The init's exit as its reaper (the shim) saw it, handed to `delete` so that one run
+/// writes the `exit` record and then deletes (instead of a separate `audit-exit` run first).
+#[derive(Debug, Clone, Copy)]
+pub struct ReapedInit {
+    pub pid: Option<i32>,
+    pub status: agent_sandbox_audit::ExitStatus,
+}
+
+/// The runtime, bound to one state root.
+pub struct Runtime {
+    pub dirs: StateDirs,
+    /// `--audit-dir` / `AGENT_SANDBOX_AUDIT_DIR`: where new sandboxes' logs go.
+    pub audit_dir: Option<PathBuf>,
+    /// libcontainer, or a recording fake in unit tests (`crate::create::engine`).
+    engine: Box<dyn crate::create::engine::Engine>,
+}
+
+impl crate::pod::PodStates for Runtime {
+    fn dirs(&self) -> &StateDirs {
+        &self.dirs
+    }
+
+    fn status(
+        &self,
+        pod: &ContainerId,
+    ) -> std::result::Result<Option<ContainerStatus>, Box<dyn std::error::Error + Send + Sync>>
+    {
+        match self.load(pod) {
+            Ok(c) => Ok(Some(c.status())),
+            Err(LifecycleError::NotExist { .. }) => Ok(None),
+            Err(e) => Err(Box::new(e)),
+        }
+    }
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read(path).map_err(|source| LifecycleError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_slice(&text).map_err(|source| LifecycleError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn status_name(s: ContainerStatus) -> &'static str {
+    match s {
+        ContainerStatus::Creating | ContainerStatus::Created => "created",
+        ContainerStatus::Running => "running",
+        ContainerStatus::Paused => "paused",
+        ContainerStatus::Stopped => "stopped",
+    }
+}
+
+impl Runtime {
+    pub fn new(root: Option<&Path>) -> Result<Self> {
+        let dirs = StateDirs::new(paths::state_root(root)?);
+        Ok(Self {
+            dirs,
+            audit_dir: None,
+            engine: Box::new(crate::create::engine::Libcontainer),
+        })
+    }
+
+    /// The runtime with another engine (a unit test's recording fake).
+    #[cfg(test)]
+    pub(crate) fn with_engine(
+        root: &Path,
+        engine: Box<dyn crate::create::engine::Engine>,
+    ) -> Result<Self> {
+        Ok(Self {
+            engine,
+            ..Self::new(Some(root))?
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &dyn crate::create::engine::Engine {
+        self.engine.as_ref()
+    }
+
+    pub(crate) fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
+        self.dirs.ensure()?;
+        ContainerBuilder::new(id.as_str().to_owned(), SyscallType::default())
+            .with_root_path(self.dirs.containers())
+            .map_err(container_err("create"))
+    }
+
+    /// Loads libcontainer's view of `id`, with a fresh status.
+    ///
+    /// libcontainer rewrites `state.json` in place; a command that reads it without the state
+    /// lock (see [`crate::state::lock`]) can find it mid-write, empty or cut short, and then
+    /// reads it again: a write lasts microseconds.
+    pub fn load(&self, id: &ContainerId) -> Result<Container> {
+        const TORN_READ_RETRIES: u32 = 200;
+        let dir = self.dirs.container(id);
+        let mut retries = 0;
+        let mut c = loop {
+            if !dir.join("state.json").exists() {
+                return Err(LifecycleError::NotExist { id: id.clone() });
+            }
+            match self.engine.load(dir.clone()) {
+                Ok(c) => break c,
+                Err(libcontainer::error::LibcontainerError::State(
+                    libcontainer::container::state::StateError::ParseStateFile { .. },
+                )) if retries < TORN_READ_RETRIES => {
+                    retries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => return Err(container_err("load state")(e)),
+            }
+        };
+        if retries > 0 {
+            tracing::debug!(id = %id, retries, "state.json was being written; read again");
+        }
+        self.engine
+            .refresh(&mut c)
+            .map_err(container_err("refresh state"))?;
+        Ok(c)
+    }
+
+    /// Takes `id`'s state lock: every command that may write libcontainer's `state.json`
+    /// holds it (see [`crate::state::lock`]). None for an id without state: the command then
+    /// finds no container, and leaves no lock file behind.
+    fn state_lock(&self, id: &ContainerId) -> Result<Option<crate::state::lock::StateLock>> {
+        if !self.dirs.container(id).exists() {
+            return Ok(None);
+        }
+        Ok(Some(crate::state::lock::acquire(
+            &self.dirs.root,
+            id,
+            crate::state::lock::WAIT_LIMIT,
+        )?))
+    }
+
+    fn record(&self, id: &ContainerId) -> Result<SandboxRecord> {
+        Ok(self.dirs.sandbox(id).record().read()?)
+    }
+
+    /// The effective policy of a created sandbox, as at create: its saved ceiling
+    /// narrowed by the annotations of its hardened spec (in `bundle`), with the
+    /// layer plan and that spec. Start, exec and the proxy all use this.
+    fn saved_policy(
+        &self,
+        id: &ContainerId,
+        bundle: &Path,
+    ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
+        let ceiling = crate::harden::Ceiling::load_saved(&self.dirs.sandbox(id))?;
+        let config = bundle.join("config.json");
+        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let (policy, plan) = crate::harden::effective_for_exec(&ceiling, &hardened)?;
+        Ok((policy, plan, hardened))
+    }
+}
+
+/// The host ids of the sandbox's process user and group, if its range maps them.
+pub(crate) fn sandbox_user(spec: &Spec, ids: &IdRange) -> Option<mounts::SandboxUser> {
+    let user = spec.process().as_ref()?.user();
+    let host = |id: u32| (id < ids.size).then(|| ids.host_start + id);
+    Some(mounts::SandboxUser {
+        host_uid: host(user.uid())?,
+        host_gid: host(user.gid())?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The build sees `/`; the caller gets its own directory back, even one it may not list
+    /// (containerd's bundle directories are 0700), which `O_PATH` does not need.
+    #[test]
+    fn build_runs_in_the_root_dir_and_the_callers_dir_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let locked = dir.path().join("bundle");
+        std::fs::create_dir(&locked).unwrap();
+        let before = std::env::current_dir().unwrap();
+        std::env::set_current_dir(&locked).unwrap();
+        std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o111))
+            .unwrap();
+        let inside = super::in_root_dir(|| std::env::current_dir().unwrap()).unwrap();
+        let after = std::env::current_dir().unwrap();
+        std::env::set_current_dir(&before).unwrap();
+        assert_eq!(inside, Path::new("/"));
+        assert_eq!(after, locked);
+    }
+}

@@ -1,0 +1,147 @@
+//! The `Runtime` side of the processes beside a sandbox (`crate::sidecars`): the bodies of
+//! the hidden `watchdog`, `proxy` and `seccomp-supervise` commands, and the executor's
+//! connection to the seccomp supervisor.
+
+use std::path::Path;
+
+use agent_sandbox_policy::SandboxPolicy;
+use libcontainer::container::ContainerStatus;
+
+use super::{LifecycleError, Result, Runtime, container_err};
+use crate::state::ContainerId;
+
+impl Runtime {
+    /// The watchdog body: waits, then kills the sandbox if it still runs the
+    /// same init (`pid`, from `start`; else read from the state now).
+    pub fn watchdog(&self, id: &ContainerId, seconds: u64, pid: Option<i32>) -> Result<()> {
+        let pid = match pid {
+            Some(p) => Some(nix::unistd::Pid::from_raw(p)),
+            None => self.load(id)?.pid(),
+        };
+        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let _lock = self.state_lock(id)?;
+        let mut c = self.load(id)?;
+        if c.pid() != pid || c.status() == ContainerStatus::Stopped {
+            return Ok(());
+        }
+        tracing::warn!(id = %id, seconds, "wall-clock limit reached: killing the sandbox");
+        crate::report::audit::wall_clock_fired(&self.dirs, id, seconds);
+        if let Some(init) = c.pid() {
+            tell_init_stderr(
+                init.as_raw(),
+                &format!(
+                    "agent-sandbox: wall-clock limit of {seconds}s reached: killing the sandbox \
+                     (see docs/limits.md)\n"
+                ),
+            );
+        }
+        c.kill(
+            libcontainer::signal::Signal::from(nix::sys::signal::Signal::SIGKILL),
+            true,
+        )
+        .map_err(container_err("kill"))
+    }
+
+    /// The egress proxy body (hidden `proxy` command, spawned by `create`):
+    /// serves the sandbox's effective allowlist on its netns until killed.
+    pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
+        let bundle = self.dirs.sandbox(id).bundle();
+        let (policy, _, _) = self.saved_policy(id, &bundle)?;
+        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let sandbox_dir = self.dirs.sandbox(id);
+        let netns = || {
+            if netns == Path::new(crate::sidecars::egress::NETNS_ON_STDIN) {
+                crate::sidecars::egress::netns_from_stdin()
+            } else {
+                Ok(netns.to_path_buf())
+            }
+        };
+        crate::sidecars::egress::serve(netns, &policy, &log, id.as_str(), &sandbox_dir)
+            .map_err(LifecycleError::Egress)
+    }
+
+    /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor.
+    pub fn seccomp_supervise(
+        &self,
+        id: &ContainerId,
+        errno: i32,
+        kernel_audit: bool,
+    ) -> Result<()> {
+        let arch = agent_sandbox_policy::seccomp::Arch::host()
+            .ok_or(crate::harden::SandboxError::NoArch)?;
+        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        crate::sidecars::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit)
+            .map_err(LifecycleError::SyscallAudit)
+    }
+
+    /// Turns the executor's seccomp layer into its user-notification form: starts the
+    /// sandbox's supervisor when `spawn` (create; returned, its ready line still to be
+    /// checked), then connects this process to it.
+    pub(crate) fn notify_denials(
+        &self,
+        id: &ContainerId,
+        executor: &mut crate::enforce::executor::SandboxExecutor,
+        policy: &SandboxPolicy,
+        spawn: bool,
+    ) -> Result<Option<crate::sidecars::syscall_audit::Starting>> {
+        let Some(bpf) = executor.seccomp.clone() else {
+            return Ok(None);
+        };
+        let sandbox_dir = self.dirs.sandbox(id);
+        let errno = policy.syscalls.errno.number();
+        let starting = if spawn {
+            Some(
+                crate::sidecars::syscall_audit::start(
+                    &self.dirs.root,
+                    &sandbox_dir,
+                    id.as_str(),
+                    errno,
+                )
+                .map_err(LifecycleError::SyscallAudit)?,
+            )
+        } else {
+            None
+        };
+        let supervisor = crate::sidecars::syscall_audit::connect(&sandbox_dir)
+            .map_err(LifecycleError::SyscallAudit)?;
+        executor.notify = Some(std::sync::Arc::new(
+            crate::enforce::executor::NotifyFilter {
+                program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),
+                supervisor,
+                fs_audit: executor.landlock.is_some()
+                    && crate::sidecars::fs_audit::FsAuditStatus::load(&sandbox_dir)
+                        .is_some_and(|s| s.active),
+            },
+        ));
+        Ok(starting)
+    }
+}
+
+/// Writes `line` to the stderr of the sandbox's init (host pid `pid`), where podman's
+/// conmon and the shim collect the container's output, when that is a pipe or a terminal.
+/// Opened without blocking: a FIFO without reader, a socket or a full pipe drop the line.
+/// Best effort; the `exit` record names the cause either way.
+fn tell_init_stderr(pid: i32, line: &str) {
+    use std::io::Write as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let path = format!("/proc/{pid}/fd/2");
+    let pipe_or_tty =
+        |m: std::fs::Metadata| m.file_type().is_fifo() || m.file_type().is_char_device();
+    // Looked at before the open too: the sandbox's fd may be anything (a file, a socket), and
+    // nothing but a pipe or a terminal is opened through the link.
+    if !std::fs::metadata(&path).is_ok_and(pipe_or_tty) {
+        return;
+    }
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&path);
+    let Ok(mut f) = opened else {
+        return;
+    };
+    if f.metadata().is_ok_and(pipe_or_tty)
+        && let Err(e) = f.write_all(line.as_bytes())
+    {
+        tracing::debug!(pid, error = %e, "cannot tell the init's stderr about the kill");
+    }
+}

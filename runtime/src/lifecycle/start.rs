@@ -1,0 +1,88 @@
+//! `start`: lets the created init run the program, returns once it runs (as runc's does),
+//! and arms the wall-clock watchdog.
+
+use std::path::PathBuf;
+
+use libcontainer::container::{Container, ContainerStatus};
+
+use super::{LifecycleError, Result, Runtime, container_err, status_name};
+use crate::state::ContainerId;
+use crate::state::paths;
+
+impl Runtime {
+    pub fn start(&self, id: &ContainerId) -> Result<()> {
+        let lock = self.state_lock(id)?;
+        let mut c = self.load(id)?;
+        if c.status() != ContainerStatus::Created {
+            return Err(LifecycleError::WrongState {
+                id: id.clone(),
+                status: status_name(c.status()),
+                wanted: "created",
+            });
+        }
+        let init = c.pid().map(|p| p.as_raw());
+        let before = init.and_then(crate::enforce::init_exec::executable);
+        c.start().map_err(container_err("start"))?;
+        drop(lock);
+        // As runc's: return once the program runs, so that a signal sent right after `start`
+        // reaches it (see `init_exec`).
+        if let (Some(pid), Some(before)) = (init, before) {
+            let procs = crate::report::layers::reaper_procs(&self.dirs.sandbox(id));
+            let outcome = crate::enforce::init_exec::wait(
+                pid,
+                before,
+                procs.as_deref(),
+                crate::enforce::init_exec::WAIT_LIMIT,
+            );
+            tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
+            if let Some(now) = crate::enforce::init_exec::uptime() {
+                let _ = paths::write_atomic(
+                    &self.dirs.sandbox(id).started(),
+                    now.to_string().as_bytes(),
+                );
+            }
+        }
+        self.arm_wall_clock(id, &c)
+    }
+
+    /// Starts the wall-clock watchdog for the policy's `wall_clock` limit: a
+    /// detached `agent-sandbox watchdog` that SIGKILLs every process of the
+    /// sandbox when the time is up (the limit is not part of the OCI spec).
+    fn arm_wall_clock(&self, id: &ContainerId, c: &Container) -> Result<()> {
+        let dir = self.dirs.sandbox(id);
+        let (policy, _, _) = self.saved_policy(id, c.bundle())?;
+        let secs = policy.resources.wall_clock.get();
+        if secs == 0 {
+            return Ok(());
+        }
+        use std::os::unix::process::CommandExt;
+        // `/proc/self/exe`, not `current_exe()`: `run` starts from the sealed copy, whose
+        // name is no path on disk (as `crate::sidecars` explains).
+        let child = std::process::Command::new("/proc/self/exe")
+            .arg("--root")
+            .arg(&self.dirs.root)
+            .arg("watchdog")
+            .arg("--seconds")
+            .arg(secs.to_string())
+            .args(c.pid().map(|p| format!("--pid={p}")))
+            .arg(id.as_str())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(|source| LifecycleError::Write {
+                path: PathBuf::from("watchdog"),
+                source,
+            })?;
+        let pid_file = dir.watchdog_pid();
+        std::fs::write(&pid_file, child.id().to_string()).map_err(|source| {
+            LifecycleError::Write {
+                path: pid_file,
+                source,
+            }
+        })?;
+        tracing::info!(id = %id, seconds = secs, "wall-clock limit armed");
+        Ok(())
+    }
+}
