@@ -275,6 +275,9 @@ pub struct Runtime {
     pub audit_dir: Option<PathBuf>,
     /// libcontainer, or a recording fake in unit tests (`crate::create::engine`).
     engine: Box<dyn crate::create::engine::Engine>,
+    /// The sidecars and host steps of create, or a recording fake in unit tests
+    /// (`crate::create::host_procs`).
+    procs: Box<dyn crate::create::host_procs::HostProcs>,
 }
 
 impl crate::pod::PodStates for Runtime {
@@ -322,6 +325,7 @@ impl Runtime {
             dirs,
             audit_dir: None,
             engine: Box::new(crate::create::engine::Libcontainer),
+            procs: Box::new(crate::create::host_procs::RealProcs),
         })
     }
 
@@ -337,8 +341,18 @@ impl Runtime {
         })
     }
 
+    /// The runtime with other host processes (a unit test's recording fake).
+    #[cfg(test)]
+    pub(crate) fn with_procs(self, procs: Box<dyn crate::create::host_procs::HostProcs>) -> Self {
+        Self { procs, ..self }
+    }
+
     pub(crate) fn engine(&self) -> &dyn crate::create::engine::Engine {
         self.engine.as_ref()
+    }
+
+    pub(crate) fn procs(&self) -> &dyn crate::create::host_procs::HostProcs {
+        self.procs.as_ref()
     }
 
     pub(crate) fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
@@ -401,9 +415,10 @@ impl Runtime {
 
     /// Removes everything `create` set up outside libcontainer. Best effort.
     pub(crate) fn cleanup_sandbox(&self, id: &ContainerId) {
-        let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
-        crate::sidecars::podman_oom::stop(&self.dirs.sandbox(id), id.as_str());
-        crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
+        let sandbox_dir = self.dirs.sandbox(id);
+        let proxy = self.procs.stop_proxy(&sandbox_dir, id.as_str());
+        self.procs.stop_oom_watch(&sandbox_dir, id.as_str());
+        self.procs.stop_supervisor(&sandbox_dir, id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             self.dirs.sandbox(id).workspace().read().ok();
         if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
@@ -635,7 +650,7 @@ impl Runtime {
         executor: &mut crate::executor::SandboxExecutor,
         policy: &SandboxPolicy,
         spawn: bool,
-    ) -> Result<Option<crate::sidecars::syscall_audit::Starting>> {
+    ) -> Result<Option<Box<dyn crate::create::host_procs::StartingSupervisor>>> {
         let Some(bpf) = executor.seccomp.clone() else {
             return Ok(None);
         };
@@ -643,18 +658,16 @@ impl Runtime {
         let errno = policy.syscalls.errno.number();
         let starting = if spawn {
             Some(
-                crate::sidecars::syscall_audit::start(
-                    &self.dirs.root,
-                    &sandbox_dir,
-                    id.as_str(),
-                    errno,
-                )
-                .map_err(LifecycleError::SyscallAudit)?,
+                self.procs
+                    .start_supervisor(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
+                    .map_err(LifecycleError::SyscallAudit)?,
             )
         } else {
             None
         };
-        let supervisor = crate::sidecars::syscall_audit::connect(&sandbox_dir)
+        let supervisor = self
+            .procs
+            .connect_supervisor(&sandbox_dir)
             .map_err(LifecycleError::SyscallAudit)?;
         executor.notify = Some(std::sync::Arc::new(crate::executor::NotifyFilter {
             program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),

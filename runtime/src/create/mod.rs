@@ -23,6 +23,7 @@ mod build;
 pub(crate) mod engine;
 mod harden;
 mod host;
+pub(crate) mod host_procs;
 mod ids;
 mod record;
 mod sidecars;
@@ -90,8 +91,8 @@ struct Hardened {
 
 /// Phase 5: the sidecars started before libcontainer's create.
 struct Sidecars {
-    supervisor: Option<crate::sidecars::syscall_audit::Starting>,
-    proxy: Option<crate::sidecars::egress::PendingProxy>,
+    supervisor: Option<Box<dyn host_procs::StartingSupervisor>>,
+    proxy: Option<Box<dyn host_procs::StartingProxy>>,
 }
 
 /// Debug-level timings of each phase (docs/benchmarks.md, "Where the time goes").
