@@ -4,7 +4,8 @@
 //! a trait so that what clean-up does after a failure in each step is unit-tested with a
 //! recording fake, as [`super::engine`] does for libcontainer (a sidecar is this executable
 //! run again, which a test binary cannot be). [`RealProcs`] is the code those steps always
-//! ran, in the same order: it adds no process, thread or syscall.
+//! ran, in the same order: it adds no process, thread or syscall (only a box per sidecar
+//! waiting for its ready line).
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
@@ -30,7 +31,8 @@ pub trait HostProcs: Send + Sync {
         id: &str,
         errno: u32,
     ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError>;
-    /// A stream to the sandbox's supervisor for one executor (`syscall_audit::connect`).
+    /// A stream to the sandbox's supervisor for one executor, of create or exec
+    /// (`syscall_audit::connect`).
     fn connect_supervisor(&self, sandbox_dir: &SandboxDir) -> Result<OwnedFd, SyscallAuditError>;
     /// Starts the egress proxy before the init exists (`egress::prespawn`).
     fn prespawn_proxy(

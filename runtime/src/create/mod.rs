@@ -16,8 +16,11 @@
 //!
 //! A failed phase leaves the clean-up to `create`'s caller side
 //! (`Runtime::cleanup_sandbox`), which removes whatever the phases before it set up.
-//! The unit tests in `failure_tests.rs` make each phase up to libcontainer's create fail in
-//! turn and check that nothing of the sandbox is left in the state root.
+//! The unit tests in `failure_tests.rs` make each phase fail in turn and check that nothing
+//! of the sandbox is left in the state root.
+//! Phases 5 and 6 reach the host's processes (the sidecars, `lo` in the init's namespace, a
+//! pod's pins) through [`host_procs::HostProcs`], so that those tests fail each of their
+//! steps with a recording fake and check that every sidecar that started is stopped.
 
 mod build;
 pub(crate) mod engine;
