@@ -43,7 +43,8 @@ impl Engine for Libcontainer {
 }
 
 /// A recording engine for unit tests: every call is logged in order, containers come from a
-/// table, and `delete` fails as often as a test says.
+/// table, `build_init` fails unless a test gave it the container to make, and `delete` fails
+/// as often as a test says.
 #[cfg(test)]
 pub mod fake {
     use std::collections::HashMap;
@@ -70,6 +71,8 @@ pub mod fake {
         containers: Mutex<HashMap<String, Container>>,
         /// How many of the next `delete` calls fail.
         delete_failures: Mutex<u32>,
+        /// What `build_init` makes: the container's state directory and its init's pid.
+        builds: Mutex<Option<(PathBuf, i32)>>,
     }
 
     impl FakeEngine {
@@ -93,6 +96,13 @@ pub mod fake {
         /// The next `n` deletes fail (as libcontainer's does while killed processes exit).
         pub fn failing_deletes(self, n: u32) -> Self {
             *self.delete_failures.lock().unwrap() = n;
+            self
+        }
+
+        /// `build_init` succeeds: it saves a created container in `state_dir` (libcontainer's
+        /// directory of the container, named by its id) whose init is `pid`.
+        pub fn building(self, state_dir: PathBuf, pid: i32) -> Self {
+            *self.builds.lock().unwrap() = Some((state_dir, pid));
             self
         }
 
@@ -127,9 +137,21 @@ pub mod fake {
     impl super::Engine for FakeEngine {
         fn build_init(&self, _init: InitContainerBuilder) -> Result<Container, LibcontainerError> {
             self.log(Call::Build);
-            Err(LibcontainerError::InvalidInput(
-                "the fake builds nothing".to_owned(),
-            ))
+            let Some((dir, pid)) = self.builds.lock().unwrap().clone() else {
+                return Err(LibcontainerError::InvalidInput(
+                    "the fake builds nothing".to_owned(),
+                ));
+            };
+            let id = dir.file_name().unwrap().to_string_lossy().into_owned();
+            let mut c = Container::default();
+            c.state.id = id.clone();
+            c.state.status = ContainerStatus::Created;
+            c.state.pid = Some(pid);
+            c.root = dir;
+            std::fs::create_dir_all(&c.root).unwrap();
+            c.save()?;
+            self.containers.lock().unwrap().insert(id, c.clone());
+            Ok(c)
         }
 
         fn load(&self, dir: PathBuf) -> Result<Container, LibcontainerError> {

@@ -1,7 +1,9 @@
 //! A create that fails in a phase leaves nothing of the sandbox behind: `create` hands the
 //! failure to `Runtime::cleanup_sandbox`, which removes whatever the phases before it set
-//! up. Each test makes one phase fail through its input, in a temporary state root, with
-//! libcontainer replaced by [`FakeEngine`], whose recorded calls show how far create got.
+//! up and stops every sidecar that started. Each test makes one phase fail, through its
+//! input or one step of a fake, in a temporary state root, with libcontainer replaced by
+//! [`FakeEngine`] and the sandbox's host processes by [`FakeProcs`], whose recorded calls
+//! show how far create got.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::engine::fake::{Call, FakeEngine};
+use super::host_procs::fake::{FakeProcs, Sidecar, Step};
 use crate::harden::Ceiling;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
@@ -18,22 +21,45 @@ struct Fixture {
     dir: tempfile::TempDir,
     runtime: Runtime,
     engine: Arc<FakeEngine>,
+    procs: FakeProcs,
     id: ContainerId,
 }
 
 impl Fixture {
+    /// libcontainer's create fails.
     fn new(name: &str) -> Self {
+        Self::with_engine(name, |_| FakeEngine::default())
+    }
+
+    /// libcontainer's create makes a container whose init is this test process (read, never
+    /// signalled: the fake engine's delete kills nothing), so that create goes on to the
+    /// sidecars' attach and the record.
+    fn building(name: &str) -> Self {
+        let init = i32::try_from(std::process::id()).unwrap();
+        Self::with_engine(name, |state_dir| {
+            FakeEngine::default().building(state_dir, init)
+        })
+    }
+
+    /// `engine` is made from the container's state directory.
+    fn with_engine(name: &str, engine: impl FnOnce(PathBuf) -> FakeEngine) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let id =
             ContainerId::try_from(format!("cfail-{name}-{}", std::process::id()).as_str()).unwrap();
-        let engine = Arc::new(FakeEngine::default());
-        let runtime =
-            Runtime::with_engine(&dir.path().join("state"), Box::new(engine.clone())).unwrap();
+        let state = dir.path().join("state");
+        let engine = Arc::new(engine(
+            crate::state::paths::StateDirs::new(state.clone()).container(&id),
+        ));
+        let procs = FakeProcs::default();
+        let runtime = Runtime::with_engine(&state, Box::new(engine.clone()))
+            .unwrap()
+            .with_procs(Box::new(procs.clone()));
         std::fs::create_dir_all(dir.path().join("bundle").join("rootfs")).unwrap();
         Self {
             dir,
             runtime,
             engine,
+            procs,
             id,
         }
     }
@@ -102,7 +128,59 @@ impl Fixture {
     fn audit_initialised(&self) -> bool {
         self.runtime.dirs.audit().join(".live").is_dir()
     }
+
+    /// `create` of `spec`, which fails after install; its error. None where install may not
+    /// bind the rootfs (not root in the initial user namespace): there the create fails in
+    /// install, before any sidecar starts, and that is what is checked.
+    fn create_failing_past_install(&self, spec: &Spec) -> Option<LifecycleError> {
+        let err = self.create_failing(spec);
+        if crate::state::paths::rootless().unwrap() {
+            assert!(matches!(err, LifecycleError::Mount(_)), "{err:?}");
+            assert_eq!(self.procs.steps(), CLEANUP);
+            assert_eq!(self.leftovers(), Vec::<PathBuf>::new());
+            return None;
+        }
+        Some(err)
+    }
+
+    /// Nothing of the sandbox is left: no file or mount, no sidecar running, and the container
+    /// libcontainer built is deleted (force: its init is killed).
+    fn assert_cleaned_up_after_build(&self) {
+        assert_eq!(self.leftovers(), Vec::<PathBuf>::new());
+        assert_eq!(self.procs.running(), []);
+        let id = self.id.as_str().to_owned();
+        assert_eq!(
+            self.engine.calls(),
+            [
+                Call::Build,
+                Call::Load(id.clone()),
+                Call::Refresh(id.clone()),
+                Call::Delete { id, force: true },
+            ]
+        );
+    }
 }
+
+/// What `cleanup_sandbox` stops, whatever the sandbox started (a sidecar it never started
+/// has no pid file, and its stop finds nothing).
+const CLEANUP: [Step; 3] = [Step::StopProxy, Step::StopOomWatch, Step::StopSupervisor];
+
+/// `steps`, then clean-up's.
+fn then_cleanup(steps: &[Step]) -> Vec<Step> {
+    steps.iter().chain(&CLEANUP).copied().collect()
+}
+
+/// The steps of phase 5 before the build: the supervisor starts, the executor connects to
+/// it, the proxy starts.
+const SPAWN: [Step; 3] = [
+    Step::StartSupervisor,
+    Step::ConnectSupervisor,
+    Step::PrespawnProxy,
+];
+
+/// The steps of phase 5 after the build for a sandbox of its own (not a pod's): `lo` up,
+/// the proxy bound in the init's namespace, the supervisor's ready line.
+const ATTACH: [Step; 3] = [Step::LoopbackUp, Step::FinishProxy, Step::SupervisorReady];
 
 impl Drop for Fixture {
     /// The per-root directory `mount_dir` makes outside the temporary root (empty by now).
@@ -265,12 +343,11 @@ fn mounted(path: &Path) -> bool {
 }
 
 /// Phase 5 (build): libcontainer's create fails (the fake engine builds nothing) after
-/// install made the spec real: the image bound read-only at the sandbox's rootfs mount, the
-/// bundle libcontainer reads, the cgroup record. The phases run here in `create`'s order,
-/// up to the build, without the sidecars (the supervisor and the proxy are this executable
-/// run again, which a test binary cannot be); the failure is then cleaned up as `create`
-/// does. The bind needs root in the initial user namespace; elsewhere install refuses it
-/// and its clean-up is what is checked.
+/// install made the spec real (the image bound read-only at the sandbox's rootfs mount, the
+/// bundle libcontainer reads, the cgroup record) and the supervisor and the proxy started.
+/// The phases run here in `create`'s order, up to the build; the failure is then cleaned up
+/// as `create` does, which stops both sidecars. The bind needs root in the initial user
+/// namespace; elsewhere install refuses it and its clean-up is what is checked.
 #[test]
 fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
     let f = Fixture::new("build");
@@ -286,7 +363,7 @@ fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
         let ceiling = ids.ceiling(&ceiling);
         let mut host = rt.prepare_host(&f.id, &opts, &spec, &ids, ceiling, &marks)?;
         rootfs_mount = Some(host.record.rootfs_mount.clone());
-        let (hardened, executor) =
+        let (hardened, mut executor) =
             rt.harden(&f.id, &opts, spec.clone(), &ids, ceiling, &mut host)?;
         let bundle = rt.install(&f.id, &ids, &host, &hardened)?;
         assert!(
@@ -294,6 +371,7 @@ fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
             "install bound the rootfs"
         );
         assert!(bundle.join("config.json").exists());
+        let _sidecars = rt.spawn_sidecars(&f.id, &ids, &host, &hardened, &mut executor)?;
         rt.build(&f.id, &opts, &hardened, executor, &bundle)
     })();
     let err = result.expect_err("the fake engine builds nothing");
@@ -304,11 +382,17 @@ fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
             "{err:?}"
         );
         assert_eq!(f.engine.calls(), [Call::Build]);
+        assert_eq!(f.procs.steps(), SPAWN);
+        assert_eq!(f.procs.running(), [Sidecar::Supervisor, Sidecar::Proxy]);
     } else {
         assert!(matches!(err, LifecycleError::Mount(_)), "{err:?}");
         assert_eq!(f.engine.calls(), []);
+        assert_eq!(f.procs.steps(), []);
     }
     rt.cleanup_sandbox(&f.id);
+    let spawned: &[Step] = if privileged { &SPAWN } else { &[] };
+    assert_eq!(f.procs.steps(), then_cleanup(spawned));
+    assert_eq!(f.procs.running(), [], "both sidecars are stopped");
     let rootfs_mount = rootfs_mount.expect("prepare_host ran");
     assert!(!mounted(&rootfs_mount), "the rootfs bind is detached");
     assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
@@ -321,4 +405,213 @@ fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
         usize::from(privileged),
         "the clean-up builds nothing"
     );
+}
+
+/// Phase 5 (sidecars): the supervisor does not start. Nothing else ran, nothing is left.
+#[test]
+fn a_supervisor_that_does_not_start_leaves_nothing() {
+    let f = Fixture::new("supstart");
+    f.procs.fail(Step::StartSupervisor);
+    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
+        return;
+    };
+    assert!(
+        matches!(
+            err,
+            LifecycleError::SyscallAudit(crate::sidecars::syscall_audit::SyscallAuditError::Spawn(
+                _
+            ))
+        ),
+        "{err:?}"
+    );
+    assert_eq!(f.procs.steps(), then_cleanup(&[Step::StartSupervisor]));
+    assert_eq!(f.procs.running(), []);
+    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
+    assert_eq!(f.engine.calls(), []);
+}
+
+/// Phase 5 (sidecars): the executor cannot connect to the supervisor that started; it is
+/// stopped.
+#[test]
+fn a_supervisor_that_cannot_be_reached_is_stopped() {
+    let f = Fixture::new("supconn");
+    f.procs.fail(Step::ConnectSupervisor);
+    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
+        return;
+    };
+    assert!(
+        matches!(
+            err,
+            LifecycleError::SyscallAudit(
+                crate::sidecars::syscall_audit::SyscallAuditError::Connect { .. }
+            )
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(&[Step::StartSupervisor, Step::ConnectSupervisor])
+    );
+    assert_eq!(f.procs.running(), []);
+    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
+    assert_eq!(f.engine.calls(), []);
+}
+
+/// Phase 5 (sidecars): the proxy does not start; the supervisor that did is stopped, and
+/// libcontainer is never asked to build.
+#[test]
+fn a_proxy_that_does_not_start_stops_the_supervisor() {
+    let f = Fixture::new("proxystart");
+    f.procs.fail(Step::PrespawnProxy);
+    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
+        return;
+    };
+    assert!(
+        matches!(
+            err,
+            LifecycleError::Egress(crate::sidecars::egress::EgressError::Spawn(_))
+        ),
+        "{err:?}"
+    );
+    assert_eq!(f.procs.steps(), then_cleanup(&SPAWN));
+    assert_eq!(f.procs.running(), []);
+    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
+    assert_eq!(f.engine.calls(), []);
+}
+
+/// Phase 5 (attach): `lo` cannot be brought up in the init's namespace. The container
+/// libcontainer built is deleted, the proxy waiting for that namespace and the supervisor
+/// are stopped.
+#[test]
+fn a_failure_bringing_lo_up_deletes_the_container_and_stops_the_sidecars() {
+    let f = Fixture::building("lo");
+    f.procs.fail(Step::LoopbackUp);
+    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
+        return;
+    };
+    assert!(matches!(err, LifecycleError::Loopback(_)), "{err:?}");
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(&[SPAWN.as_slice(), &[Step::LoopbackUp]].concat())
+    );
+    f.assert_cleaned_up_after_build();
+}
+
+/// Phase 5 (attach): a pod's sandbox container whose namespaces cannot be pinned for the
+/// pod's members.
+#[test]
+fn a_failure_pinning_a_pods_namespaces_deletes_the_container_and_stops_the_sidecars() {
+    let f = Fixture::building("pin");
+    f.procs.fail(Step::PinPod);
+    let spec = spec_with_annotations(&[
+        (crate::pod::CONTAINER_TYPE_ANNOTATION, "sandbox"),
+        (crate::pod::SANDBOX_ID_ANNOTATION, f.id.as_str()),
+    ]);
+    let Some(err) = f.create_failing_past_install(&spec) else {
+        return;
+    };
+    assert!(
+        matches!(err, LifecycleError::Pod(crate::pod::PodError::Pin { .. })),
+        "{err:?}"
+    );
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(&[SPAWN.as_slice(), &[Step::LoopbackUp, Step::PinPod]].concat())
+    );
+    f.assert_cleaned_up_after_build();
+}
+
+/// Phase 5 (attach): the proxy cannot bind in the init's namespace; it is still running
+/// (its pid file was written when it started) and is stopped with the supervisor.
+#[test]
+fn a_proxy_that_cannot_bind_is_stopped_with_the_container() {
+    let f = Fixture::building("bind");
+    f.procs.fail(Step::FinishProxy);
+    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
+        return;
+    };
+    assert!(
+        matches!(
+            err,
+            LifecycleError::Egress(crate::sidecars::egress::EgressError::NotReady { .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(&[SPAWN.as_slice(), &ATTACH[..2]].concat())
+    );
+    f.assert_cleaned_up_after_build();
+}
+
+/// Phase 5 (attach): the supervisor never says it is ready: a sandbox whose denials nobody
+/// answers is not handed out, and the proxy, already serving it, is stopped too.
+#[test]
+fn a_supervisor_that_is_not_ready_is_stopped_with_the_container_and_the_proxy() {
+    let f = Fixture::building("ready");
+    f.procs.fail(Step::SupervisorReady);
+    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
+        return;
+    };
+    assert!(
+        matches!(
+            err,
+            LifecycleError::SyscallAudit(
+                crate::sidecars::syscall_audit::SyscallAuditError::NotReady { .. }
+            )
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(&[SPAWN.as_slice(), &ATTACH].concat())
+    );
+    f.assert_cleaned_up_after_build();
+}
+
+/// A spec as podman writes it, which gets the OOM watcher.
+fn podman_spec() -> Spec {
+    spec_with_annotations(&[("io.container.manager", "libpod")])
+}
+
+/// Phase 6 (record): the limits read back are not those asked for: libcontainer's create
+/// here (the fake) made no cgroup, which the record's check of the limits in force finds.
+/// Every sidecar had started, podman's OOM watcher too, and all are stopped.
+#[test]
+fn a_failure_recording_the_sandbox_deletes_the_container_and_stops_every_sidecar() {
+    let f = Fixture::building("record");
+    let Some(err) = f.create_failing_past_install(&podman_spec()) else {
+        return;
+    };
+    assert!(matches!(err, LifecycleError::Cgroups(_)), "{err:?}");
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(&[SPAWN.as_slice(), &ATTACH, &[Step::WatchOom]].concat())
+    );
+    f.assert_cleaned_up_after_build();
+}
+
+/// Phase 5 (OOM watch): a watcher that fails never fails the create (podman's `OOMKilled`
+/// then stays false) and is stopped at once; the create goes on to the record (which fails
+/// as above, so that clean-up's stops follow).
+#[test]
+fn a_failed_oom_watch_is_stopped_at_once_and_the_create_goes_on() {
+    let f = Fixture::building("oom");
+    f.procs.fail(Step::WatchOom);
+    let Some(err) = f.create_failing_past_install(&podman_spec()) else {
+        return;
+    };
+    assert!(matches!(err, LifecycleError::Cgroups(_)), "{err:?}");
+    assert_eq!(
+        f.procs.steps(),
+        then_cleanup(
+            &[
+                SPAWN.as_slice(),
+                &ATTACH,
+                &[Step::WatchOom, Step::StopOomWatch]
+            ]
+            .concat()
+        )
+    );
+    f.assert_cleaned_up_after_build();
 }

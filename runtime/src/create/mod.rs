@@ -16,13 +16,17 @@
 //!
 //! A failed phase leaves the clean-up to `create`'s caller side
 //! (`Runtime::cleanup_sandbox`), which removes whatever the phases before it set up.
-//! The unit tests in `failure_tests.rs` make each phase up to libcontainer's create fail in
-//! turn and check that nothing of the sandbox is left in the state root.
+//! The unit tests in `failure_tests.rs` make each phase fail in turn and check that nothing
+//! of the sandbox is left in the state root.
+//! Phases 5 and 6 reach the host's processes (the sidecars, `lo` in the init's namespace, a
+//! pod's pins) through [`host_procs::HostProcs`], so that those tests fail each of their
+//! steps with a recording fake and check that every sidecar that started is stopped.
 
 mod build;
 pub(crate) mod engine;
 mod harden;
 mod host;
+pub(crate) mod host_procs;
 mod ids;
 mod record;
 mod sidecars;
@@ -90,8 +94,8 @@ struct Hardened {
 
 /// Phase 5: the sidecars started before libcontainer's create.
 struct Sidecars {
-    supervisor: Option<crate::sidecars::syscall_audit::Starting>,
-    proxy: Option<crate::sidecars::egress::PendingProxy>,
+    supervisor: Option<Box<dyn host_procs::StartingSupervisor>>,
+    proxy: Option<Box<dyn host_procs::StartingProxy>>,
 }
 
 /// Debug-level timings of each phase (docs/benchmarks.md, "Where the time goes").

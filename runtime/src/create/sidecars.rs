@@ -1,6 +1,7 @@
 //! Phase 5: the sandbox's sidecars. The denied-syscall supervisor and the egress proxy start
 //! before libcontainer's create (they load meanwhile) and are tied to the init after it.
 
+use super::host_procs::OomWatch;
 use super::{Hardened, Host, Ids, Marks, Result, Sidecars};
 use crate::enforce::executor::SandboxExecutor;
 use crate::lifecycle::{LifecycleError, Runtime};
@@ -22,7 +23,8 @@ impl Runtime {
         // The proxy starts now and binds once the init's namespace exists.
         let proxy = if ids.member.is_none() && crate::sidecars::egress::wanted(&hardened.policy) {
             Some(
-                crate::sidecars::egress::prespawn(&self.dirs.root, &host.sandbox_dir, id.as_str())
+                self.procs()
+                    .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
                     .map_err(LifecycleError::Egress)?,
             )
         } else {
@@ -48,9 +50,12 @@ impl Runtime {
         // with the pod's sandbox container, whose namespaces are pinned for the members.
         let mut proxy_pid = None;
         if ids.member.is_none() {
-            agent_sandbox_sys::bring_loopback_up_in(pid).map_err(LifecycleError::Loopback)?;
+            self.procs()
+                .loopback_up(pid)
+                .map_err(LifecycleError::Loopback)?;
             if ids.role == crate::pod::Role::Sandbox {
-                crate::pod::pin_sandbox(&host.sandbox_dir, &host.mount_dir, pid)?;
+                self.procs()
+                    .pin_pod(&host.sandbox_dir, &host.mount_dir, pid)?;
             }
             if let Some(pending) = sidecars.proxy {
                 proxy_pid = Some(
@@ -88,13 +93,19 @@ impl Runtime {
         };
         let bundle = std::path::absolute(bundle).unwrap_or_else(|_| bundle.to_path_buf());
         let dir = self.dirs.sandbox(id);
-        let log = crate::logging::log_args();
-        match podman_oom::start(&dir, &self.dirs.root, &bundle, &cgroup, id.as_str(), log) {
+        let watch = OomWatch {
+            root: &self.dirs.root,
+            bundle: &bundle,
+            cgroup: &cgroup,
+            id: id.as_str(),
+            log: crate::logging::log_args(),
+        };
+        match self.procs().watch_oom(&dir, &watch) {
             Ok(watcher) => {
                 tracing::debug!(id = %id, watcher, cgroup = %cgroup.display(), "OOM watch registered")
             }
             Err(e) => {
-                podman_oom::stop(&dir, id.as_str());
+                self.procs().stop_oom_watch(&dir, id.as_str());
                 tracing::warn!(id = %id, error = %e, "podman's OOMKilled will stay false (docs/limits.md)");
             }
         }

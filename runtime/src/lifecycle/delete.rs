@@ -177,9 +177,10 @@ impl Runtime {
 
     /// Removes everything `create` set up outside libcontainer. Best effort.
     pub(crate) fn cleanup_sandbox(&self, id: &ContainerId) {
-        let proxy = crate::sidecars::egress::stop(&self.dirs.sandbox(id), id.as_str());
-        crate::sidecars::podman_oom::stop(&self.dirs.sandbox(id), id.as_str());
-        crate::sidecars::syscall_audit::stop(&self.dirs.sandbox(id), id.as_str());
+        let sandbox_dir = self.dirs.sandbox(id);
+        let proxy = self.procs.stop_proxy(&sandbox_dir, id.as_str());
+        self.procs.stop_oom_watch(&sandbox_dir, id.as_str());
+        self.procs.stop_supervisor(&sandbox_dir, id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             self.dirs.sandbox(id).workspace().read().ok();
         if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {

@@ -288,6 +288,9 @@ pub struct Runtime {
     pub audit_dir: Option<PathBuf>,
     /// libcontainer, or a recording fake in unit tests (`crate::create::engine`).
     engine: Box<dyn crate::create::engine::Engine>,
+    /// The sidecars and host steps of create, or a recording fake in unit tests
+    /// (`crate::create::host_procs`).
+    procs: Box<dyn crate::create::host_procs::HostProcs>,
 }
 
 impl crate::pod::PodStates for Runtime {
@@ -335,6 +338,7 @@ impl Runtime {
             dirs,
             audit_dir: None,
             engine: Box::new(crate::create::engine::Libcontainer),
+            procs: Box::new(crate::create::host_procs::RealProcs),
         })
     }
 
@@ -350,8 +354,18 @@ impl Runtime {
         })
     }
 
+    /// The runtime with other host processes (a unit test's recording fake).
+    #[cfg(test)]
+    pub(crate) fn with_procs(self, procs: Box<dyn crate::create::host_procs::HostProcs>) -> Self {
+        Self { procs, ..self }
+    }
+
     pub(crate) fn engine(&self) -> &dyn crate::create::engine::Engine {
         self.engine.as_ref()
+    }
+
+    pub(crate) fn procs(&self) -> &dyn crate::create::host_procs::HostProcs {
+        self.procs.as_ref()
     }
 
     pub(crate) fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {

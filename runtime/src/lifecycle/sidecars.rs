@@ -83,7 +83,7 @@ impl Runtime {
         executor: &mut crate::enforce::executor::SandboxExecutor,
         policy: &SandboxPolicy,
         spawn: bool,
-    ) -> Result<Option<crate::sidecars::syscall_audit::Starting>> {
+    ) -> Result<Option<Box<dyn crate::create::host_procs::StartingSupervisor>>> {
         let Some(bpf) = executor.seccomp.clone() else {
             return Ok(None);
         };
@@ -91,18 +91,16 @@ impl Runtime {
         let errno = policy.syscalls.errno.number();
         let starting = if spawn {
             Some(
-                crate::sidecars::syscall_audit::start(
-                    &self.dirs.root,
-                    &sandbox_dir,
-                    id.as_str(),
-                    errno,
-                )
-                .map_err(LifecycleError::SyscallAudit)?,
+                self.procs
+                    .start_supervisor(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
+                    .map_err(LifecycleError::SyscallAudit)?,
             )
         } else {
             None
         };
-        let supervisor = crate::sidecars::syscall_audit::connect(&sandbox_dir)
+        let supervisor = self
+            .procs
+            .connect_supervisor(&sandbox_dir)
             .map_err(LifecycleError::SyscallAudit)?;
         executor.notify = Some(std::sync::Arc::new(
             crate::enforce::executor::NotifyFilter {

@@ -53,7 +53,17 @@ pub fn start(
     pid_file: &Path,
     fds: Vec<std::os::fd::OwnedFd>,
 ) -> Result<Pending, SpawnError> {
-    let mut cmd = Command::new("/proc/self/exe");
+    start_program(Path::new("/proc/self/exe"), args, pid_file, fds)
+}
+
+/// [`start`] of `program` (a unit test's stand-in for this executable).
+fn start_program(
+    program: &Path,
+    args: &[&std::ffi::OsStr],
+    pid_file: &Path,
+    fds: Vec<std::os::fd::OwnedFd>,
+) -> Result<Pending, SpawnError> {
+    let mut cmd = Command::new(program);
     cmd.args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -62,13 +72,20 @@ pub fn start(
     if !fds.is_empty() {
         agent_sandbox_sys::inherit::pass_fds(&mut cmd, fds);
     }
-    let child = cmd.spawn().map_err(SpawnError::Spawn)?;
+    let mut child = cmd.spawn().map_err(SpawnError::Spawn)?;
     // The parent's copies of `fds` close here, with `cmd`.
     drop(cmd);
-    std::fs::write(pid_file, child.id().to_string()).map_err(|source| SpawnError::Write {
-        path: pid_file.to_path_buf(),
-        source,
-    })?;
+    let written =
+        std::fs::write(pid_file, child.id().to_string()).map_err(|source| SpawnError::Write {
+            path: pid_file.to_path_buf(),
+            source,
+        });
+    if let Err(e) = written {
+        // Clean-up finds a sidecar by its pid file only: without one, it goes now.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     Ok(Pending { child })
 }
 
@@ -148,4 +165,59 @@ fn is_ours(pid: i32, subcommand: &str, id: &str) -> bool {
         .filter(|a| !a.is_empty())
         .collect();
     args.contains(&subcommand.as_bytes()) && args.last() == Some(&id.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pids of live processes whose arguments include `arg`.
+    fn processes_with_arg(arg: &str) -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+            })
+            .collect()
+    }
+
+    /// Clean-up finds a sidecar by its pid file only: one whose pid file cannot be written
+    /// would outlive the sandbox (the supervisor serves until killed), so it is killed at
+    /// once.
+    #[test]
+    fn a_sidecar_whose_pid_file_cannot_be_written_does_not_outlive_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("no-such-dir").join("sidecar.pid");
+        // A duration no other process has in its arguments.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let arg = format!("{}.{nanos:09}", 900 + std::process::id() % 100);
+        let result = start_program(Path::new("sleep"), &[arg.as_ref()], &pid_file, Vec::new());
+        // Until it has run `sleep` (which a leaked one does within milliseconds).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+        let leaked = loop {
+            let found = processes_with_arg(&arg);
+            if !found.is_empty() || std::time::Instant::now() > deadline {
+                break found;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        for pid in &leaked {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(
+            matches!(&result, Err(SpawnError::Write { path, .. }) if path == &pid_file),
+            "{:?}",
+            result.err()
+        );
+        assert_eq!(leaked, Vec::<i32>::new(), "the sidecar is still running");
+    }
 }

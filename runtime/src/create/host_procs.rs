@@ -1,0 +1,393 @@
+//! Where `create`'s phases 5 and 6 meet the host's processes: the sandbox's sidecars (the
+//! denied-syscall supervisor, the egress proxy, podman's OOM watcher), `lo` in the init's
+//! network namespace and a pod's namespace pins, and their stop at clean-up. They sit behind
+//! a trait so that what clean-up does after a failure in each step is unit-tested with a
+//! recording fake, as [`super::engine`] does for libcontainer (a sidecar is this executable
+//! run again, which a test binary cannot be). [`RealProcs`] is the code those steps always
+//! ran, in the same order: it adds no process, thread or syscall (only a box per sidecar
+//! waiting for its ready line).
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use crate::pod::PodError;
+use crate::sidecars::egress::{self, EgressError};
+use crate::sidecars::podman_oom::{self, PodmanOomError};
+use crate::sidecars::syscall_audit::{self, SyscallAuditError};
+use crate::state::SandboxDir;
+
+/// The sandbox's host processes and the host-side steps that tie them to its init.
+///
+/// A sidecar writes its pid file as soon as it runs (`crate::sidecars::start`), so the `stop_*`
+/// steps, which `Runtime::cleanup_sandbox` takes for every sandbox, find each one that started,
+/// whatever step failed after it.
+pub trait HostProcs: Send + Sync {
+    /// Starts the denied-syscall supervisor, its socket listening (`syscall_audit::start`).
+    fn start_supervisor(
+        &self,
+        root: &Path,
+        sandbox_dir: &SandboxDir,
+        id: &str,
+        errno: u32,
+    ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError>;
+    /// A stream to the sandbox's supervisor for one executor, of create or exec
+    /// (`syscall_audit::connect`).
+    fn connect_supervisor(&self, sandbox_dir: &SandboxDir) -> Result<OwnedFd, SyscallAuditError>;
+    /// Starts the egress proxy before the init exists (`egress::prespawn`).
+    fn prespawn_proxy(
+        &self,
+        root: &Path,
+        sandbox_dir: &SandboxDir,
+        id: &str,
+    ) -> Result<Box<dyn StartingProxy>, EgressError>;
+    /// Brings `lo` up in the network namespace of the init `pid`.
+    fn loopback_up(&self, pid: i32) -> Result<(), agent_sandbox_sys::LoopbackError>;
+    /// Pins a pod sandbox's namespaces for its members (`crate::pod::pin_sandbox`).
+    fn pin_pod(&self, sandbox_dir: &SandboxDir, mount_dir: &Path, pid: i32)
+    -> Result<(), PodError>;
+    /// Starts podman's OOM watcher and waits until its watch is registered
+    /// (`podman_oom::start`); returns its pid.
+    fn watch_oom(
+        &self,
+        sandbox_dir: &SandboxDir,
+        watch: &OomWatch<'_>,
+    ) -> Result<u32, PodmanOomError>;
+    /// Kills the sandbox's supervisor if its pid file names it.
+    fn stop_supervisor(&self, sandbox_dir: &SandboxDir, id: &str);
+    /// Kills the sandbox's proxy if its pid file names it.
+    fn stop_proxy(&self, sandbox_dir: &SandboxDir, id: &str) -> egress::Stopped;
+    /// Kills podman's OOM watcher if its pid file names it.
+    fn stop_oom_watch(&self, sandbox_dir: &SandboxDir, id: &str);
+}
+
+/// What podman's OOM watcher is started with (`podman_oom::start`'s arguments).
+pub struct OomWatch<'a> {
+    pub root: &'a Path,
+    /// The caller's bundle, absolute.
+    pub bundle: &'a Path,
+    /// The init's memory cgroup.
+    pub cgroup: &'a Path,
+    pub id: &'a str,
+    /// The runtime's own `--log`/`--log-format` arguments.
+    pub log: &'a [OsString],
+}
+
+/// A supervisor started by [`HostProcs::start_supervisor`], its ready line not read yet.
+pub trait StartingSupervisor {
+    /// Waits for the supervisor's ready line; returns its pid.
+    fn ready(self: Box<Self>) -> Result<u32, SyscallAuditError>;
+}
+
+/// A proxy started by [`HostProcs::prespawn_proxy`], not yet bound in the sandbox.
+pub trait StartingProxy {
+    /// Hands the proxy the network namespace of the init `pid` and waits until it listens
+    /// there; returns the proxy's pid.
+    fn finish(self: Box<Self>, id: &str, pid: i32) -> Result<u32, EgressError>;
+}
+
+/// The host's processes: the sidecars are this executable run again.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealProcs;
+
+impl HostProcs for RealProcs {
+    fn start_supervisor(
+        &self,
+        root: &Path,
+        sandbox_dir: &SandboxDir,
+        id: &str,
+        errno: u32,
+    ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError> {
+        syscall_audit::start(root, sandbox_dir, id, errno)
+            .map(|s| Box::new(s) as Box<dyn StartingSupervisor>)
+    }
+
+    fn connect_supervisor(&self, sandbox_dir: &SandboxDir) -> Result<OwnedFd, SyscallAuditError> {
+        syscall_audit::connect(sandbox_dir)
+    }
+
+    fn prespawn_proxy(
+        &self,
+        root: &Path,
+        sandbox_dir: &SandboxDir,
+        id: &str,
+    ) -> Result<Box<dyn StartingProxy>, EgressError> {
+        egress::prespawn(root, sandbox_dir, id).map(|p| Box::new(p) as Box<dyn StartingProxy>)
+    }
+
+    fn loopback_up(&self, pid: i32) -> Result<(), agent_sandbox_sys::LoopbackError> {
+        agent_sandbox_sys::bring_loopback_up_in(pid)
+    }
+
+    fn pin_pod(
+        &self,
+        sandbox_dir: &SandboxDir,
+        mount_dir: &Path,
+        pid: i32,
+    ) -> Result<(), PodError> {
+        crate::pod::pin_sandbox(sandbox_dir, mount_dir, pid).map(drop)
+    }
+
+    fn watch_oom(&self, sandbox_dir: &SandboxDir, w: &OomWatch<'_>) -> Result<u32, PodmanOomError> {
+        podman_oom::start(sandbox_dir, w.root, w.bundle, w.cgroup, w.id, w.log)
+    }
+
+    fn stop_supervisor(&self, sandbox_dir: &SandboxDir, id: &str) {
+        syscall_audit::stop(sandbox_dir, id);
+    }
+
+    fn stop_proxy(&self, sandbox_dir: &SandboxDir, id: &str) -> egress::Stopped {
+        egress::stop(sandbox_dir, id)
+    }
+
+    fn stop_oom_watch(&self, sandbox_dir: &SandboxDir, id: &str) {
+        podman_oom::stop(sandbox_dir, id);
+    }
+}
+
+impl StartingSupervisor for syscall_audit::Starting {
+    fn ready(self: Box<Self>) -> Result<u32, SyscallAuditError> {
+        syscall_audit::Starting::ready(*self)
+    }
+}
+
+impl StartingProxy for egress::PendingProxy {
+    fn finish(self: Box<Self>, id: &str, pid: i32) -> Result<u32, EgressError> {
+        egress::PendingProxy::finish(*self, id, pid)
+    }
+}
+
+/// A recording fake for unit tests: every step is logged in order, any one step fails on
+/// demand, and the sidecars "running" are tracked as the real ones' pid files would be.
+#[cfg(test)]
+pub mod fake {
+    use std::collections::BTreeSet;
+    use std::os::fd::OwnedFd;
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use super::{OomWatch, StartingProxy, StartingSupervisor};
+    use crate::pod::PodError;
+    use crate::sidecars::egress::{self, EgressError};
+    use crate::sidecars::podman_oom::PodmanOomError;
+    use crate::sidecars::syscall_audit::SyscallAuditError;
+    use crate::state::SandboxDir;
+
+    /// One step the runtime took.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Step {
+        StartSupervisor,
+        ConnectSupervisor,
+        SupervisorReady,
+        PrespawnProxy,
+        FinishProxy,
+        LoopbackUp,
+        PinPod,
+        WatchOom,
+        StopSupervisor,
+        StopProxy,
+        StopOomWatch,
+    }
+
+    /// A host process of the sandbox.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub enum Sidecar {
+        Supervisor,
+        Proxy,
+        OomWatch,
+    }
+
+    #[derive(Default)]
+    struct Log {
+        steps: Vec<Step>,
+        failing: Option<Step>,
+        running: BTreeSet<Sidecar>,
+    }
+
+    /// Shared with the test that reads the steps afterwards (clones share one log).
+    ///
+    /// As the real sidecars do: a start that fails started nothing (its process did not
+    /// spawn); a supervisor whose ready line, or a proxy whose bind, fails is still running
+    /// (its pid file was written at spawn); an OOM watcher whose watch fails may be running.
+    #[derive(Clone, Default)]
+    pub struct FakeProcs(Arc<Mutex<Log>>);
+
+    impl FakeProcs {
+        /// `step` fails (the first time it is taken).
+        pub fn fail(&self, step: Step) {
+            self.0.lock().unwrap().failing = Some(step);
+        }
+
+        pub fn steps(&self) -> Vec<Step> {
+            self.0.lock().unwrap().steps.clone()
+        }
+
+        /// The sidecars started and not stopped.
+        pub fn running(&self) -> Vec<Sidecar> {
+            self.0.lock().unwrap().running.iter().copied().collect()
+        }
+
+        /// Logs `step`; whether it fails.
+        fn take(&self, step: Step) -> bool {
+            let mut log = self.0.lock().unwrap();
+            log.steps.push(step);
+            let fails = log.failing == Some(step);
+            if fails {
+                log.failing = None;
+            }
+            fails
+        }
+
+        fn set_running(&self, sidecar: Sidecar, running: bool) {
+            let mut log = self.0.lock().unwrap();
+            if running {
+                log.running.insert(sidecar);
+            } else {
+                log.running.remove(&sidecar);
+            }
+        }
+
+        fn is_running(&self, sidecar: Sidecar) -> bool {
+            self.0.lock().unwrap().running.contains(&sidecar)
+        }
+    }
+
+    fn io_error(step: Step) -> std::io::Error {
+        std::io::Error::other(format!("the fake fails {step:?}"))
+    }
+
+    struct Supervisor(FakeProcs);
+
+    impl StartingSupervisor for Supervisor {
+        fn ready(self: Box<Self>) -> Result<u32, SyscallAuditError> {
+            if self.0.take(Step::SupervisorReady) {
+                return Err(SyscallAuditError::NotReady {
+                    reason: "it exited (the fake)".to_owned(),
+                });
+            }
+            Ok(2)
+        }
+    }
+
+    struct Proxy(FakeProcs);
+
+    impl StartingProxy for Proxy {
+        fn finish(self: Box<Self>, _id: &str, _pid: i32) -> Result<u32, EgressError> {
+            if self.0.take(Step::FinishProxy) {
+                return Err(EgressError::NotReady {
+                    reason: "cannot bind (the fake)".to_owned(),
+                });
+            }
+            Ok(3)
+        }
+    }
+
+    impl super::HostProcs for FakeProcs {
+        fn start_supervisor(
+            &self,
+            _root: &Path,
+            _sandbox_dir: &SandboxDir,
+            _id: &str,
+            _errno: u32,
+        ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError> {
+            if self.take(Step::StartSupervisor) {
+                return Err(SyscallAuditError::Spawn(io_error(Step::StartSupervisor)));
+            }
+            self.set_running(Sidecar::Supervisor, true);
+            Ok(Box::new(Supervisor(self.clone())))
+        }
+
+        fn connect_supervisor(
+            &self,
+            sandbox_dir: &SandboxDir,
+        ) -> Result<OwnedFd, SyscallAuditError> {
+            if self.take(Step::ConnectSupervisor) {
+                return Err(SyscallAuditError::Connect {
+                    path: sandbox_dir.seccomp_socket(),
+                    source: io_error(Step::ConnectSupervisor),
+                });
+            }
+            let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+            Ok(ours.into())
+        }
+
+        fn prespawn_proxy(
+            &self,
+            _root: &Path,
+            _sandbox_dir: &SandboxDir,
+            _id: &str,
+        ) -> Result<Box<dyn StartingProxy>, EgressError> {
+            if self.take(Step::PrespawnProxy) {
+                return Err(EgressError::Spawn(io_error(Step::PrespawnProxy)));
+            }
+            self.set_running(Sidecar::Proxy, true);
+            Ok(Box::new(Proxy(self.clone())))
+        }
+
+        fn loopback_up(&self, pid: i32) -> Result<(), agent_sandbox_sys::LoopbackError> {
+            if self.take(Step::LoopbackUp) {
+                return Err(agent_sandbox_sys::LoopbackError::OpenNs {
+                    path: format!("/proc/{pid}/ns/net").into(),
+                    source: io_error(Step::LoopbackUp),
+                });
+            }
+            Ok(())
+        }
+
+        fn pin_pod(
+            &self,
+            _sandbox_dir: &SandboxDir,
+            mount_dir: &Path,
+            pid: i32,
+        ) -> Result<(), PodError> {
+            if self.take(Step::PinPod) {
+                let path = mount_dir.join("ns").join("net");
+                return Err(PodError::Pin {
+                    kind: "network",
+                    path: path.clone(),
+                    source: crate::enforce::mounts::MountError::Bind {
+                        src: format!("/proc/{pid}/ns/net").into(),
+                        dst: path,
+                        source: nix::Error::EPERM,
+                    },
+                });
+            }
+            Ok(())
+        }
+
+        fn watch_oom(
+            &self,
+            _sandbox_dir: &SandboxDir,
+            _watch: &OomWatch<'_>,
+        ) -> Result<u32, PodmanOomError> {
+            self.set_running(Sidecar::OomWatch, true);
+            if self.take(Step::WatchOom) {
+                return Err(PodmanOomError::Spawn {
+                    reason: "no watch (the fake)".to_owned(),
+                });
+            }
+            Ok(4)
+        }
+
+        fn stop_supervisor(&self, _sandbox_dir: &SandboxDir, _id: &str) {
+            self.take(Step::StopSupervisor);
+            self.set_running(Sidecar::Supervisor, false);
+        }
+
+        fn stop_proxy(&self, _sandbox_dir: &SandboxDir, _id: &str) -> egress::Stopped {
+            self.take(Step::StopProxy);
+            let was = self.is_running(Sidecar::Proxy);
+            self.set_running(Sidecar::Proxy, false);
+            if was {
+                egress::Stopped::Killed
+            } else {
+                egress::Stopped::NoProxy
+            }
+        }
+
+        fn stop_oom_watch(&self, _sandbox_dir: &SandboxDir, _id: &str) {
+            self.take(Step::StopOomWatch);
+            self.set_running(Sidecar::OomWatch, false);
+        }
+    }
+}
