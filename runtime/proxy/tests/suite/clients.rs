@@ -167,11 +167,7 @@ async fn curl_https_through_https_proxy_env() {
         text(&keygen.stderr)
     );
     // A free port on the server address for s_server.
-    let port = std::net::TcpListener::bind((SERVER_IP, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let accept = format!("{SERVER_IP}:{port}");
     let _server = Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept", &accept])
@@ -278,11 +274,7 @@ async fn curl_sees_the_403_and_the_rule() {
 #[tokio::test]
 async fn ssh_proxy_command_reaches_an_allowed_host_through_socks5() {
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["git.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["git.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("git.test").await;
     let command = "exec ".to_owned()
         + &ssh_proxy_command(proxy.addr.port(), SshProxyTool::OpenbsdNetcat)
             .replace("%h", "git.test")
