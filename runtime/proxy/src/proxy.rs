@@ -15,6 +15,7 @@ use tokio::time::timeout;
 
 use crate::credentials::{Credentials, InjectedHeader};
 use crate::dns_stub::{self, StandIns};
+use crate::error_text::chain;
 use crate::events::{EgressEvent, EventSink, Injection, Outcome, Protocol, Stage};
 use crate::guard::{SpecialRange, classify};
 use crate::http::{self, ForwardHead, HttpError, Request};
@@ -478,18 +479,6 @@ pub const SNI_UNREADABLE_RULE: &str = "unreadable tls client hello";
 pub const DNS_REFUSED_RULE: &str = "dns: no rule allows the name";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
 pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
-
-/// An error with its sources, for messages sent back to the client.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
 
 impl Inner {
     /// A new connection's record: its id, client, start and protocol, nothing known yet.
