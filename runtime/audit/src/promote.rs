@@ -600,7 +600,7 @@ fn scan_into(
             Err(Errno::NOENT) => continue,
             Err(e) => return Err(io_at("stat", &child)(e)),
         };
-        let kind = kind_of(&st);
+        let kind = FileKind::of(&st);
         out.push((child.clone(), kind));
         if kind == FileKind::Dir {
             let sub = rustix::fs::openat(
@@ -614,19 +614,6 @@ fn scan_into(
         }
     }
     Ok(())
-}
-
-fn kind_of(st: &Stat) -> FileKind {
-    match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => FileKind::File,
-        FileType::Directory => FileKind::Dir,
-        FileType::Symlink => FileKind::Symlink,
-        FileType::Fifo => FileKind::Fifo,
-        FileType::Socket => FileKind::Socket,
-        FileType::CharacterDevice => FileKind::CharDevice,
-        FileType::BlockDevice => FileKind::BlockDevice,
-        FileType::Unknown => FileKind::Unknown,
-    }
 }
 
 fn names_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<CString>, PromoteError> {

@@ -110,7 +110,8 @@ pub enum FileKind {
 }
 
 impl FileKind {
-    fn of(st: &Stat) -> Self {
+    /// The kind of the file `st` describes.
+    pub(crate) fn of(st: &Stat) -> Self {
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => FileKind::File,
             FileType::Directory => FileKind::Dir,
