@@ -11,7 +11,8 @@ use agent_sandbox_policy::harden::{
 use agent_sandbox_policy::policy::NetworkMode;
 use oci_spec::runtime::{
     LinuxCapabilities, LinuxDeviceBuilder, LinuxDeviceType, LinuxMemoryBuilder,
-    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, Spec,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, Process,
+    Spec,
 };
 
 pub fn ctx() -> HardenContext {
@@ -65,6 +66,23 @@ pub fn podman_like_spec() -> Spec {
     );
     spec.set_mounts(Some(mounts));
     spec
+}
+
+/// Asserts that `process` has every capability set, each empty.
+pub fn assert_no_capability(process: &Process) {
+    let caps = process.capabilities().as_ref().unwrap();
+    for set in [
+        caps.bounding(),
+        caps.effective(),
+        caps.permitted(),
+        caps.inheritable(),
+        caps.ambient(),
+    ] {
+        assert!(
+            set.as_ref().is_some_and(|s| s.is_empty()),
+            "capability kept: {set:?}"
+        );
+    }
 }
 
 /// `podman_like_spec()` with `mount` added.
@@ -143,16 +161,7 @@ fn default_spec_gets_every_protection() {
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
     let process = spec.process().as_ref().unwrap();
     assert_eq!(process.no_new_privileges(), Some(true));
-    let caps = process.capabilities().as_ref().unwrap();
-    for set in [
-        caps.bounding(),
-        caps.effective(),
-        caps.permitted(),
-        caps.inheritable(),
-        caps.ambient(),
-    ] {
-        assert!(set.as_ref().unwrap().is_empty());
-    }
+    assert_no_capability(process);
     let linux = spec.linux().as_ref().unwrap();
     let ns = linux.namespaces().as_ref().unwrap();
     for typ in [
