@@ -20,3 +20,5 @@ pub mod run;
 pub mod sandbox;
 pub mod sidecars;
 pub mod state;
+#[cfg(test)]
+mod test_support;
