@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 mod common;
-use common::{Args, BenchRules, SERVER_IP, load_average, median};
+use common::{BenchRules, SERVER_IP, args, load_average, median};
 
 const IDLE_TUNNELS: usize = 400;
 
@@ -241,11 +241,7 @@ struct Figures {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let Args {
-        megabytes,
-        requests,
-        rounds,
-    } = Args::parse(1000)?;
+    let (megabytes, requests, rounds) = args(1000)?;
     let bytes = megabytes * 1024 * 1024;
     println!("load average at start: {}", load_average());
 

@@ -33,7 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// One round's figures per mode (tunnel, tls-terminating): ms per request, MB/s.
 type Round = [(f64, f64); 2];
 mod common;
-use common::{Args, BenchRules, SERVER_IP, load_average, median};
+use common::{BenchRules, SERVER_IP, args, load_average, median};
 
 const BOUND: &str = "bound.bench";
 const PLAIN: &str = "plain.bench";
@@ -205,11 +205,7 @@ async fn bulk(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let Args {
-        megabytes,
-        requests,
-        rounds,
-    } = Args::parse(300)?;
+    let (megabytes, requests, rounds) = args(300)?;
     let bytes = megabytes * 1024 * 1024;
     println!("load average at start: {}", load_average());
 

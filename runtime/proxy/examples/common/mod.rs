@@ -10,36 +10,24 @@ use anyhow::{Context, Result, ensure};
 /// The address the bench servers listen on; nothing leaves loopback.
 pub const SERVER_IP: &str = "127.0.0.2";
 
-/// `[MEGABYTES REQUESTS ROUNDS]` from the command line, each positive.
-pub struct Args {
-    pub megabytes: u64,
-    pub requests: usize,
-    pub rounds: u64,
-}
-
-impl Args {
-    /// Parses the arguments; missing ones default to 100 MB, `requests` and 5 rounds.
-    pub fn parse(requests: u64) -> Result<Self> {
-        let args: Vec<u64> = std::env::args()
-            .skip(1)
-            .map(|a| {
-                a.parse()
-                    .context("arguments are numbers: MEGABYTES REQUESTS ROUNDS")
-            })
-            .collect::<Result<_>>()?;
-        let megabytes = args.first().copied().unwrap_or(100);
-        let requests = usize::try_from(args.get(1).copied().unwrap_or(requests))?;
-        let rounds = args.get(2).copied().unwrap_or(5);
-        ensure!(
-            megabytes > 0 && requests > 0 && rounds > 0,
-            "arguments must be positive"
-        );
-        Ok(Self {
-            megabytes,
-            requests,
-            rounds,
+/// `MEGABYTES REQUESTS ROUNDS` from the command line, each positive; missing ones default to
+/// 100 MB, `requests` and 5 rounds.
+pub fn args(requests: u64) -> Result<(u64, usize, u64)> {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse()
+                .context("arguments are numbers: MEGABYTES REQUESTS ROUNDS")
         })
-    }
+        .collect::<Result<_>>()?;
+    let megabytes = args.first().copied().unwrap_or(100);
+    let requests = usize::try_from(args.get(1).copied().unwrap_or(requests))?;
+    let rounds = args.get(2).copied().unwrap_or(5);
+    ensure!(
+        megabytes > 0 && requests > 0 && rounds > 0,
+        "arguments must be positive"
+    );
+    Ok((megabytes, requests, rounds))
 }
 
 /// Allows `names` under `rule` (and `SERVER_IP`, a loopback address), denies the rest.
