@@ -49,26 +49,21 @@ async fn hello_and_answer(s: &mut TcpStream, sni: &str) -> Vec<u8> {
     back
 }
 
-/// A tunnel to an echo server at echo.test through a proxy checking with `check`, after a
-/// ClientHello naming collector.test went into it.
-struct ForeignHello {
+/// An echo server at echo.test and a tunnel to it through a proxy checking with `check`.
+struct EchoTunnel {
     _echo: Echo,
     proxy: TestProxy,
     tunnel: TcpStream,
-    /// What came back until the close (the echoed hello, or a refusal).
-    back: Vec<u8>,
 }
 
-async fn foreign_hello(check: SniCheck) -> ForeignHello {
+async fn echo_tunnel(check: SniCheck) -> EchoTunnel {
     let echo = Echo::start(SERVER_IP).await;
     let proxy = proxy_with(check).await;
-    let mut tunnel = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
-    let back = hello_and_answer(&mut tunnel, "collector.test").await;
-    ForeignHello {
+    let tunnel = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
+    EchoTunnel {
         _echo: echo,
         proxy,
         tunnel,
-        back,
     }
 }
 
@@ -81,8 +76,9 @@ async fn assert_allowed_without_a_name(proxy: &TestProxy) {
 
 #[tokio::test]
 async fn connect_with_a_foreign_sni_is_refused_and_recorded() {
-    let t = foreign_hello(SniCheck::Deny).await;
-    assert_eq!(t.back, ACCESS_DENIED_ALERT, "a TLS access_denied alert");
+    let mut t = echo_tunnel(SniCheck::Deny).await;
+    let back = hello_and_answer(&mut t.tunnel, "collector.test").await;
+    assert_eq!(back, ACCESS_DENIED_ALERT, "a TLS access_denied alert");
     let event = t.proxy.events.one().await;
     assert_outcome(&event, &Outcome::Denied);
     assert_eq!(event.protocol, Protocol::HttpConnect);
@@ -95,16 +91,18 @@ async fn connect_with_a_foreign_sni_is_refused_and_recorded() {
 #[tokio::test]
 async fn connect_with_a_foreign_sni_passes_unrecorded_with_the_check_off() {
     // The proxy as it was without the check: the hello reaches the server, nothing names it.
-    let t = foreign_hello(SniCheck::Off).await;
-    assert_eq!(t.back, client_hello_record(Some("collector.test")));
+    let mut t = echo_tunnel(SniCheck::Off).await;
+    let back = hello_and_answer(&mut t.tunnel, "collector.test").await;
+    assert_eq!(back, client_hello_record(Some("collector.test")));
     drop(t.tunnel);
     assert_allowed_without_a_name(&t.proxy).await;
 }
 
 #[tokio::test]
 async fn record_mode_lets_a_foreign_sni_through_and_names_it() {
-    let t = foreign_hello(SniCheck::Record).await;
-    assert_eq!(t.back, client_hello_record(Some("collector.test")));
+    let mut t = echo_tunnel(SniCheck::Record).await;
+    let back = hello_and_answer(&mut t.tunnel, "collector.test").await;
+    assert_eq!(back, client_hello_record(Some("collector.test")));
     drop(t.tunnel);
     let event = t.proxy.events.one().await;
     assert_outcome(&event, &Outcome::Allowed);
@@ -186,13 +184,11 @@ async fn a_server_that_speaks_first_is_relayed_at_once() {
 
 #[tokio::test]
 async fn a_non_tls_client_is_relayed_without_a_name() {
-    let echo = Echo::start(SERVER_IP).await;
-    let proxy = proxy_with(SniCheck::Deny).await;
-    let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
+    let mut t = echo_tunnel(SniCheck::Deny).await;
     let data = payload(10_000);
-    assert_eq!(echo_through(&mut s, &data).await, data);
-    drop(s);
-    assert_allowed_without_a_name(&proxy).await;
+    assert_eq!(echo_through(&mut t.tunnel, &data).await, data);
+    drop(t.tunnel);
+    assert_allowed_without_a_name(&t.proxy).await;
 }
 
 #[tokio::test]
