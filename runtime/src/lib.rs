@@ -16,3 +16,5 @@ pub mod report;
 pub mod run;
 pub mod sidecars;
 pub mod state;
+#[cfg(test)]
+mod test_support;

@@ -437,18 +437,8 @@ pub fn verify_member(spec: &Spec, member: &Member) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::spec_with_annotations;
     use libcontainer::oci_spec::runtime::LinuxNamespaceBuilder;
-
-    fn spec_with(annotations: &[(&str, &str)]) -> Spec {
-        let mut spec = Spec::default();
-        spec.set_annotations(Some(
-            annotations
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        ));
-        spec
-    }
 
     fn id(s: &str) -> ContainerId {
         ContainerId::try_from(s).unwrap()
@@ -456,13 +446,16 @@ mod tests {
 
     #[test]
     fn roles_come_from_the_cri_annotations() {
-        assert_eq!(role(&spec_with(&[]), &id("c")).unwrap(), Role::Alone);
-        let sandbox = spec_with(&[
+        assert_eq!(
+            role(&spec_with_annotations(&[]), &id("c")).unwrap(),
+            Role::Alone
+        );
+        let sandbox = spec_with_annotations(&[
             (CONTAINER_TYPE_ANNOTATION, "sandbox"),
             (SANDBOX_ID_ANNOTATION, "p1"),
         ]);
         assert_eq!(role(&sandbox, &id("p1")).unwrap(), Role::Sandbox);
-        let member = spec_with(&[
+        let member = spec_with_annotations(&[
             (CONTAINER_TYPE_ANNOTATION, "container"),
             (SANDBOX_ID_ANNOTATION, "p1"),
         ]);
@@ -512,7 +505,7 @@ mod tests {
             ),
         ];
         for (annotations, cid, named) in cases {
-            let err = role(&spec_with(annotations), &id(cid)).unwrap_err();
+            let err = role(&spec_with_annotations(annotations), &id(cid)).unwrap_err();
             assert!(err.to_string().contains(named), "{err}");
         }
     }
@@ -670,7 +663,7 @@ mod tests {
     #[test]
     fn member_network_must_match_the_pod() {
         let member = member_for(pins(Path::new("/x")));
-        let spec = spec_with(&[("io.agent.sandbox.network", "none")]);
+        let spec = spec_with_annotations(&[("io.agent.sandbox.network", "none")]);
         assert!(member.check_policy(&member.policy.clone(), &spec).is_ok());
         // The agent profile's pod has the proxy; the member asks for no network.
         assert_eq!(

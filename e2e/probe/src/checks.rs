@@ -717,27 +717,33 @@ fn chroot() -> Report {
     any_allowed("chroot", &[attempt])
 }
 
+/// The pids of the processes this one can see in /proc.
+pub(crate) fn visible_pids() -> io::Result<Vec<String>> {
+    Ok(fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            name.to_str()
+                .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                .map(str::to_owned)
+        })
+        .collect())
+}
+
 fn proc_root_escape() -> Report {
     const CHECK: &str = "proc_root_escape";
     let own = match fs::metadata("/") {
         Ok(m) => m,
         Err(err) => return not_applicable(CHECK, format!("stat /: {err}")),
     };
-    let entries = match fs::read_dir("/proc") {
-        Ok(e) => e,
+    let pids = match visible_pids() {
+        Ok(p) => p,
         Err(err) => return not_applicable(CHECK, format!("read /proc: {err}")),
     };
     // Any visible process whose root is another filesystem root hands that root
     // to us through /proc/PID/root (pid namespace shared with the host).
     let (mut seen, mut denied) = (0u32, 0u32);
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
+    for pid in &pids {
         seen += 1;
         match fs::metadata(format!("/proc/{pid}/root/")) {
             Ok(m) if (m.dev(), m.ino()) != (own.dev(), own.ino()) => {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::Report;
 use crate::checks::{
     allowed, any_allowed, blocked, describe_child, errno, in_child, last_errno, not_applicable,
-    try_create, unique_name,
+    try_create, unique_name, visible_pids,
 };
 
 type Check = fn() -> Report;
@@ -295,20 +295,13 @@ fn cmdline(pid: &str) -> Vec<String> {
 fn ptrace_proxy() -> Report {
     const CHECK: &str = "ptrace_proxy";
     let id = std::env::var("PROBE_PROXY_ID").unwrap_or_default();
-    let entries = match fs::read_dir("/proc") {
-        Ok(e) => e,
+    let pids = match visible_pids() {
+        Ok(p) => p,
         Err(err) => return not_applicable(CHECK, format!("read /proc: {err}")),
     };
     let mut visible = 0u32;
     let mut found = None;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        else {
-            continue;
-        };
+    for pid in &pids {
         visible += 1;
         let args = cmdline(pid);
         // `agent-sandbox --root R proxy --netns /proc/PID/ns/net ID` (argv[0] may be

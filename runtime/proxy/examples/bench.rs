@@ -18,18 +18,18 @@
 //! quotient is the throughput ratio a machine whose cores are all busy can reach at best.
 //! Servers live on 127.0.0.2; nothing leaves loopback.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agent_sandbox_proxy::{
-    EgressRules, Host, NullSink, Proxy, ProxyConfig, StaticResolver, Verdict,
-};
+use agent_sandbox_proxy::{NullSink, Proxy, ProxyConfig, StaticResolver};
 use anyhow::{Context, Result, ensure};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const SERVER_IP: &str = "127.0.0.2";
+mod common;
+use common::{BenchRules, SERVER_IP, args, load_average, median};
+
 const IDLE_TUNNELS: usize = 400;
 
 /// The process's resident set size in KiB, from /proc/self/status.
@@ -44,21 +44,6 @@ fn rss_kib() -> Result<u64> {
         .nth(1)
         .context("malformed VmRSS line")?
         .parse()?)
-}
-
-struct BenchRules;
-
-impl EgressRules for BenchRules {
-    fn decide(&self, host: &Host, _port: u16) -> Verdict {
-        match host {
-            Host::Domain(d) if d == "bench.test" => Verdict::allow("allow bench.test"),
-            _ => Verdict::deny("default deny"),
-        }
-    }
-
-    fn allows_special_address(&self, _host: &Host, _port: u16, addr: IpAddr) -> Option<String> {
-        (addr.to_string() == SERVER_IP).then(|| "bench server".to_owned())
-    }
 }
 
 /// Reads everything until EOF and answers with the byte count (8 bytes, big endian).
@@ -198,7 +183,10 @@ fn start_proxy(splice: bool) -> Result<(SocketAddr, i32)> {
     let addr = listener.local_addr()?;
     let resolver = StaticResolver::new().with("bench.test", [SERVER_IP.parse()?]);
     let proxy = Proxy::with_config(
-        Arc::new(BenchRules),
+        Arc::new(BenchRules {
+            names: &["bench.test"],
+            rule: "allow bench.test",
+        }),
         Arc::new(resolver),
         Arc::new(NullSink),
         ProxyConfig {
@@ -227,25 +215,12 @@ async fn tunnel(proxy: SocketAddr, port: u16) -> Result<TcpStream> {
     Ok(t)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// CPU time of the whole process (client, servers and both proxies) so far, in milliseconds.
 fn process_cpu_ms() -> Result<f64> {
     use nix::sys::resource::{UsageWho, getrusage};
     let usage = getrusage(UsageWho::RUSAGE_SELF)?;
     let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1000.0 + t.tv_usec() as f64 / 1000.0;
     Ok(ms(usage.user_time()) + ms(usage.system_time()))
-}
-
-/// The 1-minute load average, from /proc/loadavg.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
 }
 
 const NAMES: [&str; 3] = ["direct", "copy relay", "splice relay"];
@@ -266,20 +241,7 @@ struct Figures {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse()
-                .context("arguments are numbers: MEGABYTES REQUESTS ROUNDS")
-        })
-        .collect::<Result<_>>()?;
-    let megabytes = args.first().copied().unwrap_or(100);
-    let requests = usize::try_from(args.get(1).copied().unwrap_or(1000))?;
-    let rounds = args.get(2).copied().unwrap_or(5);
-    ensure!(
-        megabytes > 0 && requests > 0 && rounds > 0,
-        "arguments must be positive"
-    );
+    let (megabytes, requests, rounds) = args(1000)?;
     let bytes = megabytes * 1024 * 1024;
     println!("load average at start: {}", load_average());
 

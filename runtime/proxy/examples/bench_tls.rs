@@ -14,15 +14,14 @@
 //! - throughput: one connection POSTing MEGABYTES; prints MB/s and the ratio.
 //!   Ratios are taken within a round, the median over rounds reported.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agent_sandbox_policy::network::DomainRule;
 use agent_sandbox_proxy::ca::SandboxCa;
 use agent_sandbox_proxy::{
-    Credentials, EgressRules, Host, InjectedHeader, NullSink, Proxy, ProxyConfig, StaticResolver,
-    TlsInterceptor, Verdict,
+    Credentials, InjectedHeader, NullSink, Proxy, ProxyConfig, StaticResolver, TlsInterceptor,
 };
 use anyhow::{Context, Result, ensure};
 use rustls::RootCertStore;
@@ -31,27 +30,13 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const SERVER_IP: &str = "127.0.0.2";
-
 /// One round's figures per mode (tunnel, tls-terminating): ms per request, MB/s.
 type Round = [(f64, f64); 2];
+mod common;
+use common::{BenchRules, SERVER_IP, args, load_average, median};
+
 const BOUND: &str = "bound.bench";
 const PLAIN: &str = "plain.bench";
-
-struct BenchRules;
-
-impl EgressRules for BenchRules {
-    fn decide(&self, host: &Host, _port: u16) -> Verdict {
-        match host {
-            Host::Domain(d) if d == BOUND || d == PLAIN => Verdict::allow("allow bench"),
-            _ => Verdict::deny("default deny"),
-        }
-    }
-
-    fn allows_special_address(&self, _host: &Host, _port: u16, addr: IpAddr) -> Option<String> {
-        (addr.to_string() == SERVER_IP).then(|| "bench server".to_owned())
-    }
-}
 
 /// Reads one request head (and its Content-Length body, counted), answers with the count.
 async fn answer<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> Result<bool> {
@@ -218,34 +203,9 @@ async fn bulk(
     Ok(start.elapsed())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse()
-                .context("arguments are numbers: MEGABYTES REQUESTS ROUNDS")
-        })
-        .collect::<Result<_>>()?;
-    let megabytes = args.first().copied().unwrap_or(100);
-    let requests = usize::try_from(args.get(1).copied().unwrap_or(300))?;
-    let rounds = args.get(2).copied().unwrap_or(5);
-    ensure!(
-        megabytes > 0 && requests > 0 && rounds > 0,
-        "arguments must be positive"
-    );
+    let (megabytes, requests, rounds) = args(300)?;
     let bytes = megabytes * 1024 * 1024;
     println!("load average at start: {}", load_average());
 
@@ -288,7 +248,10 @@ async fn main() -> Result<()> {
         .with(BOUND, [SERVER_IP.parse()?])
         .with(PLAIN, [SERVER_IP.parse()?]);
     let proxy = Proxy::with_config(
-        Arc::new(BenchRules),
+        Arc::new(BenchRules {
+            names: &[BOUND, PLAIN],
+            rule: "allow bench",
+        }),
         Arc::new(resolver),
         Arc::new(NullSink),
         ProxyConfig {

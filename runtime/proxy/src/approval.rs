@@ -34,6 +34,7 @@ use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::time::timeout;
 
+use crate::error_text::chain;
 use crate::events::Protocol;
 use crate::rules::{EgressRules, Host, Verdict};
 
@@ -598,18 +599,6 @@ fn default_answer(d: DefaultAnswer) -> Answer {
         DefaultAnswer::Deny => Answer::Deny,
         DefaultAnswer::AllowOnce => Answer::AllowOnce,
     }
-}
-
-/// An error with its sources, one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Asks the decider once.

@@ -15,6 +15,7 @@ use tokio::time::timeout;
 
 use crate::credentials::{Credentials, InjectedHeader};
 use crate::dns_stub::{self, StandIns};
+use crate::error_text::chain;
 use crate::events::{EgressEvent, EventSink, Injection, Outcome, Protocol, Stage};
 use crate::guard::{SpecialRange, classify};
 use crate::http::{self, ForwardHead, HttpError, Request};
@@ -274,26 +275,20 @@ impl Inner {
         };
         rec.host = Some(host.clone());
         rec.port = Some(target.port());
-        let mut upstream = match self.open(&host, target.port(), rec).await {
+        let upstream = match self.open(&host, target.port(), rec).await {
             Ok(u) => u,
             Err(refusal) => return refusal.outcome(),
         };
-        if let Some(binding) = self.tls_binding(&host, target.port()) {
-            return self
-                .intercept(binding, stream, Vec::new(), upstream, rec, counters)
-                .await;
-        }
-        let first = match self
-            .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
-            .await
-        {
-            Ok(bytes) => bytes,
-            Err(refused) => return refused,
-        };
-        if let Err(outcome) = send_first(&mut upstream, &first, counters).await {
-            return outcome;
-        }
-        self.relay(stream, upstream, rec, counters).await
+        self.tunnel(
+            stream,
+            upstream,
+            Vec::new(),
+            &host,
+            target.port(),
+            rec,
+            counters,
+        )
+        .await
     }
 
     async fn serve_dns(
@@ -485,18 +480,6 @@ pub const DNS_REFUSED_RULE: &str = "dns: no rule allows the name";
 /// Header naming the kind of failure on a 400 or 502 from the proxy itself.
 pub const ERROR_HEADER: &str = "X-Agent-Sandbox-Error";
 
-/// An error with its sources, for messages sent back to the client.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 impl Inner {
     /// A new connection's record: its id, client, start and protocol, nothing known yet.
     fn record(&self, client: SocketAddr, start: Instant, protocol: Protocol) -> Record {
@@ -665,20 +648,40 @@ impl Inner {
         if is_connect && let Err(e) = stream.write_all(http::CONNECT_OK).await {
             return client_error(&e.to_string());
         }
-        if is_connect && let Some(binding) = self.tls_binding(&host, port) {
+        let Some(head) = &forward else {
+            return self
+                .tunnel(stream, upstream, early, &host, port, rec, counters)
+                .await;
+        };
+        let first_bytes = self.forward_bytes(head, &host, port, rec);
+        if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
+            return outcome;
+        }
+        self.relay(stream, upstream, rec, counters).await
+    }
+
+    /// Serves an opened tunnel to `host:port` whose client has been told it is open: through
+    /// the TLS interception if a credential binds it, else after the server-name check of its
+    /// first bytes (`early`, then what the client sends), relayed.
+    #[allow(clippy::too_many_arguments)]
+    async fn tunnel(
+        &self,
+        stream: &mut TcpStream,
+        mut upstream: TcpStream,
+        early: Vec<u8>,
+        host: &Host,
+        port: u16,
+        rec: &mut Record,
+        counters: &Counters,
+    ) -> Outcome {
+        if let Some(binding) = self.tls_binding(host, port) {
             return self
                 .intercept(binding, stream, early, upstream, rec, counters)
                 .await;
         }
-        let first_bytes = match &forward {
-            Some(head) => self.forward_bytes(head, &host, port, rec),
-            None => match self
-                .tunnel_start(stream, &upstream, early, &host, rec)
-                .await
-            {
-                Ok(bytes) => bytes,
-                Err(refused) => return refused,
-            },
+        let first_bytes = match self.tunnel_start(stream, &upstream, early, host, rec).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
         };
         if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
             return outcome;
@@ -799,23 +802,8 @@ impl Inner {
         if let Err(e) = socks::write_reply(stream, Reply::Succeeded).await {
             return client_error(&e.to_string());
         }
-        if let Some(binding) = self.tls_binding(&host, port) {
-            return self
-                .intercept(binding, stream, Vec::new(), upstream, rec, counters)
-                .await;
-        }
-        let mut upstream = upstream;
-        let first_bytes = match self
-            .tunnel_start(stream, &upstream, Vec::new(), &host, rec)
+        self.tunnel(stream, upstream, Vec::new(), &host, port, rec, counters)
             .await
-        {
-            Ok(bytes) => bytes,
-            Err(refused) => return refused,
-        };
-        if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
-            return outcome;
-        }
-        self.relay(stream, upstream, rec, counters).await
     }
 
     /// The TLS interception for a tunnel to `host:port`, if an `https` credential binds it.

@@ -29,6 +29,7 @@ use tokio::time::timeout;
 
 use crate::ca::{CaError, SandboxCa};
 use crate::credentials::{Credentials, InjectedHeader};
+use crate::error_text::chain;
 use crate::rules::Host;
 
 /// The protocol spoken inside the terminated TLS, on both sides.
@@ -740,17 +741,6 @@ async fn copy_counted<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         write_counted(w, chunk.get(..n).unwrap_or_default(), counter).await?;
         w.flush().await.map_err(InterceptError::Io)?;
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// A stream that first yields `prefix` (bytes read before the TLS handshake began).

@@ -165,24 +165,23 @@ fn create_marker(dir: &File, bundle: &Path) -> Result<(), PodmanOomError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn spec_with(annotations: &[(&str, &str)]) -> Spec {
-        let mut spec = Spec::default();
-        spec.set_annotations(Some(
-            annotations
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        ));
-        spec
-    }
+    use crate::test_support::spec_with_annotations;
 
     #[test]
     fn only_podmans_specs_get_the_marker() {
-        assert!(wanted(&spec_with(&[("io.container.manager", "libpod")])));
-        assert!(!wanted(&spec_with(&[("io.container.manager", "cri-o")])));
-        assert!(!wanted(&spec_with(&[("io.container.manager", "libpod ")])));
-        assert!(!wanted(&spec_with(&[(
+        assert!(wanted(&spec_with_annotations(&[(
+            "io.container.manager",
+            "libpod"
+        )])));
+        assert!(!wanted(&spec_with_annotations(&[(
+            "io.container.manager",
+            "cri-o"
+        )])));
+        assert!(!wanted(&spec_with_annotations(&[(
+            "io.container.manager",
+            "libpod "
+        )])));
+        assert!(!wanted(&spec_with_annotations(&[(
             "io.kubernetes.cri.container-type",
             "container"
         )])));

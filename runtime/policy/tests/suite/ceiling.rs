@@ -13,7 +13,7 @@ use oci_spec::runtime::{
 };
 use proptest::prelude::*;
 
-use super::harden::{ctx, podman_like_spec};
+use super::harden::{assert_no_capability, ctx, podman_like_spec};
 
 const CAPS: &[Capability] = &[
     Capability::SysAdmin,
@@ -147,19 +147,7 @@ fn build(i: &Incoming) -> Spec {
 fn assert_sandboxed(spec: &Spec) {
     let process = spec.process().as_ref().unwrap();
     assert_eq!(process.no_new_privileges(), Some(true));
-    let caps = process.capabilities().as_ref().unwrap();
-    for set in [
-        caps.bounding(),
-        caps.effective(),
-        caps.permitted(),
-        caps.inheritable(),
-        caps.ambient(),
-    ] {
-        assert!(
-            set.as_ref().is_some_and(|s| s.is_empty()),
-            "capability kept: {set:?}"
-        );
-    }
+    assert_no_capability(process);
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
     let linux = spec.linux().as_ref().unwrap();
     let ns = linux.namespaces().as_ref().unwrap();

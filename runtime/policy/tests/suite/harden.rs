@@ -11,7 +11,8 @@ use agent_sandbox_policy::harden::{
 use agent_sandbox_policy::policy::NetworkMode;
 use oci_spec::runtime::{
     LinuxCapabilities, LinuxDeviceBuilder, LinuxDeviceType, LinuxMemoryBuilder,
-    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, Spec,
+    LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, Process,
+    Spec,
 };
 
 pub fn ctx() -> HardenContext {
@@ -67,8 +68,49 @@ pub fn podman_like_spec() -> Spec {
     spec
 }
 
+/// Asserts that `process` has every capability set, each empty.
+pub fn assert_no_capability(process: &Process) {
+    let caps = process.capabilities().as_ref().unwrap();
+    for set in [
+        caps.bounding(),
+        caps.effective(),
+        caps.permitted(),
+        caps.inheritable(),
+        caps.ambient(),
+    ] {
+        assert!(
+            set.as_ref().is_some_and(|s| s.is_empty()),
+            "capability kept: {set:?}"
+        );
+    }
+}
+
+/// `podman_like_spec()` with `mount` added.
+fn with_mount(mount: Mount) -> Spec {
+    let mut spec = podman_like_spec();
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(mount);
+    spec.set_mounts(Some(mounts));
+    spec
+}
+
+/// A tmpfs at `dst`, without options.
+fn tmpfs(dst: &str) -> Mount {
+    MountBuilder::default()
+        .destination(dst)
+        .typ("tmpfs")
+        .source("tmpfs")
+        .build()
+        .unwrap()
+}
+
 fn agent() -> SandboxPolicy {
     SandboxPolicy::builtin("agent").unwrap()
+}
+
+/// The error hardening `spec` under the agent policy gives.
+fn refusal(spec: Spec) -> HardenError {
+    harden::harden_spec(spec, &agent(), &ctx()).unwrap_err()
 }
 
 fn harden_ok(spec: Spec, policy: &SandboxPolicy, ctx: &HardenContext) -> HardenedSpec {
@@ -119,16 +161,7 @@ fn default_spec_gets_every_protection() {
     assert_eq!(spec.root().as_ref().unwrap().readonly(), Some(true));
     let process = spec.process().as_ref().unwrap();
     assert_eq!(process.no_new_privileges(), Some(true));
-    let caps = process.capabilities().as_ref().unwrap();
-    for set in [
-        caps.bounding(),
-        caps.effective(),
-        caps.permitted(),
-        caps.inheritable(),
-        caps.ambient(),
-    ] {
-        assert!(set.as_ref().unwrap().is_empty());
-    }
+    assert_no_capability(process);
     let linux = spec.linux().as_ref().unwrap();
     let ns = linux.namespaces().as_ref().unwrap();
     for typ in [
@@ -441,7 +474,7 @@ fn host_devices_and_extra_writable_mounts_are_refused() {
             .unwrap(),
     ]));
     spec.set_linux(Some(linux));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(spec);
     assert!(matches!(err, HardenError::Device { .. }), "{err}");
 
     // The same host device with every capability in the bounding set is `--privileged`'s
@@ -470,7 +503,7 @@ fn host_devices_and_extra_writable_mounts_are_refused() {
     caps.set_bounding(Some(all));
     process.set_capabilities(Some(caps));
     spec.set_process(Some(process));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(spec);
     let text = err.to_string();
     assert!(matches!(err, HardenError::Privileged { .. }), "{err}");
     assert!(
@@ -479,25 +512,10 @@ fn host_devices_and_extra_writable_mounts_are_refused() {
         "{text}"
     );
 
-    let mut spec = podman_like_spec();
-    let mut mounts = spec.mounts().clone().unwrap();
-    mounts.push(bind("/dev/kvm", "/dev/kvm", &["rbind"]));
-    spec.set_mounts(Some(mounts));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(with_mount(bind("/dev/kvm", "/dev/kvm", &["rbind"])));
     assert!(matches!(err, HardenError::DeviceMount { .. }), "{err}");
 
-    let mut spec = podman_like_spec();
-    let mut mounts = spec.mounts().clone().unwrap();
-    mounts.push(
-        MountBuilder::default()
-            .destination("/data")
-            .typ("tmpfs")
-            .source("tmpfs")
-            .build()
-            .unwrap(),
-    );
-    spec.set_mounts(Some(mounts));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(with_mount(tmpfs("/data")));
     assert!(matches!(err, HardenError::WritableMount { .. }), "{err}");
 }
 
@@ -926,7 +944,7 @@ fn host_network_devices_are_refused_and_propagation_is_not_shared() {
         oci_spec::runtime::LinuxNetDevice::default(),
     )])));
     spec.set_linux(Some(linux));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(spec);
     assert!(
         matches!(&err, HardenError::NetDevice { device } if device == "eth0"),
         "{err}"
@@ -950,29 +968,14 @@ fn host_network_devices_are_refused_and_propagation_is_not_shared() {
 #[test]
 fn dotdot_destinations_and_sources_are_refused() {
     for (src, dst) in [("/srv/x", "/dev/../etc"), ("/tmp/../dev/kvm", "/data")] {
-        let mut spec = podman_like_spec();
-        let mut mounts = spec.mounts().clone().unwrap();
-        mounts.push(bind(src, dst, &["rbind"]));
-        spec.set_mounts(Some(mounts));
-        let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+        let err = refusal(with_mount(bind(src, dst, &["rbind"])));
         assert!(
             matches!(err, HardenError::MountPath { .. }),
             "{src} {dst}: {err}"
         );
     }
     // A tmpfs "under /dev" that is really /etc.
-    let mut spec = podman_like_spec();
-    let mut mounts = spec.mounts().clone().unwrap();
-    mounts.push(
-        MountBuilder::default()
-            .destination("/dev/../etc")
-            .typ("tmpfs")
-            .source("tmpfs")
-            .build()
-            .unwrap(),
-    );
-    spec.set_mounts(Some(mounts));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(with_mount(tmpfs("/dev/../etc")));
     assert!(matches!(err, HardenError::MountPath { .. }), "{err}");
 }
 
@@ -982,7 +985,7 @@ fn writable_dev_mounts_need_the_sandbox_dev_tmpfs() {
     let mut mounts = spec.mounts().clone().unwrap();
     mounts.retain(|m| m.destination() != Path::new("/dev"));
     spec.set_mounts(Some(mounts));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(spec);
     assert!(matches!(err, HardenError::DevNotTmpfs { .. }), "{err}");
 }
 
@@ -1014,7 +1017,7 @@ fn overlay_option_injection_is_refused() {
     mounts.retain(|m| m.destination() != Path::new("/workspace"));
     mounts.push(bind("/srv/p,upperdir=/etc", "/workspace", &["rbind"]));
     spec.set_mounts(Some(mounts));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(spec);
     assert!(matches!(err, HardenError::OverlayPath { .. }), "{err}");
 
     let mut ctx = ctx();
@@ -1136,11 +1139,7 @@ fn a_bind_of_the_host_proc_becomes_a_fresh_procfs_and_other_proc_binds_are_refus
     assert_eq!(procs[0].typ().as_deref(), Some("proc"));
     assert_eq!(procs[0].source().as_deref(), Some(Path::new("proc")));
 
-    let mut spec = podman_like_spec();
-    let mut mounts = spec.mounts().clone().unwrap();
-    mounts.push(bind("/proc/1/root", "/hostroot", &["rbind"]));
-    spec.set_mounts(Some(mounts));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(with_mount(bind("/proc/1/root", "/hostroot", &["rbind"])));
     assert!(matches!(err, HardenError::ProcBind { .. }), "{err}");
     assert!(err.to_string().contains("/hostroot"), "{err}");
 }
@@ -1374,7 +1373,7 @@ fn every_rootfs_propagation_runc_accepts_is_accepted_and_shared_is_narrowed() {
     let mut linux = spec.linux().clone().unwrap();
     linux.set_rootfs_propagation(Some("sideways".to_owned()));
     spec.set_linux(Some(linux));
-    let err = harden::harden_spec(spec, &agent(), &ctx()).unwrap_err();
+    let err = refusal(spec);
     assert!(err.to_string().contains("rootfsPropagation"), "{err}");
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agent_sandbox_proxy::{
-    Outcome, Protocol, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command,
+    EgressEvent, Outcome, Protocol, SshProxyTool, proxy_env, proxy_env_with, ssh_proxy_command,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
@@ -94,6 +94,40 @@ async fn setup() -> Setup {
     }
 }
 
+/// Asserts that `program` succeeded and printed the test web server's answer for `path`.
+fn assert_hello(program: &str, out: &Output, path: &str) {
+    assert!(
+        out.status.success(),
+        "{program} failed: {}",
+        text(&out.stderr)
+    );
+    assert_eq!(text(&out.stdout), format!("hello {path} (0 body bytes)"));
+}
+
+/// Asserts that `program` asked through the proxy: the web server saw a request whose head
+/// starts with `head`, and every finished connection (at least one) passes `ok`.
+async fn assert_asked_through_proxy(
+    s: &Setup,
+    program: &str,
+    out: &Output,
+    head: &str,
+    ok: impl Fn(&EgressEvent) -> bool,
+) {
+    let seen = s.web.seen();
+    assert!(
+        seen.iter().any(|r| r.head.starts_with(head)),
+        "{seen:#?}; {program} said {}",
+        text(&out.stderr)
+    );
+    let events = s.proxy.events.finished(1).await;
+    assert!(events.iter().all(ok), "{events:#?}");
+}
+
+/// A plain HTTP request forwarded to the test web server.
+fn forwarded_to_web(e: &EgressEvent) -> bool {
+    e.protocol == Protocol::HttpForward && e.host.as_deref() == Some("web.test")
+}
+
 #[tokio::test]
 async fn curl_plain_http_through_http_proxy_env() {
     let s = setup().await;
@@ -105,8 +139,7 @@ async fn curl_plain_http_through_http_proxy_env() {
         s.home.path(),
     )
     .await;
-    assert!(out.status.success(), "curl failed: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "hello /plain (0 body bytes)");
+    assert_hello("curl", &out, "/plain");
     let event = s.proxy.events.one().await;
     assert_eq!(event.protocol, Protocol::HttpForward);
     assert_outcome(&event, &Outcome::Allowed);
@@ -123,8 +156,7 @@ async fn curl_connect_tunnel_through_http_proxy_env() {
         s.home.path(),
     )
     .await;
-    assert!(out.status.success(), "curl failed: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "hello /tunnel (0 body bytes)");
+    assert_hello("curl", &out, "/tunnel");
     let event = s.proxy.events.one().await;
     assert_eq!(event.protocol, Protocol::HttpConnect);
     assert_outcome(&event, &Outcome::Allowed);
@@ -167,11 +199,7 @@ async fn curl_https_through_https_proxy_env() {
         text(&keygen.stderr)
     );
     // A free port on the server address for s_server.
-    let port = std::net::TcpListener::bind((SERVER_IP, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = unused_port();
     let accept = format!("{SERVER_IP}:{port}");
     let _server = Command::new("openssl")
         .args(["s_server", "-quiet", "-www", "-accept", &accept])
@@ -235,8 +263,7 @@ async fn curl_socks5h_through_all_proxy_env() {
         s.home.path(),
     )
     .await;
-    assert!(out.status.success(), "curl failed: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "hello /socks (0 body bytes)");
+    assert_hello("curl", &out, "/socks");
     let event = s.proxy.events.one().await;
     assert_eq!(event.protocol, Protocol::Socks5);
     assert_eq!(event.host.as_deref(), Some("web.test"));
@@ -278,11 +305,7 @@ async fn curl_sees_the_403_and_the_rule() {
 #[tokio::test]
 async fn ssh_proxy_command_reaches_an_allowed_host_through_socks5() {
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["git.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["git.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("git.test").await;
     let command = "exec ".to_owned()
         + &ssh_proxy_command(proxy.addr.port(), SshProxyTool::OpenbsdNetcat)
             .replace("%h", "git.test")
@@ -414,8 +437,7 @@ async fn python_urllib_follows_the_proxy_env() {
         s.home.path(),
     )
     .await;
-    assert!(out.status.success(), "python failed: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "hello /python (0 body bytes)");
+    assert_hello("python", &out, "/python");
     let event = s.proxy.events.one().await;
     assert_eq!(event.protocol, Protocol::HttpForward);
     assert_outcome(&event, &Outcome::Allowed);
@@ -434,13 +456,7 @@ async fn java_follows_java_tool_options() {
     .unwrap();
     let url = format!("http://web.test:{}/java", s.web.addr.port());
     // Only JAVA_TOOL_OPTIONS: the JVM ignores HTTP_PROXY and friends.
-    let env: Vec<_> = s
-        .env
-        .iter()
-        .filter(|(k, _)| k == "JAVA_TOOL_OPTIONS")
-        .cloned()
-        .collect();
-    assert_eq!(env.len(), 1);
+    let env = only(&s.env, &["JAVA_TOOL_OPTIONS"]);
     let out = run(
         "java",
         &[source.to_str().unwrap(), &url],
@@ -448,8 +464,7 @@ async fn java_follows_java_tool_options() {
         s.home.path(),
     )
     .await;
-    assert!(out.status.success(), "java failed: {}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "hello /java (0 body bytes)");
+    assert_hello("java", &out, "/java");
     let event = s.proxy.events.one().await;
     assert_eq!(event.protocol, Protocol::HttpForward);
     assert_eq!(event.host.as_deref(), Some("web.test"));
@@ -498,20 +513,14 @@ async fn pip_follows_pip_proxy() {
     .await;
     // The test index has no such package; what matters is that pip asked through the proxy.
     assert!(!out.status.success());
-    let seen = s.web.seen();
-    assert!(
-        seen.iter()
-            .any(|r| r.head.starts_with("GET /simple/agent-sandbox-probe-pkg/ ")),
-        "{seen:#?}; pip said {}",
-        text(&out.stderr)
-    );
-    let events = s.proxy.events.finished(1).await;
-    assert!(
-        events
-            .iter()
-            .all(|e| e.protocol == Protocol::HttpForward && e.host.as_deref() == Some("web.test")),
-        "{events:#?}"
-    );
+    assert_asked_through_proxy(
+        &s,
+        "pip",
+        &out,
+        "GET /simple/agent-sandbox-probe-pkg/ ",
+        forwarded_to_web,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -535,20 +544,14 @@ async fn npm_follows_npm_config_proxy() {
     .await;
     // The test registry answers text, not JSON; what matters is that npm asked through the proxy.
     assert!(!out.status.success());
-    let seen = s.web.seen();
-    assert!(
-        seen.iter()
-            .any(|r| r.head.starts_with("GET /agent-sandbox-probe-pkg ")),
-        "{seen:#?}; npm said {}",
-        text(&out.stderr)
-    );
-    let events = s.proxy.events.finished(1).await;
-    assert!(
-        events
-            .iter()
-            .all(|e| e.protocol == Protocol::HttpForward && e.host.as_deref() == Some("web.test")),
-        "{events:#?}"
-    );
+    assert_asked_through_proxy(
+        &s,
+        "npm",
+        &out,
+        "GET /agent-sandbox-probe-pkg ",
+        forwarded_to_web,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -562,19 +565,12 @@ async fn git_http_follows_git_config_env() {
     let out = run("git", &["ls-remote", &url], &env, s.home.path()).await;
     // The test server is no git server (git may read its answer as an empty dumb-HTTP ref
     // list or fail); what matters is that git asked through the proxy.
-    let seen = s.web.seen();
-    assert!(
-        seen.iter().any(|r| r
-            .head
-            .starts_with("GET /repo.git/info/refs?service=git-upload-pack ")),
-        "{seen:#?}; git said {}",
-        text(&out.stderr)
-    );
-    let events = s.proxy.events.finished(1).await;
-    assert!(
-        events
-            .iter()
-            .all(|e| e.protocol == Protocol::HttpForward && e.outcome == Outcome::Allowed),
-        "{events:#?}"
-    );
+    assert_asked_through_proxy(
+        &s,
+        "git",
+        &out,
+        "GET /repo.git/info/refs?service=git-upload-pack ",
+        |e| e.protocol == Protocol::HttpForward && e.outcome == Outcome::Allowed,
+    )
+    .await;
 }

@@ -175,6 +175,25 @@ pub fn resolver_for(names: &[&str], addr: IpAddr) -> StaticResolver {
         .fold(StaticResolver::new(), |r, name| r.with(name, [addr]))
 }
 
+/// A proxy that allows `name` (and the test servers' address) and resolves it to `SERVER_IP`.
+pub async fn proxy_allowing(name: &str) -> TestProxy {
+    start_proxy(
+        TestRules::allow(&[name]).special_ok(&[ip(SERVER_IP)]),
+        resolver_for(&[name], ip(SERVER_IP)),
+    )
+    .await
+}
+
+/// A port on `SERVER_IP` that nobody listens on (bound, learnt, closed): a refused upstream,
+/// or a free port for a server the test starts.
+pub fn unused_port() -> u16 {
+    std::net::TcpListener::bind((SERVER_IP, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// An echo server; counts accepted connections.
 pub struct Echo {
     pub addr: SocketAddr,

@@ -9,11 +9,7 @@ use super::harness::*;
 #[tokio::test]
 async fn connect_tunnels_bytes_both_ways() {
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["echo.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["echo.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("echo.test").await;
     let target = format!("echo.test:{}", echo.addr.port());
     let mut s = connect_tunnel(proxy.addr, &target).await;
     let data = payload(256 * 1024);
@@ -47,11 +43,7 @@ async fn connect_tunnels_bytes_both_ways() {
 async fn connect_passes_bytes_sent_before_the_reply() {
     // A client may pipeline its first bytes (a TLS ClientHello) right after the CONNECT head.
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["echo.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["echo.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("echo.test").await;
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     let target = format!("echo.test:{}", echo.addr.port());
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\n\r\nearly-bytes").as_bytes())
@@ -139,11 +131,7 @@ async fn deny_wins_over_allow() {
 #[tokio::test]
 async fn absolute_form_request_is_forwarded_without_proxy_headers() {
     let web = Web::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["web.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["web.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("web.test").await;
     let port = web.addr.port();
     let request = format!(
         "POST http://web.test:{port}/upload?x=1 HTTP/1.1\r\nHost: web.test:{port}\r\n\
@@ -223,11 +211,7 @@ async fn host_header_mismatch_is_refused() {
 #[tokio::test]
 async fn malformed_requests_get_400_and_the_proxy_keeps_serving() {
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["echo.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["echo.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("echo.test").await;
     let oversized = format!(
         "GET http://echo.test/ HTTP/1.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(40 * 1024)
@@ -313,19 +297,11 @@ async fn unresolvable_name_gets_502() {
 
 #[tokio::test]
 async fn refused_upstream_gets_502() {
-    // A port nobody listens on: bind, learn the port, close.
-    let closed = std::net::TcpListener::bind((SERVER_IP, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let proxy = start_proxy(
-        TestRules::allow(&["down.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["down.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let closed = unused_port();
+    let proxy = proxy_allowing("down.test").await;
     let answer = roundtrip(
         proxy.addr,
-        format!("GET http://down.test:{}/ HTTP/1.1\r\n\r\n", closed.port()).as_bytes(),
+        format!("GET http://down.test:{closed}/ HTTP/1.1\r\n\r\n").as_bytes(),
     )
     .await;
     assert!(

@@ -88,11 +88,7 @@ async fn idle_tunnel_is_closed() {
 #[tokio::test]
 async fn stopping_the_proxy_ends_relayed_connections() {
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["echo.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["echo.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("echo.test").await;
     let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
     assert_eq!(echo_through(&mut s, b"before").await, b"before");
     let addr = proxy.addr;

@@ -49,14 +49,37 @@ async fn hello_and_answer(s: &mut TcpStream, sni: &str) -> Vec<u8> {
     back
 }
 
+/// An echo server at echo.test and a tunnel to it through a proxy checking with `check`.
+struct EchoTunnel {
+    _echo: Echo,
+    proxy: TestProxy,
+    tunnel: TcpStream,
+}
+
+async fn echo_tunnel(check: SniCheck) -> EchoTunnel {
+    let echo = Echo::start(SERVER_IP).await;
+    let proxy = proxy_with(check).await;
+    let tunnel = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
+    EchoTunnel {
+        _echo: echo,
+        proxy,
+        tunnel,
+    }
+}
+
+/// Asserts that the proxy's one connection was allowed and recorded no server name.
+async fn assert_allowed_without_a_name(proxy: &TestProxy) {
+    let event = proxy.events.one().await;
+    assert_outcome(&event, &Outcome::Allowed);
+    assert_eq!(event.sni, None);
+}
+
 #[tokio::test]
 async fn connect_with_a_foreign_sni_is_refused_and_recorded() {
-    let echo = Echo::start(SERVER_IP).await;
-    let proxy = proxy_with(SniCheck::Deny).await;
-    let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
-    let back = hello_and_answer(&mut s, "collector.test").await;
+    let mut t = echo_tunnel(SniCheck::Deny).await;
+    let back = hello_and_answer(&mut t.tunnel, "collector.test").await;
     assert_eq!(back, ACCESS_DENIED_ALERT, "a TLS access_denied alert");
-    let event = proxy.events.one().await;
+    let event = t.proxy.events.one().await;
     assert_outcome(&event, &Outcome::Denied);
     assert_eq!(event.protocol, Protocol::HttpConnect);
     assert_eq!(event.host.as_deref(), Some("echo.test"));
@@ -68,26 +91,20 @@ async fn connect_with_a_foreign_sni_is_refused_and_recorded() {
 #[tokio::test]
 async fn connect_with_a_foreign_sni_passes_unrecorded_with_the_check_off() {
     // The proxy as it was without the check: the hello reaches the server, nothing names it.
-    let echo = Echo::start(SERVER_IP).await;
-    let proxy = proxy_with(SniCheck::Off).await;
-    let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
-    let back = hello_and_answer(&mut s, "collector.test").await;
+    let mut t = echo_tunnel(SniCheck::Off).await;
+    let back = hello_and_answer(&mut t.tunnel, "collector.test").await;
     assert_eq!(back, client_hello_record(Some("collector.test")));
-    drop(s);
-    let event = proxy.events.one().await;
-    assert_outcome(&event, &Outcome::Allowed);
-    assert_eq!(event.sni, None);
+    drop(t.tunnel);
+    assert_allowed_without_a_name(&t.proxy).await;
 }
 
 #[tokio::test]
 async fn record_mode_lets_a_foreign_sni_through_and_names_it() {
-    let echo = Echo::start(SERVER_IP).await;
-    let proxy = proxy_with(SniCheck::Record).await;
-    let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
-    let back = hello_and_answer(&mut s, "collector.test").await;
+    let mut t = echo_tunnel(SniCheck::Record).await;
+    let back = hello_and_answer(&mut t.tunnel, "collector.test").await;
     assert_eq!(back, client_hello_record(Some("collector.test")));
-    drop(s);
-    let event = proxy.events.one().await;
+    drop(t.tunnel);
+    let event = t.proxy.events.one().await;
     assert_outcome(&event, &Outcome::Allowed);
     assert_eq!(event.sni.as_deref(), Some("collector.test"));
     assert_eq!(event.rule.as_deref(), Some("allow echo.test"));
@@ -162,22 +179,16 @@ async fn a_server_that_speaks_first_is_relayed_at_once() {
         start.elapsed()
     );
     drop(s);
-    let event = proxy.events.one().await;
-    assert_outcome(&event, &Outcome::Allowed);
-    assert_eq!(event.sni, None);
+    assert_allowed_without_a_name(&proxy).await;
 }
 
 #[tokio::test]
 async fn a_non_tls_client_is_relayed_without_a_name() {
-    let echo = Echo::start(SERVER_IP).await;
-    let proxy = proxy_with(SniCheck::Deny).await;
-    let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
+    let mut t = echo_tunnel(SniCheck::Deny).await;
     let data = payload(10_000);
-    assert_eq!(echo_through(&mut s, &data).await, data);
-    drop(s);
-    let event = proxy.events.one().await;
-    assert_outcome(&event, &Outcome::Allowed);
-    assert_eq!(event.sni, None);
+    assert_eq!(echo_through(&mut t.tunnel, &data).await, data);
+    drop(t.tunnel);
+    assert_allowed_without_a_name(&t.proxy).await;
 }
 
 #[tokio::test]

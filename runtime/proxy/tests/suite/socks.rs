@@ -58,11 +58,7 @@ pub async fn socks_request(
 #[tokio::test]
 async fn socks5_domain_connect_allowed() {
     let echo = Echo::start(SERVER_IP).await;
-    let proxy = start_proxy(
-        TestRules::allow(&["echo.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["echo.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let proxy = proxy_allowing("echo.test").await;
     let (code, mut s) = socks_request(
         proxy.addr,
         0x01,
@@ -123,11 +119,7 @@ async fn socks5_ip_literal_only_when_listed() {
     assert_eq!(echo_through(&mut s, b"literal").await, b"literal");
 
     // Not listed: refused by the rules even though a name for it is allowed.
-    let unlisted = start_proxy(
-        TestRules::allow(&["echo.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["echo.test"], ip(SERVER_IP)),
-    )
-    .await;
+    let unlisted = proxy_allowing("echo.test").await;
     let (code, _) = socks_request(
         unlisted.addr,
         0x01,
@@ -185,15 +177,8 @@ async fn socks5_protocol_errors_get_their_codes() {
 
 #[tokio::test]
 async fn socks5_refused_upstream_gets_code_5() {
-    let closed = std::net::TcpListener::bind((SERVER_IP, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let proxy = start_proxy(
-        TestRules::allow(&["down.test"]).special_ok(&[ip(SERVER_IP)]),
-        resolver_for(&["down.test"], ip(SERVER_IP)),
-    )
-    .await;
-    let (code, _) = socks_request(proxy.addr, 0x01, Target::Name("down.test"), closed.port()).await;
+    let closed = unused_port();
+    let proxy = proxy_allowing("down.test").await;
+    let (code, _) = socks_request(proxy.addr, 0x01, Target::Name("down.test"), closed).await;
     assert_eq!(code, 0x05);
 }
