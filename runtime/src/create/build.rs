@@ -53,10 +53,7 @@ impl Runtime {
             host.sandbox_dir.workspace().write(&ws)?;
         }
         let bundle = host.sandbox_dir.bundle();
-        std::fs::create_dir_all(&bundle).map_err(|source| LifecycleError::Write {
-            path: bundle.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&bundle).map_err(|e| crate::files::FileError::write(&bundle, e))?;
         let config = bundle.join("config.json");
         spec.save(&config)
             .map_err(|source| LifecycleError::BundleConfig {

@@ -46,7 +46,7 @@ pub enum HookError {
     #[error("cannot read the hook state on stdin")]
     Stdin(#[source] std::io::Error),
     #[error(transparent)]
-    SavePoststop(#[from] crate::state::StateError),
+    SavePoststop(#[from] crate::files::FileError),
 }
 
 /// The OCI state a hook reads on stdin.

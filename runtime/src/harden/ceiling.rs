@@ -72,9 +72,8 @@ impl Ceiling {
     }
 
     pub fn save(&self, dir: &SandboxDir) -> Result<(), SandboxError> {
-        let path = dir.ceiling();
-        std::fs::write(&path, format!("# origin: {}\n{}", self.origin, self.text))
-            .map_err(|source| SandboxError::Write { path, source })
+        let text = format!("# origin: {}\n{}", self.origin, self.text);
+        Ok(crate::files::write(&dir.ceiling(), text)?)
     }
 
     /// The ceiling saved at create (exec uses it, whatever flags it got).

@@ -75,10 +75,6 @@ pub enum SandboxError {
     Mount(#[from] mounts::MountError),
     #[error(transparent)]
     Paths(#[from] paths::PathsError),
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
 }

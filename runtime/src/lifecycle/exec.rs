@@ -7,7 +7,7 @@ use std::sync::Arc;
 use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::{Process, Spec};
 
-use super::{ExecOpts, LifecycleError, Result, Runtime, in_root_dir, read_json};
+use super::{ExecOpts, LifecycleError, Result, Runtime, in_root_dir};
 use crate::enforce;
 use crate::state::ContainerId;
 
@@ -22,7 +22,7 @@ impl Runtime {
         }
         crate::host::cgroups::warm::start();
         let process: Process = match &opts.process {
-            Some(path) => read_json(path)?,
+            Some(path) => crate::files::read_json(path)?,
             None => inline_process(&c, opts)?,
         };
         let dir = self.dirs.sandbox(id);

@@ -48,24 +48,8 @@ pub enum LifecycleError {
         #[source]
         source: libcontainer::oci_spec::OciSpecError,
     },
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot parse {path}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("cannot start the wall-clock watchdog")]
+    Watchdog(#[source] std::io::Error),
     #[error("bundle {bundle} has no root.path in config.json")]
     NoRoot { bundle: PathBuf },
     #[error("container {id} is {status}, not {wanted}")]
@@ -79,7 +63,7 @@ pub enum LifecycleError {
     #[error(transparent)]
     StateLock(#[from] crate::state::lock::StateLockError),
     #[error(transparent)]
-    State(#[from] crate::state::StateError),
+    File(#[from] crate::files::FileError),
     #[error("invalid signal {signal:?}")]
     Signal { signal: String },
     #[error("cannot signal process {pid}")]
@@ -309,17 +293,6 @@ impl crate::pod::PodStates for Runtime {
             Err(e) => Err(Box::new(e)),
         }
     }
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let text = std::fs::read(path).map_err(|source| LifecycleError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    serde_json::from_slice(&text).map_err(|source| LifecycleError::Parse {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 fn status_name(s: ContainerStatus) -> &'static str {

@@ -1,8 +1,6 @@
 //! `start`: lets the created init run the program, returns once it runs (as runc's does),
 //! and arms the wall-clock watchdog.
 
-use std::path::PathBuf;
-
 use libcontainer::container::{Container, ContainerStatus};
 
 use super::{LifecycleError, Result, Runtime, container_err, status_name};
@@ -71,17 +69,8 @@ impl Runtime {
             .stderr(std::process::Stdio::null())
             .process_group(0)
             .spawn()
-            .map_err(|source| LifecycleError::Write {
-                path: PathBuf::from("watchdog"),
-                source,
-            })?;
-        let pid_file = dir.watchdog_pid();
-        std::fs::write(&pid_file, child.id().to_string()).map_err(|source| {
-            LifecycleError::Write {
-                path: pid_file,
-                source,
-            }
-        })?;
+            .map_err(LifecycleError::Watchdog)?;
+        crate::files::write(&dir.watchdog_pid(), child.id().to_string())?;
         tracing::info!(id = %id, seconds = secs, "wall-clock limit armed");
         Ok(())
     }

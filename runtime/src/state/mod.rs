@@ -22,4 +22,4 @@ mod sandbox_dir;
 
 pub use id::{ContainerId, IdError};
 pub use paths::{PathsError, StateDirs, write_atomic};
-pub use sandbox_dir::{JsonFile, SandboxDir, StateError};
+pub use sandbox_dir::{JsonFile, SandboxDir};

@@ -13,11 +13,6 @@ use super::id::{ContainerId, IdError};
 use super::paths::write_atomic_mode;
 use crate::files::FileError;
 
-/// A JSON state file could not be read, parsed, encoded or written; names the file. The
-/// state files' error is the runtime's one [`FileError`]; the name stays for the modules that
-/// still use it.
-pub type StateError = FileError;
-
 /// How a JSON file is laid out (kept as each file has always been written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Layout {
