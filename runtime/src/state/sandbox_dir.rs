@@ -25,6 +25,18 @@ const PRIVATE: u32 = 0o600;
 /// Mode (before the umask) of a file written like `std::fs::write` writes one.
 const DEFAULT: u32 = 0o666;
 
+/// Whether a write of the file is synced before it replaces the old one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Synced: the records `delete` needs to undo `create` (the sandbox record, the
+    /// workspace, an exec's process), which must survive a crash of the host.
+    Synced,
+    /// Replaced atomically without a sync: the files rewritten on every create or delete
+    /// (audit state, layers, cgroups, ...), which were never synced; a sync each would add
+    /// milliseconds to every lifecycle on a busy disk (docs/benchmarks.md).
+    Replaced,
+}
+
 /// One JSON file of a sandbox: its path, how it is encoded and the mode it gets. Writes are
 /// atomic (a reader sees the old file or the new one, never a part); reads name the file in
 /// their error.
@@ -33,6 +45,7 @@ pub struct JsonFile {
     path: PathBuf,
     layout: Layout,
     mode: u32,
+    durability: Durability,
 }
 
 impl JsonFile {
@@ -47,7 +60,13 @@ impl JsonFile {
             Layout::Compact => serde_json::to_vec(value),
         }
         .map_err(|e| FileError::encode(&self.path, e))?;
-        write_atomic_mode(&self.path, &text, self.mode).map_err(|e| FileError::write(&self.path, e))
+        match self.durability {
+            Durability::Synced => write_atomic_mode(&self.path, &text, self.mode),
+            Durability::Replaced => {
+                agent_sandbox_sys::atomic_file::replace_mode(&self.path, &text, self.mode)
+            }
+        }
+        .map_err(|e| FileError::write(&self.path, e))
     }
 
     /// The file's value; a missing file is an error (see [`Self::read_if_present`]).
@@ -101,17 +120,18 @@ impl SandboxDir {
         self.dir.join(name)
     }
 
-    fn json(&self, name: &str, layout: Layout, mode: u32) -> JsonFile {
+    fn json(&self, name: &str, layout: Layout, mode: u32, durability: Durability) -> JsonFile {
         JsonFile {
             path: self.file(name),
             layout,
             mode,
+            durability,
         }
     }
 
     /// `sandbox.json`: the sandbox record (bundle, ids, rootfs mount, profile) — `lifecycle`.
     pub fn record(&self) -> JsonFile {
-        self.json("sandbox.json", Layout::Pretty, PRIVATE)
+        self.json("sandbox.json", Layout::Pretty, PRIVATE, Durability::Synced)
     }
 
     /// `bundle/`: the bundle libcontainer runs — `lifecycle`.
@@ -133,19 +153,34 @@ impl SandboxDir {
 
     /// `workspace.json`: the workspace overlay's placement — `lifecycle`, read by `changes`.
     pub fn workspace(&self) -> JsonFile {
-        self.json("workspace.json", Layout::Pretty, PRIVATE)
+        self.json(
+            "workspace.json",
+            Layout::Pretty,
+            PRIVATE,
+            Durability::Synced,
+        )
     }
 
     /// `requested-seccomp.json`: the seccomp profile the caller's spec asked for, which every
     /// exec gets too — `lifecycle`.
     pub fn requested_seccomp(&self) -> JsonFile {
-        self.json("requested-seccomp.json", Layout::Pretty, PRIVATE)
+        self.json(
+            "requested-seccomp.json",
+            Layout::Pretty,
+            PRIVATE,
+            Durability::Synced,
+        )
     }
 
     /// `exec-<pid>.json`: the clamped process of an exec in flight, run by the runtime with
     /// `pid` and removed when its exec is built — `lifecycle`.
     pub fn exec_process(&self, pid: u32) -> JsonFile {
-        self.json(&format!("exec-{pid}.json"), Layout::Pretty, PRIVATE)
+        self.json(
+            &format!("exec-{pid}.json"),
+            Layout::Pretty,
+            PRIVATE,
+            Durability::Synced,
+        )
     }
 
     /// `watchdog.pid`: the wall-clock watchdog's pid — `lifecycle`.
@@ -165,22 +200,32 @@ impl SandboxDir {
 
     /// `cgroup.json`: a cgroup v2 sandbox's cgroup or systemd scope — `host::cgroups`.
     pub fn cgroup(&self) -> JsonFile {
-        self.json("cgroup.json", Layout::Compact, DEFAULT)
+        self.json(
+            "cgroup.json",
+            Layout::Compact,
+            DEFAULT,
+            Durability::Replaced,
+        )
     }
 
     /// `layers.json`: which layers were applied, for `layers` — `layers`.
     pub fn layers(&self) -> JsonFile {
-        self.json("layers.json", Layout::Pretty, DEFAULT)
+        self.json("layers.json", Layout::Pretty, DEFAULT, Durability::Replaced)
     }
 
     /// `pod.json`: the pod role and the pinned namespaces (CRI only) — `pod`.
     pub fn pod(&self) -> JsonFile {
-        self.json("pod.json", Layout::Pretty, DEFAULT)
+        self.json("pod.json", Layout::Pretty, DEFAULT, Durability::Replaced)
     }
 
     /// `poststop.json`: the poststop hooks to run at delete — `hooks`.
     pub fn poststop(&self) -> JsonFile {
-        self.json("poststop.json", Layout::Compact, DEFAULT)
+        self.json(
+            "poststop.json",
+            Layout::Compact,
+            DEFAULT,
+            Durability::Replaced,
+        )
     }
 
     /// `apparmor-profile`: the name of the AppArmor profile loaded for the sandbox —
@@ -224,7 +269,12 @@ impl SandboxDir {
 
     /// `fs-audit.json`: whether Landlock denials are logged, and why not — `fs_audit`.
     pub fn fs_audit(&self) -> JsonFile {
-        self.json("fs-audit.json", Layout::Compact, DEFAULT)
+        self.json(
+            "fs-audit.json",
+            Layout::Compact,
+            DEFAULT,
+            Durability::Replaced,
+        )
     }
 
     /// `tls-ca.key`: the sandbox CA's key (mode 0600), removed once the proxy has read it —
@@ -246,7 +296,12 @@ impl SandboxDir {
     /// `audit-state.json`: what the exit records need (OOM kills seen, init recorded) —
     /// `audit`.
     pub fn audit_state(&self) -> JsonFile {
-        self.json("audit-state.json", Layout::Compact, DEFAULT)
+        self.json(
+            "audit-state.json",
+            Layout::Compact,
+            DEFAULT,
+            Durability::Replaced,
+        )
     }
 
     /// `audit-exec/`: one file per exec, named by its pid, holding its tool-call id — `audit`.
@@ -348,6 +403,30 @@ mod tests {
             SandboxDir::of(root, "abc-1.2_3+4").unwrap().path(),
             Path::new("/r/sandbox/abc-1.2_3+4")
         );
+    }
+
+    #[test]
+    fn only_the_records_delete_needs_are_synced() {
+        let root = tempfile::tempdir().unwrap();
+        let d = sandbox(root.path());
+        for f in [
+            d.record(),
+            d.workspace(),
+            d.requested_seccomp(),
+            d.exec_process(7),
+        ] {
+            assert_eq!(f.durability, Durability::Synced, "{}", f.path().display());
+        }
+        for f in [
+            d.cgroup(),
+            d.layers(),
+            d.pod(),
+            d.poststop(),
+            d.fs_audit(),
+            d.audit_state(),
+        ] {
+            assert_eq!(f.durability, Durability::Replaced, "{}", f.path().display());
+        }
     }
 
     #[test]

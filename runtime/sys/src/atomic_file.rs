@@ -1,4 +1,6 @@
-//! Replacing a file atomically: write a temporary file beside it, sync it, rename it over.
+//! Replacing a file atomically: write a temporary file beside it, sync it, rename it over
+//! ([`write_atomic`]), or without the sync where losing the new bytes in a crash is harmless
+//! ([`replace_mode`]).
 //! The runtime's state files and the shim's bundle files (`address`, `shim.pid`, its saved
 //! options) are read by other processes while they are rewritten; both crates use this one
 //! function, which lives here because it is the crate they share.
@@ -17,6 +19,19 @@ pub fn write_atomic(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()>
 
 /// [`write_atomic`] with the file created with `mode` (less the umask, as `open(2)` does).
 pub fn write_atomic_mode(path: &Path, bytes: impl AsRef<[u8]>, mode: u32) -> std::io::Result<()> {
+    replace(path, bytes.as_ref(), mode, true)
+}
+
+/// [`write_atomic_mode`] without the sync: a concurrent reader still sees the old file or the
+/// new one, never a part, but a crash may leave the old one (or an empty new one, on file
+/// systems that do not order the rename after the data). For files that are rewritten on
+/// every create and delete and that the runtime can do without, where a sync would cost
+/// milliseconds on a busy disk each time.
+pub fn replace_mode(path: &Path, bytes: impl AsRef<[u8]>, mode: u32) -> std::io::Result<()> {
+    replace(path, bytes.as_ref(), mode, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], mode: u32, sync: bool) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -30,8 +45,10 @@ pub fn write_atomic_mode(path: &Path, bytes: impl AsRef<[u8]>, mode: u32) -> std
         .suffix(".tmp")
         .permissions(std::fs::Permissions::from_mode(mode))
         .tempfile_in(dir)?;
-    tmp.write_all(bytes.as_ref())?;
-    tmp.as_file().sync_all()?;
+    tmp.write_all(bytes)?;
+    if sync {
+        tmp.as_file().sync_all()?;
+    }
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
@@ -66,6 +83,20 @@ mod tests {
         // The umask can only take bits away.
         assert_eq!(mode(&shared) & !0o640, 0);
         assert_eq!(mode(&shared) & 0o600, 0o600);
+    }
+
+    #[test]
+    fn an_unsynced_replace_also_replaces_with_the_mode_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("state.json");
+        replace_mode(&file, "[1]", 0o600).unwrap();
+        replace_mode(&file, "[2]", 0o600).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"[2]");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]
