@@ -17,7 +17,8 @@
 #
 # Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,proxy,cri,density,criterion]
 #                              [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
-#                              [--agent-sandbox PATH] [--shim PATH] [--out FILE] [--max-seconds S]
+#                              [--agent-sandbox PATH] [--baseline PATH] [--shim PATH] [--out FILE]
+#                              [--max-seconds S]
 #                              [--density-max N] [--proxy-mb MB] [--chart PNG]
 # Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_CTR_ROUNDS,
 # BENCH_SHIMS (3), BENCH_MAX_SECONDS (300), AGENT_SANDBOX_BIN (default

@@ -685,6 +685,13 @@ def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
         LifecycleCase("runc", which("runc"), "host", bundle, workdir),
     ]
     notes = []
+    ratios = [("agent-sandbox", "crun"), ("agent-sandbox", "runc"), ("crun", "runc")]
+    if args.baseline:
+        # Another build of the runtime in the same rounds: whether a change made it slower,
+        # free of the drift between two runs.
+        cases.insert(1, LifecycleCase("baseline", args.baseline, "host", bundle, workdir))
+        ratios.insert(0, ("agent-sandbox", "baseline"))
+        notes.append(f"baseline = {args.baseline}")
     if hybrid:
         cases.append(LifecycleCase("runc (v1 view)", which("runc"), "v1", bundle, workdir))
         notes.append("crun runs in the v1 view (cgroup2 mount detached in a private mount namespace): crun 1.8 refuses hybrid cgroups")
@@ -696,7 +703,7 @@ def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
         rounds=args.rounds,
         warmup=args.warmup,
         subreaper=True,
-        ratios=[("agent-sandbox", "crun"), ("agent-sandbox", "runc"), ("crun", "runc")],
+        ratios=ratios,
         target=("agent-sandbox", "crun", 1.0, "issue 3: agent-sandbox not slower than crun"),
         notes=notes,
     )
@@ -1014,6 +1021,11 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=2, help="unrecorded runs per case before measuring")
     p.add_argument("--max-seconds", type=float, default=float(os.environ.get("BENCH_MAX_SECONDS", 300)), help="stop starting new rounds after this long")
     p.add_argument("--agent-sandbox", default=os.environ.get("AGENT_SANDBOX_BIN", "/usr/local/bin/agent-sandbox"), help="runtime under test (env AGENT_SANDBOX_BIN)")
+    p.add_argument(
+        "--baseline",
+        default=os.environ.get("BENCH_BASELINE") or None,
+        help="runtime section: another agent-sandbox build (say, main's) run as one more case in the same rounds, with its ratio (env BENCH_BASELINE)",
+    )
     p.add_argument(
         "--shim",
         default=os.environ.get("BENCH_SHIM") or None,
