@@ -1,7 +1,7 @@
 //! Errors as one line of text, for messages sent back to a client and for records.
 
 /// An error with its sources, one line: `error: source: source's source`.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

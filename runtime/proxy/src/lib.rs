@@ -6,7 +6,7 @@ pub mod ca;
 pub mod credentials;
 pub mod dns_stub;
 pub mod env;
-mod error_text;
+pub mod error_text;
 pub mod events;
 #[doc(hidden)]
 pub mod fuzzing;

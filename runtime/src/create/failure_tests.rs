@@ -15,6 +15,7 @@ use super::host_procs::fake::{FakeProcs, Sidecar, Step};
 use crate::harden::Ceiling;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
+use crate::test_support::spec_with_annotations;
 
 /// A bundle (its rootfs an empty directory) beside a temporary state root.
 struct Fixture {
@@ -143,6 +144,14 @@ impl Fixture {
         Some(err)
     }
 
+    /// Nothing of the sandbox is left, no sidecar is running, and libcontainer was never
+    /// asked for anything.
+    fn assert_cleaned_up_before_build(&self) {
+        assert_eq!(self.procs.running(), []);
+        assert_eq!(self.leftovers(), Vec::<PathBuf>::new());
+        assert_eq!(self.engine.calls(), []);
+    }
+
     /// Nothing of the sandbox is left: no file or mount, no sidecar running, and the container
     /// libcontainer built is deleted (force: its init is killed).
     fn assert_cleaned_up_after_build(&self) {
@@ -202,17 +211,6 @@ fn walk(dir: &Path, each: &mut dyn FnMut(&Path)) {
             walk(&p, each);
         }
     }
-}
-
-fn spec_with_annotations(annotations: &[(&str, &str)]) -> Spec {
-    let mut spec = Spec::default();
-    spec.set_annotations(Some(
-        annotations
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-    ));
-    spec
 }
 
 /// Phase 1 (ids): a Kubernetes app container that names no pod is refused before any id
@@ -425,9 +423,7 @@ fn a_supervisor_that_does_not_start_leaves_nothing() {
         "{err:?}"
     );
     assert_eq!(f.procs.steps(), then_cleanup(&[Step::StartSupervisor]));
-    assert_eq!(f.procs.running(), []);
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
+    f.assert_cleaned_up_before_build();
 }
 
 /// Phase 5 (sidecars): the executor cannot connect to the supervisor that started; it is
@@ -452,9 +448,7 @@ fn a_supervisor_that_cannot_be_reached_is_stopped() {
         f.procs.steps(),
         then_cleanup(&[Step::StartSupervisor, Step::ConnectSupervisor])
     );
-    assert_eq!(f.procs.running(), []);
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
+    f.assert_cleaned_up_before_build();
 }
 
 /// Phase 5 (sidecars): the proxy does not start; the supervisor that did is stopped, and
@@ -474,9 +468,7 @@ fn a_proxy_that_does_not_start_stops_the_supervisor() {
         "{err:?}"
     );
     assert_eq!(f.procs.steps(), then_cleanup(&SPAWN));
-    assert_eq!(f.procs.running(), []);
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
+    f.assert_cleaned_up_before_build();
 }
 
 /// Phase 5 (attach): `lo` cannot be brought up in the init's namespace. The container

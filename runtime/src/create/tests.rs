@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use libcontainer::container::ContainerStatus;
-use libcontainer::oci_spec::runtime::{LinuxMemoryBuilder, LinuxResourcesBuilder, Spec};
+use libcontainer::oci_spec::runtime::{LinuxMemoryBuilder, LinuxResourcesBuilder};
 
 use super::engine::fake::{Call, FakeEngine};
 use crate::lifecycle::{LifecycleError, Runtime, SandboxRecord};
@@ -32,13 +32,7 @@ impl Fixture {
             ContainerId::try_from(format!("phh-{name}-{}", std::process::id()).as_str()).unwrap();
         let bundle = root.path().join("bundle");
         std::fs::create_dir_all(&bundle).unwrap();
-        let mut spec = Spec::default();
-        spec.set_annotations(Some(
-            annotations
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        ));
+        let spec = crate::test_support::spec_with_annotations(annotations);
         spec.save(bundle.join("config.json")).unwrap();
         let engine = Arc::new(
             FakeEngine::default()

@@ -20,6 +20,7 @@ use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
 use agent_sandbox_policy::policy::{NetworkMode, SniMismatch};
 use agent_sandbox_proxy::approval::{AnsweredBy, ApprovalRecord};
+use agent_sandbox_proxy::error_text::chain;
 use agent_sandbox_proxy::{
     Approvals, Credentials, DnsResolver, EgressEvent, InjectedHeader, Outcome, Proxy, ProxyConfig,
     SniCheck, Stage, StandIns,
@@ -552,18 +553,6 @@ fn approval_record(record: &ApprovalRecord) -> Event {
         reason: record.reason.clone(),
         tool_call_id: record.tool_call_id.clone(),
     }
-}
-
-/// An error with its sources, one line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Writes one status line to the spawner and closes stdout.

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::files::FileError;
 use crate::state::SandboxDir;
+use agent_sandbox_proxy::error_text::chain;
 
 /// `AUDIT_NLGRP_READLOG`: the read-only multicast group of the audit log.
 const NLGRP_READLOG: u32 = 1;
@@ -247,18 +248,6 @@ impl AsFd for KernelAudit {
 /// every id).
 fn initial_user_namespace(uid_map: &str) -> bool {
     uid_map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]
-}
-
-/// An error and its causes on one line (for the status file and records).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]
