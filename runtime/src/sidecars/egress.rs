@@ -266,9 +266,7 @@ impl PendingProxy {
 fn spawn_error(e: sidecars::SpawnError) -> EgressError {
     match e {
         sidecars::SpawnError::Spawn(source) => EgressError::Spawn(source),
-        sidecars::SpawnError::Write { path, source } => {
-            EgressError::File(crate::files::FileError::write(path, source))
-        }
+        sidecars::SpawnError::File(e) => EgressError::File(e),
         sidecars::SpawnError::NotReady { reason } => EgressError::NotReady { reason },
     }
 }

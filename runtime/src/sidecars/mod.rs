@@ -17,7 +17,7 @@ pub mod tls_trust;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// The line a sidecar prints on stdout once it serves.
@@ -27,10 +27,8 @@ pub const READY: &str = "ready";
 #[derive(Debug)]
 pub enum SpawnError {
     Spawn(std::io::Error),
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// The pid file could not be written (the sidecar was killed).
+    File(crate::files::FileError),
     NotReady {
         reason: String,
     },
@@ -75,16 +73,11 @@ fn start_program(
     let mut child = cmd.spawn().map_err(SpawnError::Spawn)?;
     // The parent's copies of `fds` close here, with `cmd`.
     drop(cmd);
-    let written =
-        std::fs::write(pid_file, child.id().to_string()).map_err(|source| SpawnError::Write {
-            path: pid_file.to_path_buf(),
-            source,
-        });
-    if let Err(e) = written {
+    if let Err(e) = crate::files::write(pid_file, child.id().to_string()) {
         // Clean-up finds a sidecar by its pid file only: without one, it goes now.
         let _ = child.kill();
         let _ = child.wait();
-        return Err(e);
+        return Err(SpawnError::File(e));
     }
     Ok(Pending { child })
 }
@@ -214,7 +207,8 @@ mod tests {
             );
         }
         assert!(
-            matches!(&result, Err(SpawnError::Write { path, .. }) if path == &pid_file),
+            matches!(&result, Err(SpawnError::File(e))
+                if e.path() == pid_file && e.op() == crate::files::FileOp::Write),
             "{:?}",
             result.err()
         );

@@ -93,9 +93,7 @@ pub fn start(
         .map_err(|e| PodmanOomError::Spawn {
             reason: match e {
                 sidecars::SpawnError::Spawn(e) => e.to_string(),
-                sidecars::SpawnError::Write { path, source } => {
-                    format!("{}: {source}", path.display())
-                }
+                sidecars::SpawnError::File(e) => agent_sandbox_proxy::error_text::chain(&e),
                 sidecars::SpawnError::NotReady { reason } => reason,
             },
         })

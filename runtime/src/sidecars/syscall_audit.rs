@@ -160,9 +160,7 @@ pub struct Starting(sidecars::Pending);
 fn spawn_error(e: sidecars::SpawnError) -> SyscallAuditError {
     match e {
         sidecars::SpawnError::Spawn(source) => SyscallAuditError::Spawn(source),
-        sidecars::SpawnError::Write { path, source } => {
-            SyscallAuditError::File(crate::files::FileError::write(path, source))
-        }
+        sidecars::SpawnError::File(e) => SyscallAuditError::File(e),
         sidecars::SpawnError::NotReady { reason } => SyscallAuditError::NotReady { reason },
     }
 }
