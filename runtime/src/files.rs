@@ -178,13 +178,7 @@ mod tests {
 
     /// The error and its causes as the binary prints them (`anyhow`'s `{:#}`).
     fn chain(err: &FileError) -> String {
-        let mut text = err.to_string();
-        let mut next = err.source();
-        while let Some(e) = next {
-            text.push_str(&format!(": {e}"));
-            next = e.source();
-        }
-        text
+        agent_sandbox_proxy::error_text::chain(err)
     }
 
     #[test]

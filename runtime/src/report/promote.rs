@@ -172,30 +172,18 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             }
             Ok(())
         }
-        Err(PromoteError::Partial {
-            path,
-            op,
-            applied,
-            total,
-            source,
-        }) => {
-            writeln!(out, "applied before the failure:")?;
-            for p in &applied {
-                writeln!(out, "  /{}", escape_path(p))?;
+        Err(e) => {
+            if let PromoteError::Partial { applied, .. } = &e {
+                writeln!(out, "applied before the failure:")?;
+                for p in applied {
+                    writeln!(out, "  /{}", escape_path(p))?;
+                }
+                if let Err(e) = audit.append(&plan.event(applied, false)) {
+                    tracing::error!(error = %e, "cannot record the incomplete promotion");
+                }
             }
-            if let Err(e) = audit.append(&plan.event(&applied, false)) {
-                tracing::error!(error = %e, "cannot record the incomplete promotion");
-            }
-            Err(PromoteError::Partial {
-                path,
-                op,
-                applied,
-                total,
-                source,
-            }
-            .into())
+            Err(e.into())
         }
-        Err(e) => Err(e.into()),
     }
 }
 
