@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod escape;
+pub mod history;
 pub mod kernel;
 pub mod limit;
 pub mod log;

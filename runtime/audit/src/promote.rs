@@ -116,7 +116,10 @@ pub enum PromoteError {
     },
 }
 
-fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> PromoteError + 'a {
+pub(crate) fn io_at<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(Errno) -> PromoteError + 'a {
     move |e| PromoteError::Io {
         op,
         path: path.to_owned(),
@@ -144,8 +147,30 @@ pub enum Refusal {
     GitSymlink,
     /// Removing a whole `.git` directory.
     GitRemoved,
-    /// A directory that would look like a bare git repository (`HEAD`, `objects/`, `refs/`)
-    /// outside `.git`: git run inside it reads its `config`.
+    /// Inside a `.git` other than the workspace's own top-level one: only that repository's
+    /// history comes back, as commits.
+    NestedGit,
+    /// A gitlink (a submodule's commit) in a commit's tree.
+    Gitlink,
+    /// A tree entry name git itself refuses (`.git` variants for NTFS and HFS+, `..`, ...).
+    GitPath {
+        /// git's reason.
+        why: String,
+    },
+    /// A tree entry mode git does not write.
+    TreeMode {
+        /// The mode.
+        mode: u32,
+    },
+    /// The sandbox's history cannot be read or taken as it is (a malformed ref, a missing or
+    /// corrupt object, too much of it).
+    History {
+        /// What is wrong.
+        why: String,
+    },
+    /// A directory outside `.git` that would be a git directory by git's rules (a `HEAD`
+    /// beside `objects`, `refs`, `commondir` or `gitdir`, any case): git run inside it reads
+    /// its `config`, or one that `commondir` points at.
     EmbeddedRepo,
     /// A name agent-sandbox itself uses (export manifests, the staging directory).
     Reserved,
@@ -213,8 +238,17 @@ impl std::fmt::Display for Refusal {
             ),
             Refusal::GitSymlink => f.write_str("a symlink inside .git"),
             Refusal::GitRemoved => f.write_str("removes a whole .git directory"),
+            Refusal::NestedGit => f.write_str(
+                "inside a nested .git (only the workspace's own history comes back, as commits)",
+            ),
+            Refusal::Gitlink => f.write_str(
+                "a gitlink (submodule commit): git would check out another repository there",
+            ),
+            Refusal::GitPath { why } => write!(f, "a name git refuses: {why}"),
+            Refusal::TreeMode { mode } => write!(f, "a tree entry mode {mode:o} git does not write"),
+            Refusal::History { why } => write!(f, "history: {}", crate::escape::escape(why)),
             Refusal::EmbeddedRepo => f.write_str(
-                "makes a directory look like a bare git repository (git run there reads its config)",
+                "makes a directory a git directory (HEAD beside objects, refs, commondir or gitdir: git run there reads its config)",
             ),
             Refusal::Reserved => f.write_str("a name agent-sandbox uses for its own files"),
             Refusal::BadName => {
@@ -334,6 +368,29 @@ impl Rules {
             name: name.to_owned(),
         })
     }
+}
+
+/// Why `path`, which is not below the workspace's top-level `.git`, may not be promoted
+/// because of a `.git` (any case) in it: content below one is never carried, and a
+/// non-directory with such a name is a gitdir pointer.
+fn nested_git(path: &Path, kind: FileKind, removal: bool) -> Option<Refusal> {
+    let comps: Vec<&OsStr> = path.iter().collect();
+    let last = comps.len().saturating_sub(1);
+    for (i, c) in comps.iter().enumerate() {
+        if !crate::history::is_dot_git(c.as_bytes()) {
+            continue;
+        }
+        if i < last {
+            return Some(Refusal::NestedGit);
+        }
+        if removal {
+            return Some(Refusal::GitRemoved);
+        }
+        if kind != FileKind::Dir {
+            return Some(Refusal::GitNotDir);
+        }
+    }
+    None
 }
 
 /// Whether `rest` (the components below a `.git`) is something a commit writes.
@@ -509,7 +566,7 @@ impl Drop for Staging {
     }
 }
 
-fn chown_if_needed(fd: BorrowedFd<'_>, (uid, gid): (u32, u32)) -> Result<(), Errno> {
+pub(crate) fn chown_if_needed(fd: BorrowedFd<'_>, (uid, gid): (u32, u32)) -> Result<(), Errno> {
     let st = rustix::fs::fstat(fd)?;
     if st.st_uid == uid && st.st_gid == gid {
         return Ok(());
@@ -540,7 +597,7 @@ fn cname(path: &Path) -> Result<CString, PromoteError> {
 }
 
 /// Looks up `rel` in the target without following anything.
-fn lookup(
+pub(crate) fn lookup(
     root: &OwnedFd,
     rel: &Path,
     fresh: &BTreeSet<PathBuf>,
@@ -616,7 +673,7 @@ fn scan_into(
     Ok(())
 }
 
-fn names_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<CString>, PromoteError> {
+pub(crate) fn names_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<CString>, PromoteError> {
     let mut names = Vec::new();
     for entry in Dir::read_from(dir).map_err(io_at("read directory", rel))? {
         let entry = entry.map_err(io_at("read directory", rel))?;
@@ -631,7 +688,7 @@ fn names_of(dir: &OwnedFd, rel: &Path) -> Result<Vec<CString>, PromoteError> {
 
 /// Resolves a symlink target lexically from the link's directory; the path it names,
 /// relative to the target root.
-fn resolve_link(link: &Path, target: &Path) -> Result<PathBuf, Refusal> {
+pub(crate) fn resolve_link(link: &Path, target: &Path) -> Result<PathBuf, Refusal> {
     let mut stack: Vec<&OsStr> = link
         .parent()
         .map(|p| p.iter().collect())
@@ -780,6 +837,15 @@ pub fn prepare(
     for c in changes {
         let removal = c.kind == ChangeKind::Deleted;
         if let Some(r) = rules.check(&c.path, c.file_type, removal) {
+            refused.push((c.path.clone(), r));
+            continue;
+        }
+        // The workspace's own history comes back as commits (crate::history), never as
+        // files below a .git; any other .git's content is refused.
+        if crate::history::is_history_path(&c.path) {
+            continue;
+        }
+        if let Some(r) = nested_git(&c.path, c.file_type, removal) {
             refused.push((c.path.clone(), r));
             continue;
         }
@@ -948,8 +1014,9 @@ pub fn prepare(
         }
     }
 
-    // A directory outside .git that ends up with HEAD, objects/ and refs/ is a bare
-    // repository to git: its config would run commands for whoever runs git there.
+    // A directory outside .git that ends up a git directory (HEAD beside objects/refs, or
+    // commondir/gitdir, which send git elsewhere for them) is a repository to git: its
+    // config would run commands for whoever runs git there. Names compare case-insensitively.
     let mut dirs_touched: BTreeSet<PathBuf> = BTreeSet::new();
     for e in &entries {
         if e.op != Op::Delete {
@@ -957,7 +1024,7 @@ pub fn prepare(
         }
     }
     for d in dirs_touched {
-        if d.iter().any(|c| c == ".git") {
+        if d.iter().any(|c| crate::history::is_dot_git(c.as_bytes())) {
             continue;
         }
         let mut names: BTreeSet<Vec<u8>> = BTreeSet::new();
@@ -989,10 +1056,7 @@ pub fn prepare(
                 }
             }
         }
-        if [&b"HEAD"[..], b"objects", b"refs"]
-            .iter()
-            .all(|n| names.contains(*n))
-        {
+        if crate::history::is_git_dir_names(names.iter().map(Vec::as_slice)) {
             refused.push((d, Refusal::EmbeddedRepo));
         }
     }
@@ -1516,7 +1580,10 @@ mod tests {
         );
         assert!(!f.target.join("old.txt").exists() && !f.target.join("gone").exists());
         assert_eq!(f.read(".git/config")?, "[core]\n");
-        assert_eq!(f.read(".git/refs/heads/main")?, "0123\n");
+        // History comes back as commits (crate::history), never as files below .git.
+        assert!(!f.target.join(".git/refs").exists());
+        assert!(!f.target.join(".git/objects").exists());
+        assert!(lines.iter().all(|l| !l.contains(".git/")), "{lines:?}");
         let owner = std::fs::metadata(&f.target)?;
         for p in ["edit.py", "new", "new/dir/file.rs"] {
             let m = std::fs::symlink_metadata(f.target.join(p))?;
@@ -1822,6 +1889,88 @@ mod tests {
         assert_eq!((entries, complete), (1, true));
         assert_eq!(paths, ["A /a"]);
         assert!(digest.starts_with("sha256:") && digest.len() == 71);
+        Ok(())
+    }
+
+    #[test]
+    fn nothing_below_a_git_is_written_and_nested_git_content_is_refused() -> TestResult {
+        let f = fixture()?;
+        write(&f.target.join(".git/HEAD"), "ref: refs/heads/main\n")?;
+        write(&f.lower.join(".git/HEAD"), "ref: refs/heads/main\n")?;
+        write(&f.upper.join(".git/index"), "DIRC-crafted")?;
+        write(&f.upper.join(".git/HEAD"), "ref: refs/heads/evil\n")?;
+        write(&f.upper.join(".git/logs/HEAD"), "x\n")?;
+        write(&f.upper.join("ok.txt"), "ok\n")?;
+        let plan = f.plan(true)?;
+        assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+        let paths: Vec<&Path> = plan.entries.iter().map(|e| e.path.as_path()).collect();
+        assert_eq!(paths, [Path::new("ok.txt")]);
+        apply(&plan)?;
+        assert!(!f.target.join(".git/index").exists());
+        assert_eq!(f.read(".git/HEAD")?, "ref: refs/heads/main\n");
+
+        let f = fixture()?;
+        write(&f.upper.join("vendor/lib/.git/HEAD"), "ref: refs/heads/x\n")?;
+        write(&f.upper.join("pkg/.GIT/objects/ab/cd"), "x")?;
+        write(&f.upper.join("sub/.Git"), "gitdir: ../evil\n")?;
+        let refused = f.refused()?;
+        let want = |p: &str, r: Refusal| refused.contains(&(p.to_owned(), r));
+        assert!(
+            want("vendor/lib/.git/HEAD", Refusal::NestedGit),
+            "{refused:?}"
+        );
+        assert!(
+            want("pkg/.GIT/objects/ab/cd", Refusal::NestedGit),
+            "{refused:?}"
+        );
+        assert!(want("sub/.Git", Refusal::GitNotDir), "{refused:?}");
+        assert!(f.snapshot().is_empty());
+        Ok(())
+    }
+
+    /// Git finds `objects` and `refs` through `commondir`; a `HEAD` beside it is enough.
+    #[test]
+    fn a_git_directory_by_any_of_gits_rules_is_refused_considering_the_target() -> TestResult {
+        // HEAD + commondir (the objects, refs and config live elsewhere).
+        let f = fixture()?;
+        write(&f.upper.join("src/HEAD"), "ref: refs/heads/main\n")?;
+        write(&f.upper.join("src/commondir"), "../tools/c\n")?;
+        write(
+            &f.upper.join("tools/c/config"),
+            "[core]\n\tpager = touch /tmp/x\n",
+        )?;
+        std::fs::create_dir_all(f.upper.join("tools/c/objects"))?;
+        std::fs::create_dir_all(f.upper.join("tools/c/refs"))?;
+        let refused = f.refused()?;
+        assert!(
+            refused.contains(&("src".to_owned(), Refusal::EmbeddedRepo)),
+            "{refused:?}"
+        );
+        assert!(f.snapshot().is_empty());
+
+        // The agent adds only `lib/head`; the target already holds `lib/Objects` and
+        // `lib/refs` (names compared as a case-insensitive filesystem would).
+        let f = fixture()?;
+        std::fs::create_dir_all(f.target.join("lib/Objects"))?;
+        std::fs::create_dir_all(f.target.join("lib/refs"))?;
+        std::fs::create_dir_all(f.lower.join("lib"))?;
+        write(&f.upper.join("lib/head"), "ref: refs/heads/main\n")?;
+        let refused = f.refused()?;
+        assert_eq!(refused, [("lib".to_owned(), Refusal::EmbeddedRepo)]);
+
+        // A gitdir file beside HEAD, at the target's root.
+        let f = fixture()?;
+        write(&f.upper.join("HEAD"), "ref: refs/heads/main\n")?;
+        write(&f.upper.join("gitdir"), "/elsewhere\n")?;
+        let refused = f.refused()?;
+        assert_eq!(refused, [(String::new(), Refusal::EmbeddedRepo)]);
+
+        // A HEAD alone, or objects and refs alone, is an ordinary directory.
+        let f = fixture()?;
+        write(&f.upper.join("docs/HEAD"), "x\n")?;
+        std::fs::create_dir_all(f.upper.join("data/objects"))?;
+        std::fs::create_dir_all(f.upper.join("data/refs"))?;
+        f.apply_all()?;
         Ok(())
     }
 }
