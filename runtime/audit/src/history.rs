@@ -226,7 +226,7 @@ pub struct History {
     pub advance: Option<Advance>,
     /// `.git` entries of the change set that are not carried as files (index, logs, ...).
     pub not_carried: usize,
-    /// `sha256:` over the refs and commits.
+    /// `sha256:` over the refs and commits (not `--advance`: an option, not a change).
     pub digest: String,
     objects: Vec<ObjectId>,
     odb: Option<gix_odb::Handle>,
@@ -905,6 +905,18 @@ pub fn prepare(
         });
     }
     if h.refs.is_empty() || !h.refused.is_empty() {
+        if opts.advance && h.refused.is_empty() {
+            let branch = match &git {
+                Some(g) => head_branch(g)?,
+                None => {
+                    return Err(AdvanceError::NoBranch {
+                        why: "the target is not a git repository".to_owned(),
+                    }
+                    .into());
+                }
+            };
+            return Err(AdvanceError::NotChanged { branch }.into());
+        }
         h.digest = history_digest(&h);
         return Ok(h);
     }
@@ -1166,28 +1178,29 @@ pub fn prepare(
     Ok(h)
 }
 
+/// The branch the target's HEAD names.
+fn head_branch(git: &OwnedFd) -> Result<String, AdvanceError> {
+    let head = read_beneath(git, Path::new("HEAD"), MAX_REF_FILE)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    match parse_head(&head) {
+        Some(Head::Branch(b)) => Ok(b),
+        Some(Head::Detached(oid)) => Err(AdvanceError::NoBranch {
+            why: format!("detached at {}", oid.to_hex_with_len(7)),
+        }),
+        None => Err(AdvanceError::NoBranch {
+            why: "no readable HEAD".to_owned(),
+        }),
+    }
+}
+
 fn plan_advance(
     git: &OwnedFd,
     refs: &[RefUpdate],
     objects: &mut Objects<'_>,
 ) -> Result<Advance, AdvanceError> {
-    let head = read_beneath(git, Path::new("HEAD"), MAX_REF_FILE)
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    let branch = match parse_head(&head) {
-        Some(Head::Branch(b)) => b,
-        Some(Head::Detached(oid)) => {
-            return Err(AdvanceError::NoBranch {
-                why: format!("detached at {}", oid.to_hex_with_len(7)),
-            });
-        }
-        None => {
-            return Err(AdvanceError::NoBranch {
-                why: "no readable HEAD".to_owned(),
-            });
-        }
-    };
+    let branch = head_branch(git)?;
     let Some(to) = refs.iter().find(|r| r.agent == branch).map(|r| r.oid) else {
         return Err(AdvanceError::NotChanged { branch });
     };
@@ -1237,9 +1250,6 @@ fn history_digest(h: &History) -> String {
     }
     for c in &h.commits {
         d.update(format!("commit {}\n", c.id.to_hex()).as_bytes());
-    }
-    if let Some(a) = &h.advance {
-        d.update(format!("advance {} {}\n", a.branch, a.to.to_hex()).as_bytes());
     }
     format!("sha256:{}", hex::encode(d.finalize()))
 }

@@ -230,6 +230,10 @@ pub enum Command {
         /// printed it): what was reviewed is what is applied
         #[arg(long)]
         digest: Option<String>,
+        /// Also fast-forward the target's current branch to the sandbox's commit for it,
+        /// refusing if that branch moved (docs/promote.md#advance)
+        #[arg(long)]
+        advance: bool,
         id: String,
     },
     /// Kept workspace change sets (docs/workspace.md): list them (`changes`), drop one
@@ -501,8 +505,9 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
             to,
             dry_run,
             digest,
+            advance,
             id,
-        } => workspace::promote(cli, &id, to, dry_run, digest.as_deref())?,
+        } => workspace::promote(cli, &id, to, dry_run, digest.as_deref(), advance)?,
         Command::Changes { action } => workspace::changes(cli, action)?,
         Command::ExecExit { exec_id, pid, id } => internal::exec_exit(cli, &id, &exec_id, pid)?,
         Command::OomWatch { bundle, cgroup, id } => internal::oom_watch(&bundle, &cgroup, &id)?,

@@ -36,13 +36,14 @@ pub(super) fn export(
     Ok(())
 }
 
-/// `promote ID --to DIR [--dry-run] [--digest D]`.
+/// `promote ID --to DIR [--dry-run] [--digest D] [--advance]`.
 pub(super) fn promote(
     cli: &Cli,
     id: &str,
     to: PathBuf,
     dry_run: bool,
     digest: Option<&str>,
+    advance: bool,
 ) -> Result<(), CliError> {
     let id = ContainerId::try_from(id)?;
     // Absolute, so the audit record names the directory whatever the caller's cwd.
@@ -54,6 +55,7 @@ pub(super) fn promote(
         digest,
         policy: cli.policy.as_deref(),
         audit_dir: cli.audit_dir.as_deref(),
+        advance,
     };
     crate::report::promote::run(&cli.runtime()?, &req, &mut std::io::stdout().lock())?;
     Ok(())

@@ -1,12 +1,14 @@
-//! `agent-sandbox promote ID --to DIR [--dry-run]`: applies a sandbox's reviewed workspace
-//! changes to a host directory (the engine is `agent_sandbox_audit::promote`; this is the
-//! command: which names are protected, the printed plan, the `promoted` audit record).
+//! `agent-sandbox promote ID --to DIR [--dry-run] [--advance]`: applies a sandbox's reviewed
+//! workspace changes to a host directory (the engines are `agent_sandbox_audit::promote` for
+//! files and `agent_sandbox_audit::history` for commits; this is the command: which names are
+//! protected, the printed plan, the `promoted` audit record).
 //! User documentation: docs/promote.md.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::escape::escape_path;
+use agent_sandbox_audit::history::{self, History, HistoryError};
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
 use crate::harden::Ceiling;
@@ -22,6 +24,8 @@ pub enum PromoteCmdError {
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error(transparent)]
     Promote(#[from] PromoteError),
+    #[error(transparent)]
+    History(#[from] HistoryError),
     #[error("policy")]
     Policy(#[from] crate::harden::SandboxError),
     #[error(
@@ -59,6 +63,8 @@ pub struct Request<'a> {
     pub policy: Option<&'a Path>,
     /// `--audit-dir`.
     pub audit_dir: Option<&'a Path>,
+    /// `--advance`: fast-forward the target's current branch to the agent's commit for it.
+    pub advance: bool,
 }
 
 /// The names promotion refuses at any depth: the protected names of the default profile,
@@ -107,6 +113,23 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     // The check runs without touching the target; only a clean plan is staged.
     let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false)?;
     let plan = &checked;
+    // The history comes back as commits under refs/agent-sandbox/CHANGE/ (or the sandbox's
+    // id when it has no kept change set).
+    let namespace = source
+        .change
+        .clone()
+        .unwrap_or_else(|| source.container.to_string());
+    let hist = history::prepare(
+        &source.upper,
+        &changes,
+        req.to,
+        &rules,
+        &history::Options {
+            namespace: &namespace,
+            advance: req.advance,
+        },
+    )?;
+    let digest = change_set_digest(&plan.digest, &hist);
     writeln!(
         out,
         "{} {} -> {} ({} entries, change set {})",
@@ -114,11 +137,12 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
         req.id,
         escape_path(req.to),
         plan.entries.len(),
-        plan.digest
+        digest
     )?;
     for e in &plan.entries {
         writeln!(out, "  {}", e.describe())?;
     }
+    describe_history(&hist, out)?;
     for (path, why) in &plan.refused {
         writeln!(out, "refused /{}: {why}", escape_path(path))?;
         tracing::info!(
@@ -128,17 +152,21 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             "promote refused an entry"
         );
     }
-    if !plan.refused.is_empty() {
+    for r in &hist.refused {
+        writeln!(out, "refused {r}")?;
+        tracing::info!(id = %req.id, refusal = %r, "promote refused part of the history");
+    }
+    if !plan.refused.is_empty() || !hist.refused.is_empty() {
         return Err(PromoteCmdError::Refused {
-            count: plan.refused.len(),
+            count: plan.refused.len() + hist.refused.len(),
         });
     }
     if let Some(expected) = req.digest
-        && expected != plan.digest
+        && expected != digest
     {
         return Err(PromoteCmdError::DigestMismatch {
             expected: expected.to_owned(),
-            actual: plan.digest.clone(),
+            actual: digest,
         });
     }
     if req.dry_run {
@@ -153,9 +181,33 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
         return Err(PromoteCmdError::ChangedMeanwhile);
     }
     let audit = agent_sandbox_audit::AuditLog::open(&log, source.container.as_str())?;
+    // Objects and quarantine refs first (they change nothing the developer uses), then the
+    // files, then the checked fast-forward.
+    let refs = hist.write()?;
     match promote::apply(&plan) {
         Ok(applied) => {
-            audit.append(&plan.event(&applied, true))?;
+            // Recorded whether or not the fast-forward still holds: files and refs are in.
+            let advanced = hist.advance();
+            let mut event = plan.event(&applied, true);
+            if let agent_sandbox_audit::Event::Promoted { paths, .. } = &mut event {
+                paths.extend(refs.iter().map(|r| format!("R {r}")));
+                if let Ok(Some(a)) = &advanced {
+                    paths.push(format!("R {} {}", a.branch, a.to));
+                }
+            }
+            audit.append(&event)?;
+            let advanced = advanced?;
+            for r in &refs {
+                writeln!(out, "wrote {r}")?;
+            }
+            if let Some(a) = advanced {
+                writeln!(
+                    out,
+                    "advanced {} to {}; the index still holds the old commit: `git reset` there updates it without touching a file (docs/promote.md#advance)",
+                    a.branch,
+                    a.to.to_hex_with_len(7)
+                )?;
+            }
             writeln!(
                 out,
                 "promoted {} entries to {}; recorded in {}",
@@ -185,6 +237,63 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             Err(e.into())
         }
     }
+}
+
+/// The digest the dry run prints and `--digest` binds: the files' alone when no history comes
+/// back, else one over both.
+fn change_set_digest(files: &str, hist: &History) -> String {
+    if hist.refs.is_empty() && hist.refused.is_empty() {
+        return files.to_owned();
+    }
+    use sha2::Digest as _;
+    let mut d = sha2::Sha256::new();
+    d.update(format!("files {files}\nhistory {}\n", hist.digest).as_bytes());
+    format!("sha256:{}", hex::encode(d.finalize()))
+}
+
+/// The history part of the plan: commits (subjects escaped), refs, the fast-forward.
+fn describe_history(hist: &History, out: &mut impl Write) -> std::io::Result<()> {
+    if hist.not_carried > 0 {
+        writeln!(
+            out,
+            "  ({} entries below .git are not copied: the history comes back as commits)",
+            hist.not_carried
+        )?;
+    }
+    if hist.refs.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "history: {} new commits, {} refs",
+        hist.commits.len(),
+        hist.refs.len()
+    )?;
+    for c in &hist.commits {
+        writeln!(out, "  {}", c.describe())?;
+    }
+    for r in &hist.refs {
+        writeln!(
+            out,
+            "  ref     {} -> {} (the sandbox's {})",
+            r.quarantine,
+            r.oid.to_hex_with_len(7),
+            r.agent
+        )?;
+    }
+    if let Some(a) = &hist.advance {
+        writeln!(
+            out,
+            "  advance {} {} -> {}",
+            a.branch,
+            a.from.map_or_else(
+                || "(unborn)".to_owned(),
+                |f| f.to_hex_with_len(7).to_string()
+            ),
+            a.to.to_hex_with_len(7)
+        )?;
+    }
+    Ok(())
 }
 
 /// Drops change set `change` after a complete promotion, unless its sandbox still runs.
@@ -222,6 +331,7 @@ mod tests {
             digest: None,
             policy: None,
             audit_dir: None,
+            advance: false,
         };
         let r = rules(&rt.dirs.sandbox(&id), &req)?;
         for p in [
