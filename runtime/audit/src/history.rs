@@ -511,6 +511,9 @@ struct Checker<'a, 'o> {
     root: &'a OwnedFd,
     refused: Vec<HistoryRefusal>,
     trees: HashMap<ObjectId, Entries>,
+    /// Names the file part of the same promotion adds, by directory: a checked-out tree
+    /// and promoted files together must not make a git directory either.
+    planned: HashMap<PathBuf, Vec<Vec<u8>>>,
 }
 
 impl Checker<'_, '_> {
@@ -648,6 +651,7 @@ impl Checker<'_, '_> {
             // Git's discovery sees the checked-out tree together with what the target's
             // directory already holds there (untracked files stay).
             let mut names: Vec<Vec<u8>> = entries.iter().map(|(n, _, _)| n.clone()).collect();
+            names.extend(self.planned.get(dir).into_iter().flatten().cloned());
             if let Ok(Ok(Existing::Dir)) = lookup(self.root, dir, &Default::default())
                 && let Ok(fd) = open_beneath_dir(self.root, dir)
                 && let Ok(have) = names_of(&fd, dir)
@@ -1104,7 +1108,21 @@ pub fn prepare(
         root: &root,
         refused: Vec::new(),
         trees: HashMap::new(),
+        planned: HashMap::new(),
     };
+    for c in changes {
+        if c.kind != ChangeKind::Deleted
+            && !is_history_path(&c.path)
+            && let Some(name) = c.path.file_name()
+        {
+            let dir = c.path.parent().unwrap_or(Path::new("")).to_owned();
+            checker
+                .planned
+                .entry(dir)
+                .or_default()
+                .push(name.as_bytes().to_vec());
+        }
+    }
     for (id, tree, parents) in &found {
         checker.commit(*id, *tree, parents);
     }
@@ -1927,6 +1945,26 @@ mod tests {
             &format!("100644 blob {readme}\tREADME\n040000 tree {data}\tdata\n"),
             "x",
         )?;
+        let h = r.prepare(false)?;
+        assert_eq!(whys(&h), [("data".into(), Refusal::EmbeddedRepo)]);
+        Ok(())
+    }
+
+    /// The commit adds `data/objects/` and `data/refs/` (then the agent removes them from
+    /// its working tree); the file part adds only `data/HEAD`. Neither alone is a git
+    /// directory; after `git reset --hard` the two together would be.
+    #[test]
+    fn a_git_directory_split_between_the_files_and_a_commit_is_refused() -> TestResult {
+        let r = Repo::new(&[])?;
+        std::fs::create_dir_all(r.agent.join("data/objects"))?;
+        std::fs::create_dir_all(r.agent.join("data/refs"))?;
+        std::fs::write(r.agent.join("data/objects/x"), "x\n")?;
+        std::fs::write(r.agent.join("data/refs/y"), "y\n")?;
+        r.git(&["add", "-A"])?;
+        r.git(&["commit", "-qm", "fixtures"])?;
+        std::fs::remove_dir_all(r.agent.join("data/objects"))?;
+        std::fs::remove_dir_all(r.agent.join("data/refs"))?;
+        std::fs::write(r.agent.join("data/HEAD"), "ref: refs/heads/main\n")?;
         let h = r.prepare(false)?;
         assert_eq!(whys(&h), [("data".into(), Refusal::EmbeddedRepo)]);
         Ok(())
