@@ -809,68 +809,9 @@ pub fn prepare(
     )
     .map_err(io_at("open", target))?;
     let upper_fd = open_root(upper, OFlags::RDONLY).map_err(PromoteError::from)?;
-    let refuse = |h: &mut History, path: &Path, why: Refusal| {
-        h.refused.push(HistoryRefusal {
-            commit: None,
-            path: path.to_owned(),
-            why,
-        });
-    };
 
     // 1. The agent's branches, as plain text.
-    let mut agent: BTreeMap<String, ObjectId> = BTreeMap::new();
-    let mut loose: BTreeMap<String, ObjectId> = BTreeMap::new();
-    let mut detached = None;
-    for c in &git_changes {
-        if c.kind == ChangeKind::Deleted || c.file_type != FileKind::File {
-            continue;
-        }
-        let rel = c.path.strip_prefix(".git").unwrap_or(&c.path);
-        let Some(rel_str) = rel.to_str() else {
-            continue;
-        };
-        if rel_str == "HEAD" || rel_str == "packed-refs" || rel_str.starts_with("refs/heads/") {
-            let content = match read_upper(&upper_fd, upper, &c.path, MAX_REF_FILE)? {
-                Ok(c) => c,
-                Err(why) => {
-                    refuse(&mut h, &c.path, why);
-                    continue;
-                }
-            };
-            let bad_ref = |what: &str| Refusal::History {
-                why: format!("not {what}"),
-            };
-            match rel_str {
-                "HEAD" => match parse_head(&content) {
-                    Some(Head::Detached(oid)) => detached = Some(oid),
-                    Some(Head::Branch(_)) => {}
-                    None => refuse(
-                        &mut h,
-                        &c.path,
-                        bad_ref("`ref: refs/heads/NAME` or an object id"),
-                    ),
-                },
-                "packed-refs" => match parse_packed_refs(&content) {
-                    Ok(refs) => agent.extend(refs),
-                    Err(why) => refuse(
-                        &mut h,
-                        &c.path,
-                        Refusal::History {
-                            why: format!("not a packed-refs file: {why}"),
-                        },
-                    ),
-                },
-                name => match (valid_branch(name), parse_ref_file(&content)) {
-                    (true, Some(oid)) => {
-                        loose.insert(name.to_owned(), oid);
-                    }
-                    (false, _) => refuse(&mut h, &c.path, bad_ref("a valid branch name")),
-                    (true, None) => refuse(&mut h, &c.path, bad_ref("a 40-digit object id")),
-                },
-            }
-        }
-    }
-    agent.extend(loose);
+    let (agent, detached) = agent_branches(&upper_fd, upper, &git_changes, &mut h)?;
 
     let git = open_git(&root, target)?;
     // 2. Which of them changed: their value differs from the target's branch.
@@ -893,8 +834,7 @@ pub fn prepare(
             None => format!("refs/agent-sandbox/{}/HEAD", opts.namespace),
         };
         if gix_validate::reference::name(quarantine.as_bytes().as_bstr()).is_err() {
-            refuse(
-                &mut h,
+            h.refuse(
                 Path::new(".git").join(name).as_path(),
                 Refusal::History {
                     why: format!("{quarantine} is not a valid ref name"),
@@ -933,6 +873,77 @@ pub fn prepare(
     };
 
     // 3. A private copy of the agent's object files.
+    let Some((copy, all, base)) = copy_objects(&upper_fd, upper, &git_changes, target, &mut h)?
+    else {
+        h.digest = history_digest(&h);
+        return Ok(h);
+    };
+    let mut objects = Objects {
+        all: &all,
+        base: &base,
+        read: 0,
+    };
+
+    // 4. New commits: reachable from a changed branch, not in the target's store.
+    let found = new_commits(&mut objects, &mut h);
+
+    // 5. Every new commit's tree against its parents'.
+    let mut checker = Checker {
+        objects: &mut objects,
+        rules,
+        root: &root,
+        refused: Vec::new(),
+        trees: HashMap::new(),
+        planned: HashMap::new(),
+    };
+    for c in changes {
+        if c.kind != ChangeKind::Deleted
+            && !is_history_path(&c.path)
+            && let Some(name) = c.path.file_name()
+        {
+            let dir = c.path.parent().unwrap_or(Path::new("")).to_owned();
+            checker
+                .planned
+                .entry(dir)
+                .or_default()
+                .push(name.as_bytes().to_vec());
+        }
+    }
+    for (id, tree, parents) in &found {
+        checker.commit(*id, *tree, parents);
+    }
+    let refused = std::mem::take(&mut checker.refused);
+    h.refused.extend(refused);
+
+    // 6. The objects to write.
+    if h.refused.is_empty() {
+        h.objects = objects_to_write(&mut objects, &found, &mut h);
+    }
+
+    // 7. The fast-forward, checked now so that a refusal changes nothing.
+    if opts.advance && h.refused.is_empty() {
+        h.advance = Some(plan_advance(&git, &h.refs, &mut objects)?);
+    }
+    h.odb = Some(all);
+    h._copy = Some(copy);
+    h.refused
+        .sort_by(|a, b| (a.commit, &a.path).cmp(&(b.commit, &b.path)));
+    h.refused.dedup();
+    h.digest = history_digest(&h);
+    Ok(h)
+}
+
+/// Copies the agent's object files (loose objects, packs with their index; regular files
+/// through the no-follow reader, at most [`MAX_HISTORY_BYTES`]) into a private directory
+/// whose alternate is the target's object store. Returns it with a store reading both and
+/// one reading the target's alone, or `None` when refused.
+fn copy_objects(
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    git_changes: &[&Change],
+    target: &Path,
+    h: &mut History,
+) -> Result<Option<(tempfile::TempDir, gix_odb::Handle, gix_odb::Handle)>, HistoryError> {
     let copy = tempfile::Builder::new()
         .prefix("agent-sandbox-history-")
         .tempdir()
@@ -945,7 +956,7 @@ pub fn prepare(
     let mut total: u64 = 0;
     let mut packs: BTreeMap<String, [bool; 2]> = BTreeMap::new();
     let mut to_copy: Vec<(&Change, PathBuf)> = Vec::new();
-    for c in &git_changes {
+    for c in git_changes {
         if c.kind == ChangeKind::Deleted || c.file_type != FileKind::File {
             continue;
         }
@@ -972,7 +983,7 @@ pub fn prepare(
             _ => {}
         }
     }
-    for c in &git_changes {
+    for c in git_changes {
         if let Ok(rel) = c.path.strip_prefix(".git/objects/pack")
             && let Some(f) = rel.to_str()
             && let Some(stem) = f
@@ -990,8 +1001,7 @@ pub fn prepare(
         total = total.saturating_add(c.size);
     }
     if total > MAX_HISTORY_BYTES {
-        refuse(
-            &mut h,
+        h.refuse(
             Path::new(".git/objects"),
             Refusal::History {
                 why: format!(
@@ -999,8 +1009,7 @@ pub fn prepare(
                 ),
             },
         );
-        h.digest = history_digest(&h);
-        return Ok(h);
+        return Ok(None);
     }
     for (c, rel) in &to_copy {
         let dest = objects_dir.join(rel);
@@ -1012,7 +1021,7 @@ pub fn prepare(
         if let Some(p) = dest.parent() {
             std::fs::create_dir_all(p).map_err(|e| io("create directory", e))?;
         }
-        let (src, st) = open_source(&upper_fd, upper, &c.path).map_err(PromoteError::from)?;
+        let (src, st) = open_source(upper_fd, upper, &c.path).map_err(PromoteError::from)?;
         let size = crate::scratch::size_of(&st);
         if size != c.size {
             return Err(PromoteError::Changed {
@@ -1054,13 +1063,75 @@ pub fn prepare(
     };
     let all = gix_odb::at(&objects_dir, HASH).map_err(|e| odb_err(&objects_dir, e))?;
     let base = gix_odb::at(&base_dir, HASH).map_err(|e| odb_err(&base_dir, e))?;
-    let mut objects = Objects {
-        all: &all,
-        base: &base,
-        read: 0,
-    };
+    Ok(Some((copy, all, base)))
+}
 
-    // 4. New commits: reachable from a changed branch, not in the target's store.
+/// The agent's branches from the upper dir's `.git/HEAD`, `.git/refs/heads/*` and
+/// `.git/packed-refs` (loose refs win), and a detached HEAD; malformed files are refused.
+fn agent_branches(
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    git_changes: &[&Change],
+    h: &mut History,
+) -> Result<(BTreeMap<String, ObjectId>, Option<ObjectId>), PromoteError> {
+    let mut agent: BTreeMap<String, ObjectId> = BTreeMap::new();
+    let mut loose: BTreeMap<String, ObjectId> = BTreeMap::new();
+    let mut detached = None;
+    for c in git_changes {
+        if c.kind == ChangeKind::Deleted || c.file_type != FileKind::File {
+            continue;
+        }
+        let rel = c.path.strip_prefix(".git").unwrap_or(&c.path);
+        let Some(rel_str) = rel.to_str() else {
+            continue;
+        };
+        if rel_str == "HEAD" || rel_str == "packed-refs" || rel_str.starts_with("refs/heads/") {
+            let content = match read_upper(upper_fd, upper, &c.path, MAX_REF_FILE)? {
+                Ok(c) => c,
+                Err(why) => {
+                    h.refuse(&c.path, why);
+                    continue;
+                }
+            };
+            let bad_ref = |what: &str| Refusal::History {
+                why: format!("not {what}"),
+            };
+            match rel_str {
+                "HEAD" => match parse_head(&content) {
+                    Some(Head::Detached(oid)) => detached = Some(oid),
+                    Some(Head::Branch(_)) => {}
+                    None => h.refuse(&c.path, bad_ref("`ref: refs/heads/NAME` or an object id")),
+                },
+                "packed-refs" => match parse_packed_refs(&content) {
+                    Ok(refs) => agent.extend(refs),
+                    Err(why) => h.refuse(
+                        &c.path,
+                        Refusal::History {
+                            why: format!("not a packed-refs file: {why}"),
+                        },
+                    ),
+                },
+                name => match (valid_branch(name), parse_ref_file(&content)) {
+                    (true, Some(oid)) => {
+                        loose.insert(name.to_owned(), oid);
+                    }
+                    (false, _) => h.refuse(&c.path, bad_ref("a valid branch name")),
+                    (true, None) => h.refuse(&c.path, bad_ref("a 40-digit object id")),
+                },
+            }
+        }
+    }
+    agent.extend(loose);
+
+    Ok((agent, detached))
+}
+
+/// The new commits: reachable from a changed branch, not in the target's store, each with
+/// its tree and parents.
+fn new_commits(
+    objects: &mut Objects<'_>,
+    h: &mut History,
+) -> Vec<(ObjectId, ObjectId, Vec<ObjectId>)> {
     let mut queue: VecDeque<ObjectId> = h.refs.iter().map(|r| r.oid).collect();
     let mut seen: HashSet<ObjectId> = queue.iter().copied().collect();
     let mut found: Vec<(ObjectId, ObjectId, Vec<ObjectId>)> = Vec::new();
@@ -1069,8 +1140,7 @@ pub fn prepare(
             continue;
         }
         if found.len() >= MAX_COMMITS {
-            refuse(
-                &mut h,
+            h.refuse(
                 Path::new(".git"),
                 Refusal::History {
                     why: format!("more than {MAX_COMMITS} new commits"),
@@ -1101,99 +1171,64 @@ pub fn prepare(
         found.push((id, tree, parents));
     }
 
-    // 5. Every new commit's tree against its parents'.
-    let mut checker = Checker {
-        objects: &mut objects,
-        rules,
-        root: &root,
-        refused: Vec::new(),
-        trees: HashMap::new(),
-        planned: HashMap::new(),
-    };
-    for c in changes {
-        if c.kind != ChangeKind::Deleted
-            && !is_history_path(&c.path)
-            && let Some(name) = c.path.file_name()
-        {
-            let dir = c.path.parent().unwrap_or(Path::new("")).to_owned();
-            checker
-                .planned
-                .entry(dir)
-                .or_default()
-                .push(name.as_bytes().to_vec());
-        }
-    }
-    for (id, tree, parents) in &found {
-        checker.commit(*id, *tree, parents);
-    }
-    let refused = std::mem::take(&mut checker.refused);
-    h.refused.extend(refused);
+    found
+}
 
-    // 6. The objects to write: the new commits and what their trees reach that the
-    // target does not hold.
-    if h.refused.is_empty() {
-        let mut out: Vec<ObjectId> = Vec::new();
-        let mut done: HashSet<ObjectId> = HashSet::new();
-        let mut bytes: u64 = 0;
-        let mut stack: Vec<(ObjectId, bool)> = Vec::new();
-        for (id, tree, _) in &found {
-            out.push(*id);
-            stack.push((*tree, true));
+/// The objects to write: the new commits and what their trees reach that the target does
+/// not hold, at most [`MAX_HISTORY_BYTES`] of them.
+fn objects_to_write(
+    objects: &mut Objects<'_>,
+    found: &[(ObjectId, ObjectId, Vec<ObjectId>)],
+    h: &mut History,
+) -> Vec<ObjectId> {
+    let mut out: Vec<ObjectId> = Vec::new();
+    let mut done: HashSet<ObjectId> = HashSet::new();
+    let mut bytes: u64 = 0;
+    let mut stack: Vec<(ObjectId, bool)> = Vec::new();
+    for (id, tree, _) in found {
+        out.push(*id);
+        stack.push((*tree, true));
+    }
+    while let Some((id, is_tree)) = stack.pop() {
+        if !done.insert(id) || objects.in_base(&id) {
+            continue;
         }
-        while let Some((id, is_tree)) = stack.pop() {
-            if !done.insert(id) || objects.in_base(&id) {
-                continue;
-            }
-            let kind = if is_tree { Kind::Tree } else { Kind::Blob };
-            let data = match objects.read(&id, kind) {
-                Ok(d) => d,
-                Err(why) => {
-                    refuse(&mut h, Path::new(".git/objects"), why);
-                    break;
-                }
-            };
-            bytes = bytes.saturating_add(data.len() as u64);
-            if bytes > MAX_HISTORY_BYTES {
-                refuse(
-                    &mut h,
-                    Path::new(".git/objects"),
-                    Refusal::History {
-                        why: format!("more than {MAX_HISTORY_BYTES} bytes of new objects"),
-                    },
-                );
+        let kind = if is_tree { Kind::Tree } else { Kind::Blob };
+        let data = match objects.read(&id, kind) {
+            Ok(d) => d,
+            Err(why) => {
+                h.refuse(Path::new(".git/objects"), why);
                 break;
             }
-            if is_tree {
-                match parse_tree(&id, &data) {
-                    Ok(entries) => {
-                        for (_, mode, oid) in entries {
-                            if mode != MODE_GITLINK {
-                                stack.push((oid, mode == MODE_TREE));
-                            }
+        };
+        bytes = bytes.saturating_add(data.len() as u64);
+        if bytes > MAX_HISTORY_BYTES {
+            h.refuse(
+                Path::new(".git/objects"),
+                Refusal::History {
+                    why: format!("more than {MAX_HISTORY_BYTES} bytes of new objects"),
+                },
+            );
+            break;
+        }
+        if is_tree {
+            match parse_tree(&id, &data) {
+                Ok(entries) => {
+                    for (_, mode, oid) in entries {
+                        if mode != MODE_GITLINK {
+                            stack.push((oid, mode == MODE_TREE));
                         }
                     }
-                    Err(why) => {
-                        refuse(&mut h, Path::new(".git/objects"), why);
-                        break;
-                    }
+                }
+                Err(why) => {
+                    h.refuse(Path::new(".git/objects"), why);
+                    break;
                 }
             }
-            out.push(id);
         }
-        h.objects = out;
+        out.push(id);
     }
-
-    // 7. The fast-forward, checked now so that a refusal changes nothing.
-    if opts.advance && h.refused.is_empty() {
-        h.advance = Some(plan_advance(&git, &h.refs, &mut objects)?);
-    }
-    h.odb = Some(all);
-    h._copy = Some(copy);
-    h.refused
-        .sort_by(|a, b| (a.commit, &a.path).cmp(&(b.commit, &b.path)));
-    h.refused.dedup();
-    h.digest = history_digest(&h);
-    Ok(h)
+    out
 }
 
 /// The branch the target's HEAD names.
@@ -1358,6 +1393,14 @@ fn write_locked(
 }
 
 impl History {
+    fn refuse(&mut self, path: &Path, why: Refusal) {
+        self.refused.push(HistoryRefusal {
+            commit: None,
+            path: path.to_owned(),
+            why,
+        });
+    }
+
     /// Whether there is anything to write.
     pub fn is_empty(&self) -> bool {
         self.refs.is_empty()
