@@ -189,7 +189,12 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             // Recorded whether or not the fast-forward still holds: files and refs are in.
             let advanced = hist.advance();
             let mut event = plan.event(&applied, true);
-            if let agent_sandbox_audit::Event::Promoted { paths, .. } = &mut event {
+            if let agent_sandbox_audit::Event::Promoted {
+                paths, digest: d, ..
+            } = &mut event
+            {
+                // The digest the dry run printed: files and history.
+                d.clone_from(&digest);
                 paths.extend(refs.iter().map(|r| format!("R {r}")));
                 if let Ok(Some(a)) = &advanced {
                     paths.push(format!("R {} {}", a.branch, a.to));
@@ -230,7 +235,15 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
                 for p in applied {
                     writeln!(out, "  /{}", escape_path(p))?;
                 }
-                if let Err(e) = audit.append(&plan.event(applied, false)) {
+                let mut event = plan.event(applied, false);
+                if let agent_sandbox_audit::Event::Promoted {
+                    paths, digest: d, ..
+                } = &mut event
+                {
+                    d.clone_from(&digest);
+                    paths.extend(refs.iter().map(|r| format!("R {r}")));
+                }
+                if let Err(e) = audit.append(&event) {
                     tracing::error!(error = %e, "cannot record the incomplete promotion");
                 }
             }
