@@ -1861,6 +1861,33 @@ mod tests {
         Ok(())
     }
 
+    #[test]
+    fn advance_refuses_a_detached_head_and_a_branch_without_new_commits() -> TestResult {
+        let r = Repo::new(&[])?;
+        std::fs::write(r.agent.join("a.py"), "x = 1\n")?;
+        r.git(&["add", "a.py"])?;
+        r.git(&["commit", "-qm", "add a"])?;
+        git_in(&r.target, &["checkout", "-q", "--detach"], None)?;
+        let before = r.target_git();
+        let err = r.prepare(true).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("does not name a branch (detached at")),
+            "{err:?}"
+        );
+        assert_eq!(r.target_git(), before);
+
+        let r = Repo::new(&[])?;
+        std::fs::write(r.agent.join("a.py"), "x = 1\n")?;
+        let err = r.prepare(true).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e
+                .contains("cannot advance refs/heads/main: the sandbox has no new commits for it")),
+            "{err:?}"
+        );
+        Ok(())
+    }
+
     /// Each of these would be written by `git reset --hard` / `git checkout` of the agent's
     /// commit although promote refuses the same file.
     #[test]
