@@ -465,6 +465,16 @@ fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
         let fsck = host.git_with(git, &target, &["fsck", "--strict"])?;
         ensure!(fsck.success(), "{git}: git fsck failed\n{fsck}");
     }
+    // The project's own test passes on the host with the agent's fix.
+    let test = run_ok(
+        Command::new("python3")
+            .current_dir(target.join("src"))
+            .args(["-c", "from calc import add; assert add(2, 3) == 5"]),
+    );
+    ensure!(
+        test.is_ok(),
+        "the project's test fails after promote: {test:?}"
+    );
     // The index still holds the old commit until the developer updates it (docs).
     let reset = host.git(&target, &["reset", "-q"])?;
     ensure!(reset.success(), "git reset failed\n{reset}");

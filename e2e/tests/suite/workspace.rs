@@ -227,13 +227,16 @@ fn podman_agent_edits_and_commits_a_uid_1000_checkout_reviewable_after_run_rm() 
     ensure!(gone.code == Some(1), "podman --rm left {n}\n{gone}");
     ensure!(host_state(&co.repo)? == before, "the host checkout changed");
     expect_reviewable(&n, &out)?;
-    // Promoted by podman's name after the container is gone: the commit lands in the host
-    // checkout, owned by its developer, the record goes to that container's audit log, and
-    // the promoted change set is discarded.
+    // Promoted by podman's name after the container is gone: the commit comes back under
+    // refs/agent-sandbox/ and (--advance) moves the developer's branch, the files are owned
+    // by its developer, the record goes to that container's audit log, and the promoted
+    // change set is discarded.
     let repo = co.repo.display().to_string();
-    let promoted = harness::runtime_ok(&["promote", &n, "--to", &repo])?;
+    let promoted = harness::runtime_ok(&["promote", &n, "--to", &repo, "--advance"])?;
     ensure!(
-        promoted.stdout.contains("promoted and discarded"),
+        promoted.stdout.contains("promoted and discarded")
+            && promoted.stdout.contains("wrote refs/agent-sandbox/")
+            && promoted.stdout.contains("advanced refs/heads/"),
         "{promoted}"
     );
     let log = host_git(&co.repo, &["log", "--format=%s"])?;
