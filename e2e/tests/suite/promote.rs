@@ -465,6 +465,14 @@ fn promotes_edits_creates_deletes_and_a_commit(via: Via) -> anyhow::Result<()> {
         let fsck = host.git_with(git, &target, &["fsck", "--strict"])?;
         ensure!(fsck.success(), "{git}: git fsck failed\n{fsck}");
     }
+    // Every object and ref written below .git belongs to the checkout's owner.
+    for (path, what) in snapshot(&target.join(".git"))? {
+        ensure!(
+            what.ends_with(&format!(" {OWNER}:{OWNER}")),
+            ".git/{}: {what}",
+            path.display()
+        );
+    }
     // The project's own test passes on the host with the agent's fix.
     let test = run_ok(
         Command::new("python3")
