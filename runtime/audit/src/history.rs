@@ -514,6 +514,9 @@ struct Checker<'a, 'o> {
     /// Names the file part of the same promotion adds, by directory: a checked-out tree
     /// and promoted files together must not make a git directory either.
     planned: HashMap<PathBuf, Vec<Vec<u8>>>,
+    /// The symlinks the file part adds, with the path each names: neither a tree's link
+    /// nor a promoted one may resolve through the other.
+    file_links: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Checker<'_, '_> {
@@ -553,6 +556,36 @@ impl Checker<'_, '_> {
         if let Err(why) = self.check_tree(id, tree, Path::new(""), tree, &parent_trees) {
             self.refuse(id, PathBuf::new(), why);
         }
+        // A promoted symlink through a symlink of the checked-out tree.
+        for (link, resolved) in self.file_links.clone() {
+            match self.link_in_tree(tree, &resolved) {
+                Ok(Some(via)) => self.refuse(id, link, Refusal::SymlinkThroughLink { via }),
+                Ok(None) => {}
+                Err(why) => self.refuse(id, PathBuf::new(), why),
+            }
+        }
+    }
+
+    /// The first prefix of `path` that is a symlink in tree `root`, if any.
+    fn link_in_tree(&mut self, root: ObjectId, path: &Path) -> Result<Option<PathBuf>, Refusal> {
+        let mut tree = Some(root);
+        let mut prefix = PathBuf::new();
+        for comp in path.iter() {
+            prefix.push(comp);
+            let Some(t) = tree else {
+                return Ok(None);
+            };
+            match self
+                .tree(&t)?
+                .into_iter()
+                .find(|(n, _, _)| n.as_slice() == comp.as_bytes())
+            {
+                Some((_, MODE_LINK, _)) => return Ok(Some(prefix)),
+                Some((_, MODE_TREE, o)) => tree = Some(o),
+                _ => tree = None,
+            }
+        }
+        Ok(None)
     }
 
     /// Checks the tree `tree` at `dir` of commit `commit` (root tree `root_tree`) against
@@ -719,10 +752,11 @@ impl Checker<'_, '_> {
                 }
                 None => {
                     tree = None;
-                    matches!(
-                        lookup(self.root, &prefix, &Default::default()),
-                        Ok(Ok(Existing::Symlink) | Err(_))
-                    )
+                    self.file_links.iter().any(|(l, _)| *l == prefix)
+                        || matches!(
+                            lookup(self.root, &prefix, &Default::default()),
+                            Ok(Ok(Existing::Symlink) | Err(_))
+                        )
                 }
             };
             if through {
@@ -895,12 +929,18 @@ pub fn prepare(
         refused: Vec::new(),
         trees: HashMap::new(),
         planned: HashMap::new(),
+        file_links: Vec::new(),
     };
     for c in changes {
         if c.kind != ChangeKind::Deleted
             && !is_history_path(&c.path)
             && let Some(name) = c.path.file_name()
         {
+            if let Some(t) = &c.link_target
+                && let Ok(resolved) = resolve_link(&c.path, t)
+            {
+                checker.file_links.push((c.path.clone(), resolved));
+            }
             let dir = c.path.parent().unwrap_or(Path::new("")).to_owned();
             checker
                 .planned
@@ -2037,6 +2077,48 @@ mod tests {
         std::fs::write(r.agent.join("data/HEAD"), "ref: refs/heads/main\n")?;
         let h = r.prepare(false)?;
         assert_eq!(whys(&h), [("data".into(), Refusal::EmbeddedRepo)]);
+        Ok(())
+    }
+
+    /// A promoted symlink and a committed one, each fine alone: one may not resolve through
+    /// the other once both are in the checkout.
+    #[test]
+    fn symlinks_may_not_chain_between_the_files_and_a_commit() -> TestResult {
+        // The commit's `l -> x/y`, the promoted file `x -> README` (untracked).
+        let r = Repo::new(&[])?;
+        symlink("x/y", r.agent.join("l"))?;
+        r.git(&["add", "l"])?;
+        r.git(&["commit", "-qm", "link"])?;
+        std::fs::remove_file(r.agent.join("l"))?;
+        symlink("README", r.agent.join("x"))?;
+        let h = r.prepare(false)?;
+        assert_eq!(
+            whys(&h),
+            [(
+                "l".into(),
+                Refusal::SymlinkThroughLink {
+                    via: PathBuf::from("x")
+                }
+            )]
+        );
+
+        // The commit's `x -> README`, the promoted file `l -> x/y`.
+        let r = Repo::new(&[])?;
+        symlink("README", r.agent.join("x"))?;
+        r.git(&["add", "x"])?;
+        r.git(&["commit", "-qm", "link"])?;
+        std::fs::remove_file(r.agent.join("x"))?;
+        symlink("x/y", r.agent.join("l"))?;
+        let h = r.prepare(false)?;
+        assert_eq!(
+            whys(&h),
+            [(
+                "l".into(),
+                Refusal::SymlinkThroughLink {
+                    via: PathBuf::from("x")
+                }
+            )]
+        );
         Ok(())
     }
 
