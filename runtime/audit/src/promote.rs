@@ -36,9 +36,10 @@ use crate::scratch::{
 /// Name prefix of the staging directory [`prepare`] makes in the target root.
 pub const STAGING_PREFIX: &str = ".agent-sandbox-promote";
 
-/// What a commit writes inside `.git`, and so the only `.git` content promotion carries:
+/// What a commit writes inside `.git`, and so the only `.git` content promotion accepts:
 /// these plain files directly in `.git`, and the trees `objects/` (except `objects/info/`),
-/// `refs/` and `logs/`.
+/// `refs/` and `logs/`. None of it is written as a file: [`crate::history`] reads the
+/// branches and objects and brings the commits back as checked objects.
 pub const GIT_FILES: &[&str] = &[
     "HEAD",
     "ORIG_HEAD",
