@@ -64,8 +64,11 @@ impl World {
             &[format!("{REGISTRY_HOST}:{}", allowed.port())],
             &[],
         )?;
-        let text = std::fs::read_to_string(&path)?
-            .replacen("[network]\n", &format!("[network]\n{settings}"), 1);
+        let text = std::fs::read_to_string(&path)?.replacen(
+            "[network]\n",
+            &format!("[network]\n{settings}"),
+            1,
+        );
         let ceiling = [
             format!("{COLLECTOR_HOST}:{}", asked.port()),
             format!("{COLLECTOR_IP}:{}", asked.port()),

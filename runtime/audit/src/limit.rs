@@ -396,6 +396,8 @@ pub struct Gate {
     truncated: bool,
     /// Whether the log reached the reserve: from then on a key is written once.
     in_reserve: bool,
+    /// The log's size at the last append this gate tried.
+    last_size: u64,
     /// The keys written since the log reached the reserve.
     seen: std::collections::HashSet<String>,
 }
@@ -434,6 +436,7 @@ impl Gate {
             dropped: Tally::default(),
             truncated: false,
             in_reserve: false,
+            last_size: 0,
             seen: std::collections::HashSet::new(),
         }
     }
@@ -482,7 +485,7 @@ impl Gate {
             let key = reserve_key(&event);
             if self.seen.contains(&key) || self.seen.len() >= MAX_RESERVE_KEYS {
                 self.dropped.count(&event);
-                return Ok(Passed::Counted);
+                return self.left_out(log, event.kind());
             }
             self.seen.insert(key);
         }
@@ -520,6 +523,7 @@ impl Gate {
             budget.admit(stream, size, len)
         })?;
         self.in_reserve |= reached;
+        self.last_size = size_at;
         if written.is_some() {
             if reached
                 && let Some(s) = Stream::of(event)
@@ -545,14 +549,20 @@ impl Gate {
         } else {
             self.dropped.count(event);
         }
+        self.left_out(log, event.kind())
+    }
+
+    /// A record of `kind` was left out because of the cap (it is counted): the first time,
+    /// the `truncated` record says so.
+    fn left_out(&mut self, log: &AuditLog, kind: &str) -> Result<Passed, AuditError> {
         if self.truncated {
             return Ok(Passed::Counted);
         }
         self.truncated = true;
         log.append(&Event::Truncated {
             limit_bytes: self.budget.limit(),
-            size_bytes: size_at,
-            dropped_kind: event.kind().to_owned(),
+            size_bytes: self.last_size,
+            dropped_kind: kind.to_owned(),
         })?;
         Ok(Passed::Capped)
     }
@@ -903,5 +913,60 @@ mod tests {
             Some(Event::Net { suppressed: 50, .. })
         ));
         assert_eq!(crate::log::verify(&path).unwrap().truncated, None);
+    }
+
+    /// Only approvals, all the same question: past the flood share the loop is counted, not
+    /// written, and the log says it is truncated (what it left out is in the cap summary).
+    #[test]
+    fn a_loop_on_one_question_is_counted_in_the_reserve_and_marks_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.jsonl");
+        let log = AuditLog::open(&path, "sb").unwrap();
+        let t0 = Instant::now();
+        let mut gate = Gate::new(20_000, t0);
+        let mut capped = 0;
+        for i in 0..200 {
+            let now = t0 + Duration::from_millis(i * 100);
+            if gate
+                .offer(&log, approval("allow-once", "a.test:443"), now)
+                .unwrap()
+                == Passed::Capped
+            {
+                capped += 1;
+            }
+        }
+        assert_eq!(capped, 1);
+        // A new question still has room.
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(
+            gate.offer(&log, approval("deny", "a.test:443"), later)
+                .unwrap(),
+            Passed::Written
+        );
+        gate.finish(&log).unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() < 20_000 + 2_048);
+        let report = crate::log::verify(&path).unwrap();
+        assert!(report.truncated.is_some());
+        let records = crate::log::read_records(&path).unwrap();
+        let written = records
+            .iter()
+            .filter(
+                |r| matches!(&r.event, Event::Approval { answer, .. } if answer == "allow-once"),
+            )
+            .count() as u64;
+        let counted: u64 = records
+            .iter()
+            .filter_map(|r| match &r.event {
+                Event::Summary { approvals, .. } => Some(
+                    approvals
+                        .iter()
+                        .filter(|a| a.answer == "allow-once")
+                        .map(|a| a.count)
+                        .sum::<u64>(),
+                ),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(written + counted, 200);
     }
 }
