@@ -242,7 +242,26 @@ impl Starting {
 
 /// Kills the supervisor (at delete), if it still is this sandbox's.
 pub fn stop(sandbox_dir: &SandboxDir, id: &str) {
-    sidecars::stop(&sandbox_dir.supervisor_pid(), "seccomp-supervise", id);
+    // SIGTERM first: the supervisor writes the denials its rate limits still count.
+    sidecars::stop_after(
+        &sandbox_dir.supervisor_pid(),
+        "seccomp-supervise",
+        id,
+        std::time::Duration::from_secs(1),
+    );
+}
+
+/// The supervisor ends: the denials its rate limits left out since the last record they
+/// counted into are written as one `summary` record, so no count is lost at delete.
+fn write_pending(log: &AuditLog, id: &str, syscalls: &mut RateLimit, files: &mut RateLimit) {
+    let mut tally = agent_sandbox_audit::Tally::default();
+    tally.add("syscall_denied", syscalls.take_suppressed());
+    tally.add("fs_denied", files.take_suppressed());
+    if let Some(summary) = tally.take(agent_sandbox_audit::SummaryCause::Rate)
+        && let Err(e) = log.append(&summary)
+    {
+        tracing::error!(id, error = %e, "cannot write the pending denial counts");
+    }
 }
 
 /// The socket's path through a descriptor of the sandbox dir (`/proc/self/fd/N/seccomp.sock`):
@@ -328,6 +347,20 @@ pub fn supervise(
     let log = AuditLog::open(log, id)
         .map_err(SyscallAuditError::Audit)
         .map_err(not_ready)?;
+    // `stop` sends SIGTERM: it arrives as a readable descriptor in the poll below.
+    let term = {
+        use nix::sys::signal::{SigSet, Signal};
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTERM);
+        set.thread_block().ok().and_then(|()| {
+            nix::sys::signalfd::SignalFd::with_flags(
+                &set,
+                nix::sys::signalfd::SfdFlags::SFD_NONBLOCK
+                    | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+            )
+            .ok()
+        })
+    };
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
     let mut streams: Vec<Stream> = Vec::new();
@@ -338,7 +371,7 @@ pub fn supervise(
     let mut names: HashMap<i32, String> = HashMap::new();
     let answers = Answers::new(arch, errno);
     loop {
-        let (ready_server, ready_streams, ready_listeners, ready_kernel) = {
+        let (ready_server, ready_streams, ready_listeners, ready_kernel, ready_term) = {
             let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
             fds.extend(
                 streams
@@ -352,6 +385,9 @@ pub fn supervise(
             );
             if let Some(k) = &kernel {
                 fds.push(PollFd::new(k.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(t) = &term {
+                fds.push(PollFd::new(t.as_fd(), PollFlags::POLLIN));
             }
             // Pending kernel events and waiting probes have deadlines.
             let timeout = if tracker.busy() {
@@ -370,9 +406,20 @@ pub fn supervise(
                 .collect();
             let (first, rest) = flags.split_at(1);
             let (s, rest) = rest.split_at(streams.len());
-            let (l, k) = rest.split_at(listeners.len());
-            (first[0], s.to_vec(), l.to_vec(), k.first().copied())
+            let (l, rest) = rest.split_at(listeners.len());
+            let (k, t) = rest.split_at(usize::from(kernel.is_some()));
+            (
+                first[0],
+                s.to_vec(),
+                l.to_vec(),
+                k.first().copied(),
+                t.first().copied(),
+            )
         };
+        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
+            write_pending(&log, id, &mut bucket, &mut fs_bucket);
+            return Ok(());
+        }
         // Notifications first: a caller is waiting for each.
         let mut gone = Vec::new();
         for (i, flags) in ready_listeners.iter().enumerate() {
