@@ -59,9 +59,13 @@ impl World {
             }
         })?;
         let dir = harness::temp_dir_for(User::Root)?;
+        // The name and its loopback address (the proxy refuses loopback unless named).
         let path = net::write_policy(
             dir.path(),
-            &[format!("{REGISTRY_HOST}:{}", allowed.port())],
+            &[
+                format!("{REGISTRY_HOST}:{}", allowed.port()),
+                format!("{REGISTRY_IP}:{}", allowed.port()),
+            ],
             &[],
         )?;
         let text = std::fs::read_to_string(&path)?.replacen(
