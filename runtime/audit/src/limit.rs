@@ -586,17 +586,6 @@ impl Gate {
     /// names what was left out after the `truncated` record). These closing records are
     /// always written: they are bounded, and the reserve's last share is kept for them.
     pub fn finish(&mut self, log: &AuditLog) -> Result<(), AuditError> {
-        for stream in [
-            Stream::Allowed,
-            Stream::Credential,
-            Stream::Denied,
-            Stream::Approval,
-            Stream::Kernel,
-        ] {
-            // Over-rate counts already sit in the tallies; what the bucket alone counted
-            // (none today) would be lost otherwise.
-            let _ = self.bucket(stream).take_suppressed();
-        }
         if self.truncated {
             let rated = std::mem::take(&mut self.rated);
             self.dropped.merge(rated);
