@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use agent_sandbox_audit::kernel::{Found, LandlockTracker};
-use agent_sandbox_audit::{AuditLog, Event, RateLimit};
+use agent_sandbox_audit::{AuditLog, Event, Gate, RateLimit, Stream as RecordStream};
 use agent_sandbox_policy::seccomp::Arch;
 use agent_sandbox_sys::seccomp_notify::{self, Handover, Instruction};
 use seccompiler::BpfProgram;
@@ -320,6 +320,7 @@ pub fn supervise(
     errno: i32,
     arch: Arch,
     kernel_audit: bool,
+    cap: u64,
 ) -> Result<(), SyscallAuditError> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let not_ready = |e: SyscallAuditError| {
@@ -367,6 +368,8 @@ pub fn supervise(
     let mut listeners: Vec<OwnedFd> = Vec::new();
     let mut bucket = RateLimit::new();
     let mut fs_bucket = RateLimit::new();
+    // The denials' share of the log's cap (their own rate limits are the buckets above).
+    let mut gate = Gate::new(cap, Instant::now());
     let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
     let answers = Answers::new(arch, errno);
@@ -418,6 +421,9 @@ pub fn supervise(
         };
         if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
             write_pending(&log, id, &mut bucket, &mut fs_bucket);
+            if let Err(e) = gate.finish(&log) {
+                tracing::error!(id, error = %e, "cannot write the denials counted after the cap");
+            }
             return Ok(());
         }
         // Notifications first: a caller is waiting for each.
@@ -449,7 +455,7 @@ pub fn supervise(
                     errno: Some(errno),
                     suppressed: bucket.take_suppressed(),
                 };
-                if let Err(e) = log.append(&event) {
+                if let Err(e) = gate.write(&log, RecordStream::Kernel, &event) {
                     tracing::error!(id, error = %e, "cannot write a syscall_denied record");
                 }
             } else if flags.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
@@ -534,7 +540,11 @@ pub fn supervise(
                     }
                 }
             };
-            if let Err(e) = log.append(&event) {
+            let written = match RecordStream::of(&event) {
+                Some(stream) => gate.write(&log, stream, &event).map(drop),
+                None => log.append(&event).map(drop),
+            };
+            if let Err(e) = written {
                 tracing::error!(id, error = %e, kind = event.kind(), "cannot write a record");
             }
         }
