@@ -460,3 +460,64 @@ fn ctr_forged_tool_call_header_reaches_the_decider_only_as_claimed() -> anyhow::
     );
     Ok(())
 }
+
+/// podman: a loop on a denied syscall past a small cap. The seccomp supervisor's records
+/// stop at their share of the cap, and when `delete` stops it, it writes what it counted:
+/// every refused call is a record, a `suppressed` count, or in a summary.
+#[test]
+fn podman_denied_syscall_flood_is_held_to_the_cap_and_counted_at_delete() -> anyhow::Result<()> {
+    const SMALL: u64 = 16 * 1024;
+    let w = World::new(&format!(
+        "audit_max_bytes = \"{}K\"\naudit_at_cap = \"aggregate\"\n",
+        SMALL / 1024
+    ))?;
+    harness::require_podman_image(User::Root, TOOLS_IMAGE)?;
+    let (guard, id) = podman().run_detached(
+        &["--runtime-flag", &policy_flag(&w.policy)],
+        "acap-sys",
+        &[TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    let mut flood = vec!["exec", guard.name.as_str(), harness::PROBE];
+    flood.extend(std::iter::repeat_n("keyctl", 300));
+    let mut blocked = 0;
+    for _ in 0..2 {
+        let out = podman().run_ok(&flood)?;
+        blocked += out.stdout.matches("(os error 1)").count() as u64;
+        // The bucket refills, so the second flood writes records past the cap again.
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    ensure!(blocked == 600, "{blocked} of 600 calls refused");
+    podman().run_ok(&["rm", "-f", "-t", "0", &guard.name])?;
+    let root = "/run/agent-sandbox";
+    let records = net::read_audit(&log_of(root, &id))?;
+    let kinds = net::kinds(&records);
+    ensure!(
+        kinds.contains(&"truncated".to_owned()),
+        "no truncated record: {kinds:?}"
+    );
+    let written: u64 = records
+        .iter()
+        .filter(|r| r["kind"] == "syscall_denied")
+        .map(|r| 1 + r["data"]["suppressed"].as_u64().unwrap_or(0))
+        .sum();
+    let counted = |cause: &str| -> u64 {
+        summarised(&records, cause, "records")
+            .iter()
+            .filter(|k| k["kind"] == "syscall_denied")
+            .filter_map(|k| k["count"].as_u64())
+            .sum()
+    };
+    let (rate, cap) = (counted("rate"), counted("cap"));
+    ensure!(
+        cap > 0 && written + rate + cap == blocked,
+        "{written} recorded (with suppressed) + {rate} pending + {cap} after the cap, for {blocked} refused calls: {kinds:?}"
+    );
+    let size = std::fs::metadata(log_of(root, &id))?.len();
+    ensure!(
+        size < SMALL + 8 * 1024,
+        "the log grew to {size} bytes past a {SMALL}-byte cap"
+    );
+    let v = verify(root, &id)?;
+    ensure!(v.code == Some(3), "{v}");
+    Ok(())
+}
