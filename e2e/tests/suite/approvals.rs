@@ -33,14 +33,14 @@ type Answerer = dyn Fn(usize, &Value) -> Option<String> + Send + Sync;
 
 /// The test's decider: a Unix socket server speaking the documented protocol (one JSON
 /// question, one JSON answer per connection), recording every question.
-struct Decider {
-    path: PathBuf,
+pub(super) struct Decider {
+    pub(super) path: PathBuf,
     questions: Arc<Mutex<Vec<Value>>>,
     _dir: tempfile::TempDir,
 }
 
 impl Decider {
-    fn start(
+    pub(super) fn start(
         answer: impl Fn(usize, &Value) -> Option<String> + Send + Sync + 'static,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
@@ -80,12 +80,12 @@ impl Decider {
         })
     }
 
-    fn questions(&self) -> Vec<Value> {
+    pub(super) fn questions(&self) -> Vec<Value> {
         self.questions.lock().map(|q| q.clone()).unwrap_or_default()
     }
 }
 
-fn reply(answer: &str, reason: Option<&str>) -> Option<String> {
+pub(super) fn reply(answer: &str, reason: Option<&str>) -> Option<String> {
     Some(match reason {
         Some(r) => serde_json::json!({"answer": answer, "reason": r}).to_string(),
         None => serde_json::json!({"answer": answer}).to_string(),
@@ -181,8 +181,8 @@ fn runtime_cli(user: User, args: &[&str]) -> anyhow::Result<Output> {
 }
 
 /// Held, approved once (asked again next time), then approved for life (not asked again);
-/// the decider gets host, port, sandbox id and the tool call id, which never reaches the
-/// server.
+/// the decider gets host, port, sandbox id and the tool call the header claims (only as
+/// claimed: the exec named none), which never reaches the server.
 #[test]
 fn held_request_is_approved_once_then_for_life_and_the_decider_sees_the_tool_call()
 -> anyhow::Result<()> {
@@ -221,7 +221,8 @@ fn held_request_is_approved_once_then_for_life_and_the_decider_sees_the_tool_cal
                 && q["host"] == REGISTRY_HOST
                 && q["port"] == server.port()
                 && q["protocol"] == "http-forward"
-                && q["tool_call_id"] == format!("toolu_happr_{}", i + 1).as_str(),
+                && q["tool_call_id"].is_null()
+                && q["tool_call_claimed"] == format!("toolu_happr_{}", i + 1).as_str(),
             "question {i} lacks the sandbox, host, port or tool call: {q}"
         );
     }
@@ -240,7 +241,7 @@ fn held_request_is_approved_once_then_for_life_and_the_decider_sees_the_tool_cal
             (
                 r["data"]["answer"].as_str().unwrap_or(""),
                 r["data"]["by"].as_str().unwrap_or(""),
-                r["data"]["tool_call_id"].as_str().unwrap_or(""),
+                r["data"]["tool_call_claimed"].as_str().unwrap_or(""),
             )
         })
         .collect();

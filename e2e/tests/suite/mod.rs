@@ -1,6 +1,7 @@
 //! End-to-end suites, one module per entry point.
 mod approvals;
 mod audit;
+mod audit_cap;
 mod baseline;
 mod contracts;
 mod cri;

@@ -11,14 +11,14 @@ pub mod record;
 pub mod scratch;
 pub mod timeline;
 
-pub use limit::RateLimit;
+pub use limit::{Budget, Gate, Passed, RateLimit, Stream, Tally};
 pub use log::{
     Anchor, Appended, AuditError, AuditLog, Broken, Capped, TornTail, VerifyReport, genesis,
     log_path, read_records, repair_torn_tail, verify, verify_with_anchor,
 };
 pub use record::{
-    CredentialUse, Event, ExitCause, ExitStatus, Record, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV,
-    Verdict, tool_call_id,
+    ApprovalCount, CredentialUse, Event, ExitCause, ExitStatus, KindCount, NetCount, Record,
+    SummaryCause, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict, tool_call_id,
 };
 pub use scratch::{
     Change, ChangeKind, ExportSummary, ExportTarget, FileKind, ScratchError, diff, export,

@@ -236,6 +236,10 @@ pub struct VerifyReport {
     /// sha256 (hex) of the last line, i.e. the `prev` the next record will carry; the
     /// genesis value for an empty log. Store it elsewhere to detect a later truncation.
     pub head: String,
+    /// The seq of the first `truncated` record, when the log reached its size cap: the
+    /// chain is intact, but records after it were only counted (`summary` records), so the
+    /// log is not complete.
+    pub truncated: Option<u64>,
 }
 
 /// A torn tail cut by [`repair_torn_tail`].
@@ -366,6 +370,16 @@ pub enum Capped {
     Dropped,
 }
 
+/// Which records an append lets through.
+enum Admit<'a> {
+    /// Every one.
+    All,
+    /// Up to a size cap, then one `truncated` record, then none.
+    Cap(u64),
+    /// Those the function agrees to, given the log's size and the record's length.
+    If(&'a mut dyn FnMut(u64, u64) -> bool),
+}
+
 /// A writer for one sandbox's log. Several processes may hold one for the same file: each
 /// append takes an exclusive `flock` for read-last-line + write + fsync.
 #[derive(Debug)]
@@ -468,10 +482,34 @@ impl AuditLog {
         })
     }
 
+    /// Appends one record if `admit(size, len)` agrees, where `size` is the log's length
+    /// before the append and `len` the length of the record's line, both taken under the
+    /// log's lock: writers in several processes (the proxy, the seccomp supervisor, the
+    /// runtime) share one view of the log's size. Returns `None` when `admit` refused.
+    pub fn append_if(
+        &self,
+        event: &Event,
+        admit: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<Option<Appended>, AuditError> {
+        let mut out = self.append_batch_admit(std::slice::from_ref(event), Admit::If(admit))?;
+        Ok(out.pop())
+    }
+
     fn append_batch(
         &self,
         events: &[Event],
         limit_bytes: Option<u64>,
+    ) -> Result<Vec<Appended>, AuditError> {
+        match limit_bytes {
+            Some(limit) => self.append_batch_admit(events, Admit::Cap(limit)),
+            None => self.append_batch_admit(events, Admit::All),
+        }
+    }
+
+    fn append_batch_admit(
+        &self,
+        events: &[Event],
+        mut admit: Admit<'_>,
     ) -> Result<Vec<Appended>, AuditError> {
         for event in events {
             check_event(event)?;
@@ -517,19 +555,28 @@ impl AuditLog {
 
         let (mut batch, mut out) = self.lines(events, seq, prev.clone())?;
         let mut first_kind = first.kind();
-        if let Some(limit) = limit_bytes
-            && len.saturating_add(batch.len() as u64) > limit
-        {
-            if last_truncated {
-                return Ok(Vec::new());
+        match &mut admit {
+            Admit::All => {}
+            Admit::If(f) => {
+                if !f(len, batch.len() as u64) {
+                    return Ok(Vec::new());
+                }
             }
-            let marker = Event::Truncated {
-                limit_bytes: limit,
-                size_bytes: len,
-                dropped_kind: first.kind().to_owned(),
-            };
-            (batch, out) = self.lines(std::slice::from_ref(&marker), seq, prev)?;
-            first_kind = marker.kind();
+            Admit::Cap(limit) => {
+                let limit = *limit;
+                if len.saturating_add(batch.len() as u64) > limit {
+                    if last_truncated {
+                        return Ok(Vec::new());
+                    }
+                    let marker = Event::Truncated {
+                        limit_bytes: limit,
+                        size_bytes: len,
+                        dropped_kind: first.kind().to_owned(),
+                    };
+                    (batch, out) = self.lines(std::slice::from_ref(&marker), seq, prev)?;
+                    first_kind = marker.kind();
+                }
+            }
         }
 
         self.write_line(&batch, len, first_kind)?;
@@ -806,6 +853,7 @@ fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, Au
     let mut expected_prev: Option<String> = None;
     let mut sandbox: Option<String> = None;
     let mut n: u64 = 0;
+    let mut truncated = None;
     while let Some(line) = lines.next_line()? {
         let line_no = n + 1;
         let line = match line {
@@ -892,6 +940,9 @@ fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, Au
                 },
             ));
         }
+        if truncated.is_none() && matches!(rec.event, Event::Truncated { .. }) {
+            truncated = Some(line_no);
+        }
         expected_prev = Some(line_hash);
         n = line_no;
     }
@@ -911,7 +962,11 @@ fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, Au
         (None, Some(s)) => genesis(s),
         (None, None) => String::new(),
     };
-    Ok(VerifyReport { records: n, head })
+    Ok(VerifyReport {
+        records: n,
+        head,
+        truncated,
+    })
 }
 
 /// Parses every complete line of the log (no chain checks: use [`verify`] for that). A torn

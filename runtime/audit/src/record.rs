@@ -115,6 +115,13 @@ pub enum Event {
         /// The credential the proxy added to the connection's requests (never its value).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         credential: Option<CredentialUse>,
+        /// The tool call of the exec whose process opened the connection, as the runtime
+        /// knows it (the exec's annotation or environment when the harness started it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_id: Option<String>,
+        /// The tool call the request's header named: written by the sandbox, so only a claim.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_claimed: Option<String>,
     },
     /// The seccomp filter refused a syscall.
     SyscallDenied {
@@ -232,9 +239,29 @@ pub enum Event {
         /// The decider's reason, or why the default applied.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
-        /// The tool call the connection named.
+        /// The tool call of the exec whose process opened the connection, as the runtime
+        /// knows it (never a header the sandbox wrote).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call_id: Option<String>,
+        /// The tool call the request's header named: written by the sandbox, so only a claim.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_call_claimed: Option<String>,
+    },
+    /// Records a writer counted instead of writing them one by one: over its rate limit
+    /// (`cause` `rate`), or after the log reached its cap (`cap`: written at the latest when
+    /// the sandbox ends, with what was left out after the `truncated` record).
+    Summary {
+        /// `rate` or `cap`.
+        cause: SummaryCause,
+        /// Connections, per verdict and `host:port`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        net: Vec<NetCount>,
+        /// Applied approvals, per answer, target and who answered.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        approvals: Vec<ApprovalCount>,
+        /// Other records, per kind (`syscall_denied`, `fs_denied`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        records: Vec<KindCount>,
     },
     /// An optional protection layer is not in force.
     LayerInactive {
@@ -296,10 +323,11 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// A network decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The connection was allowed.
+    #[default]
     Allow,
     /// The connection was refused.
     Deny,
@@ -348,8 +376,68 @@ impl Event {
             Event::Approval { .. } => "approval",
             Event::LimitHit { .. } => "limit_hit",
             Event::Truncated { .. } => "truncated",
+            Event::Summary { .. } => "summary",
         }
     }
+}
+
+/// Why a [`Event::Summary`] counts records instead of listing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SummaryCause {
+    /// Over the writer's rate limit.
+    Rate,
+    /// After the log's size cap (`network.audit_max_bytes`).
+    Cap,
+}
+
+/// Connections to one `host:port` with one verdict, counted in a [`Event::Summary`]. The
+/// host `*` (port 0) counts the hosts beyond the most a summary lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetCount {
+    /// Allowed or denied.
+    pub verdict: Verdict,
+    /// Requested host name or address.
+    pub host: String,
+    /// Requested port.
+    pub port: u16,
+    /// How many connections.
+    pub connections: u64,
+    /// Bytes sent by the sandbox, over all of them.
+    pub bytes_up: u64,
+    /// Bytes received by the sandbox, over all of them.
+    pub bytes_down: u64,
+    /// The most bytes one of them sent (an upload hidden among many small connections).
+    pub largest_up: u64,
+    /// Plain HTTP requests among them, per method (`POST`: 1).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub methods: std::collections::BTreeMap<String, u64>,
+    /// Requests that carried an injected credential.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub credential_requests: u64,
+}
+
+/// Applied approvals with one answer, target and answerer, counted in a [`Event::Summary`].
+/// The target `*` counts the targets beyond the most a summary lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalCount {
+    /// `allow-once`, `allow-always` or `deny`.
+    pub answer: String,
+    /// `host:port` asked about.
+    pub target: String,
+    /// `decider`, `default` or `command`.
+    pub by: String,
+    /// How many.
+    pub count: u64,
+}
+
+/// Records of one kind counted in a [`Event::Summary`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindCount {
+    /// The record kind (`syscall_denied`, `fs_denied`).
+    pub kind: String,
+    /// How many.
+    pub count: u64,
 }
 
 /// A credential header the egress proxy added to a connection's requests: its name, never

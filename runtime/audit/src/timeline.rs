@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::escape::escape as esc;
-use crate::record::{Event, ExitCause, ExitStatus, Record, Verdict};
+use crate::record::{Event, ExitCause, ExitStatus, Record, SummaryCause, Verdict};
 
 /// Renders one line per record: `TIME  #SEQ  KIND  details`. Times are shown as in the log
 /// (UTC, nanoseconds); the sandbox id is left out because a log holds one sandbox. Every
@@ -137,6 +137,8 @@ fn details(event: &Event) -> String {
             sni,
             suppressed,
             credential,
+            tool_call_id,
+            tool_call_claimed,
         } => {
             let v = match verdict {
                 Verdict::Allow => "ALLOW",
@@ -169,6 +171,7 @@ fn details(event: &Event) -> String {
                     if c.https { " inside TLS" } else { "" }
                 );
             }
+            tool_calls(&mut s, tool_call_id, tool_call_claimed);
             s
         }
         Event::SyscallDenied {
@@ -277,14 +280,62 @@ fn details(event: &Event) -> String {
             by,
             reason,
             tool_call_id,
+            tool_call_claimed,
         } => {
             let mut s = format!("{} {} by {}", esc(answer), esc(target), esc(by));
             if let Some(r) = reason {
                 let _ = write!(s, ": {}", esc(r));
             }
-            if let Some(t) = tool_call_id {
-                let _ = write!(s, "  [tool call {}]", esc(t));
+            tool_calls(&mut s, tool_call_id, tool_call_claimed);
+            s
+        }
+        Event::Summary {
+            cause,
+            net,
+            approvals,
+            records,
+        } => {
+            let mut s = match cause {
+                SummaryCause::Rate => "counted over the rate limit:".to_owned(),
+                SummaryCause::Cap => "counted after the cap (not recorded one by one):".to_owned(),
+            };
+            for n in net {
+                let v = match n.verdict {
+                    Verdict::Allow => "ALLOW",
+                    Verdict::Deny => "DENY",
+                };
+                let _ = write!(
+                    s,
+                    " {v} {}:{} x{} (up {} B, largest {} B, down {} B",
+                    esc(&n.host),
+                    n.port,
+                    n.connections,
+                    n.bytes_up,
+                    n.largest_up,
+                    n.bytes_down
+                );
+                for (m, c) in &n.methods {
+                    let _ = write!(s, ", {} x{c}", esc(m));
+                }
+                if n.credential_requests > 0 {
+                    let _ = write!(s, ", {} with the credential", n.credential_requests);
+                }
+                s.push_str(");");
             }
+            for a in approvals {
+                let _ = write!(
+                    s,
+                    " approval {} {} by {} x{};",
+                    esc(&a.answer),
+                    esc(&a.target),
+                    esc(&a.by),
+                    a.count
+                );
+            }
+            for r in records {
+                let _ = write!(s, " {} x{};", esc(&r.kind), r.count);
+            }
+            s.pop();
             s
         }
         Event::LimitHit { limit, count, max } => {
@@ -299,8 +350,18 @@ fn details(event: &Event) -> String {
             size_bytes,
             dropped_kind,
         } => format!(
-            "log reached its cap of {limit_bytes} B at {size_bytes} B; no more {} records are written",
+            "log reached its cap of {limit_bytes} B at {size_bytes} B with a {} record; from here on the sandbox's records are counted (summary)",
             esc(dropped_kind)
         ),
+    }
+}
+
+/// The runtime's tool call of a connection, and the one its header claimed.
+fn tool_calls(s: &mut String, id: &Option<String>, claimed: &Option<String>) {
+    if let Some(t) = id {
+        let _ = write!(s, "  [tool call {}]", esc(t));
+    }
+    if let Some(t) = claimed {
+        let _ = write!(s, "  [header claims tool call {}]", esc(t));
     }
 }

@@ -69,6 +69,19 @@ pub fn explain(policy: &SandboxPolicy) -> String {
                     let _ = writeln!(out, "        {rule}");
                 }
             }
+            let _ = writeln!(
+                out,
+                "    - its connections, approvals and denials fill at most {} of the audit log; {}",
+                net.audit_max_bytes,
+                match net.audit_at_cap {
+                    crate::policy::AuditAtCap::Stop => {
+                        "then the sandbox is stopped (audit_at_cap = stop)"
+                    }
+                    crate::policy::AuditAtCap::Aggregate => {
+                        "then they are only counted (audit_at_cap = aggregate)"
+                    }
+                }
+            );
             if net.sni_mismatch == crate::policy::SniMismatch::Record {
                 out.push_str(
                     "    - a TLS tunnel naming another server (SNI) than its host is let through \

@@ -32,6 +32,8 @@ pub enum NarrowError {
     ProxyPort,
     #[error("network.audit_max_bytes is larger than the ceiling's")]
     AuditMaxBytes,
+    #[error("network.audit_at_cap aggregate is wider than the ceiling's stop")]
+    AuditAtCap,
     #[error("network.sni_mismatch record is wider than the ceiling's deny")]
     SniMismatch,
     #[error("network.transparent is on but off in the ceiling")]
@@ -153,6 +155,10 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
         // A larger cap lets a sandbox use more of the host's disk.
         if cn.audit_max_bytes > pn.audit_max_bytes {
             return Err(NarrowError::AuditMaxBytes);
+        }
+        // `aggregate` keeps running a sandbox that `stop` ends.
+        if cn.audit_at_cap > pn.audit_at_cap {
+            return Err(NarrowError::AuditAtCap);
         }
         // `record` lets through a tunnel that `deny` refuses.
         if cn.sni_mismatch > pn.sni_mismatch {
@@ -309,6 +315,19 @@ mod tests {
             ceiling: vec![rule("api.example.com")],
         });
         assert_eq!(within(&candidate, &ceiling), Err(NarrowError::Approvals));
+    }
+
+    #[test]
+    fn audit_at_cap_may_tighten_to_stop_only() {
+        use crate::policy::AuditAtCap;
+        let mut ceiling = SandboxPolicy::builtin("agent").unwrap();
+        let mut candidate = ceiling.clone();
+        candidate.network.audit_at_cap = AuditAtCap::Aggregate;
+        assert_eq!(within(&candidate, &ceiling), Err(NarrowError::AuditAtCap));
+        ceiling.network.audit_at_cap = AuditAtCap::Aggregate;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
+        candidate.network.audit_at_cap = AuditAtCap::Stop;
+        assert_eq!(within(&candidate, &ceiling), Ok(()));
     }
 
     #[test]

@@ -361,10 +361,16 @@ pub struct Network {
     /// Headers the proxy adds to plain-HTTP requests, with secrets read on the host.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<Credential>,
-    /// Size cap of the sandbox's audit log for `net` records: the record that would cross
-    /// it is replaced by one `truncated` record, and no `net` record is written after it.
+    /// Size cap of what the sandbox can make its audit log hold (connections, approvals,
+    /// denials): allowed connections fill the first three quarters, the last quarter is a
+    /// reserve for denials, approvals and credential uses; what does not fit is counted in
+    /// `summary` records (docs/audit.md, "The size cap").
     #[serde(skip_serializing_if = "is_default_audit_cap")]
     pub audit_max_bytes: ByteSize,
+    /// What happens when the sandbox's records reach `audit_max_bytes`: `stop` the sandbox
+    /// (the default) or keep it running while its records are only counted (`aggregate`).
+    #[serde(skip_serializing_if = "AuditAtCap::is_stop")]
+    pub audit_at_cap: AuditAtCap,
     /// Live changes to the allowlist: a decider asked about unlisted hosts, and
     /// `agent-sandbox allow`/`deny`, both bounded by the table's ceiling.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -398,6 +404,24 @@ impl SniMismatch {
     }
 }
 
+/// The `network.audit_at_cap` choice.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuditAtCap {
+    /// Fail closed: SIGKILL the sandbox once its records reach the cap, after recording why.
+    #[default]
+    Stop,
+    /// Keep the sandbox running; from the cap on, allowed connections are only counted and
+    /// the other records use the reserve, then are counted too.
+    Aggregate,
+}
+
+impl AuditAtCap {
+    fn is_stop(&self) -> bool {
+        *self == AuditAtCap::Stop
+    }
+}
+
 /// The default of `network.audit_max_bytes` (16 MiB, tens of thousands of records).
 pub const DEFAULT_AUDIT_MAX_BYTES: ByteSize = ByteSize::from_trusted(16 << 20);
 
@@ -415,6 +439,7 @@ impl Default for Network {
             deny: Vec::new(),
             credentials: Vec::new(),
             audit_max_bytes: DEFAULT_AUDIT_MAX_BYTES,
+            audit_at_cap: AuditAtCap::Stop,
             approvals: None,
             sni_mismatch: SniMismatch::Deny,
             transparent: false,

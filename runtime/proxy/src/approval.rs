@@ -6,7 +6,7 @@
 //! loopback HTTP `POST`:
 //!
 //! ```text
-//! -> {"sandbox":"ID","host":"api.example.com","port":443,"protocol":"http-connect","tool_call_id":"toolu_1"}
+//! -> {"sandbox":"ID","host":"api.example.com","port":443,"protocol":"http-connect","tool_call_id":"toolu_1","tool_call_claimed":"toolu_2"}
 //! <- {"answer":"allow-once"|"allow-always"|"deny","reason":"optional text shown to the tool"}
 //! ```
 //!
@@ -38,8 +38,9 @@ use crate::error_text::chain;
 use crate::events::Protocol;
 use crate::rules::{EgressRules, Host, Verdict};
 
-/// The request header a tool (or the agent harness that runs it) sets to name its tool call;
-/// the decider gets it, and the proxy strips it before forwarding a plain HTTP request.
+/// The request header a tool may set to name its tool call. The sandbox writes it, so the
+/// decider and the audit get it only as `tool_call_claimed`, beside the runtime's own
+/// `tool_call_id` ([`ToolCall`]); the proxy strips it before forwarding a plain HTTP request.
 pub const TOOL_CALL_HEADER: &str = "X-Agent-Sandbox-Tool-Call";
 
 /// The most bytes of a decider's answer read (HTTP: head and body).
@@ -69,6 +70,16 @@ pub fn tool_call_id(value: &[u8]) -> Option<String> {
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(b));
     ok.then(|| String::from_utf8_lossy(value).into_owned())
+}
+
+/// The tool call of a connection: the one the runtime attributes it to (the exec whose
+/// process opened it, `crate::ToolCalls`), and the one its header claims.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ToolCall<'a> {
+    /// The runtime's: the id the harness gave the exec whose process opened the connection.
+    pub id: Option<&'a str>,
+    /// The request's [`TOOL_CALL_HEADER`]: written by the sandbox, so only a claim.
+    pub claimed: Option<&'a str>,
 }
 
 /// A decider's answer, and what the live rules record.
@@ -118,8 +129,10 @@ pub struct ApprovalRecord {
     pub by: AnsweredBy,
     /// The decider's reason, or why the default applied.
     pub reason: Option<String>,
-    /// The tool call the connection named, if any.
+    /// The runtime's tool call of the connection ([`ToolCall::id`]).
     pub tool_call_id: Option<String>,
+    /// The tool call the connection's header claimed ([`ToolCall::claimed`]).
+    pub tool_call_claimed: Option<String>,
 }
 
 /// The question sent to the decider.
@@ -133,8 +146,11 @@ pub struct Question<'a> {
     pub port: u16,
     /// How the tool spoke to the proxy.
     pub protocol: Protocol,
-    /// The tool call the request named ([`TOOL_CALL_HEADER`]), if any.
+    /// The tool call of the exec whose process opened the connection, as the runtime knows
+    /// it (never a header the sandbox wrote).
     pub tool_call_id: Option<&'a str>,
+    /// The tool call the request's [`TOOL_CALL_HEADER`] claimed: the sandbox wrote it.
+    pub tool_call_claimed: Option<&'a str>,
 }
 
 /// The decider's answer as it must be written.
@@ -383,7 +399,7 @@ impl Approvals {
         host: &Host,
         port: u16,
         protocol: Protocol,
-        tool_call_id: Option<&str>,
+        tool_call: ToolCall<'_>,
     ) -> Decided<'_> {
         let verdict = rules.decide(host, port);
         let fixed = |verdict| Decided {
@@ -425,7 +441,8 @@ impl Approvals {
             host: name.clone(),
             port,
             protocol,
-            tool_call_id,
+            tool_call_id: tool_call.id,
+            tool_call_claimed: tool_call.claimed,
         };
         let wait = policy.timeout.as_duration();
         let asked = timeout(wait, async {
@@ -455,7 +472,8 @@ impl Approvals {
             answer = answer.name(),
             by = ?by,
             reason = reason.as_deref().unwrap_or(""),
-            tool_call_id = tool_call_id.unwrap_or(""),
+            tool_call_id = tool_call.id.unwrap_or(""),
+            tool_call_claimed = tool_call.claimed.unwrap_or(""),
             "egress approval"
         );
         (self.sink)(&ApprovalRecord {
@@ -463,7 +481,8 @@ impl Approvals {
             target: target.clone(),
             by,
             reason: reason.clone(),
-            tool_call_id: tool_call_id.map(str::to_owned),
+            tool_call_id: tool_call.id.map(str::to_owned),
+            tool_call_claimed: tool_call.claimed.map(str::to_owned),
         });
         let who = match by {
             AnsweredBy::Default => "default answer",
@@ -531,6 +550,7 @@ impl Approvals {
             by: AnsweredBy::Command,
             reason: None,
             tool_call_id: None,
+            tool_call_claimed: None,
         });
         Ok(format!(
             "{} {text} for the life of sandbox {}",
@@ -780,7 +800,10 @@ mod tests {
                     &host(h),
                     port,
                     Protocol::HttpConnect,
-                    Some("toolu_1"),
+                    ToolCall {
+                        id: Some("toolu_1"),
+                        claimed: Some("toolu_forged"),
+                    },
                 )
                 .await
                 .verdict
@@ -811,6 +834,7 @@ mod tests {
         assert_eq!(seen.len(), 3);
         assert_eq!(seen[1].answer, Answer::Deny);
         assert_eq!(seen[1].tool_call_id.as_deref(), Some("toolu_1"));
+        assert_eq!(seen[1].tool_call_claimed.as_deref(), Some("toolu_forged"));
     }
 
     #[tokio::test]
@@ -837,7 +861,13 @@ mod tests {
         let rules = Fixed(Allowlist::new(vec![rule("listed.org")], vec![]));
         for _ in 0..4 {
             let v = a
-                .decide(&rules, &host("x.example.com"), 443, Protocol::Socks5, None)
+                .decide(
+                    &rules,
+                    &host("x.example.com"),
+                    443,
+                    Protocol::Socks5,
+                    ToolCall::default(),
+                )
                 .await
                 .verdict;
             assert!(!v.allowed, "{v:?}");
@@ -1012,7 +1042,7 @@ mod tests {
                 &host("a.example.com"),
                 8443,
                 Protocol::HttpConnect,
-                None,
+                ToolCall::default(),
             )
             .await
             .verdict;
@@ -1026,7 +1056,7 @@ mod tests {
                 &host("a.example.com"),
                 8443,
                 Protocol::HttpConnect,
-                None,
+                ToolCall::default(),
             )
             .await
             .verdict;

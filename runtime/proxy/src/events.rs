@@ -132,6 +132,13 @@ pub struct EgressEvent {
     /// The credential added to the connection's requests, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub credential: Option<Injection>,
+    /// The tool call of the exec whose process opened the connection, as the runtime knows
+    /// it (`crate::ToolCalls`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool call the request's header claimed: written by the sandbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_claimed: Option<String>,
 }
 
 fn millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -186,6 +193,8 @@ mod tests {
             bytes_down: 20,
             duration: Duration::from_micros(1500),
             credential: None,
+            tool_call_id: None,
+            tool_call_claimed: None,
         };
         let json = serde_json::to_value(&event).unwrap();
         assert_eq!(

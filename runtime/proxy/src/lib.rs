@@ -35,7 +35,7 @@ pub use listener::{
 };
 pub use proxy::{
     DENIED_HEADER, DENIED_REASON, DNS_REFUSED_RULE, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy,
-    ProxyConfig, ProxyError, SNI_MISMATCH_RULE, SNI_UNREADABLE_RULE,
+    ProxyConfig, ProxyError, SNI_MISMATCH_RULE, SNI_UNREADABLE_RULE, ToolCalls,
 };
 pub use resolve::{
     BoxFuture, DNS_CACHE_ENTRIES, DnsResolver, ResolveError, Resolver, StaticResolver,

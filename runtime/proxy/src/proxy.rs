@@ -52,6 +52,18 @@ pub struct ProxyConfig {
     pub sni: SniCheck,
     /// TLS termination for the `https` entries of `credentials` (none: every tunnel is opaque).
     pub tls: Option<Arc<TlsInterceptor>>,
+    /// Who opened a connection, as the runtime knows it: the tool call of the exec whose
+    /// process holds the sandbox's end (none: no connection is attributed).
+    pub tool_calls: Option<Arc<dyn ToolCalls>>,
+}
+
+/// Finds the tool call a connection belongs to from outside the sandbox (the runtime's
+/// attribution, `agent-sandbox`'s `sidecars/tool_calls.rs`): never from what the sandbox
+/// sends. Called on a blocking thread, once per connection, while its client waits.
+pub trait ToolCalls: Send + Sync + std::fmt::Debug {
+    /// The tool-call id of the exec whose process holds the socket connected from `client`
+    /// (the address the proxy saw, in the sandbox's network namespace).
+    fn of(&self, client: SocketAddr) -> Option<String>;
 }
 
 impl Default for ProxyConfig {
@@ -68,6 +80,7 @@ impl Default for ProxyConfig {
             approvals: None,
             sni: SniCheck::Deny,
             tls: None,
+            tool_calls: None,
         }
     }
 }
@@ -375,8 +388,10 @@ struct Record {
     rule: Option<String>,
     address_rule: Option<String>,
     resolved: Option<SocketAddr>,
-    /// The tool call the request named (`X-Agent-Sandbox-Tool-Call`), for the decider.
+    /// The tool call the request's header claimed (`X-Agent-Sandbox-Tool-Call`).
     tool_call: Option<String>,
+    /// The runtime's tool call of the connection, once looked up (`ProxyConfig::tool_calls`).
+    tool_call_id: Option<Option<String>>,
     /// The relay ran to its end: both sides are done, nothing is left to drain.
     relayed: bool,
     /// The credential the proxy added to this connection's requests.
@@ -497,6 +512,7 @@ impl Inner {
             address_rule: None,
             resolved: None,
             tool_call: None,
+            tool_call_id: None,
             relayed: false,
             credential: None,
         }
@@ -896,9 +912,27 @@ impl Inner {
     /// Decides, resolves once, checks every address and dials the first checked one that
     /// answers. The returned stream is connected to an address that passed the checks.
     async fn open(&self, host: &Host, port: u16, rec: &mut Record) -> Result<TcpStream, Refusal> {
+        if rec.tool_call_id.is_none() {
+            // While the client waits for this answer its socket is still open, so the
+            // process holding it can be found.
+            let found = match &self.config.tool_calls {
+                Some(t) => {
+                    let (t, client) = (Arc::clone(t), rec.client);
+                    tokio::task::spawn_blocking(move || t.of(client))
+                        .await
+                        .ok()
+                        .flatten()
+                }
+                None => None,
+            };
+            rec.tool_call_id = Some(found);
+        }
         let decided = match &self.config.approvals {
             Some(approvals) => {
-                let tool_call = rec.tool_call.as_deref();
+                let tool_call = crate::approval::ToolCall {
+                    id: rec.tool_call_id.as_ref().and_then(|t| t.as_deref()),
+                    claimed: rec.tool_call.as_deref(),
+                };
                 approvals
                     .decide(&*self.rules, host, port, rec.protocol, tool_call)
                     .await
@@ -1012,6 +1046,8 @@ impl Inner {
             bytes_down: counters.down.load(Ordering::Relaxed),
             duration: rec.start.elapsed(),
             credential: rec.credential.clone(),
+            tool_call_id: rec.tool_call_id.clone().flatten(),
+            tool_call_claimed: rec.tool_call.clone(),
         };
         tracing::info!(
             target: "agent_sandbox::egress",

@@ -4,7 +4,11 @@
 use crate::lifecycle::Runtime;
 use crate::state::ContainerId;
 
-use super::{Cli, CliError};
+use super::{Cli, CliError, Outcome};
+
+/// The exit status of `audit verify` for a log whose chain is intact but that reached its
+/// size cap: not every record is in it (docs/audit.md, "Verifying a log").
+pub const VERIFY_TRUNCATED: i32 = 3;
 
 /// `audit ID [--json]`, `audit verify ID`, `audit prune [--older-than DUR] [ID]`.
 pub(super) fn audit(
@@ -12,9 +16,10 @@ pub(super) fn audit(
     json: bool,
     older_than: Option<&str>,
     args: Vec<String>,
-) -> Result<(), CliError> {
+) -> Result<Outcome, CliError> {
     if args.first().is_some_and(|a| a == "prune") && args.len() <= 2 {
-        return prune(cli, older_than, &args);
+        prune(cli, older_than, &args)?;
+        return Ok(Outcome::Exit(0));
     }
     if older_than.is_some() {
         return Err(CliError::OlderThanWithoutPrune);
@@ -35,6 +40,16 @@ pub(super) fn audit(
     }
     if verify {
         let report = agent_sandbox_audit::verify(&log)?;
+        if let Some(seq) = report.truncated {
+            println!(
+                "{}: {} records, chain intact (head {}), TRUNCATED: the log reached its size cap at record {seq}; \
+                 later records of the sandbox are only counted in summary records (docs/audit.md#verifying-a-log)",
+                log.display(),
+                report.records,
+                report.head
+            );
+            return Ok(Outcome::Exit(VERIFY_TRUNCATED));
+        }
         println!(
             "{}: {} records, chain intact (head {})",
             log.display(),
@@ -44,7 +59,7 @@ pub(super) fn audit(
     } else {
         print!("{}", crate::report::audit::show(&log, json)?);
     }
-    Ok(())
+    Ok(Outcome::Exit(0))
 }
 
 /// `audit prune [--older-than DUR] [ID]`: `args` is `["prune"]` or `["prune", ID]`.

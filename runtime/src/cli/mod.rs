@@ -491,7 +491,7 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
             json,
             older_than,
             args,
-        } => audit::audit(cli, json, older_than.as_deref(), args)?,
+        } => return audit::audit(cli, json, older_than.as_deref(), args),
         Command::AuditExit {
             process,
             pid,

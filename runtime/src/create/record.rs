@@ -31,6 +31,7 @@ impl Runtime {
         if let Some(process) = spec.process() {
             crate::report::audit::exec(&self.dirs, id, process, spec)
                 .map_err(LifecycleError::Audit)?;
+            crate::report::audit::tag_exec(&self.dirs, id, pid, process, spec);
         }
         marks.mark("audit");
         let cgroups = &hardened.cgroups;

@@ -72,14 +72,8 @@ impl Runtime {
         let pid = result?.map_err(|source| LifecycleError::Exec {
             source: Box::new(source),
         })?;
+        crate::report::audit::tag_exec(&self.dirs, id, pid.as_raw(), &process_for_audit, &hardened);
         if opts.detach {
-            crate::report::audit::tag_exec(
-                &self.dirs,
-                id,
-                pid.as_raw(),
-                &process_for_audit,
-                &hardened,
-            );
             let exec_id = crate::sidecars::exec_exit::exec_id(opts.pid_file.as_deref());
             crate::sidecars::exec_exit::watch(&self.dirs, id, pid.as_raw(), &exec_id);
             return Ok(None);

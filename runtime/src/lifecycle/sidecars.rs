@@ -70,7 +70,11 @@ impl Runtime {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::harden::SandboxError::NoArch)?;
         let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
-        crate::sidecars::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit)
+        // Its records share the log's cap with the proxy's (docs/audit.md).
+        let bundle = self.dirs.sandbox(id).bundle();
+        let (policy, _, _) = self.saved_policy(id, &bundle)?;
+        let cap = policy.network.audit_max_bytes.bytes();
+        crate::sidecars::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit, cap)
             .map_err(LifecycleError::SyscallAudit)
     }
 

@@ -349,16 +349,14 @@ pub fn oom_kills(cgroup: &Path) -> Option<u64> {
     crate::host::cgroups::oom_kills(cgroup)
 }
 
-/// A detached exec started with host pid `pid`: remembers its tool-call id so
-/// its `exit` record carries it too.
+/// A process started with host pid `pid` (the init, or an exec): remembers its tool-call
+/// id so its `exit` record carries it, and so the egress proxy attributes its connections
+/// to it (`crate::sidecars::tool_calls`).
 pub fn tag_exec(dirs: &StateDirs, id: &ContainerId, pid: i32, process: &Process, hardened: &Spec) {
     let Some(tool_call) = tool_call_of(process, hardened) else {
         return;
     };
-    let sandbox = dirs.sandbox(id);
-    if let Err(e) = std::fs::create_dir_all(sandbox.audit_exec_tags())
-        .and_then(|()| std::fs::write(sandbox.audit_exec_tag(pid), tool_call))
-    {
+    if let Err(e) = crate::sidecars::tool_calls::tag(&dirs.sandbox(id), pid, &tool_call) {
         tracing::warn!(id = %id, pid, error = %e, "cannot remember the exec's tool-call id");
     }
 }
@@ -387,7 +385,7 @@ pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result
         let f = dirs.sandbox(id).audit_exec_tag(pid);
         let tag = std::fs::read_to_string(&f).ok();
         let _ = std::fs::remove_file(&f);
-        tag
+        tag.as_deref().and_then(crate::sidecars::tool_calls::tag_id)
     });
     append(
         dirs,

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use agent_sandbox_audit::{AuditError, AuditLog, Event, RateLimit};
+use agent_sandbox_audit::{AuditError, AuditLog, Event, Gate, Passed};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
-use agent_sandbox_policy::policy::{NetworkMode, SniMismatch};
+use agent_sandbox_policy::policy::{AuditAtCap, NetworkMode, SniMismatch};
 use agent_sandbox_proxy::approval::{AnsweredBy, ApprovalRecord};
 use agent_sandbox_proxy::error_text::chain;
 use agent_sandbox_proxy::{
@@ -297,11 +297,13 @@ pub enum Stopped {
     WasDead,
 }
 
-/// Stops the sandbox's proxy, if it has one. Best effort: used on delete and on
-/// a failed create. The pid is only signalled if it still is this sandbox's
-/// proxy (a dead proxy's pid may have been reused by another process).
+/// Stops the sandbox's proxy, if it has one: SIGTERM, so it writes what its audit writer
+/// still counts (the pending rate and cap summaries), then SIGKILL if it is still there after
+/// [`END_WAIT`]. Best effort: used on delete and on a failed create. The pid is only
+/// signalled if it still is this sandbox's proxy (a dead proxy's pid may have been reused by
+/// another process).
 pub fn stop(sandbox_dir: &SandboxDir, id: &str) -> Stopped {
-    match sidecars::stop(&sandbox_dir.proxy_pid(), "proxy", id) {
+    match sidecars::stop_after(&sandbox_dir.proxy_pid(), "proxy", id, END_WAIT) {
         sidecars::Stopped::NoPidFile => Stopped::NoProxy,
         sidecars::Stopped::Killed => Stopped::Killed,
         sidecars::Stopped::WasDead => {
@@ -319,9 +321,7 @@ const INIT_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 /// create that was killed before it recorded the proxy's pid must not leak it. The identity
 /// of the namespace (device and inode) is compared, so a reused pid cannot keep it alive. The
 /// pid file is removed first so that `delete` does not report a dead proxy as a failure.
-fn watch_sandbox_init(netns: &Path, pid_file: PathBuf) {
-    use std::os::unix::fs::MetadataExt;
-    let ns_id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+fn watch_sandbox_init(netns: &Path, pid_file: PathBuf, writer: Ender) {
     let Some(original) = ns_id(netns) else {
         return;
     };
@@ -332,10 +332,138 @@ fn watch_sandbox_init(netns: &Path, pid_file: PathBuf) {
             if ns_id(&netns) != Some(original) {
                 tracing::info!(netns = %netns.display(), "the sandbox's init is gone; the egress proxy exits");
                 let _ = std::fs::remove_file(&pid_file);
+                writer.end();
                 std::process::exit(0);
             }
         }
     });
+}
+
+/// The identity (device, inode) of a namespace file.
+fn ns_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The pid in `/proc/PID/ns/net`.
+fn init_of(netns: &Path) -> Option<i32> {
+    netns
+        .strip_prefix("/proc")
+        .ok()?
+        .components()
+        .next()?
+        .as_os_str()
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// How often what the rate limits counted is written as a `summary` record.
+const SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long the proxy waits for its writer to write what it still counts when it ends.
+const END_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Asks the audit writer to write what it still counts, and waits for it (at most
+/// [`END_WAIT`]).
+#[derive(Clone)]
+struct Ender(mpsc::Sender<Written>);
+
+impl Ender {
+    fn end(&self) {
+        let (ack, done) = mpsc::channel();
+        if self.0.send(Written::End(ack)).is_ok() {
+            let _ = done.recv_timeout(END_WAIT);
+        }
+    }
+}
+
+/// The sandbox whose records reached the cap under `audit_at_cap = "stop"`: its init (and
+/// with it its PID namespace) is SIGKILLed, while it is still the process that holds the
+/// network namespace the proxy serves (a reused pid is left alone).
+#[derive(Debug, Clone)]
+struct StopAtCap {
+    init: i32,
+    netns: PathBuf,
+    netns_id: (u64, u64),
+}
+
+impl StopAtCap {
+    fn stop(&self, log: &AuditLog, cap: u64) {
+        tracing::error!(
+            init = self.init,
+            cap,
+            "the sandbox's records reached network.audit_max_bytes: stopping it (audit_at_cap = stop)"
+        );
+        let event = Event::LimitHit {
+            limit: "audit_max_bytes".to_owned(),
+            count: 1,
+            max: Some(cap),
+        };
+        if let Err(e) = log.append(&event) {
+            tracing::error!(error = %e, "cannot record the audit cap's stop");
+        }
+        if ns_id(&self.netns) == Some(self.netns_id) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.init),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The proxy's audit writer: every record the sandbox drives goes through the gate (a rate
+/// per stream, the cap's reserve, counted summaries; docs/audit.md, "The size cap"), on its
+/// own thread so the proxy's event loop never waits for an fsync.
+fn write_records(
+    log: AuditLog,
+    rx: mpsc::Receiver<Written>,
+    cap: u64,
+    stop_at_cap: Option<StopAtCap>,
+) {
+    let mut gate = Gate::new(cap, Instant::now());
+    let mut next_summary = Instant::now() + SUMMARY_EVERY;
+    let report = |r: Result<Passed, AuditError>| match r {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot append a record to the audit log");
+            Passed::Counted
+        }
+    };
+    loop {
+        let now = Instant::now();
+        let passed = match rx.recv_timeout(next_summary.saturating_duration_since(now)) {
+            Ok(Written::Net(event)) => match net_record(&event) {
+                Some(record) => report(gate.offer(&log, record, now)),
+                None => continue,
+            },
+            Ok(Written::Approval(record)) => {
+                report(gate.offer(&log, approval_record(&record), now))
+            }
+            Ok(Written::End(ack)) => {
+                if let Err(e) = gate.finish(&log) {
+                    tracing::error!(error = %e, "cannot write the audit summaries");
+                }
+                let _ = ack.send(());
+                return;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                next_summary = Instant::now() + SUMMARY_EVERY;
+                report(gate.flush(&log))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                if let Err(e) = gate.finish(&log) {
+                    tracing::error!(error = %e, "cannot write the audit summaries");
+                }
+                return;
+            }
+        };
+        if passed == Passed::Capped
+            && let Some(s) = &stop_at_cap
+        {
+            s.stop(&log, cap);
+        }
+    }
 }
 
 /// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on
@@ -408,37 +536,20 @@ pub fn serve(
     } else {
         None
     };
-    watch_sandbox_init(&netns, pid_file);
-    // Audit records are fsynced one by one: a writer thread keeps that off the
-    // proxy's event loop (the sink must not block). Denials are rate-limited (the same
-    // limit as `syscall_denied`; what is left out is counted in the next denial's record)
-    // and every `net` record is subject to the policy's audit size cap.
     let (tx, rx) = mpsc::channel::<Written>();
     let cap = policy.network.audit_max_bytes.bytes();
-    std::thread::spawn(move || {
-        let mut denials = RateLimit::new();
-        let mut full = false;
-        for written in rx {
-            let record = match written {
-                Written::Net(event) => net_record(&event, &mut denials, Instant::now()),
-                Written::Approval(record) => Some(approval_record(&record)),
-            };
-            let Some(record) = record else {
-                continue;
-            };
-            if full {
-                continue;
-            }
-            match log.append_capped(&record, cap) {
-                Ok(agent_sandbox_audit::Capped::Written(_)) => {}
-                // One `truncated` record, even when lifecycle records follow it.
-                Ok(_) => full = true,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot append a net record to the audit log")
-                }
-            }
-        }
-    });
+    let init = init_of(&netns);
+    let stop_at_cap = match (policy.network.audit_at_cap, init, ns_id(&netns)) {
+        (AuditAtCap::Stop, Some(init), Some(netns_id)) => Some(StopAtCap {
+            init,
+            netns: netns.clone(),
+            netns_id,
+        }),
+        _ => None,
+    };
+    let writer = std::thread::spawn(move || write_records(log, rx, cap, stop_at_cap));
+    let ender = Ender(tx.clone());
+    watch_sandbox_init(&netns, pid_file.clone(), ender.clone());
     // Live allow/deny rules and the decider (docs/egress.md, "Approvals"); their changes go
     // to the same writer.
     let approval_tx = tx.clone();
@@ -474,6 +585,12 @@ pub fn serve(
                 SniMismatch::Record => SniCheck::Record,
             },
             tls,
+            tool_calls: init.map(|init| {
+                Arc::new(crate::sidecars::tool_calls::ExecTags::new(
+                    sandbox_dir,
+                    init,
+                )) as Arc<dyn agent_sandbox_proxy::ToolCalls>
+            }),
             ..ProxyConfig::default()
         },
     );
@@ -514,16 +631,29 @@ pub fn serve(
             _ = hup.recv() => Err(EgressError::Signalled { signal: "SIGHUP" }),
         }
     });
-    if let Err(e) = &result {
-        record_stop(audit, id, &chain(e));
+    // What the writer still counts goes to the log first, whatever ended the proxy.
+    ender.end();
+    drop(writer);
+    match &result {
+        // `delete` removes the pid file before it signals: the sandbox ends, orderly.
+        Err(EgressError::Signalled { .. }) if !pid_file.exists() => {
+            tracing::info!(id, "the sandbox ends; the egress proxy exits");
+            Ok(())
+        }
+        Err(e) => {
+            record_stop(audit, id, &chain(e));
+            result
+        }
+        Ok(()) => result,
     }
-    result
 }
 
 /// What the proxy's audit writer gets.
 enum Written {
     Net(Box<EgressEvent>),
     Approval(ApprovalRecord),
+    /// The proxy ends: write what is still counted, then acknowledge.
+    End(mpsc::Sender<()>),
 }
 
 /// Binds the control socket of `agent-sandbox allow`/`deny` in the sandbox's state directory
@@ -550,6 +680,7 @@ fn approval_record(record: &ApprovalRecord) -> Event {
         .to_owned(),
         reason: record.reason.clone(),
         tool_call_id: record.tool_call_id.clone(),
+        tool_call_claimed: record.tool_call_claimed.clone(),
     }
 }
 
@@ -561,9 +692,9 @@ fn report(line: &str) {
     // Later writes to stdout (none are made) would go to a closed pipe.
 }
 
-/// The audit record of a finished connection (one per connection; denials only as far as
-/// `denials` lets them through, the next one counting those left out).
-fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Option<Event> {
+/// The audit record of a finished connection (one per connection; the writer's gate decides
+/// whether it is written or counted).
+fn net_record(event: &EgressEvent) -> Option<Event> {
     if event.stage != Stage::Finished {
         return None;
     }
@@ -571,11 +702,7 @@ fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Opt
         Outcome::Allowed => agent_sandbox_audit::Verdict::Allow,
         _ => agent_sandbox_audit::Verdict::Deny,
     };
-    let suppressed = match verdict {
-        agent_sandbox_audit::Verdict::Allow => 0,
-        agent_sandbox_audit::Verdict::Deny if denials.take(now) => denials.take_suppressed(),
-        agent_sandbox_audit::Verdict::Deny => return None,
-    };
+    let suppressed = 0;
     let rule = match (&event.rule, &event.outcome) {
         (Some(rule), Outcome::Allowed | Outcome::Denied) => rule.clone(),
         (_, other) => serde_json::to_value(other)
@@ -604,6 +731,8 @@ fn net_record(event: &EgressEvent, denials: &mut RateLimit, now: Instant) -> Opt
                 requests: c.requests,
                 https: c.https,
             }),
+        tool_call_id: event.tool_call_id.clone(),
+        tool_call_claimed: event.tool_call_claimed.clone(),
     })
 }
 
@@ -630,25 +759,36 @@ mod tests {
             bytes_down: 0,
             duration: std::time::Duration::ZERO,
             credential: None,
+            tool_call_id: None,
+            tool_call_claimed: None,
         }
     }
 
     #[test]
     fn denials_are_rate_limited_and_the_next_record_counts_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(dir.path().join("l.jsonl"), "sb").unwrap();
         let t = Instant::now();
-        let mut limit = RateLimit::starting_at(t);
+        let mut gate = Gate::new(16 << 20, t);
         let denied = finished(Outcome::Denied);
         let written = (0..1000)
-            .filter(|_| net_record(&denied, &mut limit, t).is_some())
+            .filter(|_| {
+                gate.offer(&log, net_record(&denied).unwrap(), t).unwrap() == Passed::Written
+            })
             .count();
         assert_eq!(written, 50);
-        // Allowed connections are never left out and do not carry the count.
-        match net_record(&finished(Outcome::Allowed), &mut limit, t) {
-            Some(Event::Net { suppressed: 0, .. }) => {}
-            other => panic!("allowed connection not recorded plainly: {other:?}"),
-        }
-        match net_record(&denied, &mut limit, t + std::time::Duration::from_secs(1)) {
-            Some(Event::Net { suppressed, .. }) => assert_eq!(suppressed, 950),
+        // Allowed connections have their own rate and do not carry the count.
+        let allowed = net_record(&finished(Outcome::Allowed)).unwrap();
+        assert_eq!(gate.offer(&log, allowed, t).unwrap(), Passed::Written);
+        let later = t + std::time::Duration::from_secs(1);
+        assert_eq!(
+            gate.offer(&log, net_record(&denied).unwrap(), later)
+                .unwrap(),
+            Passed::Written
+        );
+        let records = agent_sandbox_audit::read_records(log.path()).unwrap();
+        match &records.last().unwrap().event {
+            Event::Net { suppressed, .. } => assert_eq!(*suppressed, 950),
             other => panic!("no record after the refill: {other:?}"),
         }
     }

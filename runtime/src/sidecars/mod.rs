@@ -14,6 +14,7 @@ pub mod fs_audit;
 pub mod podman_oom;
 pub mod syscall_audit;
 pub mod tls_trust;
+pub mod tool_calls;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -145,6 +146,37 @@ pub fn stop(pid_file: &Path, subcommand: &str, id: &str) -> Stopped {
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     );
+    Stopped::Killed
+}
+
+/// [`stop`], but first SIGTERM and up to `grace` for the sidecar to end on its own (the
+/// egress proxy writes what its audit writer still counts). The pid file is removed before
+/// the signal, which tells the sidecar the sandbox ends (not an outage to record).
+pub fn stop_after(
+    pid_file: &Path,
+    subcommand: &str,
+    id: &str,
+    grace: std::time::Duration,
+) -> Stopped {
+    let Ok(text) = std::fs::read_to_string(pid_file) else {
+        return Stopped::NoPidFile;
+    };
+    let _ = std::fs::remove_file(pid_file);
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return Stopped::WasDead;
+    };
+    if !is_ours(pid, subcommand, id) {
+        return Stopped::WasDead;
+    }
+    let target = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + grace;
+    while is_ours(pid, subcommand, id) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if is_ours(pid, subcommand, id) {
+        let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
+    }
     Stopped::Killed
 }
 

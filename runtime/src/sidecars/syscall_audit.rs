@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use agent_sandbox_audit::kernel::{Found, LandlockTracker};
-use agent_sandbox_audit::{AuditLog, Event, RateLimit};
+use agent_sandbox_audit::{AuditLog, Event, Gate, RateLimit, Stream as RecordStream};
 use agent_sandbox_policy::seccomp::Arch;
 use agent_sandbox_sys::seccomp_notify::{self, Handover, Instruction};
 use seccompiler::BpfProgram;
@@ -242,7 +242,26 @@ impl Starting {
 
 /// Kills the supervisor (at delete), if it still is this sandbox's.
 pub fn stop(sandbox_dir: &SandboxDir, id: &str) {
-    sidecars::stop(&sandbox_dir.supervisor_pid(), "seccomp-supervise", id);
+    // SIGTERM first: the supervisor writes the denials its rate limits still count.
+    sidecars::stop_after(
+        &sandbox_dir.supervisor_pid(),
+        "seccomp-supervise",
+        id,
+        std::time::Duration::from_secs(1),
+    );
+}
+
+/// The supervisor ends: the denials its rate limits left out since the last record they
+/// counted into are written as one `summary` record, so no count is lost at delete.
+fn write_pending(log: &AuditLog, id: &str, syscalls: &mut RateLimit, files: &mut RateLimit) {
+    let mut tally = agent_sandbox_audit::Tally::default();
+    tally.add("syscall_denied", syscalls.take_suppressed());
+    tally.add("fs_denied", files.take_suppressed());
+    if let Some(summary) = tally.take(agent_sandbox_audit::SummaryCause::Rate)
+        && let Err(e) = log.append(&summary)
+    {
+        tracing::error!(id, error = %e, "cannot write the pending denial counts");
+    }
 }
 
 /// The socket's path through a descriptor of the sandbox dir (`/proc/self/fd/N/seccomp.sock`):
@@ -301,6 +320,7 @@ pub fn supervise(
     errno: i32,
     arch: Arch,
     kernel_audit: bool,
+    cap: u64,
 ) -> Result<(), SyscallAuditError> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let not_ready = |e: SyscallAuditError| {
@@ -328,17 +348,33 @@ pub fn supervise(
     let log = AuditLog::open(log, id)
         .map_err(SyscallAuditError::Audit)
         .map_err(not_ready)?;
+    // `stop` sends SIGTERM: it arrives as a readable descriptor in the poll below.
+    let term = {
+        use nix::sys::signal::{SigSet, Signal};
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTERM);
+        set.thread_block().ok().and_then(|()| {
+            nix::sys::signalfd::SignalFd::with_flags(
+                &set,
+                nix::sys::signalfd::SfdFlags::SFD_NONBLOCK
+                    | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+            )
+            .ok()
+        })
+    };
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
     let mut streams: Vec<Stream> = Vec::new();
     let mut listeners: Vec<OwnedFd> = Vec::new();
     let mut bucket = RateLimit::new();
     let mut fs_bucket = RateLimit::new();
+    // The denials' share of the log's cap (their own rate limits are the buckets above).
+    let mut gate = Gate::new(cap, Instant::now());
     let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
     let answers = Answers::new(arch, errno);
     loop {
-        let (ready_server, ready_streams, ready_listeners, ready_kernel) = {
+        let (ready_server, ready_streams, ready_listeners, ready_kernel, ready_term) = {
             let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
             fds.extend(
                 streams
@@ -352,6 +388,9 @@ pub fn supervise(
             );
             if let Some(k) = &kernel {
                 fds.push(PollFd::new(k.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(t) = &term {
+                fds.push(PollFd::new(t.as_fd(), PollFlags::POLLIN));
             }
             // Pending kernel events and waiting probes have deadlines.
             let timeout = if tracker.busy() {
@@ -370,9 +409,23 @@ pub fn supervise(
                 .collect();
             let (first, rest) = flags.split_at(1);
             let (s, rest) = rest.split_at(streams.len());
-            let (l, k) = rest.split_at(listeners.len());
-            (first[0], s.to_vec(), l.to_vec(), k.first().copied())
+            let (l, rest) = rest.split_at(listeners.len());
+            let (k, t) = rest.split_at(usize::from(kernel.is_some()));
+            (
+                first[0],
+                s.to_vec(),
+                l.to_vec(),
+                k.first().copied(),
+                t.first().copied(),
+            )
         };
+        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
+            write_pending(&log, id, &mut bucket, &mut fs_bucket);
+            if let Err(e) = gate.finish(&log) {
+                tracing::error!(id, error = %e, "cannot write the denials counted after the cap");
+            }
+            return Ok(());
+        }
         // Notifications first: a caller is waiting for each.
         let mut gone = Vec::new();
         for (i, flags) in ready_listeners.iter().enumerate() {
@@ -402,7 +455,7 @@ pub fn supervise(
                     errno: Some(errno),
                     suppressed: bucket.take_suppressed(),
                 };
-                if let Err(e) = log.append(&event) {
+                if let Err(e) = gate.write(&log, RecordStream::Kernel, &event) {
                     tracing::error!(id, error = %e, "cannot write a syscall_denied record");
                 }
             } else if flags.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
@@ -487,7 +540,11 @@ pub fn supervise(
                     }
                 }
             };
-            if let Err(e) = log.append(&event) {
+            let written = match RecordStream::of(&event) {
+                Some(stream) => gate.write(&log, stream, &event).map(drop),
+                None => log.append(&event).map(drop),
+            };
+            if let Err(e) = written {
                 tracing::error!(id, error = %e, kind = event.kind(), "cannot write a record");
             }
         }

@@ -48,6 +48,8 @@ fn sample(i: u64) -> Event {
             sni: None,
             suppressed: 0,
             credential: None,
+            tool_call_id: None,
+            tool_call_claimed: None,
         },
         3 => Event::SyscallDenied {
             syscall: "ptrace".into(),
@@ -755,6 +757,8 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
         sni: None,
         suppressed: 0,
         credential: None,
+        tool_call_id: None,
+        tool_call_claimed: None,
     };
     const CAP: u64 = 8192;
 
@@ -783,6 +787,7 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
     log.append(&Event::Delete {})?;
     let report = verify(&path)?;
     assert_eq!(report.records, written + 2);
+    assert_eq!(report.truncated, Some(written + 1));
     let records = read_records(&path)?;
     let marks: Vec<_> = records
         .iter()
