@@ -5,6 +5,7 @@ pub mod escape;
 pub mod kernel;
 pub mod limit;
 pub mod log;
+pub mod names;
 pub mod promote;
 pub mod record;
 pub mod scratch;
