@@ -999,6 +999,16 @@ impl fmt::Display for NetworkMode {
 mod tests {
     use super::*;
 
+    /// docs/policy.md#protected-names says why each mandatory name is there, in its words.
+    #[test]
+    fn every_protected_name_is_documented_with_its_reason() {
+        let doc = include_str!("../../../docs/policy.md");
+        for e in MANDATORY_PROTECTED {
+            let row = format!("| `{}` | {} |", e.name, e.why);
+            assert!(doc.contains(&row), "docs/policy.md lacks the row {row}");
+        }
+    }
+
     #[test]
     fn mandatory_lists_are_valid() {
         for e in MANDATORY_PROTECTED {
