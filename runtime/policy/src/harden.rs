@@ -750,8 +750,8 @@ pub fn harden_spec(
 }
 
 /// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
-/// and containerd give root `HOME=/root`): tools that write `~/.gitconfig` or caches then
-/// work. The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
+/// and containerd give root `HOME=/root`): tools that write caches or their state there then
+/// work ([`guard_home`] keeps its protected names, `~/.gitconfig` among them, unwritable). The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
 /// `HOME` on a writable path, or on a mount the caller chose (a home shared read-only on
 /// purpose), is left alone. `hardened` is the sandbox's spec: [`harden_spec`] applies this to
 /// the init, and the runtime to each exec'd process with the saved spec.
