@@ -25,6 +25,8 @@ packages=(
     apparmor
     # tests and benchmarks
     iproute2 iptables hyperfine jq python3 procps util-linux git
+    # promote onto a case-insensitive target: a FAT image, mounted with FUSE (no vfat module)
+    dosfstools fusefat
     # The proxy's client tests: git over ssh through netcat's SOCKS mode, TLS via openssl.
     netcat-openbsd openssh-client openssl
     # The VM suite (hack/vm): a systemd + cgroup v2 + AppArmor guest built with debootstrap,

@@ -1157,6 +1157,83 @@ fn install_script_writes_outside_its_directory(e: &dyn EntryPoint) -> anyhow::Re
     Ok(())
 }
 
+/// Planting start-up files in the sandbox's own HOME, so that every later tool call's shell,
+/// git or agent runs them: HOME is writable scratch (a tmpfs at `/home` when the image's
+/// home is on the read-only root), and the busybox image has none of these files. Each
+/// protected name is refused whether or not the image had it, also after renaming its
+/// directory away or removing it first, and also from a process exec'd later; runc's
+/// writable rootfs takes every one.
+fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
+    e.require()?;
+    const NAMES: &[&str] = &[
+        ".bashrc",
+        ".profile",
+        ".claude/settings.json",
+        ".cursor/mcp.json",
+        ".config/git/config",
+        ".gitconfig",
+        ".envrc",
+        ".ssh/authorized_keys",
+    ];
+    let script = format!(
+        "mkdir -p \"$HOME\" 2>/dev/null\n\
+         for n in {names}; do\n\
+           d=$(dirname \"$n\"); [ \"$d\" = . ] || mkdir -p \"$HOME/$d\" 2>/dev/null\n\
+           if echo evil >> \"$HOME/$n\" 2>/dev/null; then echo \"wrote $n\"; else echo \"refused $n\"; fi\n\
+         done\n\
+         if mv \"$HOME/.config\" \"$HOME/.config-away\" 2>/dev/null && mkdir -p \"$HOME/.config/git\" \\\n\
+            && echo evil > \"$HOME/.config/git/config\"; then echo 'wrote renamed'; else echo 'refused renamed'; fi\n\
+         if rm -f \"$HOME/.bashrc\" 2>/dev/null && echo evil > \"$HOME/.bashrc\"; then echo 'wrote replaced'; else echo 'refused replaced'; fi\n\
+         touch \"$HOME/notes\" && echo 'home writable'\n\
+         echo \"home=$HOME\"\n",
+        names = NAMES.join(" ")
+    );
+    let job = Job::sh(BUSYBOX_IMAGE, &script);
+    let base = e.run(Side::Baseline, &job)?;
+    for n in NAMES {
+        ensure!(
+            base.stdout.contains(&format!("wrote {n}\n")),
+            "runc baseline: {n} was not written\n{base}"
+        );
+    }
+    ensure!(
+        base.stdout.contains("wrote renamed") && base.stdout.contains("wrote replaced"),
+        "runc baseline\n{base}"
+    );
+    let ours = e.run(Side::Sandbox, &job)?;
+    ensure!(
+        ours.stdout.contains("home writable"),
+        "the sandbox's HOME must stay writable scratch\n{ours}"
+    );
+    for n in NAMES {
+        ensure!(
+            ours.stdout.contains(&format!("refused {n}\n")),
+            "the sandbox let a tool write $HOME/{n}\n{ours}"
+        );
+    }
+    for trick in ["renamed", "replaced"] {
+        ensure!(
+            ours.stdout.contains(&format!("refused {trick}")),
+            "the sandbox let a tool write a protected name of HOME once {trick}\n{ours}"
+        );
+    }
+    // A later tool call (an exec) finds the same HOME guarded and the files empty.
+    let running = e.start(Side::Sandbox, &Job::new(BUSYBOX_IMAGE, &["sleep", "300"]))?;
+    let out = running.exec(
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo evil >> \"$HOME/.bashrc\" && echo wrote; echo \"[$(cat \"$HOME/.bashrc\")]\"",
+        ],
+    )?;
+    ensure!(
+        !out.stdout.contains("wrote") && out.stdout.contains("[]"),
+        "an exec'd process wrote $HOME/.bashrc\n{out}"
+    );
+    Ok(())
+}
+
 /// The host's SSH key, reached two ways a tool would try. (1) Escape to the host's root: a
 /// privileged container in the host's pid namespace reads it through `/proc/PID/root` of a
 /// host process (this test's); the
@@ -1329,6 +1406,12 @@ macro_rules! hostile_tests {
             fn install_script_writes_never_leave_the_sandbox_but_land_on_the_host_under_runc()
             -> anyhow::Result<()> {
                 install_script_writes_outside_its_directory(&entry())
+            }
+
+            #[test]
+            fn home_dotfiles_stay_unwritable_without_an_image_file_but_runc_takes_them()
+            -> anyhow::Result<()> {
+                home_dotfiles(&entry())
             }
 
             #[test]

@@ -1084,3 +1084,170 @@ fn ctr_protected_names_inside_commits_land_after_a_naive_copy_and_promote_refuse
 -> anyhow::Result<()> {
     protected_names_in_commits(Via::Ctr)
 }
+
+/// Names a case-insensitive, normalising or Windows target reads as `.git` or as a protected
+/// name, tool configurations that run code, and invisible characters, made by the agent with
+/// Python (`\u` escapes), as (path written, path promote names in its refusal).
+const CONFUSABLE: &[(&str, &str)] = &[
+    (".ENVRC", ".ENVRC"),
+    (".GIT/config", ".GIT/config"),
+    (".Git/hooks/post-checkout", ".Git/hooks/post-checkout"),
+    (".git./config", ".git./config"),
+    ("git~1/config", "git~1/config"),
+    (".g\\u200cit/config", ".g\\u{200c}it/config"),
+    (".claude/settings.json", ".claude/settings.json"),
+    (".cursor/mcp.json", ".cursor/mcp.json"),
+    (".husky/pre-commit", ".husky/pre-commit"),
+    (".github/workflows/ci.yml", ".github/workflows/ci.yml"),
+    ("mise.toml", "mise.toml"),
+    ("src/calc\\U000e0041.py", "src/calc\\u{e0041}.py"),
+];
+
+/// The agent writes every [`CONFUSABLE`] name. A naive `cp -a` of the upper dir lands each
+/// one; promote refuses them all and the target stays as it was; the human views show the
+/// hidden characters escaped. On a FAT filesystem (case-insensitive, as WSL's `/mnt/c` and a
+/// USB stick are) a naive copy of `.GIT/config` replaces the checkout's `.git/config`, while
+/// promote refuses and leaves it.
+fn confusable_names(via: Via) -> anyhow::Result<()> {
+    let host = Host::checkout()?;
+    let agent = Agent::start(via, &host.ws)?;
+    let marker = host.marker("casefold-fsmonitor-ran");
+    let evil = format!(
+        "[core]\\n\\tfsmonitor = \"touch {}; false\"\\n",
+        marker.display()
+    );
+    let writes: Vec<String> = CONFUSABLE
+        .iter()
+        .map(|(p, _)| format!("w(\"{p}\")"))
+        .collect();
+    agent.exec(&format!(
+        "python3 - <<'PY'
+import os
+def w(p):
+    d = os.path.dirname(p)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(p, 'w') as f:
+        f.write('''{evil}''')
+{}
+PY",
+        writes.join("\n")
+    ))?;
+    let written = |(raw, _): &(&str, &str)| -> PathBuf {
+        PathBuf::from(
+            raw.replace("\\u200c", "\u{200c}")
+                .replace("\\U000e0041", "\u{e0041}"),
+        )
+    };
+
+    // A naive copy lands every name.
+    let naive = host.copy(&host.ws, "naive")?;
+    agent.naive_cp(&naive, false)?;
+    for entry in CONFUSABLE {
+        let p = written(entry);
+        ensure!(
+            naive.join(&p).is_file(),
+            "naive: {} did not land",
+            p.display()
+        );
+    }
+
+    // The human views escape what a person would not see.
+    let diff = agent.runtime(&["diff"])?;
+    ensure!(
+        diff.stdout.contains("A /src/calc\\u{e0041}.py (file)")
+            && diff.stdout.contains("/.g\\u{200c}it")
+            && !diff.stdout.contains('\u{e0041}'),
+        "diff does not escape the hidden characters\n{diff}"
+    );
+
+    // Promote refuses them all and changes nothing.
+    let target = host.copy(&host.ws, "target")?;
+    let before = snapshot(&target)?;
+    let out = agent.promote(&target, false)?;
+    let shown: Vec<&str> = CONFUSABLE.iter().map(|(_, shown)| *shown).collect();
+    refused(&out, &shown)?;
+    ensure!(
+        !out.stdout.contains('\u{e0041}') && !out.stdout.contains('\u{200c}'),
+        "promote printed a hidden character raw\n{out}"
+    );
+    ensure!(
+        snapshot(&target)? == before,
+        "a refused promotion changed the target"
+    );
+
+    // On a case-insensitive target: a naive copy, then promote into a fresh one.
+    let real = "[core]\n\tbare = false\n";
+    let fat = FatTarget::new(&host, "fat-naive")?;
+    fs::create_dir_all(fat.mnt.join(".git"))?;
+    fs::write(fat.mnt.join(".git/config"), real)?;
+    let upper = agent.upper()?;
+    run_ok(
+        Command::new("cp")
+            .arg("-r")
+            .arg(upper.join(".GIT"))
+            .arg(&fat.mnt),
+    )?;
+    let config = fs::read_to_string(fat.mnt.join(".git/config"))?;
+    ensure!(
+        config.contains("fsmonitor"),
+        "FAT: the naive copy of .GIT/config did not replace .git/config: {config:?}"
+    );
+    let fat = FatTarget::new(&host, "fat-promote")?;
+    fs::create_dir_all(fat.mnt.join(".git"))?;
+    fs::write(fat.mnt.join(".git/config"), real)?;
+    let out = agent.promote(&fat.mnt, false)?;
+    refused(&out, &[".GIT/config", ".ENVRC"])?;
+    let config = fs::read_to_string(fat.mnt.join(".git/config"))?;
+    ensure!(
+        config == real,
+        "FAT: promote changed .git/config: {config:?}\n{out}"
+    );
+    ensure!(
+        !fat.mnt.join(".envrc").exists(),
+        "FAT: promote wrote .envrc\n{out}"
+    );
+    Ok(())
+}
+
+/// A FAT filesystem image mounted with fusefat (no vfat module loads here), unmounted on drop.
+struct FatTarget {
+    mnt: PathBuf,
+}
+
+impl FatTarget {
+    fn new(host: &Host, name: &str) -> anyhow::Result<FatTarget> {
+        harness::require_tool("mkfs.vfat")?;
+        harness::require_tool("fusefat")?;
+        let img = host.path(&format!("{name}.img"));
+        let mnt = host.path(name);
+        fs::create_dir_all(&mnt)?;
+        run_ok(Command::new("truncate").args(["-s", "64M"]).arg(&img))?;
+        run_ok(Command::new("mkfs.vfat").arg(&img))?;
+        run_ok(
+            Command::new("fusefat")
+                .args(["-o", "rw+"])
+                .arg(&img)
+                .arg(&mnt),
+        )?;
+        Ok(FatTarget { mnt })
+    }
+}
+
+impl Drop for FatTarget {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+    }
+}
+
+#[test]
+fn podman_names_a_case_insensitive_target_reads_as_git_or_protected_are_refused()
+-> anyhow::Result<()> {
+    confusable_names(Via::Podman)
+}
+
+#[test]
+fn ctr_names_a_case_insensitive_target_reads_as_git_or_protected_are_refused() -> anyhow::Result<()>
+{
+    confusable_names(Via::Ctr)
+}

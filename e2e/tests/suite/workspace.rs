@@ -116,12 +116,16 @@ fn host_state(repo: &Path) -> anyhow::Result<(String, String, u32, String)> {
     ))
 }
 
-/// The agent's session: edit, create in a new subdirectory, delete, commit with git.
+/// The agent's session: edit, create in a new subdirectory, delete, commit with git. The
+/// identity comes from the environment: `~/.gitconfig` is a protected name, so
+/// `git config --global` is refused (docs/policy.md#protected-names).
 const AGENT_SCRIPT: &str = "set -e; cd /workspace; \
     echo 'def sub(a, b): return a - b' >> src/calc.py; \
     mkdir -p src/new && echo 'x = 1' > src/new/mod.py; \
     rm README; \
-    git config --global user.name agent; git config --global user.email agent@example.invalid; \
+    if git config --global user.name agent 2>/dev/null; then echo GLOBAL-CONFIG-WRITTEN; fi; \
+    export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=agent@example.invalid; \
+    export GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=agent@example.invalid; \
     git status --short; git add -A; git commit -qm 'agent: sub'; \
     echo COMMITTED $(git rev-parse HEAD); git log --oneline | wc -l";
 
@@ -130,6 +134,10 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
     ensure!(
         out.stdout.contains("COMMITTED ") && out.stdout.trim_end().ends_with('2'),
         "git commit did not work inside the sandbox\n{out}"
+    );
+    ensure!(
+        !out.stdout.contains("GLOBAL-CONFIG-WRITTEN"),
+        "git config --global wrote the protected ~/.gitconfig\n{out}"
     );
     ensure!(
         !out.stderr.contains("dubious ownership") && !out.stderr.contains("Permission denied"),

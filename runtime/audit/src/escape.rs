@@ -11,22 +11,36 @@ use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
-/// Whether `c` must not reach a terminal as it is: C0 controls, DEL, C1 controls (U+0080 to
-/// U+009F, which some terminals read as ESC sequences) and the invisible format characters
-/// that reorder or hide text (bidirectional overrides and isolates, zero-width characters,
-/// line and paragraph separators, the byte order mark).
+/// Whether `c` must not reach a terminal as it is, or would read as something it is not:
+/// every character of the Unicode general categories Cc (C0 and C1 controls, DEL: some
+/// terminals read C1 as ESC sequences), Cf (format: bidirectional overrides and isolates,
+/// zero-width characters, the soft hyphen, the byte order mark, tag characters
+/// U+E0000-E007F that spell hidden text), Co (private use), Cs (surrogates), Cn (unassigned:
+/// a later Unicode may make them anything), Zl and Zp (line and paragraph separators); every
+/// space other than U+0020 (Zs: it reads as a plain space); every Default_Ignorable_Code_Point
+/// (the Hangul fillers U+115F, U+1160, U+3164, U+FFA0, variation selectors, the combining
+/// grapheme joiner: drawn as nothing); and the Braille blank U+2800, drawn as a space.
+/// From the Unicode data of `icu_properties`, not a hand-kept list.
 pub fn is_unsafe_char(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{061c}'
-                | '\u{200b}'..='\u{200f}'
-                | '\u{2028}'..='\u{202e}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{206f}'
-                | '\u{feff}'
-                | '\u{fff9}'..='\u{fffb}'
-        )
+    use icu_properties::props::{DefaultIgnorableCodePoint, GeneralCategory as Gc};
+    use icu_properties::{CodePointMapData, CodePointSetData};
+    if c.is_ascii() {
+        return c.is_ascii_control();
+    }
+    let unsafe_category = matches!(
+        CodePointMapData::<Gc>::new().get(c),
+        Gc::Control
+            | Gc::Format
+            | Gc::PrivateUse
+            | Gc::Surrogate
+            | Gc::Unassigned
+            | Gc::LineSeparator
+            | Gc::ParagraphSeparator
+            | Gc::SpaceSeparator
+    );
+    unsafe_category
+        || CodePointSetData::new::<DefaultIgnorableCodePoint>().contains(c)
+        || c == '\u{2800}'
 }
 
 fn push_escaped(out: &mut String, c: char) {
@@ -120,6 +134,104 @@ mod tests {
         assert_eq!(escape("x\u{9b}2Ky"), "x\\u{009b}2Ky");
         assert_eq!(escape("evil\u{202e}txt.sh"), "evil\\u{202e}txt.sh");
         assert_eq!(escape("a\u{200b}b\u{feff}"), "a\\u{200b}b\\u{feff}");
+    }
+
+    /// One character of each class that must be escaped, and where it comes from.
+    const UNSAFE: &[(char, &str)] = &[
+        ('\u{1b}', "Cc: ESC"),
+        ('\u{7f}', "Cc: DEL"),
+        ('\u{85}', "Cc: next line (C1)"),
+        ('\u{ad}', "Cf: soft hyphen"),
+        ('\u{61c}', "Cf: Arabic letter mark"),
+        ('\u{200b}', "Cf: zero-width space"),
+        ('\u{200d}', "Cf: zero-width joiner"),
+        ('\u{202e}', "Cf: right-to-left override"),
+        ('\u{2066}', "Cf: left-to-right isolate"),
+        ('\u{2069}', "Cf: pop directional isolate"),
+        ('\u{feff}', "Cf: byte order mark"),
+        ('\u{e0001}', "Cf: language tag"),
+        ('\u{e0041}', "Cf: tag latin capital A"),
+        ('\u{e007f}', "Cf: cancel tag"),
+        ('\u{e000}', "Co: private use"),
+        ('\u{f0000}', "Co: supplementary private use A"),
+        ('\u{10ffff}', "Cn: noncharacter"),
+        ('\u{fdd0}', "Cn: noncharacter"),
+        ('\u{e0080}', "Cn: unassigned after the tags"),
+        ('\u{2028}', "Zl: line separator"),
+        ('\u{2029}', "Zp: paragraph separator"),
+        ('\u{a0}', "Zs: no-break space"),
+        ('\u{2007}', "Zs: figure space"),
+        ('\u{3000}', "Zs: ideographic space"),
+        ('\u{115f}', "filler: Hangul choseong filler"),
+        ('\u{1160}', "filler: Hangul jungseong filler"),
+        ('\u{3164}', "filler: Hangul filler"),
+        ('\u{ffa0}', "filler: halfwidth Hangul filler"),
+        ('\u{2800}', "blank: Braille pattern blank"),
+        ('\u{fe0f}', "default ignorable: variation selector 16"),
+        ('\u{e0100}', "default ignorable: variation selector 17"),
+        ('\u{34f}', "default ignorable: combining grapheme joiner"),
+        ('\u{180e}', "Cf: Mongolian vowel separator"),
+    ];
+
+    #[test]
+    fn every_invisible_class_is_escaped() {
+        for (c, what) in UNSAFE {
+            assert!(is_unsafe_char(*c), "{what} U+{:04X}", u32::from(*c));
+            let name = format!("calc{c}.py");
+            let shown = escape(&name);
+            assert_ne!(shown, name, "{what}");
+            assert!(
+                shown.contains("\\u{") || shown.contains("\\x"),
+                "{what}: {shown}"
+            );
+            assert!(!shown.contains(*c), "{what}");
+        }
+    }
+
+    #[test]
+    fn hidden_tag_text_is_spelled_out() {
+        // "calc.py" followed by tag characters spelling "IGNORE": drawn as calc.py.
+        let hidden: String = "IGNORE"
+            .chars()
+            .map(|c| char::from_u32(0xe0000 + u32::from(c)).unwrap_or('?'))
+            .collect();
+        let name = format!("calc{hidden}.py");
+        assert_eq!(
+            escape(&name),
+            "calc\\u{e0049}\\u{e0047}\\u{e004e}\\u{e004f}\\u{e0052}\\u{e0045}.py"
+        );
+    }
+
+    #[test]
+    fn the_category_data_agrees_with_char_properties() {
+        // Every control char std knows is unsafe; every char of the ranges std and Unicode
+        // call whitespace, other than the plain space and the ASCII controls, is unsafe too.
+        for n in 0..=0x10ffff_u32 {
+            let Some(c) = char::from_u32(n) else { continue };
+            if c.is_control() {
+                assert!(is_unsafe_char(c), "U+{n:04X}");
+            }
+            if c.is_whitespace() && c != ' ' {
+                assert!(is_unsafe_char(c), "U+{n:04X}");
+            }
+        }
+    }
+
+    #[test]
+    fn visible_letters_marks_symbols_and_emoji_stay() {
+        for c in [
+            'a',
+            'Z',
+            '\u{e9}',
+            '\u{301}',
+            '\u{65e5}',
+            '\u{1f600}',
+            '\u{2014}',
+            ' ',
+            '~',
+        ] {
+            assert!(!is_unsafe_char(c), "U+{:04X}", u32::from(c));
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod history;
 pub mod kernel;
 pub mod limit;
 pub mod log;
+pub mod names;
 pub mod promote;
 pub mod record;
 pub mod scratch;

@@ -175,8 +175,21 @@ pub enum Refusal {
     EmbeddedRepo,
     /// A name agent-sandbox itself uses (export manifests, the staging directory).
     Reserved,
-    /// A name with control or invisible characters, or that is not UTF-8.
+    /// A name with control or invisible characters (`crate::escape::is_unsafe_char`), a
+    /// backslash, an empty, `.` or `..` component, or that is not UTF-8.
     BadName,
+    /// A name that a case-insensitive, normalising or Windows filesystem reads as `.git`
+    /// (`.GIT`, `.git.`, `.git::$INDEX_ALLOCATION`, `.g\u{200c}it`).
+    GitAlias {
+        /// The name as written.
+        name: String,
+    },
+    /// An 8.3 short name (`git~1`): on vfat and NTFS it may reach another file, `.git` or a
+    /// protected name.
+    ShortName {
+        /// The name as written.
+        name: String,
+    },
     /// A symlink with an absolute target.
     SymlinkAbsolute,
     /// A symlink whose target leaves the target tree.
@@ -252,9 +265,19 @@ impl std::fmt::Display for Refusal {
                 "makes a directory a git directory (HEAD beside objects, refs, commondir or gitdir: git run there reads its config)",
             ),
             Refusal::Reserved => f.write_str("a name agent-sandbox uses for its own files"),
-            Refusal::BadName => {
-                f.write_str("a name with control or invisible characters, or not UTF-8")
-            }
+            Refusal::BadName => f.write_str(
+                "a name with control or invisible characters, a backslash, an empty, . or .. part, or not UTF-8",
+            ),
+            Refusal::GitAlias { name } => write!(
+                f,
+                "{} is .git on a case-insensitive or Windows filesystem",
+                crate::escape::escape(name)
+            ),
+            Refusal::ShortName { name } => write!(
+                f,
+                "{} is an 8.3 short name: on vfat and NTFS it may reach another file, such as .git",
+                crate::escape::escape(name)
+            ),
             Refusal::SymlinkAbsolute => f.write_str("a symlink with an absolute target"),
             Refusal::SymlinkEscapes => f.write_str("a symlink whose target leaves the target tree"),
             Refusal::SymlinkDotDot => f.write_str("a symlink whose target has .. after a name"),
@@ -280,24 +303,28 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// The names promotion refuses at any depth (the policy's protected names).
+/// The names promotion refuses at any depth (the policy's protected names), and git's own
+/// rules for path names. Names are compared as a case-insensitive, normalising target
+/// filesystem would ([`crate::names::key`]): `.ENVRC`, `.Git/config` and `.bashrc.` are
+/// refused like `.envrc`, `.git/config` and `.bashrc`.
 #[derive(Debug, Clone, Default)]
 pub struct Rules {
-    names: Vec<(String, Vec<Vec<u8>>)>,
+    /// Each protected name as the policy writes it, and the keys of its components.
+    names: Vec<(String, Vec<String>)>,
 }
 
 impl Rules {
     /// Rules refusing each of `names` (relative names, `/`-separated, a trailing `/` for a
-    /// directory: `.bashrc`, `.vscode/`, `.git/hooks/`) wherever it occurs in a path, and
-    /// everything below it.
+    /// directory: `.bashrc`, `.vscode/`, `.git/hooks/`) wherever it occurs in a path, in any
+    /// spelling a target filesystem reads as it, and everything below it.
     pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Rules {
-        let mut out: Vec<(String, Vec<Vec<u8>>)> = names
+        let mut out: Vec<(String, Vec<String>)> = names
             .into_iter()
             .filter_map(|n| {
-                let parts: Vec<Vec<u8>> = n
+                let parts: Vec<String> = n
                     .split('/')
                     .filter(|p| !p.is_empty())
-                    .map(|p| p.as_bytes().to_vec())
+                    .map(crate::names::key)
                     .collect();
                 (!parts.is_empty()).then(|| (n.to_owned(), parts))
             })
@@ -307,35 +334,63 @@ impl Rules {
         Rules { names: out }
     }
 
-    /// The protected name `path` matches at some depth, if any.
+    /// The protected name `path` matches at some depth, if any, comparing the keys of its
+    /// components ([`crate::names::key`]).
     pub fn protected(&self, path: &Path) -> Option<&str> {
-        let comps: Vec<&[u8]> = path.iter().map(OsStr::as_bytes).collect();
+        let comps: Vec<String> = path
+            .iter()
+            .map(|c| crate::names::key(&c.to_string_lossy()))
+            .collect();
+        self.protected_keys(&comps)
+    }
+
+    fn protected_keys(&self, comps: &[String]) -> Option<&str> {
         self.names.iter().find_map(|(name, parts)| {
             comps
                 .windows(parts.len())
-                .any(|w| w.iter().zip(parts).all(|(a, b)| *a == b.as_slice()))
+                .any(|w| w == parts.as_slice())
                 .then_some(name.as_str())
         })
     }
 
     /// Why `path` (an entry of type `kind`) may not be written, or removed when
-    /// `removal`, in a promotion target.
+    /// `removal`, in a promotion target. `path` is relative, `/`-separated; every caller
+    /// (file promotion, the history checker for each tree entry) gets the same rules: names
+    /// that are not UTF-8 or hold invisible characters, empty, `.` or `..` components and
+    /// backslashes; agent-sandbox's own names; 8.3 short names and spellings of `.git` other
+    /// than `.git` itself; `.git` internals a commit does not write; protected names.
     pub fn check(&self, path: &Path, kind: FileKind, removal: bool) -> Option<Refusal> {
         let mut comps = Vec::new();
-        for c in path.components() {
-            let Component::Normal(n) = c else {
+        for raw in path.as_os_str().as_bytes().split(|b| *b == b'/') {
+            let Ok(s) = std::str::from_utf8(raw) else {
                 return Some(Refusal::BadName);
             };
-            match n.to_str() {
-                Some(s) if !s.chars().any(is_unsafe_char) => comps.push(s),
-                _ => return Some(Refusal::BadName),
+            // Git refuses backslashes (a separator on Windows) and `.`/`..`/empty parts.
+            if matches!(s, "" | "." | "..") || s.contains('\\') || s.chars().any(is_unsafe_char) {
+                return Some(Refusal::BadName);
             }
+            comps.push(s);
         }
-        if comps.iter().any(|c| {
-            [DELETED_MANIFEST, OPAQUE_MANIFEST, SKIPPED_MANIFEST].contains(c)
-                || c.starts_with(STAGING_PREFIX)
-        }) {
+        let keys: Vec<String> = comps.iter().map(|c| crate::names::key(c)).collect();
+        let reserved = [DELETED_MANIFEST, OPAQUE_MANIFEST, SKIPPED_MANIFEST].map(crate::names::key);
+        let staging = crate::names::key(STAGING_PREFIX);
+        if keys
+            .iter()
+            .any(|k| reserved.contains(k) || k.starts_with(&staging))
+        {
             return Some(Refusal::Reserved);
+        }
+        for (c, k) in comps.iter().zip(&keys) {
+            if crate::names::is_short_name(c) {
+                return Some(Refusal::ShortName {
+                    name: (*c).to_owned(),
+                });
+            }
+            if k == ".git" && *c != ".git" {
+                return Some(Refusal::GitAlias {
+                    name: (*c).to_owned(),
+                });
+            }
         }
         for (i, c) in comps.iter().enumerate() {
             if *c != ".git" {
@@ -365,7 +420,7 @@ impl Rules {
         if comps.last() == Some(&".git") && kind != FileKind::Dir {
             return Some(Refusal::GitNotDir);
         }
-        self.protected(path).map(|name| Refusal::Protected {
+        self.protected_keys(&keys).map(|name| Refusal::Protected {
             name: name.to_owned(),
         })
     }
@@ -1424,6 +1479,132 @@ mod tests {
             "a/.bashrc.d",
         ] {
             assert_eq!(r.check(Path::new(p), FileKind::File, false), None, "{p}");
+        }
+    }
+
+    /// The policy's own list, as the runtime hands it to promotion.
+    fn policy_rules() -> Rules {
+        let names: Vec<String> = agent_sandbox_policy::policy::Filesystem::default()
+            .protected_names()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        Rules::new(names.iter().map(String::as_str))
+    }
+
+    #[test]
+    fn tool_configurations_that_run_code_are_protected() {
+        let r = policy_rules();
+        for p in [
+            ".claude/settings.json",
+            ".claude/settings.local.json",
+            "pkg/.claude/commands/x.md",
+            ".cursor/mcp.json",
+            ".mcp.json",
+            ".husky/pre-commit",
+            ".pre-commit-config.yaml",
+            ".devcontainer/devcontainer.json",
+            ".devcontainer.json",
+            "mise.toml",
+            ".mise.toml",
+            ".tool-versions",
+            ".envrc",
+            ".npmrc",
+            ".github/workflows/ci.yml",
+            ".config/git/config",
+            ".zshenv",
+            "lefthook.yml",
+        ] {
+            assert!(
+                matches!(
+                    r.check(Path::new(p), FileKind::File, false),
+                    Some(Refusal::Protected { .. })
+                ),
+                "{p} passed"
+            );
+        }
+        for p in [
+            ".github/CODEOWNERS",
+            "src/claude.rs",
+            "docs/mise.md",
+            "config/git.toml",
+        ] {
+            assert_eq!(r.check(Path::new(p), FileKind::File, false), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn names_are_compared_as_a_case_insensitive_target_reads_them() {
+        let r = policy_rules();
+        let check = |p: &str| r.check(Path::new(p), FileKind::File, false);
+        for p in [
+            ".ENVRC",
+            "pkg/.EnvRc",
+            ".BASHRC",
+            ".bashrc.",
+            ".bashrc ",
+            ".bashrc:stream",
+            ".Claude/settings.json",
+            ".CURSOR/mcp.json",
+            ".GITMODULES",
+            ".gitmodules.",
+            ".\u{17f}\u{17f}h/authorized_keys", // long s: .ssh
+            ".\u{df}h/authorized_keys",         // sharp s folds to ss: .ssh
+            ".\u{ff56}scode/tasks.json",        // fullwidth v
+            ".Github/Workflows/ci.yml",
+        ] {
+            assert!(
+                matches!(check(p), Some(Refusal::Protected { .. })),
+                "{p:?}: {:?}",
+                check(p)
+            );
+        }
+        for p in [
+            ".GIT/config",
+            ".Git/hooks/x",
+            ".git./config",
+            ".git /config",
+            ".git::$INDEX_ALLOCATION/config",
+            "sub/.gIt/hooks/pre-commit",
+            "\u{ff0e}git/config",
+        ] {
+            assert!(
+                matches!(check(p), Some(Refusal::GitAlias { .. })),
+                "{p:?}: {:?}",
+                check(p)
+            );
+        }
+        for p in [
+            "git~1/config",
+            "GIT~1/hooks/x",
+            "gitmod~1",
+            "gi7eba~1",
+            "a/BASHRC~1",
+        ] {
+            assert!(
+                matches!(check(p), Some(Refusal::ShortName { .. })),
+                "{p:?}: {:?}",
+                check(p)
+            );
+        }
+        for p in [
+            ".g\u{200c}it/config",
+            ".git\u{200d}/config",
+            "\u{feff}.git/config",
+            "a\\.git\\config",
+            "a//b",
+            "a/./b",
+            "a/../.git/config",
+            "",
+            "calc\u{e0041}.py",
+        ] {
+            assert_eq!(check(p), Some(Refusal::BadName), "{p:?}");
+        }
+        // The reserved names of agent-sandbox in another case are its names on such a target.
+        assert_eq!(check(".AGENT-SANDBOX-PROMOTE-1"), Some(Refusal::Reserved));
+        // Names that only look alike to a person, and real git content, still pass.
+        for p in ["src/G\u{131}t.rs", "docs/readme.md", "notes~.txt"] {
+            assert_eq!(check(p), None, "{p:?}");
         }
     }
 

@@ -57,6 +57,10 @@ fn compilation(c: &mut Criterion) {
         network_namespace: None,
         pod: None,
         host_namespaces: Vec::new(),
+        placeholders: Some(harden::Placeholders {
+            file: "/run/agent-sandbox/bench/placeholder/file".into(),
+            dir: "/run/agent-sandbox/bench/placeholder/dir".into(),
+        }),
     };
     g.bench_function("harden podman config.json", |b| {
         b.iter(|| harden::harden_spec(black_box(spec.clone()), &policy, &ctx).unwrap())

@@ -153,7 +153,10 @@ pub fn explain(policy: &SandboxPolicy) -> String {
     let names: Vec<String> = fs.protected_names().iter().map(|n| n.to_string()).collect();
     let _ = writeln!(
         out,
-        "  - changing these even inside writable places: {}",
+        "  - changing these protected names (docs/policy.md#protected-names): in HOME, where \
+         each is kept unwritable whether or not the image has it; in the workspace, where \
+         those that exist are read-only and new ones are refused by promote at any depth and \
+         in any case; at any depth of every writable place where AppArmor is active: {}",
         names.join(" ")
     );
     let masked: Vec<String> = fs

@@ -11,24 +11,163 @@ use crate::seccomp::SyscallPolicy;
 use crate::span::{self, KeyPath};
 use crate::value::{AbsPath, ByteSize, Capability, ProtectedName, Seconds};
 
-/// Paths that stay read-only inside every writable area, whatever the policy says.
-/// A trailing `/` marks a directory.
-pub const MANDATORY_PROTECTED: &[&str] = &[
-    ".git/hooks/",
-    ".git/config",
-    ".gitconfig",
-    ".gitmodules",
-    ".bashrc",
-    ".bash_profile",
-    ".bash_login",
-    ".zshrc",
-    ".zprofile",
-    ".profile",
-    ".ssh/",
-    ".mcp.json",
-    ".vscode/",
-    ".idea/",
+/// One name of [`MANDATORY_PROTECTED`] and why it is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProtectedEntry {
+    /// The name, relative to a writable place; a trailing `/` marks a directory.
+    pub name: &'static str,
+    /// What a tool does with it that runs code or hands over credentials.
+    pub why: &'static str,
+}
+
+const fn entry(name: &'static str, why: &'static str) -> ProtectedEntry {
+    ProtectedEntry { name, why }
+}
+
+const SHELL: &str = "read by a shell at start: runs commands in every later shell";
+const GIT_CONFIG: &str =
+    "git configuration: names programs git runs (core.fsmonitor, core.pager, hooks path)";
+const HOOK_MANAGER: &str = "a git hook manager's configuration: commands run on commit";
+const MISE: &str = "mise configuration: tasks, hooks and environment run on entering the directory";
+const AGENT: &str =
+    "an AI agent's or editor's configuration: hooks and MCP servers it starts are commands";
+
+/// Names that stay unwritable inside every writable place, whatever the policy says: each
+/// is read by a tool that then runs code or uses credentials without the user asking for it
+/// (a shell starting, an editor or an agent opening the folder, `git commit`, `cd`, a
+/// package install, a push to CI). Written in the sandbox they would act in the sandbox's
+/// next tool call; promoted to the host, on the developer's machine. The in-sandbox
+/// protection (`harden`), promotion's refusals (`agent_sandbox_audit::promote::Rules`) and
+/// the AppArmor profile all use this list; docs/policy.md#protected-names says why each
+/// name is here. A trailing `/` marks a directory.
+pub const MANDATORY_PROTECTED: &[ProtectedEntry] = &[
+    // Shell start-up files.
+    entry(".bashrc", SHELL),
+    entry(".bash_profile", SHELL),
+    entry(".bash_login", SHELL),
+    entry(".bash_logout", SHELL),
+    entry(".profile", SHELL),
+    entry(".zshrc", SHELL),
+    entry(".zshenv", SHELL),
+    entry(".zprofile", SHELL),
+    entry(".zlogin", SHELL),
+    entry(".zlogout", SHELL),
+    entry(".config/fish/", SHELL),
+    // Git.
+    entry(
+        ".git/hooks/",
+        "git runs these scripts on commit, checkout, merge and push",
+    ),
+    entry(".git/config", GIT_CONFIG),
+    entry(".gitconfig", GIT_CONFIG),
+    entry(".config/git/", GIT_CONFIG),
+    entry(
+        ".gitmodules",
+        "submodule URLs and paths git clones and checks out on `submodule update`",
+    ),
+    entry(
+        ".githooks/",
+        "the usual core.hooksPath directory: run on commit",
+    ),
+    entry(".husky/", HOOK_MANAGER),
+    entry(".pre-commit-config.yaml", HOOK_MANAGER),
+    entry("lefthook.yml", HOOK_MANAGER),
+    entry(".lefthook.yml", HOOK_MANAGER),
+    entry("lefthook.yaml", HOOK_MANAGER),
+    entry(".lefthook.yaml", HOOK_MANAGER),
+    entry("lefthook-local.yml", HOOK_MANAGER),
+    entry(".lefthook-local.yml", HOOK_MANAGER),
+    // SSH.
+    entry(
+        ".ssh/",
+        "keys, authorized_keys and a config whose ProxyCommand is a command",
+    ),
+    // Editors and dev containers.
+    entry(
+        ".vscode/",
+        "tasks run on folder open, settings that name programs",
+    ),
+    entry(
+        ".idea/",
+        "run configurations and startup tasks of JetBrains IDEs",
+    ),
+    entry(".zed/", "language and context servers Zed starts on open"),
+    entry(".helix/", "language servers Helix starts on open"),
+    entry(
+        ".exrc",
+        "Vim's and Neovim's per-directory startup commands (exrc)",
+    ),
+    entry(".nvimrc", "Neovim's per-directory startup commands (exrc)"),
+    entry(".nvim.lua", "Neovim's per-directory startup Lua (exrc)"),
+    entry(
+        ".devcontainer/",
+        "dev container definitions: lifecycle commands run when the folder is opened",
+    ),
+    entry(
+        ".devcontainer.json",
+        "a dev container definition: lifecycle commands run when the folder is opened",
+    ),
+    // AI agents.
+    entry(".mcp.json", AGENT),
+    entry(".claude/", AGENT),
+    entry(".cursor/", AGENT),
+    entry(".gemini/", AGENT),
+    entry(".codex/", AGENT),
+    entry(".amazonq/", AGENT),
+    entry(".roo/", AGENT),
+    entry(".kiro/", AGENT),
+    entry(".continue/", AGENT),
+    entry(".opencode/", AGENT),
+    entry("opencode.json", AGENT),
+    entry("opencode.jsonc", AGENT),
+    entry(".aider.conf.yml", AGENT),
+    // Directory environments.
+    entry(".envrc", "direnv runs it on entering the directory"),
+    entry("mise.toml", MISE),
+    entry(".mise.toml", MISE),
+    entry("mise.local.toml", MISE),
+    entry(".mise.local.toml", MISE),
+    entry(".mise/", MISE),
+    entry(".config/mise/", MISE),
+    entry(".config/mise.toml", MISE),
+    entry(
+        ".tool-versions",
+        "asdf and mise install and run the tool versions named there",
+    ),
+    // Package managers.
+    entry(
+        ".npmrc",
+        "npm settings that name programs (script-shell, node-options) and registry tokens",
+    ),
+    entry(".yarnrc", "yarn 1's yarn-path: the program run as yarn"),
+    entry(
+        ".yarnrc.yml",
+        "yarn's yarnPath and plugins: code run as yarn",
+    ),
+    entry(".pnpmfile.cjs", "pnpm runs its hooks on every install"),
+    entry(
+        ".cargo/config.toml",
+        "cargo's rustc-wrapper, runners and registries",
+    ),
+    entry(
+        ".cargo/config",
+        "cargo's rustc-wrapper, runners and registries (old name)",
+    ),
+    // Continuous integration.
+    entry(
+        ".github/workflows/",
+        "CI jobs run on the next push with the repository's secrets and tokens",
+    ),
+    entry(
+        ".gitlab-ci.yml",
+        "CI jobs run on the next push with the repository's secrets and tokens",
+    ),
 ];
+
+/// The names of [`MANDATORY_PROTECTED`].
+pub fn mandatory_protected_names() -> impl Iterator<Item = &'static str> {
+    MANDATORY_PROTECTED.iter().map(|e| e.name)
+}
 
 /// Paths hidden from the sandbox in every policy (kernel state it has no business reading).
 pub const MANDATORY_MASKED: &[&str] = &[
@@ -271,7 +410,12 @@ fn merged<T: Clone + Ord>(mandatory: Vec<T>, extra: &[T]) -> Vec<T> {
 impl Filesystem {
     /// Every protected name: the mandatory ones plus the policy's extras, sorted.
     pub fn protected_names(&self) -> Vec<ProtectedName> {
-        merged(parse_all(MANDATORY_PROTECTED), &self.protected)
+        merged(
+            mandatory_protected_names()
+                .filter_map(|n| ProtectedName::try_from(n).ok())
+                .collect(),
+            &self.protected,
+        )
     }
 
     /// Every masked path: the mandatory ones plus the policy's extras, sorted.
@@ -880,11 +1024,26 @@ impl fmt::Display for NetworkMode {
 mod tests {
     use super::*;
 
+    /// docs/policy.md#protected-names says why each mandatory name is there, in its words.
+    #[test]
+    fn every_protected_name_is_documented_with_its_reason() {
+        let doc = include_str!("../../../docs/policy.md");
+        for e in MANDATORY_PROTECTED {
+            let row = format!("| `{}` | {} |", e.name, e.why);
+            assert!(doc.contains(&row), "docs/policy.md lacks the row {row}");
+        }
+    }
+
     #[test]
     fn mandatory_lists_are_valid() {
+        for e in MANDATORY_PROTECTED {
+            assert!(ProtectedName::try_from(e.name).is_ok(), "{}", e.name);
+            assert!(!e.why.is_empty(), "{}", e.name);
+        }
         assert_eq!(
-            parse_all::<ProtectedName>(MANDATORY_PROTECTED).len(),
-            MANDATORY_PROTECTED.len()
+            Filesystem::default().protected_names().len(),
+            MANDATORY_PROTECTED.len(),
+            "a mandatory name is listed twice"
         );
         assert_eq!(
             parse_all::<AbsPath>(MANDATORY_MASKED).len(),

@@ -30,6 +30,7 @@ impl Runtime {
             ids: ids.ids,
             workspace: host.workspace.clone(),
             pod: member.map(|m| m.namespaces.clone()),
+            placeholders: Some(host.placeholders.clone()),
         };
         let prepared = crate::harden::prepare(ceiling, spec, &facts)?;
         if let Some(m) = member {

@@ -53,6 +53,7 @@ impl Runtime {
         let policy = effective_policy(spec, ceiling)?;
         let change_set = self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?;
         let rebinds = mounts::rebind_sources(spec, &mount_dir)?;
+        let placeholders = mounts::placeholders(&mount_dir)?;
         let overlay_base = change_set
             .as_ref()
             .map_or_else(|| mount_dir.join("workspace"), |c| c.base.clone());
@@ -65,6 +66,7 @@ impl Runtime {
             change_set,
             rebinds,
             workspace,
+            placeholders,
         })
     }
 

@@ -71,6 +71,8 @@ struct Host {
     change_set: Option<crate::report::changes::Created>,
     rebinds: crate::enforce::mounts::Rebinds,
     workspace: Option<agent_sandbox_policy::harden::OverlayDirs>,
+    /// Bound over the protected names of a scratch HOME (`mounts::placeholders`).
+    placeholders: agent_sandbox_policy::harden::Placeholders,
 }
 
 /// Phase 3: the verified spec and what was compiled with it.

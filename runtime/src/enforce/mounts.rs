@@ -76,6 +76,35 @@ pub fn mkdir_traversable(dir: &Path) -> Result<(), MountError> {
     })
 }
 
+/// An empty file and an empty directory in `dir` (`dir/placeholder/{file,dir}`), owned by
+/// the runtime and read-only: the hardened spec binds them read-only over each protected
+/// name of a HOME on a scratch area (`agent_sandbox_policy::harden::Placeholders`), so
+/// writing `~/.bashrc` fails whether or not the image had one. `dir`'s ancestors are
+/// traversable, so the sandbox's root reaches them.
+pub fn placeholders(dir: &Path) -> Result<agent_sandbox_policy::harden::Placeholders, MountError> {
+    let base = dir.join("placeholder");
+    mkdir_traversable(&base)?;
+    let file = base.join("file");
+    let empty_dir = base.join("dir");
+    let err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| MountError::Mkdir { path, source }
+    };
+    std::fs::File::create(&file).map_err(err(&file))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).map_err(err(&file))?;
+    match std::fs::create_dir(&empty_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(&empty_dir)(e)),
+    }
+    std::fs::set_permissions(&empty_dir, std::fs::Permissions::from_mode(0o555))
+        .map_err(err(&empty_dir))?;
+    Ok(agent_sandbox_policy::harden::Placeholders {
+        file,
+        dir: empty_dir,
+    })
+}
+
 /// Bind-mounts `src` on `dst` (created) and makes the mount read-only.
 pub fn bind_readonly(src: &Path, dst: &Path) -> Result<(), MountError> {
     bind(src, dst, true)
@@ -216,9 +245,16 @@ pub fn ensure_mount_points(
         source,
     })?;
     let dir_perm = std::fs::Permissions::from_mode(0o755);
+    let mut tmpfs: Vec<&Path> = Vec::new();
     for m in spec.mounts().iter().flatten() {
         let dest = m.destination();
-        if root.resolve(dest).is_ok() {
+        // Beneath a tmpfs mounted before it, libcontainer makes the mount point in that
+        // tmpfs (the sandbox's root owns it): the image is not touched.
+        let on_tmpfs = tmpfs.iter().any(|t| dest != *t && dest.starts_with(t));
+        if m.typ().as_deref() == Some("tmpfs") {
+            tmpfs.push(dest);
+        }
+        if on_tmpfs || root.resolve(dest).is_ok() {
             continue;
         }
         let file_source = m
@@ -476,6 +512,42 @@ mod tests {
         let mut spec = Spec::default();
         spec.set_mounts(Some(mounts));
         spec
+    }
+
+    /// Mount points beneath a tmpfs of the spec are made by libcontainer in that tmpfs: the
+    /// image gets the tmpfs's own mount point and nothing of what lies beneath it (a scratch
+    /// HOME's placeholders would otherwise land in the image's `/home`).
+    #[test]
+    fn mount_points_beneath_a_tmpfs_are_not_made_in_the_image()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir(&rootfs)?;
+        let ph = super::placeholders(dir.path())?;
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(std::fs::metadata(&ph.file)?.len(), 0);
+        assert_eq!(
+            std::fs::metadata(&ph.file)?.permissions().mode() & 0o777,
+            0o444
+        );
+        assert_eq!(
+            std::fs::metadata(&ph.dir)?.permissions().mode() & 0o777,
+            0o555
+        );
+        let file = ph.file.display().to_string();
+        let empty = ph.dir.display().to_string();
+        let spec = spec_with(vec![
+            mount("tmpfs", "tmpfs", "/home", &["nosuid"]),
+            mount("tmpfs", "tmpfs", "/home/.config", &["nosuid"]),
+            mount("bind", &file, "/home/.bashrc", &["bind", "ro"]),
+            mount("bind", &empty, "/home/.config/git", &["bind", "ro"]),
+            mount("bind", &file, "/etc/hosts", &["bind", "ro"]),
+        ]);
+        super::ensure_mount_points(&rootfs, &spec)?;
+        assert!(rootfs.join("home").is_dir());
+        assert!(rootfs.join("etc/hosts").is_file());
+        assert_eq!(std::fs::read_dir(rootfs.join("home"))?.count(), 0);
+        Ok(())
     }
 
     /// The hardening phase turns the overlay into a bind of the merged dir and keeps the

@@ -25,6 +25,9 @@ pub struct Facts {
     pub workspace: Option<OverlayDirs>,
     /// The pinned namespaces of the pod a Kubernetes app container joins (`crate::pod`).
     pub pod: Option<harden::PodNamespaces>,
+    /// Bound over the protected names of a HOME on a scratch area
+    /// ([`HardenContext::placeholders`]).
+    pub placeholders: Option<harden::Placeholders>,
 }
 
 /// The outcome of preparing a sandbox.
@@ -112,6 +115,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         network_namespace: None,
         pod: facts.pod.clone(),
         host_namespaces: host_namespaces(&spec),
+        placeholders: facts.placeholders.clone(),
     };
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;

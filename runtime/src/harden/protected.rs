@@ -39,11 +39,24 @@ pub(super) fn protected_in_workspace(
     let mut seen = 0usize;
     while let Some((rel, depth)) = queue.pop_front() {
         let dir = source.join(&rel);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let entries: Vec<std::fs::DirEntry> = entries.filter_map(|e| e.ok()).collect();
+        let here: std::collections::HashSet<std::ffi::OsString> =
+            entries.iter().map(|e| e.file_name()).collect();
         for name in &names {
+            let parts: Vec<&str> = name.as_str().split('/').collect();
+            // Only names whose first part is in this directory cost an lstat.
+            if !parts
+                .first()
+                .is_some_and(|p| here.contains(std::ffi::OsStr::new(p)))
+            {
+                continue;
+            }
             // Every component but the last must be a real directory, not a link.
             let mut ok = true;
             let mut cur = dir.clone();
-            let parts: Vec<&str> = name.as_str().split('/').collect();
             for (i, part) in parts.iter().enumerate() {
                 cur.push(part);
                 let meta = std::fs::symlink_metadata(&cur);
@@ -63,10 +76,7 @@ pub(super) fn protected_in_workspace(
         if depth >= PROTECTED_WALK_DEPTH {
             continue;
         }
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.filter_map(|e| e.ok()) {
+        for e in entries {
             seen += 1;
             if seen > PROTECTED_WALK_ENTRIES {
                 tracing::warn!(workspace = %source.display(), limit = PROTECTED_WALK_ENTRIES, "protected paths searched only part of the workspace");
@@ -98,11 +108,25 @@ pub(super) fn protected_in_workspace(
     found
 }
 
-/// Refuses a spec whose writable mounts (or a parent) are symlinks in the rootfs.
+/// Refuses a spec whose writable mounts (or a parent) are symlinks in the rootfs. A part
+/// beneath another tmpfs of the spec is on that fresh tmpfs, not in the image: only the
+/// path up to it is checked.
 pub fn check_writable_destinations(spec: &Spec, rootfs: &Path) -> Result<(), SandboxError> {
+    let tmpfs: Vec<&Path> = spec
+        .mounts()
+        .iter()
+        .flatten()
+        .filter(|m| m.typ().as_deref() == Some("tmpfs"))
+        .map(|m| m.destination().as_path())
+        .collect();
     for dest in harden::writable_destinations(spec) {
+        let in_image = tmpfs
+            .iter()
+            .filter(|t| dest.as_path() != **t && dest.starts_with(t))
+            .min_by_key(|t| t.components().count())
+            .map_or(dest.components().count(), |t| t.components().count());
         let mut cur = rootfs.to_path_buf();
-        for comp in dest.components().skip(1) {
+        for comp in dest.components().skip(1).take(in_image.saturating_sub(1)) {
             cur.push(comp);
             if let Ok(meta) = std::fs::symlink_metadata(&cur)
                 && meta.file_type().is_symlink()

@@ -35,6 +35,10 @@ pub fn ctx() -> HardenContext {
         network_namespace: None,
         pod: None,
         host_namespaces: Vec::new(),
+        placeholders: Some(harden::Placeholders {
+            file: "/run/agent-sandbox/mnt/c1/placeholder/file".into(),
+            dir: "/run/agent-sandbox/mnt/c1/placeholder/dir".into(),
+        }),
     }
 }
 
@@ -999,6 +1003,11 @@ fn writable_destinations_are_listed_for_the_symlink_check() {
         "/dev",
         "/dev/shm",
         "/home",
+        // HOME's directories on the way to nested protected names (guard_home).
+        "/home/.cargo",
+        "/home/.config",
+        "/home/.git",
+        "/home/.github",
         "/run",
         "/tmp",
         "/var/tmp",
@@ -1443,4 +1452,187 @@ fn home_on_the_read_only_image_moves_to_scratch_and_a_chosen_mount_stays() {
     assert_eq!(home_of(Some("/tmp/h")).as_deref(), Some("/tmp/h"));
     assert_eq!(home_of(Some("/workspace")).as_deref(), Some("/workspace"));
     assert_eq!(home_of(Some("/home/agent")).as_deref(), Some("/home/agent"));
+}
+
+/// The spec's mounts from the scratch tmpfs at `scratch` on, as (destination, type, source).
+fn mounts_after(spec: &Spec, scratch: &str) -> Vec<(String, String, String)> {
+    let all = spec.mounts().clone().unwrap_or_default();
+    let at = all
+        .iter()
+        .position(|m| m.destination() == Path::new(scratch) && m.typ().as_deref() == Some("tmpfs"))
+        .unwrap_or_else(|| panic!("no tmpfs at {scratch}"));
+    all[at..]
+        .iter()
+        .map(|m| {
+            (
+                m.destination().display().to_string(),
+                m.typ().clone().unwrap_or_default(),
+                m.source()
+                    .as_ref()
+                    .map(|s| s.display().to_string())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn with_home(mut spec: Spec, home: &str) -> Spec {
+    let mut process = spec.process().clone().unwrap();
+    process.set_env(Some(vec!["PATH=/bin".to_owned(), format!("HOME={home}")]));
+    spec.set_process(Some(process));
+    spec
+}
+
+/// Every protected name of a scratch HOME gets a read-only placeholder right after HOME's
+/// tmpfs, before the program runs, whether or not the image has the file: `.bashrc` the
+/// empty file, `.claude/` the empty directory, `.config/git/` inside a tmpfs of its own.
+#[test]
+fn every_protected_name_of_a_scratch_home_is_bound_read_only() {
+    let policy = agent();
+    let out = harden_ok(with_home(podman_like_spec(), "/root"), &policy, &ctx());
+    let after = mounts_after(&out.spec, "/home");
+    let placeholders = ctx().placeholders.unwrap();
+    let file = placeholders.file.display().to_string();
+    let dir = placeholders.dir.display().to_string();
+    for name in policy.filesystem.protected_names() {
+        let dest = format!("/home/{}", name.as_str());
+        let m = mount_at(&out.spec, &dest);
+        assert_eq!(m.len(), 1, "{dest}");
+        let want = if name.is_dir() { &dir } else { &file };
+        assert_eq!(m[0].source().as_ref().unwrap(), Path::new(want), "{dest}");
+        let o = opts(m[0]);
+        assert!(
+            o.contains(&"ro".to_owned()) && o.contains(&"bind".to_owned()),
+            "{dest}: {o:?}"
+        );
+        let pos = after.iter().position(|(d, _, _)| *d == dest);
+        assert!(pos.is_some(), "{dest} is not after /home's tmpfs");
+    }
+    for name in [
+        ".bashrc",
+        ".claude",
+        ".cursor",
+        ".husky",
+        ".envrc",
+        ".gitconfig",
+    ] {
+        assert!(
+            !mount_at(&out.spec, &format!("/home/{name}")).is_empty(),
+            "{name}"
+        );
+    }
+    // Each directory on the way to a nested name is a tmpfs mounted before what it holds,
+    // so it cannot be renamed away and made again.
+    for dir in [
+        "/home/.config",
+        "/home/.git",
+        "/home/.cargo",
+        "/home/.github",
+    ] {
+        let m = mount_at(&out.spec, dir);
+        assert_eq!(m.len(), 1, "{dir}");
+        assert_eq!(m[0].typ().as_deref(), Some("tmpfs"), "{dir}");
+        let at = after.iter().position(|(d, _, _)| d == dir).unwrap();
+        for (i, (d, _, _)) in after.iter().enumerate() {
+            if d.starts_with(&format!("{dir}/")) {
+                assert!(i > at, "{d} before {dir}");
+            }
+        }
+    }
+    // The other scratch areas get none.
+    assert!(mount_at(&out.spec, "/tmp/.bashrc").is_empty());
+}
+
+/// A HOME below a scratch area's top becomes a tmpfs of its own (a directory holding mount
+/// points could be renamed away), then gets the placeholders.
+#[test]
+fn a_home_below_a_scratch_top_is_its_own_tmpfs() {
+    let out = harden_ok(
+        with_home(podman_like_spec(), "/home/agent/"),
+        &agent(),
+        &ctx(),
+    );
+    let m = mount_at(&out.spec, "/home/agent");
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].typ().as_deref(), Some("tmpfs"));
+    assert_eq!(mount_at(&out.spec, "/home/agent/.bashrc").len(), 1);
+    let out = harden_ok(
+        with_home(podman_like_spec(), "/tmp/x/../h"),
+        &agent(),
+        &ctx(),
+    );
+    assert_eq!(mount_at(&out.spec, "/tmp/h/.zshrc").len(), 1);
+}
+
+/// Names inside a protected directory are covered by it (strict protects all of `.git/`).
+#[test]
+fn names_inside_a_protected_directory_get_no_mount_of_their_own() {
+    let strict = SandboxPolicy::builtin("strict").unwrap();
+    let out = harden_ok(with_home(podman_like_spec(), "/root"), &strict, &ctx());
+    let home = out
+        .spec
+        .process()
+        .as_ref()
+        .unwrap()
+        .env()
+        .iter()
+        .flatten()
+        .find_map(|e| e.strip_prefix("HOME=").map(str::to_owned))
+        .unwrap();
+    let git = mount_at(&out.spec, &format!("{home}/.git"));
+    assert_eq!(git.len(), 1);
+    assert_eq!(git[0].typ().as_deref(), Some("bind"));
+    assert!(mount_at(&out.spec, &format!("{home}/.git/hooks")).is_empty());
+    assert!(mount_at(&out.spec, &format!("{home}/.git/config")).is_empty());
+}
+
+/// HOME in the workspace or on a caller's read-only mount gets no placeholders: the
+/// workspace's protected names are its own matter (existing ones bound, new ones refused by
+/// promote), a read-only mount cannot be written.
+#[test]
+fn a_home_off_the_scratch_areas_gets_no_placeholders() {
+    let out = harden_ok(
+        with_home(podman_like_spec(), "/workspace"),
+        &agent(),
+        &ctx(),
+    );
+    assert!(mount_at(&out.spec, "/workspace/.bashrc").is_empty());
+    let mut spec = with_home(podman_like_spec(), "/home/shared");
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(bind("/srv/home", "/home/shared", &["ro"]));
+    spec.set_mounts(Some(mounts));
+    let out = harden_ok(spec, &agent(), &ctx());
+    assert!(mount_at(&out.spec, "/home/shared/.bashrc").is_empty());
+}
+
+/// Without placeholders a scratch HOME is an error, never a HOME left writable.
+#[test]
+fn a_scratch_home_without_placeholders_is_refused() {
+    let mut c = ctx();
+    c.placeholders = None;
+    let err =
+        harden::harden_spec(with_home(podman_like_spec(), "/root"), &agent(), &c).unwrap_err();
+    assert!(
+        matches!(err, HardenError::MissingPlaceholders { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("/home"), "{err}");
+}
+
+/// A caller's read-only bind beneath HOME is mounted after the placeholders, so it is what
+/// the sandbox sees.
+#[test]
+fn a_callers_mount_beneath_home_stays_on_top() {
+    let mut spec = with_home(podman_like_spec(), "/root");
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(bind("/srv/gitconfig", "/home/.gitconfig", &["ro"]));
+    spec.set_mounts(Some(mounts));
+    let out = harden_ok(spec, &agent(), &ctx());
+    let at: Vec<&Mount> = mount_at(&out.spec, "/home/.gitconfig");
+    assert_eq!(at.len(), 2);
+    assert_eq!(
+        at[1].source().as_ref().unwrap(),
+        Path::new("/srv/gitconfig"),
+        "the caller's bind must come last"
+    );
 }
