@@ -3,6 +3,7 @@
 
 pub mod escape;
 pub mod kernel;
+pub mod layout;
 pub mod limit;
 pub mod log;
 pub mod promote;
@@ -10,6 +11,7 @@ pub mod record;
 pub mod scratch;
 pub mod timeline;
 
+pub use layout::{Footprint, SizeLimit, TooLarge};
 pub use limit::RateLimit;
 pub use log::{
     Anchor, Appended, AuditError, AuditLog, Broken, Capped, TornTail, VerifyReport, genesis,

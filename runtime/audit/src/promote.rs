@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::io::{self, Read as _, Write as _};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
@@ -27,10 +27,11 @@ use rustix::io::Errno;
 use sha2::{Digest as _, Sha256};
 
 use crate::escape::{escape_path, is_unsafe_char};
+use crate::layout::{Footprint, Measured, SizeLimit, TooLarge, measure};
 use crate::record::{Event, MAX_CHANGED_PATHS};
 use crate::scratch::{
-    Change, ChangeKind, DELETED_MANIFEST, ExactReader, FileKind, OPAQUE_MANIFEST, SKIPPED_MANIFEST,
-    ScratchError, open_root, open_source, read_link, size_of,
+    Change, ChangeKind, DELETED_MANIFEST, FileKind, OPAQUE_MANIFEST, SKIPPED_MANIFEST,
+    ScratchError, checked_layout, copy_file, open_root, open_source, read_link, size_of,
 };
 
 /// Name prefix of the staging directory [`prepare`] makes in the target root.
@@ -77,6 +78,9 @@ pub enum PromoteError {
         /// Target path.
         path: PathBuf,
     },
+    /// The change set would write more than its limit (checked before any file is read).
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
     /// A file changed in the upper dir between the diff and the copy.
     #[error("{} changed while being promoted", escape_path(path))]
     Changed {
@@ -376,10 +380,16 @@ pub enum Op {
     File {
         /// 0644, or 0755 when any execute bit was set.
         mode: u32,
-        /// Size in bytes.
+        /// Size in bytes (holes included).
         size: u64,
-        /// sha256 of the content.
+        /// Bytes of data: what is read and written (holes are neither).
+        data: u64,
+        /// sha256 of the file's layout and data (`crate::layout`): its size, then each
+        /// data segment's offset, length and bytes; a hole is never expanded to be hashed.
         sha256: [u8; 32],
+        /// An earlier path of the change set that is the same file: this one is a hard
+        /// link to it (staged once, linked within the change set).
+        link: Option<PathBuf>,
     },
     /// Put a symlink there (its target stays inside the target tree).
     Symlink {
@@ -423,13 +433,28 @@ impl Entry {
                 format!("keep    /{p} (directory)")
             }
             Op::Dir { .. } => format!("mkdir   /{p}{replaces}"),
-            Op::File { mode, size, .. } => {
+            Op::File {
+                mode,
+                size,
+                data,
+                link,
+                ..
+            } => {
                 let verb = if self.existing == Existing::File {
                     "replace"
                 } else {
                     "create "
                 };
-                format!("{verb} /{p} (file {mode:04o}, {size} bytes{replaces})")
+                match link {
+                    Some(first) => format!(
+                        "{verb} /{p} (hard link to /{}{replaces})",
+                        escape_path(first)
+                    ),
+                    None if data != size => format!(
+                        "{verb} /{p} (file {mode:04o}, {size} bytes, {data} of them data{replaces})"
+                    ),
+                    None => format!("{verb} /{p} (file {mode:04o}, {size} bytes{replaces})"),
+                }
             }
             Op::Symlink { target } => {
                 format!("symlink /{p} -> {}{replaces}", escape_path(target))
@@ -448,6 +473,9 @@ pub struct Plan {
     pub refused: Vec<(PathBuf, Refusal)>,
     /// `sha256:` digest of the steps (paths, kinds, modes, file contents, link targets).
     pub digest: String,
+    /// What the change set's files take on the target (holes kept, each file once):
+    /// [`Footprint::data`] is what staging writes.
+    pub footprint: Footprint,
     /// The target's owner (uid, gid): every created entry gets it.
     pub owner: (u32, u32),
     target: PathBuf,
@@ -656,28 +684,31 @@ fn resolve_link(link: &Path, target: &Path) -> Result<PathBuf, Refusal> {
     Ok(stack.iter().collect())
 }
 
-/// How a file's content is read and, when staging, copied.
+/// Reads a file's data segments (never its holes) once, hashes them with its layout and,
+/// when staging, writes them at their offsets into a sparse staged copy. The file must still
+/// be the one [`measure`]d as `measured` (same inode, no more data).
 fn copy_and_hash(
     upper_fd: &OwnedFd,
     upper: &Path,
     rel: &Path,
     expected: &Change,
+    measured: Option<&Measured>,
     staging: Option<&mut Staging>,
     owner: (u32, u32),
-) -> Result<(Stat, [u8; 32], Option<CString>), PromoteError> {
+) -> Result<(Stat, [u8; 32], u64, Option<CString>), PromoteError> {
+    let changed = || PromoteError::Changed {
+        path: rel.to_owned(),
+    };
     let (src, st) = open_source(upper_fd, upper, rel)?;
     if st.st_mode & 0o7777 != expected.mode {
-        return Err(PromoteError::Changed {
-            path: rel.to_owned(),
-        });
+        return Err(changed());
     }
-    let size = size_of(&st);
-    let mut reader = ExactReader {
-        inner: src,
-        remaining: size,
-    };
+    let layout = checked_layout(&src, &st, measured, upper, rel).map_err(|e| match e {
+        ScratchError::Changed { .. } => changed(),
+        e => e.into(),
+    })?;
     let mut hasher = Sha256::new();
-    let (mut out, name) = match staging {
+    let (out, name) = match staging {
         Some(s) => {
             let name = s.next_name();
             let fd = rustix::fs::openat(
@@ -691,26 +722,28 @@ fn copy_and_hash(
         }
         None => (None, None),
     };
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = reader.read(&mut buf).map_err(|source| PromoteError::Io {
-            op: "read",
-            path: upper.join(rel),
+    copy_file(
+        &src,
+        &layout,
+        Some(&mut hasher),
+        out.as_ref(),
+        upper,
+        rel,
+        rel,
+    )
+    .map_err(|e| match e {
+        ScratchError::Changed { .. } => changed(),
+        ScratchError::Io {
+            op: "write",
             source,
-        })?;
-        if n == 0 {
-            break;
-        }
-        let chunk = buf.get(..n).unwrap_or_default();
-        hasher.update(chunk);
-        if let Some(f) = out.as_mut() {
-            f.write_all(chunk).map_err(|source| PromoteError::Io {
-                op: "write staged copy of",
-                path: rel.to_owned(),
-                source,
-            })?;
-        }
-    }
+            ..
+        } => PromoteError::Io {
+            op: "write staged copy of",
+            path: rel.to_owned(),
+            source,
+        },
+        e => e.into(),
+    })?;
     if let Some(f) = out {
         let mode = normal_file_mode(st.st_mode);
         chown_if_needed(f.as_fd(), owner).map_err(io_at("chown staged copy of", rel))?;
@@ -722,7 +755,7 @@ fn copy_and_hash(
             source,
         })?;
     }
-    Ok((st, hasher.finalize().into(), name))
+    Ok((st, hasher.finalize().into(), layout.data(), name))
 }
 
 /// The mode a promoted file gets: 0755 if any execute bit was set, else 0644 (what git
@@ -736,12 +769,18 @@ pub fn normal_file_mode(mode: u32) -> u32 {
 /// copied into a private staging directory in `target` for [`apply`]; without it (a dry
 /// run) nothing in `target` is touched. Refused entries are listed in [`Plan::refused`];
 /// when there are any, nothing may be applied.
+///
+/// Holes and hard links are kept: only data segments are read, hashed and staged (staged
+/// copies are sparse), and a file with several names in the change set is read and staged
+/// once, its other names staged as hard links to that copy. Before any file is read, the
+/// change set's size on the target (holes kept, each file once) must be within `limit`.
 pub fn prepare(
     upper: &Path,
     changes: &[Change],
     target: &Path,
     rules: &Rules,
     stage: bool,
+    limit: &SizeLimit,
 ) -> Result<Plan, PromoteError> {
     let root = match rustix::fs::open(
         target,
@@ -758,17 +797,20 @@ pub fn prepare(
     };
     let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
     let owner = (st.st_uid, st.st_gid);
+    let upper_fd = open_root(upper, OFlags::RDONLY)?;
+    // Sizes from stat and the hole map only: nothing is read, nothing staged, past the limit.
+    let footprint = measure(&upper_fd, upper, changes)?;
+    footprint.check(footprint.data, limit)?;
     let mut staging = if stage {
         Some(Staging::new(&root, target, owner)?)
     } else {
         None
     };
-    let upper_fd = open_root(upper, OFlags::RDONLY)?;
     let mut refused: Vec<(PathBuf, Refusal)> = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
     let mut fresh: BTreeSet<PathBuf> = BTreeSet::new();
-    // (dev, ino) -> (nlink, names in the change set, those names)
-    let mut inodes: HashMap<(u64, u64), (u64, u64, Vec<PathBuf>)> = HashMap::new();
+    // (dev, ino) -> the entry that read and staged that file, for its other names.
+    let mut copied: HashMap<(u64, u64), (PathBuf, Op, Option<CString>)> = HashMap::new();
     let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
     // Every symlink of the change set, refused ones too.
     let all_links: BTreeSet<&Path> = changes
@@ -825,23 +867,85 @@ pub fn prepare(
                 (Op::Dir { clear }, None)
             }
             (_, FileKind::File) => {
-                let (st, sha256, staged) =
-                    copy_and_hash(&upper_fd, upper, &c.path, c, staging.as_mut(), owner)?;
-                if st.st_nlink > 1 {
-                    let e = inodes.entry((st.st_dev, st.st_ino)).or_insert((
-                        st.st_nlink,
-                        0,
-                        Vec::new(),
-                    ));
-                    e.1 += 1;
-                    e.2.push(c.path.clone());
-                }
-                let op = Op::File {
-                    mode: normal_file_mode(st.st_mode),
-                    size: size_of(&st),
-                    sha256,
+                let measured = footprint.file(&c.path).copied();
+                let Some(m) = measured else {
+                    return Err(PromoteError::Changed {
+                        path: c.path.clone(),
+                    });
                 };
-                (op, staged)
+                // Every name of a linked file must be in the change set.
+                let inside = footprint.names_of(&m);
+                if m.nlink > inside {
+                    refused.push((
+                        c.path.clone(),
+                        Refusal::HardLink {
+                            nlink: m.nlink,
+                            inside,
+                        },
+                    ));
+                    continue;
+                }
+                if let Some((first, first_op, first_staged)) = copied.get(&m.id) {
+                    let (_, st) = open_source(&upper_fd, upper, &c.path)?;
+                    if (st.st_dev, st.st_ino) != m.id || st.st_mode & 0o7777 != c.mode {
+                        return Err(PromoteError::Changed {
+                            path: c.path.clone(),
+                        });
+                    }
+                    let staged = match (staging.as_mut(), first_staged) {
+                        (Some(s), Some(from)) => {
+                            let name = s.next_name();
+                            rustix::fs::linkat(
+                                &s.fd,
+                                from.as_c_str(),
+                                &s.fd,
+                                name.as_c_str(),
+                                AtFlags::empty(),
+                            )
+                            .map_err(io_at("stage hard link", &c.path))?;
+                            Some(name)
+                        }
+                        _ => None,
+                    };
+                    let op = match first_op.clone() {
+                        Op::File {
+                            mode,
+                            size,
+                            data,
+                            sha256,
+                            ..
+                        } => Op::File {
+                            mode,
+                            size,
+                            data,
+                            sha256,
+                            link: Some(first.clone()),
+                        },
+                        other => other,
+                    };
+                    (op, staged)
+                } else {
+                    let (st, sha256, data, staged) = copy_and_hash(
+                        &upper_fd,
+                        upper,
+                        &c.path,
+                        c,
+                        Some(&m),
+                        staging.as_mut(),
+                        owner,
+                    )?;
+                    let op = Op::File {
+                        mode: normal_file_mode(st.st_mode),
+                        size: size_of(&st),
+                        data,
+                        sha256,
+                        link: None,
+                    };
+                    if m.nlink > 1 {
+                        copied.insert(m.id, (c.path.clone(), op.clone(), staged.clone()));
+                    }
+                    (op, staged)
+                }
             }
             (_, FileKind::Symlink) => {
                 let target_os = read_link(&upper_fd, upper, &c.path)?;
@@ -911,15 +1015,6 @@ pub fn prepare(
             existing,
             staged,
         });
-    }
-
-    // Hard links: every name of a linked file must be in the change set.
-    for (nlink, inside, paths) in inodes.into_values() {
-        if inside < nlink {
-            for p in paths {
-                refused.push((p, Refusal::HardLink { nlink, inside }));
-            }
-        }
     }
 
     // Symlinks may not resolve through another symlink (planned, or already in the target).
@@ -1002,6 +1097,7 @@ pub fn prepare(
         entries,
         refused,
         digest,
+        footprint,
         owner,
         target: target.to_owned(),
         root,
@@ -1020,9 +1116,19 @@ fn digest(entries: &[Entry]) -> String {
         match &e.op {
             Op::Delete => h.update(b"delete"),
             Op::Dir { clear } => h.update(if *clear { &b"dir clear"[..] } else { b"dir" }),
-            Op::File { mode, size, sha256 } => {
-                h.update(format!("file {mode:o} {size} ").as_bytes());
+            Op::File {
+                mode,
+                size,
+                data,
+                sha256,
+                link,
+            } => {
+                h.update(format!("file {mode:o} {size} {data} ").as_bytes());
                 h.update(sha256);
+                if let Some(first) = link {
+                    h.update(b" link ");
+                    h.update(first.as_os_str().as_bytes());
+                }
             }
             Op::Symlink { target } => {
                 h.update(b"symlink ");
@@ -1271,7 +1377,14 @@ mod tests {
     impl Fixture {
         fn plan(&self, stage: bool) -> Result<Plan, PromoteError> {
             let changes = crate::diff(&self.upper, Some(&self.lower))?;
-            prepare(&self.upper, &changes, &self.target, &rules(), stage)
+            prepare(
+                &self.upper,
+                &changes,
+                &self.target,
+                &rules(),
+                stage,
+                &SizeLimit::none(),
+            )
         }
 
         fn refused(&self) -> Result<Vec<(String, Refusal)>, PromoteError> {

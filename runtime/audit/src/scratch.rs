@@ -4,6 +4,7 @@
 //! `fstatat(AT_SYMLINK_NOFOLLOW)`), so a symlink in the upper dir, even one swapped in while
 //! we walk, is reported or copied as a symlink and never followed.
 
+use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Write as _};
@@ -14,6 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
+use crate::layout::{CopyError, Footprint, Layout, Measured, SizeLimit, TooLarge, measure};
 use crate::record::{Event, MAX_CHANGED_PATHS};
 
 /// Manifest (in an export's root) of deleted paths: each relative path followed by a NUL.
@@ -60,6 +62,9 @@ pub enum ScratchError {
         /// Full path in the upper dir.
         path: PathBuf,
     },
+    /// The change set would write more than its limit.
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
 }
 
 /// How an entry differs from the lower layer.
@@ -439,10 +444,14 @@ pub enum ExportTarget {
 /// What [`export`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportSummary {
-    /// Regular files copied.
+    /// Regular files copied (a file with several names once).
     pub files: u64,
-    /// Bytes of regular-file content copied.
+    /// Further names of those files, written as hard links.
+    pub links: u64,
+    /// Bytes of regular-file content read and written (holes are neither).
     pub bytes: u64,
+    /// Apparent size of the files (holes included, each file once).
+    pub apparent: u64,
     /// Directories written.
     pub dirs: u64,
     /// Symlinks written (as symlinks).
@@ -568,30 +577,187 @@ pub(crate) fn read_link(
     Ok(OsString::from_vec(t.into_bytes()))
 }
 
-/// Reads exactly `remaining` bytes or fails (the file shrank while being exported).
-pub(crate) struct ExactReader {
-    pub(crate) inner: File,
-    pub(crate) remaining: u64,
+/// The layout of the opened source `src`, which must still be the file [`measure`]d as `m`
+/// (same inode, no more data): what is read is never more than what was checked.
+pub(crate) fn checked_layout(
+    src: &File,
+    st: &Stat,
+    m: Option<&Measured>,
+    upper: &Path,
+    rel: &Path,
+) -> Result<Layout, ScratchError> {
+    let layout = Layout::of(src.as_fd(), size_of(st)).map_err(|source| ScratchError::Io {
+        op: "map the holes of",
+        path: upper.join(rel),
+        source,
+    })?;
+    match m {
+        Some(m) if m.id == (st.st_dev, st.st_ino) && layout.data() <= m.data => Ok(layout),
+        _ => Err(ScratchError::Changed {
+            path: upper.join(rel),
+        }),
+    }
 }
 
-impl Read for ExactReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.remaining == 0 {
-            return Ok(0);
-        }
-        let want = usize::try_from(self.remaining)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        let n = self.inner.read(buf.get_mut(..want).unwrap_or_default())?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file shrank while being exported",
-            ));
-        }
-        self.remaining -= n as u64;
-        Ok(n)
+/// Copies (and hashes) the data of `src` by [`crate::layout::copy_segments`], naming the
+/// paths in its errors.
+pub(crate) fn copy_file(
+    src: &File,
+    layout: &Layout,
+    hasher: Option<&mut sha2::Sha256>,
+    dst: Option<&File>,
+    upper: &Path,
+    rel: &Path,
+    dst_path: &Path,
+) -> Result<(), ScratchError> {
+    crate::layout::copy_segments(src, layout, hasher, dst).map_err(|e| match e {
+        CopyError::Read(source) => ScratchError::Io {
+            op: "read",
+            path: upper.join(rel),
+            source,
+        },
+        CopyError::Write(source) => ScratchError::Io {
+            op: "write",
+            path: dst_path.to_owned(),
+            source,
+        },
+        CopyError::Changed => ScratchError::Changed {
+            path: upper.join(rel),
+        },
+    })
+}
+
+/// Appends the regular file `src` as `path`: a plain entry when it has no hole, else a GNU
+/// sparse entry (type `S`: the data segments in the header and its extension blocks, then
+/// only their bytes), which GNU tar, bsdtar and the `tar` crate restore with the holes.
+fn append_file(
+    b: &mut tar::Builder<File>,
+    mut h: tar::Header,
+    path: &Path,
+    src: &File,
+    layout: &Layout,
+    upper: &Path,
+    dest: &Path,
+) -> Result<(), ScratchError> {
+    let tar_err = |source| ScratchError::Io {
+        op: "write tar",
+        path: dest.to_owned(),
+        source,
+    };
+    let dense = layout.segments.as_slice() == [(0, layout.size)] || layout.size == 0;
+    if dense {
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(layout.size);
+        let mut written = 0u64;
+        h.set_path(path)
+            .or_else(|_| long_name(b, &mut h, path))
+            .map_err(tar_err)?;
+        h.set_cksum();
+        b.get_mut().write_all(h.as_bytes()).map_err(tar_err)?;
+        copy_file_into(src, layout, b.get_mut(), &mut written, upper, path, dest)?;
+        return pad(b.get_mut(), written).map_err(tar_err);
     }
+    // The map: an all-hole file still names its end.
+    let map: Vec<(u64, u64)> = if layout.segments.is_empty() {
+        vec![(layout.size, 0)]
+    } else {
+        layout.segments.clone()
+    };
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_size(layout.data());
+    h.set_path(path)
+        .or_else(|_| long_name(b, &mut h, path))
+        .map_err(tar_err)?;
+    let (first, rest) = map.split_at(map.len().min(4));
+    let gnu = h
+        .as_gnu_mut()
+        .ok_or_else(|| tar_err(io::Error::other("not a GNU header")))?;
+    gnu.set_real_size(layout.size);
+    for (slot, &(offset, len)) in gnu.sparse.iter_mut().zip(first) {
+        slot.set_offset(offset);
+        slot.set_length(len);
+    }
+    gnu.set_is_extended(!rest.is_empty());
+    h.set_cksum();
+    b.get_mut().write_all(h.as_bytes()).map_err(tar_err)?;
+    let mut chunks = rest.chunks(21).peekable();
+    while let Some(chunk) = chunks.next() {
+        let mut ext = tar::GnuExtSparseHeader::new();
+        for (slot, &(offset, len)) in ext.sparse.iter_mut().zip(chunk) {
+            slot.set_offset(offset);
+            slot.set_length(len);
+        }
+        ext.set_is_extended(chunks.peek().is_some());
+        b.get_mut().write_all(ext.as_bytes()).map_err(tar_err)?;
+    }
+    let mut written = 0u64;
+    copy_file_into(src, layout, b.get_mut(), &mut written, upper, path, dest)?;
+    pad(b.get_mut(), written).map_err(tar_err)
+}
+
+/// A GNU long-name entry (`././@LongLink`, type `L`) for `path`, and the header's own name
+/// field cut to fit.
+fn long_name(b: &mut tar::Builder<File>, h: &mut tar::Header, path: &Path) -> io::Result<()> {
+    let bytes = path.as_os_str().as_bytes();
+    let mut l = tar::Header::new_gnu();
+    l.set_path("././@LongLink")?;
+    l.set_mode(0o644);
+    l.set_entry_type(tar::EntryType::GNULongName);
+    l.set_size(bytes.len() as u64 + 1);
+    l.set_cksum();
+    b.append(&l, bytes.chain(&[0u8][..]))?;
+    let name = &mut h.as_old_mut().name;
+    let n = name.len().min(bytes.len());
+    name.fill(0);
+    if let (Some(dst), Some(src)) = (name.get_mut(..n), bytes.get(..n)) {
+        dst.copy_from_slice(src);
+    }
+    Ok(())
+}
+
+/// Streams the data segments of `src` to `out` (a tar's data area), counting bytes.
+fn copy_file_into(
+    src: &File,
+    layout: &Layout,
+    out: &mut File,
+    written: &mut u64,
+    upper: &Path,
+    rel: &Path,
+    dest: &Path,
+) -> Result<(), ScratchError> {
+    crate::layout::read_segments(src, layout, None, |_, data| {
+        *written += data.len() as u64;
+        out.write_all(data)
+    })
+    .map_err(|e| match e {
+        CopyError::Read(source) => ScratchError::Io {
+            op: "read",
+            path: upper.join(rel),
+            source,
+        },
+        CopyError::Write(source) => ScratchError::Io {
+            op: "write tar",
+            path: dest.to_owned(),
+            source,
+        },
+        CopyError::Changed => ScratchError::Changed {
+            path: upper.join(rel),
+        },
+    })
+}
+
+/// Zeros up to the next 512-byte block after `len` bytes of entry data.
+fn pad(out: &mut File, len: u64) -> io::Result<()> {
+    let rem = len % 512;
+    if rem == 0 {
+        return Ok(());
+    }
+    let zeros = [0u8; 512];
+    out.write_all(
+        zeros
+            .get(..usize::try_from(512 - rem).unwrap_or(0))
+            .unwrap_or_default(),
+    )
 }
 
 fn nul_list(paths: &[PathBuf]) -> Vec<u8> {
@@ -611,10 +777,17 @@ fn nul_list(paths: &[PathBuf]) -> Vec<u8> {
 /// is gone) and [`SKIPPED_MANIFEST`] (entries the target cannot hold: sockets, and devices
 /// in a dir export). Set-id bits are dropped. A dir target must not exist or be empty; a
 /// tar target must not exist (a failed tar export removes its partial file).
+///
+/// Holes stay holes and hard links stay links: a directory export reads and writes only
+/// the data segments of each file, once however many names it has (its other names are
+/// hard links to that copy); a tar holds each file's data once as a GNU sparse entry and
+/// its other names as hard-link entries. Before anything is read, the change set's size on
+/// the target (holes kept, each file once) is checked against `limit`.
 pub fn export(
     upper: &Path,
     lower: Option<&Path>,
     to: &ExportTarget,
+    limit: &SizeLimit,
 ) -> Result<ExportSummary, ScratchError> {
     let changes = diff(upper, lower)?;
     for name in [DELETED_MANIFEST, OPAQUE_MANIFEST, SKIPPED_MANIFEST] {
@@ -626,10 +799,12 @@ pub fn export(
         }
     }
     let upper_fd = open_root(upper, OFlags::RDONLY)?;
+    let footprint = measure(&upper_fd, upper, &changes)?;
+    footprint.check(footprint.data, limit)?;
     match to {
-        ExportTarget::Dir(dest) => export_dir(&changes, &upper_fd, upper, dest),
+        ExportTarget::Dir(dest) => export_dir(&changes, &footprint, &upper_fd, upper, dest),
         ExportTarget::Tar(dest) => {
-            let r = export_tar(&changes, &upper_fd, upper, dest);
+            let r = export_tar(&changes, &footprint, &upper_fd, upper, dest);
             if r.is_err()
                 && let Err(e) = std::fs::remove_file(dest)
                 && e.kind() != io::ErrorKind::NotFound
@@ -643,6 +818,7 @@ pub fn export(
 
 fn export_dir(
     changes: &[Change],
+    footprint: &Footprint,
     upper_fd: &OwnedFd,
     upper: &Path,
     dest: &Path,
@@ -668,6 +844,8 @@ fn export_dir(
     }
     let dest_fd = open_root(dest, OFlags::RDONLY)?;
     let mut sum = ExportSummary::default();
+    // (dev, ino) of each file with several names -> the path it was exported under.
+    let mut exported: HashMap<(u64, u64), PathBuf> = HashMap::new();
     for c in changes {
         let dpath = dest.join(&c.path);
         match (c.kind, c.file_type) {
@@ -685,6 +863,24 @@ fn export_dir(
                 let (src, st) = open_source(upper_fd, upper, &c.path)?;
                 let parent = ensure_dirs(&dest_fd, c.path.parent().unwrap_or(Path::new("")), dest)?;
                 let name = c.path.file_name().unwrap_or_default();
+                let id = (st.st_dev, st.st_ino);
+                if st.st_nlink > 1
+                    && let Some(first) = exported.get(&id)
+                {
+                    // Another name of a file already exported: a link to that copy.
+                    let from =
+                        ensure_dirs(&dest_fd, first.parent().unwrap_or(Path::new("")), dest)?;
+                    rustix::fs::linkat(
+                        &from,
+                        first.file_name().unwrap_or_default(),
+                        &parent,
+                        name,
+                        AtFlags::empty(),
+                    )
+                    .map_err(io_err("link", dpath))?;
+                    sum.links += 1;
+                    continue;
+                }
                 let dst = rustix::fs::openat(
                     &parent,
                     name,
@@ -696,24 +892,15 @@ fn export_dir(
                     Mode::from_raw_mode(st.st_mode & 0o777),
                 )
                 .map_err(io_err("create", dpath.clone()))?;
-                let mut dst = File::from(dst);
-                let size = size_of(&st);
-                let mut reader = ExactReader {
-                    inner: src,
-                    remaining: size,
-                };
-                io::copy(&mut reader, &mut dst).map_err(|source| ScratchError::Io {
-                    op: "copy to",
-                    path: dpath.clone(),
-                    source,
-                })?;
-                dst.flush().map_err(|source| ScratchError::Io {
-                    op: "write",
-                    path: dpath,
-                    source,
-                })?;
+                let dst = File::from(dst);
+                let layout = checked_layout(&src, &st, footprint.file(&c.path), upper, &c.path)?;
+                copy_file(&src, &layout, None, Some(&dst), upper, &c.path, &dpath)?;
+                if st.st_nlink > 1 {
+                    exported.insert(id, c.path.clone());
+                }
                 sum.files += 1;
-                sum.bytes += size;
+                sum.bytes += layout.data();
+                sum.apparent += layout.size;
             }
             (_, FileKind::Symlink) => {
                 let target = read_link(upper_fd, upper, &c.path)?;
@@ -762,6 +949,7 @@ fn export_dir(
 
 fn export_tar(
     changes: &[Change],
+    footprint: &Footprint,
     upper_fd: &OwnedFd,
     upper: &Path,
     dest: &Path,
@@ -786,6 +974,8 @@ fn export_tar(
     })?;
     let mut b = tar::Builder::new(file);
     let mut sum = ExportSummary::default();
+    // (dev, ino) of each file with several names -> the path it was archived under.
+    let mut archived: HashMap<(u64, u64), PathBuf> = HashMap::new();
     for c in changes {
         let mut h = tar::Header::new_gnu();
         h.set_mode(
@@ -813,22 +1003,25 @@ fn export_tar(
             }
             (_, FileKind::File) => {
                 let (src, st) = open_source(upper_fd, upper, &c.path)?;
-                let size = size_of(&st);
-                h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(st.st_mode & 0o777);
-                h.set_size(size);
                 h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
-                b.append_data(
-                    &mut h,
-                    &c.path,
-                    ExactReader {
-                        inner: src,
-                        remaining: size,
-                    },
-                )
-                .map_err(tar_err)?;
+                let id = (st.st_dev, st.st_ino);
+                if st.st_nlink > 1
+                    && let Some(first) = archived.get(&id)
+                {
+                    h.set_entry_type(tar::EntryType::Link);
+                    b.append_link(&mut h, &c.path, first).map_err(tar_err)?;
+                    sum.links += 1;
+                    continue;
+                }
+                let layout = checked_layout(&src, &st, footprint.file(&c.path), upper, &c.path)?;
+                append_file(&mut b, h, &c.path, &src, &layout, upper, dest)?;
+                if st.st_nlink > 1 {
+                    archived.insert(id, c.path.clone());
+                }
                 sum.files += 1;
-                sum.bytes += size;
+                sum.bytes += layout.data();
+                sum.apparent += layout.size;
             }
             (_, FileKind::Symlink) => {
                 let target = read_link(upper_fd, upper, &c.path)?;
@@ -889,6 +1082,8 @@ mod tests {
         std::fs::write(outside.join("f"), "host secret")?;
         let changes = diff(&upper, None)?;
         assert_eq!(changes.len(), 2);
+        let upper_fd = open_root(&upper, OFlags::RDONLY)?;
+        let fp = measure(&upper_fd, &upper, &changes)?;
 
         std::fs::remove_dir_all(upper.join("newdir"))?;
         std::os::unix::fs::symlink(&outside, upper.join("newdir"))?;
@@ -898,9 +1093,8 @@ mod tests {
             "host secret"
         );
 
-        let upper_fd = open_root(&upper, OFlags::RDONLY)?;
         let dest = dir.path().join("export");
-        let err = export_dir(&changes, &upper_fd, &upper, &dest).err();
+        let err = export_dir(&changes, &fp, &upper_fd, &upper, &dest).err();
         let Some(ScratchError::Io { source, .. }) = &err else {
             return Err(format!("expected an I/O refusal, got {err:?}").into());
         };
@@ -908,7 +1102,7 @@ mod tests {
         assert!(!dest.join("newdir/f").exists());
 
         let tar_path = dir.path().join("x.tar");
-        assert!(export_tar(&changes, &upper_fd, &upper, &tar_path).is_err());
+        assert!(export_tar(&changes, &fp, &upper_fd, &upper, &tar_path).is_err());
         let tar_bytes = std::fs::read(&tar_path).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&tar_bytes).contains("host secret"));
         Ok(())
