@@ -250,6 +250,12 @@ pub fn measure(
     Ok(fp)
 }
 
+/// [`measure`] of the changes of the upper dir `upper` (as [`crate::diff`] listed them).
+pub fn footprint(upper: &Path, changes: &[Change]) -> Result<Footprint, ScratchError> {
+    let fd = crate::scratch::open_root(upper, rustix::fs::OFlags::RDONLY)?;
+    measure(&fd, upper, changes)
+}
+
 /// The most a review or promotion may write, and where that number comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SizeLimit {

@@ -1937,4 +1937,145 @@ mod tests {
         assert!(digest.starts_with("sha256:") && digest.len() == 71);
         Ok(())
     }
+
+    /// Bytes this thread has read through read(2)-like calls (`rchar` of
+    /// `/proc/thread-self/io`): tests run on threads of their own.
+    fn thread_rchar() -> Result<u64, Box<dyn std::error::Error>> {
+        let io = std::fs::read_to_string("/proc/thread-self/io")?;
+        let line = io
+            .lines()
+            .find(|l| l.starts_with("rchar:"))
+            .ok_or("no rchar")?;
+        Ok(line.trim_start_matches("rchar:").trim().parse()?)
+    }
+
+    /// A 64 MiB file with three small data segments.
+    fn sparse_file(path: &Path) -> io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        if let Some(p) = path.parent() {
+            std::fs::create_dir_all(p)?;
+        }
+        let f = File::create_new(path)?;
+        f.set_len(64 << 20)?;
+        f.write_all_at(b"head", 0)?;
+        f.write_all_at(&[9u8; 5000], 20 << 20)?;
+        f.write_all_at(b"tail", (64 << 20) - 4)?;
+        f.sync_all()
+    }
+
+    #[test]
+    fn sparse_files_and_hard_links_are_staged_once_and_promoted_with_holes_and_links() -> TestResult
+    {
+        let f = fixture()?;
+        sparse_file(&f.upper.join("data/big.img"))?;
+        write(&f.upper.join("lib/a.so"), &"x".repeat(100_000))?;
+        for name in ["lib/b.so", "lib/c.so", "other/d.so"] {
+            write(&f.upper.join(name).with_file_name(".keep"), "")?;
+            std::fs::hard_link(f.upper.join("lib/a.so"), f.upper.join(name))?;
+        }
+        let before = thread_rchar()?;
+        let dry = f.plan(false)?;
+        let read = thread_rchar()? - before;
+        assert!(dry.refused.is_empty(), "{:?}", dry.refused);
+        // The data once: three blocks' worth of segments (4 KiB, 8 KiB, 4 KiB: holes are
+        // block-sized) and 100,000 bytes; not 64 MiB, not 4 x 100,000.
+        assert!(read < 200_000, "the dry run read {read} bytes");
+        assert_eq!(dry.footprint.data, 16384 + 100_000);
+        assert_eq!(dry.footprint.naive, (64 << 20) + 400_000);
+        let lines: Vec<String> = dry.entries.iter().map(Entry::describe).collect();
+        assert!(
+            lines.contains(
+                &"create  /data/big.img (file 0644, 67108864 bytes, 16384 of them data)".to_owned()
+            ),
+            "{lines:?}"
+        );
+        assert!(
+            lines.contains(&"create  /lib/b.so (hard link to /lib/a.so)".to_owned()),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&"create  /other/d.so (hard link to /lib/a.so)".to_owned()));
+
+        let plan = f.plan(true)?;
+        assert_eq!(plan.digest, dry.digest);
+        apply(&plan)?;
+        drop(plan);
+        let big = std::fs::metadata(f.target.join("data/big.img"))?;
+        assert_eq!(big.len(), 64 << 20);
+        assert!(
+            big.blocks() * 512 <= 256 << 10,
+            "holes filled: {} blocks",
+            big.blocks()
+        );
+        assert!(
+            std::fs::read(f.upper.join("data/big.img"))?
+                == std::fs::read(f.target.join("data/big.img"))?,
+            "content differs"
+        );
+        let ino = std::fs::metadata(f.target.join("lib/a.so"))?.ino();
+        for name in ["lib/b.so", "lib/c.so", "other/d.so"] {
+            let m = std::fs::metadata(f.target.join(name))?;
+            assert_eq!((m.ino(), m.nlink()), (ino, 4), "{name}");
+        }
+        assert_eq!(f.read("other/d.so")?.len(), 100_000);
+        Ok(())
+    }
+
+    #[test]
+    fn a_change_set_past_the_limit_is_refused_before_any_file_is_read() -> TestResult {
+        let f = fixture()?;
+        write(&f.upper.join("a"), &"a".repeat(3 << 20))?;
+        for i in 0..20 {
+            std::fs::hard_link(f.upper.join("a"), f.upper.join(format!("l{i}")))?;
+        }
+        sparse_file(&f.upper.join("big"))?;
+        let changes = crate::diff(&f.upper, Some(&f.lower))?;
+        let limit = SizeLimit {
+            bytes: 2 << 20,
+            source: "the sandbox's workspace_size".to_owned(),
+        };
+        for stage in [false, true] {
+            let before = thread_rchar()?;
+            let r = prepare(&f.upper, &changes, &f.target, &rules(), stage, &limit);
+            let read = thread_rchar()? - before;
+            let Err(PromoteError::TooLarge(e)) = r else {
+                return Err(format!("not refused: {r:?}").into());
+            };
+            assert_eq!((e.bytes, e.files, e.names), ((3 << 20) + 16384, 2, 22));
+            assert!(read < 64 << 10, "read {read} bytes before refusing");
+            assert!(f.snapshot().is_empty(), "the target changed");
+        }
+        // Within the limit, what is read is the data once.
+        let roomy = SizeLimit {
+            bytes: 4 << 20,
+            source: "test".to_owned(),
+        };
+        let before = thread_rchar()?;
+        let plan = prepare(&f.upper, &changes, &f.target, &rules(), false, &roomy)?;
+        let read = thread_rchar()? - before;
+        assert!(plan.refused.is_empty());
+        assert!(read < (3 << 20) + (256 << 10), "read {read} bytes");
+        Ok(())
+    }
+
+    #[test]
+    fn the_digest_tells_a_hole_from_written_zeros_and_a_link_from_a_copy() -> TestResult {
+        use std::os::unix::fs::FileExt as _;
+        let f = fixture()?;
+        sparse_file(&f.upper.join("s"))?;
+        let sparse = f.plan(false)?.digest;
+        // The same bytes with the holes written as zeros.
+        let bytes = std::fs::read(f.upper.join("s"))?;
+        std::fs::remove_file(f.upper.join("s"))?;
+        File::create_new(f.upper.join("s"))?.write_all_at(&bytes, 0)?;
+        assert_ne!(f.plan(false)?.digest, sparse);
+        std::fs::remove_file(f.upper.join("s"))?;
+
+        write(&f.upper.join("a"), "same\n")?;
+        write(&f.upper.join("b"), "same\n")?;
+        let copies = f.plan(false)?.digest;
+        std::fs::remove_file(f.upper.join("b"))?;
+        std::fs::hard_link(f.upper.join("a"), f.upper.join("b"))?;
+        assert_ne!(f.plan(false)?.digest, copies);
+        Ok(())
+    }
 }

@@ -657,12 +657,15 @@ fn append_file(
         copy_file_into(src, layout, b.get_mut(), &mut written, upper, path, dest)?;
         return pad(b.get_mut(), written).map_err(tar_err);
     }
-    // The map: an all-hole file still names its end.
-    let map: Vec<(u64, u64)> = if layout.segments.is_empty() {
-        vec![(layout.size, 0)]
-    } else {
-        layout.segments.clone()
-    };
+    // The map; a file that ends in a hole ends it with an empty segment at its size (what
+    // GNU tar writes, and what readers check the real size against).
+    let mut map = layout.segments.clone();
+    if map
+        .last()
+        .is_none_or(|&(offset, len)| offset + len < layout.size)
+    {
+        map.push((layout.size, 0));
+    }
     h.set_entry_type(tar::EntryType::GNUSparse);
     h.set_size(layout.data());
     h.set_path(path)
@@ -1168,6 +1171,148 @@ mod tests {
                 .iter()
                 .all(|c| c.kind != ChangeKind::OpaqueDir)
         );
+        Ok(())
+    }
+
+    /// An upper dir with a 64 MiB file holding three data blocks, and a file with four names
+    /// (one in a directory whose name needs a GNU long-name entry in a tar).
+    fn sparse_and_linked(upper: &Path) -> Result<String, Box<dyn std::error::Error>> {
+        use std::os::unix::fs::FileExt as _;
+        let deep = format!("{}/d.so", "long-directory-name".repeat(6));
+        std::fs::create_dir_all(upper.join("lib"))?;
+        std::fs::create_dir_all(upper.join(&deep).parent().ok_or("no parent")?)?;
+        let f = File::create_new(upper.join("big.img"))?;
+        f.set_len(64 << 20)?;
+        f.write_all_at(b"head", 0)?;
+        f.write_all_at(&[9u8; 5000], 20 << 20)?;
+        f.write_all_at(b"tail", (64 << 20) - 4)?;
+        f.sync_all()?;
+        std::fs::write(upper.join("lib/a.so"), "x".repeat(100_000))?;
+        for name in ["lib/b.so", "lib/c.so", deep.as_str()] {
+            std::fs::hard_link(upper.join("lib/a.so"), upper.join(name))?;
+        }
+        Ok(deep)
+    }
+
+    #[test]
+    fn a_dir_export_keeps_holes_and_hard_links() -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path().join("upper");
+        let deep = sparse_and_linked(&upper)?;
+        let dest = dir.path().join("export");
+        let sum = export(
+            &upper,
+            None,
+            &ExportTarget::Dir(dest.clone()),
+            &SizeLimit::none(),
+        )?;
+        assert_eq!((sum.files, sum.links), (2, 3));
+        assert_eq!(sum.bytes, 16384 + 100_000);
+        let big = std::fs::metadata(dest.join("big.img"))?;
+        assert_eq!(big.len(), 64 << 20);
+        assert!(
+            big.blocks() * 512 <= 256 << 10,
+            "holes filled: {} blocks",
+            big.blocks()
+        );
+        assert!(std::fs::read(upper.join("big.img"))? == std::fs::read(dest.join("big.img"))?);
+        let ino = std::fs::metadata(dest.join("lib/a.so"))?.ino();
+        for name in ["lib/b.so", "lib/c.so", deep.as_str()] {
+            assert_eq!(std::fs::metadata(dest.join(name))?.ino(), ino, "{name}");
+        }
+
+        // Past the limit: refused before anything is written.
+        let small = SizeLimit {
+            bytes: 100_000,
+            source: "test".to_owned(),
+        };
+        let dest2 = dir.path().join("export2");
+        let err = export(&upper, None, &ExportTarget::Dir(dest2.clone()), &small).err();
+        assert!(matches!(err, Some(ScratchError::TooLarge(_))), "{err:?}");
+        assert!(!dest2.exists());
+        let tar2 = dir.path().join("x2.tar");
+        let err = export(&upper, None, &ExportTarget::Tar(tar2.clone()), &small).err();
+        assert!(matches!(err, Some(ScratchError::TooLarge(_))), "{err:?}");
+        assert!(!tar2.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_tar_export_holds_sparse_entries_and_hard_links_that_gnu_tar_restores()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path().join("upper");
+        let deep = sparse_and_linked(&upper)?;
+        // Many segments: the map needs extension blocks past the header's four.
+        {
+            use std::os::unix::fs::FileExt as _;
+            let f = File::create_new(upper.join("many"))?;
+            f.set_len(200 << 16)?;
+            for i in 0..100u64 {
+                f.write_all_at(&[u8::try_from(i)? + 1; 100], i << 17)?;
+            }
+        }
+        let tar_path = dir.path().join("x.tar");
+        let sum = export(
+            &upper,
+            None,
+            &ExportTarget::Tar(tar_path.clone()),
+            &SizeLimit::none(),
+        )?;
+        assert_eq!((sum.files, sum.links), (3, 3));
+        let size = std::fs::metadata(&tar_path)?.len();
+        assert!(size < 2 << 20, "the tar holds holes: {size} bytes");
+
+        // The tar crate reads it back: same bytes, links as links.
+        let mut ar = tar::Archive::new(File::open(&tar_path)?);
+        let mut seen = Vec::new();
+        for e in ar.entries()? {
+            let mut e = e?;
+            let path = e.path()?.into_owned();
+            let kind = e.header().entry_type();
+            if kind == tar::EntryType::GNUSparse {
+                let mut data = Vec::new();
+                io::Read::read_to_end(&mut e, &mut data)?;
+                assert!(
+                    data == std::fs::read(upper.join(&path))?,
+                    "{}",
+                    path.display()
+                );
+            }
+            seen.push((path, kind));
+        }
+        assert!(seen.contains(&(PathBuf::from("big.img"), tar::EntryType::GNUSparse)));
+        assert!(seen.contains(&(PathBuf::from("many"), tar::EntryType::GNUSparse)));
+        assert!(seen.contains(&(PathBuf::from("lib/a.so"), tar::EntryType::Regular)));
+        assert!(seen.contains(&(PathBuf::from(&deep), tar::EntryType::Link)));
+
+        // GNU tar restores the holes and the links.
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out)?;
+        let st = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&tar_path)
+            .arg("-C")
+            .arg(&out)
+            .status()?;
+        assert!(st.success());
+        for name in ["big.img", "many"] {
+            assert!(
+                std::fs::read(upper.join(name))? == std::fs::read(out.join(name))?,
+                "{name}"
+            );
+        }
+        let big = std::fs::metadata(out.join("big.img"))?;
+        assert!(
+            big.blocks() * 512 <= 256 << 10,
+            "holes filled: {} blocks",
+            big.blocks()
+        );
+        let ino = std::fs::metadata(out.join("lib/a.so"))?.ino();
+        assert_eq!(std::fs::metadata(out.join(&deep))?.ino(), ino);
+        assert_eq!(std::fs::metadata(out.join("lib/c.so"))?.nlink(), 4);
         Ok(())
     }
 }

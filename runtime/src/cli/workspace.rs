@@ -11,8 +11,11 @@ use super::{Cli, CliError};
 /// `diff ID`: one line per change in the workspace overlay.
 pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
     let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
-    for c in source.changes()? {
-        println!("{}", crate::report::review::diff_line(&c));
+    let changes = source.changes()?;
+    let footprint = agent_sandbox_audit::layout::footprint(&source.upper, &changes)?;
+    let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
+    for line in crate::report::review::diff_lines(&changes, &footprint, &limit) {
+        println!("{line}");
     }
     Ok(())
 }
@@ -30,7 +33,8 @@ pub(super) fn export(
         (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
         (None, None) => return Err(CliError::NoCommand),
     };
-    let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
+    let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
+    let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target, &limit)?;
     crate::report::review::write_export_summary(&mut std::io::stdout().lock(), &s)
         .map_err(|e| crate::files::FileError::write("-", e))?;
     Ok(())

@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::escape::escape_path;
+use agent_sandbox_audit::layout::human;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
 use crate::harden::Ceiling;
@@ -104,8 +105,9 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             path: log,
         });
     }
+    let limit = crate::report::review::size_limit(&source, req.policy)?;
     // The check runs without touching the target; only a clean plan is staged.
-    let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false)?;
+    let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false, &limit)?;
     let plan = &checked;
     writeln!(
         out,
@@ -119,6 +121,16 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     for e in &plan.entries {
         writeln!(out, "  {}", e.describe())?;
     }
+    writeln!(
+        out,
+        "writes {} of file data in {} files with {} names (holes and hard links kept; a copy that fills holes and breaks links: {}); limit {}, {}",
+        human(plan.footprint.data),
+        plan.footprint.files,
+        plan.footprint.names,
+        human(plan.footprint.naive),
+        human(limit.bytes),
+        limit.source
+    )?;
     for (path, why) in &plan.refused {
         writeln!(out, "refused /{}: {why}", escape_path(path))?;
         tracing::info!(
@@ -148,7 +160,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     // Staging reads every file again: what it staged must be what was checked and printed.
     let printed = checked.digest.clone();
     drop(checked);
-    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, true)?;
+    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, true, &limit)?;
     if !plan.refused.is_empty() || plan.digest != printed {
         return Err(PromoteCmdError::ChangedMeanwhile);
     }
