@@ -247,4 +247,34 @@ mod tests {
         assert!(text.contains("skipped /s\\u{009b}2K\n"), "{text}");
         Ok(())
     }
+
+    #[test]
+    fn diff_lines_mark_sparse_files_and_hard_links_and_end_with_the_size()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path();
+        let f = std::fs::File::create(upper.join("big.img"))?;
+        f.set_len(8 << 30)?;
+        std::fs::write(upper.join("a"), "x".repeat(5000))?;
+        std::fs::hard_link(upper.join("a"), upper.join("b"))?;
+        let changes = agent_sandbox_audit::diff(upper, None)?;
+        let fp = agent_sandbox_audit::layout::footprint(upper, &changes)?;
+        let limit = SizeLimit {
+            bytes: 256 << 20,
+            source: "the sandbox's workspace_size".to_owned(),
+        };
+        let lines = diff_lines(&changes, &fp, &limit);
+        assert_eq!(
+            lines,
+            [
+                "A /a (file)",
+                "A /b (file) hard link to /a",
+                "A /big.img (file) sparse: 8589934592 bytes, 0 of them data",
+                "# size on the target: 4.8 KiB (5000 bytes) of file data in 2 files with 3 names \
+                 (a copy that fills holes and breaks links: 8.0 GiB (8589944592 bytes)); \
+                 limit 256.0 MiB (268435456 bytes), the sandbox's workspace_size",
+            ]
+        );
+        Ok(())
+    }
 }
