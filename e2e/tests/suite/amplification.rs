@@ -227,8 +227,11 @@ fn workspace(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(ws)
 }
 
+/// One entry of a [`listing`]: path, mode, size, blocks, inode.
+type Listed = (PathBuf, u32, u64, u64, u64);
+
 /// Every entry below `root` with its type, size, blocks and inode.
-fn listing(root: &Path) -> anyhow::Result<Vec<(PathBuf, u32, u64, u64, u64)>> {
+fn listing(root: &Path) -> anyhow::Result<Vec<Listed>> {
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
