@@ -629,7 +629,8 @@ pub(crate) fn copy_file(
 
 /// Appends the regular file `src` as `path`: a plain entry when it has no hole, else a GNU
 /// sparse entry (type `S`: the data segments in the header and its extension blocks, then
-/// only their bytes), which GNU tar, bsdtar and the `tar` crate restore with the holes.
+/// only their bytes), which GNU tar, Python's `tarfile` and the `tar` crate restore with
+/// the holes.
 fn append_file(
     b: &mut tar::Builder<File>,
     mut h: tar::Header,
