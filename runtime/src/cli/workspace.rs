@@ -12,10 +12,23 @@ use super::{Cli, CliError};
 pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
     let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
     let changes = source.changes()?;
-    let footprint = agent_sandbox_audit::layout::footprint(&source.upper, &changes)?;
     let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
-    for line in crate::report::review::diff_lines(&changes, &footprint, &limit) {
-        println!("{line}");
+    // Measuring opens each file (no read): a file this user cannot open still gets its line.
+    match agent_sandbox_audit::layout::footprint(&source.upper, &changes) {
+        Ok(footprint) => {
+            for line in crate::report::review::diff_lines(&changes, &footprint, &limit) {
+                println!("{line}");
+            }
+        }
+        Err(e) => {
+            for c in &changes {
+                println!("{}", crate::report::review::diff_line(c));
+            }
+            println!(
+                "# size on the target: not measured ({})",
+                agent_sandbox_proxy::error_text::chain(&e)
+            );
+        }
     }
     Ok(())
 }
