@@ -1,4 +1,5 @@
 //! End-to-end suites, one module per entry point.
+mod amplification;
 mod approvals;
 mod audit;
 mod audit_cap;

@@ -4,6 +4,7 @@
 pub mod escape;
 pub mod history;
 pub mod kernel;
+pub mod layout;
 pub mod limit;
 pub mod log;
 pub mod names;
@@ -12,6 +13,7 @@ pub mod record;
 pub mod scratch;
 pub mod timeline;
 
+pub use layout::{Footprint, SizeLimit, TooLarge};
 pub use limit::{Budget, Gate, Passed, RateLimit, Stream, Tally};
 pub use log::{
     Anchor, Appended, AuditError, AuditLog, Broken, Capped, TornTail, VerifyReport, genesis,

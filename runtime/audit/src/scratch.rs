@@ -4,6 +4,7 @@
 //! `fstatat(AT_SYMLINK_NOFOLLOW)`), so a symlink in the upper dir, even one swapped in while
 //! we walk, is reported or copied as a symlink and never followed.
 
+use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Write as _};
@@ -14,6 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 
+use crate::layout::{CopyError, Footprint, Layout, Measured, SizeLimit, TooLarge, measure};
 use crate::record::{Event, MAX_CHANGED_PATHS};
 
 /// Manifest (in an export's root) of deleted paths: each relative path followed by a NUL.
@@ -60,6 +62,9 @@ pub enum ScratchError {
         /// Full path in the upper dir.
         path: PathBuf,
     },
+    /// The change set would write more than its limit.
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
 }
 
 /// How an entry differs from the lower layer.
@@ -439,10 +444,14 @@ pub enum ExportTarget {
 /// What [`export`] wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportSummary {
-    /// Regular files copied.
+    /// Regular files copied (a file with several names once).
     pub files: u64,
-    /// Bytes of regular-file content copied.
+    /// Further names of those files, written as hard links.
+    pub links: u64,
+    /// Bytes of regular-file content read and written (holes are neither).
     pub bytes: u64,
+    /// Apparent size of the files (holes included, each file once).
+    pub apparent: u64,
     /// Directories written.
     pub dirs: u64,
     /// Symlinks written (as symlinks).
@@ -568,30 +577,191 @@ pub(crate) fn read_link(
     Ok(OsString::from_vec(t.into_bytes()))
 }
 
-/// Reads exactly `remaining` bytes or fails (the file shrank while being exported).
-pub(crate) struct ExactReader {
-    pub(crate) inner: File,
-    pub(crate) remaining: u64,
+/// The layout of the opened source `src`, which must still be the file [`measure`]d as `m`
+/// (same inode, no more data): what is read is never more than what was checked.
+pub(crate) fn checked_layout(
+    src: &File,
+    st: &Stat,
+    m: Option<&Measured>,
+    upper: &Path,
+    rel: &Path,
+) -> Result<Layout, ScratchError> {
+    let layout = Layout::of(src.as_fd(), size_of(st)).map_err(|source| ScratchError::Io {
+        op: "map the holes of",
+        path: upper.join(rel),
+        source,
+    })?;
+    match m {
+        Some(m) if m.id == (st.st_dev, st.st_ino) && layout.data() <= m.data => Ok(layout),
+        _ => Err(ScratchError::Changed {
+            path: upper.join(rel),
+        }),
+    }
 }
 
-impl Read for ExactReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.remaining == 0 {
-            return Ok(0);
-        }
-        let want = usize::try_from(self.remaining)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        let n = self.inner.read(buf.get_mut(..want).unwrap_or_default())?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "file shrank while being exported",
-            ));
-        }
-        self.remaining -= n as u64;
-        Ok(n)
+/// Copies (and hashes) the data of `src` by [`crate::layout::copy_segments`], naming the
+/// paths in its errors.
+pub(crate) fn copy_file(
+    src: &File,
+    layout: &Layout,
+    hasher: Option<&mut sha2::Sha256>,
+    dst: Option<&File>,
+    upper: &Path,
+    rel: &Path,
+    dst_path: &Path,
+) -> Result<(), ScratchError> {
+    crate::layout::copy_segments(src, layout, hasher, dst).map_err(|e| match e {
+        CopyError::Read(source) => ScratchError::Io {
+            op: "read",
+            path: upper.join(rel),
+            source,
+        },
+        CopyError::Write(source) => ScratchError::Io {
+            op: "write",
+            path: dst_path.to_owned(),
+            source,
+        },
+        CopyError::Changed => ScratchError::Changed {
+            path: upper.join(rel),
+        },
+    })
+}
+
+/// Appends the regular file `src` as `path`: a plain entry when it has no hole, else a GNU
+/// sparse entry (type `S`: the data segments in the header and its extension blocks, then
+/// only their bytes), which GNU tar, Python's `tarfile` and the `tar` crate restore with
+/// the holes.
+fn append_file(
+    b: &mut tar::Builder<File>,
+    mut h: tar::Header,
+    path: &Path,
+    src: &File,
+    layout: &Layout,
+    upper: &Path,
+    dest: &Path,
+) -> Result<(), ScratchError> {
+    let tar_err = |source| ScratchError::Io {
+        op: "write tar",
+        path: dest.to_owned(),
+        source,
+    };
+    let dense = layout.segments.as_slice() == [(0, layout.size)] || layout.size == 0;
+    if dense {
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(layout.size);
+        let mut written = 0u64;
+        h.set_path(path)
+            .or_else(|_| long_name(b, &mut h, path))
+            .map_err(tar_err)?;
+        h.set_cksum();
+        b.get_mut().write_all(h.as_bytes()).map_err(tar_err)?;
+        copy_file_into(src, layout, b.get_mut(), &mut written, upper, path, dest)?;
+        return pad(b.get_mut(), written).map_err(tar_err);
     }
+    // The map; a file that ends in a hole ends it with an empty segment at its size (what
+    // GNU tar writes, and what readers check the real size against).
+    let mut map = layout.segments.clone();
+    if map
+        .last()
+        .is_none_or(|&(offset, len)| offset + len < layout.size)
+    {
+        map.push((layout.size, 0));
+    }
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_size(layout.data());
+    h.set_path(path)
+        .or_else(|_| long_name(b, &mut h, path))
+        .map_err(tar_err)?;
+    let (first, rest) = map.split_at(map.len().min(4));
+    let gnu = h
+        .as_gnu_mut()
+        .ok_or_else(|| tar_err(io::Error::other("not a GNU header")))?;
+    gnu.set_real_size(layout.size);
+    for (slot, &(offset, len)) in gnu.sparse.iter_mut().zip(first) {
+        slot.set_offset(offset);
+        slot.set_length(len);
+    }
+    gnu.set_is_extended(!rest.is_empty());
+    h.set_cksum();
+    b.get_mut().write_all(h.as_bytes()).map_err(tar_err)?;
+    let mut chunks = rest.chunks(21).peekable();
+    while let Some(chunk) = chunks.next() {
+        let mut ext = tar::GnuExtSparseHeader::new();
+        for (slot, &(offset, len)) in ext.sparse.iter_mut().zip(chunk) {
+            slot.set_offset(offset);
+            slot.set_length(len);
+        }
+        ext.set_is_extended(chunks.peek().is_some());
+        b.get_mut().write_all(ext.as_bytes()).map_err(tar_err)?;
+    }
+    let mut written = 0u64;
+    copy_file_into(src, layout, b.get_mut(), &mut written, upper, path, dest)?;
+    pad(b.get_mut(), written).map_err(tar_err)
+}
+
+/// A GNU long-name entry (`././@LongLink`, type `L`) for `path`, and the header's own name
+/// field cut to fit.
+fn long_name(b: &mut tar::Builder<File>, h: &mut tar::Header, path: &Path) -> io::Result<()> {
+    let bytes = path.as_os_str().as_bytes();
+    let mut l = tar::Header::new_gnu();
+    l.set_path("././@LongLink")?;
+    l.set_mode(0o644);
+    l.set_entry_type(tar::EntryType::GNULongName);
+    l.set_size(bytes.len() as u64 + 1);
+    l.set_cksum();
+    b.append(&l, bytes.chain(&[0u8][..]))?;
+    let name = &mut h.as_old_mut().name;
+    let n = name.len().min(bytes.len());
+    name.fill(0);
+    if let (Some(dst), Some(src)) = (name.get_mut(..n), bytes.get(..n)) {
+        dst.copy_from_slice(src);
+    }
+    Ok(())
+}
+
+/// Streams the data segments of `src` to `out` (a tar's data area), counting bytes.
+fn copy_file_into(
+    src: &File,
+    layout: &Layout,
+    out: &mut File,
+    written: &mut u64,
+    upper: &Path,
+    rel: &Path,
+    dest: &Path,
+) -> Result<(), ScratchError> {
+    crate::layout::read_segments(src, layout, None, |_, data| {
+        *written += data.len() as u64;
+        out.write_all(data)
+    })
+    .map_err(|e| match e {
+        CopyError::Read(source) => ScratchError::Io {
+            op: "read",
+            path: upper.join(rel),
+            source,
+        },
+        CopyError::Write(source) => ScratchError::Io {
+            op: "write tar",
+            path: dest.to_owned(),
+            source,
+        },
+        CopyError::Changed => ScratchError::Changed {
+            path: upper.join(rel),
+        },
+    })
+}
+
+/// Zeros up to the next 512-byte block after `len` bytes of entry data.
+fn pad(out: &mut File, len: u64) -> io::Result<()> {
+    let rem = len % 512;
+    if rem == 0 {
+        return Ok(());
+    }
+    let zeros = [0u8; 512];
+    out.write_all(
+        zeros
+            .get(..usize::try_from(512 - rem).unwrap_or(0))
+            .unwrap_or_default(),
+    )
 }
 
 fn nul_list(paths: &[PathBuf]) -> Vec<u8> {
@@ -611,10 +781,17 @@ fn nul_list(paths: &[PathBuf]) -> Vec<u8> {
 /// is gone) and [`SKIPPED_MANIFEST`] (entries the target cannot hold: sockets, and devices
 /// in a dir export). Set-id bits are dropped. A dir target must not exist or be empty; a
 /// tar target must not exist (a failed tar export removes its partial file).
+///
+/// Holes stay holes and hard links stay links: a directory export reads and writes only
+/// the data segments of each file, once however many names it has (its other names are
+/// hard links to that copy); a tar holds each file's data once as a GNU sparse entry and
+/// its other names as hard-link entries. Before anything is read, the change set's size on
+/// the target (holes kept, each file once) is checked against `limit`.
 pub fn export(
     upper: &Path,
     lower: Option<&Path>,
     to: &ExportTarget,
+    limit: &SizeLimit,
 ) -> Result<ExportSummary, ScratchError> {
     let changes = diff(upper, lower)?;
     for name in [DELETED_MANIFEST, OPAQUE_MANIFEST, SKIPPED_MANIFEST] {
@@ -626,10 +803,12 @@ pub fn export(
         }
     }
     let upper_fd = open_root(upper, OFlags::RDONLY)?;
+    let footprint = measure(&upper_fd, upper, &changes)?;
+    footprint.check(footprint.data, limit)?;
     match to {
-        ExportTarget::Dir(dest) => export_dir(&changes, &upper_fd, upper, dest),
+        ExportTarget::Dir(dest) => export_dir(&changes, &footprint, &upper_fd, upper, dest),
         ExportTarget::Tar(dest) => {
-            let r = export_tar(&changes, &upper_fd, upper, dest);
+            let r = export_tar(&changes, &footprint, &upper_fd, upper, dest);
             if r.is_err()
                 && let Err(e) = std::fs::remove_file(dest)
                 && e.kind() != io::ErrorKind::NotFound
@@ -643,6 +822,7 @@ pub fn export(
 
 fn export_dir(
     changes: &[Change],
+    footprint: &Footprint,
     upper_fd: &OwnedFd,
     upper: &Path,
     dest: &Path,
@@ -668,6 +848,8 @@ fn export_dir(
     }
     let dest_fd = open_root(dest, OFlags::RDONLY)?;
     let mut sum = ExportSummary::default();
+    // (dev, ino) of each file with several names -> the path it was exported under.
+    let mut exported: HashMap<(u64, u64), PathBuf> = HashMap::new();
     for c in changes {
         let dpath = dest.join(&c.path);
         match (c.kind, c.file_type) {
@@ -685,6 +867,24 @@ fn export_dir(
                 let (src, st) = open_source(upper_fd, upper, &c.path)?;
                 let parent = ensure_dirs(&dest_fd, c.path.parent().unwrap_or(Path::new("")), dest)?;
                 let name = c.path.file_name().unwrap_or_default();
+                let id = (st.st_dev, st.st_ino);
+                if st.st_nlink > 1
+                    && let Some(first) = exported.get(&id)
+                {
+                    // Another name of a file already exported: a link to that copy.
+                    let from =
+                        ensure_dirs(&dest_fd, first.parent().unwrap_or(Path::new("")), dest)?;
+                    rustix::fs::linkat(
+                        &from,
+                        first.file_name().unwrap_or_default(),
+                        &parent,
+                        name,
+                        AtFlags::empty(),
+                    )
+                    .map_err(io_err("link", dpath))?;
+                    sum.links += 1;
+                    continue;
+                }
                 let dst = rustix::fs::openat(
                     &parent,
                     name,
@@ -696,24 +896,15 @@ fn export_dir(
                     Mode::from_raw_mode(st.st_mode & 0o777),
                 )
                 .map_err(io_err("create", dpath.clone()))?;
-                let mut dst = File::from(dst);
-                let size = size_of(&st);
-                let mut reader = ExactReader {
-                    inner: src,
-                    remaining: size,
-                };
-                io::copy(&mut reader, &mut dst).map_err(|source| ScratchError::Io {
-                    op: "copy to",
-                    path: dpath.clone(),
-                    source,
-                })?;
-                dst.flush().map_err(|source| ScratchError::Io {
-                    op: "write",
-                    path: dpath,
-                    source,
-                })?;
+                let dst = File::from(dst);
+                let layout = checked_layout(&src, &st, footprint.file(&c.path), upper, &c.path)?;
+                copy_file(&src, &layout, None, Some(&dst), upper, &c.path, &dpath)?;
+                if st.st_nlink > 1 {
+                    exported.insert(id, c.path.clone());
+                }
                 sum.files += 1;
-                sum.bytes += size;
+                sum.bytes += layout.data();
+                sum.apparent += layout.size;
             }
             (_, FileKind::Symlink) => {
                 let target = read_link(upper_fd, upper, &c.path)?;
@@ -762,6 +953,7 @@ fn export_dir(
 
 fn export_tar(
     changes: &[Change],
+    footprint: &Footprint,
     upper_fd: &OwnedFd,
     upper: &Path,
     dest: &Path,
@@ -786,6 +978,8 @@ fn export_tar(
     })?;
     let mut b = tar::Builder::new(file);
     let mut sum = ExportSummary::default();
+    // (dev, ino) of each file with several names -> the path it was archived under.
+    let mut archived: HashMap<(u64, u64), PathBuf> = HashMap::new();
     for c in changes {
         let mut h = tar::Header::new_gnu();
         h.set_mode(
@@ -813,22 +1007,25 @@ fn export_tar(
             }
             (_, FileKind::File) => {
                 let (src, st) = open_source(upper_fd, upper, &c.path)?;
-                let size = size_of(&st);
-                h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(st.st_mode & 0o777);
-                h.set_size(size);
                 h.set_mtime(u64::try_from(st.st_mtime).unwrap_or(0));
-                b.append_data(
-                    &mut h,
-                    &c.path,
-                    ExactReader {
-                        inner: src,
-                        remaining: size,
-                    },
-                )
-                .map_err(tar_err)?;
+                let id = (st.st_dev, st.st_ino);
+                if st.st_nlink > 1
+                    && let Some(first) = archived.get(&id)
+                {
+                    h.set_entry_type(tar::EntryType::Link);
+                    b.append_link(&mut h, &c.path, first).map_err(tar_err)?;
+                    sum.links += 1;
+                    continue;
+                }
+                let layout = checked_layout(&src, &st, footprint.file(&c.path), upper, &c.path)?;
+                append_file(&mut b, h, &c.path, &src, &layout, upper, dest)?;
+                if st.st_nlink > 1 {
+                    archived.insert(id, c.path.clone());
+                }
                 sum.files += 1;
-                sum.bytes += size;
+                sum.bytes += layout.data();
+                sum.apparent += layout.size;
             }
             (_, FileKind::Symlink) => {
                 let target = read_link(upper_fd, upper, &c.path)?;
@@ -889,6 +1086,8 @@ mod tests {
         std::fs::write(outside.join("f"), "host secret")?;
         let changes = diff(&upper, None)?;
         assert_eq!(changes.len(), 2);
+        let upper_fd = open_root(&upper, OFlags::RDONLY)?;
+        let fp = measure(&upper_fd, &upper, &changes)?;
 
         std::fs::remove_dir_all(upper.join("newdir"))?;
         std::os::unix::fs::symlink(&outside, upper.join("newdir"))?;
@@ -898,9 +1097,8 @@ mod tests {
             "host secret"
         );
 
-        let upper_fd = open_root(&upper, OFlags::RDONLY)?;
         let dest = dir.path().join("export");
-        let err = export_dir(&changes, &upper_fd, &upper, &dest).err();
+        let err = export_dir(&changes, &fp, &upper_fd, &upper, &dest).err();
         let Some(ScratchError::Io { source, .. }) = &err else {
             return Err(format!("expected an I/O refusal, got {err:?}").into());
         };
@@ -908,7 +1106,7 @@ mod tests {
         assert!(!dest.join("newdir/f").exists());
 
         let tar_path = dir.path().join("x.tar");
-        assert!(export_tar(&changes, &upper_fd, &upper, &tar_path).is_err());
+        assert!(export_tar(&changes, &fp, &upper_fd, &upper, &tar_path).is_err());
         let tar_bytes = std::fs::read(&tar_path).unwrap_or_default();
         assert!(!String::from_utf8_lossy(&tar_bytes).contains("host secret"));
         Ok(())
@@ -974,6 +1172,148 @@ mod tests {
                 .iter()
                 .all(|c| c.kind != ChangeKind::OpaqueDir)
         );
+        Ok(())
+    }
+
+    /// An upper dir with a 64 MiB file holding three data blocks, and a file with four names
+    /// (one in a directory whose name needs a GNU long-name entry in a tar).
+    fn sparse_and_linked(upper: &Path) -> Result<String, Box<dyn std::error::Error>> {
+        use std::os::unix::fs::FileExt as _;
+        let deep = format!("{}/d.so", "long-directory-name".repeat(6));
+        std::fs::create_dir_all(upper.join("lib"))?;
+        std::fs::create_dir_all(upper.join(&deep).parent().ok_or("no parent")?)?;
+        let f = File::create_new(upper.join("big.img"))?;
+        f.set_len(64 << 20)?;
+        f.write_all_at(b"head", 0)?;
+        f.write_all_at(&[9u8; 5000], 20 << 20)?;
+        f.write_all_at(b"tail", (64 << 20) - 4)?;
+        f.sync_all()?;
+        std::fs::write(upper.join("lib/a.so"), "x".repeat(100_000))?;
+        for name in ["lib/b.so", "lib/c.so", deep.as_str()] {
+            std::fs::hard_link(upper.join("lib/a.so"), upper.join(name))?;
+        }
+        Ok(deep)
+    }
+
+    #[test]
+    fn a_dir_export_keeps_holes_and_hard_links() -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path().join("upper");
+        let deep = sparse_and_linked(&upper)?;
+        let dest = dir.path().join("export");
+        let sum = export(
+            &upper,
+            None,
+            &ExportTarget::Dir(dest.clone()),
+            &SizeLimit::none(),
+        )?;
+        assert_eq!((sum.files, sum.links), (2, 3));
+        assert_eq!(sum.bytes, 16384 + 100_000);
+        let big = std::fs::metadata(dest.join("big.img"))?;
+        assert_eq!(big.len(), 64 << 20);
+        assert!(
+            big.blocks() * 512 <= 256 << 10,
+            "holes filled: {} blocks",
+            big.blocks()
+        );
+        assert!(std::fs::read(upper.join("big.img"))? == std::fs::read(dest.join("big.img"))?);
+        let ino = std::fs::metadata(dest.join("lib/a.so"))?.ino();
+        for name in ["lib/b.so", "lib/c.so", deep.as_str()] {
+            assert_eq!(std::fs::metadata(dest.join(name))?.ino(), ino, "{name}");
+        }
+
+        // Past the limit: refused before anything is written.
+        let small = SizeLimit {
+            bytes: 100_000,
+            source: "test".to_owned(),
+        };
+        let dest2 = dir.path().join("export2");
+        let err = export(&upper, None, &ExportTarget::Dir(dest2.clone()), &small).err();
+        assert!(matches!(err, Some(ScratchError::TooLarge(_))), "{err:?}");
+        assert!(!dest2.exists());
+        let tar2 = dir.path().join("x2.tar");
+        let err = export(&upper, None, &ExportTarget::Tar(tar2.clone()), &small).err();
+        assert!(matches!(err, Some(ScratchError::TooLarge(_))), "{err:?}");
+        assert!(!tar2.exists());
+        Ok(())
+    }
+
+    #[test]
+    fn a_tar_export_holds_sparse_entries_and_hard_links_that_gnu_tar_restores()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path().join("upper");
+        let deep = sparse_and_linked(&upper)?;
+        // Many segments: the map needs extension blocks past the header's four.
+        {
+            use std::os::unix::fs::FileExt as _;
+            let f = File::create_new(upper.join("many"))?;
+            f.set_len(200 << 16)?;
+            for i in 0..100u64 {
+                f.write_all_at(&[u8::try_from(i)? + 1; 100], i << 17)?;
+            }
+        }
+        let tar_path = dir.path().join("x.tar");
+        let sum = export(
+            &upper,
+            None,
+            &ExportTarget::Tar(tar_path.clone()),
+            &SizeLimit::none(),
+        )?;
+        assert_eq!((sum.files, sum.links), (3, 3));
+        let size = std::fs::metadata(&tar_path)?.len();
+        assert!(size < 2 << 20, "the tar holds holes: {size} bytes");
+
+        // The tar crate reads it back: same bytes, links as links.
+        let mut ar = tar::Archive::new(File::open(&tar_path)?);
+        let mut seen = Vec::new();
+        for e in ar.entries()? {
+            let mut e = e?;
+            let path = e.path()?.into_owned();
+            let kind = e.header().entry_type();
+            if kind == tar::EntryType::GNUSparse {
+                let mut data = Vec::new();
+                io::Read::read_to_end(&mut e, &mut data)?;
+                assert!(
+                    data == std::fs::read(upper.join(&path))?,
+                    "{}",
+                    path.display()
+                );
+            }
+            seen.push((path, kind));
+        }
+        assert!(seen.contains(&(PathBuf::from("big.img"), tar::EntryType::GNUSparse)));
+        assert!(seen.contains(&(PathBuf::from("many"), tar::EntryType::GNUSparse)));
+        assert!(seen.contains(&(PathBuf::from("lib/a.so"), tar::EntryType::Regular)));
+        assert!(seen.contains(&(PathBuf::from(&deep), tar::EntryType::Link)));
+
+        // GNU tar restores the holes and the links.
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out)?;
+        let st = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&tar_path)
+            .arg("-C")
+            .arg(&out)
+            .status()?;
+        assert!(st.success());
+        for name in ["big.img", "many"] {
+            assert!(
+                std::fs::read(upper.join(name))? == std::fs::read(out.join(name))?,
+                "{name}"
+            );
+        }
+        let big = std::fs::metadata(out.join("big.img"))?;
+        assert!(
+            big.blocks() * 512 <= 256 << 10,
+            "holes filled: {} blocks",
+            big.blocks()
+        );
+        let ino = std::fs::metadata(out.join("lib/a.so"))?.ino();
+        assert_eq!(std::fs::metadata(out.join(&deep))?.ino(), ino);
+        assert_eq!(std::fs::metadata(out.join("lib/c.so"))?.nlink(), 4);
         Ok(())
     }
 }

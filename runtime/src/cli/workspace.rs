@@ -11,8 +11,24 @@ use super::{Cli, CliError};
 /// `diff ID`: one line per change in the workspace overlay.
 pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
     let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
-    for c in source.changes()? {
-        println!("{}", crate::report::review::diff_line(&c));
+    let changes = source.changes()?;
+    let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
+    // Measuring opens each file (no read): a file this user cannot open still gets its line.
+    match agent_sandbox_audit::layout::footprint(&source.upper, &changes) {
+        Ok(footprint) => {
+            for line in crate::report::review::diff_lines(&changes, &footprint, &limit) {
+                println!("{line}");
+            }
+        }
+        Err(e) => {
+            for c in &changes {
+                println!("{}", crate::report::review::diff_line(c));
+            }
+            println!(
+                "# size on the target: not measured ({})",
+                agent_sandbox_proxy::error_text::chain(&e)
+            );
+        }
     }
     Ok(())
 }
@@ -30,7 +46,8 @@ pub(super) fn export(
         (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
         (None, None) => return Err(CliError::NoCommand),
     };
-    let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target)?;
+    let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
+    let s = agent_sandbox_audit::export(&source.upper, source.lower.as_deref(), &target, &limit)?;
     crate::report::review::write_export_summary(&mut std::io::stdout().lock(), &s)
         .map_err(|e| crate::files::FileError::write("-", e))?;
     Ok(())

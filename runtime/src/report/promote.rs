@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::escape::escape_path;
 use agent_sandbox_audit::history::{self, History, HistoryError};
+use agent_sandbox_audit::layout::human;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
 use crate::harden::Ceiling;
@@ -110,8 +111,9 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
             path: log,
         });
     }
+    let limit = crate::report::review::size_limit(&source, req.policy)?;
     // The check runs without touching the target; only a clean plan is staged.
-    let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false)?;
+    let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false, &limit)?;
     let plan = &checked;
     // The history comes back as commits under refs/agent-sandbox/CHANGE/ (or the sandbox's
     // id when it has no kept change set).
@@ -143,6 +145,16 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
         writeln!(out, "  {}", e.describe())?;
     }
     describe_history(&hist, out)?;
+    writeln!(
+        out,
+        "writes {} of file data in {} files with {} names (holes and hard links kept; a copy that fills holes and breaks links: {}); limit {}, {}",
+        human(plan.footprint.data),
+        plan.footprint.files,
+        plan.footprint.names,
+        human(plan.footprint.naive),
+        human(limit.bytes),
+        limit.source
+    )?;
     for (path, why) in &plan.refused {
         writeln!(out, "refused /{}: {why}", escape_path(path))?;
         tracing::info!(
@@ -176,7 +188,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     // Staging reads every file again: what it staged must be what was checked and printed.
     let printed = checked.digest.clone();
     drop(checked);
-    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, true)?;
+    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, true, &limit)?;
     if !plan.refused.is_empty() || plan.digest != printed {
         return Err(PromoteCmdError::ChangedMeanwhile);
     }

@@ -2,11 +2,15 @@
 //! `diff`, `export` and `promote`), and the human views of them. Names come from the agent,
 //! so every name printed here is escaped (`agent_sandbox_audit::escape`).
 
+use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::escape::escape_path;
-use agent_sandbox_audit::{Change, ExportSummary};
+use agent_sandbox_audit::layout::human;
+use agent_sandbox_audit::{Change, ExportSummary, Footprint, SizeLimit};
+
+use crate::harden::{Ceiling, SandboxError};
 
 use std::sync::Arc;
 
@@ -30,6 +34,8 @@ pub struct ChangeSource {
     pub dirs: StateDirs,
     /// The kept change set (`crate::report::changes`) holding `upper`, if the sandbox had one.
     pub change: Option<String>,
+    /// The size of the change set's quota image (`workspace_size`), when it had one.
+    pub quota_bytes: Option<u64>,
     /// Keeps an ended change set's image mounted while `upper` is read.
     _held: Option<Arc<ReviewMount>>,
 }
@@ -50,6 +56,7 @@ pub fn source(rt: &Runtime, id: &ContainerId) -> Result<ChangeSource, LifecycleE
         .as_deref()
         .and_then(|dir| crate::report::changes::Entry::load(dir).ok())
         .map(|e| e.record);
+    let quota_bytes = record.as_ref().and_then(|r| r.quota_bytes);
     let (container, dirs) = match record {
         Some(r) => (
             ContainerId::try_from(r.container.as_str()).unwrap_or_else(|_| id.clone()),
@@ -64,8 +71,102 @@ pub fn source(rt: &Runtime, id: &ContainerId) -> Result<ChangeSource, LifecycleE
         container,
         dirs,
         change: ws.change,
+        quota_bytes,
         _held: ws.held,
     })
+}
+
+/// The most `export` and `promote` may write for `source` (its files' data, holes kept,
+/// each hard-linked file once), checked before anything is read: the sandbox's
+/// `workspace_size` (its quota image, else the policy it ran under), and the ceiling policy's
+/// (`--policy`, `AGENT_SANDBOX_POLICY`, else the `agent` profile), whichever is smaller: a
+/// sandbox that had no quota gets the ceiling's, and a policy without one the default
+/// profile's (docs/promote.md#size).
+pub fn size_limit(source: &ChangeSource, policy: Option<&Path>) -> Result<SizeLimit, SandboxError> {
+    let mut limits: Vec<(u64, String)> = Vec::new();
+    if let Some(bytes) = source.quota_bytes {
+        limits.push((bytes, "the sandbox's workspace_size".to_owned()));
+    } else if let Some(size) = Ceiling::load_saved(&source.dirs.sandbox(&source.container))
+        .ok()
+        .and_then(|c| c.policy.filesystem.workspace_size)
+    {
+        limits.push((
+            size.bytes(),
+            "the workspace_size of the policy the sandbox ran under".to_owned(),
+        ));
+    }
+    let ceiling = Ceiling::load(policy)?;
+    if let Some(size) = ceiling.policy.filesystem.workspace_size {
+        limits.push((
+            size.bytes(),
+            format!("the workspace_size of the {} policy", ceiling.origin),
+        ));
+    }
+    if limits.is_empty() {
+        let default = Ceiling::load(None)?;
+        let bytes = default
+            .policy
+            .filesystem
+            .workspace_size
+            .map_or(DEFAULT_LIMIT, |s| s.bytes());
+        limits.push((
+            bytes,
+            format!(
+                "the workspace_size of the default {} policy",
+                default.origin
+            ),
+        ));
+    }
+    let (bytes, source) = limits
+        .into_iter()
+        .min_by_key(|(b, _)| *b)
+        .unwrap_or((DEFAULT_LIMIT, "the default quota".to_owned()));
+    Ok(SizeLimit { bytes, source })
+}
+
+/// The bound when no policy names one (the `agent` profile's `workspace_size`).
+const DEFAULT_LIMIT: u64 = 4 << 30;
+
+/// The `diff` lines of `changes`; a sparse file and each further name of a hard-linked file
+/// say so (`footprint` from [`agent_sandbox_audit::layout::footprint`]), and the last line
+/// is the size the change set takes on a target that keeps holes and hard links.
+pub fn diff_lines(changes: &[Change], footprint: &Footprint, limit: &SizeLimit) -> Vec<String> {
+    let mut first: HashMap<(u64, u64), &Path> = HashMap::new();
+    let mut out = Vec::with_capacity(changes.len() + 1);
+    for c in changes {
+        let mut line = diff_line(c);
+        if let Some(m) = footprint.file(&c.path) {
+            match first.get(&m.id) {
+                Some(p) => line.push_str(&format!(" hard link to /{}", escape_path(p))),
+                None => {
+                    first.insert(m.id, &c.path);
+                    if m.data < m.size {
+                        line.push_str(&format!(
+                            " sparse: {} bytes, {} of them data",
+                            m.size, m.data
+                        ));
+                    }
+                }
+            }
+        }
+        out.push(line);
+    }
+    out.push(size_line(footprint, limit));
+    out
+}
+
+/// `# size on the target: ...`: what the files of a change set take with holes and hard
+/// links kept, what a copy that fills holes and breaks links would write, and the limit.
+pub fn size_line(fp: &Footprint, limit: &SizeLimit) -> String {
+    format!(
+        "# size on the target: {} of file data in {} files with {} names (a copy that fills holes and breaks links: {}); limit {}, {}",
+        human(fp.data),
+        fp.files,
+        fp.names,
+        human(fp.naive),
+        human(limit.bytes),
+        limit.source
+    )
 }
 
 /// One `diff` line: `A /path (file)`, a symlink with its stored target; names escaped.
@@ -88,9 +189,11 @@ pub fn diff_line(c: &Change) -> String {
 pub fn write_export_summary(out: &mut impl Write, s: &ExportSummary) -> std::io::Result<()> {
     writeln!(
         out,
-        "exported {} files ({} bytes), {} dirs, {} symlinks; {} deletions listed",
+        "exported {} files ({} bytes of data, {} apparent; holes kept) and {} hard links, {} dirs, {} symlinks; {} deletions listed",
         s.files,
         s.bytes,
+        s.apparent,
+        s.links,
         s.dirs,
         s.symlinks,
         s.deleted.len()
@@ -142,6 +245,36 @@ mod tests {
         let text = String::from_utf8_lossy(&out);
         assert!(text.contains("deleted /a\\x0db\n"), "{text}");
         assert!(text.contains("skipped /s\\u{009b}2K\n"), "{text}");
+        Ok(())
+    }
+
+    #[test]
+    fn diff_lines_mark_sparse_files_and_hard_links_and_end_with_the_size()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let upper = dir.path();
+        let f = std::fs::File::create(upper.join("big.img"))?;
+        f.set_len(8 << 30)?;
+        std::fs::write(upper.join("a"), "x".repeat(5000))?;
+        std::fs::hard_link(upper.join("a"), upper.join("b"))?;
+        let changes = agent_sandbox_audit::diff(upper, None)?;
+        let fp = agent_sandbox_audit::layout::footprint(upper, &changes)?;
+        let limit = SizeLimit {
+            bytes: 256 << 20,
+            source: "the sandbox's workspace_size".to_owned(),
+        };
+        let lines = diff_lines(&changes, &fp, &limit);
+        assert_eq!(
+            lines,
+            [
+                "A /a (file)",
+                "A /b (file) hard link to /a",
+                "A /big.img (file) sparse: 8589934592 bytes, 0 of them data",
+                "# size on the target: 4.8 KiB (5000 bytes) of file data in 2 files with 3 names \
+                 (a copy that fills holes and breaks links: 8.0 GiB (8589944592 bytes)); \
+                 limit 256.0 MiB (268435456 bytes), the sandbox's workspace_size",
+            ]
+        );
         Ok(())
     }
 }

@@ -62,6 +62,10 @@ enum Cmd {
         to_dir: Option<PathBuf>,
         #[arg(long)]
         to_tar: Option<PathBuf>,
+        /// Refuse, before reading any file, a change set whose files take more than this
+        /// many bytes on the target (holes kept, each hard-linked file once)
+        #[arg(long, default_value_t = 4 << 30)]
+        max_bytes: u64,
     },
     /// Cut an incomplete last line (printed to stdout as evidence)
     Repair { log: PathBuf },
@@ -128,17 +132,24 @@ fn run(cli: Cli) -> Result<()> {
             lower,
             to_dir,
             to_tar,
+            max_bytes,
         } => {
             let to = match (to_dir, to_tar) {
                 (Some(d), None) => ExportTarget::Dir(d),
                 (None, Some(t)) => ExportTarget::Tar(t),
                 _ => bail!("give exactly one of --to-dir and --to-tar"),
             };
-            let s = agent_sandbox_audit::export(&upper, lower.as_deref(), &to)?;
+            let limit = agent_sandbox_audit::SizeLimit {
+                bytes: max_bytes,
+                source: "--max-bytes".to_owned(),
+            };
+            let s = agent_sandbox_audit::export(&upper, lower.as_deref(), &to, &limit)?;
             println!(
-                "exported {} files ({} bytes), {} dirs, {} symlinks, {} special; {} deleted, {} opaque, {} skipped",
+                "exported {} files ({} bytes of data, {} apparent) and {} hard links, {} dirs, {} symlinks, {} special; {} deleted, {} opaque, {} skipped",
                 s.files,
                 s.bytes,
+                s.apparent,
+                s.links,
                 s.dirs,
                 s.symlinks,
                 s.special,

@@ -5,7 +5,8 @@ use std::os::unix::fs::{PermissionsExt as _, symlink};
 use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::{
-    Change, ChangeKind, ExportTarget, FileKind, ScratchError, diff, export, files_changed,
+    Change, ChangeKind, ExportTarget, FileKind, ScratchError, SizeLimit, diff, export,
+    files_changed,
 };
 use anyhow::{Context as _, Result};
 
@@ -195,7 +196,12 @@ fn export_to_dir_round_trips_and_keeps_symlinks_as_symlinks() -> Result<()> {
     assert_eq!(fs::read(o.upper.join("evil"))?, fs::read("/etc/passwd")?);
 
     let dest = o.root.join("export");
-    let s = export(&o.upper, Some(&o.lower), &ExportTarget::Dir(dest.clone()))?;
+    let s = export(
+        &o.upper,
+        Some(&o.lower),
+        &ExportTarget::Dir(dest.clone()),
+        &SizeLimit::none(),
+    )?;
     assert_eq!((s.files, s.dirs, s.symlinks), (5, 2, 1));
     for (rel, content) in [
         ("a.txt", "changed by the agent\n"),
@@ -219,7 +225,12 @@ fn export_to_dir_round_trips_and_keeps_symlinks_as_symlinks() -> Result<()> {
     assert!(!dest.join("keep.txt").exists() && !dest.join("sub/dir/f").exists());
     // An existing non-empty target is refused and left alone.
     assert!(matches!(
-        export(&o.upper, Some(&o.lower), &ExportTarget::Dir(dest.clone())),
+        export(
+            &o.upper,
+            Some(&o.lower),
+            &ExportTarget::Dir(dest.clone()),
+            &SizeLimit::none()
+        ),
         Err(ScratchError::TargetExists { .. })
     ));
     Ok(())
@@ -233,6 +244,7 @@ fn export_to_tar_round_trips_and_keeps_symlinks_as_symlinks() -> Result<()> {
         &o.upper,
         Some(&o.lower),
         &ExportTarget::Tar(tar_path.clone()),
+        &SizeLimit::none(),
     )?;
     let mut ar = tar::Archive::new(fs::File::open(&tar_path)?);
     let mut seen = Vec::new();
@@ -286,7 +298,12 @@ fn export_to_tar_round_trips_and_keeps_symlinks_as_symlinks() -> Result<()> {
     );
     // An existing tar target is refused.
     assert!(matches!(
-        export(&o.upper, Some(&o.lower), &ExportTarget::Tar(tar_path)),
+        export(
+            &o.upper,
+            Some(&o.lower),
+            &ExportTarget::Tar(tar_path),
+            &SizeLimit::none()
+        ),
         Err(ScratchError::TargetExists { .. })
     ));
     let _ = &o.merged;
@@ -304,7 +321,12 @@ fn symlinked_directories_in_upper_are_not_walked_or_exported_through() -> Result
     let changes = diff(&upper, None)?;
     assert_eq!(changes.len(), 2, "{changes:?}");
     let dest = dir.path().join("out");
-    export(&upper, None, &ExportTarget::Dir(dest.clone()))?;
+    export(
+        &upper,
+        None,
+        &ExportTarget::Dir(dest.clone()),
+        &SizeLimit::none(),
+    )?;
     assert_eq!(fs::read_link(dest.join("etc-link"))?, Path::new("/etc"));
     // Set-id bits are dropped on export.
     assert_eq!(
