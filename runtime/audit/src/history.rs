@@ -808,6 +808,9 @@ pub struct Options<'a> {
     pub namespace: &'a str,
     /// Check (and later make) the fast-forward of the target's current branch.
     pub advance: bool,
+    /// The change set's size limit (the sandbox's `workspace_size`): the object files copied
+    /// for reading count against it, as files do, besides [`MAX_HISTORY_BYTES`].
+    pub max_bytes: u64,
 }
 
 /// Reads, copies and checks the history in `changes` (the upper dir's `.git` entries)
@@ -907,7 +910,14 @@ pub fn prepare(
     };
 
     // 3. A private copy of the agent's object files.
-    let Some((copy, all, base)) = copy_objects(&upper_fd, upper, &git_changes, target, &mut h)?
+    let Some((copy, all, base)) = copy_objects(
+        &upper_fd,
+        upper,
+        &git_changes,
+        target,
+        opts.max_bytes,
+        &mut h,
+    )?
     else {
         h.digest = history_digest(&h);
         return Ok(h);
@@ -982,8 +992,10 @@ fn copy_objects(
     upper: &Path,
     git_changes: &[&Change],
     target: &Path,
+    max_bytes: u64,
     h: &mut History,
 ) -> Result<Option<(tempfile::TempDir, gix_odb::Handle, gix_odb::Handle)>, HistoryError> {
+    let cap = MAX_HISTORY_BYTES.min(max_bytes);
     let copy = tempfile::Builder::new()
         .prefix("agent-sandbox-history-")
         .tempdir()
@@ -1040,12 +1052,12 @@ fn copy_objects(
     for (c, _) in &to_copy {
         total = total.saturating_add(c.size);
     }
-    if total > MAX_HISTORY_BYTES {
+    if total > cap {
         h.refuse(
             Path::new(".git/objects"),
             Refusal::History {
                 why: format!(
-                    "{total} bytes of object files, more than the {MAX_HISTORY_BYTES} promote copies"
+                    "{total} bytes of object files, more than the {cap} promote copies (the change set's size limit)"
                 ),
             },
         );
@@ -1776,6 +1788,7 @@ mod tests {
                 &Options {
                     namespace: "t1",
                     advance,
+                    max_bytes: u64::MAX,
                 },
             )?)
         }

@@ -1068,6 +1068,33 @@ fn export_tar(
     Ok(sum)
 }
 
+/// Reads exactly `remaining` bytes or fails (the file shrank while being read): the history
+/// copies object files whole (they are never sparse).
+pub(crate) struct ExactReader {
+    pub(crate) inner: File,
+    pub(crate) remaining: u64,
+}
+
+impl Read for ExactReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.remaining == 0 {
+            return Ok(0);
+        }
+        let want = usize::try_from(self.remaining)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = self.inner.read(buf.get_mut(..want).unwrap_or_default())?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shrank while being read",
+            ));
+        }
+        self.remaining -= n as u64;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -129,6 +129,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
         &history::Options {
             namespace: &namespace,
             advance: req.advance,
+            max_bytes: limit.bytes,
         },
     )?;
     let digest = change_set_digest(&plan.digest, &hist);
