@@ -19,6 +19,11 @@ hack/setup.sh
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
-# The hosts users have (systemd, cgroup v2, AppArmor), which this machine is not: a Debian 12
-# guest under qemu runs the same checks with runc and agent-sandbox (docs/vm-suite.md).
-hack/vm/test.sh
+# The hosts users have (systemd, cgroup v2, AppArmor), which this machine is not: guests under
+# qemu run the same checks with runc, crun and agent-sandbox (docs/vm-suite.md), on the oldest
+# and the newest stack: Debian 12 (containerd 1.6, podman 4.3, kernel 6.1) and sid
+# (containerd 2.x, podman 5, the newest kernel). Both run; either one failing fails the run.
+vm_rc=0
+hack/vm/test.sh --suite bookworm || vm_rc=1
+hack/vm/test.sh --suite sid || vm_rc=1
+exit "$vm_rc"
