@@ -556,6 +556,34 @@ probe_scenario() {
     fi
 }
 
+# --- agent-sandbox install containerd ---------------------------------------------------
+
+# `agent-sandbox install containerd --write` into a new file picks the config version this
+# guest's containerd reads natively (3 for containerd 2.x, 2 for 1.6 and 1.7), says so, and
+# containerd itself reads the entry back (`containerd config dump`).
+install_scenario() {
+    local check=install rt=agent-sandbox cfg=/tmp/vm-install-check.toml want=2 said
+    log=$out/logs/$check.$rt.log
+    rm -f "$cfg"
+    capture containerd --version || true
+    [[ $(awk '{print $3}' <<<"$got") =~ ^v?([0-9]+)\. ]] && ((BASH_REMATCH[1] >= 2)) && want=3
+    if ! capture agent-sandbox install containerd --write --config "$cfg"; then
+        result "$check.containerd" "$rt" FAIL "install containerd --write: $(brief "$got")"
+        return 0
+    fi
+    said=$got
+    cat "$cfg" >>"$log"
+    if ! grep -qx "version = $want" "$cfg" || [[ $said != *"config version $want:"* ]]; then
+        result "$check.containerd" "$rt" FAIL "want config version $want: file $(grep -m1 '^version' "$cfg"), said '$said'"
+    elif ! capture containerd --config "$cfg" config dump; then
+        result "$check.containerd" "$rt" FAIL "containerd config dump: $(brief "$got")"
+    elif ! grep -q 'runtimes.agent-sandbox\]' <<<"$got" || ! grep -Eq "runtime_type = [\"']io.agent.sandbox[\"']" <<<"$got"; then
+        result "$check.containerd" "$rt" FAIL "containerd config dump has no agent-sandbox runtime of type io.agent.sandbox"
+    else
+        result "$check.containerd" "$rt" PASS "config version $want, read back by containerd config dump: ${said%%;*}"
+    fi
+}
+
 # --- set-up -----------------------------------------------------------------------------
 
 setup() {
@@ -695,6 +723,10 @@ for rt in $VM_RUNTIMES; do
         probe_scenario "$rt"
     fi
 done
+if [[ " $VM_RUNTIMES " == *" agent-sandbox "* ]] && selected install; then
+    say "install [agent-sandbox]"
+    install_scenario
+fi
 # Every agent-sandbox sandbox is gone: no profile of ours may stay loaded.
 if [[ " $VM_RUNTIMES " == *" agent-sandbox "* ]]; then
     left=$(grep '^agent-sandbox-' /sys/kernel/security/apparmor/profiles || true)
