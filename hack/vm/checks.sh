@@ -144,6 +144,21 @@ check_limits() {
     fi
     memmax=$(cat "/sys/fs/cgroup$cg/memory.max" 2>&1 || true)
     pidsmax=$(cat "/sys/fs/cgroup$cg/pids.max" 2>&1 || true)
+    # crun's `container` child of a systemd scope: systemd keeps the scope's own TasksMax
+    # (CRI: DefaultTasksMax) on the scope, so the limit in force is the smaller of the two.
+    if [[ $rt == crun && $cg == */container ]]; then
+        local parent=/sys/fs/cgroup${cg%/container} f v
+        for f in memory.max pids.max; do
+            v=$(cat "$parent/$f" 2>/dev/null || echo max)
+            echo "parent $parent/$f=$v" >>"$log"
+            [[ $v == max ]] && continue
+            if [[ $f == memory.max ]]; then
+                [[ $memmax == max || $v -lt $memmax ]] && memmax=$v
+            else
+                [[ $pidsmax == max || $v -lt $pidsmax ]] && pidsmax=$v
+            fi
+        done
+    fi
     echo "memory.max=$memmax pids.max=$pidsmax" >>"$log"
     if [[ $memmax != "$want_mem" || $pidsmax != "$want_pids" ]]; then
         result "$check.limits" "$rt" FAIL "$cg: memory.max=$memmax pids.max=$pidsmax, want $want_mem and $want_pids"
