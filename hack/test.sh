@@ -31,7 +31,7 @@ cargo test --workspace --locked
 # qemu run the same checks with runc, crun and agent-sandbox (docs/vm-suite.md), on the oldest
 # and the newest stack: Debian 12 (containerd 1.6, podman 4.3, kernel 6.1) and sid
 # (containerd 2.x, podman 5, the newest kernel). Both run; either one failing fails the run.
-# About 13 and 16 minutes with cached images on the 2-core machine under load (docs/vm-suite.md);
+# About 13 and 13-16 minutes with cached images on the 2-core machine under load (docs/vm-suite.md);
 # VM_SUITES=bookworm keeps CI to the Debian 12 guest (`hack/vm/test.sh --suite sid` alone).
 wait "$vm_images_pid" || { echo "test.sh: building the VM guests failed; see $vm_images" >&2; tail -n 20 "$vm_images" >&2; exit 1; }
 vm_rc=0
