@@ -5,8 +5,10 @@
 # What this machine needs and why (measured on Debian 12, kernel 6.18, podman 4.3.1):
 # - Root lacks CAP_SYS_RESOURCE: a hard rlimit above the current one is refused
 #   (`ulimit -Hn` is 20000 here). Podman's built-in default asks for nofile
-#   1048576 and every `podman run` fails at create ("error setting rlimit type 7"),
-#   so default_ulimits pins nofile to the measured hard limit.
+#   1048576 and every `podman run` under runc fails at create ("error setting rlimit
+#   type 7"), so default_ulimits pins nofile to the measured hard limit. agent-sandbox
+#   itself no longer needs this (it clamps such a limit to the hard one and records it,
+#   docs/contracts.md#resource-limits-processrlimits); the e2e suites' runc references do.
 # - Podman 4.3 lowers its own RLIMIT_NPROC to 32768 before starting conmon (seen in
 #   /proc/PID/limits of `podman wait`; the shell's hard limit is 96365), so runc
 #   fails with "rlimit type 6" for any nproc above 32768: nproc is capped there.

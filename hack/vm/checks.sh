@@ -8,16 +8,17 @@
 # logs/CHECK.RUNTIME.log (every command and its output) and facts.txt (the guest's kernel,
 # cgroup, AppArmor and package versions).
 #
-# Each scenario runs for runc and for agent-sandbox in this same guest, so a check that
-# agent-sandbox fails is shown to pass with runc (the check is real). The guest only
-# reports; hack/vm/test.sh decides which results gate its exit code.
+# Each scenario runs for runc, crun and agent-sandbox in this same guest, so a check that
+# agent-sandbox fails is shown to pass with the references (the check is real). The guest
+# only reports; hack/vm/test.sh decides which results gate its exit code.
 set -euo pipefail
+shopt -s extglob
 
 in=${1:?usage: checks.sh IN OUT}
 out=${2:?usage: checks.sh IN OUT}
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 VM_ONLY='*'
-VM_RUNTIMES='runc agent-sandbox'
+VM_RUNTIMES='runc crun agent-sandbox'
 # shellcheck source=/dev/null
 [[ -f $in/env ]] && . "$in/env"
 
@@ -143,12 +144,53 @@ check_limits() {
     fi
     memmax=$(cat "/sys/fs/cgroup$cg/memory.max" 2>&1 || true)
     pidsmax=$(cat "/sys/fs/cgroup$cg/pids.max" 2>&1 || true)
+    # crun's `container` child of a systemd scope: systemd keeps the scope's own TasksMax
+    # (CRI: DefaultTasksMax) on the scope, so the limit in force is the smaller of the two.
+    if [[ $rt == crun && $cg == */container ]]; then
+        local parent=/sys/fs/cgroup${cg%/container} f v
+        for f in memory.max pids.max; do
+            v=$(cat "$parent/$f" 2>/dev/null || echo max)
+            echo "parent $parent/$f=$v" >>"$log"
+            [[ $v == max ]] && continue
+            if [[ $f == memory.max ]]; then
+                [[ $memmax == max || $v -lt $memmax ]] && memmax=$v
+            else
+                [[ $pidsmax == max || $v -lt $pidsmax ]] && pidsmax=$v
+            fi
+        done
+    fi
     echo "memory.max=$memmax pids.max=$pidsmax" >>"$log"
     if [[ $memmax != "$want_mem" || $pidsmax != "$want_pids" ]]; then
         result "$check.limits" "$rt" FAIL "$cg: memory.max=$memmax pids.max=$pidsmax, want $want_mem and $want_pids"
         return 1
     fi
     result "$check.limits" "$rt" PASS "$cg memory.max=$memmax pids.max=$pidsmax"
+}
+
+# check_rlimits CHECK RT PID CONFIG: the container process's nofile and nproc limits
+# (/proc/PID/limits, read from the guest's side) are what the engine's config.json asked for
+# (podman 5 asks 1048576 for both, above the hard limits root starts with: root raises them,
+# as runc and crun do; docs/contracts.md#resource-limits-processrlimits).
+check_rlimits() {
+    local check=$1 rt=$2 pid=$3 config=$4 typ name asked got bad=() seen=()
+    for typ in NOFILE NPROC; do
+        case $typ in NOFILE) name='Max open files' ;; NPROC) name='Max processes' ;; esac
+        asked=$(jq -r --arg t "RLIMIT_$typ" '.process.rlimits[]? | select(.type == $t) | "\(.soft) \(.hard)"' "$config" 2>/dev/null | tail -n1)
+        got=$(awk -v n="$name" 'index($0, n) == 1 { $0 = substr($0, length(n) + 1); print $1, $2 }' "/proc/$pid/limits" 2>/dev/null)
+        echo "RLIMIT_$typ asked '${asked:-none}' got '${got:-unreadable}'" >>"$log"
+        if [[ -z $asked ]]; then
+            seen+=("$typ not asked ($got)")
+        elif [[ $got != "$asked" ]]; then
+            bad+=("$typ ${got:-unreadable}, asked $asked")
+        else
+            seen+=("$typ $got")
+        fi
+    done
+    if ((${#bad[@]})); then
+        result "$check.rlimits" "$rt" FAIL "${bad[*]}"
+    else
+        result "$check.rlimits" "$rt" PASS "as config.json asked: ${seen[*]}"
+    fi
 }
 
 # check_apparmor CHECK RT LABEL WANT_RUNC [WANT_SANDBOX]: the label the container's process
@@ -159,7 +201,7 @@ check_limits() {
 # unprivileged runtime cannot load a profile).
 check_apparmor() {
     local check=$1 rt=$2 label=$3 want=$4
-    [[ $rt == runc ]] || want=${5:-own}
+    [[ $rt == runc || $rt == crun ]] || want=${5:-own}
     label=${label%%$'\n'*}
     label=${label%$'\0'}
     if [[ $want == own ]]; then
@@ -177,6 +219,11 @@ check_apparmor() {
         result "$check.apparmor" "$rt" FAIL "label '${label:-none}', want $want"
     fi
 }
+
+# An unconfined label: `unconfined`, or, where AppArmor 4 and later ship profiles for the
+# runtimes' binaries (trixie, sid), the binary's unconfined-mode profile (`runc (unconfined)`,
+# `crun (unconfined)`): the process is not confined either way.
+unconfined='@(unconfined|+([a-z0-9_.-]) (unconfined))'
 
 not_run() {
     local check=$1 rt=$2 why=$3 part
@@ -215,7 +262,7 @@ podman_scenario() {
         --memory 64m --pids-limit "$pids" "$image" \
         sh -c 'cat /proc/self/attr/current; echo; echo ready; exec sleep 600'; then
         result "$check.start" "$rt" FAIL "podman run: $(brief "$got")"
-        not_run "$check" "$rt" "the container did not start" limits apparmor cleanup
+        not_run "$check" "$rt" "the container did not start" limits rlimits apparmor cleanup
     else
         id=$(tail -n1 <<<"$got")
         for _ in $(seq 60); do
@@ -235,8 +282,11 @@ podman_scenario() {
         pid=$(tail -n1 <<<"$got")
         if [[ $pid =~ ^[1-9][0-9]*$ ]]; then
             check_limits "$check" "$rt" "$pid" "${want_cg//ID/$id}" "$mem" "$pids" || true
+            capture "${p[@]}" inspect -f '{{.OCIConfigPath}}' "$name" || true
+            check_rlimits "$check" "$rt" "$pid" "$(tail -n1 <<<"$got")"
         else
             result "$check.limits" "$rt" FAIL "podman inspect gives no pid: $(brief "$got")"
+            result "$check.rlimits" "$rt" FAIL "podman inspect gives no pid"
         fi
         local cg=${want_cg//ID/$id}
         cg=${cg%%\**}
@@ -289,12 +339,15 @@ ctr_scenario() {
     log=$out/logs/$check.$rt.log
     runtime=io.containerd.runc.v2
     [[ $rt == agent-sandbox ]] && runtime=io.agent.sandbox
+    # crun behind containerd's runc shim, as with a runtime entry whose BinaryName is crun.
+    local binary=()
+    [[ $rt == crun ]] && binary=(--runc-binary /usr/bin/crun)
     local want_pids=max
     [[ $rt == agent-sandbox ]] && want_pids=$sandbox_pids
     capture ctr task kill -s KILL "$id" || true
     capture ctr task delete -f "$id" || true
     capture ctr container delete "$id" || true
-    if ! capture ctr run -d --runtime "$runtime" --memory-limit "$mem" "$image" "$id" \
+    if ! capture ctr run -d --runtime "$runtime" "${binary[@]}" --memory-limit "$mem" "$image" "$id" \
         sh -c 'exec sleep 600'; then
         result "$check.start" "$rt" FAIL "ctr run: $(brief "$got")"
         not_run "$check" "$rt" "the container did not start" limits apparmor cleanup
@@ -302,8 +355,9 @@ ctr_scenario() {
         if capture ctr task exec --exec-id aa "$id" cat /proc/self/attr/current; then
             result "$check.start" "$rt" PASS "ctr run -d, ctr task exec ran a command"
             label=$got
-            # ctr asks for no profile (--apparmor-default-profile would): runc runs unconfined.
-            check_apparmor "$check" "$rt" "$label" 'unconfined'
+            # ctr asks for no profile (--apparmor-default-profile would): runc runs unconfined
+            # (AppArmor 4 and later: in the unconfined-mode profile of its binary).
+            check_apparmor "$check" "$rt" "$label" "$unconfined"
         else
             result "$check.start" "$rt" FAIL "ctr task exec: $(brief "$got")"
             not_run "$check" "$rt" "exec failed" apparmor
@@ -339,7 +393,7 @@ ctr_scenario() {
     ctr events >"$events" 2>&1 &
     evpid=$!
     sleep 1
-    capture ctr run --rm --runtime "$runtime" --memory-limit "$oom_mem" "$image" "$id-oom" \
+    capture ctr run --rm --runtime "$runtime" "${binary[@]}" --memory-limit "$oom_mem" "$image" "$id-oom" \
         probe hog "$oom_alloc_mib" || true
     local run_out=$got
     sleep 2
@@ -421,7 +475,11 @@ cri_scenario() {
             result "$check.start" "$rt" FAIL "ExecSync: $(brief "$got")"
             not_run "$check" "$rt" "exec failed" apparmor
         fi
-        check_limits "$check" "$rt" "$pid" "/kubepods.slice/kubepods-besteffort.slice/$slice/cri-containerd-$cid.scope" \
+        # crun's systemd driver puts the process (and the limits) in a `container` child of
+        # the scope it asks for (crun 1.28 in sid; its podman paths end in `*` for the same).
+        local sub=''
+        [[ $rt == crun ]] && sub='?(/container)'
+        check_limits "$check" "$rt" "$pid" "/kubepods.slice/kubepods-besteffort.slice/$slice/cri-containerd-$cid.scope$sub" \
             "$mem" "$want_pids" || true
         if ! capture cri_vm remove "$pod"; then
             result "$check.cleanup" "$rt" FAIL "StopPodSandbox/RemovePodSandbox: $(brief "$got")"
@@ -445,11 +503,11 @@ cri_scenario() {
 
     # OOM: CRI reports the container's exit reason OOMKilled. agent-sandbox's shim reads the
     # cgroup's oom_kill counter before it publishes the exit, so it gets one attempt. runc's
-    # shim in containerd 1.6 (this guest's) can lose TaskOOM for an init killed right after
+    # shim in containerd 1.6 (the Debian 12 guest's) can lose TaskOOM for an init killed right after
     # start (containerd#8180, containerd#8893; containerd 2.2 orders OOM before exit, #12714):
-    # the baseline gets up to three attempts, each one logged.
+    # the baselines (runc and crun behind it) get up to three attempts, each one logged.
     local attempts=1 n
-    [[ $rt == runc ]] && attempts=3
+    [[ $rt == agent-sandbox ]] || attempts=3
     for ((n = 1; n <= attempts; n++)); do
         if cri_oom_once "$check" "$rt"; then
             result "$check.oom" "$rt" PASS "ContainerStatus reason OOMKilled, exit $(jq -r .exit_code <<<"$got")$( ((n > 1)) && echo ", attempt $n of $attempts")"
@@ -500,8 +558,8 @@ probe_scenario() {
     local rt=$1 check=probe want=blocked c outcome bad=()
     log=$out/logs/$check.$rt.log
     local args=(--runtime /usr/local/bin/agent-sandbox)
-    if [[ $rt == runc ]]; then
-        args=(--runtime runc --privileged)
+    if [[ $rt != agent-sandbox ]]; then
+        args=(--runtime "$rt" --privileged)
         want=allowed
     fi
     if ! capture_out podman run --rm --network none "${args[@]}" "$image" probe all; then
@@ -524,6 +582,34 @@ probe_scenario() {
     fi
 }
 
+# --- agent-sandbox install containerd ---------------------------------------------------
+
+# `agent-sandbox install containerd --write` into a new file picks the config version this
+# guest's containerd reads natively (3 for containerd 2.x, 2 for 1.6 and 1.7), says so, and
+# containerd itself reads the entry back (`containerd config dump`).
+install_scenario() {
+    local check=install rt=agent-sandbox cfg=/tmp/vm-install-check.toml want=2 said
+    log=$out/logs/$check.$rt.log
+    rm -f "$cfg"
+    capture containerd --version || true
+    [[ $(awk '{print $3}' <<<"$got") =~ ^v?([0-9]+)\. ]] && ((BASH_REMATCH[1] >= 2)) && want=3
+    if ! capture agent-sandbox install containerd --write --config "$cfg"; then
+        result "$check.containerd" "$rt" FAIL "install containerd --write: $(brief "$got")"
+        return 0
+    fi
+    said=$got
+    cat "$cfg" >>"$log"
+    if ! grep -qx "version = $want" "$cfg" || [[ $said != *"config version $want:"* ]]; then
+        result "$check.containerd" "$rt" FAIL "want config version $want: file $(grep -m1 '^version' "$cfg"), said '$said'"
+    elif ! capture containerd --config "$cfg" config dump; then
+        result "$check.containerd" "$rt" FAIL "containerd config dump: $(brief "$got")"
+    elif ! grep -q 'runtimes.agent-sandbox\]' <<<"$got" || ! grep -Eq "runtime_type = [\"']io.agent.sandbox[\"']" <<<"$got"; then
+        result "$check.containerd" "$rt" FAIL "containerd config dump has no agent-sandbox runtime of type io.agent.sandbox"
+    else
+        result "$check.containerd" "$rt" PASS "config version $want, read back by containerd config dump: ${said%%;*}"
+    fi
+}
+
 # --- set-up -----------------------------------------------------------------------------
 
 setup() {
@@ -539,7 +625,9 @@ setup() {
         echo "cgroup: $(stat -fc %T /sys/fs/cgroup) controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
         echo "apparmor enabled: $(cat /sys/module/apparmor/parameters/enabled 2>&1)"
         echo "lsm: $(cat /sys/kernel/security/lsm 2>&1)"
-        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64
+        echo "debian: $(cat /etc/debian_version)"
+        echo "root's rlimits (soft:hard): nofile $(ulimit -Sn):$(ulimit -Hn) nproc $(ulimit -Su):$(ulimit -Hu); fs.nr_open $(cat /proc/sys/fs/nr_open)"
+        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64 netavark passt nftables 2>&1
         for f in agent-sandbox containerd-shim-agent-sandbox; do
             echo "$f: $(sha256sum "/usr/local/bin/$f" | cut -c1-16) $("/usr/local/bin/$f" --version 2>&1 | head -n1)"
         done
@@ -606,6 +694,11 @@ version = 2
         runtime_type = "io.containerd.runc.v2"
         [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
           SystemdCgroup = true
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun.options]
+          BinaryName = "/usr/bin/crun"
+          SystemdCgroup = true
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox]
         runtime_type = "io.agent.sandbox"
         pod_annotations = ["io.agent.sandbox.*"]
@@ -641,7 +734,7 @@ for rt in $VM_RUNTIMES; do
     if selected podman-rootless; then
         say "podman-rootless [$rt]"
         podman_scenario podman-rootless "$rt" "$user" "" \
-            "/user.slice/user-$user_uid.slice/user@$user_uid.service/user.slice/libpod-ID.scope*" unconfined '*'
+            "/user.slice/user-$user_uid.slice/user@$user_uid.service/user.slice/libpod-ID.scope*" "$unconfined" '*'
     fi
     if selected ctr; then
         say "ctr [$rt]"
@@ -656,6 +749,10 @@ for rt in $VM_RUNTIMES; do
         probe_scenario "$rt"
     fi
 done
+if [[ " $VM_RUNTIMES " == *" agent-sandbox "* ]] && selected install; then
+    say "install [agent-sandbox]"
+    install_scenario
+fi
 # Every agent-sandbox sandbox is gone: no profile of ours may stay loaded.
 if [[ " $VM_RUNTIMES " == *" agent-sandbox "* ]]; then
     left=$(grep '^agent-sandbox-' /sys/kernel/security/apparmor/profiles || true)

@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
-# Builds the guest of the VM suite (docs/vm-suite.md): a Debian 12 root filesystem made
-# with debootstrap and apt from the mirror this machine's apt already uses, with the
-# systemd, podman, containerd, AppArmor and cgroup v2 setup of users' hosts baked in (the
-# guest has no network). Output, in a cache directory keyed on this script, the baked-in
-# guest files and the package list (reruns with the same inputs only print the path):
+# Builds a guest of the VM suite (docs/vm-suite.md): a Debian root filesystem made with
+# debootstrap and apt from the mirror this machine's apt already uses, with the systemd,
+# podman, containerd, AppArmor and cgroup v2 setup of users' hosts baked in (the guest has no
+# network). One recipe per Debian suite:
+#   bookworm  Debian 12: kernel 6.1, systemd 252, containerd 1.6, podman 4.3 (CNI networks)
+#   trixie    Debian 13: kernel 6.12, containerd 1.7, podman 5 (netavark, nftables, pasta)
+#   sid       unstable:  the newest kernel, containerd 2.x, podman 5
+# Only the guest gets the suite's packages; this machine's apt configuration is never
+# changed. Output, in a cache directory keyed on this script, the baked-in guest files, the
+# suite and its package list (reruns with the same inputs only print the path):
 #   root.img      ext4 root filesystem (mke2fs -d, no loop mount), booted as /dev/vda
-#   vmlinuz       the guest kernel (linux-image-cloud-amd64, 6.1) for qemu -kernel
+#   vmlinuz       the guest kernel (linux-image-cloud-amd64) for qemu -kernel
 #   initrd.img    its initramfs for qemu -initrd
 #   cmdline       the kernel command line
 #   packages.txt  dpkg -l of the guest (what was tested)
-# The last line of stdout is the cache directory.
+# The last line of stdout is the cache directory: $VM_CACHE_DIR (default
+# /var/cache/agent-sandbox/vm)/SUITE/KEY; a new key replaces the suite's older image.
 #
-# Usage: hack/vm/image.sh
+# Usage: hack/vm/image.sh [--suite bookworm|trixie|sid]   (default: $VM_SUITE, else bookworm)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 die() { echo "vm/image.sh: $*" >&2; exit 1; }
+
+suite=${VM_SUITE:-bookworm}
+while (($#)); do
+    case $1 in
+    --suite) suite=${2:?--suite needs bookworm, trixie or sid}; shift 2 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+    esac
+done
 [[ $(id -u) == 0 ]] || die "run as root (debootstrap and chroot)"
 for tool in debootstrap mke2fs chroot sha256sum; do
     command -v "$tool" >/dev/null || die "$tool is missing (hack/install-deps.sh)"
@@ -24,7 +39,8 @@ done
 # What the checks need, all from Debian: the kernel users' cloud VMs boot (AppArmor
 # built in, no 9p), systemd as init with logind and the user D-Bus session (rootless podman
 # with cgroup_manager=systemd), udev (device units for the exchange disk), the container
-# stack of hack/install-deps.sh, and the tools checks.sh calls.
+# stack of hack/install-deps.sh with crun beside runc (both are the suite's references), and
+# the tools checks.sh calls.
 packages=(
     linux-image-cloud-amd64 initramfs-tools
     systemd-sysv udev dbus dbus-user-session libpam-systemd systemd-container
@@ -33,8 +49,17 @@ packages=(
     apparmor libseccomp2
     iproute2 e2fsprogs jq procps util-linux kmod
 )
-suite=bookworm
-cache_root=/var/cache/agent-sandbox/vm
+case $suite in
+bookworm) ;;
+trixie | sid)
+    # podman 5 networks with netavark (which runs nft) and, rootless, pasta: without them
+    # every runtime fails ("unable to execute nft", "could not find pasta"). APT would only
+    # recommend them, and the guest installs no recommends.
+    packages+=(netavark aardvark-dns nftables passt)
+    ;;
+*) die "unknown suite $suite (bookworm, trixie, sid)" ;;
+esac
+cache_root=${VM_CACHE_DIR:-/var/cache/agent-sandbox/vm}
 
 # The Debian mirror (and security mirror) of this machine's apt configuration, read at
 # run time: one-line sources.list entries and deb822 .sources files.
@@ -56,9 +81,13 @@ apt_uris() {
             END { if (deb && ok) print uri }' "$f"
     done
 }
+# The machine's own entry for the suite, else its bookworm entry's mirror (the machine is
+# Debian 12; the same mirror serves trixie and sid). sid has no security suite.
 mirror=$(apt_uris "$suite" | head -n1)
+[[ -n $mirror ]] || mirror=$(apt_uris bookworm | head -n1)
 security=$(apt_uris "$suite-security" | head -n1)
-[[ -n $mirror ]] || die "no 'deb' source for suite $suite in /etc/apt/sources.list{,.d}: cannot pick a mirror"
+[[ -n $security || $suite == sid ]] || security=$(apt_uris bookworm-security | head -n1)
+[[ -n $mirror ]] || die "no 'deb' source for suite $suite or bookworm in /etc/apt/sources.list{,.d}: cannot pick a mirror"
 
 key=$(
     {
@@ -66,7 +95,7 @@ key=$(
         printf '%s\n' "${packages[@]}" "$suite" "$mirror" "$security"
     } | sha256sum | cut -c1-16
 )
-out=$cache_root/$key
+out=$cache_root/$suite/$key
 if [[ -f $out/root.img && -f $out/vmlinuz && -f $out/initrd.img && -f $out/cmdline ]]; then
     echo "vm/image.sh: guest image is up to date ($out)" >&2
     echo "$out"
@@ -74,8 +103,8 @@ if [[ -f $out/root.img && -f $out/vmlinuz && -f $out/initrd.img && -f $out/cmdli
 fi
 
 start=$SECONDS
-install -d -m 0755 "$cache_root"
-work=$cache_root/build.$key
+install -d -m 0755 "$cache_root/$suite"
+work=$cache_root/$suite/build.$key
 rootfs=$work/rootfs
 mounted=()
 cleanup() {
@@ -95,9 +124,12 @@ nice debootstrap --variant=minbase "$suite" "$rootfs" "$mirror" >"$work/debootst
 
 {
     echo "deb $mirror $suite main"
-    echo "deb $mirror $suite-updates main"
+    [[ $suite == sid ]] || echo "deb $mirror $suite-updates main"
     [[ -z $security ]] || echo "deb $security $suite-security main"
 } >"$rootfs/etc/apt/sources.list"
+# The mirror is a snapshot: sid's Release file is already past its Valid-Until, and the
+# other suites' will be within days of a snapshot.
+echo 'Acquire::Check-Valid-Until "false";' >"$rootfs/etc/apt/apt.conf.d/99snapshot-mirror"
 # Package scripts must not start daemons in the chroot (exit 101 = action forbidden).
 printf '#!/bin/sh\nexit 101\n' >"$rootfs/usr/sbin/policy-rc.d"
 chmod 0755 "$rootfs/usr/sbin/policy-rc.d"
@@ -162,6 +194,9 @@ rm -rf "$rootfs"
 # Publish: replace an older image of any key.
 rm -rf "$out"
 mv "$work" "$out"
-find "$cache_root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
-echo "vm/image.sh: built $out ($((SECONDS - start)) s, root filesystem $used_mb MB)" >&2
+find "$cache_root/$suite" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
+# Images of the layout before suites (KEY directly under the cache root).
+find "$cache_root" -mindepth 1 -maxdepth 1 -type d -regextype posix-extended \
+    -regex '.*/[0-9a-f]{16}|.*/build\.[0-9a-f]{16}' -exec rm -rf {} +
+echo "vm/image.sh: built the $suite guest $out ($((SECONDS - start)) s, root filesystem $used_mb MB)" >&2
 echo "$out"

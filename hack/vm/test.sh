@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # The VM suite (docs/vm-suite.md): shows agent-sandbox the hosts users have (systemd,
 # unified cgroup v2, AppArmor) from this machine, which has none of them. Idempotent.
-#   1. the guest image (hack/vm/image.sh; cached)
+#   1. the guest image of the Debian suite (hack/vm/image.sh; cached): bookworm (Debian 12),
+#      trixie (Debian 13) or sid
 #   2. the exchange disk: the installed binaries, the CRI client (e2e/examples/cri_vm.rs),
 #      the test images, the profiles and hack/vm/checks.sh, as an ext4 image (mke2fs -d)
 #   3. boots the guest under qemu (TCG: no nested KVM here) with a hard timeout; the guest
-#      runs the checks for runc and for agent-sandbox and powers off
-#   4. reads the results back with debugfs and prints one line per check and runtime, then
-#      `vm: N passed, N failed`
+#      runs the checks for runc, crun and agent-sandbox and powers off
+#   4. reads the results back with debugfs and prints one line per check and runtime, the
+#      runtimes side by side per check, then `vm SUITE: N passed, N failed`
 # Exit status: non-zero when a check selected by the expectations failed, or the guest did
 # not finish. Which checks gate: patterns RUNTIME:CHECK (bash globs) in --expect, else
-# $VM_EXPECT, else hack/vm/expect.
+# $VM_EXPECT, else hack/vm/expect.SUITE if it exists, else hack/vm/expect.
 #
-# Usage: hack/vm/test.sh [--only CHECK_GLOB] [--runtimes "runc agent-sandbox"]
-#                        [--expect "PATTERN..."] [--timeout SECONDS]
+# Usage: hack/vm/test.sh [--suite bookworm|trixie|sid] [--only CHECK_GLOB]
+#                        [--runtimes "runc crun agent-sandbox"] [--expect "PATTERN..."]
+#                        [--timeout SECONDS]
 # Prerequisites: hack/setup.sh (binaries in /usr/local/bin or $AGENT_SANDBOX_BIN_DIR, images in
 # /var/cache/agent-sandbox/images) and hack/install-deps.sh (qemu, debootstrap).
 set -euo pipefail
@@ -29,23 +31,31 @@ fi
 
 die() { echo "vm/test.sh: $*" >&2; exit 1; }
 
+suite=${VM_SUITE:-bookworm}
 only='*'
-runtimes='runc agent-sandbox'
+runtimes='runc crun agent-sandbox'
 expect=${VM_EXPECT:-}
 timeout_s=${VM_TIMEOUT:-1500}
 while (($#)); do
     case $1 in
+    --suite) suite=${2:?--suite needs bookworm, trixie or sid}; shift 2 ;;
     --only) only=${2:?--only needs a check glob}; shift 2 ;;
     --runtimes) runtimes=${2:?--runtimes needs a list}; shift 2 ;;
     --expect) expect=${2?--expect needs patterns}; shift 2 ;;
     --timeout) timeout_s=${2:?--timeout needs seconds}; shift 2 ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
     esac
 done
-[[ -n $expect ]] || expect=$(grep -v '^#' hack/vm/expect | tr '\n' ' ')
+case $suite in
+bookworm | trixie | sid) ;;
+*) die "unknown suite $suite (bookworm, trixie, sid)" ;;
+esac
+expect_file=hack/vm/expect
+[[ -f $expect_file.$suite ]] && expect_file=$expect_file.$suite
+[[ -n $expect ]] || expect=$(grep -v '^#' "$expect_file" | tr '\n' ' ')
 for rt in $runtimes; do
-    [[ $rt == runc || $rt == agent-sandbox ]] || die "unknown runtime $rt (runc, agent-sandbox)"
+    [[ $rt == runc || $rt == crun || $rt == agent-sandbox ]] || die "unknown runtime $rt (runc, crun, agent-sandbox)"
 done
 
 [[ $(id -u) == 0 ]] || die "run as root"
@@ -56,8 +66,8 @@ done
 step() { printf '== vm: %s (%ds)\n' "$1" "$SECONDS"; }
 
 # 1. the guest
-step "guest image"
-image=$(hack/vm/image.sh | tail -n1)
+step "guest image ($suite)"
+image=$(hack/vm/image.sh --suite "$suite" | tail -n1)
 [[ -f $image/root.img ]] || die "hack/vm/image.sh gave no image ($image)"
 
 # 2. the exchange disk
@@ -72,7 +82,8 @@ done
 for f in "$images/busybox.tar" "$images/pause.tar"; do
     [[ -f $f ]] || die "$f is missing; run hack/setup.sh (hack/images.sh)"
 done
-# The CRI client, built beside the e2e suite (dynamically linked: the guest is Debian 12 too).
+# The CRI client, built beside the e2e suite (dynamically linked against this machine's
+# glibc, Debian 12's: the guests have it or a newer one).
 target_dir=${CARGO_TARGET_DIR:-target}
 cargo build --quiet --locked -p agent-sandbox-e2e --example cri_vm ||
     die "cargo build of e2e/examples/cri_vm.rs failed"
@@ -80,7 +91,7 @@ cri_vm=$target_dir/debug/examples/cri_vm
 [[ -x $cri_vm ]] || die "cargo did not produce $cri_vm"
 
 # One run at a time per directory: VM_RUN_DIR gives a second run its own.
-run=${VM_RUN_DIR:-/var/cache/agent-sandbox/vm-run}
+run=${VM_RUN_DIR:-/var/cache/agent-sandbox/vm-run/$suite}
 rm -rf "$run"
 stage=$run/exchange
 install -d "$stage/in/bin" "$stage/in/images" "$stage/in/cni" "$stage/in/profiles" "$stage/out"
@@ -134,6 +145,8 @@ gating() {
 }
 
 passed=0 failed=0 gated_failed=0
+declare -A verdicts=()
+checks=()
 if [[ -s $results ]]; then
     while IFS=$'\t' read -r check rt verdict reason; do
         note=''
@@ -144,7 +157,23 @@ if [[ -s $results ]]; then
             if gating "$rt:$check"; then gated_failed=$((gated_failed + 1)); else note=' (not gating)'; fi
         fi
         printf '%-4s %-26s %-13s %s%s\n' "$verdict" "$check" "$rt" "$reason" "$note"
+        [[ -n ${verdicts[$check]+x} ]] || checks+=("$check")
+        verdicts[$check]=1
+        verdicts[$check:$rt]=$verdict
     done <"$results"
+fi
+# The runtimes side by side: a check agent-sandbox fails is shown passing or failing for the
+# references in the same guest.
+if ((${#checks[@]})); then
+    echo "== vm $suite: per check (- = not run for that runtime)"
+    printf '%-26s' check
+    for rt in $runtimes; do printf ' %-13s' "$rt"; done
+    echo
+    for check in "${checks[@]}"; do
+        printf '%-26s' "$check"
+        for rt in $runtimes; do printf ' %-13s' "${verdicts[$check:$rt]:--}"; done
+        echo
+    done
 fi
 ok=1
 if [[ $guest_rc != 0 ]]; then
@@ -156,10 +185,10 @@ if [[ ! -s $results ]]; then
     ok=0
 fi
 ((gated_failed == 0)) || ok=0
-echo "logs: $run/out/logs/ (per check), $run/out/facts.txt (guest), $run/serial.log (console); gating: $expect"
+echo "logs: $run/out/logs/ (per check), $run/out/facts.txt (guest), $run/serial.log (console); gating ($expect_file): $expect"
 if ((failed > gated_failed)); then
-    echo "vm: $((failed - gated_failed)) known failures outside the expectations (marked 'not gating' above)"
+    echo "vm $suite: $((failed - gated_failed)) known failures outside the expectations (marked 'not gating' above)"
 fi
 # The closing line counts what gates: a check outside the expectations is reported above.
-echo "vm: $passed passed, $gated_failed failed"
+echo "vm $suite: $passed passed, $gated_failed failed (guest ran ${boot_s} s)"
 ((ok))

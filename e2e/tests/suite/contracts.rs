@@ -764,3 +764,145 @@ fn podman_seccomp_profile_option_is_enforced_like_runc() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// This host's facts for the rlimit test: the hard `RLIMIT_NOFILE` the runtimes start with
+/// (this test's own), `fs.nr_open` (the most any process may get), and whether root here
+/// may raise a hard limit (CAP_SYS_RESOURCE in the initial user namespace).
+fn nofile_facts() -> anyhow::Result<(u64, u64, bool)> {
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    let nr_open: u64 = fs::read_to_string("/proc/sys/fs/nr_open")?.trim().parse()?;
+    let status = fs::read_to_string("/proc/self/status")?;
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .context("no CapEff in /proc/self/status")?;
+    const CAP_SYS_RESOURCE: u64 = 1 << 24;
+    Ok((hard, nr_open, cap_eff & CAP_SYS_RESOURCE != 0))
+}
+
+/// `Max open files` (soft, hard) of a `/proc/self/limits` dump.
+fn open_files(limits: &str) -> Option<(u64, u64)> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut words = line["Max open files".len()..].split_whitespace();
+    Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+}
+
+/// The `clamped` records of a sandbox's audit log (its state root under `dir`): (key,
+/// requested, granted).
+fn clamped_records(dir: &Path, cid: &str) -> anyhow::Result<Vec<(String, String, String)>> {
+    let out = Rt::Sandbox.ok(dir, &["audit", "--json", cid])?;
+    let mut clamps = Vec::new();
+    for line in out.stdout.lines().filter(|l| !l.trim().is_empty()) {
+        let r: Value = serde_json::from_str(line).with_context(|| format!("audit line {line}"))?;
+        if r["kind"] == "clamped" {
+            let s = |k: &str| r["data"][k].as_str().unwrap_or_default().to_owned();
+            clamps.push((s("key"), s("requested"), s("granted")));
+        }
+    }
+    Ok(clamps)
+}
+
+/// docs/contracts.md#resource-limits-processrlimits: `process.rlimits` above the hard limit
+/// the runtime starts with (podman 5 asks nofile and nproc 1048576 on every run). runc raises
+/// it as real root, and fails where even root may not (no CAP_SYS_RESOURCE, as on this
+/// project's machines: "error setting rlimit type 7"); agent-sandbox gives the init and an
+/// exec what root could raise, and records each narrowed limit as `clamped`.
+#[test]
+fn rlimits_above_the_hard_limit_get_what_root_can_raise_with_a_clamped_record() -> anyhow::Result<()>
+{
+    preflight()?;
+    let (hard, nr_open, can_raise) = nofile_facts()?;
+    ensure!(
+        hard < nr_open,
+        "this test needs a hard RLIMIT_NOFILE ({hard}) below fs.nr_open ({nr_open}) to ask for more"
+    );
+    let asked = nr_open;
+    let want = if can_raise { asked } else { hard };
+    let rlimits = json!([{"type": "RLIMIT_NOFILE", "soft": asked, "hard": asked}]);
+    let key = "process.rlimits.RLIMIT_NOFILE";
+    let want_clamp = (!can_raise).then(|| {
+        (
+            key.to_owned(),
+            format!("{asked}:{asked}"),
+            format!("{hard}:{hard}"),
+        )
+    });
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+
+    // The init.
+    let b = bundle(d, "init", &["cat", "/proc/self/limits"], |c| {
+        c["process"]["rlimits"] = rlimits.clone();
+    })?;
+    for rt in BOTH {
+        let cid = id("rlimit", rt);
+        let out = run_fg(rt, d, &b, &cid)?;
+        if rt == Rt::Runc && !can_raise {
+            ensure!(
+                !out.success() && out.stderr.contains("rlimit"),
+                "runc: expected a failed create (root may not raise the hard limit here)\n{out}"
+            );
+            continue;
+        }
+        ensure!(out.success(), "{}: run failed\n{out}", rt.name());
+        ensure!(
+            open_files(&out.stdout) == Some((want, want)),
+            "{}: nofile inside is {:?}, want {want}:{want}\n{out}",
+            rt.name(),
+            open_files(&out.stdout)
+        );
+        if rt == Rt::Sandbox {
+            let clamps = clamped_records(d, &cid)?;
+            let got = clamps.iter().find(|c| c.0 == key).cloned();
+            ensure!(
+                got == want_clamp,
+                "the init's clamped record for {key}: got {got:?}, want {want_clamp:?}"
+            );
+        }
+    }
+
+    // An exec asking the same of a running container whose init asked nothing above it.
+    let b = bundle(d, "exec", &["sleep", "300"], |_| {})?;
+    let config: Value = serde_json::from_str(&fs::read_to_string(b.join("config.json"))?)?;
+    let mut process = config["process"].clone();
+    process["args"] = json!(["cat", "/proc/self/limits"]);
+    process["rlimits"] = rlimits.clone();
+    let process_file = d.join("exec-process.json");
+    fs::write(&process_file, serde_json::to_vec(&process)?)?;
+    for rt in BOTH {
+        let cid = id("rlimit-exec", rt);
+        rt.detached(d, &["create", "--bundle", path_str(&b), &cid])?;
+        rt.ok(d, &["start", &cid])?;
+        let out = rt.run(d, &["exec", "--process", path_str(&process_file), &cid]);
+        let clamps = if rt == Rt::Sandbox {
+            clamped_records(d, &cid)
+        } else {
+            Ok(Vec::new())
+        };
+        rt.cleanup(d, &cid);
+        let out = out?;
+        if rt == Rt::Runc && !can_raise {
+            ensure!(
+                !out.success() && out.stderr.contains("rlimit"),
+                "runc exec: expected a failure (root may not raise the hard limit here)\n{out}"
+            );
+            continue;
+        }
+        ensure!(out.success(), "{}: exec failed\n{out}", rt.name());
+        ensure!(
+            open_files(&out.stdout) == Some((want, want)),
+            "{}: nofile in the exec is {:?}, want {want}:{want}\n{out}",
+            rt.name(),
+            open_files(&out.stdout)
+        );
+        if rt == Rt::Sandbox {
+            let got = clamps?.into_iter().find(|c| c.0 == key);
+            ensure!(
+                got == want_clamp,
+                "the exec's clamped record for {key}: got {got:?}, want {want_clamp:?}"
+            );
+        }
+    }
+    Ok(())
+}

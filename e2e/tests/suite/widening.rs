@@ -311,6 +311,84 @@ fn podman_clamped_flags_run_narrowed_with_a_record_and_runc_grants_them() -> any
     Ok(())
 }
 
+/// podman 5 asks nofile and nproc 1048576 (soft and hard) on every run (issue 32); podman 4
+/// asks the same with `--ulimit`. Above the hard limit the runtime starts with, a rootful run
+/// starts with what the runtime could raise as root and a `clamped` record naming the key
+/// (docs/contracts.md#resource-limits-processrlimits); runc raises the limit as root, and
+/// fails where root may not (no CAP_SYS_RESOURCE, as on this project's machines).
+#[test]
+fn podman_ulimit_above_the_hard_limit_starts_with_what_root_can_raise() -> anyhow::Result<()> {
+    const ASKED: u64 = 1_048_576;
+    const CAP_SYS_RESOURCE: u64 = 1 << 24;
+    let user = User::Root;
+    harness::require_podman_image(user, BUSYBOX_IMAGE)?;
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    ensure!(
+        hard < ASKED,
+        "this test needs a hard RLIMIT_NOFILE ({hard}) below {ASKED} to ask for more"
+    );
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let can_raise = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & CAP_SYS_RESOURCE != 0);
+    let want = if can_raise { ASKED } else { hard };
+    let ulimit = format!("nofile={ASKED}:{ASKED}");
+    let script = "grep '^Max open files' /proc/self/limits";
+    let nofile = |out: &Output| -> Option<(u64, u64)> {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("Max open files"))?;
+        let mut words = line["Max open files".len()..].split_whitespace();
+        Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+    };
+    for runtime in [Runtime::Runc, Runtime::AgentSandbox] {
+        let name = format!("hwid-ulimit-{runtime:?}-{}", std::process::id()).to_lowercase();
+        let podman = Podman::new(user, runtime);
+        let _guard = ContainerGuard::new(podman, &name);
+        let out = podman.run(&[
+            "run",
+            "--name",
+            &name,
+            "--ulimit",
+            &ulimit,
+            BUSYBOX_IMAGE,
+            "sh",
+            "-c",
+            script,
+        ])?;
+        if runtime == Runtime::Runc && !can_raise {
+            ensure!(
+                !out.success() && out.stderr.contains("rlimit"),
+                "runc: expected a failed create (root may not raise the hard limit here)\n{out}"
+            );
+            continue;
+        }
+        ensure!(
+            out.success(),
+            "{runtime:?}: --ulimit {ulimit} failed\n{out}"
+        );
+        ensure!(
+            nofile(&out) == Some((want, want)),
+            "{runtime:?}: nofile inside is {:?}, want {want}:{want}\n{out}",
+            nofile(&out)
+        );
+        if runtime == Runtime::AgentSandbox {
+            let recs = records(&name)?;
+            let got = clamp_of(&recs, "process.rlimits.RLIMIT_NOFILE");
+            let expected =
+                (!can_raise).then(|| (format!("{ASKED}:{ASKED}"), format!("{hard}:{hard}")));
+            ensure!(
+                got == expected,
+                "clamped record for process.rlimits.RLIMIT_NOFILE: got {got:?}, want {expected:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------- ctr
 
 fn ctr_run(shim: Shim, flags: &[&str], id: &str) -> anyhow::Result<Output> {

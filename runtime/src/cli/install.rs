@@ -6,20 +6,24 @@ use super::{CliError, InstallTarget};
 pub(super) fn install(target: InstallTarget) -> Result<(), CliError> {
     match target {
         InstallTarget::Containerd { write, config } => {
+            use crate::install::containerd as ctd;
+            let fresh = ctd::default_for(ctd::Containerd::installed().as_ref());
             if !write {
-                print!(
-                    "{}",
-                    crate::install::containerd::stanza(crate::install::containerd::version_of(
-                        &config
-                    )?)
-                );
-            } else if crate::install::containerd::write(&config)? {
-                println!(
-                    "merged the agent-sandbox runtime into {}; restart containerd",
-                    config.display()
-                );
+                let choice = ctd::version_of(&config, &fresh)?;
+                print!("# {choice}\n{}", ctd::stanza(choice.version));
             } else {
-                println!("{} already has the agent-sandbox runtime", config.display());
+                let (changed, choice) = ctd::write(&config, &fresh)?;
+                if changed {
+                    println!(
+                        "merged the agent-sandbox runtime into {} ({choice}); restart containerd",
+                        config.display()
+                    );
+                } else {
+                    println!(
+                        "{} already has the agent-sandbox runtime ({choice})",
+                        config.display()
+                    );
+                }
             }
         }
         InstallTarget::Docker(args) => crate::install::docker::run(&args)?,

@@ -1,8 +1,9 @@
 //! Phase 3: the spec's one owner. Every edit of the spec happens here, in order: the
 //! re-bound sources, the policy compiler (`harden_spec`), the AppArmor profile of the layer
-//! plan, the egress and CA environment, the CA's mounts, the runtime's rootfs, the cgroup
-//! placement, the workspace overlay as a bind of its merged dir, the wrapped hooks. Then
-//! `verify`: nothing edits the spec after it.
+//! plan, the rlimits narrowed to what the runtime could raise (`host::rlimits`), the egress
+//! and CA environment, the CA's mounts, the runtime's rootfs, the cgroup placement, the
+//! workspace overlay as a bind of its merged dir, the wrapped hooks. Then `verify`: nothing
+//! edits the spec after it.
 
 use libcontainer::oci_spec::runtime::Spec;
 
@@ -11,6 +12,7 @@ use crate::enforce;
 use crate::enforce::executor::SandboxExecutor;
 use crate::enforce::mounts;
 use crate::harden::{Ceiling, Facts};
+use crate::host::rlimits;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
 
@@ -41,6 +43,11 @@ impl Runtime {
             .unwrap_or_else(|| ceiling.origin.clone());
         let policy = prepared.policy;
         let mut spec = prepared.spec;
+        let mut clamped = prepared.clamped;
+        if let Some(process) = spec.process_mut().as_mut() {
+            // In this process, before libcontainer forks and enters the user namespace.
+            clamped.extend(rlimits::raise(&rlimits::ThisProcess, process)?);
+        }
         if let Some(process) = spec.process_mut().as_mut() {
             crate::sidecars::egress::inject_env(process, &policy);
             crate::sidecars::tls_trust::inject_env(process, &policy);
@@ -83,7 +90,7 @@ impl Runtime {
             spec,
             policy,
             plan: prepared.plan,
-            clamped: prepared.clamped,
+            clamped,
             requested_seccomp: prepared.requested_seccomp,
             seccomp_len: executor.seccomp.as_ref().map(|b| b.len()),
             cgroups,

@@ -3,7 +3,11 @@
 //!
 //! Without `--write` it prints the stanza; with `--write` it merges it into containerd's
 //! configuration (default `/etc/containerd/config.toml`), keeping every other key, comment and
-//! the file's layout (`toml_edit`), and writes the result atomically. A file that is not TOML,
+//! the file's layout (`toml_edit`), and writes the result atomically. The stanza is in the
+//! config version the file declares; a missing or empty file gets the version the installed
+//! containerd reads natively (`containerd --version`: 3 for containerd 2.x, 2 for 1.6 and 1.7,
+//! and 2 when there is no containerd to ask, which every containerd from 1.6 on reads), and
+//! the command says which it chose and why ([`Choice`]). A file that is not TOML,
 //! uses a config version this does not know, or has a non-table where the stanza goes is an
 //! error naming the file and key, and nothing is written. Rerunning is a no-op.
 
@@ -82,6 +86,89 @@ impl ConfigVersion {
     }
 }
 
+impl std::fmt::Display for ConfigVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConfigVersion::V2 => "2",
+            ConfigVersion::V3 => "3",
+        })
+    }
+}
+
+/// The installed containerd, as `containerd --version` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Containerd {
+    pub major: u32,
+    /// The version as printed (`2.1.9~ds1`, `v1.7.24`).
+    pub version: String,
+}
+
+impl Containerd {
+    /// Parses `containerd --version`: `containerd MODULE VERSION [REVISION]` (upstream
+    /// `containerd github.com/containerd/containerd/v2 v2.1.9 SHA`, Debian `containerd
+    /// github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1`).
+    pub fn parse(output: &str) -> Option<Self> {
+        let version = output.split_whitespace().nth(2)?;
+        let major = version
+            .trim_start_matches('v')
+            .split('.')
+            .next()?
+            .parse()
+            .ok()?;
+        Some(Containerd {
+            major,
+            version: version.to_owned(),
+        })
+    }
+
+    /// `containerd --version` of the containerd on PATH; `None` when there is none or it
+    /// prints something else.
+    pub fn installed() -> Option<Self> {
+        let out = std::process::Command::new("containerd")
+            .arg("--version")
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| Self::parse(&String::from_utf8_lossy(&out.stdout)))
+            .flatten()
+    }
+}
+
+/// The config version the stanza is written in, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub version: ConfigVersion,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "config version {}: {}", self.version, self.reason)
+    }
+}
+
+/// The version for a config without one (missing or empty file), from the installed
+/// containerd.
+pub fn default_for(installed: Option<&Containerd>) -> Choice {
+    match installed {
+        Some(c) if c.major >= 2 => Choice {
+            version: ConfigVersion::V3,
+            reason: format!("containerd {} reads version 3 natively", c.version),
+        },
+        Some(c) => Choice {
+            version: ConfigVersion::V2,
+            reason: format!("containerd {} reads versions 1 and 2", c.version),
+        },
+        None => Choice {
+            version: ConfigVersion::V2,
+            reason: "no containerd on PATH to ask (`containerd --version`); version 2 is read by \
+                     containerd 1.6, 1.7 and 2.x"
+                .to_owned(),
+        },
+    }
+}
+
 /// The stanza for a config of `version`, as TOML text.
 pub fn stanza(version: ConfigVersion) -> String {
     let path = version.runtimes_path();
@@ -99,19 +186,29 @@ pub struct Merged {
     /// False when the config already had the stanza (the text is then unchanged).
     pub changed: bool,
     pub version: ConfigVersion,
+    /// Which version, and why: the file's own, or `fresh`'s for an empty file.
+    pub choice: Choice,
 }
 
 /// Merges the stanza into `text` (the content of `path`, named in errors). An empty text
-/// becomes a version 2 config holding only the stanza.
-pub fn merge(path: &Path, text: &str) -> Result<Merged, InstallError> {
+/// becomes a config of `fresh`'s version holding only the stanza.
+pub fn merge(path: &Path, text: &str, fresh: &Choice) -> Result<Merged, InstallError> {
     let mut doc: DocumentMut = text.parse().map_err(|source| InstallError::Parse {
         path: path.to_owned(),
         source,
     })?;
-    let version = match doc.get("version") {
+    let declared = |version| Choice {
+        version,
+        reason: format!("{} declares it", path.display()),
+    };
+    let choice = match doc.get("version") {
         None if doc.as_table().is_empty() => {
-            doc.insert("version", value(2));
-            ConfigVersion::V2
+            let v = match fresh.version {
+                ConfigVersion::V2 => 2,
+                ConfigVersion::V3 => 3,
+            };
+            doc.insert("version", value(v));
+            fresh.clone()
         }
         None => {
             return Err(InstallError::Version {
@@ -120,8 +217,8 @@ pub fn merge(path: &Path, text: &str) -> Result<Merged, InstallError> {
             });
         }
         Some(v) => match v.as_integer() {
-            Some(2) => ConfigVersion::V2,
-            Some(3) => ConfigVersion::V3,
+            Some(2) => declared(ConfigVersion::V2),
+            Some(3) => declared(ConfigVersion::V3),
             _ => {
                 return Err(InstallError::Version {
                     path: path.to_owned(),
@@ -130,6 +227,7 @@ pub fn merge(path: &Path, text: &str) -> Result<Merged, InstallError> {
             }
         },
     };
+    let version = choice.version;
     let mut table = doc.as_table_mut() as &mut dyn toml_edit::TableLike;
     let mut key = String::new();
     for part in version.runtimes_path() {
@@ -201,30 +299,31 @@ pub fn merge(path: &Path, text: &str) -> Result<Merged, InstallError> {
         },
         changed,
         version,
+        choice,
     })
 }
 
-/// The config version of the file at `path` (V2 when it does not exist or is empty).
-pub fn version_of(path: &Path) -> Result<ConfigVersion, InstallError> {
+/// The config version for the file at `path`: its own, else `fresh` (missing or empty file).
+pub fn version_of(path: &Path, fresh: &Choice) -> Result<Choice, InstallError> {
     let text = read_or_empty(path)?;
-    merge(path, &text).map(|m| m.version)
+    merge(path, &text, fresh).map(|m| m.choice)
 }
 
 fn read_or_empty(path: &Path) -> Result<String, FileError> {
     Ok(crate::files::read_to_string_if_present(path)?.unwrap_or_default())
 }
 
-/// Merges the stanza into the file at `path` (created if missing), atomically, keeping its
-/// permissions. Returns whether the file changed.
-pub fn write(path: &Path) -> Result<bool, InstallError> {
+/// Merges the stanza into the file at `path` (created if missing, in `fresh`'s version),
+/// atomically, keeping its permissions. Returns whether the file changed and the version.
+pub fn write(path: &Path, fresh: &Choice) -> Result<(bool, Choice), InstallError> {
     let text = read_or_empty(path)?;
-    let merged = merge(path, &text)?;
+    let merged = merge(path, &text, fresh)?;
     if !merged.changed {
-        return Ok(false);
+        return Ok((false, merged.choice));
     }
     replace_atomically(path, &merged.text).map_err(|e| FileError::write(path, e))?;
-    tracing::info!(path = %path.display(), "merged the agent-sandbox runtime into containerd's config");
-    Ok(true)
+    tracing::info!(path = %path.display(), version = %merged.version, "merged the agent-sandbox runtime into containerd's config");
+    Ok((true, merged.choice))
 }
 
 /// Replaces the file at `path` with `text` atomically (a temporary file in the same directory,
@@ -254,6 +353,70 @@ mod tests {
 
     fn p() -> &'static Path {
         Path::new("/etc/containerd/config.toml")
+    }
+
+    fn v2() -> Choice {
+        default_for(None)
+    }
+
+    fn merge(path: &Path, text: &str) -> Result<Merged, InstallError> {
+        super::merge(path, text, &v2())
+    }
+
+    fn write(path: &Path) -> Result<bool, InstallError> {
+        super::write(path, &v2()).map(|(changed, _)| changed)
+    }
+
+    #[test]
+    fn parses_containerd_version_of_upstream_and_debian() {
+        let upstream = "containerd github.com/containerd/containerd/v2 v2.1.9 1a2b3c\n";
+        assert_eq!(
+            Containerd::parse(upstream),
+            Some(Containerd {
+                major: 2,
+                version: "v2.1.9".to_owned()
+            })
+        );
+        let debian = "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1\n";
+        assert_eq!(Containerd::parse(debian).map(|c| c.major), Some(1));
+        assert_eq!(Containerd::parse("containerd\n"), None);
+        assert_eq!(Containerd::parse("containerd x abc\n"), None);
+    }
+
+    #[test]
+    fn an_empty_config_gets_the_version_the_installed_containerd_reads() {
+        let two = Containerd::parse("containerd github.com/containerd/containerd/v2 2.1.9~ds1 x");
+        let choice = default_for(two.as_ref());
+        assert_eq!(choice.version, ConfigVersion::V3);
+        assert!(
+            choice.to_string() == "config version 3: containerd 2.1.9~ds1 reads version 3 natively",
+            "{choice}"
+        );
+        let m = super::merge(p(), "", &choice).unwrap();
+        assert_eq!(m.version, ConfigVersion::V3);
+        let doc: toml::Table = toml::from_str(&m.text).unwrap();
+        assert_eq!(doc["version"].as_integer(), Some(3));
+        assert!(
+            doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+                .get(HANDLER)
+                .is_some(),
+            "{}",
+            m.text
+        );
+        let one = Containerd::parse("containerd github.com/containerd/containerd 1.7.24~ds1 x");
+        assert_eq!(default_for(one.as_ref()).version, ConfigVersion::V2);
+        assert!(
+            default_for(None)
+                .to_string()
+                .contains("no containerd on PATH")
+        );
+        // A file's own version wins over the installed containerd's.
+        let m = super::merge(p(), "version = 2\n", &choice).unwrap();
+        assert_eq!(m.version, ConfigVersion::V2);
+        assert_eq!(
+            m.choice.to_string(),
+            "config version 2: /etc/containerd/config.toml declares it"
+        );
     }
 
     #[test]
@@ -372,6 +535,9 @@ mod tests {
 
         let fresh = dir.path().join("new/config.toml");
         assert!(write(&fresh).unwrap());
-        assert_eq!(version_of(&fresh).unwrap(), ConfigVersion::V2);
+        assert_eq!(
+            version_of(&fresh, &v2()).unwrap().version,
+            ConfigVersion::V2
+        );
     }
 }

@@ -28,10 +28,15 @@ impl Runtime {
         let dir = self.dirs.sandbox(id);
         let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
         let mut process = crate::harden::harden_exec(process, &policy, &plan)?;
+        // In this process, before libcontainer forks (crate::host::rlimits).
+        let rlimit_clamps =
+            crate::host::rlimits::raise(&crate::host::rlimits::ThisProcess, &mut process)?;
         agent_sandbox_policy::harden::writable_home(&mut process, &policy, &hardened);
         crate::sidecars::egress::inject_env(&mut process, &policy);
         crate::sidecars::tls_trust::inject_env(&mut process, &policy);
         crate::report::audit::exec(&self.dirs, id, &process, &hardened)
+            .map_err(LifecycleError::Audit)?;
+        crate::report::audit::clamped(&self.dirs, id, &rlimit_clamps)
             .map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;

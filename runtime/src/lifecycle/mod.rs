@@ -106,6 +106,8 @@ pub enum LifecycleError {
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
     #[error("cgroups layer")]
     Cgroups(#[from] crate::host::cgroups::CgroupsError),
+    #[error(transparent)]
+    Rlimit(#[from] crate::host::rlimits::RlimitError),
     #[error("{op} failed")]
     Container {
         op: &'static str,

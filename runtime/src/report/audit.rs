@@ -177,6 +177,26 @@ pub fn created(
     append(dirs, id, &events)
 }
 
+/// `clamped` records of a later request (an exec's process): none when `clamped` is empty.
+pub fn clamped(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    clamped: &[agent_sandbox_policy::harden::Clamp],
+) -> Result<(), AuditError> {
+    if clamped.is_empty() {
+        return Ok(());
+    }
+    let events: Vec<Event> = clamped
+        .iter()
+        .map(|c| Event::Clamped {
+            key: c.key.clone(),
+            requested: c.requested.clone(),
+            granted: c.granted.clone(),
+        })
+        .collect();
+    append(dirs, id, &events)
+}
+
 /// The tool-call id of a process: the sandbox's annotation, else the process env.
 fn tool_call_of(process: &Process, hardened: &Spec) -> Option<String> {
     let env = process.env().clone().unwrap_or_default();
