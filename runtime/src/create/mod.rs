@@ -71,6 +71,9 @@ struct Host {
     change_set: Option<crate::report::changes::Created>,
     rebinds: crate::enforce::mounts::Rebinds,
     workspace: Option<agent_sandbox_policy::harden::OverlayDirs>,
+    /// The sandbox's own user namespace (`crate::host::userns`); `None` for a pod's member
+    /// (it joins the pod's) and a rootless runtime.
+    userns: Option<crate::host::userns::OwnedUserns>,
 }
 
 /// Phase 3: the verified spec and what was compiled with it.

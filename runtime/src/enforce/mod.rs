@@ -109,6 +109,30 @@ pub fn verify(spec: &Spec) -> Result<(), EnforceError> {
     verify_process(process)
 }
 
+/// [`verify`] for a sandbox whose user namespace the runtime made itself and pinned at `pin`
+/// (`crate::host::userns`): the spec must join exactly that namespace, and every other
+/// invariant holds as for a fresh one.
+pub fn verify_in_userns(spec: &Spec, pin: &std::path::Path) -> Result<(), EnforceError> {
+    let mut checked = spec.clone();
+    let linux = checked
+        .linux_mut()
+        .as_mut()
+        .ok_or(EnforceError::Missing { what: "linux" })?;
+    let mut list = linux.namespaces().clone().unwrap_or_default();
+    for n in &mut list {
+        if n.typ() == LinuxNamespaceType::User {
+            if n.path().as_deref() != Some(pin) {
+                return Err(EnforceError::Invariant {
+                    invariant: "the user namespace is the one the runtime made for the sandbox",
+                });
+            }
+            n.set_path(None);
+        }
+    }
+    linux.set_namespaces(Some(list));
+    verify(&checked)
+}
+
 /// The per-process part of the invariants (also used for exec).
 pub fn verify_process(
     process: &libcontainer::oci_spec::runtime::Process,

@@ -25,6 +25,9 @@ pub struct Facts {
     pub workspace: Option<OverlayDirs>,
     /// The pinned namespaces of the pod a Kubernetes app container joins (`crate::pod`).
     pub pod: Option<harden::PodNamespaces>,
+    /// The user namespace the runtime made for this sandbox, owned by its host root id
+    /// (`crate::host::userns`); `None` for a pod's member and a rootless runtime.
+    pub user_namespace: Option<std::path::PathBuf>,
 }
 
 /// The outcome of preparing a sandbox.
@@ -110,6 +113,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         workspace: facts.workspace.clone(),
         protected,
         network_namespace: None,
+        user_namespace: facts.user_namespace.clone(),
         pod: facts.pod.clone(),
         host_namespaces: host_namespaces(&spec),
     };

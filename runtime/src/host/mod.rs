@@ -4,3 +4,4 @@
 pub mod apparmor;
 pub mod cgroups;
 pub mod idmap;
+pub mod userns;

@@ -106,6 +106,8 @@ pub enum LifecycleError {
     Loopback(#[source] agent_sandbox_sys::LoopbackError),
     #[error("cgroups layer")]
     Cgroups(#[from] crate::host::cgroups::CgroupsError),
+    #[error("per-user kernel counts: the sandbox's own user namespace")]
+    Userns(#[source] crate::host::userns::UsernsError),
     #[error("{op} failed")]
     Container {
         op: &'static str,

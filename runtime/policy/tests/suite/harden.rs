@@ -33,6 +33,7 @@ pub fn ctx() -> HardenContext {
         }),
         protected: Vec::new(),
         network_namespace: None,
+        user_namespace: None,
         pod: None,
         host_namespaces: Vec::new(),
     }
@@ -1443,4 +1444,43 @@ fn home_on_the_read_only_image_moves_to_scratch_and_a_chosen_mount_stays() {
     assert_eq!(home_of(Some("/tmp/h")).as_deref(), Some("/tmp/h"));
     assert_eq!(home_of(Some("/workspace")).as_deref(), Some("/workspace"));
     assert_eq!(home_of(Some("/home/agent")).as_deref(), Some("/home/agent"));
+}
+
+#[test]
+fn joins_the_user_namespace_the_runtime_made_never_the_specs() {
+    let ns_path = |spec: &Spec, typ: LinuxNamespaceType| {
+        spec.linux()
+            .as_ref()
+            .unwrap()
+            .namespaces()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|n| n.typ() == typ)
+            .map(|n| n.path().clone())
+    };
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    let mut nss = linux.namespaces().clone().unwrap();
+    nss.push(
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::User)
+            .path("/proc/1/ns/user")
+            .build()
+            .unwrap(),
+    );
+    linux.set_namespaces(Some(nss));
+    spec.set_linux(Some(linux));
+    let mut c = ctx();
+    c.user_namespace = Some("/run/agent-sandbox/c1/userns".into());
+    let out = harden::harden_spec(spec.clone(), &agent(), &c).unwrap().spec;
+    assert_eq!(
+        ns_path(&out, LinuxNamespaceType::User),
+        Some(Some(PathBuf::from("/run/agent-sandbox/c1/userns")))
+    );
+    // The mappings stay: they say what the runtime wrote into that namespace.
+    assert!(!out.linux().as_ref().unwrap().uid_mappings().clone().unwrap().is_empty());
+    // Without one, a new user namespace, whatever the spec named.
+    let out = harden::harden_spec(spec, &agent(), &ctx()).unwrap().spec;
+    assert_eq!(ns_path(&out, LinuxNamespaceType::User), Some(None));
 }
