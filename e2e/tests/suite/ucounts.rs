@@ -280,7 +280,10 @@ fn ctr_sandbox_holding_every_inotify_instance_leaves_host_root_and_other_sandbox
     let dir = tempfile::tempdir()?;
     let policy = policy_with_instances(dir.path(), 100_000)?;
     let options = dir.path().join("runtime.toml");
-    std::fs::write(&options, format!("Policy = {:?}\n", policy.display().to_string()))?;
+    std::fs::write(
+        &options,
+        format!("Policy = {:?}\n", policy.display().to_string()),
+    )?;
     let options = options.display().to_string();
     let id = unique_id("uc-ctr");
     let holder = ctr_holder(

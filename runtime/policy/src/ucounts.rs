@@ -161,9 +161,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("inotify"), "{err}");
-        let ok = crate::SandboxPolicy::parse("[ucounts]\ninotify_instances = 4\n", "p.toml")
-            .unwrap();
+        let ok =
+            crate::SandboxPolicy::parse("[ucounts]\ninotify_instances = 4\n", "p.toml").unwrap();
         assert_eq!(ok.ucounts.inotify_instances, 4);
-        assert_eq!(ok.ucounts.inotify_watches, Ucounts::default().inotify_watches);
+        assert_eq!(
+            ok.ucounts.inotify_watches,
+            Ucounts::default().inotify_watches
+        );
     }
 }

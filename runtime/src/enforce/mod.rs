@@ -211,6 +211,53 @@ mod tests {
     use super::backend_propagation;
 
     #[test]
+    fn the_user_namespace_must_be_exactly_the_runtimes_pin() {
+        use super::{EnforceError, verify_in_userns};
+        use libcontainer::oci_spec::runtime::{LinuxNamespaceBuilder, LinuxNamespaceType, Spec};
+        let pin = std::path::Path::new("/run/agent-sandbox/mnt/t/c1/userns");
+        let with_user = |path: Option<&str>| {
+            let mut spec = Spec::default();
+            let mut linux = spec.linux().clone().unwrap();
+            let mut nss = vec![
+                LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::Network)
+                    .build()
+                    .unwrap(),
+                LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::Mount)
+                    .build()
+                    .unwrap(),
+            ];
+            let mut user = LinuxNamespaceBuilder::default().typ(LinuxNamespaceType::User);
+            if let Some(p) = path {
+                user = user.path(p);
+            }
+            nss.push(user.build().unwrap());
+            linux.set_namespaces(Some(nss));
+            spec.set_linux(Some(linux));
+            spec
+        };
+        let invariant = |r: Result<(), EnforceError>| match r {
+            Err(EnforceError::Invariant { invariant }) => invariant,
+            other => panic!("{other:?}"),
+        };
+        // The pin: the namespace part passes (the default spec then lacks mappings).
+        assert_eq!(
+            invariant(verify_in_userns(
+                &with_user(Some(pin.to_str().unwrap())),
+                pin
+            )),
+            "uid mapping exists and never maps host uid 0"
+        );
+        for other in [Some("/proc/1/ns/user"), None] {
+            assert_eq!(
+                invariant(verify_in_userns(&with_user(other), pin)),
+                "the user namespace is the one the runtime made for the sandbox"
+            );
+        }
+    }
+
+    #[test]
     fn every_non_shared_propagation_reaches_libcontainer_in_its_spelling() {
         for (oci, backend) in [
             ("slave", "slave"),

@@ -102,8 +102,8 @@ pub fn spawn(uid: u32, gid: u32, limits: &[NsLimit]) -> Result<Creator, OwnedUse
             source: std::io::Error::from_raw_os_error(libc::E2BIG),
         });
     }
-    let (ready_read, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(OwnedUsernsError::Pipe)?;
+    let (ready_read, ready_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(OwnedUsernsError::Pipe)?;
     let (go_read, go_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(OwnedUsernsError::Pipe)?;
     // SAFETY: between fork and _exit the child calls only async-signal-safe system calls

@@ -1473,13 +1473,23 @@ fn joins_the_user_namespace_the_runtime_made_never_the_specs() {
     spec.set_linux(Some(linux));
     let mut c = ctx();
     c.user_namespace = Some("/run/agent-sandbox/c1/userns".into());
-    let out = harden::harden_spec(spec.clone(), &agent(), &c).unwrap().spec;
+    let out = harden::harden_spec(spec.clone(), &agent(), &c)
+        .unwrap()
+        .spec;
     assert_eq!(
         ns_path(&out, LinuxNamespaceType::User),
         Some(Some(PathBuf::from("/run/agent-sandbox/c1/userns")))
     );
     // The mappings stay: they say what the runtime wrote into that namespace.
-    assert!(!out.linux().as_ref().unwrap().uid_mappings().clone().unwrap().is_empty());
+    assert!(
+        !out.linux()
+            .as_ref()
+            .unwrap()
+            .uid_mappings()
+            .clone()
+            .unwrap()
+            .is_empty()
+    );
     // Without one, a new user namespace, whatever the spec named.
     let out = harden::harden_spec(spec, &agent(), &ctx()).unwrap().spec;
     assert_eq!(ns_path(&out, LinuxNamespaceType::User), Some(None));
