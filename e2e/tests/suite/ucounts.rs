@@ -12,7 +12,6 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
 
 use agent_sandbox_e2e::ctr::{self, Shim, unique_id};
 use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, TOOLS_IMAGE, User};
