@@ -42,6 +42,10 @@ fd = libc.inotify_init1(0o2000000)
 print("ok" if fd >= 0 else "refused: " + os.strerror(ctypes.get_errno()))
 "#;
 
+/// The two tests hold a whole per-user budget each; host id blocks are allocated per state
+/// root (podman's and containerd's each start at 1,000,000), so they take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// How long a holder holds at most, should its stdin never end.
 const HOLD_SECS: &str = "60";
 
@@ -229,6 +233,7 @@ fn runc_starves_host_root() -> anyhow::Result<()> {
 #[test]
 fn podman_sandbox_holding_every_inotify_instance_leaves_host_root_its_own_while_runc_starves_it()
 -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
     // The default policy: capped at 32 per user inside the sandbox.
     let (holder, name) = podman_holder(p, &[], "uc-default")?;
@@ -254,14 +259,17 @@ fn podman_sandbox_holding_every_inotify_instance_leaves_host_root_its_own_while_
         holder.line
     );
     host_root_inotify().context("host root cannot make an inotify instance")?;
-    // Another sandbox still makes its own (through ctr: another engine, another id block).
-    let other = ctr::run_rm(
-        Shim::AgentSandbox,
-        &[],
+    // Another sandbox (another id block of the same state root) still makes its own.
+    let other = p.run(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
         TOOLS_IMAGE,
-        &unique_id("uc-other"),
-        &["python3", "-c", ONE],
-    )?;
+        "python3",
+        "-c",
+        ONE,
+    ])?;
     ensure!(
         other.stdout.trim() == "ok",
         "another sandbox cannot make an inotify instance\n{other}"
@@ -276,6 +284,7 @@ fn podman_sandbox_holding_every_inotify_instance_leaves_host_root_its_own_while_
 #[test]
 fn ctr_sandbox_holding_every_inotify_instance_leaves_host_root_and_other_sandboxes_their_own()
 -> anyhow::Result<()> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir()?;
     let policy = policy_with_instances(dir.path(), 100_000)?;
     let options = dir.path().join("runtime.toml");
@@ -298,17 +307,14 @@ fn ctr_sandbox_holding_every_inotify_instance_leaves_host_root_and_other_sandbox
     host_root_inotify().context("host root cannot make an inotify instance")?;
     let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
     expect_own_owner(&ucounts_layer(Some(&root), &id)?, 100_000)?;
-    // Another sandbox, through podman, still makes its own.
-    let other = Podman::new(User::Root, Runtime::AgentSandbox).run(&[
-        "run",
-        "--rm",
-        "--network",
-        "none",
+    // Another sandbox (another id block of the same state root) still makes its own.
+    let other = ctr::run_rm(
+        Shim::AgentSandbox,
+        &[],
         TOOLS_IMAGE,
-        "python3",
-        "-c",
-        ONE,
-    ])?;
+        &unique_id("uc-other"),
+        &["python3", "-c", ONE],
+    )?;
     ensure!(
         other.stdout.trim() == "ok",
         "another sandbox cannot make an inotify instance\n{other}"
