@@ -21,5 +21,6 @@ mod pods;
 mod promote;
 mod shim_contracts;
 mod tls_inject;
+mod ucounts;
 mod widening;
 mod workspace;

@@ -119,6 +119,7 @@ fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenCont
         }),
         protected: harden::protected_path_candidates(spec, policy),
         network_namespace: None,
+        user_namespace: None,
         host_namespaces: Vec::new(),
         pod: None,
     }

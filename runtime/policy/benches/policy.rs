@@ -55,6 +55,7 @@ fn compilation(c: &mut Criterion) {
         }),
         protected: harden::protected_path_candidates(&spec, &policy),
         network_namespace: None,
+        user_namespace: None,
         pod: None,
         host_namespaces: Vec::new(),
         placeholders: Some(harden::Placeholders {

@@ -136,6 +136,25 @@ pub fn explain(policy: &SandboxPolicy) -> String {
         res.cpu_shares
     );
     let _ = writeln!(out, "    - runs for at most {}", res.wall_clock);
+    let u = &policy.ucounts;
+    let _ = writeln!(
+        out,
+        "    - per user inside the sandbox: {} inotify instances, {} inotify watches, {} fanotify \
+         groups, {} fanotify marks; namespaces: {} user, {} mount, {} PID, {} network, {} IPC, \
+         {} UTS, {} cgroup, {} time (charged to the sandbox's own host id, never to host root)",
+        u.inotify_instances,
+        u.inotify_watches,
+        u.fanotify_groups,
+        u.fanotify_marks,
+        u.user_namespaces,
+        u.mnt_namespaces,
+        u.pid_namespaces,
+        u.net_namespaces,
+        u.ipc_namespaces,
+        u.uts_namespaces,
+        u.cgroup_namespaces,
+        u.time_namespaces
+    );
     let _ = writeln!(
         out,
         "    - PID 1: {}",
@@ -235,6 +254,8 @@ mod tests {
         assert!(text.contains(".git/hooks/"));
         assert!(text.contains("memory 2G"));
         assert!(text.contains("every capability is dropped"));
+        assert!(text.contains("per user inside the sandbox: 32 inotify instances"));
+        assert!(text.contains("never to host root"));
     }
 
     #[test]

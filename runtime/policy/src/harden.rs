@@ -235,6 +235,11 @@ pub struct HardenContext {
     /// A network namespace the runtime itself created for this sandbox (e.g. a pod's);
     /// `None` makes a new one. Never pass a path taken from the spec.
     pub network_namespace: Option<PathBuf>,
+    /// The user namespace the runtime itself created for this sandbox, owned by the
+    /// sandbox's own host root id so that its per-user kernel counts are never charged to
+    /// host root (`crate::ucounts`); `None` makes a new one. Never a path taken from the spec.
+    /// A pod's member joins the pod's instead ([`Self::pod`]).
+    pub user_namespace: Option<PathBuf>,
     /// The pod this container joins (a Kubernetes app container): the user, network, IPC
     /// and UTS namespaces of the pod's sandbox container, as paths the runtime pinned itself
     /// when it created that container. Never paths taken from the spec. The container still
@@ -1309,6 +1314,8 @@ fn namespaces(ctx: &HardenContext) -> Vec<LinuxNamespace> {
             ns.set_path(Some(path));
         } else if typ == LinuxNamespaceType::Network {
             ns.set_path(ctx.network_namespace.clone());
+        } else if typ == LinuxNamespaceType::User {
+            ns.set_path(ctx.user_namespace.clone());
         } else {
             ns.set_path(None);
         }

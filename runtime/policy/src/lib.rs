@@ -13,6 +13,7 @@ pub mod network;
 pub mod policy;
 pub mod seccomp;
 mod span;
+pub mod ucounts;
 pub mod value;
 
 pub use layers::{Layer, Layers};

@@ -52,6 +52,8 @@ pub enum NarrowError {
     Credential { domain: String },
     #[error("{resource} is larger than the ceiling's")]
     Resource { resource: &'static str },
+    #[error("ucounts.{key} is larger than the ceiling's")]
+    Ucounts { key: &'static str },
     #[error("layer {layer} is less required than under the ceiling")]
     Layer { layer: &'static str },
 }
@@ -220,6 +222,17 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
         return Err(NarrowError::Resource { resource });
     }
 
+    if let Some((key, _)) = candidate
+        .ucounts
+        .caps()
+        .iter()
+        .zip(ceiling.ucounts.caps())
+        .find(|((_, c), (_, p))| c > p)
+        .map(|(c, _)| *c)
+    {
+        return Err(NarrowError::Ucounts { key });
+    }
+
     let (cl, pl) = (&candidate.layers, &ceiling.layers);
     let layer = if requirement_rank(cl.seccomp) < requirement_rank(pl.seccomp) {
         Some("seccomp")
@@ -383,6 +396,20 @@ mod tests {
         let mut changed = ceiling.clone();
         changed.network.credentials[0].env = Some("OTHER".into());
         assert!(within(&changed, &ceiling).is_err());
+    }
+
+    #[test]
+    fn ucounts_caps_narrow_down_only() {
+        let ceiling = SandboxPolicy::builtin("agent").unwrap();
+        let mut lower = ceiling.clone();
+        lower.ucounts.inotify_instances = 4;
+        assert_eq!(within(&lower, &ceiling), Ok(()));
+        assert_eq!(
+            within(&ceiling, &lower),
+            Err(NarrowError::Ucounts {
+                key: "inotify_instances"
+            })
+        );
     }
 
     #[test]

@@ -332,6 +332,8 @@ pub enum Violation {
     CpuQuotaRange,
     #[error("the seccomp layer cannot be optional")]
     SeccompOptional,
+    #[error("{0}")]
+    Ucounts(crate::ucounts::UcountsViolation),
     #[error("bad syscall table")]
     Syscalls {
         #[source]
@@ -675,6 +677,8 @@ pub struct SandboxPolicy {
     pub syscalls: SyscallPolicy,
     pub network: Network,
     pub resources: Resources,
+    /// Caps on the per-user kernel counts inside the sandbox (`crate::ucounts`).
+    pub ucounts: crate::ucounts::Ucounts,
     pub layers: Layers,
 }
 
@@ -731,6 +735,12 @@ impl SandboxPolicy {
         self.validate_privileges()?;
         self.validate_network()?;
         self.validate_resources()?;
+        if let Err((key, violation)) = self.ucounts.validate() {
+            return Err((
+                KeyPath::new("ucounts").key(key),
+                Violation::Ucounts(violation),
+            ));
+        }
         if let Err(source) = self.syscalls.validate() {
             return Err((
                 KeyPath::new("syscalls").key("deny"),

@@ -174,9 +174,19 @@ impl Fixture {
 /// has no pid file, and its stop finds nothing).
 const CLEANUP: [Step; 3] = [Step::StopProxy, Step::StopOomWatch, Step::StopSupervisor];
 
-/// `steps`, then clean-up's.
+/// The sandbox's own user namespace (phase 2, as real root), then `steps`.
+fn with_userns(steps: &[Step]) -> Vec<Step> {
+    let own: &[Step] = if crate::state::paths::rootless().unwrap() {
+        &[]
+    } else {
+        &[Step::OwnUserns]
+    };
+    own.iter().chain(steps).copied().collect()
+}
+
+/// The sandbox's own user namespace, `steps`, then clean-up's.
 fn then_cleanup(steps: &[Step]) -> Vec<Step> {
-    steps.iter().chain(&CLEANUP).copied().collect()
+    with_userns(steps).iter().chain(&CLEANUP).copied().collect()
 }
 
 /// The steps of phase 5 before the build: the supervisor starts, the executor connects to
@@ -288,6 +298,58 @@ fn a_widening_annotation_fails_preparing_the_host_and_leaves_nothing() {
     assert_eq!(f.engine.calls(), []);
 }
 
+/// Phase 2 (host): the sandbox's own user namespace cannot be made (its creator ended
+/// before it reported). Nothing is left and libcontainer is never asked; a rootless runtime
+/// makes none.
+#[test]
+fn a_failure_making_the_sandboxs_own_user_namespace_leaves_nothing() {
+    let f = Fixture::new("userns");
+    f.procs.fail(Step::OwnUserns);
+    if crate::state::paths::rootless().unwrap() {
+        return;
+    }
+    let err = f.create_failing(&Spec::default());
+    assert!(
+        matches!(
+            &err,
+            LifecycleError::Userns(crate::host::userns::UsernsError::Create { .. })
+        ),
+        "{err:?}"
+    );
+    assert!(f.audit_initialised());
+    assert_eq!(f.procs.steps(), then_cleanup(&[]));
+    f.assert_cleaned_up_before_build();
+}
+
+/// Phase 2 and 3: the sandbox's user namespace is asked for with its own host root id as
+/// owner and the policy's caps, and the spec libcontainer gets joins exactly its pin.
+#[test]
+fn the_spec_joins_the_user_namespace_owned_by_the_sandboxs_host_root_id() {
+    if crate::state::paths::rootless().unwrap() {
+        return;
+    }
+    let f = Fixture::new("ownns");
+    // The fake engine refuses to build: hardening, with `verify_in_userns`, passed.
+    let err = f.create_failing(&Spec::default());
+    assert!(
+        matches!(err, LifecycleError::Container { op: "create", .. }),
+        "{err:?}"
+    );
+    let userns = f.procs.userns().expect("the user namespace was asked for");
+    assert!(
+        userns.owner >= crate::host::idmap::FIRST_HOST_ID,
+        "owner {} is not a sandbox id",
+        userns.owner
+    );
+    assert_eq!(userns.pin, crate::host::userns::pin_path(&f.mount_dir()));
+    let agent = agent_sandbox_policy::SandboxPolicy::builtin("agent").unwrap();
+    assert_eq!(
+        userns.caps.get("inotify_instances"),
+        Some(&agent.ucounts.inotify_instances)
+    );
+    assert_eq!(userns.caps.len(), agent.ucounts.caps().len());
+}
+
 /// Phase 3 (harden): the policy compiler refuses a spec without a process. Nothing is
 /// installed and libcontainer is never asked to build.
 #[test]
@@ -380,7 +442,7 @@ fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
             "{err:?}"
         );
         assert_eq!(f.engine.calls(), [Call::Build]);
-        assert_eq!(f.procs.steps(), SPAWN);
+        assert_eq!(f.procs.steps(), with_userns(&SPAWN));
         assert_eq!(f.procs.running(), [Sidecar::Supervisor, Sidecar::Proxy]);
     } else {
         assert!(matches!(err, LifecycleError::Mount(_)), "{err:?}");

@@ -33,6 +33,7 @@ impl Runtime {
             workspace: host.workspace.clone(),
             pod: member.map(|m| m.namespaces.clone()),
             placeholders: Some(host.placeholders.clone()),
+            user_namespace: host.userns.as_ref().map(|u| u.pin.clone()),
         };
         let prepared = crate::harden::prepare(ceiling, spec, &facts)?;
         if let Some(m) = member {
@@ -81,9 +82,10 @@ impl Runtime {
             crate::enforce::hooks::prepare(&mut spec, &opts.bundle, &host.sandbox_dir)
                 .map_err(LifecycleError::Hook)?;
         // Keep this as the last step: the spec is checked as libcontainer will get it.
-        match member {
-            Some(m) => crate::pod::verify_member(&spec, m)?,
-            None => enforce::verify(&spec)?,
+        match (member, &host.userns) {
+            (Some(m), _) => crate::pod::verify_member(&spec, m)?,
+            (None, Some(userns)) => enforce::verify_in_userns(&spec, &userns.pin)?,
+            (None, None) => enforce::verify(&spec)?,
         }
         let executor = prepared.executor;
         let hardened = Hardened {

@@ -51,6 +51,19 @@ impl Runtime {
         ceiling.save(&sandbox_dir)?;
         mounts::mkdir_traversable(&mount_dir)?;
         let policy = effective_policy(spec, ceiling)?;
+        // Before anything runs in the sandbox: a user namespace owned by its own host root
+        // id, so that what it holds is never charged to host root (docs/limits.md).
+        let userns = if ids.member.is_none() && !ids.rootless {
+            let pin = crate::host::userns::pin_path(&mount_dir);
+            let made = self
+                .procs()
+                .own_userns(&ids.ids, &policy.ucounts, &pin)
+                .map_err(LifecycleError::Userns)?;
+            marks.mark("userns");
+            Some(made)
+        } else {
+            None
+        };
         let change_set = self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?;
         let rebinds = mounts::rebind_sources(spec, &mount_dir)?;
         let placeholders = mounts::placeholders(&mount_dir)?;
@@ -67,6 +80,7 @@ impl Runtime {
             rebinds,
             workspace,
             placeholders,
+            userns,
         })
     }
 

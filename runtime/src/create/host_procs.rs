@@ -1,6 +1,7 @@
-//! Where `create`'s phases 5 and 6 meet the host's processes: the sandbox's sidecars (the
-//! denied-syscall supervisor, the egress proxy, podman's OOM watcher), `lo` in the init's
-//! network namespace and a pod's namespace pins, and their stop at clean-up. They sit behind
+//! Where `create`'s phases meet the host's processes: the creator of the sandbox's own user
+//! namespace (phase 2), the sandbox's sidecars (the denied-syscall supervisor, the egress
+//! proxy, podman's OOM watcher), `lo` in the init's network namespace and a pod's namespace
+//! pins, and their stop at clean-up. They sit behind
 //! a trait so that what clean-up does after a failure in each step is unit-tested with a
 //! recording fake, as [`super::engine`] does for libcontainer (a sidecar is this executable
 //! run again, which a test binary cannot be). [`RealProcs`] is the code those steps always
@@ -11,6 +12,10 @@ use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
+use agent_sandbox_policy::ucounts::Ucounts;
+
+use crate::host::idmap::IdRange;
+use crate::host::userns::{OwnedUserns, UsernsError};
 use crate::pod::PodError;
 use crate::sidecars::egress::{self, EgressError};
 use crate::sidecars::podman_oom::{self, PodmanOomError};
@@ -43,6 +48,14 @@ pub trait HostProcs: Send + Sync {
     ) -> Result<Box<dyn StartingProxy>, EgressError>;
     /// Brings `lo` up in the network namespace of the init `pid`.
     fn loopback_up(&self, pid: i32) -> Result<(), agent_sandbox_sys::LoopbackError>;
+    /// Makes the sandbox's user namespace, owned by its host root id, with the policy's
+    /// per-user caps in it, pinned at `pin` (`crate::host::userns::create`).
+    fn own_userns(
+        &self,
+        ids: &IdRange,
+        caps: &Ucounts,
+        pin: &Path,
+    ) -> Result<OwnedUserns, UsernsError>;
     /// Pins a pod sandbox's namespaces for its members (`crate::pod::pin_sandbox`).
     fn pin_pod(&self, sandbox_dir: &SandboxDir, mount_dir: &Path, pid: i32)
     -> Result<(), PodError>;
@@ -119,6 +132,15 @@ impl HostProcs for RealProcs {
         agent_sandbox_sys::bring_loopback_up_in(pid)
     }
 
+    fn own_userns(
+        &self,
+        ids: &IdRange,
+        caps: &Ucounts,
+        pin: &Path,
+    ) -> Result<OwnedUserns, UsernsError> {
+        crate::host::userns::create(ids, caps, pin)
+    }
+
     fn pin_pod(
         &self,
         sandbox_dir: &SandboxDir,
@@ -182,6 +204,7 @@ pub mod fake {
         PrespawnProxy,
         FinishProxy,
         LoopbackUp,
+        OwnUserns,
         PinPod,
         WatchOom,
         StopSupervisor,
@@ -202,6 +225,8 @@ pub mod fake {
         steps: Vec<Step>,
         failing: Option<Step>,
         running: BTreeSet<Sidecar>,
+        /// The user namespace the runtime asked for.
+        userns: Option<crate::host::userns::OwnedUserns>,
     }
 
     /// Shared with the test that reads the steps afterwards (clones share one log).
@@ -216,6 +241,11 @@ pub mod fake {
         /// `step` fails (the first time it is taken).
         pub fn fail(&self, step: Step) {
             self.0.lock().unwrap().failing = Some(step);
+        }
+
+        /// The sandbox's own user namespace as requested (`own_userns`).
+        pub fn userns(&self) -> Option<crate::host::userns::OwnedUserns> {
+            self.0.lock().unwrap().userns.clone()
         }
 
         pub fn steps(&self) -> Vec<Step> {
@@ -332,6 +362,33 @@ pub mod fake {
                 });
             }
             Ok(())
+        }
+
+        /// Records the request (owner, caps, pin) as the real one would make it; makes no
+        /// namespace (the fake engine joins none).
+        fn own_userns(
+            &self,
+            ids: &crate::host::idmap::IdRange,
+            caps: &agent_sandbox_policy::ucounts::Ucounts,
+            pin: &Path,
+        ) -> Result<crate::host::userns::OwnedUserns, crate::host::userns::UsernsError> {
+            if self.take(Step::OwnUserns) {
+                return Err(crate::host::userns::UsernsError::Create {
+                    owner: ids.host_start,
+                    source: agent_sandbox_sys::owned_userns::OwnedUsernsError::Vanished,
+                });
+            }
+            self.0.lock().unwrap().userns = Some(crate::host::userns::OwnedUserns {
+                pin: pin.to_owned(),
+                owner: ids.host_start,
+                caps: caps
+                    .caps()
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), *v))
+                    .collect(),
+                absent: Vec::new(),
+            });
+            Ok(self.0.lock().unwrap().userns.clone().unwrap())
         }
 
         fn pin_pod(

@@ -73,6 +73,9 @@ struct Host {
     workspace: Option<agent_sandbox_policy::harden::OverlayDirs>,
     /// Bound over the protected names of a scratch HOME (`mounts::placeholders`).
     placeholders: agent_sandbox_policy::harden::Placeholders,
+    /// The sandbox's own user namespace (`crate::host::userns`); `None` for a pod's member
+    /// (it joins the pod's) and a rootless runtime.
+    userns: Option<crate::host::userns::OwnedUserns>,
 }
 
 /// Phase 3: the verified spec and what was compiled with it.

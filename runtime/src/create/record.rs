@@ -64,6 +64,14 @@ impl Runtime {
             )?;
         }
         marks.mark("cgroups");
+        let (ucounts, ucounts_pod) = match (&host.userns, &ids.member) {
+            (Some(own), _) => (Some(own.clone()), None),
+            (None, Some(m)) => (
+                crate::report::layers::ucounts_of(&self.dirs.sandbox(&m.pod)),
+                Some(m.pod.as_str().to_owned()),
+            ),
+            (None, None) => (None, None),
+        };
         crate::report::layers::record_create(
             &host.sandbox_dir,
             &ids.ids,
@@ -73,6 +81,8 @@ impl Runtime {
             &hardened.plan,
             proxy_pid,
             pid,
+            ucounts,
+            ucounts_pod,
         )
         .map_err(LifecycleError::Layers)?;
         tracing::info!(

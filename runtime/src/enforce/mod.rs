@@ -109,6 +109,30 @@ pub fn verify(spec: &Spec) -> Result<(), EnforceError> {
     verify_process(process)
 }
 
+/// [`verify`] for a sandbox whose user namespace the runtime made itself and pinned at `pin`
+/// (`crate::host::userns`): the spec must join exactly that namespace, and every other
+/// invariant holds as for a fresh one.
+pub fn verify_in_userns(spec: &Spec, pin: &std::path::Path) -> Result<(), EnforceError> {
+    let mut checked = spec.clone();
+    let linux = checked
+        .linux_mut()
+        .as_mut()
+        .ok_or(EnforceError::Missing { what: "linux" })?;
+    let mut list = linux.namespaces().clone().unwrap_or_default();
+    for n in &mut list {
+        if n.typ() == LinuxNamespaceType::User {
+            if n.path().as_deref() != Some(pin) {
+                return Err(EnforceError::Invariant {
+                    invariant: "the user namespace is the one the runtime made for the sandbox",
+                });
+            }
+            n.set_path(None);
+        }
+    }
+    linux.set_namespaces(Some(list));
+    verify(&checked)
+}
+
 /// The per-process part of the invariants (also used for exec).
 pub fn verify_process(
     process: &libcontainer::oci_spec::runtime::Process,
@@ -185,6 +209,53 @@ pub fn tenant_join_userns(
 #[cfg(test)]
 mod tests {
     use super::backend_propagation;
+
+    #[test]
+    fn the_user_namespace_must_be_exactly_the_runtimes_pin() {
+        use super::{EnforceError, verify_in_userns};
+        use libcontainer::oci_spec::runtime::{LinuxNamespaceBuilder, LinuxNamespaceType, Spec};
+        let pin = std::path::Path::new("/run/agent-sandbox/mnt/t/c1/userns");
+        let with_user = |path: Option<&str>| {
+            let mut spec = Spec::default();
+            let mut linux = spec.linux().clone().unwrap();
+            let mut nss = vec![
+                LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::Network)
+                    .build()
+                    .unwrap(),
+                LinuxNamespaceBuilder::default()
+                    .typ(LinuxNamespaceType::Mount)
+                    .build()
+                    .unwrap(),
+            ];
+            let mut user = LinuxNamespaceBuilder::default().typ(LinuxNamespaceType::User);
+            if let Some(p) = path {
+                user = user.path(p);
+            }
+            nss.push(user.build().unwrap());
+            linux.set_namespaces(Some(nss));
+            spec.set_linux(Some(linux));
+            spec
+        };
+        let invariant = |r: Result<(), EnforceError>| match r {
+            Err(EnforceError::Invariant { invariant }) => invariant,
+            other => panic!("{other:?}"),
+        };
+        // The pin: the namespace part passes (the default spec then lacks mappings).
+        assert_eq!(
+            invariant(verify_in_userns(
+                &with_user(Some(pin.to_str().unwrap())),
+                pin
+            )),
+            "uid mapping exists and never maps host uid 0"
+        );
+        for other in [Some("/proc/1/ns/user"), None] {
+            assert_eq!(
+                invariant(verify_in_userns(&with_user(other), pin)),
+                "the user namespace is the one the runtime made for the sandbox"
+            );
+        }
+    }
 
     #[test]
     fn every_non_shared_propagation_reaches_libcontainer_in_its_spelling() {

@@ -28,6 +28,9 @@ pub struct Facts {
     /// Bound over the protected names of a HOME on a scratch area
     /// ([`HardenContext::placeholders`]).
     pub placeholders: Option<harden::Placeholders>,
+    /// The user namespace the runtime made for this sandbox, owned by its host root id
+    /// (`crate::host::userns`); `None` for a pod's member and a rootless runtime.
+    pub user_namespace: Option<std::path::PathBuf>,
 }
 
 /// The outcome of preparing a sandbox.
@@ -113,6 +116,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         workspace: facts.workspace.clone(),
         protected,
         network_namespace: None,
+        user_namespace: facts.user_namespace.clone(),
         pod: facts.pod.clone(),
         host_namespaces: host_namespaces(&spec),
         placeholders: facts.placeholders.clone(),

@@ -5,3 +5,4 @@ pub mod apparmor;
 pub mod cgroups;
 pub mod idmap;
 pub mod rlimits;
+pub mod userns;

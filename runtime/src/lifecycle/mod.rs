@@ -108,6 +108,8 @@ pub enum LifecycleError {
     Cgroups(#[from] crate::host::cgroups::CgroupsError),
     #[error(transparent)]
     Rlimit(#[from] crate::host::rlimits::RlimitError),
+    #[error("per-user kernel counts: the sandbox's own user namespace")]
+    Userns(#[source] crate::host::userns::UsernsError),
     #[error("{op} failed")]
     Container {
         op: &'static str,

@@ -67,6 +67,19 @@ pub struct Applied {
     /// Whether agent-sandbox's reaping init is the sandbox's PID 1 (`resources.init`).
     #[serde(default)]
     pub init_reaper: bool,
+    /// The sandbox's own user namespace: its owner and the per-user caps in it
+    /// (`crate::host::userns`); a pod member's are its pod's. `None`: a rootless runtime.
+    #[serde(default)]
+    pub ucounts: Option<crate::host::userns::OwnedUserns>,
+    /// For a pod's member: the pod sandbox whose user namespace (and caps) it shares.
+    #[serde(default)]
+    pub ucounts_pod: Option<String>,
+}
+
+/// The sandbox's own user namespace as recorded at its create (a pod member reads its pod's).
+pub fn ucounts_of(sandbox_dir: &SandboxDir) -> Option<crate::host::userns::OwnedUserns> {
+    let applied: Applied = sandbox_dir.layers().read().ok()?;
+    applied.ucounts
 }
 
 impl Applied {
@@ -115,6 +128,8 @@ pub fn record_create(
     plan: &agent_sandbox_policy::layers::LayerPlan,
     proxy_pid: Option<u32>,
     init_pid: i32,
+    ucounts: Option<crate::host::userns::OwnedUserns>,
+    ucounts_pod: Option<String>,
 ) -> Result<(), LayersError> {
     let process = spec.process().as_ref();
     let capabilities = process
@@ -171,6 +186,8 @@ pub fn record_create(
         proxy_port: proxy.then_some(policy.network.proxy_port),
         cgroups: cgroups_of(init_pid),
         init_reaper: crate::enforce::reaper::wanted(policy, spec),
+        ucounts,
+        ucounts_pod,
     }
     .save(sandbox_dir)
 }
@@ -301,6 +318,7 @@ pub fn report(
             "limits": cgroup_limits(&applied.cgroups),
         },
         "init": if applied.init_reaper { "agent-sandbox reaper" } else { "the program" },
+        "ucounts": ucounts_report(&applied, live.as_ref().map(|(pid, _)| *pid)),
         "live": live_json,
     }))
 }
@@ -327,6 +345,28 @@ fn landlock_report(kernel_abi: u32, applied: &Applied) -> Value {
         "enforcement": format!("fully enforced at ABI {abi} (required at apply)"),
         "missing": applied.landlock_gaps.iter().filter(|g| !g.unused).map(gap).collect::<Vec<_>>(),
         "unused": applied.landlock_gaps.iter().filter(|g| g.unused).map(gap).collect::<Vec<_>>(),
+    })
+}
+
+/// The per-user kernel counts: whom the sandbox's user namespace charges at the host's level
+/// (saved, and the owner the kernel reports for the init's namespace now) and the caps in it.
+fn ucounts_report(applied: &Applied, live_pid: Option<i32>) -> Value {
+    let Some(u) = &applied.ucounts else {
+        return json!({
+            "active": false,
+            "reason": "the runtime is rootless: the sandbox's counts are charged to the invoking user, as every namespace that user makes (docs/limits.md)",
+        });
+    };
+    let live_owner = live_pid.and_then(|pid| {
+        agent_sandbox_sys::owned_userns::owner_uid(Path::new(&format!("/proc/{pid}/ns/user"))).ok()
+    });
+    json!({
+        "active": true,
+        "charged_to_host_uid": u.owner,
+        "owner_uid_now": live_owner,
+        "pod": applied.ucounts_pod,
+        "caps_per_user": u.caps,
+        "absent_in_kernel": u.absent,
     })
 }
 

@@ -8,6 +8,7 @@ pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
 pub mod loopback;
+pub mod owned_userns;
 pub mod pidfd_exit;
 pub mod reaper;
 pub mod seccomp_notify;

@@ -33,6 +33,7 @@ pub fn ctx() -> HardenContext {
         }),
         protected: Vec::new(),
         network_namespace: None,
+        user_namespace: None,
         pod: None,
         host_namespaces: Vec::new(),
         placeholders: Some(harden::Placeholders {
@@ -1635,4 +1636,51 @@ fn a_callers_mount_beneath_home_stays_on_top() {
         Path::new("/srv/gitconfig"),
         "the caller's bind must come last"
     );
+#[test]
+fn joins_the_user_namespace_the_runtime_made_never_the_specs() {
+    let ns_path = |spec: &Spec, typ: LinuxNamespaceType| {
+        spec.linux()
+            .as_ref()
+            .unwrap()
+            .namespaces()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|n| n.typ() == typ)
+            .map(|n| n.path().clone())
+    };
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    let mut nss = linux.namespaces().clone().unwrap();
+    nss.push(
+        LinuxNamespaceBuilder::default()
+            .typ(LinuxNamespaceType::User)
+            .path("/proc/1/ns/user")
+            .build()
+            .unwrap(),
+    );
+    linux.set_namespaces(Some(nss));
+    spec.set_linux(Some(linux));
+    let mut c = ctx();
+    c.user_namespace = Some("/run/agent-sandbox/c1/userns".into());
+    let out = harden::harden_spec(spec.clone(), &agent(), &c)
+        .unwrap()
+        .spec;
+    assert_eq!(
+        ns_path(&out, LinuxNamespaceType::User),
+        Some(Some(PathBuf::from("/run/agent-sandbox/c1/userns")))
+    );
+    // The mappings stay: they say what the runtime wrote into that namespace.
+    assert!(
+        !out.linux()
+            .as_ref()
+            .unwrap()
+            .uid_mappings()
+            .clone()
+            .unwrap()
+            .is_empty()
+    );
+    // Without one, a new user namespace, whatever the spec named.
+    let out = harden::harden_spec(spec, &agent(), &ctx()).unwrap().spec;
+    assert_eq!(ns_path(&out, LinuxNamespaceType::User), Some(None));
 }
