@@ -122,6 +122,10 @@ fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenCont
         user_namespace: None,
         host_namespaces: Vec::new(),
         pod: None,
+        placeholders: Some(harden::Placeholders {
+            file: PathBuf::from("/run/agent-sandbox/fuzz/placeholder/file"),
+            dir: PathBuf::from("/run/agent-sandbox/fuzz/placeholder/dir"),
+        }),
     }
 }
 

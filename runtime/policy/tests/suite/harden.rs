@@ -1636,6 +1636,8 @@ fn a_callers_mount_beneath_home_stays_on_top() {
         Path::new("/srv/gitconfig"),
         "the caller's bind must come last"
     );
+}
+
 #[test]
 fn joins_the_user_namespace_the_runtime_made_never_the_specs() {
     let ns_path = |spec: &Spec, typ: LinuxNamespaceType| {
