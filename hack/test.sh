@@ -16,10 +16,10 @@ fi
 # One full build per run: incremental state would only double the debug target's size.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 hack/setup.sh
-# The VM suite's guests: the oldest and the newest stack (VM_SUITES narrows them). Their images
+# The VM suite's guests: Debian 12 by default; VM_SUITES="bookworm sid" adds the newest stack. Their images
 # (debootstrap and apt, mostly waiting on the mirror and dpkg) are built beside the cargo
 # steps; the VM suite below waits for them and then finds them cached.
-vm_suites=${VM_SUITES:-bookworm sid}
+vm_suites=${VM_SUITES:-bookworm}
 vm_images=/var/cache/agent-sandbox/vm-images.log
 install -d /var/cache/agent-sandbox && : >"$vm_images"
 (for suite in $vm_suites; do hack/vm/image.sh --suite "$suite" || exit 1; done) >>"$vm_images" 2>&1 &
@@ -28,11 +28,11 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 # The hosts users have (systemd, cgroup v2, AppArmor), which this machine is not: guests under
-# qemu run the same checks with runc, crun and agent-sandbox (docs/vm-suite.md), on the oldest
-# and the newest stack: Debian 12 (containerd 1.6, podman 4.3, kernel 6.1) and sid
-# (containerd 2.x, podman 5, the newest kernel). Both run; either one failing fails the run.
-# About 13 and 13-16 minutes with cached images on the 2-core machine under load (docs/vm-suite.md);
-# VM_SUITES=bookworm keeps CI to the Debian 12 guest (`hack/vm/test.sh --suite sid` alone).
+# qemu run the same checks with runc, crun and agent-sandbox (docs/vm-suite.md). CI runs the
+# Debian 12 guest (containerd 1.6, podman 4.3, kernel 6.1): about 13 minutes with a cached image
+# on the 2-core machine. The sid guest (containerd 2.1, podman 5.8, kernel 7.2) takes as long
+# again plus a 20-minute image build, which does not fit CI's 60 minutes on a fresh machine:
+# `VM_SUITES="bookworm sid" hack/test.sh`, or `hack/vm/test.sh --suite sid` alone.
 wait "$vm_images_pid" || { echo "test.sh: building the VM guests failed; see $vm_images" >&2; tail -n 20 "$vm_images" >&2; exit 1; }
 vm_rc=0
 for suite in $vm_suites; do
