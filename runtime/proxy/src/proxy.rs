@@ -851,8 +851,8 @@ impl Inner {
         };
         let reason = chain(&error);
         tracing::debug!(connection = rec.id, %reason, "intercepted connection ended early");
-        if done.host_mismatch {
-            rec.rule = Some(HOST_MISMATCH_RULE.to_owned());
+        if let Some(rule) = done.denied {
+            rec.rule = Some(rule.to_owned());
             return Outcome::Denied;
         }
         match error {
@@ -860,6 +860,9 @@ impl Inner {
                 Outcome::UpstreamFailed { reason }
             }
             InterceptError::Request { .. } => Outcome::BadRequest { reason },
+            InterceptError::Response { .. } | InterceptError::Malformed { .. } => {
+                Outcome::UpstreamFailed { reason }
+            }
             InterceptError::ClientHandshake(_) | InterceptError::ClientHandshakeTimeout => {
                 Outcome::ClientError { reason }
             }

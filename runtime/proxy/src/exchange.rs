@@ -1,0 +1,607 @@
+//! HTTP/1.1 messages on a credential-bound connection: reading bodies by their framing, and
+//! relaying the server's responses so that the secret only leaves, never returns.
+//!
+//! Every response is parsed (the requests' order tells which one answers a `HEAD`), and its
+//! head, body and trailers pass through the credential's [`Scrubber`] before the sandbox gets
+//! them. Replacing a needle changes the body's length, so the body is re-framed:
+//!
+//! - a `Content-Length` body of at most [`BUFFERED_BODY`] bytes is read whole, scrubbed and sent
+//!   with its new length (API answers keep their `Content-Length`);
+//! - a longer one, and a chunked one, is scrubbed as it streams (a needle split across reads is
+//!   found: the scrubber holds back the last bytes) and sent chunked to an HTTP/1.1 client, or
+//!   delimited by closing the connection for an HTTP/1.0 one;
+//! - a body delimited by the server closing the connection stays so.
+//!
+//! A response the proxy cannot search is refused with a `502` and the connection closed: a
+//! `Content-Encoding` other than `identity` (requests go out with `Accept-Encoding: identity`,
+//! so a server that compresses anyway is not followed), a transfer coding other than
+//! `chunked`, or a `101 Switching Protocols` (an upgraded stream has no framing the scrubber
+//! could follow; the request side refuses `Upgrade` before it leaves).
+
+use std::io;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::timeout;
+
+use crate::scrub::{ScrubStream, Scrubber};
+use crate::tls_inject::{InterceptError, write_counted};
+
+/// Largest `Content-Length` response body read whole (and sent with its scrubbed length).
+pub(crate) const BUFFERED_BODY: u64 = 1 << 20;
+
+/// Largest response head.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// Longest chunk-size or trailer line, and the most trailer bytes, accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 64 * 1024;
+
+/// Most headers a response may have.
+const MAX_HEADERS: usize = 128;
+
+/// What the response relay does next, in request order.
+#[derive(Debug)]
+pub(crate) enum Pending {
+    /// A request went to the server: relay its response.
+    Response {
+        /// It was a `HEAD` (the response has no body whatever its headers say).
+        head: bool,
+        /// The client spoke HTTP/1.1 (a chunked answer is allowed).
+        http11: bool,
+    },
+    /// A request was refused before it (or the rest of its body) left: answer it after the
+    /// responses to the requests before it, then close the connection.
+    Refused(Refusal),
+}
+
+/// A request the proxy answers itself instead of sending it on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// `403` (a policy refusal, with `rule`) or `400` (a malformed or ambiguous request).
+    pub(crate) status: u16,
+    /// The rule named in `X-Agent-Sandbox-Denied` and the audit record.
+    pub(crate) rule: Option<&'static str>,
+    /// Why, for the client.
+    pub(crate) reason: String,
+}
+
+impl Refusal {
+    pub(crate) fn bad(reason: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            rule: None,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn denied(rule: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            status: 403,
+            rule: Some(rule),
+            reason: reason.into(),
+        }
+    }
+
+    /// The proxy's own response.
+    pub(crate) fn response(&self) -> Vec<u8> {
+        let body = format!("agent-sandbox: request refused: {}", self.reason);
+        match self.rule {
+            Some(rule) => crate::http::response(
+                self.status,
+                crate::proxy::DENIED_REASON,
+                (crate::proxy::DENIED_HEADER, rule),
+                &body,
+            ),
+            None => crate::http::response(
+                self.status,
+                "Bad Request",
+                (crate::proxy::ERROR_HEADER, "bad-request"),
+                &body,
+            ),
+        }
+    }
+
+    pub(crate) fn into_error(self) -> InterceptError {
+        InterceptError::Request {
+            reason: self.reason,
+            rule: self.rule,
+        }
+    }
+}
+
+/// How a message's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// Chunked transfer coding.
+    Chunked,
+    /// Until the sender closes (responses only).
+    UntilClose,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChunkAt {
+    Size,
+    Data,
+    Done,
+}
+
+/// Reads one body's data, piece by piece, first from what the caller's buffer already holds.
+#[derive(Debug)]
+pub(crate) struct BodyReader {
+    framing: Framing,
+    left: u64,
+    at: ChunkAt,
+    /// A chunked body's trailer lines (each with its CRLF), once the body has ended.
+    pub(crate) trailers: Vec<u8>,
+}
+
+impl BodyReader {
+    pub(crate) fn new(framing: Framing) -> Self {
+        let left = match framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        Self {
+            framing,
+            left,
+            at: ChunkAt::Size,
+            trailers: Vec::new(),
+        }
+    }
+
+    /// The next piece of data, or `None` at the end of the body.
+    pub(crate) async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut R,
+        buf: &mut Vec<u8>,
+        idle: Duration,
+    ) -> Result<Option<Vec<u8>>, InterceptError> {
+        match self.framing {
+            Framing::Empty => Ok(None),
+            Framing::Length(_) => self.counted(r, buf, idle).await,
+            Framing::UntilClose => {
+                if buf.is_empty() && fill_until_close(r, buf, idle).await? == 0 {
+                    return Ok(None);
+                }
+                Ok(Some(std::mem::take(buf)))
+            }
+            Framing::Chunked => loop {
+                match self.at {
+                    ChunkAt::Done => return Ok(None),
+                    ChunkAt::Data if self.left > 0 => return self.counted(r, buf, idle).await,
+                    ChunkAt::Data => {
+                        if take_line(r, buf, idle).await? != b"\r\n" {
+                            return Err(malformed("chunk data longer than its size"));
+                        }
+                        self.at = ChunkAt::Size;
+                    }
+                    ChunkAt::Size => {
+                        let line = take_line(r, buf, idle).await?;
+                        let text = std::str::from_utf8(&line).unwrap_or("");
+                        let size = text.split(';').next().unwrap_or("").trim();
+                        let size = u64::from_str_radix(size, 16)
+                            .map_err(|_| malformed(format!("bad chunk size {size:?}")))?;
+                        if size > 0 {
+                            self.left = size;
+                            self.at = ChunkAt::Data;
+                            continue;
+                        }
+                        loop {
+                            let line = take_line(r, buf, idle).await?;
+                            if line == b"\r\n" {
+                                break;
+                            }
+                            if self.trailers.len() + line.len() > MAX_TRAILERS {
+                                return Err(malformed("trailers too large"));
+                            }
+                            self.trailers.extend_from_slice(&line);
+                        }
+                        self.at = ChunkAt::Done;
+                        return Ok(None);
+                    }
+                }
+            },
+        }
+    }
+
+    async fn counted<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut R,
+        buf: &mut Vec<u8>,
+        idle: Duration,
+    ) -> Result<Option<Vec<u8>>, InterceptError> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        if buf.is_empty() && fill_until_close(r, buf, idle).await? == 0 {
+            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        let take = usize::try_from(self.left)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        self.left -= u64::try_from(take).unwrap_or(self.left);
+        Ok(Some(buf.drain(..take).collect()))
+    }
+}
+
+fn malformed(reason: impl Into<String>) -> InterceptError {
+    InterceptError::Malformed {
+        reason: reason.into(),
+    }
+}
+
+/// Reads more into `buf`; a peer that closed without TLS `close_notify` has simply ended.
+async fn fill_until_close<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> Result<usize, InterceptError> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = match timeout(idle, reader.read(&mut chunk))
+        .await
+        .map_err(|_| InterceptError::Idle(idle))?
+    {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
+        Err(e) => return Err(InterceptError::Io(e)),
+    };
+    buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    Ok(n)
+}
+
+/// Reads one CRLF-terminated line (bounded) from `buf`/`r`, removes it from `buf`, returns it.
+async fn take_line<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> Result<Vec<u8>, InterceptError> {
+    loop {
+        if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
+            return Ok(buf.drain(..p + 2).collect());
+        }
+        if buf.len() > MAX_CHUNK_LINE {
+            return Err(malformed("chunk line too long"));
+        }
+        if fill_until_close(r, buf, idle).await? == 0 {
+            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+/// Reads until `buf` holds a complete head; its length, or `None` if the stream ended first
+/// with nothing read.
+async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> Result<Option<usize>, InterceptError> {
+    loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            return Ok(Some(p + 4));
+        }
+        if buf.len() > MAX_RESPONSE_HEAD {
+            return Err(malformed(format!(
+                "response head is larger than {MAX_RESPONSE_HEAD} bytes"
+            )));
+        }
+        if fill_until_close(r, buf, idle).await? == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+/// A response the proxy will not relay: answered with a `502` naming why.
+fn unsearchable(reason: String) -> InterceptError {
+    InterceptError::Response { reason }
+}
+
+/// One parsed response head.
+struct Head {
+    status: u16,
+    reason: Vec<u8>,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    framing: Framing,
+}
+
+fn parse_head(bytes: &[u8], request_was_head: bool) -> Result<Head, InterceptError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    match resp.parse(bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(malformed("incomplete response head")),
+        Err(e) => return Err(malformed(format!("malformed response head: {e}"))),
+    }
+    let status = resp.code.unwrap_or(0);
+    let mut lengths: Vec<u64> = Vec::new();
+    let mut codings: Vec<String> = Vec::new();
+    for h in resp.headers.iter() {
+        let value = String::from_utf8_lossy(h.value).trim().to_ascii_lowercase();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            for part in value.split(',') {
+                lengths.push(
+                    part.trim()
+                        .parse()
+                        .map_err(|_| malformed(format!("bad Content-Length {value:?}")))?,
+                );
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            codings.extend(
+                value
+                    .split(',')
+                    .map(|t| t.trim().to_owned())
+                    .filter(|t| !t.is_empty()),
+            );
+        } else if h.name.eq_ignore_ascii_case("content-encoding")
+            && value
+                .split(',')
+                .any(|t| !t.trim().is_empty() && t.trim() != "identity")
+        {
+            return Err(unsearchable(format!(
+                "the server sent a compressed response (Content-Encoding: {value}), which the \
+                 proxy cannot search for the credential"
+            )));
+        }
+    }
+    if status == 101 {
+        return Err(unsearchable(
+            "the server switched protocols, which the proxy does not relay for a \
+             credential-bound host"
+                .into(),
+        ));
+    }
+    if codings.iter().any(|c| c != "chunked") {
+        return Err(unsearchable(format!(
+            "the server sent a response with Transfer-Encoding: {}, which the proxy cannot \
+             search for the credential",
+            codings.join(", ")
+        )));
+    }
+    lengths.dedup();
+    let framing =
+        if request_was_head || (100..200).contains(&status) || status == 204 || status == 304 {
+            Framing::Empty
+        } else if !codings.is_empty() {
+            Framing::Chunked
+        } else {
+            match lengths.as_slice() {
+                [] => Framing::UntilClose,
+                [n] => Framing::Length(*n),
+                _ => {
+                    return Err(malformed(
+                        "conflicting Content-Length values in the response",
+                    ));
+                }
+            }
+        };
+    Ok(Head {
+        status,
+        reason: resp.reason.unwrap_or("").as_bytes().to_vec(),
+        headers: resp
+            .headers
+            .iter()
+            .map(|h| (h.name.as_bytes().to_vec(), h.value.to_vec()))
+            .collect(),
+        framing,
+    })
+}
+
+/// How the scrubbed body goes to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// As the head says (no body, or a body the head's framing still fits).
+    AsIs,
+    /// With a new `Content-Length`.
+    Length(usize),
+    /// Re-framed as chunked.
+    Chunked,
+    /// Delimited by closing the connection.
+    Close,
+}
+
+/// The head for the client: the server's, scrubbed, with framing headers for `out`.
+fn encode_head(head: &Head, scrubber: &Scrubber, out: Out) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(512);
+    bytes.extend_from_slice(format!("HTTP/1.1 {} ", head.status).as_bytes());
+    bytes.extend_from_slice(&scrubber.scrub(&head.reason));
+    bytes.extend_from_slice(b"\r\n");
+    for (name, value) in &head.headers {
+        let framing = name.eq_ignore_ascii_case(b"content-length")
+            || name.eq_ignore_ascii_case(b"transfer-encoding");
+        let hop =
+            name.eq_ignore_ascii_case(b"connection") || name.eq_ignore_ascii_case(b"keep-alive");
+        if (framing && out != Out::AsIs) || (hop && out == Out::Close) {
+            continue;
+        }
+        bytes.extend_from_slice(&scrubber.scrub(name));
+        bytes.extend_from_slice(b": ");
+        bytes.extend_from_slice(&scrubber.scrub(value));
+        bytes.extend_from_slice(b"\r\n");
+    }
+    match out {
+        Out::AsIs => {}
+        Out::Length(n) => bytes.extend_from_slice(format!("Content-Length: {n}\r\n").as_bytes()),
+        Out::Chunked => bytes.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        Out::Close => bytes.extend_from_slice(b"Connection: close\r\n"),
+    }
+    bytes.extend_from_slice(b"\r\n");
+    bytes
+}
+
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 12);
+    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Where the response relay writes and what it counts.
+pub(crate) struct Downstream<'a, W> {
+    pub(crate) client: &'a mut W,
+    pub(crate) counter: &'a AtomicU64,
+}
+
+/// Relays the server's responses to the client in request order (`queue`), each scrubbed of the
+/// credential, until the requests end, a refusal is answered, or a response cannot be relayed.
+pub(crate) async fn relay_responses<R, W>(
+    server: &mut R,
+    down: Downstream<'_, W>,
+    queue: &mut UnboundedReceiver<Pending>,
+    scrubber: &Scrubber,
+    idle: Duration,
+) -> Result<(), InterceptError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let Downstream { client, counter } = down;
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    while let Some(next) = queue.recv().await {
+        let (was_head, http11) = match next {
+            Pending::Refused(refusal) => {
+                write_counted(client, &refusal.response(), counter).await?;
+                return Err(refusal.into_error());
+            }
+            Pending::Response { head, http11 } => (head, http11),
+        };
+        let keep_going = match relay_one(
+            server,
+            client,
+            counter,
+            &mut buf,
+            scrubber,
+            idle,
+            (was_head, http11),
+        )
+        .await
+        {
+            Ok(Some(more)) => more,
+            Ok(None) => {
+                // The server closed between responses: a refusal already queued (the request
+                // side cut a body and closed) is still answered.
+                while let Ok(next) = queue.try_recv() {
+                    if let Pending::Refused(refusal) = next {
+                        write_counted(client, &refusal.response(), counter).await?;
+                        return Err(refusal.into_error());
+                    }
+                }
+                return Ok(());
+            }
+            Err(e @ (InterceptError::Response { .. } | InterceptError::Malformed { .. })) => {
+                let reason = crate::error_text::chain(&e);
+                let _ = write_counted(
+                    client,
+                    &crate::http::response(
+                        502,
+                        "Bad Gateway",
+                        (crate::proxy::ERROR_HEADER, "response-refused"),
+                        &format!("agent-sandbox: {reason} (docs/egress.md, \"HTTPS credential injection\")"),
+                    ),
+                    counter,
+                )
+                .await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        if !keep_going {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Relays one response (and the interim ones before it). `Ok(None)`: the server had closed
+/// before it began; `Ok(Some(false))`: the response ended the connection.
+#[allow(clippy::too_many_arguments)]
+async fn relay_one<R, W>(
+    server: &mut R,
+    client: &mut W,
+    counter: &AtomicU64,
+    buf: &mut Vec<u8>,
+    scrubber: &Scrubber,
+    idle: Duration,
+    (was_head, http11): (bool, bool),
+) -> Result<Option<bool>, InterceptError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        let Some(len) = read_head(server, buf, idle).await? else {
+            return Ok(None);
+        };
+        let head = parse_head(buf.get(..len).unwrap_or_default(), was_head)?;
+        buf.drain(..len);
+        if (100..200).contains(&head.status) {
+            write_counted(client, &encode_head(&head, scrubber, Out::AsIs), counter).await?;
+            client.flush().await.map_err(InterceptError::Io)?;
+            continue;
+        }
+        let mut body = BodyReader::new(head.framing);
+        let out = match head.framing {
+            Framing::Empty => Out::AsIs,
+            Framing::Length(n) if n <= BUFFERED_BODY => {
+                let mut whole = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+                while let Some(piece) = body.next(server, buf, idle).await? {
+                    whole.extend_from_slice(&piece);
+                }
+                let clean = scrubber.scrub(&whole);
+                let mut bytes = encode_head(&head, scrubber, Out::Length(clean.len()));
+                bytes.extend_from_slice(&clean);
+                write_counted(client, &bytes, counter).await?;
+                client.flush().await.map_err(InterceptError::Io)?;
+                return Ok(Some(true));
+            }
+            Framing::Length(_) | Framing::Chunked if http11 => Out::Chunked,
+            Framing::Length(_) | Framing::Chunked | Framing::UntilClose => Out::Close,
+        };
+        write_counted(client, &encode_head(&head, scrubber, out), counter).await?;
+        if out == Out::AsIs {
+            client.flush().await.map_err(InterceptError::Io)?;
+            return Ok(Some(true));
+        }
+        let mut stream = ScrubStream::default();
+        let mut clean = Vec::with_capacity(16 * 1024);
+        loop {
+            clean.clear();
+            let piece = body.next(server, buf, idle).await?;
+            let ended = piece.is_none();
+            match &piece {
+                Some(data) => stream.push(scrubber, data, &mut clean),
+                None => stream.finish(scrubber, &mut clean),
+            }
+            if !clean.is_empty() {
+                let bytes = if out == Out::Chunked {
+                    chunk(&clean)
+                } else {
+                    std::mem::take(&mut clean)
+                };
+                write_counted(client, &bytes, counter).await?;
+                client.flush().await.map_err(InterceptError::Io)?;
+            }
+            if ended {
+                break;
+            }
+        }
+        if out == Out::Chunked {
+            let mut end = b"0\r\n".to_vec();
+            end.extend_from_slice(&scrubber.scrub(&body.trailers));
+            end.extend_from_slice(b"\r\n");
+            write_counted(client, &end, counter).await?;
+            client.flush().await.map_err(InterceptError::Io)?;
+            return Ok(Some(true));
+        }
+        return Ok(Some(false));
+    }
+}

@@ -1,0 +1,358 @@
+//! Keeping an injected credential out of what the sandbox receives: the secret, and the forms a
+//! server commonly echoes it in, are searched for in responses from a credential-bound host and
+//! replaced with the placeholder text before the bytes reach the sandbox.
+//!
+//! The forms searched for ([`Scrubber::new`]): the secret as it is; percent-encoded (only the
+//! bytes URL encoders escape, and every byte), upper- and lower-case hex digits; JSON string
+//! escapes (`\/`, `\"`, `\\`, `\uXXXX` for non-ASCII, and every character as `\uXXXX`); hex;
+//! base64 (standard and URL-safe alphabets, with and without padding), and the part of base64
+//! that only depends on the secret when it was encoded inside a longer text, at each of the
+//! three positions a 3-byte group can start; and for a `Basic` rule, the decoded
+//! `user:password` and the password alone. Each is replaced with the same form of the
+//! placeholder, so a tool that decodes what it got sees the placeholder. An encoded form
+//! shorter than [`MIN_NEEDLE`] bytes is not searched for (it would match ordinary text); the
+//! secret itself always is.
+//!
+//! What this cannot see: a secret the server transformed otherwise (hashed, reversed, split
+//! over several responses, compressed, encrypted). `docs/egress.md` says so.
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+
+/// Shortest encoded form searched for.
+pub(crate) const MIN_NEEDLE: usize = 6;
+
+/// What a secret is replaced with when its credential has no placeholder.
+const REDACTED: &str = "agent-sandbox-redacted";
+
+/// Finds one credential's secret (in its encodings) and replaces it.
+pub(crate) struct Scrubber {
+    finder: AhoCorasick,
+    /// Per needle, in the finder's pattern order: what replaces it.
+    with: Vec<Vec<u8>>,
+    /// The longest needle: how much of a stream must be held back between reads.
+    longest: usize,
+}
+
+impl std::fmt::Debug for Scrubber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the needles: they are the secret.
+        f.debug_struct("Scrubber")
+            .field("needles", &self.with.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scrubber {
+    /// A scrubber for `secret` (sent after `prefix`), replacing it with `placeholder` (or a
+    /// fixed marker). `None` only if the search automaton cannot be built.
+    pub(crate) fn new(secret: &str, prefix: &str, placeholder: Option<&str>) -> Option<Self> {
+        let secret = secret.as_bytes();
+        let replacement = [placeholder.unwrap_or(REDACTED), REDACTED, "[redacted]", "#"]
+            .into_iter()
+            .map(str::as_bytes)
+            .find(|r| !contains(r, secret))
+            .unwrap_or(b"#");
+        let mut pairs: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        forms(secret, replacement, &mut pairs);
+        if prefix.trim().eq_ignore_ascii_case("basic")
+            && let Some(decoded) = base64_decode(secret)
+        {
+            let user = decoded.iter().position(|&b| b == b':');
+            if let Some(colon) = user {
+                let mut with = decoded.get(..=colon).unwrap_or_default().to_vec();
+                with.extend_from_slice(replacement);
+                pairs.push((decoded.clone(), with));
+                if let Some(password) = decoded.get(colon + 1..) {
+                    forms(password, replacement, &mut pairs);
+                }
+            }
+        }
+        let mut needles: Vec<Vec<u8>> = Vec::new();
+        let mut with = Vec::new();
+        for (needle, replace) in pairs {
+            let wanted = needle.as_slice() == secret || needle.len() >= MIN_NEEDLE;
+            if wanted && !needle.is_empty() && !needles.contains(&needle) {
+                needles.push(needle);
+                with.push(replace);
+            }
+        }
+        let longest = needles.iter().map(Vec::len).max().unwrap_or(1);
+        let finder = AhoCorasickBuilder::new()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&needles)
+            .ok()?;
+        Some(Self {
+            finder,
+            with,
+            longest,
+        })
+    }
+
+    /// Bytes a stream holds back so that a needle split across two reads is still found.
+    pub(crate) fn hold_back(&self) -> usize {
+        self.longest.saturating_sub(1)
+    }
+
+    /// `data` with every needle replaced.
+    pub(crate) fn scrub(&self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len());
+        let end = self.replace_before(data, data.len(), &mut out);
+        out.extend_from_slice(data.get(end..).unwrap_or_default());
+        out
+    }
+
+    /// Copies `data` into `out` with the needles that start before `safe` replaced; returns
+    /// where it stopped (at least `safe`, or the end of the last replaced needle past it).
+    fn replace_before(&self, data: &[u8], safe: usize, out: &mut Vec<u8>) -> usize {
+        let mut at = 0;
+        for m in self.finder.find_iter(data) {
+            if m.start() >= safe {
+                break;
+            }
+            out.extend_from_slice(data.get(at..m.start()).unwrap_or_default());
+            out.extend_from_slice(
+                self.with
+                    .get(m.pattern().as_usize())
+                    .map_or(&b""[..], Vec::as_slice),
+            );
+            at = m.end();
+        }
+        let stop = at.max(safe);
+        out.extend_from_slice(data.get(at..stop).unwrap_or_default());
+        stop
+    }
+}
+
+/// A stream being scrubbed: what was held back from the last piece.
+#[derive(Debug, Default)]
+pub(crate) struct ScrubStream {
+    tail: Vec<u8>,
+}
+
+impl ScrubStream {
+    /// Scrubs the next piece of the stream into `out`, holding back its last bytes (which
+    /// could begin a needle that the next piece completes).
+    pub(crate) fn push(&mut self, s: &Scrubber, data: &[u8], out: &mut Vec<u8>) {
+        self.tail.extend_from_slice(data);
+        let safe = self.tail.len().saturating_sub(s.hold_back());
+        let stop = s.replace_before(&self.tail, safe, out);
+        self.tail.drain(..stop.min(self.tail.len()));
+    }
+
+    /// Scrubs what was held back: the stream has ended.
+    pub(crate) fn finish(&mut self, s: &Scrubber, out: &mut Vec<u8>) {
+        let rest = std::mem::take(&mut self.tail);
+        out.extend_from_slice(&s.scrub(&rest));
+    }
+}
+
+/// A stream searched for one needle (the placeholder in a request body), forwarded with the
+/// bytes that could begin it held back.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    needle: AhoCorasick,
+    len: usize,
+    tail: Vec<u8>,
+}
+
+impl Watch {
+    pub(crate) fn new(needle: &str) -> Option<Self> {
+        Some(Self {
+            needle: AhoCorasick::new([needle]).ok()?,
+            len: needle.len(),
+            tail: Vec::new(),
+        })
+    }
+
+    /// Whether `data` holds the needle.
+    pub(crate) fn found_in(&self, data: &[u8]) -> bool {
+        self.needle.is_match(data)
+    }
+
+    /// Adds a piece: the bytes now safe to forward, or `None` once the needle was seen.
+    pub(crate) fn push(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+        self.tail.extend_from_slice(data);
+        if self.needle.is_match(&self.tail) {
+            return None;
+        }
+        let safe = self.tail.len().saturating_sub(self.len.saturating_sub(1));
+        Some(self.tail.drain(..safe).collect())
+    }
+
+    /// The bytes held back at the end of the stream (they cannot hold the needle).
+    pub(crate) fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.tail)
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Every form of `secret` searched for, each with the same form of `with`.
+fn forms(secret: &[u8], with: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
+    out.push((secret.to_vec(), with.to_vec()));
+    for upper in [true, false] {
+        out.push((percent(secret, upper, false), percent(with, upper, false)));
+        out.push((percent(secret, upper, true), percent(with, upper, true)));
+        out.push((hex(secret, upper), hex(with, upper)));
+        out.push((json_all(secret, upper), json_all(with, upper)));
+    }
+    if secret.contains(&b' ') {
+        // application/x-www-form-urlencoded: a space is `+`, the rest percent-encoded.
+        let form: Vec<u8> = secret
+            .split(|&b| b == b' ')
+            .map(|part| percent(part, true, false))
+            .collect::<Vec<_>>()
+            .join(&b'+');
+        out.push((form, with.to_vec()));
+    }
+    for (slash, ascii) in [(false, false), (true, false), (false, true), (true, true)] {
+        out.push((json(secret, slash, ascii), json(with, slash, ascii)));
+    }
+    for alphabet in [STANDARD, URL_SAFE] {
+        let padded = base64(secret, alphabet, true);
+        out.push((padded.clone(), base64(with, alphabet, true)));
+        out.push((
+            base64(secret, alphabet, false),
+            base64(with, alphabet, false),
+        ));
+        for align in 0..3 {
+            out.push((
+                base64_core(secret, alphabet, align),
+                base64_core(with, alphabet, align),
+            ));
+        }
+    }
+}
+
+/// Percent-encoding: the bytes outside RFC 3986's unreserved set, or (`all`) every byte.
+fn percent(data: &[u8], upper: bool, all: bool) -> Vec<u8> {
+    let digits: &[u8; 16] = if upper {
+        b"0123456789ABCDEF"
+    } else {
+        b"0123456789abcdef"
+    };
+    let mut out = Vec::with_capacity(data.len() * 3);
+    for &b in data {
+        if !all && (b.is_ascii_alphanumeric() || b"-._~".contains(&b)) {
+            out.push(b);
+        } else {
+            out.push(b'%');
+            out.push(digits[usize::from(b >> 4)]);
+            out.push(digits[usize::from(b & 15)]);
+        }
+    }
+    out
+}
+
+fn hex(data: &[u8], upper: bool) -> Vec<u8> {
+    percent(data, upper, true)
+        .into_iter()
+        .filter(|&b| b != b'%')
+        .collect()
+}
+
+/// A JSON string's content: `"` and `\` escaped, `/` as `\/` (`slash`), non-ASCII as
+/// `\uXXXX` UTF-16 units (`ascii`, as Python's `json.dumps` does by default).
+fn json(data: &[u8], slash: bool, ascii: bool) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return data.to_vec();
+    };
+    let mut out = String::with_capacity(data.len() + 8);
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '/' if slash => out.push_str("\\/"),
+            c if ascii && !c.is_ascii() => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.into_bytes()
+}
+
+/// Every character as a `\uXXXX` escape.
+fn json_all(data: &[u8], upper: bool) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return data.to_vec();
+    };
+    let mut out = String::with_capacity(data.len() * 6);
+    for c in text.chars() {
+        let mut units = [0u16; 2];
+        for u in c.encode_utf16(&mut units) {
+            if upper {
+                out.push_str(&format!("\\u{u:04X}"));
+            } else {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    out.into_bytes()
+}
+
+const STANDARD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+pub(crate) fn base64(data: &[u8], alphabet: &[u8; 64], pad: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len().div_ceil(3) * 4);
+    for group in data.chunks(3) {
+        let b = [
+            group.first().copied().unwrap_or(0),
+            group.get(1).copied().unwrap_or(0),
+            group.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        let chars = group.len() + 1;
+        for i in 0..4 {
+            if i < chars {
+                let index = (n >> (18 - 6 * i)) & 63;
+                out.push(alphabet[usize::try_from(index).unwrap_or(0)]);
+            } else if pad {
+                out.push(b'=');
+            }
+        }
+    }
+    out
+}
+
+/// The base64 characters that depend only on `data` when it sits `align` bytes into a
+/// 3-byte group of a longer text: the same wherever that text starts or what follows.
+fn base64_core(data: &[u8], alphabet: &[u8; 64], align: usize) -> Vec<u8> {
+    let mut padded = vec![0u8; align];
+    padded.extend_from_slice(data);
+    let encoded = base64(&padded, alphabet, false);
+    // Character i carries bits 6i..6i+6; the secret's are bits 8*align..8*(align+len).
+    let first = (8 * align).div_ceil(6);
+    let end = (8 * (align + data.len())) / 6;
+    encoded.get(first..end).unwrap_or_default().to_vec()
+}
+
+/// Standard or URL-safe base64, padded or not; `None` if `text` is not base64.
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    let mut bits = 0u32;
+    let mut count = 0;
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for &c in text.iter().take_while(|&&c| c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        bits = (bits << 6) | u32::from(v);
+        count += 6;
+        if count >= 8 {
+            count -= 8;
+            out.push(u8::try_from((bits >> count) & 0xff).unwrap_or(0));
+        }
+    }
+    Some(out)
+}
