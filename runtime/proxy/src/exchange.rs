@@ -605,3 +605,285 @@ where
         return Ok(Some(false));
     }
 }
+
+#[cfg(test)]
+pub(crate) mod test_io {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use tokio::io::{AsyncRead, ReadBuf};
+
+    /// A reader that hands out its bytes `step` at a time (needles and lines split across
+    /// reads).
+    pub(crate) struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+    }
+
+    impl Trickle {
+        pub(crate) fn new(data: &[u8], step: usize) -> Self {
+            Self {
+                data: data.to_vec(),
+                at: 0,
+                step: step.max(1),
+            }
+        }
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            out: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let end = (self.at + self.step)
+                .min(self.data.len())
+                .min(self.at + out.remaining());
+            let piece = self.data[self.at..end].to_vec();
+            out.put_slice(&piece);
+            self.at = end;
+            Poll::Ready(Ok(()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_io::Trickle;
+    use super::*;
+    use tokio::sync::mpsc;
+
+    const SECRET: &str = "s3cret-Token-0123456789";
+    const PH: &str = "agent-sandbox-placeholder-API_TOKEN";
+
+    /// Relays `server` (read `step` bytes at a time) as the answers to `pending`: what the
+    /// client got, and how the relay ended.
+    async fn relay(
+        server: &[u8],
+        step: usize,
+        pending: Vec<Pending>,
+    ) -> (Vec<u8>, Result<(), InterceptError>) {
+        let s = Scrubber::new(SECRET, "Bearer ", Some(PH)).unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for p in pending {
+            tx.send(p).unwrap();
+        }
+        drop(tx);
+        let mut client = Vec::new();
+        let counter = AtomicU64::new(0);
+        let mut reader = Trickle::new(server, step);
+        let end = relay_responses(
+            &mut reader,
+            Downstream {
+                client: &mut client,
+                counter: &counter,
+            },
+            &mut rx,
+            &s,
+            Duration::from_secs(1),
+        )
+        .await;
+        (client, end)
+    }
+
+    fn get(http11: bool) -> Pending {
+        Pending::Response {
+            head: false,
+            http11,
+        }
+    }
+
+    /// Decodes a chunked body (after the head), returning the data and what followed it.
+    fn dechunk(mut rest: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let mut data = Vec::new();
+        loop {
+            let eol = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..eol]).unwrap(), 16).unwrap();
+            rest = &rest[eol + 2..];
+            if size == 0 {
+                return (data, rest.to_vec());
+            }
+            data.extend_from_slice(&rest[..size]);
+            assert_eq!(&rest[size..size + 2], b"\r\n");
+            rest = &rest[size + 2..];
+        }
+    }
+
+    fn split_head(out: &[u8]) -> (String, &[u8]) {
+        let end = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        (
+            String::from_utf8_lossy(&out[..end]).into_owned(),
+            &out[end..],
+        )
+    }
+
+    #[tokio::test]
+    async fn echoed_headers_and_a_short_body_are_scrubbed_with_the_new_length() {
+        let body = format!("{{\"authorization\": \"Bearer {SECRET}\"}}");
+        let server = format!(
+            "HTTP/1.1 200 OK\r\nX-Request-Id: {SECRET}\r\nAccess-Control-Allow-Origin: {SECRET}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        for step in [1, 5, 100_000] {
+            let (out, end) = relay(server.as_bytes(), step, vec![get(true)]).await;
+            end.unwrap();
+            let (head, rest) = split_head(&out);
+            assert!(!String::from_utf8_lossy(&out).contains(SECRET));
+            assert!(head.contains(&format!("X-Request-Id: {PH}\r\n")), "{head}");
+            assert!(
+                head.contains(&format!("Access-Control-Allow-Origin: {PH}\r\n")),
+                "{head}"
+            );
+            let expect = format!("{{\"authorization\": \"Bearer {PH}\"}}");
+            assert!(
+                head.contains(&format!("Content-Length: {}\r\n", expect.len())),
+                "{head}"
+            );
+            assert_eq!(rest, expect.as_bytes());
+        }
+    }
+
+    /// A chunked answer with the secret split across chunks and reads comes back re-chunked
+    /// and clean; so does a long `Content-Length` body (chunked for HTTP/1.1, delimited by
+    /// the close for HTTP/1.0), and the next response on the connection still follows.
+    #[tokio::test]
+    async fn streamed_bodies_are_scrubbed_across_chunks_and_reframed() {
+        let (a, b) = SECRET.split_at(7);
+        let chunked = format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\nx{a}\r\n{:x}\r\n{b}y\r\n0\r\nX-Echo: {SECRET}\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+            a.len() + 1,
+            b.len() + 1
+        );
+        for step in [1, 3, 100_000] {
+            let (out, end) = relay(chunked.as_bytes(), step, vec![get(true), get(true)]).await;
+            end.unwrap();
+            let (head, rest) = split_head(&out);
+            assert!(head.contains("Transfer-Encoding: chunked\r\n"), "{head}");
+            let (data, after) = dechunk(rest);
+            assert_eq!(data, format!("x{PH}y").as_bytes());
+            let after = String::from_utf8(after).unwrap();
+            assert!(
+                after.starts_with(&format!("X-Echo: {PH}\r\n\r\nHTTP/1.1 204")),
+                "{after}"
+            );
+        }
+        let filler = "z".repeat(usize::try_from(BUFFERED_BODY).unwrap());
+        let long = format!("{filler}{SECRET}{filler}");
+        let server = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{long}",
+            long.len()
+        );
+        let (out, end) = relay(server.as_bytes(), 65536, vec![get(true)]).await;
+        end.unwrap();
+        let (head, rest) = split_head(&out);
+        assert!(
+            head.contains("Transfer-Encoding: chunked") && !head.contains("Content-Length"),
+            "{head}"
+        );
+        assert_eq!(dechunk(rest).0, format!("{filler}{PH}{filler}").as_bytes());
+        let (out, end) = relay(server.as_bytes(), 65536, vec![get(false), get(false)]).await;
+        end.unwrap();
+        let (head, rest) = split_head(&out);
+        assert!(
+            head.contains("Connection: close") && !head.contains("Transfer-Encoding"),
+            "{head}"
+        );
+        assert_eq!(rest, format!("{filler}{PH}{filler}").as_bytes());
+    }
+
+    #[tokio::test]
+    async fn interim_and_bodiless_responses_keep_the_order() {
+        let server = format!(
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nokokHTTP/1.1 200 OK\r\nContent-Length: 99\r\nX-A: {SECRET}\r\n\r\nHTTP/1.1 200 OK\r\n\r\n{SECRET} until close"
+        );
+        let (out, end) = relay(
+            server.as_bytes(),
+            2,
+            vec![
+                get(true),
+                Pending::Response {
+                    head: true,
+                    http11: true,
+                },
+                get(true),
+            ],
+        )
+        .await;
+        end.unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.starts_with(
+                "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nokok"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "Content-Length: 99\r\nX-A: {PH}\r\n\r\nHTTP/1.1 200"
+            )),
+            "{out}"
+        );
+        assert!(out.ends_with(&format!("\r\n\r\n{PH} until close")), "{out}");
+    }
+
+    #[tokio::test]
+    async fn unsearchable_responses_are_refused_with_a_502() {
+        for (server, why) in [
+            (
+                "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 3\r\n\r\nabc",
+                "compressed",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                "Transfer-Encoding",
+            ),
+            (
+                "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nraw",
+                "switched protocols",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabc",
+                "conflicting",
+            ),
+        ] {
+            let (out, end) = relay(server.as_bytes(), 100, vec![get(true)]).await;
+            let out = String::from_utf8(out).unwrap();
+            assert!(out.starts_with("HTTP/1.1 502 "), "{out}");
+            assert!(
+                out.contains(why) && !out.contains("abc") && !out.contains("raw"),
+                "{out}"
+            );
+            assert!(end.is_err());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_answered_after_the_responses_before_it() {
+        let server = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let refusal = Refusal::denied("some rule", "because");
+        let (out, end) = relay(
+            server.as_bytes(),
+            100,
+            vec![get(true), Pending::Refused(refusal.clone()), get(true)],
+        )
+        .await;
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.starts_with("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 403 "),
+            "{out}"
+        );
+        assert!(out.contains("because"));
+        assert!(matches!(
+            end,
+            Err(InterceptError::Request {
+                rule: Some("some rule"),
+                ..
+            })
+        ));
+        // A server that closed first (the request side cut a body) still lets it be answered.
+        let (out, _) = relay(b"", 100, vec![get(true), Pending::Refused(refusal)]).await;
+        assert!(String::from_utf8(out).unwrap().starts_with("HTTP/1.1 403 "));
+    }
+}

@@ -356,3 +356,207 @@ fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SECRET: &str = "tok_9f/Zq+3Kx:Lm7é";
+    const PH: &str = "agent-sandbox-placeholder-API_TOKEN";
+
+    fn scrubber() -> Scrubber {
+        Scrubber::new(SECRET, "Bearer ", Some(PH)).unwrap()
+    }
+
+    fn has(hay: &[u8], needle: &[u8]) -> bool {
+        contains(hay, needle)
+    }
+
+    #[test]
+    fn base64_matches_the_usual_encoders() {
+        assert_eq!(
+            base64(b"any carnal pleas", STANDARD, true),
+            b"YW55IGNhcm5hbCBwbGVhcw=="
+        );
+        assert_eq!(
+            base64(b"any carnal pleas", STANDARD, false),
+            b"YW55IGNhcm5hbCBwbGVhcw"
+        );
+        assert_eq!(base64(b"\xfb\xff", URL_SAFE, true), b"-_8=");
+        assert_eq!(base64_decode(b"dXNlcjpwYXNz").unwrap(), b"user:pass");
+        assert!(base64_decode(b"not base64!").is_none());
+    }
+
+    /// The secret inside a longer text that was base64-encoded as a whole, at every offset
+    /// (so at each of the three alignments), in both alphabets, padded or not, is found:
+    /// decoding what is left never gives the secret back.
+    #[test]
+    fn base64_of_a_longer_text_is_caught_at_every_alignment() {
+        let s = scrubber();
+        for lead in 0..7 {
+            for trail in 0..4 {
+                let text = format!("{}{SECRET}{}", "L".repeat(lead), "T".repeat(trail));
+                for alphabet in [STANDARD, URL_SAFE] {
+                    for pad in [true, false] {
+                        let encoded = base64(text.as_bytes(), alphabet, pad);
+                        let json =
+                            format!("{{\"auth\":\"{}\"}}", String::from_utf8_lossy(&encoded));
+                        let out = s.scrub(json.as_bytes());
+                        assert_ne!(out, json.as_bytes(), "{lead}/{trail}: not found");
+                        let inner = out
+                            .split(|&b| b == b'"')
+                            .nth(3)
+                            .unwrap_or_default()
+                            .to_vec();
+                        let back = base64_decode(&inner).unwrap_or_default();
+                        assert!(!has(&back, SECRET.as_bytes()), "{lead}/{trail}");
+                    }
+                }
+            }
+        }
+        // Alone, it decodes to the placeholder.
+        let out = s.scrub(&base64(SECRET.as_bytes(), STANDARD, true));
+        assert_eq!(base64_decode(&out).unwrap(), PH.as_bytes());
+    }
+
+    #[test]
+    fn url_json_and_hex_forms_become_the_placeholder() {
+        let s = scrubber();
+        for (form, expect) in [
+            ("tok_9f%2FZq%2B3Kx%3ALm7%C3%A9".to_owned(), PH.to_owned()),
+            ("tok_9f%2fZq%2b3Kx%3aLm7%c3%a9".to_owned(), PH.to_owned()),
+            (
+                String::from_utf8(percent(SECRET.as_bytes(), true, true)).unwrap(),
+                String::from_utf8(percent(PH.as_bytes(), true, true)).unwrap(),
+            ),
+            ("tok_9f\\/Zq+3Kx:Lm7\\u00e9".to_owned(), PH.to_owned()),
+            ("tok_9f/Zq+3Kx:Lm7\\u00e9".to_owned(), PH.to_owned()),
+            ("tok_9f\\/Zq+3Kx:Lm7é".to_owned(), PH.to_owned()),
+            (
+                String::from_utf8(json_all(SECRET.as_bytes(), false)).unwrap(),
+                String::from_utf8(json_all(PH.as_bytes(), false)).unwrap(),
+            ),
+            (
+                String::from_utf8(hex(SECRET.as_bytes(), false)).unwrap(),
+                String::from_utf8(hex(PH.as_bytes(), false)).unwrap(),
+            ),
+        ] {
+            let out = String::from_utf8(s.scrub(format!("x={form}&y").as_bytes())).unwrap();
+            assert_eq!(out, format!("x={expect}&y"), "{form}");
+        }
+        let spaced = Scrubber::new("a b c d e", "", None).unwrap();
+        assert_eq!(
+            spaced.scrub(b"q=a+b+c+d+e"),
+            format!("q={REDACTED}").as_bytes()
+        );
+    }
+
+    #[test]
+    fn a_basic_credential_is_caught_decoded_too() {
+        let encoded = String::from_utf8(base64(b"ci-bot:hunter2-long", STANDARD, true)).unwrap();
+        let s = Scrubber::new(&encoded, "Basic ", Some(PH)).unwrap();
+        let out = s.scrub(b"{\"user\":\"ci-bot:hunter2-long\",\"pw\":\"hunter2-long\"}");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("{{\"user\":\"ci-bot:{PH}\",\"pw\":\"{PH}\"}}")
+        );
+    }
+
+    #[test]
+    fn short_secrets_are_still_replaced_but_their_short_encodings_are_not_searched() {
+        let s = Scrubber::new("abc", "", Some(PH)).unwrap();
+        assert_eq!(s.scrub(b"xabcx YWJj"), format!("x{PH}x YWJj").as_bytes());
+        // A placeholder that holds the secret is never its replacement.
+        let s = Scrubber::new("sandbox", "", Some(PH)).unwrap();
+        assert!(!has(&s.scrub(b"my sandbox"), b"sandbox"));
+    }
+
+    fn stream(s: &Scrubber, data: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut st = ScrubStream::default();
+        let mut at = 0;
+        for &c in cuts {
+            let c = c.min(data.len()).max(at);
+            st.push(s, &data[at..c], &mut out);
+            at = c;
+        }
+        st.push(s, &data[at..], &mut out);
+        st.finish(s, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_needle_split_across_reads_is_found() {
+        let s = scrubber();
+        let data = format!(
+            "aaaa{SECRET}bbbb{}cc",
+            String::from_utf8(base64(SECRET.as_bytes(), URL_SAFE, false)).unwrap()
+        );
+        for cut in 0..data.len() {
+            assert_eq!(
+                stream(&s, data.as_bytes(), &[cut]),
+                s.scrub(data.as_bytes()),
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(
+            stream(&s, data.as_bytes(), &(0..data.len()).collect::<Vec<_>>()),
+            s.scrub(data.as_bytes())
+        );
+    }
+
+    fn piece() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            Just(SECRET.as_bytes().to_vec()),
+            Just(base64(SECRET.as_bytes(), STANDARD, true)),
+            Just(percent(SECRET.as_bytes(), false, false)),
+            Just(json(SECRET.as_bytes(), true, true)),
+            Just(PH.as_bytes().to_vec()),
+            Just(SECRET.as_bytes()[..5].to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..40),
+            "[A-Za-z0-9+/=]{0,30}".prop_map(String::into_bytes),
+        ]
+    }
+
+    proptest! {
+        /// Whatever surrounds them and however a stream is cut, the secret and its whole
+        /// encodings never come out, and streaming agrees with scrubbing the whole.
+        #[test]
+        fn nothing_of_the_secret_comes_out(
+            pieces in proptest::collection::vec(piece(), 0..12),
+            cuts in proptest::collection::vec(0usize..600, 0..6),
+        ) {
+            let s = scrubber();
+            let data: Vec<u8> = pieces.concat();
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let whole = s.scrub(&data);
+            prop_assert_eq!(&stream(&s, &data, &cuts), &whole);
+            for needle in [
+                SECRET.as_bytes().to_vec(),
+                base64(SECRET.as_bytes(), STANDARD, false),
+                percent(SECRET.as_bytes(), false, false),
+                json(SECRET.as_bytes(), true, true),
+            ] {
+                prop_assert!(!has(&whole, &needle));
+            }
+        }
+
+        /// Random secrets: the raw secret and its base64 at any alignment never survive.
+        #[test]
+        fn random_secrets_do_not_survive(
+            secret in "[A-Za-z0-9_./+-]{8,40}",
+            lead in "[ -~]{0,5}",
+            trail in "[ -~]{0,5}",
+        ) {
+            let s = Scrubber::new(&secret, "Bearer ", Some(PH)).unwrap();
+            let text = format!("{lead}{secret}{trail}");
+            let out = s.scrub(text.as_bytes());
+            prop_assert!(!has(&out, secret.as_bytes()));
+            let encoded = base64(text.as_bytes(), STANDARD, true);
+            let back = base64_decode(&s.scrub(&encoded)).unwrap_or_default();
+            prop_assert!(!has(&back, secret.as_bytes()));
+        }
+    }
+}

@@ -1000,26 +1000,57 @@ mod tests {
         String::from_utf8(r.bytes.clone()).unwrap()
     }
 
+    const PH: &str = "agent-sandbox-placeholder-TOKEN";
+
     #[test]
-    fn the_header_is_set_and_the_placeholder_replaced_in_this_domain_only() {
-        let e = entry(Some("agent-sandbox-placeholder-TOKEN"));
+    fn the_header_is_set_identity_asked_and_the_placeholder_nowhere_else() {
+        let e = entry(Some(PH));
         with_job(&e, |job| {
             let r = rewrite(
                 job,
-                b"POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nauthorization: token agent-sandbox-placeholder-TOKEN\r\nX-Api-Key: agent-sandbox-placeholder-TOKEN\r\nContent-Length: 3\r\n\r\n",
+                format!("POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nauthorization: token {PH}\r\nAccept-Encoding: gzip, br\r\nTE: gzip\r\nContent-Length: 3\r\n\r\n").as_bytes(),
             )
             .unwrap();
             assert_eq!(
                 text(&r),
-                "POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nX-Api-Key: s3cret\r\nContent-Length: 3\r\nAuthorization: Bearer s3cret\r\n\r\n"
+                "POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nContent-Length: 3\r\nAccept-Encoding: identity\r\nAuthorization: Bearer s3cret\r\n\r\n"
             );
             assert_eq!(r.body, Body::Length(3));
+            assert!(r.http11 && !r.head_method);
             let r = rewrite(
                 job,
                 b"GET https://api.example.com:443/ HTTP/1.1\r\nHost: api.example.com:443\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             )
             .unwrap();
             assert_eq!(r.body, Body::Chunked);
+        });
+    }
+
+    /// Every place a placeholder could be echoed from, and every request that makes a server
+    /// echo the credential itself, is refused with a 403 that names why.
+    #[test]
+    fn echo_prone_requests_are_refused_with_the_reason() {
+        let e = entry(Some(PH));
+        with_job(&e, |job| {
+            for (head, rule, why) in [
+                (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nX-Request-Id: {PH}\r\n\r\n"), PLACEHOLDER_RULE, "X-Request-Id header"),
+                (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nOrigin: https://{PH}.x\r\n\r\n"), PLACEHOLDER_RULE, "Origin header"),
+                (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nX-{PH}: 1\r\n\r\n"), PLACEHOLDER_RULE, "header"),
+                (format!("GET /?t={PH} HTTP/1.1\r\nHost: api.example.com\r\n\r\n"), PLACEHOLDER_RULE, "request target"),
+                ("GET /?t=agent-sandbox-placeholder%2dTOKEN HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), PLACEHOLDER_RULE, "request target"),
+                ("TRACE / HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), TRACE_RULE, "TRACE"),
+                ("track / HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), TRACE_RULE, "track"),
+                ("POST / HTTP/1.1\r\nHost: api.example.com\r\nX-HTTP-Method-Override: TRACE\r\n\r\n".into(), TRACE_RULE, "Override"),
+                ("GET / HTTP/1.1\r\nHost: api.example.com\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n".into(), UPGRADE_RULE, "websocket"),
+            ] {
+                let refusal = rewrite(job, head.as_bytes()).unwrap_err();
+                assert_eq!((refusal.status, refusal.rule), (403, Some(rule)), "{head:?}");
+                assert!(refusal.reason.contains(why), "{head:?}: {}", refusal.reason);
+                let response = String::from_utf8(refusal.response()).unwrap();
+                assert!(response.starts_with("HTTP/1.1 403 "), "{response}");
+                assert!(response.contains(&format!("X-Agent-Sandbox-Denied: {rule}\r\n")), "{response}");
+                assert!(response.contains("docs/egress.md"), "{response}");
+            }
         });
     }
 
@@ -1063,7 +1094,7 @@ mod tests {
                 ),
             ] {
                 let err = rewrite(job, head.as_bytes()).unwrap_err();
-                assert!(err.contains(why), "{head:?}: {err}");
+                assert!(err.reason.contains(why), "{head:?}: {err:?}");
             }
         });
     }
@@ -1090,10 +1121,158 @@ mod tests {
         left.extend_from_slice(rest);
         assert_eq!(left, b"NEXT");
     }
+}
 
-    #[test]
-    fn replace_every_occurrence() {
-        assert_eq!(replace(b"a-PH-b-PH", b"PH", b"xyz"), b"a-xyz-b-xyz");
-        assert_eq!(replace(b"none", b"PH", b"x"), b"none");
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+    use crate::exchange::test_io::Trickle;
+    use agent_sandbox_policy::network::DomainRule;
+
+    const PH: &str = "agent-sandbox-placeholder-TOKEN";
+
+    /// Runs the request side over `client` (read `step` bytes at a time): what reached the
+    /// server, and what the response side was told.
+    async fn requests(client: &[u8], step: usize) -> (Vec<u8>, Vec<Pending>) {
+        let e = InjectedHeader {
+            domain: DomainRule::parse("api.example.com").unwrap(),
+            name: "Authorization".into(),
+            value: "Bearer s3cret".into(),
+            secret: "s3cret".into(),
+            https: true,
+            placeholder: Some(PH.into()),
+            upstream_ca: None,
+        };
+        let (ca, _) = SandboxCa::ephemeral("test", &[e.domain.clone()]).unwrap();
+        let tls = TlsInterceptor {
+            ca,
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            servers: Mutex::new(HashMap::new()),
+            clients: Vec::new(),
+        };
+        let host = Host::parse("api.example.com").unwrap();
+        let job = Intercept {
+            tls: &tls,
+            entry: &e,
+            index: 0,
+            host: &host,
+            port: 443,
+            connection: 1,
+            handshake_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            max_head_bytes: 8192,
+        };
+        let mut reader = Trickle::new(client, step);
+        let mut upstream = Vec::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut n = 0;
+        send_requests(
+            &job,
+            &mut reader,
+            &mut upstream,
+            &tx,
+            &AtomicU64::new(0),
+            &mut n,
+        )
+        .await
+        .unwrap();
+        drop(tx);
+        let mut told = Vec::new();
+        while let Some(p) = rx.recv().await {
+            told.push(p);
+        }
+        (upstream, told)
+    }
+
+    fn refused(told: &[Pending]) -> Option<&Refusal> {
+        told.iter().find_map(|p| match p {
+            Pending::Refused(r) => Some(r),
+            Pending::Response { .. } => None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_placeholder_in_a_short_body_stops_the_request_before_it_leaves() {
+        let body = format!("{{\"echo\": \"{PH}\"}}");
+        let raw = format!(
+            "GET /ok HTTP/1.1\r\nHost: api.example.com\r\n\r\nPOST /x HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        for step in [1, 7, 4096] {
+            let (up, told) = requests(raw.as_bytes(), step).await;
+            let up = String::from_utf8(up).unwrap();
+            assert!(up.starts_with("GET /ok "), "{up}");
+            assert!(!up.contains("POST"), "the refused request left: {up}");
+            assert!(matches!(
+                told.first(),
+                Some(Pending::Response {
+                    head: false,
+                    http11: true
+                })
+            ));
+            let r = refused(&told).unwrap();
+            assert_eq!(r.rule, Some(PLACEHOLDER_RULE));
+            assert!(r.reason.contains("request body"), "{r:?}");
+        }
+    }
+
+    /// A streamed body (chunked, or longer than the searched size) goes out as it comes; the
+    /// placeholder split over chunks and reads is still caught and never reaches the server.
+    #[tokio::test]
+    async fn a_placeholder_in_a_streamed_body_cuts_it_before_the_placeholder() {
+        let (a, b) = PH.split_at(10);
+        let raw = format!(
+            "POST /s HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        for step in [1, 3, 4096] {
+            let (up, told) = requests(raw.as_bytes(), step).await;
+            assert!(!String::from_utf8_lossy(&up).contains(PH));
+            assert!(
+                !String::from_utf8_lossy(&up).contains("0\r\n\r\n"),
+                "the body was completed"
+            );
+            assert_eq!(refused(&told).unwrap().rule, Some(PLACEHOLDER_RULE));
+        }
+        let long = "x".repeat(usize::try_from(SCANNED_BODY).unwrap() + 10);
+        let raw = format!(
+            "PUT /l HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: {}\r\n\r\n{long}{PH}",
+            long.len() + PH.len()
+        );
+        let (up, told) = requests(raw.as_bytes(), 65536).await;
+        assert!(!String::from_utf8_lossy(&up).contains(PH));
+        assert!(up.len() > long.len() - PH.len(), "the body did not stream");
+        assert_eq!(refused(&told).unwrap().rule, Some(PLACEHOLDER_RULE));
+    }
+
+    #[tokio::test]
+    async fn clean_bodies_pass_unchanged_in_every_framing() {
+        let raw = "POST /a HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 5\r\n\r\nhelloPOST /b HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nHEAD /c HTTP/1.0\r\n\r\n";
+        let (up, told) = requests(raw.as_bytes(), 2).await;
+        let up = String::from_utf8(up).unwrap();
+        assert!(up.contains("\r\n\r\nhelloPOST /b"), "{up}");
+        assert!(
+            up.contains("\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nHEAD /c"),
+            "{up}"
+        );
+        assert!(refused(&told).is_none());
+        assert!(matches!(
+            told.as_slice(),
+            [
+                Pending::Response {
+                    head: false,
+                    http11: true
+                },
+                Pending::Response {
+                    head: false,
+                    http11: true
+                },
+                Pending::Response {
+                    head: true,
+                    http11: false
+                }
+            ]
+        ));
     }
 }
