@@ -218,7 +218,8 @@ pub enum InterceptError {
 
 /// What one intercepted connection needs to know.
 pub(crate) struct Intercept<'a> {
-    pub(crate) tls: &'a TlsInterceptor,
+    /// The TLS side (none: a plain-HTTP request, [`serve_plain`]).
+    pub(crate) tls: Option<&'a TlsInterceptor>,
     pub(crate) entry: &'a InjectedHeader,
     pub(crate) index: usize,
     pub(crate) host: &'a Host,
@@ -231,7 +232,7 @@ pub(crate) struct Intercept<'a> {
 
 /// How an intercepted connection ended, for its event.
 #[derive(Debug)]
-pub(crate) struct Intercepted {
+pub struct Intercepted {
     /// Requests the header was added to.
     pub(crate) requests: u64,
     /// Why it ended early (none: both sides closed normally).
@@ -300,7 +301,13 @@ async fn run(
     requests: &mut u64,
 ) -> Result<(), InterceptError> {
     let host = job.host.to_string();
-    let server = job.tls.server_config(&host)?;
+    let Some(tls) = job.tls else {
+        return Err(InterceptError::Request {
+            reason: "no TLS configuration for this credential".into(),
+            rule: None,
+        });
+    };
+    let server = tls.server_config(&host)?;
     let accept = tokio_rustls::TlsAcceptor::from(server).accept(Prefixed {
         prefix: early,
         at: 0,
@@ -311,7 +318,7 @@ async fn run(
         .map_err(|_| InterceptError::ClientHandshakeTimeout)?
         .map_err(InterceptError::ClientHandshake)?;
 
-    let Some(Some(client_config)) = job.tls.clients.get(job.index) else {
+    let Some(Some(client_config)) = tls.clients.get(job.index) else {
         return Err(InterceptError::Request {
             reason: "no TLS client configuration for this credential".into(),
             rule: None,
@@ -345,6 +352,50 @@ async fn run(
         }
     };
 
+    let (cr, cw) = tokio::io::split(client_tls);
+    let (ur, uw) = tokio::io::split(upstream_tls);
+    checked_exchange(
+        job,
+        (cr, cw),
+        (ur, uw),
+        None,
+        Counted {
+            up: up_bytes,
+            down: down_bytes,
+            requests,
+        },
+    )
+    .await
+}
+
+/// Where an exchange counts what it relayed.
+pub(crate) struct Counted<'a> {
+    pub(crate) up: &'a AtomicU64,
+    pub(crate) down: &'a AtomicU64,
+    pub(crate) requests: &'a mut u64,
+}
+
+/// Relays HTTP/1.1 between a client and a credential-bound server: requests checked and
+/// rewritten ([`rewrite`]; at most `limit` of them), responses scrubbed of the secret
+/// ([`relay_responses`]).
+async fn checked_exchange<CR, CW, UR, UW>(
+    job: &Intercept<'_>,
+    (mut cr, mut cw): (CR, CW),
+    (mut ur, mut uw): (UR, UW),
+    limit: Option<u64>,
+    counted: Counted<'_>,
+) -> Result<(), InterceptError>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
+{
+    let Counted {
+        up: up_bytes,
+        down: down_bytes,
+        requests,
+    } = counted;
     let prefix = job
         .entry
         .value
@@ -357,15 +408,13 @@ async fn run(
             rule: None,
         });
     };
-    let (mut cr, mut cw) = tokio::io::split(client_tls);
-    let (mut ur, mut uw) = tokio::io::split(upstream_tls);
     let idle = job.idle_timeout;
     let (queue, mut pending) = mpsc::unbounded_channel::<Pending>();
     // Requests: each head is checked and rewritten before anything of it reaches the server;
     // a refusal is queued for the response side, which answers it in order, and ends the
     // requests.
     let up = async {
-        let sent = send_requests(job, &mut cr, &mut uw, &queue, up_bytes, requests).await;
+        let sent = send_requests(job, &mut cr, &mut uw, &queue, up_bytes, requests, limit).await;
         drop(queue);
         // However the client's side ended, the server learns that no more requests come.
         let _ = uw.shutdown().await;
@@ -398,6 +447,45 @@ async fn run(
     }
 }
 
+/// Serves one plain-HTTP request to a host a plain (non-`https`) credential binds: `head` is
+/// the request as the proxy would forward it (origin form, then any body bytes already read),
+/// checked and injected like a request inside TLS, and its response scrubbed. Only this request
+/// goes to the server.
+pub(crate) async fn serve_plain(
+    job: Intercept<'_>,
+    client: &mut TcpStream,
+    head: Vec<u8>,
+    mut upstream: TcpStream,
+    up_bytes: &AtomicU64,
+    down_bytes: &AtomicU64,
+) -> Intercepted {
+    let mut requests = 0u64;
+    let (cr, cw) = client.split();
+    let (ur, uw) = upstream.split();
+    let error = checked_exchange(
+        &job,
+        (head.as_slice().chain(cr), cw),
+        (ur, uw),
+        Some(1),
+        Counted {
+            up: up_bytes,
+            down: down_bytes,
+            requests: &mut requests,
+        },
+    )
+    .await
+    .err();
+    let denied = match &error {
+        Some(InterceptError::Request { rule, .. }) => *rule,
+        _ => None,
+    };
+    Intercepted {
+        requests,
+        error,
+        denied,
+    }
+}
+
 /// Reads, checks and sends the client's requests until it stops, one is refused, or the
 /// connection fails.
 async fn send_requests<R, W>(
@@ -407,6 +495,7 @@ async fn send_requests<R, W>(
     queue: &mpsc::UnboundedSender<Pending>,
     up_bytes: &AtomicU64,
     requests: &mut u64,
+    limit: Option<u64>,
 ) -> Result<(), InterceptError>
 where
     R: AsyncRead + Unpin,
@@ -418,6 +507,9 @@ where
         let _ = queue.send(Pending::Refused(refusal));
     };
     loop {
+        if limit.is_some_and(|l| *requests >= l) {
+            return Ok(());
+        }
         let len = match read_head(cr, &mut buf, job.max_head_bytes, idle).await {
             Ok(Some(len)) => len,
             Ok(None) => return Ok(()),
@@ -518,7 +610,8 @@ where
             host = %job.host,
             port = job.port,
             header = %job.entry.name,
-            "credential header injected (https)"
+            https = job.tls.is_some(),
+            "credential header injected"
         );
     }
 }
@@ -983,7 +1076,7 @@ mod tests {
         };
         let host = Host::parse("api.example.com").unwrap();
         let job = Intercept {
-            tls: &tls,
+            tls: Some(&tls),
             entry: e,
             index: 0,
             host: &host,
@@ -1143,7 +1236,7 @@ mod body_tests {
             placeholder: Some(PH.into()),
             upstream_ca: None,
         };
-        let (ca, _) = SandboxCa::ephemeral("test", &[e.domain.clone()]).unwrap();
+        let (ca, _) = SandboxCa::ephemeral("test", std::slice::from_ref(&e.domain)).unwrap();
         let tls = TlsInterceptor {
             ca,
             provider: Arc::new(rustls::crypto::ring::default_provider()),
@@ -1152,7 +1245,7 @@ mod body_tests {
         };
         let host = Host::parse("api.example.com").unwrap();
         let job = Intercept {
-            tls: &tls,
+            tls: Some(&tls),
             entry: &e,
             index: 0,
             host: &host,
@@ -1173,6 +1266,7 @@ mod body_tests {
             &tx,
             &AtomicU64::new(0),
             &mut n,
+            None,
         )
         .await
         .unwrap();
