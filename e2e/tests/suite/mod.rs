@@ -3,6 +3,7 @@ mod approvals;
 mod audit;
 mod baseline;
 mod contracts;
+mod credential_echo;
 mod cri;
 mod ctr;
 mod docker;

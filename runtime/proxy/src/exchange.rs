@@ -466,7 +466,22 @@ where
 {
     let Downstream { client, counter } = down;
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
-    while let Some(next) = queue.recv().await {
+    loop {
+        // Between responses the server may close (after `Connection: close`): that ends the
+        // connection for the client too, instead of leaving it waiting for the idle timeout.
+        let next = tokio::select! {
+            biased;
+            next = queue.recv() => next,
+            read = fill_until_close(server, &mut buf, idle), if buf.is_empty() => {
+                if read? == 0 {
+                    return drain_refusal(queue, client, counter).await;
+                }
+                continue;
+            }
+        };
+        let Some(next) = next else {
+            return Ok(());
+        };
         let (was_head, http11) = match next {
             Pending::Refused(refusal) => {
                 write_counted(client, &refusal.response(), counter).await?;
@@ -486,17 +501,7 @@ where
         .await
         {
             Ok(Some(more)) => more,
-            Ok(None) => {
-                // The server closed between responses: a refusal already queued (the request
-                // side cut a body and closed) is still answered.
-                while let Ok(next) = queue.try_recv() {
-                    if let Pending::Refused(refusal) = next {
-                        write_counted(client, &refusal.response(), counter).await?;
-                        return Err(refusal.into_error());
-                    }
-                }
-                return Ok(());
-            }
+            Ok(None) => return drain_refusal(queue, client, counter).await,
             Err(e @ (InterceptError::Response { .. } | InterceptError::Malformed { .. })) => {
                 let reason = crate::error_text::chain(&e);
                 let _ = write_counted(
@@ -516,6 +521,21 @@ where
         };
         if !keep_going {
             return Ok(());
+        }
+    }
+}
+
+/// The server closed between responses: a refusal already queued (the request side cut a
+/// body and closed) is still answered.
+async fn drain_refusal<W: AsyncWrite + Unpin>(
+    queue: &mut UnboundedReceiver<Pending>,
+    client: &mut W,
+    counter: &AtomicU64,
+) -> Result<(), InterceptError> {
+    while let Ok(next) = queue.try_recv() {
+        if let Pending::Refused(refusal) = next {
+            write_counted(client, &refusal.response(), counter).await?;
+            return Err(refusal.into_error());
         }
     }
     Ok(())
@@ -857,6 +877,37 @@ mod tests {
             );
             assert!(end.is_err());
         }
+    }
+
+    /// A server that closes after its answer ends the relay while the client's side is still
+    /// open (no wait for the idle timeout).
+    #[tokio::test]
+    async fn the_servers_close_between_responses_ends_the_relay() {
+        let s = Scrubber::new(SECRET, "Bearer ", Some(PH)).unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send(get(true)).unwrap();
+        let mut client = Vec::new();
+        let counter = AtomicU64::new(0);
+        let mut server: &[u8] =
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok";
+        let relayed = tokio::time::timeout(
+            Duration::from_secs(5),
+            relay_responses(
+                &mut server,
+                Downstream {
+                    client: &mut client,
+                    counter: &counter,
+                },
+                &mut rx,
+                &s,
+                Duration::from_secs(60),
+            ),
+        )
+        .await
+        .expect("the relay waited for the next request");
+        relayed.unwrap();
+        assert!(client.ends_with(b"\r\n\r\nok"));
+        drop(tx);
     }
 
     #[tokio::test]

@@ -531,7 +531,16 @@ where
             head: rewritten.head_method,
             http11: rewritten.http11,
         };
-        let watch = job.entry.placeholder.as_deref().and_then(Watch::new);
+        let watch = match job.entry.placeholder.as_deref() {
+            Some(p) => match Watch::new(p) {
+                Some(w) => Some(w),
+                None => {
+                    refuse(Refusal::bad("cannot search the body for the placeholder"));
+                    return Ok(());
+                }
+            },
+            None => None,
+        };
         match (rewritten.body, watch) {
             (Body::None, _) => {
                 let _ = queue.send(response);
