@@ -508,10 +508,11 @@ fn podman_the_injected_secret_never_comes_back() -> anyhow::Result<()> {
             format!("{} holds the secret", path.display())
         });
         for r in net::read_audit(&path).unwrap_or_default() {
-            if r["kind"] == "net" && r["data"]["port"] == w.api.port {
-                if let Some(rule) = r["data"]["rule"].as_str() {
-                    denied.push(rule.to_owned());
-                }
+            if r["kind"] == "net"
+                && r["data"]["port"] == w.api.port
+                && let Some(rule) = r["data"]["rule"].as_str()
+            {
+                denied.push(rule.to_owned());
             }
         }
     }
