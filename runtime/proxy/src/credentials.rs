@@ -3,8 +3,10 @@
 //!
 //! A plain entry rewrites absolute-form `http://` requests only: HTTPS and SOCKS5 connections
 //! to its domain stay opaque tunnels. An `https` entry instead makes the proxy terminate TLS
-//! for its domain (`crate::tls_inject`), add the header to every request inside, and replace
-//! the entry's placeholder with the secret there, and only there.
+//! for its domain (`crate::tls_inject`) and add the header to every request inside. Either way,
+//! the requests to a bound host are checked (the placeholder only where the header goes, no
+//! `TRACE`, no `Upgrade`) and the responses scrubbed of the secret (`crate::scrub`), so the
+//! secret only leaves, never returns.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -26,7 +28,8 @@ pub struct InjectedHeader {
     pub secret: String,
     /// Terminate TLS to `domain` and inject inside (else plain HTTP only).
     pub https: bool,
-    /// Text the sandbox sees instead of the secret; replaced in requests to `domain` only.
+    /// Text the sandbox sees instead of the secret: refused in requests anywhere but the
+    /// header, and what the secret is replaced with in responses.
     pub placeholder: Option<String>,
     /// A CA file that verifies `domain`'s server instead of the host's trust store.
     pub upstream_ca: Option<PathBuf>,
