@@ -4,10 +4,11 @@
 //!
 //! The forms searched for ([`Scrubber::new`]): the secret as it is; percent-encoded (only the
 //! bytes URL encoders escape, and every byte), upper- and lower-case hex digits; JSON string
-//! escapes (`\/`, `\"`, `\\`, `\uXXXX` for non-ASCII, and every character as `\uXXXX`); hex;
-//! base64 (standard and URL-safe alphabets, with and without padding), and the part of base64
-//! that only depends on the secret when it was encoded inside a longer text, at each of the
-//! three positions a 3-byte group can start; and for a `Basic` rule, the decoded
+//! escapes (`\/`, `\"`, `\\`, `\uXXXX` for non-ASCII or Go's `<`, `>`, `&`, and every
+//! character as `\uXXXX`); HTML entities; hex; base64 (standard and URL-safe alphabets, with and
+//! without padding), and the part of base64 that only depends on the secret when it was encoded
+//! inside a longer text, at each of the three positions a 3-byte group can start, also
+//! percent-encoded; and for a `Basic` rule, the decoded
 //! `user:password` and the password alone. Each is replaced with the same form of the
 //! placeholder, so a tool that decodes what it got sees the placeholder. An encoded form
 //! shorter than [`MIN_NEEDLE`] bytes is not searched for (it would match ordinary text); the
@@ -207,8 +208,18 @@ fn forms(secret: &[u8], with: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
             .join(&b'+');
         out.push((form, with.to_vec()));
     }
-    for (slash, ascii) in [(false, false), (true, false), (false, true), (true, true)] {
-        out.push((json(secret, slash, ascii), json(with, slash, ascii)));
+    for slash in [false, true] {
+        for ascii in [false, true] {
+            for html in [false, true] {
+                out.push((
+                    json(secret, slash, ascii, html),
+                    json(with, slash, ascii, html),
+                ));
+            }
+        }
+    }
+    for numeric in [false, true] {
+        out.push((html_escape(secret, numeric), html_escape(with, numeric)));
     }
     for alphabet in [STANDARD, URL_SAFE] {
         let padded = base64(secret, alphabet, true);
@@ -224,6 +235,13 @@ fn forms(secret: &[u8], with: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
             ));
         }
     }
+    // Base64 carried in a URL or form: its `+`, `/` and `=` percent-encoded.
+    let encoded: Vec<(Vec<u8>, Vec<u8>)> = out
+        .iter()
+        .filter(|(needle, _)| needle.iter().any(|b| b"+/=".contains(b)))
+        .map(|(needle, with)| (percent(needle, true, false), percent(with, true, false)))
+        .collect();
+    out.extend(encoded);
 }
 
 /// Percent-encoding: the bytes outside RFC 3986's unreserved set, or (`all`) every byte.
@@ -254,8 +272,9 @@ fn hex(data: &[u8], upper: bool) -> Vec<u8> {
 }
 
 /// A JSON string's content: `"` and `\` escaped, `/` as `\/` (`slash`), non-ASCII as
-/// `\uXXXX` UTF-16 units (`ascii`, as Python's `json.dumps` does by default).
-fn json(data: &[u8], slash: bool, ascii: bool) -> Vec<u8> {
+/// `\uXXXX` UTF-16 units (`ascii`, as Python's `json.dumps` does by default), `<`, `>`, `&`
+/// as `\u003c`, `\u003e`, `\u0026` (`html`, as Go's `encoding/json` does by default).
+fn json(data: &[u8], slash: bool, ascii: bool, html: bool) -> Vec<u8> {
     let Ok(text) = std::str::from_utf8(data) else {
         return data.to_vec();
     };
@@ -265,6 +284,7 @@ fn json(data: &[u8], slash: bool, ascii: bool) -> Vec<u8> {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
             '/' if slash => out.push_str("\\/"),
+            '<' | '>' | '&' if html => out.push_str(&format!("\\u{:04x}", u32::from(c))),
             c if ascii && !c.is_ascii() => {
                 let mut units = [0u16; 2];
                 for u in c.encode_utf16(&mut units) {
@@ -275,6 +295,27 @@ fn json(data: &[u8], slash: bool, ascii: bool) -> Vec<u8> {
         }
     }
     out.into_bytes()
+}
+
+/// HTML text: `&`, `<`, `>`, `"`, `'` as entities (`&#39;` or, `numeric`, every one as `&#N;`).
+fn html_escape(data: &[u8], numeric: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 8);
+    for &b in data {
+        let entity: Option<&[u8]> = match b {
+            b'&' => Some(b"&amp;"),
+            b'<' => Some(b"&lt;"),
+            b'>' => Some(b"&gt;"),
+            b'"' => Some(b"&quot;"),
+            b'\'' => Some(b"&#39;"),
+            _ => None,
+        };
+        match entity {
+            Some(_) if numeric => out.extend_from_slice(format!("&#{b};").as_bytes()),
+            Some(e) => out.extend_from_slice(e),
+            None => out.push(b),
+        }
+    }
+    out
 }
 
 /// Every character as a `\uXXXX` escape.
@@ -453,6 +494,32 @@ mod tests {
     }
 
     #[test]
+    fn html_go_json_and_url_carried_base64_forms_are_caught() {
+        let secret = "k&y<1>\"q'Zx+/9w";
+        let s = Scrubber::new(secret, "", Some(PH)).unwrap();
+        for form in [
+            "k&amp;y&lt;1&gt;&quot;q&#39;Zx+/9w".to_owned(),
+            "k&#38;y&#60;1&#62;&#34;q&#39;Zx+/9w".to_owned(),
+            "k\\u0026y\\u003c1\\u003e\\\"q'Zx+/9w".to_owned(),
+            String::from_utf8(percent(
+                &base64(secret.as_bytes(), STANDARD, true),
+                true,
+                false,
+            ))
+            .unwrap(),
+            String::from_utf8(percent(
+                &base64_core(secret.as_bytes(), STANDARD, 2),
+                false,
+                false,
+            ))
+            .unwrap(),
+        ] {
+            let out = s.scrub(format!("<p>{form}</p>").as_bytes());
+            assert_ne!(out, format!("<p>{form}</p>").as_bytes(), "{form}");
+        }
+    }
+
+    #[test]
     fn a_basic_credential_is_caught_decoded_too() {
         let encoded = String::from_utf8(base64(b"ci-bot:hunter2-long", STANDARD, true)).unwrap();
         let s = Scrubber::new(&encoded, "Basic ", Some(PH)).unwrap();
@@ -511,7 +578,7 @@ mod tests {
             Just(SECRET.as_bytes().to_vec()),
             Just(base64(SECRET.as_bytes(), STANDARD, true)),
             Just(percent(SECRET.as_bytes(), false, false)),
-            Just(json(SECRET.as_bytes(), true, true)),
+            Just(json(SECRET.as_bytes(), true, true, false)),
             Just(PH.as_bytes().to_vec()),
             Just(SECRET.as_bytes()[..5].to_vec()),
             proptest::collection::vec(any::<u8>(), 0..40),
@@ -537,7 +604,7 @@ mod tests {
                 SECRET.as_bytes().to_vec(),
                 base64(SECRET.as_bytes(), STANDARD, false),
                 percent(SECRET.as_bytes(), false, false),
-                json(SECRET.as_bytes(), true, true),
+                json(SECRET.as_bytes(), true, true, false),
             ] {
                 prop_assert!(!has(&whole, &needle));
             }
