@@ -10,10 +10,12 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 use agent_sandbox_policy::network::DomainRule;
 
 use crate::rules::Host;
+use crate::scrub::Scrubber;
 
 /// One header to add: `name: value` on requests to hosts `domain` matches.
 #[derive(Clone)]
@@ -50,12 +52,31 @@ impl fmt::Debug for InjectedHeader {
 #[derive(Clone, Debug, Default)]
 pub struct Credentials {
     entries: Vec<InjectedHeader>,
+    /// Per entry, the search for its secret in responses: built on first use, then shared by
+    /// every connection (building it costs about a TLS handshake).
+    scrubbers: Vec<OnceLock<Option<Arc<Scrubber>>>>,
 }
 
 impl Credentials {
     /// A table from entries (validated by the policy: header names and values are safe).
     pub fn new(entries: Vec<InjectedHeader>) -> Self {
-        Self { entries }
+        let scrubbers = entries.iter().map(|_| OnceLock::new()).collect();
+        Self { entries, scrubbers }
+    }
+
+    /// The scrubber of `entry` (one of this table's), or `None` if its search cannot be built.
+    pub(crate) fn scrubber(&self, entry: &InjectedHeader) -> Option<Arc<Scrubber>> {
+        let index = self.entries.iter().position(|e| std::ptr::eq(e, entry))?;
+        self.scrubbers
+            .get(index)?
+            .get_or_init(|| {
+                let prefix = entry
+                    .value
+                    .strip_suffix(entry.secret.as_str())
+                    .unwrap_or("");
+                Scrubber::new(&entry.secret, prefix, entry.placeholder.as_deref()).map(Arc::new)
+            })
+            .clone()
     }
 
     /// Whether there is nothing to inject.

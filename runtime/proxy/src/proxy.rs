@@ -803,8 +803,12 @@ impl Inner {
         let Some(host) = rec.host.clone() else {
             return client_error("tunnel without a host");
         };
+        let Some(scrubber) = self.config.credentials.scrubber(binding.entry) else {
+            return client_error("cannot build the search for the credential");
+        };
         let job = tls_inject::Intercept {
             tls: Some(binding.tls),
+            scrubber,
             entry: binding.entry,
             index: binding.index,
             host: &host,
@@ -840,8 +844,12 @@ impl Inner {
         counters: &Counters,
     ) -> Outcome {
         self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
+        let Some(scrubber) = self.config.credentials.scrubber(entry) else {
+            return client_error("cannot build the search for the credential");
+        };
         let job = tls_inject::Intercept {
             tls: None,
+            scrubber,
             entry,
             index: 0,
             host,

@@ -220,6 +220,8 @@ pub enum InterceptError {
 pub(crate) struct Intercept<'a> {
     /// The TLS side (none: a plain-HTTP request, [`serve_plain`]).
     pub(crate) tls: Option<&'a TlsInterceptor>,
+    /// The search for `entry`'s secret in responses (`Credentials::scrubber`).
+    pub(crate) scrubber: Arc<Scrubber>,
     pub(crate) entry: &'a InjectedHeader,
     pub(crate) index: usize,
     pub(crate) host: &'a Host,
@@ -396,18 +398,7 @@ where
         down: down_bytes,
         requests,
     } = counted;
-    let prefix = job
-        .entry
-        .value
-        .strip_suffix(job.entry.secret.as_str())
-        .unwrap_or("");
-    let Some(scrubber) = Scrubber::new(&job.entry.secret, prefix, job.entry.placeholder.as_deref())
-    else {
-        return Err(InterceptError::Request {
-            reason: "cannot build the search for the credential".into(),
-            rule: None,
-        });
-    };
+    let scrubber = job.scrubber.as_ref();
     let idle = job.idle_timeout;
     let (queue, mut pending) = mpsc::unbounded_channel::<Pending>();
     // Requests: each head is checked and rewritten before anything of it reaches the server;
@@ -428,7 +419,7 @@ where
                 counter: down_bytes,
             },
             &mut pending,
-            &scrubber,
+            scrubber,
             idle,
         )
         .await;
@@ -1087,6 +1078,9 @@ mod tests {
         let host = Host::parse("api.example.com").unwrap();
         let job = Intercept {
             tls: Some(&tls),
+            scrubber: Arc::new(
+                Scrubber::new(&e.secret, "Bearer ", e.placeholder.as_deref()).unwrap(),
+            ),
             entry: e,
             index: 0,
             host: &host,
@@ -1256,6 +1250,9 @@ mod body_tests {
         let host = Host::parse("api.example.com").unwrap();
         let job = Intercept {
             tls: Some(&tls),
+            scrubber: Arc::new(
+                Scrubber::new(&e.secret, "Bearer ", e.placeholder.as_deref()).unwrap(),
+            ),
             entry: &e,
             index: 0,
             host: &host,
