@@ -5,6 +5,7 @@ mod audit;
 mod audit_cap;
 mod baseline;
 mod contracts;
+mod credential_echo;
 mod cri;
 mod ctr;
 mod docker;

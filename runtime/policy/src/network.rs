@@ -303,8 +303,9 @@ pub struct Credential {
     /// Terminate TLS to `domain` (with the sandbox's CA) to add the header inside HTTPS.
     #[serde(default, skip_serializing_if = "is_false")]
     pub https: bool,
-    /// A variable set in the sandbox to a placeholder (`agent-sandbox-placeholder-NAME`) that
-    /// the proxy replaces with the secret in requests to `domain`, and only there.
+    /// A variable set in the sandbox to a placeholder (`agent-sandbox-placeholder-NAME`) for
+    /// tools that want a token to send: the proxy sets `header` itself and refuses a request to
+    /// `domain` that carries the placeholder anywhere else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placeholder_env: Option<String>,
     /// A CA certificate file (PEM) on the host that verifies `domain`'s real server instead of

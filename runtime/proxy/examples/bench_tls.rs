@@ -11,7 +11,9 @@
 //! the server). The same client code measures, per round and in an order that rotates:
 //! - latency: REQUESTS sequential requests, each a new connection (CONNECT, TLS handshake,
 //!   one GET, answer); prints the added time per request and the ratio;
-//! - throughput: one connection POSTing MEGABYTES; prints MB/s and the ratio.
+//! - throughput: one connection POSTing MEGABYTES, then one GET of MEGABYTES (the bound name's
+//!   answer is scrubbed of the secret on its way back, and its request bodies searched for the
+//!   placeholder); prints MB/s and the ratio.
 //!   Ratios are taken within a round, the median over rounds reported.
 
 use std::net::SocketAddr;
@@ -30,15 +32,17 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// One round's figures per mode (tunnel, tls-terminating): ms per request, MB/s.
-type Round = [(f64, f64); 2];
+/// One round's figures per mode (tunnel, tls-terminating): ms per request, upload MB/s,
+/// download MB/s.
+type Round = [(f64, f64, f64); 2];
 mod common;
 use common::{BenchRules, SERVER_IP, args, load_average, median};
 
 const BOUND: &str = "bound.bench";
 const PLAIN: &str = "plain.bench";
 
-/// Reads one request head (and its Content-Length body, counted), answers with the count.
+/// Reads one request head (and its Content-Length body, counted), answers with the count, or
+/// for `GET /download/N`, with N bytes.
 async fn answer<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> Result<bool> {
     let mut head = Vec::new();
     let mut b = [0u8; 1];
@@ -49,6 +53,23 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S) -> Result<bool> {
         head.push(b[0]);
     }
     let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    if let Some(n) = text
+        .strip_prefix("get /download/")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        s.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n").as_bytes())
+            .await?;
+        let chunk = vec![b'Z'; 256 * 1024];
+        let mut left = n;
+        while left > 0 {
+            let take = usize::try_from(left.min(chunk.len() as u64))?;
+            s.write_all(&chunk[..take]).await?;
+            left -= take as u64;
+        }
+        s.flush().await?;
+        return Ok(true);
+    }
     let length: u64 = text
         .lines()
         .find_map(|l| l.strip_prefix("content-length:"))
@@ -203,6 +224,68 @@ async fn bulk(
     Ok(start.elapsed())
 }
 
+/// One GET of `bytes` on a new connection; the body counted (by length, or chunked: the bound
+/// name's long answers come re-framed).
+async fn download(
+    proxy: SocketAddr,
+    name: &str,
+    port: u16,
+    client: &tokio_rustls::TlsConnector,
+    bytes: u64,
+) -> Result<Duration> {
+    let mut tls = connect(proxy, name, port, client).await?;
+    let start = Instant::now();
+    tls.write_all(
+        format!("GET /download/{bytes} HTTP/1.1\r\nHost: {name}:{port}\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut reader = tokio::io::BufReader::with_capacity(256 * 1024, tls);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        ensure!(
+            tokio::io::AsyncBufReadExt::read_line(&mut reader, &mut line).await? > 0,
+            "closed inside the response head"
+        );
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line.to_ascii_lowercase());
+    }
+    ensure!(head.starts_with("http/1.1 200"), "not 200: {head}");
+    let mut got = 0u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    if head.contains("transfer-encoding: chunked") {
+        loop {
+            let mut line = String::new();
+            tokio::io::AsyncBufReadExt::read_line(&mut reader, &mut line).await?;
+            let size = u64::from_str_radix(line.trim(), 16)?;
+            let mut left = size + 2;
+            while left > 0 {
+                let want = usize::try_from(left.min(buf.len() as u64))?;
+                let n = reader.read(&mut buf[..want]).await?;
+                ensure!(n > 0, "chunk cut short");
+                left -= n as u64;
+            }
+            if size == 0 {
+                break;
+            }
+            got += size;
+        }
+    } else {
+        let mut left = bytes;
+        while left > 0 {
+            let want = usize::try_from(left.min(buf.len() as u64))?;
+            let n = reader.read(&mut buf[..want]).await?;
+            ensure!(n > 0, "body cut short");
+            left -= n as u64;
+            got += n as u64;
+        }
+    }
+    ensure!(got == bytes, "downloaded {got} of {bytes} bytes");
+    Ok(start.elapsed())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let (megabytes, requests, rounds) = args(300)?;
@@ -237,7 +320,7 @@ async fn main() -> Result<()> {
         value: "Bearer bench-secret".into(),
         secret: "bench-secret".into(),
         https: true,
-        placeholder: None,
+        placeholder: Some("agent-sandbox-placeholder-BENCH".into()),
         upstream_ca: Some(internet_file),
     }]);
     let (sandbox_ca, sandbox_pem) = SandboxCa::ephemeral("bench sandbox", &[bound_rule])?;
@@ -275,7 +358,7 @@ async fn main() -> Result<()> {
     // fig[round][mode] = (ms per request, MB/s)
     let mut fig: Vec<Round> = Vec::new();
     for round in 1..=rounds {
-        let mut this = [(0.0, 0.0); 2];
+        let mut this = [(0.0, 0.0, 0.0); 2];
         let order = if round % 2 == 1 { [0usize, 1] } else { [1, 0] };
         for mode in order {
             let (name, client) = if mode == 0 {
@@ -285,20 +368,24 @@ async fn main() -> Result<()> {
             };
             let l = latency(proxy_addr, name, port, client, requests).await?;
             let b = bulk(proxy_addr, name, port, client, bytes).await?;
+            let d = download(proxy_addr, name, port, client, bytes).await?;
             this[mode] = (
                 l.as_secs_f64() * 1000.0 / requests as f64,
                 mb / b.as_secs_f64(),
+                mb / d.as_secs_f64(),
             );
         }
         println!(
-            "round {round} (load {}): {} {:.3} ms/req {:.0} MB/s; {} {:.3} ms/req {:.0} MB/s",
+            "round {round} (load {}): {} {:.3} ms/req up {:.0} MB/s down {:.0} MB/s; {} {:.3} ms/req up {:.0} MB/s down {:.0} MB/s",
             load_average(),
             NAMES[0],
             this[0].0,
             this[0].1,
+            this[0].2,
             NAMES[1],
             this[1].0,
-            this[1].1
+            this[1].1,
+            this[1].2
         );
         fig.push(this);
     }
@@ -316,6 +403,12 @@ async fn main() -> Result<()> {
         per_round(&|f| f[0].1),
         per_round(&|f| f[1].1),
         per_round(&|f| f[1].1 / f[0].1),
+    );
+    println!(
+        "throughput ({megabytes} MB download in one response, median of {rounds} rounds): tunnel {:.0} MB/s, tls-terminating (scrubbed) {:.0} MB/s, ratio {:.2}",
+        per_round(&|f| f[0].2),
+        per_round(&|f| f[1].2),
+        per_round(&|f| f[1].2 / f[0].2),
     );
     Ok(())
 }

@@ -3,15 +3,19 @@
 //!
 //! A plain entry rewrites absolute-form `http://` requests only: HTTPS and SOCKS5 connections
 //! to its domain stay opaque tunnels. An `https` entry instead makes the proxy terminate TLS
-//! for its domain (`crate::tls_inject`), add the header to every request inside, and replace
-//! the entry's placeholder with the secret there, and only there.
+//! for its domain (`crate::tls_inject`) and add the header to every request inside. Either way,
+//! the requests to a bound host are checked (the placeholder only where the header goes, no
+//! `TRACE`, no `Upgrade`) and the responses scrubbed of the secret (`crate::scrub`), so the
+//! secret only leaves, never returns.
 
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 use agent_sandbox_policy::network::DomainRule;
 
 use crate::rules::Host;
+use crate::scrub::Scrubber;
 
 /// One header to add: `name: value` on requests to hosts `domain` matches.
 #[derive(Clone)]
@@ -26,7 +30,8 @@ pub struct InjectedHeader {
     pub secret: String,
     /// Terminate TLS to `domain` and inject inside (else plain HTTP only).
     pub https: bool,
-    /// Text the sandbox sees instead of the secret; replaced in requests to `domain` only.
+    /// Text the sandbox sees instead of the secret: refused in requests anywhere but the
+    /// header, and what the secret is replaced with in responses.
     pub placeholder: Option<String>,
     /// A CA file that verifies `domain`'s server instead of the host's trust store.
     pub upstream_ca: Option<PathBuf>,
@@ -47,12 +52,31 @@ impl fmt::Debug for InjectedHeader {
 #[derive(Clone, Debug, Default)]
 pub struct Credentials {
     entries: Vec<InjectedHeader>,
+    /// Per entry, the search for its secret in responses: built on first use, then shared by
+    /// every connection (building it costs about a TLS handshake).
+    scrubbers: Vec<OnceLock<Option<Arc<Scrubber>>>>,
 }
 
 impl Credentials {
     /// A table from entries (validated by the policy: header names and values are safe).
     pub fn new(entries: Vec<InjectedHeader>) -> Self {
-        Self { entries }
+        let scrubbers = entries.iter().map(|_| OnceLock::new()).collect();
+        Self { entries, scrubbers }
+    }
+
+    /// The scrubber of `entry` (one of this table's), or `None` if its search cannot be built.
+    pub(crate) fn scrubber(&self, entry: &InjectedHeader) -> Option<Arc<Scrubber>> {
+        let index = self.entries.iter().position(|e| std::ptr::eq(e, entry))?;
+        self.scrubbers
+            .get(index)?
+            .get_or_init(|| {
+                let prefix = entry
+                    .value
+                    .strip_suffix(entry.secret.as_str())
+                    .unwrap_or("");
+                Scrubber::new(&entry.secret, prefix, entry.placeholder.as_deref()).map(Arc::new)
+            })
+            .clone()
     }
 
     /// Whether there is nothing to inject.

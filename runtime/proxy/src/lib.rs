@@ -8,6 +8,7 @@ pub mod dns_stub;
 pub mod env;
 pub mod error_text;
 pub mod events;
+mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guard;
@@ -18,6 +19,7 @@ mod proxy;
 mod pump;
 pub mod resolve;
 pub mod rules;
+mod scrub;
 pub mod sni;
 mod socks;
 pub mod tls_inject;

@@ -669,7 +669,12 @@ impl Inner {
                 .tunnel(stream, upstream, early, &host, port, rec, counters)
                 .await;
         };
-        let first_bytes = self.forward_bytes(head, &host, port, rec);
+        if let Some(entry) = self.config.credentials.find(&host, port) {
+            return self
+                .forward_bound(entry, head, stream, upstream, &host, port, rec, counters)
+                .await;
+        }
+        let first_bytes = head.encode(None);
         if let Err(outcome) = send_first(&mut upstream, &first_bytes, counters).await {
             return outcome;
         }
@@ -755,35 +760,6 @@ impl Inner {
         Err(Outcome::Denied)
     }
 
-    /// The forwarded request's bytes, with the policy's credential header for this host.
-    fn forward_bytes(
-        &self,
-        head: &ForwardHead,
-        host: &Host,
-        port: u16,
-        rec: &mut Record,
-    ) -> Vec<u8> {
-        match self.config.credentials.find(host, port) {
-            Some(c) => {
-                rec.credential = Some(Injection {
-                    header: c.name.clone(),
-                    requests: 1,
-                    https: false,
-                });
-                tracing::info!(
-                    target: "agent_sandbox::egress",
-                    connection = rec.id,
-                    %host,
-                    port,
-                    header = %c.name,
-                    "credential header injected"
-                );
-                head.encode(Some((&c.name, &c.value)))
-            }
-            None => head.encode(None),
-        }
-    }
-
     async fn serve_socks(
         &self,
         stream: &mut TcpStream,
@@ -843,8 +819,12 @@ impl Inner {
         let Some(host) = rec.host.clone() else {
             return client_error("tunnel without a host");
         };
+        let Some(scrubber) = self.config.credentials.scrubber(binding.entry) else {
+            return client_error("cannot build the search for the credential");
+        };
         let job = tls_inject::Intercept {
-            tls: binding.tls,
+            tls: Some(binding.tls),
+            scrubber,
             entry: binding.entry,
             index: binding.index,
             host: &host,
@@ -862,25 +842,55 @@ impl Inner {
             https: true,
         });
         rec.relayed = true;
-        let Some(error) = done.error else {
-            return Outcome::Allowed;
+        intercepted_outcome(done, rec)
+    }
+
+    /// Serves an absolute-form `http://` request to a host a plain credential binds: checked,
+    /// injected and its response scrubbed (`crate::tls_inject::serve_plain`), like inside TLS.
+    #[allow(clippy::too_many_arguments)]
+    async fn forward_bound(
+        &self,
+        entry: &InjectedHeader,
+        head: &ForwardHead,
+        stream: &mut TcpStream,
+        upstream: TcpStream,
+        host: &Host,
+        port: u16,
+        rec: &mut Record,
+        counters: &Counters,
+    ) -> Outcome {
+        self.emit(rec, Stage::Opened, Outcome::Allowed, counters);
+        let Some(scrubber) = self.config.credentials.scrubber(entry) else {
+            return client_error("cannot build the search for the credential");
         };
-        let reason = chain(&error);
-        tracing::debug!(connection = rec.id, %reason, "intercepted connection ended early");
-        if done.host_mismatch {
-            rec.rule = Some(HOST_MISMATCH_RULE.to_owned());
-            return Outcome::Denied;
-        }
-        match error {
-            InterceptError::UpstreamHandshake(_) | InterceptError::UpstreamHandshakeTimeout => {
-                Outcome::UpstreamFailed { reason }
-            }
-            InterceptError::Request { .. } => Outcome::BadRequest { reason },
-            InterceptError::ClientHandshake(_) | InterceptError::ClientHandshakeTimeout => {
-                Outcome::ClientError { reason }
-            }
-            _ => Outcome::Allowed,
-        }
+        let job = tls_inject::Intercept {
+            tls: None,
+            scrubber,
+            entry,
+            index: 0,
+            host,
+            port,
+            connection: rec.id,
+            handshake_timeout: self.config.handshake_timeout,
+            idle_timeout: self.config.idle_timeout,
+            max_head_bytes: self.config.max_head_bytes,
+        };
+        let done = tls_inject::serve_plain(
+            job,
+            stream,
+            head.encode(None),
+            upstream,
+            &counters.up,
+            &counters.down,
+        )
+        .await;
+        rec.credential = Some(Injection {
+            header: entry.name.clone(),
+            requests: done.requests,
+            https: false,
+        });
+        rec.relayed = true;
+        intercepted_outcome(done, rec)
     }
 
     async fn relay(
@@ -1072,6 +1082,30 @@ impl Inner {
 }
 
 /// Sends the bytes read from the client before the relay (a request head, a ClientHello).
+/// The outcome of a checked exchange with a credential-bound host, for its event.
+fn intercepted_outcome(done: tls_inject::Intercepted, rec: &mut Record) -> Outcome {
+    let Some(error) = done.error else {
+        return Outcome::Allowed;
+    };
+    let reason = chain(&error);
+    tracing::debug!(connection = rec.id, %reason, "intercepted connection ended early");
+    if let Some(rule) = done.denied {
+        rec.rule = Some(rule.to_owned());
+        return Outcome::Denied;
+    }
+    match error {
+        InterceptError::UpstreamHandshake(_)
+        | InterceptError::UpstreamHandshakeTimeout
+        | InterceptError::Response { .. }
+        | InterceptError::Malformed { .. } => Outcome::UpstreamFailed { reason },
+        InterceptError::Request { .. } => Outcome::BadRequest { reason },
+        InterceptError::ClientHandshake(_) | InterceptError::ClientHandshakeTimeout => {
+            Outcome::ClientError { reason }
+        }
+        _ => Outcome::Allowed,
+    }
+}
+
 async fn send_first(
     upstream: &mut TcpStream,
     bytes: &[u8],

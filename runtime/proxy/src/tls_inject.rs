@@ -1,16 +1,24 @@
 //! HTTPS credential injection: for a tunnel to a domain an `https` credential binds, the proxy
 //! terminates the client's TLS with a certificate from the sandbox's CA ([`crate::ca`]),
 //! opens its own TLS connection to the real server (verified against the host's trust store,
-//! or the credential's `upstream_ca`), and relays HTTP/1.1 between them, rewriting each request
-//! head: the credential's header is set, and its placeholder (if any) is replaced with the
-//! secret. Responses are relayed unchanged. Tunnels to every other domain stay opaque.
+//! or the credential's `upstream_ca`), and relays HTTP/1.1 between them. Tunnels to every other
+//! domain stay opaque.
+//!
+//! The secret only leaves, never returns. Each request head is checked and rewritten: the
+//! credential's header is set (whatever the client sent there is dropped) and
+//! `Accept-Encoding: identity` asked for. Refused with a `403` naming the rule: the placeholder
+//! anywhere else (another header, the URL, the body: a `Content-Length` body of at most
+//! [`SCANNED_BODY`] bytes is searched before its request leaves; a longer or chunked one as it
+//! streams, holding back the bytes that could begin the placeholder, so that the server gets a
+//! cut request and never the placeholder), `TRACE`/`TRACK` (also as a method override header),
+//! and `Upgrade` (another protocol's stream cannot be searched). Every response is parsed and
+//! scrubbed of the secret and its encodings ([`crate::exchange`], [`crate::scrub`]).
 //!
 //! Only HTTP/1.1 is spoken on either side (ALPN `http/1.1`), so each request's head can be
 //! found: bodies are framed by `Content-Length` or chunked encoding, and a request with both,
 //! conflicting lengths or another transfer coding is refused. A request whose `Host` (or
 //! absolute-form target) names another host than the tunnel's is refused: the credential goes
-//! to the bound name only, never to another site behind the same address. An `Upgrade`
-//! request (WebSocket) is injected, then the rest of the connection is relayed as it is.
+//! to the bound name only, never to another site behind the same address.
 
 use std::collections::HashMap;
 use std::io;
@@ -25,12 +33,15 @@ use rustls_pki_types::ServerName;
 use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 use tokio::time::timeout;
 
 use crate::ca::{CaError, SandboxCa};
 use crate::credentials::{Credentials, InjectedHeader};
 use crate::error_text::chain;
+use crate::exchange::{BodyReader, Downstream, Framing, Pending, Refusal, relay_responses};
 use crate::rules::Host;
+use crate::scrub::{Scrubber, Watch};
 
 /// The protocol spoken inside the terminated TLS, on both sides.
 const ALPN_HTTP1: &[u8] = b"http/1.1";
@@ -188,7 +199,17 @@ pub enum InterceptError {
     #[error("`{host}` is not a TLS server name")]
     ServerName { host: String },
     #[error("request refused: {reason}")]
-    Request { reason: String },
+    Request {
+        reason: String,
+        /// The policy rule a `403` named (none: a `400`).
+        rule: Option<&'static str>,
+    },
+    /// A response the proxy could not search for the credential (answered with a `502`).
+    #[error("response refused: {reason}")]
+    Response { reason: String },
+    /// A response (or a request body) whose framing could not be followed.
+    #[error("{reason}")]
+    Malformed { reason: String },
     #[error("the connection broke")]
     Io(#[source] io::Error),
     #[error("no bytes either way for {0:?}")]
@@ -197,7 +218,10 @@ pub enum InterceptError {
 
 /// What one intercepted connection needs to know.
 pub(crate) struct Intercept<'a> {
-    pub(crate) tls: &'a TlsInterceptor,
+    /// The TLS side (none: a plain-HTTP request, [`serve_plain`]).
+    pub(crate) tls: Option<&'a TlsInterceptor>,
+    /// The search for `entry`'s secret in responses (`Credentials::scrubber`).
+    pub(crate) scrubber: Arc<Scrubber>,
     pub(crate) entry: &'a InjectedHeader,
     pub(crate) index: usize,
     pub(crate) host: &'a Host,
@@ -210,13 +234,14 @@ pub(crate) struct Intercept<'a> {
 
 /// How an intercepted connection ended, for its event.
 #[derive(Debug)]
-pub(crate) struct Intercepted {
+pub struct Intercepted {
     /// Requests the header was added to.
     pub(crate) requests: u64,
     /// Why it ended early (none: both sides closed normally).
     pub(crate) error: Option<InterceptError>,
-    /// The refusal was a request for another host than the tunnel's (a policy refusal).
-    pub(crate) host_mismatch: bool,
+    /// The rule of a policy refusal (`403`): the request went to another host than the
+    /// tunnel's, or could have brought the secret back.
+    pub(crate) denied: Option<&'static str>,
 }
 
 /// Serves one tunnel to a bound domain: TLS with the client (`early` holds bytes it sent with
@@ -241,15 +266,32 @@ pub(crate) async fn serve(
     )
     .await
     .err();
-    let host_mismatch = matches!(&error, Some(InterceptError::Request { reason }) if reason.starts_with(HOST_MISMATCH));
+    let denied = match &error {
+        Some(InterceptError::Request { rule, .. }) => *rule,
+        _ => None,
+    };
     Intercepted {
         requests,
         error,
-        host_mismatch,
+        denied,
     }
 }
 
 const HOST_MISMATCH: &str = crate::proxy::HOST_MISMATCH_RULE;
+
+/// The rule of a request that carries the placeholder anywhere but the credential's header.
+pub const PLACEHOLDER_RULE: &str = "placeholder outside the credential header";
+/// The rule of a `TRACE`/`TRACK` request (the server would echo the credential).
+pub const TRACE_RULE: &str = "trace on a credential-bound host";
+/// The rule of a request asking to switch protocols (the proxy could not scrub the stream).
+pub const UPGRADE_RULE: &str = "protocol upgrade on a credential-bound host";
+
+/// Largest `Content-Length` request body read whole and searched for the placeholder before
+/// its request leaves (a longer one, or a chunked one, is searched as it streams).
+const SCANNED_BODY: u64 = 1 << 20;
+
+/// Where the docs explain the refusals.
+const DOCS: &str = "docs/egress.md, \"HTTPS credential injection\"";
 
 async fn run(
     job: &Intercept<'_>,
@@ -261,7 +303,13 @@ async fn run(
     requests: &mut u64,
 ) -> Result<(), InterceptError> {
     let host = job.host.to_string();
-    let server = job.tls.server_config(&host)?;
+    let Some(tls) = job.tls else {
+        return Err(InterceptError::Request {
+            reason: "no TLS configuration for this credential".into(),
+            rule: None,
+        });
+    };
+    let server = tls.server_config(&host)?;
     let accept = tokio_rustls::TlsAcceptor::from(server).accept(Prefixed {
         prefix: early,
         at: 0,
@@ -272,9 +320,10 @@ async fn run(
         .map_err(|_| InterceptError::ClientHandshakeTimeout)?
         .map_err(InterceptError::ClientHandshake)?;
 
-    let Some(Some(client_config)) = job.tls.clients.get(job.index) else {
+    let Some(Some(client_config)) = tls.clients.get(job.index) else {
         return Err(InterceptError::Request {
             reason: "no TLS client configuration for this credential".into(),
+            rule: None,
         });
     };
     let name = match job.host {
@@ -305,124 +354,283 @@ async fn run(
         }
     };
 
-    // The first request is read and checked before anything reaches the server, so that a
-    // refusal can still be answered on the client's connection.
-    let mut buf = Vec::with_capacity(4096);
-    let Some(first) = read_head(
-        &mut client_tls,
-        &mut buf,
-        job.max_head_bytes,
-        job.idle_timeout,
+    let (cr, cw) = tokio::io::split(client_tls);
+    let (ur, uw) = tokio::io::split(upstream_tls);
+    checked_exchange(
+        job,
+        (cr, cw),
+        (ur, uw),
+        None,
+        Counted {
+            up: up_bytes,
+            down: down_bytes,
+            requests,
+        },
     )
-    .await?
-    else {
-        return Ok(());
-    };
-    let first = match rewrite(job, &buf[..first]) {
-        Ok(r) => r,
-        Err(reason) => {
-            let (status, text, header) = if reason.starts_with(HOST_MISMATCH) {
-                (
-                    403,
-                    crate::proxy::DENIED_REASON,
-                    (crate::proxy::DENIED_HEADER, HOST_MISMATCH),
-                )
-            } else {
-                (
-                    400,
-                    "Bad Request",
-                    (crate::proxy::ERROR_HEADER, "bad-request"),
-                )
-            };
-            let _ = client_tls
-                .write_all(&crate::http::response(
-                    status,
-                    text,
-                    header,
-                    &format!("agent-sandbox: request refused: {reason}"),
-                ))
-                .await;
-            let _ = client_tls.shutdown().await;
-            return Err(InterceptError::Request { reason });
-        }
-    };
-    let consumed = first.head_len;
-    buf.drain(..consumed);
+    .await
+}
 
-    let (mut cr, mut cw) = tokio::io::split(client_tls);
-    let (mut ur, mut uw) = tokio::io::split(upstream_tls);
+/// Where an exchange counts what it relayed.
+pub(crate) struct Counted<'a> {
+    pub(crate) up: &'a AtomicU64,
+    pub(crate) down: &'a AtomicU64,
+    pub(crate) requests: &'a mut u64,
+}
+
+/// Relays HTTP/1.1 between a client and a credential-bound server: requests checked and
+/// rewritten ([`rewrite`]; at most `limit` of them), responses scrubbed of the secret
+/// ([`relay_responses`]).
+async fn checked_exchange<CR, CW, UR, UW>(
+    job: &Intercept<'_>,
+    (mut cr, mut cw): (CR, CW),
+    (mut ur, mut uw): (UR, UW),
+    limit: Option<u64>,
+    counted: Counted<'_>,
+) -> Result<(), InterceptError>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
+{
+    let Counted {
+        up: up_bytes,
+        down: down_bytes,
+        requests,
+    } = counted;
+    let scrubber = job.scrubber.as_ref();
     let idle = job.idle_timeout;
+    let (queue, mut pending) = mpsc::unbounded_channel::<Pending>();
+    // Requests: each head is checked and rewritten before anything of it reaches the server;
+    // a refusal is queued for the response side, which answers it in order, and ends the
+    // requests.
     let up = async {
-        let mut next = Some(first);
-        let requests_up = async {
-            loop {
-                let rewritten = match next.take() {
-                    Some(r) => r,
-                    None => {
-                        let Some(len) =
-                            read_head(&mut cr, &mut buf, job.max_head_bytes, idle).await?
-                        else {
-                            break;
-                        };
-                        let r = rewrite(job, &buf[..len])
-                            .map_err(|reason| InterceptError::Request { reason })?;
-                        buf.drain(..len);
-                        r
-                    }
-                };
-                write_counted(&mut uw, &rewritten.bytes, up_bytes).await?;
-                *requests += 1;
-                tracing::info!(
-                    target: "agent_sandbox::egress",
-                    connection = job.connection,
-                    host = %job.host,
-                    port = job.port,
-                    header = %job.entry.name,
-                    "credential header injected (https)"
-                );
-                match rewritten.body {
-                    Body::None => {}
-                    Body::Length(n) => {
-                        copy_exact(&mut cr, &mut buf, &mut uw, n, idle, up_bytes).await?
-                    }
-                    Body::Chunked => {
-                        copy_chunked(&mut cr, &mut buf, &mut uw, idle, up_bytes).await?
-                    }
-                }
-                if rewritten.upgrade {
-                    // The rest is another protocol (WebSocket): relayed as it is.
-                    write_counted(&mut uw, &buf, up_bytes).await?;
-                    buf.clear();
-                    copy_counted(&mut cr, &mut uw, idle, up_bytes).await?;
-                    break;
-                }
-            }
-            Ok::<(), InterceptError>(())
-        }
-        .await;
+        let sent = send_requests(job, &mut cr, &mut uw, &queue, up_bytes, requests, limit).await;
+        drop(queue);
         // However the client's side ended, the server learns that no more requests come.
         let _ = uw.shutdown().await;
-        requests_up
+        sent
     };
     let down = async {
-        copy_counted(&mut ur, &mut cw, idle, down_bytes).await?;
-        cw.shutdown().await.map_err(InterceptError::Io)
+        let relayed = relay_responses(
+            &mut ur,
+            Downstream {
+                client: &mut cw,
+                counter: down_bytes,
+            },
+            &mut pending,
+            scrubber,
+            idle,
+        )
+        .await;
+        let _ = cw.shutdown().await;
+        relayed
     };
+    // The response side decides when the connection ends: a client that went quiet or away
+    // still gets the answers already on their way, and a refusal is answered after them.
     tokio::pin!(up, down);
     let mut up_done = false;
     loop {
         tokio::select! {
-            r = &mut up, if !up_done => {
-                // A refused request ends the connection at once; a client that went quiet
-                // or away still gets the answers already on their way.
-                if let Err(e @ InterceptError::Request { .. }) = r {
-                    return Err(e);
-                }
-                up_done = true;
-            }
-            r = &mut down => return r,
+            _ = &mut up, if !up_done => up_done = true,
+            relayed = &mut down => return relayed,
         }
     }
+}
+
+/// Serves one plain-HTTP request to a host a plain (non-`https`) credential binds: `head` is
+/// the request as the proxy would forward it (origin form, then any body bytes already read),
+/// checked and injected like a request inside TLS, and its response scrubbed. Only this request
+/// goes to the server.
+pub(crate) async fn serve_plain(
+    job: Intercept<'_>,
+    client: &mut TcpStream,
+    head: Vec<u8>,
+    mut upstream: TcpStream,
+    up_bytes: &AtomicU64,
+    down_bytes: &AtomicU64,
+) -> Intercepted {
+    let mut requests = 0u64;
+    let (cr, cw) = client.split();
+    let (ur, uw) = upstream.split();
+    let error = checked_exchange(
+        &job,
+        (head.as_slice().chain(cr), cw),
+        (ur, uw),
+        Some(1),
+        Counted {
+            up: up_bytes,
+            down: down_bytes,
+            requests: &mut requests,
+        },
+    )
+    .await
+    .err();
+    let denied = match &error {
+        Some(InterceptError::Request { rule, .. }) => *rule,
+        _ => None,
+    };
+    Intercepted {
+        requests,
+        error,
+        denied,
+    }
+}
+
+/// Reads, checks and sends the client's requests until it stops, one is refused, or the
+/// connection fails.
+async fn send_requests<R, W>(
+    job: &Intercept<'_>,
+    cr: &mut R,
+    uw: &mut W,
+    queue: &mpsc::UnboundedSender<Pending>,
+    up_bytes: &AtomicU64,
+    requests: &mut u64,
+    limit: Option<u64>,
+) -> Result<(), InterceptError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let idle = job.idle_timeout;
+    let mut buf = Vec::with_capacity(4096);
+    let refuse = |refusal: Refusal| {
+        let _ = queue.send(Pending::Refused(refusal));
+    };
+    loop {
+        if limit.is_some_and(|l| *requests >= l) {
+            return Ok(());
+        }
+        let len = match read_head(cr, &mut buf, job.max_head_bytes, idle).await {
+            Ok(Some(len)) => len,
+            Ok(None) => return Ok(()),
+            Err(InterceptError::Request { reason, .. }) => {
+                refuse(Refusal::bad(reason));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let rewritten = match rewrite(job, buf.get(..len).unwrap_or_default()) {
+            Ok(r) => r,
+            Err(refusal) => {
+                refuse(refusal);
+                return Ok(());
+            }
+        };
+        buf.drain(..len);
+        let response = Pending::Response {
+            head: rewritten.head_method,
+            http11: rewritten.http11,
+        };
+        let watch = match job.entry.placeholder.as_deref() {
+            Some(p) => match Watch::new(p) {
+                Some(w) => Some(w),
+                None => {
+                    refuse(Refusal::bad("cannot search the body for the placeholder"));
+                    return Ok(());
+                }
+            },
+            None => None,
+        };
+        match (rewritten.body, watch) {
+            (Body::None, _) => {
+                let _ = queue.send(response);
+                write_counted(uw, &rewritten.bytes, up_bytes).await?;
+            }
+            (Body::Length(n), None) => {
+                let _ = queue.send(response);
+                write_counted(uw, &rewritten.bytes, up_bytes).await?;
+                copy_exact(cr, &mut buf, uw, n, idle, up_bytes).await?;
+            }
+            (Body::Chunked, None) => {
+                let _ = queue.send(response);
+                write_counted(uw, &rewritten.bytes, up_bytes).await?;
+                copy_chunked(cr, &mut buf, uw, idle, up_bytes).await?;
+            }
+            (Body::Length(n), Some(watch)) if n <= SCANNED_BODY && !rewritten.expect_continue => {
+                // Read whole and searched before the request leaves, so a refusal is clean.
+                let mut body = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+                let scratch = AtomicU64::new(0);
+                copy_exact(cr, &mut buf, &mut body, n, idle, &scratch).await?;
+                if watch.found_in(&body) {
+                    refuse(placeholder_in("the request body"));
+                    return Ok(());
+                }
+                let _ = queue.send(response);
+                let mut bytes = rewritten.bytes;
+                bytes.extend_from_slice(&body);
+                write_counted(uw, &bytes, up_bytes).await?;
+            }
+            (framing, Some(mut watch)) => {
+                // Streamed: the bytes that could begin the placeholder are held back, so if it
+                // comes, the server gets a cut request (then the end of the connection), never
+                // the placeholder.
+                let _ = queue.send(response);
+                write_counted(uw, &rewritten.bytes, up_bytes).await?;
+                let chunked = framing == Body::Chunked;
+                let mut body = BodyReader::new(match framing {
+                    Body::Length(n) => Framing::Length(n),
+                    _ => Framing::Chunked,
+                });
+                loop {
+                    let piece = body.next(cr, &mut buf, idle).await?;
+                    let safe = match &piece {
+                        Some(data) => watch.push(data),
+                        None => Some(watch.finish()),
+                    };
+                    let Some(safe) = safe else {
+                        refuse(placeholder_in("the request body"));
+                        return Ok(());
+                    };
+                    if !safe.is_empty() {
+                        let bytes = if chunked { exchange_chunk(&safe) } else { safe };
+                        write_counted(uw, &bytes, up_bytes).await?;
+                    }
+                    if piece.is_none() {
+                        break;
+                    }
+                }
+                if chunked {
+                    if watch.found_in(&body.trailers) {
+                        refuse(placeholder_in("a trailer of the request body"));
+                        return Ok(());
+                    }
+                    let mut end = b"0\r\n".to_vec();
+                    end.extend_from_slice(&body.trailers);
+                    end.extend_from_slice(b"\r\n");
+                    write_counted(uw, &end, up_bytes).await?;
+                }
+            }
+        }
+        uw.flush().await.map_err(InterceptError::Io)?;
+        *requests += 1;
+        tracing::info!(
+            target: "agent_sandbox::egress",
+            connection = job.connection,
+            host = %job.host,
+            port = job.port,
+            header = %job.entry.name,
+            https = job.tls.is_some(),
+            "credential header injected"
+        );
+    }
+}
+
+fn exchange_chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+fn placeholder_in(place: &str) -> Refusal {
+    Refusal::denied(
+        PLACEHOLDER_RULE,
+        format!(
+            "the credential's placeholder is in {place}; it is only sent in the credential's own \
+             header, which the proxy sets ({DOCS})"
+        ),
+    )
 }
 
 /// How a request's body is framed.
@@ -437,9 +645,13 @@ enum Body {
 #[derive(Debug)]
 struct Rewritten {
     bytes: Vec<u8>,
-    head_len: usize,
     body: Body,
-    upgrade: bool,
+    /// A `HEAD` request (its response has no body).
+    head_method: bool,
+    /// The client spoke HTTP/1.1.
+    http11: bool,
+    /// The client waits for `100 Continue` before it sends the body.
+    expect_continue: bool,
 }
 
 /// Reads until `buf` holds a complete request head; returns its length, or `None` if the
@@ -455,6 +667,7 @@ async fn read_head<R: AsyncRead + Unpin>(
             if end > limit {
                 return Err(InterceptError::Request {
                     reason: format!("request head is larger than {limit} bytes"),
+                    rule: None,
                 });
             }
             return Ok(Some(end));
@@ -462,6 +675,7 @@ async fn read_head<R: AsyncRead + Unpin>(
         if buf.len() > limit {
             return Err(InterceptError::Request {
                 reason: format!("request head is larger than {limit} bytes"),
+                rule: None,
             });
         }
         let n = fill(reader, buf, idle).await?;
@@ -492,54 +706,100 @@ async fn fill<R: AsyncRead + Unpin>(
     Ok(n)
 }
 
-/// Checks one request head and rewrites it: the credential's header set, the placeholder
-/// replaced with the secret in every other header value. The error is a reason for the client.
-fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, String> {
+/// Request headers dropped on a credential-bound host: the server must answer uncompressed (a
+/// compressed body cannot be searched for the secret) and whole (a byte range of an echo
+/// could hold a piece of the secret too short to recognise).
+const DROPPED: &[&str] = &["accept-encoding", "te", "range", "if-range"];
+
+/// Headers through which frameworks let a request claim another method.
+const METHOD_OVERRIDES: &[&str] = &[
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// Methods whose response echoes the request (and so its credential) back.
+fn echoes_request(method: &str) -> bool {
+    method.eq_ignore_ascii_case("TRACE") || method.eq_ignore_ascii_case("TRACK")
+}
+
+/// Checks one request head and rewrites it: the credential's header set (whatever the client
+/// sent for it dropped), `Accept-Encoding: identity`, everything else as sent. Refused: a
+/// request for another host, a request that would echo the credential back or switch to a
+/// protocol the proxy cannot follow, the placeholder anywhere but the credential's header, and
+/// ambiguous framing.
+fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, Refusal> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err("incomplete request head".into()),
-        Err(e) => return Err(format!("malformed request head: {e}")),
+        Ok(httparse::Status::Partial) => return Err(Refusal::bad("incomplete request head")),
+        Err(e) => return Err(Refusal::bad(format!("malformed request head: {e}"))),
     }
     let method = req.method.unwrap_or_default();
     let target = req.path.unwrap_or_default();
     if method.eq_ignore_ascii_case("CONNECT") {
-        return Err("CONNECT inside an intercepted tunnel".into());
+        return Err(Refusal::bad("CONNECT inside an intercepted tunnel"));
+    }
+    if echoes_request(method) {
+        return Err(Refusal::denied(
+            TRACE_RULE,
+            format!("{method} would echo the credential back ({DOCS})"),
+        ));
+    }
+    let entry = job.entry;
+    let placeholder = entry.placeholder.as_deref().map(str::as_bytes);
+    if let Some(p) = placeholder {
+        let decoded = percent_decode(target.as_bytes());
+        if contains(target.as_bytes(), p) || contains(&decoded, p) {
+            return Err(placeholder_in("the request target (URL)"));
+        }
     }
     if !target.starts_with('/') && target != "*" {
         let uri: http::Uri = target
             .parse()
-            .map_err(|_| format!("request target {target:?} is not a valid URI"))?;
+            .map_err(|_| Refusal::bad(format!("request target {target:?} is not a valid URI")))?;
         match uri.host() {
             Some(h) if same_host(h, uri.port_u16(), job) => {}
-            _ => return Err(format!("{HOST_MISMATCH}: target {target:?}")),
+            _ => {
+                return Err(Refusal::denied(
+                    HOST_MISMATCH,
+                    format!("{HOST_MISMATCH}: target {target:?}"),
+                ));
+            }
         }
     }
     let mut host_seen = false;
     let mut lengths: Vec<u64> = Vec::new();
     let mut chunked = false;
     let mut te = false;
-    let mut upgrade = false;
+    let mut expect_continue = false;
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        let named = h.name.eq_ignore_ascii_case(&entry.name);
+        if let Some(p) = placeholder
+            && !named
+            && (contains(h.value, p) || contains(h.name.as_bytes(), p))
+        {
+            return Err(placeholder_in(&format!("the {} header", h.name)));
+        }
         if h.name.eq_ignore_ascii_case("host") {
             if host_seen {
-                return Err("more than one Host header".into());
+                return Err(Refusal::bad("more than one Host header"));
             }
             host_seen = true;
-            let authority: http::uri::Authority = value
-                .parse()
-                .map_err(|_| format!("{HOST_MISMATCH}: Host {value:?}"))?;
+            let mismatch =
+                || Refusal::denied(HOST_MISMATCH, format!("{HOST_MISMATCH}: Host {value:?}"));
+            let authority: http::uri::Authority = value.parse().map_err(|_| mismatch())?;
             if !same_host(authority.host(), authority.port_u16(), job) {
-                return Err(format!("{HOST_MISMATCH}: Host {value:?}"));
+                return Err(mismatch());
             }
         } else if h.name.eq_ignore_ascii_case("content-length") {
             for part in value.split(',') {
                 let n = part
                     .trim()
                     .parse::<u64>()
-                    .map_err(|_| format!("bad Content-Length {value:?}"))?;
+                    .map_err(|_| Refusal::bad(format!("bad Content-Length {value:?}")))?;
                 lengths.push(n);
             }
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -549,23 +809,42 @@ fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, String> {
                 .next()
                 .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
         } else if h.name.eq_ignore_ascii_case("upgrade") {
-            upgrade = true;
+            return Err(Refusal::denied(
+                UPGRADE_RULE,
+                format!(
+                    "Upgrade: {value}: the proxy cannot search another protocol's stream for the \
+                     credential ({DOCS})"
+                ),
+            ));
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect_continue = value.eq_ignore_ascii_case("100-continue");
+        } else if METHOD_OVERRIDES
+            .iter()
+            .any(|o| h.name.eq_ignore_ascii_case(o))
+            && echoes_request(value)
+        {
+            return Err(Refusal::denied(
+                TRACE_RULE,
+                format!(
+                    "{}: {value} would echo the credential back ({DOCS})",
+                    h.name
+                ),
+            ));
         }
     }
     if !host_seen && req.version == Some(1) {
-        return Err("HTTP/1.1 request without a Host header".into());
+        return Err(Refusal::bad("HTTP/1.1 request without a Host header"));
     }
     lengths.dedup();
     let body = match (te, lengths.as_slice()) {
         (true, []) if chunked => Body::Chunked,
-        (true, []) => return Err("a transfer coding other than chunked last".into()),
-        (true, _) => return Err("both Transfer-Encoding and Content-Length".into()),
+        (true, []) => return Err(Refusal::bad("a transfer coding other than chunked last")),
+        (true, _) => return Err(Refusal::bad("both Transfer-Encoding and Content-Length")),
         (false, []) => Body::None,
         (false, [n]) => Body::Length(*n),
-        (false, _) => return Err("conflicting Content-Length values".into()),
+        (false, _) => return Err(Refusal::bad("conflicting Content-Length values")),
     };
 
-    let entry = job.entry;
     let line_end = head
         .windows(2)
         .position(|w| w == b"\r\n")
@@ -573,29 +852,56 @@ fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, String> {
     let mut out = Vec::with_capacity(head.len() + entry.value.len() + 64);
     out.extend_from_slice(head.get(..line_end).unwrap_or_default());
     for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case(&entry.name) {
+        if h.name.eq_ignore_ascii_case(&entry.name)
+            || DROPPED.iter().any(|d| h.name.eq_ignore_ascii_case(d))
+        {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
         out.extend_from_slice(b": ");
-        match &entry.placeholder {
-            Some(p) => {
-                out.extend_from_slice(&replace(h.value, p.as_bytes(), entry.secret.as_bytes()))
-            }
-            None => out.extend_from_slice(h.value),
-        }
+        out.extend_from_slice(h.value);
         out.extend_from_slice(b"\r\n");
     }
+    out.extend_from_slice(b"Accept-Encoding: identity\r\n");
     out.extend_from_slice(entry.name.as_bytes());
     out.extend_from_slice(b": ");
     out.extend_from_slice(entry.value.as_bytes());
     out.extend_from_slice(b"\r\n\r\n");
     Ok(Rewritten {
         bytes: out,
-        head_len: head.len(),
         body,
-        upgrade,
+        head_method: method.eq_ignore_ascii_case("HEAD"),
+        http11: req.version == Some(1),
+        expect_continue,
     })
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `%XX` escapes decoded (invalid ones kept as they are).
+fn percent_decode(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        let byte = text.get(i).copied().unwrap_or(0);
+        let hex = text
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (byte, hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            _ => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Whether `host[:port]` from a request names the tunnel's host (a missing port is the
@@ -605,26 +911,7 @@ fn same_host(host: &str, port: Option<u16>, job: &Intercept<'_>) -> bool {
     Host::parse(host).is_ok_and(|h| h == *job.host) && port.is_none_or(|p| p == job.port)
 }
 
-/// `value` with every occurrence of `from` replaced by `to`.
-fn replace(value: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-    if from.is_empty() {
-        return value.to_vec();
-    }
-    let mut out = Vec::with_capacity(value.len());
-    let mut i = 0;
-    while i < value.len() {
-        if value.get(i..i + from.len()) == Some(from) {
-            out.extend_from_slice(to);
-            i += from.len();
-        } else {
-            out.extend_from_slice(value.get(i..=i).unwrap_or_default());
-            i += 1;
-        }
-    }
-    out
-}
-
-async fn write_counted<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_counted<W: AsyncWrite + Unpin>(
     w: &mut W,
     bytes: &[u8],
     counter: &AtomicU64,
@@ -672,6 +959,7 @@ async fn take_line<R: AsyncRead + Unpin>(
         if buf.len() > MAX_CHUNK_LINE {
             return Err(InterceptError::Request {
                 reason: "chunk line too long".into(),
+                rule: None,
             });
         }
         if fill(r, buf, idle).await? == 0 {
@@ -694,6 +982,7 @@ async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let size_text = text.split(';').next().unwrap_or("").trim();
         let size = u64::from_str_radix(size_text, 16).map_err(|_| InterceptError::Request {
             reason: format!("bad chunk size {size_text:?}"),
+            rule: None,
         })?;
         write_counted(w, &line, counter).await?;
         if size == 0 {
@@ -711,35 +1000,10 @@ async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         if end != b"\r\n" {
             return Err(InterceptError::Request {
                 reason: "chunk data longer than its size".into(),
+                rule: None,
             });
         }
         write_counted(w, &end, counter).await?;
-    }
-}
-
-/// Relays everything from `r` to `w` until EOF.
-async fn copy_counted<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    r: &mut R,
-    w: &mut W,
-    idle: Duration,
-    counter: &AtomicU64,
-) -> Result<(), InterceptError> {
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let n = timeout(idle, r.read(&mut chunk))
-            .await
-            .map_err(|_| InterceptError::Idle(idle))?;
-        let n = match n {
-            Ok(n) => n,
-            // A peer that closes without TLS close_notify: treat as the end of its data.
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => 0,
-            Err(e) => return Err(InterceptError::Io(e)),
-        };
-        if n == 0 {
-            return Ok(());
-        }
-        write_counted(w, chunk.get(..n).unwrap_or_default(), counter).await?;
-        w.flush().await.map_err(InterceptError::Io)?;
     }
 }
 
@@ -813,7 +1077,10 @@ mod tests {
         };
         let host = Host::parse("api.example.com").unwrap();
         let job = Intercept {
-            tls: &tls,
+            tls: Some(&tls),
+            scrubber: Arc::new(
+                Scrubber::new(&e.secret, "Bearer ", e.placeholder.as_deref()).unwrap(),
+            ),
             entry: e,
             index: 0,
             host: &host,
@@ -830,26 +1097,57 @@ mod tests {
         String::from_utf8(r.bytes.clone()).unwrap()
     }
 
+    const PH: &str = "agent-sandbox-placeholder-TOKEN";
+
     #[test]
-    fn the_header_is_set_and_the_placeholder_replaced_in_this_domain_only() {
-        let e = entry(Some("agent-sandbox-placeholder-TOKEN"));
+    fn the_header_is_set_identity_asked_and_the_placeholder_nowhere_else() {
+        let e = entry(Some(PH));
         with_job(&e, |job| {
             let r = rewrite(
                 job,
-                b"POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nauthorization: token agent-sandbox-placeholder-TOKEN\r\nX-Api-Key: agent-sandbox-placeholder-TOKEN\r\nContent-Length: 3\r\n\r\n",
+                format!("POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nauthorization: token {PH}\r\nAccept-Encoding: gzip, br\r\nTE: gzip\r\nRange: bytes=3-9\r\nContent-Length: 3\r\n\r\n").as_bytes(),
             )
             .unwrap();
             assert_eq!(
                 text(&r),
-                "POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nX-Api-Key: s3cret\r\nContent-Length: 3\r\nAuthorization: Bearer s3cret\r\n\r\n"
+                "POST /v1/x HTTP/1.1\r\nHost: API.example.com\r\nContent-Length: 3\r\nAccept-Encoding: identity\r\nAuthorization: Bearer s3cret\r\n\r\n"
             );
             assert_eq!(r.body, Body::Length(3));
+            assert!(r.http11 && !r.head_method);
             let r = rewrite(
                 job,
                 b"GET https://api.example.com:443/ HTTP/1.1\r\nHost: api.example.com:443\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
             )
             .unwrap();
             assert_eq!(r.body, Body::Chunked);
+        });
+    }
+
+    /// Every place a placeholder could be echoed from, and every request that makes a server
+    /// echo the credential itself, is refused with a 403 that names why.
+    #[test]
+    fn echo_prone_requests_are_refused_with_the_reason() {
+        let e = entry(Some(PH));
+        with_job(&e, |job| {
+            for (head, rule, why) in [
+                (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nX-Request-Id: {PH}\r\n\r\n"), PLACEHOLDER_RULE, "X-Request-Id header"),
+                (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nOrigin: https://{PH}.x\r\n\r\n"), PLACEHOLDER_RULE, "Origin header"),
+                (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nX-{PH}: 1\r\n\r\n"), PLACEHOLDER_RULE, "header"),
+                (format!("GET /?t={PH} HTTP/1.1\r\nHost: api.example.com\r\n\r\n"), PLACEHOLDER_RULE, "request target"),
+                ("GET /?t=agent-sandbox-placeholder%2dTOKEN HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), PLACEHOLDER_RULE, "request target"),
+                ("TRACE / HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), TRACE_RULE, "TRACE"),
+                ("track / HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), TRACE_RULE, "track"),
+                ("POST / HTTP/1.1\r\nHost: api.example.com\r\nX-HTTP-Method-Override: TRACE\r\n\r\n".into(), TRACE_RULE, "Override"),
+                ("GET / HTTP/1.1\r\nHost: api.example.com\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n".into(), UPGRADE_RULE, "websocket"),
+            ] {
+                let refusal = rewrite(job, head.as_bytes()).unwrap_err();
+                assert_eq!((refusal.status, refusal.rule), (403, Some(rule)), "{head:?}");
+                assert!(refusal.reason.contains(why), "{head:?}: {}", refusal.reason);
+                let response = String::from_utf8(refusal.response()).unwrap();
+                assert!(response.starts_with("HTTP/1.1 403 "), "{response}");
+                assert!(response.contains(&format!("X-Agent-Sandbox-Denied: {rule}\r\n")), "{response}");
+                assert!(response.contains("docs/egress.md"), "{response}");
+            }
         });
     }
 
@@ -893,7 +1191,7 @@ mod tests {
                 ),
             ] {
                 let err = rewrite(job, head.as_bytes()).unwrap_err();
-                assert!(err.contains(why), "{head:?}: {err}");
+                assert!(err.reason.contains(why), "{head:?}: {err:?}");
             }
         });
     }
@@ -920,10 +1218,162 @@ mod tests {
         left.extend_from_slice(rest);
         assert_eq!(left, b"NEXT");
     }
+}
 
-    #[test]
-    fn replace_every_occurrence() {
-        assert_eq!(replace(b"a-PH-b-PH", b"PH", b"xyz"), b"a-xyz-b-xyz");
-        assert_eq!(replace(b"none", b"PH", b"x"), b"none");
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+    use crate::exchange::test_io::Trickle;
+    use agent_sandbox_policy::network::DomainRule;
+
+    const PH: &str = "agent-sandbox-placeholder-TOKEN";
+
+    /// Runs the request side over `client` (read `step` bytes at a time): what reached the
+    /// server, and what the response side was told.
+    async fn requests(client: &[u8], step: usize) -> (Vec<u8>, Vec<Pending>) {
+        let e = InjectedHeader {
+            domain: DomainRule::parse("api.example.com").unwrap(),
+            name: "Authorization".into(),
+            value: "Bearer s3cret".into(),
+            secret: "s3cret".into(),
+            https: true,
+            placeholder: Some(PH.into()),
+            upstream_ca: None,
+        };
+        let (ca, _) = SandboxCa::ephemeral("test", std::slice::from_ref(&e.domain)).unwrap();
+        let tls = TlsInterceptor {
+            ca,
+            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            servers: Mutex::new(HashMap::new()),
+            clients: Vec::new(),
+        };
+        let host = Host::parse("api.example.com").unwrap();
+        let job = Intercept {
+            tls: Some(&tls),
+            scrubber: Arc::new(
+                Scrubber::new(&e.secret, "Bearer ", e.placeholder.as_deref()).unwrap(),
+            ),
+            entry: &e,
+            index: 0,
+            host: &host,
+            port: 443,
+            connection: 1,
+            handshake_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            max_head_bytes: 8192,
+        };
+        let mut reader = Trickle::new(client, step);
+        let mut upstream = Vec::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut n = 0;
+        send_requests(
+            &job,
+            &mut reader,
+            &mut upstream,
+            &tx,
+            &AtomicU64::new(0),
+            &mut n,
+            None,
+        )
+        .await
+        .unwrap();
+        drop(tx);
+        let mut told = Vec::new();
+        while let Some(p) = rx.recv().await {
+            told.push(p);
+        }
+        (upstream, told)
+    }
+
+    fn refused(told: &[Pending]) -> Option<&Refusal> {
+        told.iter().find_map(|p| match p {
+            Pending::Refused(r) => Some(r),
+            Pending::Response { .. } => None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_placeholder_in_a_short_body_stops_the_request_before_it_leaves() {
+        let body = format!("{{\"echo\": \"{PH}\"}}");
+        let raw = format!(
+            "GET /ok HTTP/1.1\r\nHost: api.example.com\r\n\r\nPOST /x HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        for step in [1, 7, 4096] {
+            let (up, told) = requests(raw.as_bytes(), step).await;
+            let up = String::from_utf8(up).unwrap();
+            assert!(up.starts_with("GET /ok "), "{up}");
+            assert!(!up.contains("POST"), "the refused request left: {up}");
+            assert!(matches!(
+                told.first(),
+                Some(Pending::Response {
+                    head: false,
+                    http11: true
+                })
+            ));
+            let r = refused(&told).unwrap();
+            assert_eq!(r.rule, Some(PLACEHOLDER_RULE));
+            assert!(r.reason.contains("request body"), "{r:?}");
+        }
+    }
+
+    /// A streamed body (chunked, or longer than the searched size) goes out as it comes; the
+    /// placeholder split over chunks and reads is still caught and never reaches the server.
+    #[tokio::test]
+    async fn a_placeholder_in_a_streamed_body_cuts_it_before_the_placeholder() {
+        let (a, b) = PH.split_at(10);
+        let raw = format!(
+            "POST /s HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        for step in [1, 3, 4096] {
+            let (up, told) = requests(raw.as_bytes(), step).await;
+            assert!(!String::from_utf8_lossy(&up).contains(PH));
+            assert!(
+                !String::from_utf8_lossy(&up).contains("0\r\n\r\n"),
+                "the body was completed"
+            );
+            assert_eq!(refused(&told).unwrap().rule, Some(PLACEHOLDER_RULE));
+        }
+        let long = "x".repeat(usize::try_from(SCANNED_BODY).unwrap() + 10);
+        let raw = format!(
+            "PUT /l HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: {}\r\n\r\n{long}{PH}",
+            long.len() + PH.len()
+        );
+        let (up, told) = requests(raw.as_bytes(), 65536).await;
+        assert!(!String::from_utf8_lossy(&up).contains(PH));
+        assert!(up.len() > long.len() - PH.len(), "the body did not stream");
+        assert_eq!(refused(&told).unwrap().rule, Some(PLACEHOLDER_RULE));
+    }
+
+    #[tokio::test]
+    async fn clean_bodies_pass_unchanged_in_every_framing() {
+        let raw = "POST /a HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 5\r\n\r\nhelloPOST /b HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nHEAD /c HTTP/1.0\r\n\r\n";
+        let (up, told) = requests(raw.as_bytes(), 2).await;
+        let up = String::from_utf8(up).unwrap();
+        assert!(up.contains("\r\n\r\nhelloPOST /b"), "{up}");
+        assert!(
+            up.contains("\r\n\r\n3\r\nabc\r\n0\r\nX-T: 1\r\n\r\nHEAD /c"),
+            "{up}"
+        );
+        assert!(refused(&told).is_none());
+        assert!(matches!(
+            told.as_slice(),
+            [
+                Pending::Response {
+                    head: false,
+                    http11: true
+                },
+                Pending::Response {
+                    head: false,
+                    http11: true
+                },
+                Pending::Response {
+                    head: true,
+                    http11: false
+                }
+            ]
+        ));
     }
 }

@@ -385,3 +385,83 @@ async fn random_input_never_breaks_the_proxy() {
     let mut s = connect_tunnel(proxy.addr, &format!("echo.test:{}", echo.addr.port())).await;
     assert_eq!(echo_through(&mut s, b"alive").await, b"alive");
 }
+
+/// A plain-HTTP credential is added to forwarded requests; an origin that echoes the request
+/// (as the body, delimited by closing) hands the secret back when called directly, but never
+/// through the proxy, and TRACE is refused.
+#[tokio::test]
+async fn a_plain_credential_never_comes_back_from_an_echoing_origin() {
+    const SECRET: &str = "s3cret-plain-credential";
+    let listener = tokio::net::TcpListener::bind((SERVER_IP, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let head = read_head(&mut s).await;
+                let _ = s
+                    .write_all(
+                        format!("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{head}").as_bytes(),
+                    )
+                    .await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    let rule =
+        agent_sandbox_policy::network::DomainRule::parse(&format!("web.test:{port}")).unwrap();
+    let proxy = start_proxy_with(
+        TestRules::allow(&["web.test"]).special_ok(&[ip(SERVER_IP)]),
+        resolver_for(&["web.test"], ip(SERVER_IP)),
+        agent_sandbox_proxy::ProxyConfig {
+            credentials: agent_sandbox_proxy::Credentials::new(vec![
+                agent_sandbox_proxy::InjectedHeader {
+                    domain: rule,
+                    name: "Authorization".into(),
+                    value: format!("Bearer {SECRET}"),
+                    secret: SECRET.into(),
+                    https: false,
+                    placeholder: None,
+                    upstream_ca: None,
+                },
+            ]),
+            ..agent_sandbox_proxy::ProxyConfig::default()
+        },
+    )
+    .await;
+    let mut direct = TcpStream::connect((SERVER_IP, port)).await.unwrap();
+    direct
+        .write_all(format!("GET / HTTP/1.1\r\nAuthorization: Bearer {SECRET}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut back = String::new();
+    direct.read_to_string(&mut back).await.unwrap();
+    assert!(back.contains(SECRET), "the origin does not echo: {back}");
+
+    let answer = roundtrip(
+        proxy.addr,
+        format!("GET http://web.test:{port}/echo HTTP/1.1\r\nHost: web.test:{port}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("GET /echo HTTP/1.1"), "{answer}");
+    assert!(!answer.contains(SECRET), "the secret came back: {answer}");
+    assert!(
+        answer.contains("Authorization: Bearer agent-sandbox-redacted"),
+        "{answer}"
+    );
+    let event = proxy.events.one().await;
+    assert_eq!(event.credential.as_ref().map(|c| c.requests), Some(1));
+
+    let answer = roundtrip(
+        proxy.addr,
+        format!("TRACE http://web.test:{port}/ HTTP/1.1\r\nHost: web.test:{port}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(
+        answer.contains("X-Agent-Sandbox-Denied: trace on a credential-bound host"),
+        "{answer}"
+    );
+}

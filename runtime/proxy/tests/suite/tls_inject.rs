@@ -27,7 +27,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// An HTTPS server for API and OTHER (certificates from `internet`); keeps every request
-/// (head and body) and answers each with 200 and `ok`, keeping the connection open.
+/// (head and body) and answers each with 200, keeping the connection open. Like many APIs it
+/// echoes: the `Authorization` it got in `X-Echo-Authorization`, and the request as its body.
 async fn server(internet: &SandboxCa) -> (u16, Arc<Mutex<Vec<String>>>) {
     let mut sni = rustls::server::ResolvesServerCertUsingSni::new();
     for name in [API, OTHER] {
@@ -54,9 +55,18 @@ async fn server(internet: &SandboxCa) -> (u16, Arc<Mutex<Vec<String>>>) {
                     return;
                 };
                 while let Some(request) = read_message(&mut tls).await {
+                    let auth = request
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Authorization: "))
+                        .unwrap_or("")
+                        .to_owned();
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\nX-Echo-Authorization: {auth}\r\nContent-Length: {}\r\n\r\n{request}",
+                        request.len()
+                    );
                     log.lock().unwrap().push(request);
-                    let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-                    if tls.write_all(reply).await.is_err() || tls.flush().await.is_err() {
+                    if tls.write_all(reply.as_bytes()).await.is_err() || tls.flush().await.is_err()
+                    {
                         return;
                     }
                 }
@@ -197,7 +207,7 @@ async fn the_bound_name_gets_the_secret_and_other_names_stay_opaque() {
         .unwrap();
     api.write_all(
         format!(
-            "GET /one HTTP/1.1\r\nHost: {API}:{}\r\nAuthorization: token {PLACEHOLDER}\r\nX-Key: {PLACEHOLDER}\r\n\r\n\
+            "GET /one HTTP/1.1\r\nHost: {API}:{}\r\nAuthorization: token {PLACEHOLDER}\r\n\r\n\
              POST /two HTTP/1.1\r\nHost: {API}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
             s.port
         )
@@ -242,7 +252,6 @@ async fn the_bound_name_gets_the_secret_and_other_names_stay_opaque() {
         one.contains(&format!("Authorization: Bearer {SECRET}\r\n")),
         "{one}"
     );
-    assert!(one.contains(&format!("X-Key: {SECRET}\r\n")), "{one}");
     assert!(
         !one.contains(PLACEHOLDER) && !one.contains("token "),
         "{one}"
@@ -311,4 +320,118 @@ async fn a_request_for_another_host_in_a_bound_tunnel_is_refused_before_the_serv
             .any(|r| r.contains("/fronted")),
         "the fronted request reached the server"
     );
+}
+
+/// The echoing API hands the secret back to whoever sends it (the baseline, straight to the
+/// server); through the proxy the sandbox gets the placeholder instead, and the requests that
+/// would make the server echo the secret in a place the proxy does not rewrite are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_secret_only_leaves_and_never_comes_back() {
+    let s = setup().await;
+    // Baseline: the same request with the real secret, straight to the server, gets it back.
+    let direct = TcpStream::connect((SERVER_IP, s.port)).await.unwrap();
+    let mut direct = connector(&s.internet_pem)
+        .connect(ServerName::try_from(API.to_owned()).unwrap(), direct)
+        .await
+        .unwrap();
+    direct
+        .write_all(
+            format!("GET /echo HTTP/1.1\r\nHost: {API}\r\nAuthorization: Bearer {SECRET}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let answer = read_message(&mut direct).await.unwrap();
+    assert_eq!(
+        answer.matches(SECRET).count(),
+        2,
+        "the server does not echo: {answer}"
+    );
+
+    // Through the proxy: the server gets the secret, the sandbox only the placeholder.
+    let mut api = tunnel(s.proxy.addr, API, s.port, &connector(&s.sandbox_pem))
+        .await
+        .unwrap();
+    api.write_all(
+        format!("GET /echo HTTP/1.1\r\nHost: {API}\r\nAuthorization: Bearer {PLACEHOLDER}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let answer = read_message(&mut api).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(!answer.contains(SECRET), "the secret came back: {answer}");
+    assert!(
+        answer.contains(&format!("X-Echo-Authorization: Bearer {PLACEHOLDER}\r\n")),
+        "{answer}"
+    );
+    assert!(answer.contains(&format!("Authorization: Bearer {PLACEHOLDER}\r\n\r\n")));
+    drop(api);
+    assert!(
+        s.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.contains(&format!("Bearer {SECRET}"))),
+        "the server did not get the secret"
+    );
+
+    for (request, rule) in [
+        (
+            format!("GET /id HTTP/1.1\r\nHost: {API}\r\nX-Request-Id: {PLACEHOLDER}\r\n\r\n"),
+            "placeholder outside the credential header",
+        ),
+        (
+            format!("GET /cors HTTP/1.1\r\nHost: {API}\r\nOrigin: {PLACEHOLDER}\r\n\r\n"),
+            "placeholder outside the credential header",
+        ),
+        (
+            format!("GET /q?t={PLACEHOLDER} HTTP/1.1\r\nHost: {API}\r\n\r\n"),
+            "placeholder outside the credential header",
+        ),
+        (
+            format!(
+                "POST /b HTTP/1.1\r\nHost: {API}\r\nContent-Length: {}\r\n\r\n{PLACEHOLDER}",
+                PLACEHOLDER.len()
+            ),
+            "placeholder outside the credential header",
+        ),
+        (
+            format!("TRACE / HTTP/1.1\r\nHost: {API}\r\n\r\n"),
+            "trace on a credential-bound host",
+        ),
+        (
+            format!(
+                "GET /ws HTTP/1.1\r\nHost: {API}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+            ),
+            "protocol upgrade on a credential-bound host",
+        ),
+    ] {
+        let mut api = tunnel(s.proxy.addr, API, s.port, &connector(&s.sandbox_pem))
+            .await
+            .unwrap();
+        api.write_all(request.as_bytes()).await.unwrap();
+        let answer = read_message(&mut api).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 403"), "{request:?}: {answer}");
+        assert!(
+            answer.contains(&format!("X-Agent-Sandbox-Denied: {rule}\r\n")),
+            "{answer}"
+        );
+        assert!(!answer.contains(SECRET), "{answer}");
+    }
+    let events = s.proxy.events.finished(7).await;
+    let denied = events
+        .iter()
+        .filter(|e| e.outcome == Outcome::Denied)
+        .filter_map(|e| e.rule.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(denied.len(), 6, "{events:?}");
+    let seen = s.seen.lock().unwrap().clone();
+    for path in ["/id", "/cors", "/q", "/b", "/ws"] {
+        assert!(
+            !seen.iter().any(|r| r.contains(&format!(" {path}"))),
+            "{path} reached the server"
+        );
+    }
+    assert!(!seen.iter().any(|r| r.starts_with("TRACE")));
 }
