@@ -402,6 +402,25 @@ fn target_branch(git: &OwnedFd, name: &str) -> Result<Option<ObjectId>, Errno> {
     Ok(None)
 }
 
+/// The target's `.git` directory (opened beneath it, nothing followed) and the target's owner,
+/// whom every object and ref written there belongs to; for the writing steps, which need both.
+fn target_git(target: &Path) -> Result<(OwnedFd, (u32, u32)), HistoryError> {
+    let root = rustix::fs::open(
+        target,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io_at("open", target))?;
+    let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
+    let Some(git) = open_git(&root, target)? else {
+        return Err(HistoryError::Target {
+            path: target.join(".git"),
+            why: "does not exist".to_owned(),
+        });
+    };
+    Ok((git, (st.st_uid, st.st_gid)))
+}
+
 /// Opens the target's `.git` directory beneath the target, following nothing.
 fn open_git(root: &OwnedFd, target: &Path) -> Result<Option<OwnedFd>, HistoryError> {
     match rustix::fs::openat2(
@@ -1477,22 +1496,7 @@ impl History {
             .into());
         };
         let target = &self.target;
-        let root = rustix::fs::open(
-            target,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io_at("open", target))?;
-        let owner = {
-            let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
-            (st.st_uid, st.st_gid)
-        };
-        let Some(git) = open_git(&root, target)? else {
-            return Err(HistoryError::Target {
-                path: target.join(".git"),
-                why: "does not exist".to_owned(),
-            });
-        };
+        let (git, owner) = target_git(target)?;
         let objects_path = target.join(".git/objects");
         let objects = open_dirs(&git, Path::new("objects"), owner, &objects_path)?;
         let mut buf = Vec::new();
@@ -1579,22 +1583,7 @@ impl History {
             return Ok(None);
         };
         let target = &self.target;
-        let root = rustix::fs::open(
-            target,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io_at("open", target))?;
-        let owner = {
-            let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
-            (st.st_uid, st.st_gid)
-        };
-        let Some(git) = open_git(&root, target)? else {
-            return Err(HistoryError::Target {
-                path: target.join(".git"),
-                why: "does not exist".to_owned(),
-            });
-        };
+        let (git, owner) = target_git(target)?;
         let rel = Path::new(&a.branch);
         let shown = target.join(".git").join(rel);
         let dir = open_dirs(&git, rel.parent().unwrap_or(Path::new("")), owner, &shown)?;
