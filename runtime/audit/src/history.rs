@@ -1385,29 +1385,7 @@ fn open_dirs(
     owner: (u32, u32),
     shown: &Path,
 ) -> Result<OwnedFd, PromoteError> {
-    let mut cur = rustix::io::fcntl_dupfd_cloexec(dir, 0).map_err(io_at("open", shown))?;
-    for comp in rel.iter() {
-        let open = |d: &OwnedFd| {
-            rustix::fs::openat(
-                d,
-                comp,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-        };
-        cur = match open(&cur) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => {
-                rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o755))
-                    .map_err(io_at("create directory", shown))?;
-                let fd = open(&cur).map_err(io_at("open directory", shown))?;
-                chown_if_needed(fd.as_fd(), owner).map_err(io_at("chown", shown))?;
-                fd
-            }
-            Err(e) => return Err(io_at("open directory", shown)(e)),
-        };
-    }
-    Ok(cur)
+    crate::promote::open_dirs(dir, rel, owner).map_err(|(op, e)| io_at(op, shown)(e))
 }
 
 /// Writes `bytes` as `name` in `dir` through `NAME.lock` (exclusive) and a rename. With

@@ -1294,11 +1294,18 @@ fn open_parent_dir(
     rel: &Path,
     owner: (u32, u32),
 ) -> Result<OwnedFd, (&'static str, Errno)> {
-    let mut cur = rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(|e| ("open", e))?;
-    let Some(parent) = rel.parent() else {
-        return Ok(cur);
-    };
-    for comp in parent.iter() {
+    open_dirs(root, rel.parent().unwrap_or(Path::new("")), owner)
+}
+
+/// Walks every component of `rel` below `dir`, `O_NOFOLLOW` on each, creating missing
+/// directories (0755, `owner`); the failed step and its cause on error.
+pub(crate) fn open_dirs(
+    dir: &OwnedFd,
+    rel: &Path,
+    owner: (u32, u32),
+) -> Result<OwnedFd, (&'static str, Errno)> {
+    let mut cur = rustix::io::fcntl_dupfd_cloexec(dir, 0).map_err(|e| ("open", e))?;
+    for comp in rel.iter() {
         let open = |dir: &OwnedFd| {
             rustix::fs::openat(
                 dir,
