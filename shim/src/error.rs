@@ -73,7 +73,12 @@ impl TaskError {
     }
 
     /// The ttrpc status code containerd sees; it decides, for example, that a kill of a
-    /// process that is gone (NotFound) means "already stopped".
+    /// process that is gone (NotFound) means "already stopped". NotFound means a missing
+    /// container or process and nothing else, as from containerd's runc shim: a runtime
+    /// failure is Unknown whatever its text says (an exec of a program not in `$PATH` is
+    /// "not found" too, and CRI callers would read NotFound as "no such container"). The
+    /// RPCs that expect a missing container from the runtime (kill) say so with their own
+    /// variant.
     fn code(&self) -> Code {
         match self {
             Self::ContainerNotFound { .. } | Self::ExecNotFound { .. } | Self::Finished { .. } => {
@@ -85,7 +90,6 @@ impl TaskError {
             | Self::NoSpec { .. }
             | Self::Options(_) => Code::INVALID_ARGUMENT,
             Self::WrongState { .. } | Self::NoCgroup { .. } => Code::FAILED_PRECONDITION,
-            Self::Runtime(r) if r.is_not_found() => Code::NOT_FOUND,
             Self::Unimplemented { .. } => Code::UNIMPLEMENTED,
             Self::Runtime(_)
             | Self::Stdio(_)
@@ -154,11 +158,11 @@ mod tests {
         assert_eq!(
             code(TaskError::Runtime(RuntimeError::Failed {
                 binary: "/r".into(),
-                command: "kill",
+                command: "exec",
                 code: 1,
-                message: "container \"x\" does not exist".into(),
+                message: "exec: \"nonexistent-binary\": executable file not found in $PATH".into(),
             })),
-            Code::NOT_FOUND
+            Code::UNKNOWN
         );
         assert_eq!(
             code(TaskError::Runtime(RuntimeError::Failed {

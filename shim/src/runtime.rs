@@ -59,9 +59,11 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
-    /// True if the runtime said the container does not exist (runc's wording).
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::Failed { message, .. } if message.contains("does not exist") || message.contains("not found"))
+    /// True if the runtime said the container does not exist (runc's wording: `container
+    /// "ID" does not exist`). Only this means the container is missing; other failures that
+    /// mention "not found" (an exec of a program not in `$PATH`) are the process's own.
+    pub fn is_missing_container(&self) -> bool {
+        matches!(self, Self::Failed { message, .. } if message.contains("does not exist"))
     }
 
     /// True if a `kill` failed because the process is gone: the runtime found the container
@@ -419,14 +421,19 @@ mod tests {
     }
 
     #[test]
-    fn not_found_is_recognised() {
-        let e = RuntimeError::Failed {
+    fn a_missing_container_is_recognised_and_a_missing_program_is_not() {
+        let failed = |message: &str| RuntimeError::Failed {
             binary: "/x".into(),
-            command: "state",
+            command: "exec",
             code: 1,
-            message: "container \"a\" does not exist".into(),
+            message: message.into(),
         };
-        assert!(e.is_not_found());
+        assert!(failed("container \"a\" does not exist").is_missing_container());
+        assert!(failed("container a does not exist").is_missing_container());
+        assert!(
+            !failed("exec: \"nonexistent-binary\": executable file not found in $PATH")
+                .is_missing_container()
+        );
     }
 
     #[test]

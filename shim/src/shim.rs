@@ -127,7 +127,7 @@ impl containerd_shim::Shim for Shim {
             && let Err(e) = Runtime::new(&opts, &bundle)
                 .delete(&self.id, true, None)
                 .await
-            && !e.is_not_found()
+            && !e.is_missing_container()
         {
             warn!("{}", error_chain(&e));
         }

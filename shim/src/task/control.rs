@@ -36,9 +36,13 @@ impl TaskService {
             // The init can exit between the state check above and the runtime's kill (its
             // exit is recorded only once its output is drained): the runtime then answers
             // that the container is not running, which is NotFound to containerd, as from
-            // its own runc shim, and not a failure of the kill.
+            // its own runc shim, and not a failure of the kill. So is a container the
+            // runtime no longer knows.
             return match runtime.kill(id, req.signal, req.all).await {
                 Err(e) if e.is_process_gone() => Err(finished()),
+                Err(e) if e.is_missing_container() => {
+                    Err(TaskError::ContainerNotFound { id: id.to_owned() })
+                }
                 other => other.map(|()| Empty::new()).map_err(Into::into),
             };
         }

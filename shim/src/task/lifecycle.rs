@@ -322,7 +322,7 @@ impl TaskService {
             .delete(id, state == ProcState::Created, reaped)
             .await
         {
-            Err(e) if !e.is_not_found() => {
+            Err(e) if !e.is_missing_container() => {
                 record.restore(reaped);
                 return Err(e.into());
             }
