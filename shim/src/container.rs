@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use log::warn;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, RwLock, watch};
 use tokio::task::JoinHandle;
 
 use crate::cgroup::Cgroups;
@@ -73,6 +73,9 @@ pub struct Container {
     pub rootfs_mounted: bool,
     /// Held while the runtime deletes, so that the late writer and Delete never both write.
     pub init_exit_record: Arc<Mutex<InitExitRecord>>,
+    /// Exits being finished: each exec's finish holds it for reading, the init's takes it
+    /// for writing, so the init's TaskExit follows those of the execs that exited first.
+    pub exits_in_flight: Arc<RwLock<()>>,
 }
 
 impl Container {
@@ -352,6 +355,7 @@ mod tests {
             oom_kills_at_create: 0,
             rootfs_mounted: false,
             init_exit_record: Arc::default(),
+            exits_in_flight: Arc::default(),
         }
     }
 

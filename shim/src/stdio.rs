@@ -212,12 +212,18 @@ pub fn direct(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
     ))
 }
 
+/// The longest pause between two looks at a fifo being drained: the most a drained fifo adds
+/// to an exit's latency (an ExecSync of `echo` takes some 20-60 ms end to end).
+const DRAIN_POLL_MAX: Duration = Duration::from_millis(2);
+
 /// Waits until the client has read every byte the process left in its output fifos, or until
 /// `limit` passes (a client that never reads), then closes the shim's handles: the client's
 /// reader sees end-of-file once the process's own descriptors are gone too.
 ///
 /// `FIONREAD` on any descriptor of a fifo counts the bytes buffered in it. Zero means the
 /// output was taken by a reader, or there was none; either way nothing is lost by closing.
+/// No event says that a fifo became empty (it polls writable while any page is free), so
+/// this looks again after a pause that grows from 0.5 ms to [`DRAIN_POLL_MAX`].
 pub async fn drain_outputs(outputs: Vec<OwnedFd>, limit: Duration) {
     let deadline = tokio::time::Instant::now() + limit;
     let mut pause = Duration::from_micros(500);
@@ -227,7 +233,7 @@ pub async fn drain_outputs(outputs: Vec<OwnedFd>, limit: Duration) {
                 return;
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
+            pause = (pause * 2).min(DRAIN_POLL_MAX);
         }
     }
 }

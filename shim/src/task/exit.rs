@@ -21,8 +21,8 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 const LATE_EXIT_RECORD: Duration = Duration::from_secs(1);
 
 impl TaskService {
-    /// A reaped child, routed by [`exits::route`]: finished now, held by a starting process,
-    /// buffered for an exec start in flight, or ignored.
+    /// A reaped child, routed by [`exits::route`]: finished (on a task of its own), held by a
+    /// starting process, buffered for an exec start in flight, or ignored.
     pub(super) async fn on_exit(&self, pid: u32, code: u32) {
         let exit = Exit { code, at: now() };
         let mut table = self.inner.table.lock().await;
@@ -31,17 +31,50 @@ impl TaskService {
             Route::Finish((cid, exec_id), exit) => {
                 let (cid, exec_id) = (cid.to_owned(), exec_id.to_owned());
                 drop(table);
-                self.finish_exit(&cid, &exec_id, exit).await;
+                self.finish_in_background(&cid, &exec_id, exit).await;
             }
             Route::Held | Route::Buffered => {}
             Route::Ignored => debug!("reaped pid {pid} (exit {code})"),
         }
     }
 
+    /// Finishes an exit ([`Self::finish_exit`]) on a task of its own, so that neither the
+    /// loop of reaped exits nor a Start reply waits for a client to read the output: every
+    /// exit is published as soon as its own output is taken, whoever reads it and whenever
+    /// it opens its reader. Returns once the exit's place in the order is taken: an exec's
+    /// finish holds its container's `exits_in_flight` for reading, and the init's takes it
+    /// for writing, so the init's TaskExit never overtakes an exec's reaped before it.
+    pub(super) async fn finish_in_background(&self, cid: &str, exec_id: &str, exit: Exit) {
+        let Some(gate) = self
+            .inner
+            .table
+            .lock()
+            .await
+            .container(cid)
+            .ok()
+            .map(|c| c.exits_in_flight.clone())
+        else {
+            return;
+        };
+        let (cid, exec_id, service) = (cid.to_owned(), exec_id.to_owned(), self.clone());
+        if exec_id.is_empty() {
+            tokio::spawn(async move {
+                let _turn = gate.write_owned().await;
+                service.finish_exit(&cid, &exec_id, exit).await;
+            });
+        } else {
+            let turn = gate.read_owned().await;
+            tokio::spawn(async move {
+                service.finish_exit(&cid, &exec_id, exit).await;
+                drop(turn);
+            });
+        }
+    }
+
     /// Drains the process's output, writes or hands over its audit `exit` record, publishes
     /// TaskOOM if the init was OOM-killed, records the exit and publishes TaskExit, in that
     /// order.
-    pub(super) async fn finish_exit(&self, cid: &str, exec_id: &str, exit: Exit) {
+    async fn finish_exit(&self, cid: &str, exec_id: &str, exit: Exit) {
         let kind = if exec_id.is_empty() {
             Kind::Init
         } else {

@@ -86,6 +86,7 @@ impl TaskService {
             init,
             execs: HashMap::new(),
             init_exit_record: Arc::default(),
+            exits_in_flight: Arc::default(),
             cgroups,
             oom_task,
             oom_published,
@@ -196,7 +197,7 @@ impl TaskService {
             .await;
         }
         if let Some(exit) = next.finish {
-            self.finish_exit(id, "", exit).await;
+            self.finish_in_background(id, "", exit).await;
         }
         result?;
         Ok(StartResponse {
@@ -260,8 +261,10 @@ impl TaskService {
             })
             .await;
         }
+        // On a task of its own: CRI's ExecSync opens its reader only once Start has returned,
+        // so a Start that waited for the output to be read would wait out the drain limit.
         if let Some(exit) = next.finish {
-            self.finish_exit(id, exec_id, exit).await;
+            self.finish_in_background(id, exec_id, exit).await;
         }
         Ok(StartResponse {
             pid,
