@@ -7,15 +7,18 @@
 #      with --runtime agent-sandbox, crun and runc;
 #   3. ctr run --rm --runtime io.agent.sandbox vs io.containerd.runc.v2 of the same
 #      image, then the RSS/PSS of each shim for a few detached sleeping containers;
+#   3b. exec: ctr task exec of `true`, `echo hi` and 1 MiB of output into a running task,
+#      io.agent.sandbox vs io.containerd.runc.v2, output checked whole;
 #   and, with --sections all (or naming them; hack/bench/extra.py):
 #   4. proxy: runtime/proxy/examples/bench.rs (throughput and per-request latency vs direct);
-#   5. cri: e2e/examples/cri_bench.rs --json, once it exists ("not yet" until then);
+#   5. cri: e2e/examples/cri_bench.rs --json (pod start, ExecSync of `true`, `echo hi` and
+#      1 MiB, pod removal; our handler vs runc's);
 #   6. density: start latency with 50/200/500 sleeping sandboxes running (--density-max caps);
 #   7. criterion: the policy crate's micro-benchmarks.
 # Prints medians, p90 and ratios, writes JSON (default target/bench/runtime.json) and a PNG
 # chart beside it.
 #
-# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,proxy,cri,density,criterion]
+# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion]
 #                              [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
 #                              [--agent-sandbox PATH] [--baseline PATH] [--shim PATH] [--out FILE]
 #                              [--max-seconds S]
@@ -75,14 +78,14 @@ fi
 
 # The ctr section (in the default set) needs containerd running with our shim and
 # the images imported: hack/containerd.sh does all three, idempotently.
-sections=runtime,podman,ctr
+sections=runtime,podman,ctr,exec
 for ((i = 1; i <= $#; i++)); do
     case ${!i} in
         --sections) j=$((i + 1)); sections=${!j:-} ;;
         --sections=*) sections=${!i#--sections=} ;;
     esac
 done
-if [[ ,$sections, == *,ctr,* || ,$sections, == *,density,* || $sections == all ]]; then
+if [[ ,$sections, == *,ctr,* || ,$sections, == *,exec,* || ,$sections, == *,density,* || $sections == all ]]; then
     if [[ ! -S /run/containerd/containerd.sock ]] || ! command -v containerd-shim-agent-sandbox >/dev/null ||
         ! ctr --namespace default images ls -q 2>/dev/null | grep -qx "$image"; then
         echo "bench-runtime.sh: setting up containerd (hack/containerd.sh)" >&2

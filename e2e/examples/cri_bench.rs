@@ -4,6 +4,10 @@
 //! drift hits both alike. Prints medians, p90s and ratios (ours / baseline; target <= 1.0), or
 //! one JSON document with every sample (`--json`).
 //!
+//! ExecSync is timed for three commands, as an agent's tool calls print: `true` (nothing),
+//! `echo hi` (a few bytes, the process gone before its Start returns) and 1 MiB of output;
+//! each call's output is checked whole.
+//!
 //! ```sh
 //! cargo run --release -p agent-sandbox-e2e --example cri_bench -- --rounds 20
 //! cargo run --release -p agent-sandbox-e2e --example cri_bench -- --json > cri.json
@@ -28,7 +32,7 @@ struct Args {
     /// Unmeasured rounds first (caches, lazily started shims)
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    /// ExecSync calls per pod
+    /// ExecSync calls per pod of each command (`true`, `echo hi`, 1 MiB)
     #[arg(long, default_value_t = 3)]
     execs: usize,
     /// Our handler (default: the one running the build under test, see e2e/src/cri.rs)
@@ -47,14 +51,38 @@ struct Args {
 
 /// The measured phases, in the order they run; `pod_start` is the sum of the three calls
 /// after it.
-const PHASES: [&str; 6] = [
+const PHASES: [&str; 8] = [
     "pod_start",
     "run_pod_sandbox",
     "create_container",
     "start_container",
-    "exec_sync",
+    "exec_sync_true",
+    "exec_sync_echo",
+    "exec_sync_1mib",
     "pod_remove",
 ];
+
+/// One MiB of output: `yes LINE | head -c 1048576`.
+const MIB: usize = 1 << 20;
+const LINE: &str = "0123456789abcdef\n";
+
+/// The ExecSync phases: (phase, command, the whole stdout it must return).
+fn exec_cases() -> [(&'static str, Vec<String>, String); 3] {
+    let owned = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect();
+    [
+        ("exec_sync_true", owned(&["true"]), String::new()),
+        ("exec_sync_echo", owned(&["echo", "hi"]), "hi\n".to_owned()),
+        (
+            "exec_sync_1mib",
+            owned(&[
+                "sh",
+                "-c",
+                &format!("yes {} | head -c {MIB}", LINE.trim_end()),
+            ]),
+            LINE.repeat(MIB / LINE.len() + 1)[..MIB].to_owned(),
+        ),
+    ]
+}
 
 #[derive(Debug, Default, Serialize)]
 struct Summary {
@@ -121,14 +149,21 @@ fn round(cri: &Cri, handler: &str, args: &Args, samples: &mut Samples) -> anyhow
         samples.entry(phase).or_default().push(took);
     }
     for _ in 0..args.execs {
-        let start = Instant::now();
-        let exec = cri.exec_sync(&id, &["true"], 10)?;
-        let took = start.elapsed();
-        ensure!(
-            exec.exit_code == 0,
-            "ExecSync true under {handler} failed\n{exec}"
-        );
-        samples.entry("exec_sync").or_default().push(took);
+        for (phase, cmd, want) in exec_cases() {
+            let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            let start = Instant::now();
+            let exec = cri.exec_sync(&id, &cmd, 30)?;
+            let took = start.elapsed();
+            ensure!(
+                exec.exit_code == 0 && exec.stdout == want,
+                "ExecSync {phase} under {handler}: exit {}, {} of {} bytes of output (stderr {:?})",
+                exec.exit_code,
+                exec.stdout.len(),
+                want.len(),
+                exec.stderr
+            );
+            samples.entry(phase).or_default().push(took);
+        }
     }
     let start = Instant::now();
     pod.remove()?;
@@ -216,7 +251,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "CRI benchmark: {} rounds (+{} warm-up), interleaved, image {}, {} ExecSync per pod",
+        "CRI benchmark: {} rounds (+{} warm-up), interleaved, image {}, {} ExecSync per pod and command",
         report.rounds, report.warmup, report.image, report.execs_per_pod
     );
     println!(

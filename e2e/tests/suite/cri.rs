@@ -452,6 +452,59 @@ fn cri_sandbox_handler_serves_the_kubelet_calls() -> anyhow::Result<()> {
 }
 
 /// Host network links, for before/after comparisons.
+/// Issue 33, item 1: ExecSync of a command that prints returns all of it under our handler,
+/// as under runc, and without a stall: a few bytes (`echo hi`, which exits before its Start
+/// returns) and 1 MiB. The shim's Start used to wait for that output to be read, while the
+/// CRI opens its reader only once Start has returned: every `echo hi` took the shim's 2 s
+/// drain limit. The timing is only a gross-stall check (ours within 1 s of runc's median of
+/// several calls); the ratio is the benchmark's (e2e/examples/cri_bench.rs).
+#[test]
+fn cri_exec_sync_returns_printed_output_without_a_stall_like_runc() -> anyhow::Result<()> {
+    const CALLS: usize = 5;
+    const MIB: usize = 1 << 20;
+    const LINE: &str = "0123456789abcdef\n";
+    let cri = cri()?;
+    let big = format!("yes {} | head -c {MIB}", LINE.trim_end());
+    let want_big = LINE.repeat(MIB / LINE.len() + 1)[..MIB].to_owned();
+    let mut medians = Vec::new();
+    for handler in [RUNC_HANDLER.to_owned(), cri::sandbox_handler()?] {
+        let pod = Pod::run(&cri, pod_config("exec-output", &[]), &handler)?;
+        let id = pod.start(&sleeper("app"))?;
+        let mut took = Vec::new();
+        for i in 0..CALLS {
+            let exec = cri.exec_sync(&id, &["echo", "hi"], 30)?;
+            ensure!(
+                exec.exit_code == 0 && exec.stdout == "hi\n",
+                "{handler}, call {i}: ExecSync echo hi lost its output\n{exec}"
+            );
+            took.push(exec.elapsed);
+        }
+        let exec = cri.exec_sync(&id, &["sh", "-c", &big], 60)?;
+        ensure!(
+            exec.exit_code == 0 && exec.stdout == want_big,
+            "{handler}: ExecSync of 1 MiB returned exit {} and {} of {MIB} bytes (stderr {:?})",
+            exec.exit_code,
+            exec.stdout.len(),
+            exec.stderr
+        );
+        pod.remove()?;
+        took.sort();
+        eprintln!(
+            "{handler}: ExecSync echo hi {took:?}, 1 MiB {:?}",
+            exec.elapsed
+        );
+        medians.push((handler, took[CALLS / 2]));
+    }
+    let [(_, runc), (ours_handler, ours)] = &medians[..] else {
+        bail!("expected two handlers, got {}", medians.len());
+    };
+    ensure!(
+        *ours <= *runc + Duration::from_secs(1),
+        "ExecSync echo hi under {ours_handler} stalls: median {ours:?} against runc's {runc:?}"
+    );
+    Ok(())
+}
+
 fn host_links() -> anyhow::Result<Vec<String>> {
     let mut links: Vec<String> = fs::read_dir("/sys/class/net")
         .context("cannot list /sys/class/net")?

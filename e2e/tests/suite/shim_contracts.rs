@@ -5,6 +5,7 @@
 //! - exec keeps the container's supplementary groups;
 //! - a StopContainer right after StartContainer is not lost;
 //! - a kill of a process that just exited is NotFound, as containerd expects;
+//! - a runtime failure is never NotFound (only a missing container or exec is);
 //! - `state.json` is never read half-written.
 //!
 //! Set-up: hack/setup.sh. The CRI tests use the handlers of the installed build (see
@@ -335,6 +336,70 @@ fn cri_stop_of_a_just_exited_container_succeeds_like_runc() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// Issue 33, item 10, through ctr: an exec of a program the image lacks fails with the
+/// runtime's reason as an unknown error, as under runc-v2 ("...not found in $PATH: unknown"),
+/// not NotFound, which callers read as "no such container or exec" (the shim once answered
+/// NotFound to any runtime error whose text said "not found").
+#[test]
+fn ctr_exec_of_a_missing_program_is_unknown_like_runc() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    for shim in SHIMS {
+        let (container, _) = Container::sleeping(shim, &[], &sc_id("nobin"))?;
+        let out = container.task_cmd(&["exec", "--exec-id", "e"], &[MISSING_PROGRAM])?;
+        let last = out.stderr.trim_end().lines().last().unwrap_or_default();
+        ensure!(
+            !out.success() && last.contains(MISSING_PROGRAM) && last.ends_with(": unknown"),
+            "{shim:?}: an exec of a missing program must fail as unknown, naming it\n{out}"
+        );
+    }
+    Ok(())
+}
+
+/// Issue 33, item 10, through the CRI: ExecSync of a program the image lacks answers as
+/// under the runc handler (the same gRPC code, never NotFound), and the container is still
+/// there to exec into.
+#[test]
+fn cri_exec_sync_of_a_missing_program_answers_like_runc() -> anyhow::Result<()> {
+    let cri = cri()?;
+    let mut answers = Vec::new();
+    for (name, handler) in handlers()? {
+        let pod = Pod::run(&cri, pod_config("sc-nobin", &[]), &handler)?;
+        let id = pod.start(&container_config(
+            "app",
+            TOOLS_IMAGE,
+            &["sleep", "3600"],
+            &[],
+        ))?;
+        let answer = match cri.exec_sync(&id, &[MISSING_PROGRAM], 30) {
+            Ok(exec) => (format!("exit {}", exec.exit_code), exec.to_string()),
+            Err(e) => (
+                format!("{:?}", cri::status_of(&e).map(tonic::Status::code)),
+                format!("{e:#}"),
+            ),
+        };
+        let after = cri.exec_sync(&id, &["true"], 30)?;
+        ensure!(
+            after.exit_code == 0,
+            "{name}: the container is gone after a failed exec\n{after}"
+        );
+        pod.remove()?;
+        answers.push((name, answer));
+    }
+    let [(_, (runc, runc_detail)), (_, (ours, ours_detail))] = &answers[..] else {
+        bail!("expected two handlers, got {}", answers.len());
+    };
+    eprintln!("ExecSync {MISSING_PROGRAM}: runc {runc}, agent-sandbox {ours}");
+    ensure!(
+        ours == runc && !ours.contains("NotFound"),
+        "ExecSync of a missing program: agent-sandbox answered {ours}, runc {runc}\n\
+         agent-sandbox: {ours_detail}\nrunc: {runc_detail}"
+    );
+    Ok(())
+}
+
+/// A program no test image has.
+const MISSING_PROGRAM: &str = "nonexistent-binary";
 
 /// A runc-style bundle (busybox applets) running `sleep 300`.
 fn sleeping_bundle(dir: &Path) -> anyhow::Result<PathBuf> {
