@@ -460,13 +460,13 @@ class SleepingTask:
 
 # `ctr task exec` commands: (label, argv, the whole stdout it must print). A tool call prints:
 # `true` prints nothing, `echo` a few bytes (the process is gone before its Start returns), the
-# last 1 MiB of output (the fifo is refilled 16 times while the reader drains it).
-EXEC_LINE = b"0123456789abcdef\n"
+# last 1 MiB of output (the fifo is refilled 16 times while the reader drains it; one process,
+# no `yes | head` pipeline, whose time would include how `yes` meets its reader's end).
 EXEC_MIB = 1 << 20
 EXEC_COMMANDS = [
     ("true", ["true"], b""),
     ("echo", ["echo", "hi"], b"hi\n"),
-    ("1 MiB", ["sh", "-c", f"yes {EXEC_LINE.decode().strip()} | head -c {EXEC_MIB}"], (EXEC_LINE * (EXEC_MIB // len(EXEC_LINE) + 1))[:EXEC_MIB]),
+    ("1 MiB", ["head", "-c", str(EXEC_MIB), "/dev/zero"], bytes(EXEC_MIB)),
 ]
 
 
