@@ -83,13 +83,25 @@ pub fn name_of(
 /// The pod name CRI puts on every container of a pod.
 pub const POD_NAME_ANNOTATION: &str = "io.kubernetes.cri.sandbox-name";
 
-fn write_0600(dir: &Path, file: &str, text: &str) {
-    use std::os::unix::fs::DirBuilderExt;
-    let made = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir);
-    if let Err(e) = made.and_then(|()| std::fs::write(dir.join(file), text.as_bytes())) {
+/// Writes `dir/file` (0600) in `dir` (made 0700 if missing; its parent must exist: this
+/// never creates a state root or a log directory, whose modes their owners choose).
+fn keep(dir: &Path, file: &str, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let made = match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    };
+    let written = made.and_then(|()| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(dir.join(file))?
+            .write_all(text.as_bytes())
+    });
+    if let Err(e) = written {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot keep what finds the sandbox");
     }
 }
@@ -105,7 +117,7 @@ pub fn remember(
     let annotations = annotations.unwrap_or(&empty);
     let logs = crate::report::audit::dir_of(dirs, id, None);
     if let Some(name) = name_of(annotations, &dirs.root) {
-        write_0600(&logs.join(NAMES_DIR), id.as_str(), &name);
+        keep(&logs.join(NAMES_DIR), id.as_str(), &name);
     }
     let member = annotations
         .get(crate::pod::CONTAINER_TYPE_ANNOTATION)
@@ -116,7 +128,7 @@ pub fn remember(
         .and_then(|p| ContainerId::try_from(p.as_str()).ok())
         .filter(|p| p != id)
     {
-        write_0600(&logs.join(PODS_DIR), id.as_str(), pod.as_str());
+        keep(&logs.join(PODS_DIR), id.as_str(), pod.as_str());
     }
     note_root(&dirs.root);
 }
@@ -141,7 +153,7 @@ fn note_root(root: &Path) {
         return;
     }
     let Some(text) = abs.to_str() else { return };
-    write_0600(&dir, &digest, text);
+    keep(&dir, &digest, text);
 }
 
 /// The roots noted by [`note_root`].
