@@ -41,6 +41,16 @@ use crate::harness::{self, DEFAULT_TIMEOUT};
 
 /// containerd's socket; the CRI plugin serves on it.
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
+/// Names another containerd's socket (one whose handlers run a work tree's build).
+pub const SOCKET_ENV: &str = "AGENT_SANDBOX_CRI_SOCKET";
+
+/// The CRI socket: [`SOCKET_ENV`], else [`SOCKET`].
+pub fn socket() -> String {
+    std::env::var(SOCKET_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| SOCKET.to_owned())
+}
 /// containerd's configuration (read to find the handlers of a build under test).
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 /// The containerd namespace the CRI plugin keeps its pods, containers and images in.
@@ -144,7 +154,8 @@ pub struct Cri {
 impl Cri {
     /// Connects and checks that the CRI plugin answers `Version`.
     pub fn connect() -> anyhow::Result<Self> {
-        harness::require_file(SOCKET)?;
+        let socket = socket();
+        harness::require_file(&socket)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -153,12 +164,17 @@ impl Cri {
         let channel = rt
             .block_on(
                 Endpoint::try_from("http://[::1]:50051")?.connect_with_connector(
-                    tower::service_fn(|_: Uri| async {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(SOCKET).await?))
+                    tower::service_fn(move |_: Uri| {
+                        let socket = socket.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(
+                                UnixStream::connect(socket).await?,
+                            ))
+                        }
                     }),
                 ),
             )
-            .with_context(|| format!("cannot connect to the CRI on {SOCKET}"))?;
+            .with_context(|| format!("cannot connect to the CRI on {}", self::socket()))?;
         let cri = Self {
             rt,
             runtime: RuntimeServiceClient::new(channel.clone()),
