@@ -227,7 +227,13 @@ mod tests {
     #[test]
     fn the_argv_form_moves_into_the_environment_replacing_an_env_id() {
         let mut p = process(
-            &["env", "AGENT_SANDBOX_TOOL_CALL_ID=toolu_argv", "sh", "-c", "true"],
+            &[
+                "env",
+                "AGENT_SANDBOX_TOOL_CALL_ID=toolu_argv",
+                "sh",
+                "-c",
+                "true",
+            ],
             &["PATH=/bin", "AGENT_SANDBOX_TOOL_CALL_ID=toolu_env"],
         );
         take_tool_call_argv(&mut p).unwrap();
