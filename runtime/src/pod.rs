@@ -208,6 +208,28 @@ fn read_record(sandbox_dir: &SandboxDir) -> Result<Option<PodRecord>> {
     Ok(sandbox_dir.pod().read_if_present()?)
 }
 
+/// The app containers of pod sandbox `pod` in state root `dirs` (their pod records name
+/// it), when `pod` is a pod sandbox; none otherwise.
+pub fn members_of(dirs: &StateDirs, pod: &ContainerId) -> Vec<ContainerId> {
+    if !matches!(
+        read_record(&dirs.sandbox(pod)),
+        Ok(Some(PodRecord::Sandbox { .. }))
+    ) {
+        return Vec::new();
+    }
+    let Ok(rd) = std::fs::read_dir(dirs.sandboxes()) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| ContainerId::try_from(e.ok()?.file_name().to_str()?).ok())
+        .filter(|id| {
+            matches!(
+                read_record(&dirs.sandbox(id)),
+                Ok(Some(PodRecord::Member { pod: p })) if p == pod.as_str()
+            )
+        })
+        .collect()
+}
+
 /// What an app container takes from its pod.
 #[derive(Debug, Clone)]
 pub struct Member {

@@ -260,7 +260,14 @@ pub async fn run_exec(
         let (stdio, mut copies, socket) = open_streams(paths)?;
         let socket_path = socket.as_ref().map(ConsoleSocket::path);
         runtime
-            .exec(id, &process_file, &pid_file, socket_path.as_deref(), stdio)
+            .exec(
+                id,
+                exec_id,
+                &process_file,
+                &pid_file,
+                socket_path.as_deref(),
+                stdio,
+            )
             .await?;
         if let Some(socket) = socket {
             copies = stdio::console(socket.receive().await?, paths)?;

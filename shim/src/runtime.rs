@@ -134,10 +134,12 @@ impl Runtime {
             .map(drop)
     }
 
-    /// `exec --process F --detach --pid-file P [--console-socket S] ID`.
+    /// `exec --exec-id E --process F --detach --pid-file P [--console-socket S] ID`: the
+    /// exec id goes on the `exec` record (and names the tool call of a ctr exec).
     pub async fn exec(
         &self,
         id: &str,
+        exec_id: &str,
         process: &Path,
         pid_file: &Path,
         console_socket: Option<&Path>,
@@ -145,6 +147,8 @@ impl Runtime {
     ) -> Result<(), RuntimeError> {
         let mut args: Vec<&OsStr> = vec![
             "exec".as_ref(),
+            "--exec-id".as_ref(),
+            exec_id.as_ref(),
             "--process".as_ref(),
             process.as_os_str(),
             "--detach".as_ref(),

@@ -17,6 +17,7 @@ mod find;
 mod hostile;
 mod init;
 mod limits;
+mod names;
 mod podman;
 mod pods;
 mod promote;

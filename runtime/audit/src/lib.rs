@@ -21,7 +21,8 @@ pub use log::{
 };
 pub use record::{
     ApprovalCount, CredentialUse, Event, ExitCause, ExitStatus, KindCount, NetCount, Record,
-    SummaryCause, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, Verdict, tool_call_id,
+    SummaryCause, TOOL_CALL_ANNOTATION, TOOL_CALL_ENV, ToolCallError, Verdict, check_tool_call_env,
+    split_tool_call_argv, tool_call_id, valid_tool_call_id,
 };
 pub use scratch::{
     Change, ChangeKind, ExportSummary, ExportTarget, FileKind, ScratchError, diff, export,

@@ -57,6 +57,10 @@ pub enum Event {
         /// The agent's tool-call id, when the caller tagged the exec.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call_id: Option<String>,
+        /// `init`, or the exec's id as its caller named it (containerd's exec id, podman's
+        /// exec session): the same as on the process's `exit` record.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<String>,
     },
     /// A process ended.
     Exit {
@@ -341,6 +345,7 @@ impl Event {
         cwd: impl Into<String>,
         uid: u32,
         tool_call_id: Option<String>,
+        process: Option<String>,
     ) -> Self {
         let env_keys = env
             .iter()
@@ -356,6 +361,7 @@ impl Event {
             cwd: cwd.into(),
             uid,
             tool_call_id,
+            process,
         }
     }
 
@@ -473,9 +479,154 @@ pub fn tool_call_id(annotation: Option<&str>, env: &[String]) -> Option<String> 
         })
 }
 
+/// The most characters of a tool-call id.
+pub const MAX_TOOL_CALL_CHARS: usize = 128;
+
+/// Whether `value` may name a tool call: 1 to [`MAX_TOOL_CALL_CHARS`] characters of
+/// `A-Z a-z 0-9 . _ : -` (what model APIs use, e.g. `toolu_01ABC`, `call_abc`). Every form
+/// is held to it: the annotation, the environment, the argv prefix, an exec id.
+pub fn valid_tool_call_id(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= MAX_TOOL_CALL_CHARS
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+}
+
+/// A tool-call id a caller gave that is not one; each names where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolCallError {
+    #[error(
+        "{TOOL_CALL_ENV} in {place} is {value}, not 1 to 128 characters of A-Z a-z 0-9 . _ : - (docs/audit.md#tool-call-ids)"
+    )]
+    Invalid { place: &'static str, value: String },
+    #[error(
+        "the exec's argv starts `env {TOOL_CALL_ENV}=ID` but names no program after it (one assignment, then the program: docs/audit.md#tool-call-ids)"
+    )]
+    NoProgram,
+}
+
+impl ToolCallError {
+    fn invalid(place: &'static str, value: &str) -> Self {
+        Self::Invalid {
+            place,
+            value: format!("\"{}\"", crate::escape::escape(value).replace('"', "\\\"")),
+        }
+    }
+}
+
+/// The argv form of a tool-call id, for callers whose exec has no environment of its own
+/// (CRI's `ExecSync`): `env AGENT_SANDBOX_TOOL_CALL_ID=ID PROGRAM ARGS...`, exactly that
+/// leading form (`env` as the whole first word, then that one assignment, then the program).
+/// Returns the id and the argv the program runs with, or `None` when argv does not start so.
+/// The harness writes argv on the host; what runs in the sandbox never reaches it, so a
+/// process there cannot use this form to name another call.
+pub fn split_tool_call_argv(argv: &[String]) -> Result<Option<(String, &[String])>, ToolCallError> {
+    let [first, assignment, rest @ ..] = argv else {
+        return Ok(None);
+    };
+    let Some(id) = assignment
+        .strip_prefix(TOOL_CALL_ENV)
+        .and_then(|a| a.strip_prefix('='))
+        .filter(|_| first == "env")
+    else {
+        return Ok(None);
+    };
+    if !valid_tool_call_id(id) {
+        return Err(ToolCallError::invalid("the exec's argv", id));
+    }
+    // `env` would take a second assignment, or an option, as more of its own arguments.
+    match rest.first() {
+        Some(p) if !p.is_empty() && !p.starts_with('-') && !p.contains('=') => {
+            Ok(Some((id.to_owned(), rest)))
+        }
+        _ => Err(ToolCallError::NoProgram),
+    }
+}
+
+/// Checks the [`TOOL_CALL_ENV`] entry of an exec's environment, if it has one.
+pub fn check_tool_call_env(env: &[String]) -> Result<(), ToolCallError> {
+    match env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, v)| *k == TOOL_CALL_ENV && !v.is_empty())
+    {
+        Some((_, v)) if !valid_tool_call_id(v) => {
+            Err(ToolCallError::invalid("the exec's environment", v))
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn argv(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| (*w).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_argv_form_is_recognised_only_as_the_exact_leading_form() {
+        let a = argv(&[
+            "env",
+            "AGENT_SANDBOX_TOOL_CALL_ID=toolu_01ABC",
+            "sh",
+            "-c",
+            "echo $0",
+        ]);
+        let (id, rest) = split_tool_call_argv(&a).unwrap().unwrap();
+        assert_eq!((id.as_str(), rest), ("toolu_01ABC", &a[2..]));
+        // Not the form: left alone, the program runs as asked.
+        for other in [
+            argv(&["/usr/bin/env", "AGENT_SANDBOX_TOOL_CALL_ID=x", "sh"]),
+            argv(&["sh", "-c", "env AGENT_SANDBOX_TOOL_CALL_ID=x sh"]),
+            argv(&["env", "OTHER=1", "AGENT_SANDBOX_TOOL_CALL_ID=x", "sh"]),
+            argv(&["env", "AGENT_SANDBOX_TOOL_CALL_IDX=x", "sh"]),
+            argv(&["env"]),
+            argv(&[]),
+        ] {
+            assert_eq!(split_tool_call_argv(&other), Ok(None), "{other:?}");
+        }
+        // The form with a bad id or no program: refused, never run as something else.
+        let bad = split_tool_call_argv(&argv(&[
+            "env",
+            "AGENT_SANDBOX_TOOL_CALL_ID=a b\x1b[2J",
+            "sh",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("a b\\x1b[2J") && !bad.contains('\x1b'),
+            "{bad}"
+        );
+        for no_program in [
+            argv(&["env", "AGENT_SANDBOX_TOOL_CALL_ID=t1"]),
+            argv(&["env", "AGENT_SANDBOX_TOOL_CALL_ID=t1", "B=2", "sh"]),
+            argv(&["env", "AGENT_SANDBOX_TOOL_CALL_ID=t1", "-i", "sh"]),
+        ] {
+            assert_eq!(
+                split_tool_call_argv(&no_program),
+                Err(ToolCallError::NoProgram),
+                "{no_program:?}"
+            );
+        }
+        assert!(
+            split_tool_call_argv(&argv(&["env", "AGENT_SANDBOX_TOOL_CALL_ID=", "sh"])).is_err()
+        );
+        let long = format!("AGENT_SANDBOX_TOOL_CALL_ID={}", "a".repeat(129));
+        assert!(split_tool_call_argv(&argv(&["env", &long, "sh"])).is_err());
+    }
+
+    #[test]
+    fn the_env_form_is_held_to_the_same_rule() {
+        assert_eq!(
+            check_tool_call_env(&argv(&["AGENT_SANDBOX_TOOL_CALL_ID=call_9:x-1.y"])),
+            Ok(())
+        );
+        assert_eq!(check_tool_call_env(&argv(&["PATH=/bin"])), Ok(()));
+        assert!(check_tool_call_env(&argv(&["AGENT_SANDBOX_TOOL_CALL_ID=a;b"])).is_err());
+    }
 
     #[test]
     fn exec_keeps_env_names_only_and_finds_the_tool_call() {
@@ -492,7 +643,8 @@ mod tests {
             Some("toolu_a")
         );
         assert_eq!(tool_call_id(Some(""), &[]), None);
-        let Event::Exec { env_keys, .. } = Event::exec(vec!["sh".into()], &env, "/", 0, id) else {
+        let Event::Exec { env_keys, .. } = Event::exec(vec!["sh".into()], &env, "/", 0, id, None)
+        else {
             return;
         };
         assert_eq!(env_keys, ["PATH", TOOL_CALL_ENV, "SECRET", "BARE"]);

@@ -73,8 +73,13 @@ fn details(event: &Event) -> String {
             cwd,
             uid,
             tool_call_id,
+            process,
         } => {
-            let mut s = format!("uid {uid} cwd {} $ {}", quoted(cwd), quote_args(argv));
+            let mut s = String::new();
+            if let Some(p) = process {
+                let _ = write!(s, "{} ", esc(p));
+            }
+            let _ = write!(s, "uid {uid} cwd {} $ {}", quoted(cwd), quote_args(argv));
             if !env_keys.is_empty() {
                 let _ = write!(s, "  [env: {}]", esc_list(env_keys, ","));
             }

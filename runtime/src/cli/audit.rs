@@ -57,7 +57,8 @@ pub(super) fn audit(
             report.head
         );
     } else {
-        print!("{}", crate::report::audit::show(&log, json)?);
+        let pod = crate::report::audit::pod_log(&runtime.dirs, &id, cli.audit_dir.as_deref());
+        print!("{}", crate::report::audit::show(&log, pod.as_ref(), json)?);
     }
     Ok(Outcome::Exit(0))
 }

@@ -30,6 +30,7 @@ pub(super) fn exec(cli: &Cli, a: ExecArgs) -> Result<Outcome, CliError> {
         pid_file: a.pid_file,
         console_socket: a.console_socket,
         preserve_fds: a.preserve_fds,
+        exec_id: a.exec_id,
     };
     let code = runtime.exec(&id, &opts)?;
     Ok(Outcome::Exit(code.unwrap_or(0)))

@@ -367,9 +367,22 @@ pub struct ExecArgs {
     pub cap: Vec<String>,
     #[arg(long = "preserve-fds", default_value_t = 0)]
     pub preserve_fds: i32,
+    /// Internal (the shim): containerd's exec id, for the `exec` and `exit` records (a ctr
+    /// exec id also names the tool call: docs/audit.md#tool-call-ids)
+    #[arg(long = "exec-id", hide = true, value_parser = exec_id_arg)]
+    pub exec_id: Option<String>,
     pub id: String,
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
+}
+
+/// `--exec-id` ([`crate::sidecars::exec_exit::valid_exec_id`]).
+fn exec_id_arg(value: &str) -> Result<String, String> {
+    if crate::sidecars::exec_exit::valid_exec_id(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("an exec id is 1 to 128 characters of A-Z a-z 0-9 . _ -".to_owned())
+    }
 }
 
 /// Errors of the command line layer.

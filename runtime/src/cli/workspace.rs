@@ -4,13 +4,22 @@
 use std::path::PathBuf;
 
 use crate::harden::Ceiling;
-use crate::state::ContainerId;
+use crate::report::find::Found;
 
 use super::{Cli, CliError};
 
+/// The sandbox `key` names, by the resolver every command shares (docs/audit.md#finding-a-sandbox).
+fn found(cli: &Cli, key: &str) -> Result<Found, CliError> {
+    Ok(crate::report::find::find(
+        cli.root.as_deref(),
+        cli.audit_dir.as_deref(),
+        key,
+    )?)
+}
+
 /// `diff ID`: one line per change in the workspace overlay.
 pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
-    let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
+    let source = crate::report::review::source(&found(cli, id)?)?;
     let changes = source.changes()?;
     let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
     // Measuring opens each file (no read): a file this user cannot open still gets its line.
@@ -40,7 +49,7 @@ pub(super) fn export(
     to_dir: Option<PathBuf>,
     to_tar: Option<PathBuf>,
 ) -> Result<(), CliError> {
-    let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
+    let source = crate::report::review::source(&found(cli, id)?)?;
     let target = match (to_dir, to_tar) {
         (Some(d), _) => agent_sandbox_audit::ExportTarget::Dir(d),
         (None, Some(t)) => agent_sandbox_audit::ExportTarget::Tar(t),
@@ -62,11 +71,11 @@ pub(super) fn promote(
     digest: Option<&str>,
     advance: bool,
 ) -> Result<(), CliError> {
-    let id = ContainerId::try_from(id)?;
+    let found = found(cli, id)?;
     // Absolute, so the audit record names the directory whatever the caller's cwd.
     let to = std::path::absolute(&to).unwrap_or(to);
     let req = crate::report::promote::Request {
-        id: &id,
+        found: &found,
         to: &to,
         dry_run,
         digest,
@@ -74,7 +83,7 @@ pub(super) fn promote(
         audit_dir: cli.audit_dir.as_deref(),
         advance,
     };
-    crate::report::promote::run(&cli.runtime()?, &req, &mut std::io::stdout().lock())?;
+    crate::report::promote::run(&req, &mut std::io::stdout().lock())?;
     Ok(())
 }
 
@@ -84,6 +93,13 @@ pub(super) fn changes(
     action: Option<crate::report::changes::Action>,
 ) -> Result<(), CliError> {
     let ceiling = Ceiling::load(cli.policy.as_deref())?;
-    print!("{}", crate::report::changes::run(action, &ceiling.policy)?);
+    let scope = crate::report::changes::Scope {
+        root: cli.root.as_deref(),
+        audit_dir: cli.audit_dir.as_deref(),
+    };
+    print!(
+        "{}",
+        crate::report::changes::run(action, &ceiling.policy, scope)?
+    );
     Ok(())
 }

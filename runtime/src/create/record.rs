@@ -29,9 +29,10 @@ impl Runtime {
         )
         .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
-            crate::report::audit::exec(&self.dirs, id, process, spec)
+            let init = crate::report::audit::ProcessName::init();
+            crate::report::audit::exec(&self.dirs, id, process, spec, &init)
                 .map_err(LifecycleError::Audit)?;
-            crate::report::audit::tag_exec(&self.dirs, id, pid, process, spec);
+            crate::report::audit::tag_exec(&self.dirs, id, pid, process, spec, &init);
         }
         marks.mark("audit");
         let cgroups = &hardened.cgroups;

@@ -98,6 +98,8 @@ pub enum LifecycleError {
     Hook(#[source] crate::enforce::hooks::HookError),
     #[error("denied-syscall audit")]
     SyscallAudit(#[source] crate::sidecars::syscall_audit::SyscallAuditError),
+    #[error(transparent)]
+    ToolCall(#[from] agent_sandbox_audit::ToolCallError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
     #[error("workspace changes")]
@@ -259,6 +261,8 @@ pub struct ExecOpts {
     pub pid_file: Option<PathBuf>,
     pub console_socket: Option<PathBuf>,
     pub preserve_fds: i32,
+    /// The exec's id as our shim passes it (containerd's exec id).
+    pub exec_id: Option<String>,
 }
 
 /// The init's exit as its reaper (the shim) saw it, handed to `delete` so that one run

@@ -197,23 +197,49 @@ pub fn clamped(
     append(dirs, id, &events)
 }
 
-/// The tool-call id of a process: the sandbox's annotation, else the process env.
-fn tool_call_of(process: &Process, hardened: &Spec) -> Option<String> {
+/// How the caller named a process: `init`, or its exec id (containerd's, podman's exec
+/// session), and whether that id also names the agent's tool call (ctr's `--exec-id`,
+/// which the harness chooses; CRI's and podman's are generated).
+#[derive(Debug, Clone, Default)]
+pub struct ProcessName {
+    pub id: Option<String>,
+    pub is_tool_call: bool,
+}
+
+impl ProcessName {
+    /// The sandbox's init.
+    pub fn init() -> Self {
+        Self {
+            id: Some("init".to_owned()),
+            is_tool_call: false,
+        }
+    }
+}
+
+/// The tool-call id of a process: the sandbox's annotation, else the process env (where
+/// the exec's argv form was moved, `crate::lifecycle::exec`), else the exec id when the
+/// caller chose it.
+fn tool_call_of(process: &Process, hardened: &Spec, name: &ProcessName) -> Option<String> {
     let env = process.env().clone().unwrap_or_default();
     let annotation = hardened
         .annotations()
         .as_ref()
         .and_then(|a| a.get(agent_sandbox_audit::TOOL_CALL_ANNOTATION));
-    agent_sandbox_audit::tool_call_id(annotation.map(String::as_str), &env)
+    agent_sandbox_audit::tool_call_id(annotation.map(String::as_str), &env).or_else(|| {
+        name.id
+            .clone()
+            .filter(|id| name.is_tool_call && agent_sandbox_audit::valid_tool_call_id(id))
+    })
 }
 
-/// The `exec` record of a process about to run in the sandbox (env keys only),
-/// tagged with the tool-call id from the sandbox's annotation or the process env.
+/// The `exec` record of a process about to run in the sandbox (env keys only), with its
+/// name and its tool-call id ([`tool_call_of`]).
 pub fn exec(
     dirs: &StateDirs,
     id: &ContainerId,
     process: &Process,
     hardened: &Spec,
+    name: &ProcessName,
 ) -> Result<(), AuditError> {
     let env = process.env().clone().unwrap_or_default();
     let event = Event::exec(
@@ -221,7 +247,8 @@ pub fn exec(
         &env,
         process.cwd().to_string_lossy().into_owned(),
         process.user().uid(),
-        tool_call_of(process, hardened),
+        tool_call_of(process, hardened, name),
+        name.id.clone(),
     );
     append(dirs, id, &[event])
 }
@@ -372,8 +399,15 @@ pub fn oom_kills(cgroup: &Path) -> Option<u64> {
 /// A process started with host pid `pid` (the init, or an exec): remembers its tool-call
 /// id so its `exit` record carries it, and so the egress proxy attributes its connections
 /// to it (`crate::sidecars::tool_calls`).
-pub fn tag_exec(dirs: &StateDirs, id: &ContainerId, pid: i32, process: &Process, hardened: &Spec) {
-    let Some(tool_call) = tool_call_of(process, hardened) else {
+pub fn tag_exec(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    pid: i32,
+    process: &Process,
+    hardened: &Spec,
+    name: &ProcessName,
+) {
+    let Some(tool_call) = tool_call_of(process, hardened, name) else {
         return;
     };
     if let Err(e) = crate::sidecars::tool_calls::tag(&dirs.sandbox(id), pid, &tool_call) {
@@ -535,15 +569,68 @@ fn policy_digest(policy: &SandboxPolicy) -> String {
 }
 
 /// The sandbox's log as a readable timeline, or its raw lines with `json`.
-pub fn show(log: &Path, json: bool) -> Result<String, AuditError> {
-    if json {
-        return std::fs::read_to_string(log).map_err(|source| AuditError::Read {
-            path: log.to_owned(),
+pub fn show(log: &Path, pod: Option<&PodLog>, json: bool) -> Result<String, AuditError> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| AuditError::Read {
+            path: path.to_owned(),
             source,
-        });
+        })
+    };
+    let mut out = if json {
+        read(log)?
+    } else {
+        agent_sandbox_audit::render_timeline(&agent_sandbox_audit::read_records(log)?)
+    };
+    let Some(pod) = pod else { return Ok(out) };
+    if json {
+        // The pod's lines as written (their `sandbox` is the pod's id), so each still
+        // verifies against the pod's log.
+        for line in read(&pod.path)?.lines() {
+            let Ok(r) = serde_json::from_str::<agent_sandbox_audit::Record>(line) else {
+                continue;
+            };
+            if is_network(&r.event) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        return Ok(out);
     }
-    let records = agent_sandbox_audit::read_records(log)?;
-    Ok(agent_sandbox_audit::render_timeline(&records))
+    let records: Vec<_> = agent_sandbox_audit::read_records(&pod.path)?
+        .into_iter()
+        .filter(|r| is_network(&r.event))
+        .collect();
+    out.push_str(&format!(
+        "# the pod's network records: one egress proxy serves every container of pod sandbox {} (its log: {})\n",
+        pod.pod,
+        agent_sandbox_audit::escape::escape_path(&pod.path)
+    ));
+    out.push_str(&agent_sandbox_audit::render_timeline(&records));
+    Ok(out)
+}
+
+/// Where the network records of a pod's app container are: the log of its pod's sandbox
+/// (the pod's one egress proxy writes there, docs/audit.md#pods).
+#[derive(Debug, Clone)]
+pub struct PodLog {
+    pub pod: ContainerId,
+    pub path: PathBuf,
+}
+
+/// The pod log of sandbox `id`, when it is a pod's app container whose pod's log is kept
+/// (`crate::report::find::pod_of`: written at its create).
+pub fn pod_log(dirs: &StateDirs, id: &ContainerId, configured: Option<&Path>) -> Option<PodLog> {
+    let pod = crate::report::find::pod_of(&dir_of(dirs, id, configured), id)?;
+    let path = locate(dirs, &pod, configured).ok()?;
+    path.exists().then_some(PodLog { pod, path })
+}
+
+/// The records the pod's proxy writes: connections, approvals and their summaries.
+fn is_network(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::Net { .. } | Event::Approval { .. } | Event::Summary { .. }
+    )
 }
 
 /// Parses `--older-than`: a number with `s`, `m`, `h` or `d` (`90m`, `7d`).
@@ -764,7 +851,14 @@ mod tests {
             "{}=toolu_e",
             agent_sandbox_audit::TOOL_CALL_ENV
         )]));
-        tag_exec(&dirs, &id, 77, &p, &Spec::default());
+        tag_exec(
+            &dirs,
+            &id,
+            77,
+            &p,
+            &Spec::default(),
+            &ProcessName::default(),
+        );
         let report = |process: &str, pid| ExitReport {
             process: process.into(),
             pid: Some(pid),

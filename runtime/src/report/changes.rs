@@ -15,7 +15,8 @@
 //!   host's disk grows by at most the image's size.
 //!
 //! A change set is found by its change id, its container id, its name (podman's
-//! `--name`, CRI's container name) or a unique prefix of either id ([`find`]).
+//! `--name`, CRI's `POD/CONTAINER`) or a unique prefix of either id, through the resolver
+//! every command shares (`crate::report::find`), then [`of_sandbox`].
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -69,8 +70,10 @@ pub enum ChangesError {
     QuotaRootless,
     #[error("{key:?} matches several change sets ({candidates}); name one by its change id")]
     Ambiguous { key: String, candidates: String },
-    #[error("no sandbox or kept change set matches {key:?} (see `agent-sandbox changes`)")]
+    #[error("no kept change set of sandbox {key:?} (see `agent-sandbox changes`)")]
     NotFound { key: String },
+    #[error(transparent)]
+    Find(#[from] Box<crate::report::find::FindError>),
     #[error("change set {change} belongs to a sandbox that still exists; delete it first")]
     Live { change: String },
     #[error(
@@ -529,42 +532,31 @@ pub fn open(entry: &Entry) -> Result<WorkspaceOverlay> {
     })
 }
 
-/// The change set `key` names: a change id, a container id, a name, or a unique prefix of
-/// an id. Exact matches win over prefixes; several exact matches are ambiguous.
-pub fn find(store: &Store, key: &str) -> Result<Entry> {
-    let entries = store.entries();
-    let exact: Vec<&Entry> = entries
-        .iter()
+/// The change set of sandbox `id` of state root `root` (`crate::report::find` resolved the
+/// user's key to them): the one `change` names, else its only one; a reused id with several
+/// kept sets is ambiguous (the error lists their change ids).
+pub fn of_sandbox(store: &Store, root: &Path, id: &str, change: Option<&str>) -> Result<Entry> {
+    let mine: Vec<Entry> = store
+        .entries()
+        .into_iter()
         .filter(|e| {
-            e.record.change == key
-                || e.record.container == key
-                || e.record.name.as_deref() == Some(key)
+            e.record.container == id
+                && crate::report::find::same_root(&e.record.root, root)
+                && change.is_none_or(|c| e.record.change == c)
         })
         .collect();
-    let pick = |found: Vec<&Entry>| -> Result<Option<Entry>> {
-        match found.as_slice() {
-            [] => Ok(None),
-            [one] => Ok(Some((*one).clone())),
-            many => Err(ChangesError::Ambiguous {
-                key: key.to_owned(),
-                candidates: many
-                    .iter()
-                    .map(|e| e.record.change.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }),
-        }
-    };
-    if let Some(e) = pick(exact)? {
-        return Ok(e);
+    match mine.as_slice() {
+        [] => Err(ChangesError::NotFound { key: id.to_owned() }),
+        [one] => Ok(one.clone()),
+        many => Err(ChangesError::Ambiguous {
+            key: id.to_owned(),
+            candidates: many
+                .iter()
+                .map(|e| e.record.change.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
     }
-    let prefixed: Vec<&Entry> = entries
-        .iter()
-        .filter(|e| e.record.change.starts_with(key) || e.record.container.starts_with(key))
-        .collect();
-    pick(prefixed)?.ok_or_else(|| ChangesError::NotFound {
-        key: key.to_owned(),
-    })
 }
 
 /// Called at delete, before the sandbox's mounts go: an empty change set is removed (there
@@ -629,8 +621,7 @@ fn remove(entry: &Entry) -> Result<()> {
 }
 
 /// `changes discard KEY`: removes a change set whose sandbox is gone.
-pub fn discard(store: &Store, key: &str) -> Result<Record> {
-    let entry = find(store, key)?;
+pub fn discard(entry: Entry) -> Result<Record> {
     if entry.live().is_some() {
         return Err(ChangesError::Live {
             change: entry.record.change,
@@ -695,8 +686,19 @@ pub enum Action {
     Prune,
 }
 
+/// Where `changes discard KEY` looks for KEY: `--root` and `--audit-dir`, if given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scope<'a> {
+    pub root: Option<&'a Path>,
+    pub audit_dir: Option<&'a Path>,
+}
+
 /// Runs `changes`; returns what to print. The total size limit of `prune` is the policy's.
-pub fn run(action: Option<Action>, policy: &agent_sandbox_policy::SandboxPolicy) -> Result<String> {
+pub fn run(
+    action: Option<Action>,
+    policy: &agent_sandbox_policy::SandboxPolicy,
+    at: Scope<'_>,
+) -> Result<String> {
     let store = Store::locate()?;
     match action.unwrap_or(Action::List { json: false }) {
         Action::List { json: false } => Ok(table(&store.entries())),
@@ -706,8 +708,16 @@ pub fn run(action: Option<Action>, policy: &agent_sandbox_policy::SandboxPolicy)
             .filter_map(|e| serde_json::to_string(&e.record).ok())
             .map(|l| l + "\n")
             .collect()),
+        // The key is resolved as every command's is (`crate::report::find`).
         Action::Discard { id } => {
-            let r = discard(&store, &id)?;
+            let found = crate::report::find::find(at.root, at.audit_dir, &id).map_err(Box::new)?;
+            let entry = of_sandbox(
+                &store,
+                &found.root,
+                found.id.as_str(),
+                found.change.as_deref(),
+            )?;
+            let r = discard(entry)?;
             Ok(format!(
                 "discarded {} ({})\n",
                 r.change,
@@ -804,29 +814,34 @@ mod tests {
     }
 
     #[test]
-    fn found_by_change_id_container_id_name_and_unique_prefix() {
+    fn a_sandboxs_change_set_is_its_only_one_or_the_one_named() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store {
             dir: tmp.path().to_owned(),
         };
         put(&store, record("aaaa11112222", "c0ffee01", Some("web"), 1));
-        put(&store, record("bbbb11112222", "c0ffee02", None, 2));
         put(&store, record("cccc11112222", "reused", None, 3));
         put(&store, record("dddd11112222", "reused", None, 4));
-        let change = |k: &str| find(&store, k).map(|e| e.record.change);
-        assert_eq!(change("web").unwrap(), "aaaa11112222");
-        assert_eq!(change("c0ffee02").unwrap(), "bbbb11112222");
-        assert_eq!(change("bbbb").unwrap(), "bbbb11112222");
-        assert_eq!(change("dddd11112222").unwrap(), "dddd11112222");
+        let root = Path::new("/nonexistent-root");
+        let change =
+            |id: &str, c: Option<&str>| of_sandbox(&store, root, id, c).map(|e| e.record.change);
+        assert_eq!(change("c0ffee01", None).unwrap(), "aaaa11112222");
+        assert_eq!(
+            change("reused", Some("dddd11112222")).unwrap(),
+            "dddd11112222"
+        );
         assert!(matches!(
-            change("c0ffee"),
+            change("reused", None),
             Err(ChangesError::Ambiguous { .. })
         ));
         assert!(matches!(
-            change("reused"),
-            Err(ChangesError::Ambiguous { .. })
+            change("zzz", None),
+            Err(ChangesError::NotFound { .. })
         ));
-        assert!(matches!(change("zzz"), Err(ChangesError::NotFound { .. })));
+        assert!(matches!(
+            of_sandbox(&store, Path::new("/other"), "c0ffee01", None),
+            Err(ChangesError::NotFound { .. })
+        ));
     }
 
     #[test]

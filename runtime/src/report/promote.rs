@@ -13,8 +13,8 @@ use agent_sandbox_audit::layout::human;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
 use crate::harden::Ceiling;
-use crate::lifecycle::{LifecycleError, Runtime};
-use crate::state::ContainerId;
+use crate::lifecycle::LifecycleError;
+use crate::report::find::Found;
 
 /// Errors of the `promote` command.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +55,8 @@ pub enum PromoteCmdError {
 /// What `promote` was asked.
 #[derive(Debug, Clone)]
 pub struct Request<'a> {
-    pub id: &'a ContainerId,
+    /// The sandbox the key named (`crate::report::find`).
+    pub found: &'a Found,
     pub to: &'a Path,
     pub dry_run: bool,
     /// `--digest`: apply only this reviewed change set (from a dry run's first line).
@@ -99,8 +100,8 @@ pub fn rules(
 }
 
 /// Runs the command, printing the plan to `out`.
-pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
-    let source = crate::report::review::source(rt, req.id)?;
+pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
+    let source = crate::report::review::source(req.found)?;
     let changes = source.changes()?;
     let rules = rules(&source.dirs.sandbox(&source.container), req)?;
     // The key may be a short id, a name or a change id: the log is the container's own.
@@ -137,7 +138,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
         out,
         "{} {} -> {} ({} entries, change set {})",
         if req.dry_run { "plan for" } else { "promote" },
-        req.id,
+        source.container,
         escape_path(req.to),
         plan.entries.len(),
         digest
@@ -159,7 +160,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     for (path, why) in &plan.refused {
         writeln!(out, "refused /{}: {why}", escape_path(path))?;
         tracing::info!(
-            id = %req.id,
+            id = %source.container,
             path = %escape_path(path),
             reason = %why,
             "promote refused an entry"
@@ -167,7 +168,7 @@ pub fn run(rt: &Runtime, req: &Request<'_>, out: &mut impl Write) -> Result<(), 
     }
     for r in &hist.refused {
         writeln!(out, "refused {r}")?;
-        tracing::info!(id = %req.id, refusal = %r, "promote refused part of the history");
+        tracing::info!(id = %source.container, refusal = %r, "promote refused part of the history");
     }
     if !plan.refused.is_empty() || !hist.refused.is_empty() {
         return Err(PromoteCmdError::Refused {
@@ -325,8 +326,11 @@ fn describe_history(hist: &History, out: &mut impl Write) -> std::io::Result<()>
 /// Drops change set `change` after a complete promotion, unless its sandbox still runs.
 /// A set that cannot be removed stays listed (`agent-sandbox changes`) and is said so.
 fn forget_promoted(change: &str, out: &mut impl Write) -> std::io::Result<()> {
-    use crate::report::changes::{ChangesError, Store, discard};
-    match Store::locate().and_then(|store| discard(&store, change)) {
+    use crate::report::changes::{ChangesError, Entry, Store, discard};
+    match Store::locate()
+        .and_then(|store| Entry::load(&store.dir.join(change)))
+        .and_then(discard)
+    {
         Ok(_) => writeln!(out, "change set {change} promoted and discarded"),
         Err(ChangesError::Live { .. }) => Ok(()),
         Err(e) => {
@@ -348,10 +352,15 @@ mod tests {
     fn rules_hold_the_default_profiles_names_and_a_strict_policy_protects_all_of_git()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let rt = Runtime::new(Some(dir.path()))?;
-        let id = ContainerId::try_from("pr-rules")?;
+        let rt = crate::lifecycle::Runtime::new(Some(dir.path()))?;
+        let id = crate::state::ContainerId::try_from("pr-rules")?;
+        let found = Found {
+            root: dir.path().to_owned(),
+            id: id.clone(),
+            change: None,
+        };
         let mut req = Request {
-            id: &id,
+            found: &found,
             to: dir.path(),
             dry_run: true,
             digest: None,

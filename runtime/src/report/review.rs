@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::lifecycle::{LifecycleError, Runtime};
 use crate::report::changes::ReviewMount;
+use crate::report::find::Found;
 use crate::state::ContainerId;
 use crate::state::StateDirs;
 
@@ -47,10 +48,12 @@ impl ChangeSource {
     }
 }
 
-/// The one place `diff`, `export` and `promote` find a sandbox's changes: the live sandbox
-/// in this state root, else a kept change set found by any of its keys.
-pub fn source(rt: &Runtime, id: &ContainerId) -> Result<ChangeSource, LifecycleError> {
-    let ws = rt.workspace(id)?;
+/// The one place `diff`, `export` and `promote` find a sandbox's changes: those of the
+/// sandbox the shared resolver found (`crate::report::find`), live or kept.
+pub fn source(found: &Found) -> Result<ChangeSource, LifecycleError> {
+    let rt = Runtime::new(Some(&found.root))?;
+    let id = &found.id;
+    let ws = rt.workspace(id, found.change.as_deref())?;
     let record = ws
         .change_dir
         .as_deref()

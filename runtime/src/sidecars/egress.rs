@@ -588,6 +588,7 @@ pub fn serve(
             tool_calls: init.map(|init| {
                 Arc::new(crate::sidecars::tool_calls::ExecTags::new(
                     sandbox_dir,
+                    id,
                     init,
                 )) as Arc<dyn agent_sandbox_proxy::ToolCalls>
             }),

@@ -37,18 +37,19 @@ pub fn exec_id(pid_file: Option<&Path>) -> String {
             Some(stem.strip_prefix("exec-").unwrap_or(stem).to_owned())
         }
     });
-    match found {
-        Some(id)
-            if !id.is_empty()
-                && id.len() <= 128
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) =>
-        {
-            id
-        }
-        _ => "exec".to_owned(),
-    }
+    found
+        .filter(|id| valid_exec_id(id))
+        .unwrap_or_else(|| "exec".to_owned())
+}
+
+/// Whether `id` may name an exec in records: 1 to 128 characters of `A-Z a-z 0-9 . _ -`
+/// (containerd's exec ids are a subset; podman's are hex).
+pub fn valid_exec_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
 /// Whether the runtime's caller is our shim (it reports each exit itself).

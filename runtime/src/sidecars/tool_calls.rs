@@ -19,14 +19,15 @@
 //! the tool call"): a process orphaned by its exec's tree (a double fork) is reparented to
 //! the sandbox's init and gets the init's tool call, if any; processes that pass a socket
 //! between two execs' trees make it ambiguous (no tool call); a connection whose process
-//! closed its socket before the proxy looked has none; a pod's member containers are not
-//! attributed by the pod's proxy.
+//! closed its socket before the proxy looked has none. A pod's proxy searches its app
+//! containers' processes and tags too (they share its network namespace), so their execs'
+//! connections carry their tool calls.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use crate::state::SandboxDir;
+use crate::state::{ContainerId, SandboxDir, StateDirs};
 
 /// Most parents walked from a holder.
 const MAX_DEPTH: usize = 4096;
@@ -115,28 +116,71 @@ fn parse_hex_addr(text: &str) -> Option<(IpAddr, u16)> {
     Some((ip, port))
 }
 
-/// The runtime's [`agent_sandbox_proxy::ToolCalls`] for one sandbox.
+/// The runtime's [`agent_sandbox_proxy::ToolCalls`] for one sandbox, and, for a pod's
+/// sandbox, for the pod's app containers too: they share its network namespace and its
+/// proxy, so their processes and tags are searched beside its own.
 #[derive(Debug)]
 pub struct ExecTags {
+    init: i32,
+    tags: PathBuf,
+    /// The state root and the sandbox's id, to find a pod's app containers.
+    pod: Option<(StateDirs, ContainerId)>,
+}
+
+/// One sandbox whose processes may hold a connection: its init and its tag directory.
+struct Holder {
     init: i32,
     tags: PathBuf,
 }
 
 impl ExecTags {
-    /// For the sandbox whose init (holding its network namespace) is `init`.
-    pub fn new(sandbox: &SandboxDir, init: i32) -> Self {
+    /// For the sandbox `id` whose init (holding its network namespace) is `init`.
+    pub fn new(sandbox: &SandboxDir, id: &str, init: i32) -> Self {
+        let pod = sandbox
+            .state_root()
+            .zip(ContainerId::try_from(id).ok())
+            .map(|(root, id)| (StateDirs::new(root.to_owned()), id));
         Self {
             init,
             tags: sandbox.audit_exec_tags(),
+            pod,
         }
     }
 
-    /// The tagged processes: pid -> (tool call, start time).
-    fn tagged(&self) -> BTreeMap<i32, (String, u64)> {
-        let Ok(dir) = std::fs::read_dir(&self.tags) else {
-            return BTreeMap::new();
+    /// This sandbox, then the app containers of its pod (each with its init's pid from its
+    /// state; looked up per connection, as containers join and leave the pod).
+    fn holders(&self) -> Vec<Holder> {
+        let mut out = vec![Holder {
+            init: self.init,
+            tags: self.tags.clone(),
+        }];
+        let Some((dirs, id)) = &self.pod else {
+            return out;
         };
-        dir.flatten()
+        for member in crate::pod::members_of(dirs, id) {
+            let state = dirs.container(&member).join("state.json");
+            let Some(init) = std::fs::read(&state)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["pid"].as_i64())
+                .and_then(|p| i32::try_from(p).ok())
+            else {
+                continue;
+            };
+            out.push(Holder {
+                init,
+                tags: dirs.sandbox(&member).audit_exec_tags(),
+            });
+        }
+        out
+    }
+
+    /// The tagged processes: pid -> (tool call, start time).
+    fn tagged(holders: &[Holder]) -> BTreeMap<i32, (String, u64)> {
+        holders
+            .iter()
+            .filter_map(|h| std::fs::read_dir(&h.tags).ok())
+            .flat_map(|dir| dir.flatten())
             .filter_map(|e| {
                 let pid: i32 = e.file_name().to_str()?.parse().ok()?;
                 let text = std::fs::read_to_string(e.path()).ok()?;
@@ -147,23 +191,27 @@ impl ExecTags {
             .collect()
     }
 
-    /// The sandbox's processes: the init's cgroup's `cgroup.procs` (execs join it).
-    fn procs(&self) -> BTreeSet<i32> {
-        let dirs = crate::host::cgroups::dirs_of(&crate::host::cgroups::RealHost, self.init);
-        let from_cgroup = ["pids", "memory", "unified"]
-            .iter()
-            .filter_map(|k| dirs.get(*k))
-            .find_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok());
-        let mut procs: BTreeSet<i32> = from_cgroup
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
-        procs.insert(self.init);
+    /// The sandboxes' processes: each init's cgroup's `cgroup.procs` (execs join it).
+    fn procs(holders: &[Holder]) -> BTreeSet<i32> {
+        let mut procs = BTreeSet::new();
+        for h in holders {
+            let dirs = crate::host::cgroups::dirs_of(&crate::host::cgroups::RealHost, h.init);
+            let from_cgroup = ["pids", "memory", "unified"]
+                .iter()
+                .filter_map(|k| dirs.get(*k))
+                .find_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok());
+            procs.extend(
+                from_cgroup
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<i32>().ok()),
+            );
+            procs.insert(h.init);
+        }
         procs
     }
 
-    fn holders(&self, procs: &BTreeSet<i32>, inode: u64) -> Vec<i32> {
+    fn holding(procs: &BTreeSet<i32>, inode: u64) -> Vec<i32> {
         let want = format!("socket:[{inode}]");
         procs
             .iter()
@@ -179,7 +227,8 @@ impl ExecTags {
     }
 
     fn lookup(&self, client: SocketAddr) -> Option<String> {
-        let tagged = self.tagged();
+        let holders = self.holders();
+        let tagged = Self::tagged(&holders);
         if tagged.is_empty() {
             return None;
         }
@@ -187,9 +236,8 @@ impl ExecTags {
         let inode = ["tcp", "tcp6"]
             .iter()
             .find_map(|t| socket_inode(&std::fs::read_to_string(net.join(t)).ok()?, client))?;
-        let procs = self.procs();
-        let holders = self.holders(&procs, inode);
-        let found: BTreeSet<Option<String>> = holders
+        let procs = Self::procs(&holders);
+        let found: BTreeSet<Option<String>> = Self::holding(&procs, inode)
             .iter()
             .map(|&pid| exec_of(pid, &procs, &tagged, stat))
             .collect();

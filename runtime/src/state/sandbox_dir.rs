@@ -112,6 +112,11 @@ impl SandboxDir {
         &self.dir
     }
 
+    /// The state root this directory lies in (`R` of `R/sandbox/<id>/`).
+    pub fn state_root(&self) -> Option<&Path> {
+        self.dir.parent()?.parent()
+    }
+
     pub fn exists(&self) -> bool {
         self.dir.exists()
     }

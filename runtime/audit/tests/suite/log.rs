@@ -30,6 +30,7 @@ fn sample(i: u64) -> Event {
             "/work",
             0,
             Some(format!("toolu_{i}")),
+            Some(format!("exec-{i}")),
         ),
         2 => Event::Net {
             verdict: if i.is_multiple_of(4) {
@@ -402,6 +403,7 @@ fn writer_refuses_wrong_sandbox_values_and_symlinks() -> Result<()> {
         cwd: "/".into(),
         uid: 0,
         tool_call_id: None,
+        process: None,
     };
     let err = log
         .append(&leaky)
@@ -696,6 +698,7 @@ fn batches_chain_like_single_appends_and_fail_as_a_whole() -> Result<()> {
         cwd: "/".into(),
         uid: 0,
         tool_call_id: None,
+        process: None,
     };
     assert!(log.append_all(&[sample(1), bad]).is_err());
     assert_eq!(fs::metadata(&path)?.len(), len);
