@@ -20,6 +20,7 @@ mod limits;
 mod podman;
 mod pods;
 mod promote;
+mod review;
 mod shim_contracts;
 mod tls_inject;
 mod ucounts;
