@@ -152,7 +152,7 @@ fn side(root: &OwnedFd, root_path: &Path, rel: &Path) -> Result<Side, ScratchErr
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(ScratchError::Changed { path: full });
     }
-    let mode = u32::from(st.st_mode) & 0o7777;
+    let mode = st.st_mode & 0o7777;
     let size = size_of(&st);
     let read_err = |source| ScratchError::Io {
         op: "read",

@@ -242,7 +242,7 @@ fn write_history_and_ignored(
             .join(", ");
         writeln!(
             out,
-            "# ignored: {} files the checkout's .gitignore ignores ({shapes}); promote leaves them out unless --include-ignored{}",
+            "# ignored: {} entries the checkout's .gitignore ignores ({shapes}); promote leaves them out unless --include-ignored{}",
             ignored.paths.len(),
             if req.list_ignored {
                 ""

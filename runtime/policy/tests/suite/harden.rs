@@ -1712,7 +1712,7 @@ fn disable_oom_killer_is_cleared_and_a_read_only_tmpfs_outside_scratch_is_refuse
         .linux()
         .as_ref()
         .and_then(|l| l.resources().clone())
-        .and_then(|r| r.memory().clone())
+        .and_then(|r| *r.memory())
         .unwrap();
     assert_eq!(memory.disable_oom_killer(), Some(false));
 
