@@ -267,14 +267,7 @@ mod tests {
     use super::*;
 
     fn change(path: &str, kind: ChangeKind, file_type: FileKind) -> Change {
-        Change {
-            path: PathBuf::from(path),
-            kind,
-            file_type,
-            size: 0,
-            mode: 0o644,
-            link_target: None,
-        }
+        Change::bare(path, kind, file_type)
     }
 
     fn write(root: &Path, rel: &str, text: &str) -> std::io::Result<()> {

@@ -411,14 +411,7 @@ mod tests {
     use super::*;
 
     fn change(path: &str, kind: ChangeKind, file_type: FileKind) -> Change {
-        Change {
-            path: PathBuf::from(path),
-            kind,
-            file_type,
-            size: 0,
-            mode: 0o644,
-            link_target: None,
-        }
+        Change::bare(path, kind, file_type)
     }
 
     fn setup() -> std::io::Result<(tempfile::TempDir, PathBuf, PathBuf)> {
