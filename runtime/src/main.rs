@@ -2,12 +2,10 @@
 //! to the library.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
-
 use agent_sandbox::cli::{Cli, Outcome};
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     if agent_sandbox::cli::needs_sealed_binary(&cli)
         && let Err(err) = agent_sandbox_sys::reexec_from_sealed_copy()
     {

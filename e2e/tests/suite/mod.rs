@@ -21,6 +21,7 @@ mod names;
 mod podman;
 mod pods;
 mod promote;
+mod review;
 mod shim_contracts;
 mod tls_inject;
 mod ucounts;

@@ -24,9 +24,9 @@ use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime};
 use anyhow::{Context, bail, ensure};
 
 /// The checkout's owner on the host.
-const OWNER: u32 = 1000;
+pub(super) const OWNER: u32 = 1000;
 /// Debian's git, bound into the sandbox and run on the host.
-const GIT: &str = "/usr/bin/git";
+pub(super) const GIT: &str = "/usr/bin/git";
 /// A newer git (2.47, built by setup): the host-side checks run with both.
 const NEW_GIT: &str = "/usr/local/bin/git";
 /// Rootful podman's runtime state root (the runtime's default as root).
@@ -42,14 +42,14 @@ fn sh(script: &str) -> anyhow::Result<Output> {
 
 /// A host directory holding the checkout `ws` and copies of it (world-traversable, so the
 /// checkout's owner can reach them).
-struct Host {
+pub(super) struct Host {
     dir: tempfile::TempDir,
-    ws: PathBuf,
+    pub(super) ws: PathBuf,
 }
 
 impl Host {
     /// A git checkout with one commit, owned by [`OWNER`].
-    fn checkout() -> anyhow::Result<Host> {
+    pub(super) fn checkout() -> anyhow::Result<Host> {
         harness::require_file(GIT)?;
         harness::require_tool("setpriv")?;
         harness::require_tool("python3")?;
@@ -80,19 +80,19 @@ impl Host {
         Ok(Host { dir, ws })
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(super) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
     /// `cp -a` of `from` (a path under the host dir) to a new sibling `name`.
-    fn copy(&self, from: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    pub(super) fn copy(&self, from: &Path, name: &str) -> anyhow::Result<PathBuf> {
         let to = self.path(name);
         run_ok(Command::new("cp").arg("-a").arg(from).arg(&to))?;
         Ok(to)
     }
 
     /// `git ARGS` in `repo` as the checkout's owner, as the developer would run it.
-    fn git(&self, repo: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    pub(super) fn git(&self, repo: &Path, args: &[&str]) -> anyhow::Result<Output> {
         self.git_with(GIT, repo, args)
     }
 
@@ -125,7 +125,7 @@ impl Host {
 }
 
 /// Every entry below `root`: file content, link target or `dir`, with mode and owner.
-fn snapshot(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
+pub(super) fn snapshot(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -154,16 +154,16 @@ fn snapshot(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
 
 /// The entry point a sandbox runs through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via {
+pub(super) enum Via {
     Podman,
     Ctr,
 }
 
 /// A sleeping sandbox over a workspace, into which the agent's scripts are exec'd.
-struct Agent {
+pub(super) struct Agent {
     via: Via,
-    id: String,
-    root: PathBuf,
+    pub(super) id: String,
+    pub(super) root: PathBuf,
     name: String,
     _podman: Option<ContainerGuard>,
     _ctr: Option<Container>,
@@ -174,7 +174,7 @@ fn sandbox() -> Podman {
 }
 
 impl Agent {
-    fn start(via: Via, workspace: &Path) -> anyhow::Result<Agent> {
+    pub(super) fn start(via: Via, workspace: &Path) -> anyhow::Result<Agent> {
         harness::require_file(harness::runtime_bin())?;
         let ws = workspace.display().to_string();
         match via {
@@ -232,7 +232,7 @@ impl Agent {
     }
 
     /// Runs the agent's `script` in /workspace; it must succeed.
-    fn exec(&self, script: &str) -> anyhow::Result<Output> {
+    pub(super) fn exec(&self, script: &str) -> anyhow::Result<Output> {
         static N: AtomicU32 = AtomicU32::new(0);
         let script = format!("set -e; cd /workspace; {script}");
         let out = match self.via {
@@ -248,7 +248,7 @@ impl Agent {
     }
 
     /// `agent-sandbox --root ROOT ARGS... ID`.
-    fn runtime(&self, args: &[&str]) -> anyhow::Result<Output> {
+    pub(super) fn runtime(&self, args: &[&str]) -> anyhow::Result<Output> {
         harness::run(
             Command::new(harness::runtime_bin())
                 .arg("--root")
@@ -260,7 +260,7 @@ impl Agent {
     }
 
     /// `promote --to TARGET [--dry-run]`.
-    fn promote(&self, target: &Path, dry_run: bool) -> anyhow::Result<Output> {
+    pub(super) fn promote(&self, target: &Path, dry_run: bool) -> anyhow::Result<Output> {
         let to = target.display().to_string();
         let mut args = vec!["promote", "--to", to.as_str()];
         if dry_run {
@@ -270,7 +270,7 @@ impl Agent {
     }
 
     /// The overlay's upper dir: what a naive promotion copies.
-    fn upper(&self) -> anyhow::Result<PathBuf> {
+    pub(super) fn upper(&self) -> anyhow::Result<PathBuf> {
         let path = self
             .root
             .join("sandbox")
@@ -286,7 +286,7 @@ impl Agent {
 
     /// Naive promotion: `cp -a UPPER/. TARGET/`, then (with `chown`) the files handed to
     /// their owner, as a developer would before working on them.
-    fn naive_cp(&self, target: &Path, chown: bool) -> anyhow::Result<()> {
+    pub(super) fn naive_cp(&self, target: &Path, chown: bool) -> anyhow::Result<()> {
         let upper = self.upper()?;
         run_ok(
             Command::new("cp")

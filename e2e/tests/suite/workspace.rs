@@ -154,10 +154,14 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
             "diff of {key} lacks {line:?}\n{diff}"
         );
     }
+    // The moved branch shows as the agent's commit and its ref, not as .git files.
     ensure!(
-        diff.stdout
-            .lines()
-            .any(|l| l.starts_with("M /.git/refs/heads/") && l.ends_with("(file)")),
+        diff.stdout.lines().any(|l| l.starts_with("commit "))
+            && diff
+                .stdout
+                .lines()
+                .any(|l| l.starts_with("ref refs/heads/"))
+            && !diff.stdout.contains(" /.git/"),
         "diff of {key} shows no moved branch\n{diff}"
     );
     let export = tempfile::tempdir()?;

@@ -86,6 +86,21 @@ pub fn escape_bytes(bytes: &[u8]) -> String {
     out
 }
 
+/// [`escape_bytes`] of one line of a file's text for a patch, keeping TAB as it is: a tab
+/// only moves the cursor to the next tab stop on a fresh line (it erases and hides
+/// nothing), and indentation stays readable. Everything else [`is_unsafe_char`] names, a
+/// backslash and bytes that are not UTF-8 are escaped as [`escape_bytes`] does.
+pub fn escape_line(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for (i, part) in bytes.split(|&b| b == b'\t').enumerate() {
+        if i > 0 {
+            out.push('\t');
+        }
+        out.push_str(&escape_bytes(part));
+    }
+    out
+}
+
 /// [`escape_bytes`] of a path's bytes.
 pub fn escape_path(path: &Path) -> String {
     escape_bytes(path.as_os_str().as_bytes())

@@ -3,11 +3,13 @@
 
 pub mod escape;
 pub mod history;
+pub mod ignore;
 pub mod kernel;
 pub mod layout;
 pub mod limit;
 pub mod log;
 pub mod names;
+pub mod patch;
 pub mod promote;
 pub mod record;
 pub mod scratch;

@@ -162,6 +162,21 @@ pub struct Change {
     pub link_target: Option<PathBuf>,
 }
 
+#[cfg(test)]
+impl Change {
+    /// A change of `path` with mode 0644 and no size, for tests.
+    pub(crate) fn bare(path: &str, kind: ChangeKind, file_type: FileKind) -> Change {
+        Change {
+            path: PathBuf::from(path),
+            kind,
+            file_type,
+            size: 0,
+            mode: 0o644,
+            link_target: None,
+        }
+    }
+}
+
 impl std::fmt::Display for Change {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -66,6 +66,49 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+/// What `ID` may be for the review commands (`diff`, `export`, `promote`).
+const REVIEW_ID_HELP: &str = "The sandbox: any name its entry point shows (ctr's container id, \
+podman's name or id, CRI's POD/CONTAINER, Docker's short id) or a kept change set's id \
+(`agent-sandbox changes`)";
+
+/// The review commands, whose help lists only the global options they use (`--root`,
+/// `--policy`, `--audit-dir`): the runtime's own options are accepted there but not shown.
+const REVIEW_COMMANDS: [&str; 6] = ["diff", "export", "promote", "changes", "audit", "layers"];
+/// The global options only the runtime itself (the engines' calls) uses.
+const RUNTIME_OPTIONS: [&str; 5] = ["log", "log_format", "debug", "systemd_cgroup", "rootless"];
+
+impl Cli {
+    /// Parses the process's arguments (exits with clap's message and code on an error, as
+    /// `Parser::parse`), with the runtime's options hidden from the review commands' help.
+    pub fn parse_args() -> Cli {
+        let mut cmd = Self::command_for_help();
+        match cmd.try_get_matches_from_mut(std::env::args_os()) {
+            Ok(m) => <Cli as clap::FromArgMatches>::from_arg_matches(&m)
+                .unwrap_or_else(|e| e.format(&mut cmd).exit()),
+            Err(e) => e.exit(),
+        }
+    }
+
+    /// The clap command of [`Cli`] with the runtime's options hidden from the review
+    /// commands' help.
+    pub fn command_for_help() -> clap::Command {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        // Globals reach the subcommands when the command is built. `mut_args` keeps each
+        // argument where it is (the built lookup of long names points at positions; the
+        // unit test parses hidden options after this).
+        cmd.build();
+        for name in REVIEW_COMMANDS {
+            cmd = cmd.mut_subcommand(name, |sc| {
+                sc.mut_args(|a| {
+                    let runtime_only = RUNTIME_OPTIONS.contains(&a.get_id().as_str());
+                    a.hide(runtime_only)
+                })
+            });
+        }
+        cmd
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create a container from a bundle; its process waits for `start`
@@ -201,9 +244,25 @@ pub enum Command {
     Deny { id: String, rule: String },
     /// Print which protections are in force for a sandbox, as JSON
     Layers { id: String },
-    /// List what a sandbox changed in its workspace overlay (A added, M modified, D deleted,
-    /// O opaque dir), before `delete` discards it
-    Diff { id: String },
+    /// Review what a sandbox changed in its workspace (A added, M modified, D deleted, O
+    /// opaque dir): the files `promote` would bring, the agent's commits (not the files below
+    /// .git), and apart the files the checkout's .gitignore ignores. Everything the sandbox
+    /// wrote is escaped. The change set is kept after the container is deleted, until it is
+    /// promoted or discarded (docs/workspace.md#retention)
+    Diff {
+        /// Show a unified diff of each file against the host's (escaped; binary and large
+        /// files summarised by size and SHA-256)
+        #[arg(long, conflicts_with = "stat")]
+        patch: bool,
+        /// Show the lines added and removed per file, and the totals
+        #[arg(long)]
+        stat: bool,
+        /// List the ignored files one by one too
+        #[arg(long)]
+        ignored: bool,
+        #[arg(value_name = "ID", help = REVIEW_ID_HELP)]
+        id: String,
+    },
     /// Hand a sandbox's workspace changes out for review: `--to-dir DIR` or `--to-tar FILE`
     /// (new paths); nothing reaches the real workspace unless someone copies it there
     Export {
@@ -215,6 +274,7 @@ pub enum Command {
         to_dir: Option<PathBuf>,
         #[arg(long = "to-tar")]
         to_tar: Option<PathBuf>,
+        #[arg(value_name = "ID", help = REVIEW_ID_HELP)]
         id: String,
     },
     /// Apply a sandbox's workspace changes to a directory, refusing anything that could act
@@ -234,6 +294,11 @@ pub enum Command {
         /// refusing if that branch moved (docs/promote.md#advance)
         #[arg(long)]
         advance: bool,
+        /// Also promote the files the checkout's .gitignore ignores (`__pycache__`, build
+        /// output), which are left out by default (docs/promote.md#ignored)
+        #[arg(long = "include-ignored")]
+        include_ignored: bool,
+        #[arg(value_name = "ID", help = REVIEW_ID_HELP)]
         id: String,
     },
     /// Kept workspace change sets (docs/workspace.md): list them (`changes`), drop one
@@ -412,6 +477,8 @@ pub enum CliError {
     OlderThanWithoutPrune,
     #[error("workspace review")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
+    #[error("workspace review")]
+    Review(#[from] crate::report::review::ReviewError),
     #[error(transparent)]
     Promote(#[from] crate::report::promote::PromoteCmdError),
     #[error("workspace changes")]
@@ -512,15 +579,31 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
             id,
         } => audit::audit_exit(cli, &id, process, pid, status)?,
         Command::Layers { id } => audit::layers(cli, &id)?,
-        Command::Diff { id } => workspace::diff(cli, &id)?,
+        Command::Diff {
+            patch,
+            stat,
+            ignored,
+            id,
+        } => workspace::diff(cli, &id, patch, stat, ignored)?,
         Command::Export { to_dir, to_tar, id } => workspace::export(cli, &id, to_dir, to_tar)?,
         Command::Promote {
             to,
             dry_run,
             digest,
             advance,
+            include_ignored,
             id,
-        } => workspace::promote(cli, &id, to, dry_run, digest.as_deref(), advance)?,
+        } => workspace::promote(
+            cli,
+            &id,
+            to,
+            workspace::PromoteFlags {
+                dry_run,
+                digest: digest.as_deref(),
+                advance,
+                include_ignored,
+            },
+        )?,
         Command::Changes { action } => workspace::changes(cli, action)?,
         Command::ExecExit { exec_id, pid, id } => internal::exec_exit(cli, &id, &exec_id, pid)?,
         Command::OomWatch { bundle, cgroup, id } => internal::oom_watch(&bundle, &cgroup, &id)?,
@@ -552,6 +635,46 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("agent-sandbox").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn review_help_says_what_id_may_be_and_hides_the_runtimes_options()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let mut cmd = Cli::command_for_help();
+        for name in ["diff", "promote", "export"] {
+            let help = cmd
+                .find_subcommand_mut(name)
+                .ok_or("no such subcommand")?
+                .render_long_help()
+                .to_string();
+            for hidden in ["--systemd-cgroup", "--rootless", "--log-format", "--debug"] {
+                assert!(
+                    !help.contains(hidden),
+                    "{name} --help shows {hidden}\n{help}"
+                );
+            }
+            for shown in ["--root", "--policy", "POD/CONTAINER", "Docker's short id"] {
+                assert!(help.contains(shown), "{name} --help lacks {shown}\n{help}");
+            }
+        }
+        // Still accepted where an engine passes them, and the main help keeps them.
+        let m = Cli::command_for_help().try_get_matches_from([
+            "agent-sandbox",
+            "--systemd-cgroup",
+            "diff",
+            "--debug",
+            "--patch",
+            "pod/agent",
+        ])?;
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m)?;
+        assert!(cli.debug && cli.systemd_cgroup);
+        assert!(matches!(
+            cli.command,
+            Some(Command::Diff { patch: true, stat: false, ref id, .. }) if id == "pod/agent"
+        ));
+        let main = Cli::command_for_help().render_long_help().to_string();
+        assert!(main.contains("--systemd-cgroup"));
+        Ok(())
     }
 
     #[test]

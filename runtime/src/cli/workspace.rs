@@ -17,28 +17,27 @@ fn found(cli: &Cli, key: &str) -> Result<Found, CliError> {
     )?)
 }
 
-/// `diff ID`: one line per change in the workspace overlay.
-pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
+/// `diff ID [--patch | --stat] [--ignored]`: the change set for review
+/// (`crate::report::review::write_diff`).
+pub(super) fn diff(
+    cli: &Cli,
+    id: &str,
+    patch: bool,
+    stat: bool,
+    ignored: bool,
+) -> Result<(), CliError> {
     let source = crate::report::review::source(&found(cli, id)?)?;
-    let changes = source.changes()?;
-    let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
-    // Measuring opens each file (no read): a file this user cannot open still gets its line.
-    match agent_sandbox_audit::layout::footprint(&source.upper, &changes) {
-        Ok(footprint) => {
-            for line in crate::report::review::diff_lines(&changes, &footprint, &limit) {
-                println!("{line}");
-            }
-        }
-        Err(e) => {
-            for c in &changes {
-                println!("{}", crate::report::review::diff_line(c));
-            }
-            println!(
-                "# size on the target: not measured ({})",
-                agent_sandbox_proxy::error_text::chain(&e)
-            );
-        }
-    }
+    let view = match (patch, stat) {
+        (true, _) => crate::report::review::View::Patch,
+        (false, true) => crate::report::review::View::Stat,
+        (false, false) => crate::report::review::View::List,
+    };
+    let req = crate::report::review::DiffRequest {
+        view,
+        list_ignored: ignored,
+        policy: cli.policy.as_deref(),
+    };
+    crate::report::review::write_diff(&source, &req, &mut std::io::stdout().lock())?;
     Ok(())
 }
 
@@ -62,15 +61,27 @@ pub(super) fn export(
     Ok(())
 }
 
-/// `promote ID --to DIR [--dry-run] [--digest D] [--advance]`.
+/// `promote`'s flags.
+pub(super) struct PromoteFlags<'a> {
+    pub dry_run: bool,
+    pub digest: Option<&'a str>,
+    pub advance: bool,
+    pub include_ignored: bool,
+}
+
+/// `promote ID --to DIR [--dry-run] [--digest D] [--advance] [--include-ignored]`.
 pub(super) fn promote(
     cli: &Cli,
     id: &str,
     to: PathBuf,
-    dry_run: bool,
-    digest: Option<&str>,
-    advance: bool,
+    flags: PromoteFlags<'_>,
 ) -> Result<(), CliError> {
+    let PromoteFlags {
+        dry_run,
+        digest,
+        advance,
+        include_ignored,
+    } = flags;
     let found = found(cli, id)?;
     // Absolute, so the audit record names the directory whatever the caller's cwd.
     let to = std::path::absolute(&to).unwrap_or(to);
@@ -82,6 +93,7 @@ pub(super) fn promote(
         policy: cli.policy.as_deref(),
         audit_dir: cli.audit_dir.as_deref(),
         advance,
+        include_ignored,
     };
     crate::report::promote::run(&req, &mut std::io::stdout().lock())?;
     Ok(())

@@ -67,15 +67,18 @@ pub struct Request<'a> {
     pub audit_dir: Option<&'a Path>,
     /// `--advance`: fast-forward the target's current branch to the agent's commit for it.
     pub advance: bool,
+    /// `--include-ignored`: also promote what the checkout's `.gitignore` files ignore.
+    pub include_ignored: bool,
 }
 
 /// The names promotion refuses at any depth: the protected names of the default profile,
 /// of the admin's policy and of the policy the sandbox was created under (the mandatory ones
 /// are in each). A policy that protects all of `.git/` (`strict`) refuses every `.git` change.
 /// `sandbox_dir` is the sandbox's state dir, where its create saved the policy it ran under.
+/// `policy` is the ceiling (`--policy`, `AGENT_SANDBOX_POLICY`).
 pub fn rules(
     sandbox_dir: &crate::state::SandboxDir,
-    req: &Request<'_>,
+    policy: Option<&Path>,
 ) -> Result<Rules, PromoteCmdError> {
     let mut names: Vec<String> = Vec::new();
     let mut add = |p: &agent_sandbox_policy::SandboxPolicy| {
@@ -92,7 +95,7 @@ pub fn rules(
         &agent_sandbox_policy::SandboxPolicy::builtin(crate::harden::DEFAULT_PROFILE)
             .map_err(crate::harden::SandboxError::Policy)?,
     );
-    add(&Ceiling::load(req.policy)?.policy);
+    add(&Ceiling::load(policy)?.policy);
     if let Ok(saved) = Ceiling::load_saved(sandbox_dir) {
         add(&saved.policy);
     }
@@ -102,8 +105,15 @@ pub fn rules(
 /// Runs the command, printing the plan to `out`.
 pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
     let source = crate::report::review::source(req.found)?;
-    let changes = source.changes()?;
-    let rules = rules(&source.dirs.sandbox(&source.container), req)?;
+    let all = source.changes()?;
+    // What the checkout ignores (`__pycache__`, build output) stays out unless asked.
+    let ignored = source.ignored(&all)?;
+    let changes: Vec<_> = if req.include_ignored {
+        all
+    } else {
+        ignored.without(&all).into_iter().cloned().collect()
+    };
+    let rules = rules(&source.dirs.sandbox(&source.container), req.policy)?;
     // The key may be a short id, a name or a change id: the log is the container's own.
     let log = crate::report::audit::locate(&source.dirs, &source.container, req.audit_dir)?;
     if !req.dry_run && !log.exists() {
@@ -145,6 +155,18 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
     )?;
     for e in &plan.entries {
         writeln!(out, "  {}", e.describe())?;
+    }
+    if !ignored.paths.is_empty() {
+        writeln!(
+            out,
+            "  ({} entries the checkout's .gitignore ignores are {}: `diff --ignored` lists them)",
+            ignored.paths.len(),
+            if req.include_ignored {
+                "included (--include-ignored)"
+            } else {
+                "left out (--include-ignored promotes them)"
+            }
+        )?;
     }
     describe_history(&hist, out)?;
     writeln!(
@@ -367,8 +389,9 @@ mod tests {
             policy: None,
             audit_dir: None,
             advance: false,
+            include_ignored: false,
         };
-        let r = rules(&rt.dirs.sandbox(&id), &req)?;
+        let r = rules(&rt.dirs.sandbox(&id), req.policy)?;
         for p in [
             "pkg/.envrc",
             "a/.git/hooks/x",
@@ -385,7 +408,7 @@ mod tests {
             None
         );
         req.policy = Some(Path::new("strict"));
-        let strict = rules(&rt.dirs.sandbox(&id), &req)?;
+        let strict = rules(&rt.dirs.sandbox(&id), req.policy)?;
         assert!(
             strict
                 .check(Path::new(".git/index"), FileKind::File, false)

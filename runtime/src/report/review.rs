@@ -7,8 +7,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::escape::escape_path;
+use agent_sandbox_audit::history::{self, History, HistoryError, is_history_path};
+use agent_sandbox_audit::ignore::Ignored;
 use agent_sandbox_audit::layout::human;
-use agent_sandbox_audit::{Change, ExportSummary, Footprint, SizeLimit};
+use agent_sandbox_audit::{Change, ExportSummary, Footprint, ScratchError, SizeLimit};
 
 use crate::harden::{Ceiling, SandboxError};
 
@@ -46,6 +48,223 @@ impl ChangeSource {
     pub fn changes(&self) -> Result<Vec<Change>, agent_sandbox_audit::ScratchError> {
         agent_sandbox_audit::diff(&self.upper, self.lower.as_deref())
     }
+
+    /// Which of `changes` the checkout's `.gitignore` files ignore (host's and the change
+    /// set's, read as data: `agent_sandbox_audit::ignore`).
+    pub fn ignored(&self, changes: &[Change]) -> Result<Ignored, ScratchError> {
+        agent_sandbox_audit::ignore::ignored(&self.upper, self.lower.as_deref(), changes)
+    }
+
+    /// The agent's history in `changes` as `promote` would bring it back to the host
+    /// checkout the workspace came from (its lower layer): new commits and refusals. `None`
+    /// when the change set has nothing below `.git`.
+    pub fn history(
+        &self,
+        changes: &[Change],
+        rules: &agent_sandbox_audit::promote::Rules,
+        limit: &SizeLimit,
+    ) -> Option<Result<History, HistoryError>> {
+        if !changes.iter().any(|c| is_history_path(&c.path)) {
+            return None;
+        }
+        let Some(lower) = self.lower.as_deref() else {
+            return Some(Err(HistoryError::Target {
+                path: self.upper.clone(),
+                why: "the layer the workspace was mounted over is gone, so there is nothing to \
+                      compare the commits with"
+                    .to_owned(),
+            }));
+        };
+        let namespace = self
+            .change
+            .clone()
+            .unwrap_or_else(|| self.container.to_string());
+        Some(history::prepare(
+            &self.upper,
+            changes,
+            lower,
+            rules,
+            &history::Options {
+                namespace: &namespace,
+                advance: false,
+                max_bytes: limit.bytes,
+            },
+        ))
+    }
+}
+
+/// Errors of `diff`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("cannot read the workspace changes")]
+    Scratch(#[from] ScratchError),
+    #[error("policy")]
+    Policy(#[from] SandboxError),
+    #[error(transparent)]
+    Rules(#[from] crate::report::promote::PromoteCmdError),
+    #[error("cannot print")]
+    Print(#[from] std::io::Error),
+}
+
+/// What `diff` shows of the files: one line each, `--stat` or `--patch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum View {
+    /// `A /path (file)` lines, and the size on the target.
+    #[default]
+    List,
+    /// Lines added and removed per file, and totals.
+    Stat,
+    /// A unified diff of each file against the host's, escaped.
+    Patch,
+}
+
+/// What `diff` was asked.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DiffRequest<'a> {
+    pub view: View,
+    /// `--ignored`: list the ignored changes one by one too.
+    pub list_ignored: bool,
+    /// `--policy` / `AGENT_SANDBOX_POLICY`: the ceiling (size limit, protected names).
+    pub policy: Option<&'a Path>,
+}
+
+/// `diff`: the files of the change set that `promote` would bring (as lines, `--stat` or
+/// `--patch`), the agent's history as commits, then the ignored files apart; everything
+/// the sandbox wrote is escaped.
+pub fn write_diff(
+    source: &ChangeSource,
+    req: &DiffRequest<'_>,
+    out: &mut impl Write,
+) -> Result<(), ReviewError> {
+    let changes = source.changes()?;
+    let ignored = source.ignored(&changes)?;
+    let files: Vec<Change> = changes
+        .iter()
+        .filter(|c| {
+            !is_history_path(&c.path) && c.path != Path::new(".git") && !ignored.contains(&c.path)
+        })
+        .cloned()
+        .collect();
+    let promoted: Vec<Change> = changes
+        .iter()
+        .filter(|c| !ignored.contains(&c.path))
+        .cloned()
+        .collect();
+    // Measuring opens each file (no read): a file this user cannot open still gets its line.
+    let footprint = agent_sandbox_audit::layout::footprint(&source.upper, &promoted);
+    let mut first = HashMap::new();
+    let limit = size_limit(source, req.policy)?;
+    match req.view {
+        View::List => {
+            for c in &files {
+                let mut line = diff_line(c);
+                if let Ok(fp) = &footprint {
+                    line.push_str(&link_note(c, fp, &mut first));
+                }
+                writeln!(out, "{line}")?;
+            }
+        }
+        View::Stat | View::Patch => {
+            let patches = agent_sandbox_audit::patch::patches(
+                &source.upper,
+                source.lower.as_deref(),
+                &files,
+            )?;
+            if req.view == View::Stat {
+                for line in agent_sandbox_audit::patch::stat_lines(&patches) {
+                    writeln!(out, "{line}")?;
+                }
+            } else {
+                for p in &patches {
+                    out.write_all(p.text.as_bytes())?;
+                }
+            }
+        }
+    }
+    write_history_and_ignored(source, &changes, &ignored, req, &limit, out)?;
+    // What promote measures against the limit: everything it would read (history too).
+    match &footprint {
+        Ok(fp) => writeln!(out, "{}", size_line(fp, &limit))?,
+        Err(e) => writeln!(
+            out,
+            "# size on the target: not measured ({})",
+            agent_sandbox_proxy::error_text::chain(e)
+        )?,
+    }
+    Ok(())
+}
+
+/// The history as commits (`commit abc1234 SUBJECT`, escaped) and the ignored files apart.
+fn write_history_and_ignored(
+    source: &ChangeSource,
+    changes: &[Change],
+    ignored: &Ignored,
+    req: &DiffRequest<'_>,
+    limit: &SizeLimit,
+    out: &mut impl Write,
+) -> Result<(), ReviewError> {
+    let below_git = changes.iter().filter(|c| is_history_path(&c.path)).count();
+    let rules = crate::report::promote::rules(&source.dirs.sandbox(&source.container), req.policy)?;
+    match source.history(changes, &rules, limit) {
+        None => {}
+        Some(Ok(h)) => {
+            writeln!(
+                out,
+                "# history: {} new commits ({below_git} entries below .git are not listed: promote brings the commits back, never .git files)",
+                h.commits.len()
+            )?;
+            for c in &h.commits {
+                writeln!(out, "{}", c.describe())?;
+            }
+            for r in &h.refs {
+                writeln!(
+                    out,
+                    "ref {} -> {} (promote writes it as {})",
+                    r.agent,
+                    r.oid.to_hex_with_len(7),
+                    r.quarantine
+                )?;
+            }
+            for r in &h.refused {
+                writeln!(out, "refused {r}")?;
+            }
+        }
+        Some(Err(e)) => writeln!(
+            out,
+            "# history: {below_git} entries below .git, not read as commits: {}",
+            agent_sandbox_proxy::error_text::chain(&e)
+        )?,
+    }
+    if !ignored.paths.is_empty() {
+        let shapes = agent_sandbox_audit::ignore::shapes(&ignored.paths, 5)
+            .into_iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        writeln!(
+            out,
+            "# ignored: {} entries the checkout's .gitignore ignores ({shapes}); promote leaves them out unless --include-ignored{}",
+            ignored.paths.len(),
+            if req.list_ignored {
+                ""
+            } else {
+                " (diff --ignored lists them)"
+            }
+        )?;
+        if req.list_ignored {
+            for c in changes.iter().filter(|c| ignored.contains(&c.path)) {
+                writeln!(out, "ignored {}", diff_line(c))?;
+            }
+        }
+    }
+    for (path, why) in &ignored.skipped {
+        writeln!(
+            out,
+            "# not read: /{} ({why}); its rules do not count",
+            escape_path(path)
+        )?;
+    }
+    Ok(())
 }
 
 /// The one place `diff`, `export` and `promote` find a sandbox's changes: those of the
@@ -138,24 +357,34 @@ pub fn diff_lines(changes: &[Change], footprint: &Footprint, limit: &SizeLimit) 
     let mut out = Vec::with_capacity(changes.len() + 1);
     for c in changes {
         let mut line = diff_line(c);
-        if let Some(m) = footprint.file(&c.path) {
-            match first.get(&m.id) {
-                Some(p) => line.push_str(&format!(" hard link to /{}", escape_path(p))),
-                None => {
-                    first.insert(m.id, &c.path);
-                    if m.data < m.size {
-                        line.push_str(&format!(
-                            " sparse: {} bytes, {} of them data",
-                            m.size, m.data
-                        ));
-                    }
-                }
-            }
-        }
+        line.push_str(&link_note(c, footprint, &mut first));
         out.push(line);
     }
     out.push(size_line(footprint, limit));
     out
+}
+
+/// ` hard link to /FIRST` for each further name of a file, ` sparse: ...` for a sparse one
+/// (`first` remembers the first name of each file seen).
+fn link_note<'a>(
+    c: &'a Change,
+    footprint: &Footprint,
+    first: &mut HashMap<(u64, u64), &'a Path>,
+) -> String {
+    let Some(m) = footprint.file(&c.path) else {
+        return String::new();
+    };
+    match first.get(&m.id) {
+        Some(p) => format!(" hard link to /{}", escape_path(p)),
+        None => {
+            first.insert(m.id, &c.path);
+            if m.data < m.size {
+                format!(" sparse: {} bytes, {} of them data", m.size, m.data)
+            } else {
+                String::new()
+            }
+        }
+    }
 }
 
 /// `# size on the target: ...`: what the files of a change set take with holes and hard

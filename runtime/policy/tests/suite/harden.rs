@@ -1686,3 +1686,41 @@ fn joins_the_user_namespace_the_runtime_made_never_the_specs() {
     let out = harden::harden_spec(spec, &agent(), &ctx()).unwrap().spec;
     assert_eq!(ns_path(&out, LinuxNamespaceType::User), Some(None));
 }
+
+/// docs/contracts.md: `disableOOMKiller` is turned off whatever the spec asks, and a tmpfs
+/// outside the policy's scratch areas is refused even read-only.
+#[test]
+fn disable_oom_killer_is_cleared_and_a_read_only_tmpfs_outside_scratch_is_refused() {
+    let mut spec = podman_like_spec();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_resources(Some(
+        LinuxResourcesBuilder::default()
+            .memory(
+                LinuxMemoryBuilder::default()
+                    .limit(64_i64 << 20)
+                    .disable_oom_killer(true)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    ));
+    spec.set_linux(Some(linux));
+    let hardened = harden_ok(spec, &agent(), &ctx());
+    let memory = hardened
+        .spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.resources().clone())
+        .and_then(|r| *r.memory())
+        .unwrap();
+    assert_eq!(memory.disable_oom_killer(), Some(false));
+
+    let mut ro = tmpfs("/data");
+    ro.set_options(Some(vec!["ro".to_owned(), "nosuid".to_owned()]));
+    let err = refusal(with_mount(ro));
+    assert_eq!(
+        err.to_string(),
+        "mount at /data: a writable tmpfs outside the policy's writable paths"
+    );
+}
