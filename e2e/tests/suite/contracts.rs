@@ -133,7 +133,8 @@ fn bundle(
     fs::create_dir_all(rootfs.join("bin"))?;
     fs::copy("/bin/busybox", rootfs.join("bin/busybox"))?;
     for applet in [
-        "sh", "true", "false", "sleep", "cat", "grep", "echo", "id", "kill", "ls",
+        "sh", "true", "false", "sleep", "cat", "grep", "echo", "id", "kill", "ls", "yes", "head",
+        "timeout",
     ] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))?;
     }
@@ -583,6 +584,48 @@ fn repeated_additional_gids_give_each_group_once() -> anyhow::Result<()> {
     ensure!(
         seen.iter().all(|(_, g)| g == &["5", "7"]),
         "supplementary groups differ from runc's folding: {seen:?}"
+    );
+    Ok(())
+}
+
+/// The program starts with runc's signal state: no standard signal ignored, nothing
+/// blocked. The runtime is a Rust program, which ignores SIGPIPE from its start, and an
+/// ignored signal stays ignored across execve; so in `yes | head` busybox's `yes` got EPIPE
+/// instead of dying of SIGPIPE as under runc (a writer that ignores write errors then spins
+/// at full CPU). The pipeline's first member is bounded by `timeout`, so a broken state
+/// shows as a status other than 141, never as a hang. Real-time signals are left out of the
+/// comparison: runc's Go runtime leaves signal 32 ignored, which glibc programs reset.
+#[test]
+fn the_program_starts_with_runcs_signal_state_and_dies_of_sigpipe() -> anyhow::Result<()> {
+    preflight()?;
+    let dir = tempfile::tempdir()?;
+    let script = "grep -E '^Sig(Ign|Blk):' /proc/self/status; set -o pipefail; \
+                  timeout -s KILL 5 yes X | head -c 1000 >/dev/null; echo \"pipe=$?\"";
+    let b = bundle(dir.path(), "sigs", &["sh", "-c", script], |_| {})?;
+    let mut seen = Vec::new();
+    for rt in BOTH {
+        let out = run_fg(rt, dir.path(), &b, &id("sigs", rt))?;
+        ensure!(out.success(), "{}: run failed\n{out}", rt.name());
+        let mask = |field: &str| {
+            out.stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        };
+        let standard = mask("SigIgn").map(|m| m & 0x7fff_ffff);
+        let pipe = out.stdout.lines().find_map(|l| l.strip_prefix("pipe="));
+        seen.push((rt.name(), standard, mask("SigBlk"), pipe.map(str::to_owned)));
+    }
+    let runc = &seen[0];
+    ensure!(
+        runc.1 == Some(0) && runc.2 == Some(0) && runc.3.as_deref() == Some("141"),
+        "runc no longer starts the program with no standard signal ignored or blocked and \
+         a SIGPIPE death, so this test cannot tell: {seen:?}"
+    );
+    ensure!(
+        seen[1].1 == runc.1 && seen[1].2 == runc.2 && seen[1].3 == runc.3,
+        "ignored (SigIgn of signals 1-31) or blocked signals, or the SIGPIPE death, differ \
+         from runc's: {seen:?}"
     );
     Ok(())
 }

@@ -202,6 +202,10 @@ impl Executor for SandboxExecutor {
             agent_sandbox_sys::reaper::fork_program()
                 .map_err(|e| ExecutorError::Other(format!("reaping init: {e}")))?;
         }
+        // Last before execve: the program gets runc's signal state, not the runtime's
+        // (Rust ignores SIGPIPE, and an ignored signal stays ignored across execve).
+        agent_sandbox_sys::exec_signals::reset_for_exec()
+            .map_err(|e| ExecutorError::Other(format!("signal dispositions: {e}")))?;
         default::get_executor().exec(spec)
     }
 

@@ -4,6 +4,7 @@
 
 pub mod atomic_file;
 pub mod background_write;
+pub mod exec_signals;
 pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
