@@ -84,6 +84,31 @@ def run_cri(args) -> dict:
     return {"status": "ok", "command": argv[1:], "result": data}
 
 
+# --- the agent task -------------------------------------------------------------------------
+
+
+def run_task(args) -> dict:
+    """e2e/examples/agent_task_bench.rs --json: the 50-call agent task of issue #33 through each
+    entry point under agent-sandbox and runc. BENCH_TASK_ROUNDS (default 3) and
+    BENCH_TASK_ENTRIES (default podman,ctr,cri,docker) choose what runs; the binaries are the
+    e2e harness's (AGENT_SANDBOX_BIN_DIR, default /usr/local/bin)."""
+    cargo = _cargo()
+    if not cargo:
+        return {"status": "missing", "error": "cargo is not installed"}
+    rounds = os.environ.get("BENCH_TASK_ROUNDS", "3")
+    entries = os.environ.get("BENCH_TASK_ENTRIES", "podman,ctr,cri,docker")
+    argv = [cargo, "run", "--release", "--quiet", "-p", "agent-sandbox-e2e", "--example", "agent_task_bench",
+            "--", "--json", "--rounds", rounds, "--entry", entries]
+    out = _run(argv, timeout=7200)
+    if out.returncode != 0:
+        return {"status": "failed", "command": argv[1:], "error": (out.stderr or out.stdout).strip()[-2000:]}
+    try:
+        data = json.loads(out.stdout[out.stdout.index("{"):])
+    except (json.JSONDecodeError, ValueError) as e:
+        return {"status": "failed", "command": argv[1:], "error": f"output is not JSON ({e}): {out.stdout[-1000:]}"}
+    return {"status": "ok", "command": argv[1:], "result": data}
+
+
 # --- density --------------------------------------------------------------------------------
 
 
