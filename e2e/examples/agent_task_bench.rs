@@ -151,7 +151,7 @@ fn one_task(
         Ok(())
     })?;
     if flavor == Flavor::Sandbox {
-        harness::runtime_ok(&["changes", "discard", &run.promote_key])?;
+        harness::runtime_ok(&["changes", "discard", &run.key])?;
     }
     Ok(run)
 }

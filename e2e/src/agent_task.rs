@@ -19,7 +19,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -52,7 +51,7 @@ pub const PACKAGE_VERSION: &str = "0.1.0";
 pub const COMMITS: [&str; 2] = ["calc: fix sub, add stats", "docs: guide; scripts: check"];
 /// What the host checkout starts with (path, content).
 const PROJECT: &[(&str, &str)] = &[
-    (".gitignore", "__pycache__/\n"),
+    (".gitignore", "__pycache__/\n.deps/\n"),
     (
         "README.md",
         "# calc\n\nA tiny calculator.\n\nUsage: `from calc import add, sub, mul`\n",
@@ -187,9 +186,11 @@ pub fn steps(index: &str, collector: &str) -> Vec<Step> {
     let commit = |msg: &str| {
         format!("git -c user.name=agent -c user.email=agent@example.invalid commit -qm '{msg}'")
     };
+    // Into the project (ignored by its .gitignore), as an agent vendoring a dependency would:
+    // as uid 1000 under ctr's runc reference, mkdir in the image's /tmp fails (ENOENT) here.
     let pip = format!(
         "python3 -m pip install --no-cache-dir --disable-pip-version-check --no-input \
-         --index-url {index} --trusted-host {REGISTRY_HOST} --target /tmp/deps {PACKAGE} 2>&1"
+         --index-url {index} --trusted-host {REGISTRY_HOST} --target .deps {PACKAGE} 2>&1"
     );
     let upload =
         format!("curl -fsS -m 20 -o /dev/null --data-binary @calc/ops.py {collector} 2>&1");
@@ -234,7 +235,7 @@ pub fn steps(index: &str, collector: &str) -> Vec<Step> {
         Step::new(
             Read,
             0,
-            "PYTHONPATH=/tmp/deps python3 -c 'import tinyfmt; print(tinyfmt.fmt(1234567))'",
+            "PYTHONPATH=.deps python3 -c 'import tinyfmt; print(tinyfmt.fmt(1234567))'",
         )
         .prints("1,234,567"),
         Step::new(
@@ -340,31 +341,9 @@ impl Checkout {
         Ok(out.stdout)
     }
 
-    /// Every entry below the checkout (`.git` included): content, link target or `dir`, with
-    /// mode and owner.
+    /// Every entry below the checkout, `.git` included ([`harness::tree_snapshot`]).
     pub fn snapshot(&self) -> anyhow::Result<BTreeMap<PathBuf, String>> {
-        let mut out = BTreeMap::new();
-        let mut stack = vec![self.repo.clone()];
-        while let Some(d) = stack.pop() {
-            for e in fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
-                let p = e?.path();
-                let m = fs::symlink_metadata(&p)?;
-                let what = if m.file_type().is_symlink() {
-                    format!("-> {}", fs::read_link(&p)?.display())
-                } else if m.is_dir() {
-                    stack.push(p.clone());
-                    "dir".to_owned()
-                } else {
-                    String::from_utf8_lossy(&fs::read(&p)?).into_owned()
-                };
-                let key = p.strip_prefix(&self.repo)?.to_path_buf();
-                out.insert(
-                    key,
-                    format!("{:o} {}:{} {what}", m.mode(), m.uid(), m.gid()),
-                );
-            }
-        }
-        Ok(out)
+        harness::tree_snapshot(&self.repo)
     }
 }
 
@@ -593,6 +572,21 @@ pub struct Name {
     pub pending: Option<&'static str>,
 }
 
+impl Name {
+    fn new(what: &'static str, key: &str) -> Self {
+        Self {
+            what,
+            key: key.to_owned(),
+            pending: None,
+        }
+    }
+
+    fn pending(mut self, branch: &'static str) -> Self {
+        self.pending = Some(branch);
+        self
+    }
+}
+
 /// What a task's container needs from the host.
 pub struct TaskSetup<'a> {
     pub repo: &'a Path,
@@ -606,11 +600,12 @@ pub trait Driver {
     fn exec(&mut self, call: &str, script: &str) -> anyhow::Result<Output>;
     /// The names the engine shows for the container.
     fn names(&self) -> Vec<Name>;
-    /// The arguments before `agent-sandbox audit KEY` that find the container's log (a
-    /// `--root`, where the entry point needs one), and the key.
-    fn audit_key(&self) -> (Vec<String>, String);
-    /// The key `promote` is given after teardown.
-    fn promote_key(&self) -> String;
+    /// The key review finds the sandbox by on main (`audit`, and `promote` after teardown).
+    fn key(&self) -> String;
+    /// The state root `audit` needs for [`Driver::key`], where it is not one searched by default.
+    fn audit_root(&self) -> Option<PathBuf> {
+        None
+    }
     /// Stops and removes the container (and pod), reporting errors.
     fn teardown(&mut self) -> anyhow::Result<()>;
 }
@@ -655,6 +650,22 @@ fn tool_binds() -> [(&'static str, &'static str); 2] {
 }
 
 const SLEEP: [&str; 2] = ["sleep", "3600"];
+
+/// `-v` options of podman and Docker: the checkout at [`WORKSPACE`] and [`tool_binds`].
+fn cli_volumes(repo: &Path) -> Vec<String> {
+    let mut args = vec!["-v".to_owned(), format!("{}:{WORKSPACE}", repo.display())];
+    for (host, inside) in tool_binds() {
+        args.extend(["-v".to_owned(), format!("{host}:{inside}:ro")]);
+    }
+    args
+}
+
+/// `exec --env ENV -w WORKSPACE NAME sh -c SCRIPT`, the same for podman and Docker.
+fn cli_exec<'a>(env: &'a str, name: &'a str, script: &'a str) -> [&'a str; 9] {
+    [
+        "exec", "--env", env, "-w", WORKSPACE, name, "sh", "-c", script,
+    ]
+}
 const OWNER_SPEC: &str = "1000:1000";
 
 struct PodmanDriver {
@@ -682,13 +693,7 @@ impl PodmanDriver {
                     .to_vec(),
             ),
         };
-        args.extend([
-            "-v".to_owned(),
-            format!("{}:{WORKSPACE}", setup.repo.display()),
-        ]);
-        for (host, inside) in tool_binds() {
-            args.extend(["-v".to_owned(), format!("{host}:{inside}:ro")]);
-        }
+        args.extend(cli_volumes(setup.repo));
         args.push(TOOLS_IMAGE.to_owned());
         args.extend(SLEEP.map(str::to_owned));
         let p = Podman::new(User::Root, runtime);
@@ -706,39 +711,19 @@ impl PodmanDriver {
 impl Driver for PodmanDriver {
     fn exec(&mut self, call: &str, script: &str) -> anyhow::Result<Output> {
         let env = format!("{TOOL_CALL_ENV}={call}");
-        self.guard.podman.run(&[
-            "exec",
-            "--env",
-            &env,
-            "-w",
-            WORKSPACE,
-            &self.guard.name,
-            "sh",
-            "-c",
-            script,
-        ])
+        self.guard
+            .podman
+            .run(&cli_exec(&env, &self.guard.name, script))
     }
 
     fn names(&self) -> Vec<Name> {
         vec![
-            Name {
-                what: "podman name",
-                key: self.guard.name.clone(),
-                pending: None,
-            },
-            Name {
-                what: "podman short id",
-                key: self.id[..12].to_owned(),
-                pending: None,
-            },
+            Name::new("podman name", &self.guard.name),
+            Name::new("podman short id", &self.id[..12]),
         ]
     }
 
-    fn audit_key(&self) -> (Vec<String>, String) {
-        (vec![], self.guard.name.clone())
-    }
-
-    fn promote_key(&self) -> String {
+    fn key(&self) -> String {
         self.guard.name.clone()
     }
 
@@ -818,18 +803,10 @@ impl Driver for CtrDriver {
     }
 
     fn names(&self) -> Vec<Name> {
-        vec![Name {
-            what: "ctr container id",
-            key: self.container.id.clone(),
-            pending: None,
-        }]
+        vec![Name::new("ctr container id", &self.container.id)]
     }
 
-    fn audit_key(&self) -> (Vec<String>, String) {
-        (vec![], self.container.id.clone())
-    }
-
-    fn promote_key(&self) -> String {
+    fn key(&self) -> String {
         self.container.id.clone()
     }
 
@@ -869,17 +846,7 @@ impl<'a> CriDriver<'a> {
         let (handler, user) = match flavor {
             Flavor::Sandbox => (cri::e2e_handler()?, None),
             Flavor::Runc => {
-                // A hostNetwork pod, as the CRI suite's runc baseline: kubelet leaves the
-                // hostname to the node's.
-                config.hostname.clear();
-                if let Some(ns) = config
-                    .linux
-                    .as_mut()
-                    .and_then(|l| l.security_context.as_mut())
-                    .and_then(|s| s.namespace_options.as_mut())
-                {
-                    ns.network = k8s_cri::v1::NamespaceMode::Node as i32;
-                }
+                cri::host_network(&mut config);
                 (cri::RUNC_HANDLER.to_owned(), Some(i64::from(OWNER)))
             }
         };
@@ -930,24 +897,16 @@ impl Driver for CriDriver<'_> {
 
     fn names(&self) -> Vec<Name> {
         vec![
-            Name {
-                what: "CRI container id",
-                key: self.id.clone(),
-                pending: None,
-            },
-            Name {
-                what: "CRI POD/CONTAINER",
-                key: format!("{}/{CRI_CONTAINER}", self.pod_name),
-                pending: Some("h/names: review by CRI's POD/CONTAINER name"),
-            },
+            Name::new("CRI container id", &self.id),
+            Name::new(
+                "CRI POD/CONTAINER",
+                &format!("{}/{CRI_CONTAINER}", self.pod_name),
+            )
+            .pending("h/names: review by CRI's POD/CONTAINER name"),
         ]
     }
 
-    fn audit_key(&self) -> (Vec<String>, String) {
-        (vec![], self.id.clone())
-    }
-
-    fn promote_key(&self) -> String {
+    fn key(&self) -> String {
         self.id.clone()
     }
 
@@ -981,13 +940,7 @@ impl DockerDriver {
             name: docker::unique_name("task"),
         };
         args.extend(["-d".to_owned(), "--name".to_owned(), guard.name.clone()]);
-        args.extend([
-            "-v".to_owned(),
-            format!("{}:{WORKSPACE}", setup.repo.display()),
-        ]);
-        for (host, inside) in tool_binds() {
-            args.extend(["-v".to_owned(), format!("{host}:{inside}:ro")]);
-        }
+        args.extend(cli_volumes(setup.repo));
         args.push(TOOLS_IMAGE.to_owned());
         args.extend(SLEEP.map(str::to_owned));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -1004,42 +957,24 @@ impl DockerDriver {
 impl Driver for DockerDriver {
     fn exec(&mut self, call: &str, script: &str) -> anyhow::Result<Output> {
         let env = format!("{TOOL_CALL_ENV}={call}");
-        docker::docker(&[
-            "exec",
-            "-e",
-            &env,
-            "-w",
-            WORKSPACE,
-            &self.guard.name,
-            "sh",
-            "-c",
-            script,
-        ])
+        docker::docker(&cli_exec(&env, &self.guard.name, script))
     }
 
     fn names(&self) -> Vec<Name> {
         vec![
-            Name {
-                what: "Docker short id",
-                key: self.id[..12].to_owned(),
-                pending: None,
-            },
-            Name {
-                what: "Docker name",
-                key: self.guard.name.clone(),
-                pending: Some("h/names: review by the name Docker passes"),
-            },
+            Name::new("Docker short id", &self.id[..12]),
+            Name::new("Docker name", &self.guard.name)
+                .pending("h/names: review by the name Docker passes"),
         ]
     }
 
-    fn audit_key(&self) -> (Vec<String>, String) {
-        // dockerd's custom runtimes keep their state under its exec root (docs/audit.md).
-        let root = docker::sandbox_root().display().to_string();
-        (vec!["--root".to_owned(), root], self.id.clone())
+    fn key(&self) -> String {
+        self.id.clone()
     }
 
-    fn promote_key(&self) -> String {
-        self.id.clone()
+    fn audit_root(&self) -> Option<PathBuf> {
+        // dockerd's custom runtimes keep their state under its exec root (docs/audit.md).
+        Some(docker::sandbox_root())
     }
 
     fn teardown(&mut self) -> anyhow::Result<()> {
@@ -1072,9 +1007,9 @@ pub struct Run {
     /// Container start to the last call's end.
     pub start: Duration,
     pub names: Vec<Name>,
-    /// [`Driver::audit_key`].
-    pub audit: (Vec<String>, String),
-    pub promote_key: String,
+    /// [`Driver::key`] and [`Driver::audit_root`].
+    pub key: String,
+    pub audit_root: Option<PathBuf>,
 }
 
 impl Run {
@@ -1112,11 +1047,14 @@ impl Run {
 
     /// `agent-sandbox [--root R] audit SUB... KEY ARGS...` on the host (any exit code).
     pub fn audit(&self, sub: &[&str], args: &[&str]) -> anyhow::Result<Output> {
-        let (globals, key) = &self.audit;
-        let mut all: Vec<&str> = globals.iter().map(String::as_str).collect();
+        let root = self.audit_root.as_ref().map(|r| r.display().to_string());
+        let mut all: Vec<&str> = match &root {
+            Some(r) => vec!["--root", r],
+            None => vec![],
+        };
         all.push("audit");
         all.extend_from_slice(sub);
-        all.push(key);
+        all.push(&self.key);
         all.extend_from_slice(args);
         harness::runtime(&all)
     }
@@ -1182,8 +1120,8 @@ pub fn run_task(
             calls,
             start: started.elapsed(),
             names: d.names(),
-            audit: d.audit_key(),
-            promote_key: d.promote_key(),
+            key: d.key(),
+            audit_root: d.audit_root(),
         };
         check(&run)?;
         Ok(run)

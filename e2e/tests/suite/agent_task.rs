@@ -173,9 +173,15 @@ fn every_exec_tagged(run: &Run, records: &[Value]) -> anyhow::Result<()> {
             missing.push(call.id.clone());
         }
     }
+    let seen: Vec<String> = records
+        .iter()
+        .filter(|r| r["kind"] == "exec")
+        .map(|r| format!("{} {}", r["data"]["tool_call_id"], r["data"]["argv"][0]))
+        .collect();
     ensure!(
         missing.is_empty(),
-        "{} of {} tool calls have no exec record with their id (and argv sh -c ...): {missing:?}",
+        "{} of {} tool calls have no exec record with their id (and argv sh -c ...): \
+         {missing:?}; the exec records' ids and programs: {seen:?}",
         missing.len(),
         run.calls.len()
     );
@@ -280,7 +286,7 @@ fn agent_task(entry: EntryPoint, pending_tool_calls: Option<&'static str>) -> an
             }
         }
         let (records, raw) = audit_records(run)?;
-        let tagged = every_exec_tagged(run, &records).with_context(|| raw.to_string());
+        let tagged = every_exec_tagged(run, &records);
         match pending_tool_calls {
             None => tagged?,
             Some(branch) => pending.push(Pending {
@@ -288,7 +294,10 @@ fn agent_task(entry: EntryPoint, pending_tool_calls: Option<&'static str>) -> an
                 result: tagged,
             }),
         }
-        let denial = denial_recorded(&records).with_context(|| raw.to_string());
+        let denial = denial_recorded(&records).with_context(|| {
+            let kinds: Vec<&str> = records.iter().filter_map(|r| r["kind"].as_str()).collect();
+            format!("the log of {} has {kinds:?}", raw.command)
+        });
         if entry == EntryPoint::Cri {
             pending.push(Pending {
                 branch: "h/names: a pod's net records reachable from its container",
@@ -310,7 +319,7 @@ fn agent_task(entry: EntryPoint, pending_tool_calls: Option<&'static str>) -> an
         "the host checkout changed at teardown: {changed:?}"
     );
     let repo = co.repo.display().to_string();
-    let promoted = harness::runtime(&["promote", &run.promote_key, "--to", &repo])?;
+    let promoted = harness::runtime(&["promote", &run.key, "--to", &repo])?;
     ensure!(
         promoted.success() && promoted.stdout.contains("wrote refs/agent-sandbox/"),
         "promote failed\n{promoted}"
