@@ -181,9 +181,11 @@ fn every_exec_tagged(run: &Run, records: &[Value]) -> anyhow::Result<()> {
     ensure!(
         missing.is_empty(),
         "{} of {} tool calls have no exec record with their id (and argv sh -c ...): \
-         {missing:?}; the exec records' ids and programs: {seen:?}",
+         {:?}...; the exec records' ids and programs: {:?}...",
         missing.len(),
-        run.calls.len()
+        run.calls.len(),
+        &missing[..missing.len().min(3)],
+        &seen[..seen.len().min(5)]
     );
     Ok(())
 }
