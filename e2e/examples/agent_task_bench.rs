@@ -16,11 +16,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agent_sandbox_e2e::agent_task::{
-    self, Checkout, EntryPoint, Flavor, PackageIndex, Run, TaskSetup,
-};
+use agent_sandbox_e2e::agent_task::{self, Checkout, EntryPoint, Flavor, Run, World};
 use agent_sandbox_e2e::harness;
-use agent_sandbox_e2e::net::{COLLECTOR_IP, HttpServer, REGISTRY_IP};
 use anyhow::{bail, ensure};
 use clap::Parser;
 use serde::Serialize;
@@ -124,22 +121,11 @@ fn entry_point(name: &str) -> anyhow::Result<EntryPoint> {
 }
 
 /// One task under `flavor` in a fresh checkout; its kept change set is discarded.
-fn one_task(
-    entry: EntryPoint,
-    flavor: Flavor,
-    index: &PackageIndex,
-    collector: &HttpServer,
-) -> anyhow::Result<Run> {
+fn one_task(entry: EntryPoint, flavor: Flavor, world: &World) -> anyhow::Result<Run> {
     let co = Checkout::create()?;
-    let dir = tempfile::tempdir()?;
-    let policy = agent_task::policy(dir.path(), index)?;
-    let steps = agent_task::steps(&index.url(), &agent_task::collector_url(collector.port()));
-    let setup = TaskSetup {
-        repo: &co.repo,
-        policy: &policy,
-    };
-    let run = agent_task::run_task(entry, flavor, &setup, &steps, |run| {
-        let wrong = run.mismatches(&steps);
+    let steps = &world.steps;
+    let run = agent_task::run_task(entry, flavor, &world.setup(&co), steps, |run| {
+        let wrong = run.mismatches(steps);
         ensure!(
             wrong.is_empty(),
             "{} under {}: {} step(s) went wrong:\n{}",
@@ -158,8 +144,7 @@ fn one_task(
 
 fn bench(entry: EntryPoint, rounds: usize, quiet: bool) -> anyhow::Result<EntryReport> {
     entry.require()?;
-    let index = PackageIndex::start(REGISTRY_IP)?;
-    let collector = HttpServer::start(COLLECTOR_IP, "collected")?;
+    let world = World::start()?;
     let (mut ours, mut base) = (Samples::default(), Samples::default());
     for round in 0..rounds {
         let order = if round % 2 == 0 {
@@ -168,7 +153,7 @@ fn bench(entry: EntryPoint, rounds: usize, quiet: bool) -> anyhow::Result<EntryR
             [Flavor::Runc, Flavor::Sandbox]
         };
         for flavor in order {
-            let run = one_task(entry, flavor, &index, &collector)?;
+            let run = one_task(entry, flavor, &world)?;
             if !quiet {
                 eprintln!(
                     "{} round {}/{rounds} {}: start + 50 calls {:.2?}",

@@ -1128,6 +1128,51 @@ pub fn run_task(
     })
 }
 
+/// What one task's runs share: the package index, the collector the denied step posts to, the
+/// podman and ctr policy allowing the index, and the steps naming both.
+pub struct World {
+    pub index: PackageIndex,
+    pub collector: net::HttpServer,
+    pub policy: PathBuf,
+    pub steps: Vec<Step>,
+    _policy_dir: tempfile::TempDir,
+}
+
+impl World {
+    pub fn start() -> anyhow::Result<Self> {
+        let index = PackageIndex::start(REGISTRY_IP)?;
+        let collector = net::HttpServer::start(net::COLLECTOR_IP, "collected")?;
+        let steps = steps(&index.url(), &collector_url(collector.port()));
+        let dir = harness::temp_dir_for(User::Root)?;
+        let policy = policy(dir.path(), &index)?;
+        Ok(Self {
+            index,
+            collector,
+            policy,
+            steps,
+            _policy_dir: dir,
+        })
+    }
+
+    /// A container's needs for the checkout `co`.
+    pub fn setup<'a>(&'a self, co: &'a Checkout) -> TaskSetup<'a> {
+        TaskSetup {
+            repo: &co.repo,
+            policy: &self.policy,
+        }
+    }
+
+    /// How often the index served the wheel.
+    pub fn wheel_fetches(&self) -> usize {
+        let wheel = format!("GET /files/{PACKAGE}-");
+        self.index
+            .requests()
+            .iter()
+            .filter(|r| r.starts_with(&wheel))
+            .count()
+    }
+}
+
 /// A policy for podman and ctr: the agent profile allowing the index's host and address on
 /// its port, nothing else.
 pub fn policy(dir: &Path, index: &PackageIndex) -> anyhow::Result<PathBuf> {

@@ -18,11 +18,9 @@
 
 use std::time::Duration;
 
-use agent_sandbox_e2e::agent_task::{
-    self, COMMITS, Checkout, EntryPoint, Flavor, PACKAGE, PackageIndex, Run, Step, TaskSetup,
-};
+use agent_sandbox_e2e::agent_task::{self, COMMITS, Checkout, EntryPoint, Flavor, Run, World};
 use agent_sandbox_e2e::harness::{self, Output};
-use agent_sandbox_e2e::net::{COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_IP};
+use agent_sandbox_e2e::net::COLLECTOR_HOST;
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
 
@@ -30,48 +28,6 @@ use serde_json::Value;
 struct Pending {
     branch: &'static str,
     result: anyhow::Result<()>,
-}
-
-/// The servers and policy one test's two runs share.
-struct World {
-    index: PackageIndex,
-    collector: HttpServer,
-    _policy_dir: tempfile::TempDir,
-    policy: std::path::PathBuf,
-    steps: Vec<Step>,
-}
-
-impl World {
-    fn start() -> anyhow::Result<Self> {
-        let index = PackageIndex::start(REGISTRY_IP)?;
-        let collector = HttpServer::start(COLLECTOR_IP, "collected")?;
-        let steps = agent_task::steps(&index.url(), &agent_task::collector_url(collector.port()));
-        let policy_dir = harness::temp_dir_for(harness::User::Root)?;
-        let policy = agent_task::policy(policy_dir.path(), &index)?;
-        Ok(Self {
-            index,
-            collector,
-            _policy_dir: policy_dir,
-            policy,
-            steps,
-        })
-    }
-
-    fn setup<'a>(&'a self, co: &'a Checkout) -> TaskSetup<'a> {
-        TaskSetup {
-            repo: &co.repo,
-            policy: &self.policy,
-        }
-    }
-
-    fn wheel_fetches(&self) -> usize {
-        let wheel = format!("GET /files/{PACKAGE}-");
-        self.index
-            .requests()
-            .iter()
-            .filter(|r| r.starts_with(&wheel))
-            .count()
-    }
 }
 
 /// The paths the task changes, as `diff` lists them.
@@ -297,8 +253,11 @@ fn agent_task(entry: EntryPoint, pending_tool_calls: Option<&'static str>) -> an
             }),
         }
         let denial = denial_recorded(&records).with_context(|| {
-            let kinds: Vec<&str> = records.iter().filter_map(|r| r["kind"].as_str()).collect();
-            format!("the log of {} has {kinds:?}", raw.command)
+            let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
+            for kind in records.iter().filter_map(|r| r["kind"].as_str()) {
+                *kinds.entry(kind).or_default() += 1;
+            }
+            format!("the log of {} has records {kinds:?}", raw.command)
         });
         if entry == EntryPoint::Cri {
             pending.push(Pending {
