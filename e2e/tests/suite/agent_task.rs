@@ -13,8 +13,11 @@
 //! Checks that need another branch of issue #33 run last in each test, so on a branch without
 //! it the test fails only there, naming what it waits for:
 //! - h/names: ctr's `--exec-id` and CRI's argv prefix `env AGENT_SANDBOX_TOOL_CALL_ID=ID` as
-//!   the exec record's tool-call id; review by CRI's `POD/CONTAINER` and by Docker's name; a
-//!   pod's network records reachable from its container's audit.
+//!   the exec record's tool-call id; review by CRI's `POD/CONTAINER`; a pod's network records
+//!   reachable from its container's audit.
+//!
+//! Docker is reviewed by its full and short id: dockerd 20.10 passes a runtime no container
+//! name, so no runtime can know it.
 
 use std::time::Duration;
 
@@ -352,7 +355,6 @@ fn cri_agent_task_matches_runc_and_changes_the_host_only_at_promote() -> anyhow:
     )
 }
 
-/// Waits for h/names: review by Docker's name.
 #[test]
 fn docker_agent_task_matches_runc_and_changes_the_host_only_at_promote() -> anyhow::Result<()> {
     agent_task(EntryPoint::Docker, None)
