@@ -2,8 +2,9 @@
 //! through each entry point under agent-sandbox and under runc, interleaved round by round
 //! (the order alternates) so the machine's drift hits both alike. Prints, per entry point, the
 //! median and p90 time of one tool call (all calls, and per kind of call) and of one whole task
-//! (container start + 50 calls) under each runtime, with the ratio agent-sandbox / runc; or one
-//! JSON document (`--json`, read by `hack/bench-runtime.sh --sections task`).
+//! (container start + 50 calls) under each runtime, with the ratio agent-sandbox / runc, and
+//! for CRI issue 33's target (a task at most 1.0x runc); or one JSON document (`--json`, read
+//! by `hack/bench-runtime.sh --sections task`).
 //!
 //! ```sh
 //! cargo run --release -p agent-sandbox-e2e --example agent_task_bench -- --rounds 3
@@ -92,6 +93,31 @@ struct EntryReport {
     calls_per_task: Pair,
     /// Container start and the 50 calls.
     per_task: Pair,
+    /// Issue 33's target, where it sets one (CRI: a task no slower than under runc).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<Target>,
+}
+
+#[derive(Debug, Serialize)]
+struct Target {
+    text: &'static str,
+    limit: f64,
+    /// `met` or `missed`.
+    verdict: &'static str,
+}
+
+impl Target {
+    fn for_entry(entry: EntryPoint, per_task: &Pair) -> Option<Self> {
+        (entry == EntryPoint::Cri).then_some(Target {
+            text: "per task at most 1.0x runc (issue 33)",
+            limit: 1.0,
+            verdict: if per_task.ratio <= 1.0 {
+                "met"
+            } else {
+                "missed"
+            },
+        })
+    }
 }
 
 #[derive(Debug, Default)]
@@ -179,12 +205,14 @@ fn bench(entry: EntryPoint, rounds: usize, quiet: bool) -> anyhow::Result<EntryR
             )
         })
         .collect();
+    let per_task = Pair::of(&ours.tasks, &base.tasks);
     Ok(EntryReport {
         rounds,
         per_call: Pair::of(&ours.calls, &base.calls),
         per_kind,
         calls_per_task: Pair::of(&ours.calls_per_task, &base.calls_per_task),
-        per_task: Pair::of(&ours.tasks, &base.tasks),
+        target: Target::for_entry(entry, &per_task),
+        per_task,
     })
 }
 
@@ -224,6 +252,12 @@ fn main() -> anyhow::Result<()> {
             }
             print_pair("50 calls", &r.calls_per_task);
             print_pair("task", &r.per_task);
+            if let Some(t) = &r.target {
+                println!(
+                    "  target: {}: {} ({:.2})",
+                    t.text, t.verdict, r.per_task.ratio
+                );
+            }
         }
         report.insert(entry.name(), r);
     }
