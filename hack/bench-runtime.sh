@@ -14,11 +14,13 @@
 #   5. cri: e2e/examples/cri_bench.rs --json (pod start, ExecSync of `true`, `echo hi` and
 #      1 MiB, pod removal; our handler vs runc's);
 #   6. density: start latency with 50/200/500 sleeping sandboxes running (--density-max caps);
-#   7. criterion: the policy crate's micro-benchmarks.
+#   7. criterion: the policy crate's micro-benchmarks;
+#   8. task: e2e/examples/agent_task_bench.rs --json, the 50-call agent task of issue #33 per
+#      entry point under agent-sandbox and runc (BENCH_TASK_ROUNDS, BENCH_TASK_ENTRIES).
 # Prints medians, p90 and ratios, writes JSON (default target/bench/runtime.json) and a PNG
 # chart beside it.
 #
-# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion]
+# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion,task]
 #                              [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
 #                              [--agent-sandbox PATH] [--baseline PATH] [--shim PATH] [--out FILE]
 #                              [--max-seconds S]

@@ -572,6 +572,21 @@ pub fn pod_config(name: &str, annotations: &[(&str, &str)]) -> PodSandboxConfig 
     }
 }
 
+/// Makes `config` a hostNetwork pod's, as kubelet sends it: the node's network namespace, and
+/// no hostname (kubelet leaves it to the node's; runc refuses to set one without a UTS
+/// namespace of its own).
+pub fn host_network(config: &mut PodSandboxConfig) {
+    config.hostname.clear();
+    if let Some(ns) = config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+    {
+        ns.network = NamespaceMode::Node as i32;
+    }
+}
+
 /// A container config: `image` running `command`, with `env`, logging to `NAME.log` in the
 /// pod's log directory.
 pub fn container_config(

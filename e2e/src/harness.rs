@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
+use std::os::unix::fs::MetadataExt as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -481,6 +482,35 @@ pub fn runc_spec(
     std::fs::write(&path, serde_json::to_vec_pretty(&config)?)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
+}
+
+/// Every entry below `root` (not following links): file content, link target, `dir` or
+/// `special`, with mode and owner; compare two to see what changed on the host.
+pub fn tree_snapshot(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
+            let p = e?.path();
+            let m = std::fs::symlink_metadata(&p)?;
+            let what = if m.file_type().is_symlink() {
+                format!("-> {}", std::fs::read_link(&p)?.display())
+            } else if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_owned()
+            } else if m.is_file() {
+                format!("{:?}", std::fs::read(&p)?)
+            } else {
+                "special".to_owned()
+            };
+            let rel = p.strip_prefix(root)?.to_path_buf();
+            out.insert(
+                rel,
+                format!("{what} {:o} {}:{}", m.mode(), m.uid(), m.gid()),
+            );
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

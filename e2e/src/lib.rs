@@ -2,6 +2,7 @@
 //! podman/ctr/CRI, and reading probe reports.
 #![forbid(unsafe_code)]
 
+pub mod agent_task;
 pub mod cri;
 pub mod ctr;
 pub mod docker;

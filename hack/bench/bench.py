@@ -875,7 +875,7 @@ def section_exec(args, workdir: Path, hybrid: bool) -> Section:
 
 SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr, "exec": section_exec}
 # Sections that are not interleaved rounds of one command (hack/bench/extra.py).
-EXTERNAL = ("proxy", "cri", "density", "criterion")
+EXTERNAL = ("proxy", "cri", "density", "criterion", "task")
 
 
 # --- running -----------------------------------------------------------------------------
@@ -1229,6 +1229,8 @@ def run_external(key: str, args) -> dict:
         return bench_extra.run_cri(args)
     if key == "criterion":
         return bench_extra.run_criterion(args)
+    if key == "task":
+        return bench_extra.run_task(args)
     ctr = CtrClient(args.ctr_namespace, args.image)
     reason = ctr.unavailable()
     if reason:
@@ -1246,6 +1248,12 @@ def print_external(key: str, res: dict) -> None:
             print(f"  {line}")
     elif key == "cri":
         print_cri(res["result"])
+    elif key == "task":
+        for entry, r in res["result"].items():
+            for label in ("per_call", "per_task"):
+                p = r[label]
+                print(f"  {entry:<7} {label:<9} agent-sandbox {p['agent_sandbox']['median_ms']:>9.1f} ms, "
+                      f"runc {p['runc']['median_ms']:>9.1f} ms, ratio {p['ratio']:.2f}")
     elif key == "criterion":
         for name, us in res["estimates"].items():
             print(f"  {name:<40} {us:>10.3f} µs")

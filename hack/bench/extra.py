@@ -66,22 +66,41 @@ def run_proxy(args) -> dict:
 
 def run_cri(args) -> dict:
     """e2e/examples/cri_bench.rs --json (written by the CRI work), if it exists."""
-    example = REPO / "e2e/examples/cri_bench.rs"
+    return _run_example("cri_bench", [], timeout=3600)
+
+
+def _run_example(name: str, argv_tail: list[str], timeout: float) -> dict:
+    """`cargo run --release -p agent-sandbox-e2e --example NAME -- --json ARGS...`, whose
+    output is one pretty-printed JSON document."""
+    example = REPO / f"e2e/examples/{name}.rs"
     if not example.exists():
-        return {"status": "not yet", "error": f"{example.relative_to(REPO)} does not exist yet (the CRI benchmark comes with the CRI issue)"}
+        return {"status": "not yet", "error": f"{example.relative_to(REPO)} does not exist yet"}
     cargo = _cargo()
     if not cargo:
         return {"status": "missing", "error": "cargo is not installed"}
-    argv = [cargo, "run", "--release", "--quiet", "-p", "agent-sandbox-e2e", "--example", "cri_bench", "--", "--json"]
-    out = _run(argv, timeout=3600)
+    argv = [cargo, "run", "--release", "--quiet", "-p", "agent-sandbox-e2e", "--example", name, "--", "--json", *argv_tail]
+    out = _run(argv, timeout=timeout)
     if out.returncode != 0:
         return {"status": "failed", "command": argv[1:], "error": (out.stderr or out.stdout).strip()[-2000:]}
     try:
-        # cri_bench prints one pretty-printed document: parse from its first brace.
+        # Parse from the first brace: cargo may print a line before it.
         data = json.loads(out.stdout[out.stdout.index("{"):])
     except (json.JSONDecodeError, ValueError) as e:
         return {"status": "failed", "command": argv[1:], "error": f"output is not JSON ({e}): {out.stdout[-1000:]}"}
     return {"status": "ok", "command": argv[1:], "result": data}
+
+
+# --- the agent task -------------------------------------------------------------------------
+
+
+def run_task(args) -> dict:
+    """e2e/examples/agent_task_bench.rs --json: the 50-call agent task of issue #33 through each
+    entry point under agent-sandbox and runc. BENCH_TASK_ROUNDS (default 3) and
+    BENCH_TASK_ENTRIES (default podman,ctr,cri,docker) choose what runs; the binaries are the
+    e2e harness's (AGENT_SANDBOX_BIN_DIR, default /usr/local/bin)."""
+    rounds = os.environ.get("BENCH_TASK_ROUNDS", "3")
+    entries = os.environ.get("BENCH_TASK_ENTRIES", "podman,ctr,cri,docker")
+    return _run_example("agent_task_bench", ["--rounds", rounds, "--entry", entries], timeout=7200)
 
 
 # --- density --------------------------------------------------------------------------------

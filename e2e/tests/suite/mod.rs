@@ -1,4 +1,5 @@
 //! End-to-end suites, one module per entry point.
+mod agent_task;
 mod amplification;
 mod approvals;
 mod audit;

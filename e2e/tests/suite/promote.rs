@@ -11,7 +11,6 @@
 //! the sandbox's unprivileged ids with `chmod -R a+rwX` (mode bits only; git tracks none of
 //! them but the execute bit).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -19,7 +18,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use agent_sandbox_e2e::ctr::{self, Container, Shim};
-use agent_sandbox_e2e::harness::{self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::harness::{
+    self, DEFAULT_TIMEOUT, Output, TOOLS_IMAGE, User, tree_snapshot as snapshot,
+};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime};
 use anyhow::{Context, bail, ensure};
 
@@ -122,34 +123,6 @@ impl Host {
     fn marker(&self, name: &str) -> PathBuf {
         self.path("outside").join(name)
     }
-}
-
-/// Every entry below `root`: file content, link target or `dir`, with mode and owner.
-pub(super) fn snapshot(root: &Path) -> anyhow::Result<BTreeMap<PathBuf, String>> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in fs::read_dir(&d).with_context(|| format!("cannot list {}", d.display()))? {
-            let p = e?.path();
-            let m = fs::symlink_metadata(&p)?;
-            let what = if m.file_type().is_symlink() {
-                format!("-> {}", fs::read_link(&p)?.display())
-            } else if m.is_dir() {
-                stack.push(p.clone());
-                "dir".to_owned()
-            } else if m.is_file() {
-                format!("{:?}", fs::read(&p)?)
-            } else {
-                "special".to_owned()
-            };
-            let rel = p.strip_prefix(root)?.to_path_buf();
-            out.insert(
-                rel,
-                format!("{what} {:o} {}:{}", m.mode(), m.uid(), m.gid()),
-            );
-        }
-    }
-    Ok(out)
 }
 
 /// The entry point a sandbox runs through.
