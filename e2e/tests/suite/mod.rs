@@ -19,6 +19,7 @@ mod init;
 mod limits;
 mod podman;
 mod pods;
+mod profiles;
 mod promote;
 mod shim_contracts;
 mod tls_inject;

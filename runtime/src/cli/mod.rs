@@ -56,6 +56,15 @@ pub struct Cli {
     /// Policy file that overrides the profile for every container (admin only)
     #[arg(long, global = true, env = "AGENT_SANDBOX_POLICY")]
     pub policy: Option<PathBuf>,
+    /// Directory of the admin's profiles that the annotation io.agent.sandbox.profile may
+    /// name (docs/policy.md#profiles-by-annotation)
+    #[arg(
+        long = "profiles-dir",
+        global = true,
+        env = "AGENT_SANDBOX_PROFILES_DIR",
+        default_value = crate::harden::DEFAULT_PROFILES_DIR
+    )]
+    pub profiles_dir: PathBuf,
     /// Directory for new sandboxes' audit logs (default: ROOT/audit); kept after delete
     #[arg(long = "audit-dir", global = true, env = "AGENT_SANDBOX_AUDIT_DIR")]
     pub audit_dir: Option<PathBuf>,
@@ -528,6 +537,7 @@ impl Cli {
     fn runtime(&self) -> Result<Runtime, LifecycleError> {
         Runtime::new(self.root.as_deref()).map(|mut r| {
             r.audit_dir = self.audit_dir.clone();
+            r.profiles_dir = self.profiles_dir.clone();
             r
         })
     }
