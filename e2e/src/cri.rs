@@ -41,6 +41,18 @@ use crate::harness::{self, DEFAULT_TIMEOUT};
 
 /// containerd's socket; the CRI plugin serves on it.
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
+/// Overrides [`SOCKET`]: a second containerd whose CRI has a handler for a build under test
+/// (name it in [`E2E_HANDLER_ENV`] / [`HANDLER_ENV`]).
+pub const SOCKET_ENV: &str = "AGENT_SANDBOX_CRI_SOCKET";
+
+/// The CRI socket the suite talks to.
+pub fn socket() -> String {
+    std::env::var(SOCKET_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| SOCKET.to_owned())
+}
+
 /// containerd's configuration (read to find the handlers of a build under test).
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 /// The containerd namespace the CRI plugin keeps its pods, containers and images in.
@@ -133,7 +145,7 @@ fn handlers_running(
     Ok(names)
 }
 
-/// A blocking CRI client (runtime and image services) on [`SOCKET`].
+/// A blocking CRI client (runtime and image services) on [`socket`].
 pub struct Cri {
     rt: tokio::runtime::Runtime,
     runtime: RuntimeServiceClient<Channel>,
@@ -144,7 +156,8 @@ pub struct Cri {
 impl Cri {
     /// Connects and checks that the CRI plugin answers `Version`.
     pub fn connect() -> anyhow::Result<Self> {
-        harness::require_file(SOCKET)?;
+        let path = socket();
+        harness::require_file(&path)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -154,11 +167,11 @@ impl Cri {
             .block_on(
                 Endpoint::try_from("http://[::1]:50051")?.connect_with_connector(
                     tower::service_fn(|_: Uri| async {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(SOCKET).await?))
+                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket()).await?))
                     }),
                 ),
             )
-            .with_context(|| format!("cannot connect to the CRI on {SOCKET}"))?;
+            .with_context(|| format!("cannot connect to the CRI on {path}"))?;
         let cri = Self {
             rt,
             runtime: RuntimeServiceClient::new(channel.clone()),

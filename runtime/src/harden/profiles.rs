@@ -34,6 +34,11 @@ pub enum ProfileError {
     )]
     Missing { name: ProfileName, dir: PathBuf },
     #[error(
+        "annotation {ANNOTATION_PROFILE} names the profile `{name}`, but the profiles directory {dir} does not exist (docs/policy.md#profiles-by-annotation)",
+        dir = dir.display()
+    )]
+    NoDir { name: ProfileName, dir: PathBuf },
+    #[error(
         "annotation {ANNOTATION_PROFILE}: the profiles directory {dir} cannot be opened (docs/policy.md#profiles-by-annotation)",
         dir = dir.display()
     )]
@@ -116,9 +121,20 @@ pub struct Loaded {
 /// Reads the profile `name` from `dir` under the rules of the module docs.
 pub fn load(dir: &Path, name: &ProfileName) -> Result<Loaded, ProfileError> {
     let runtime_uid = nix::unistd::geteuid().as_raw();
-    let opened = std::fs::File::open(dir).map_err(|source| ProfileError::OpenDir {
-        dir: dir.to_owned(),
-        source,
+    let opened = std::fs::File::open(dir).map_err(|source| {
+        // Not the io error's text: podman reads "no such file or directory" in a runtime's
+        // error as its own "command not found".
+        if source.kind() == std::io::ErrorKind::NotFound {
+            ProfileError::NoDir {
+                name: name.clone(),
+                dir: dir.to_owned(),
+            }
+        } else {
+            ProfileError::OpenDir {
+                dir: dir.to_owned(),
+                source,
+            }
+        }
     })?;
     let meta = opened.metadata().map_err(|source| ProfileError::OpenDir {
         dir: dir.to_owned(),
@@ -263,6 +279,19 @@ mod tests {
         assert!(text.contains("absent.toml"), "{text}");
         assert!(
             text.contains("docs/policy.md#profiles-by-annotation"),
+            "{text}"
+        );
+        assert!(!text.to_lowercase().contains("no such file"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_directory_is_named_without_the_words_podman_misreads() {
+        let d = dir();
+        let err = load(&d.path().join("absent"), &name("x")).unwrap_err();
+        assert!(matches!(err, ProfileError::NoDir { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains(ANNOTATION_PROFILE) && text.contains("does not exist"),
             "{text}"
         );
         assert!(!text.to_lowercase().contains("no such file"), "{text}");
