@@ -203,8 +203,8 @@ pub enum AnnotationValueError {
     Number(#[from] std::num::ParseIntError),
     #[error("expected `none` or `proxy`")]
     NetworkMode,
-    #[error("{0} (docs/policy.md#profiles-by-annotation)")]
-    ProfileName(#[from] ProfileNameError),
+    #[error("{reason} (docs/policy.md#profiles-by-annotation)")]
+    ProfileName { reason: ProfileNameError },
 }
 
 /// One uid or gid mapping (container id, host id, count), as the runtime allocated it.
@@ -502,7 +502,7 @@ pub fn effective_policy_with(
                 .copied()
                 .unwrap_or_default()
                 .to_owned(),
-            source: source.into(),
+            source: AnnotationValueError::ProfileName { reason: source },
         })?;
     if let Some(requested) = requested {
         let selected = match requested {
