@@ -568,6 +568,22 @@ pub fn pod_config(name: &str, annotations: &[(&str, &str)]) -> PodSandboxConfig 
     }
 }
 
+/// `config` turned into a hostNetwork pod (kubelet's `hostNetwork: true`): the node's network
+/// namespace, and no hostname of its own (kubelet leaves it to the node's; runc refuses to set
+/// one without a UTS namespace of its own).
+pub fn on_host_network(mut config: PodSandboxConfig) -> PodSandboxConfig {
+    config.hostname.clear();
+    if let Some(ns) = config
+        .linux
+        .as_mut()
+        .and_then(|l| l.security_context.as_mut())
+        .and_then(|s| s.namespace_options.as_mut())
+    {
+        ns.network = NamespaceMode::Node as i32;
+    }
+    config
+}
+
 /// A container config: `image` running `command`, with `env`, logging to `NAME.log` in the
 /// pod's log directory.
 pub fn container_config(

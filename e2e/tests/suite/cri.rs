@@ -22,7 +22,7 @@ use agent_sandbox_e2e::net::{
 };
 use agent_sandbox_e2e::stream::Session;
 use anyhow::{Context, bail, ensure};
-use k8s_cri::v1::{ContainerState, LinuxContainerResources, NamespaceMode};
+use k8s_cri::v1::{ContainerState, LinuxContainerResources};
 
 /// A client after checking the images every test needs.
 fn cri() -> anyhow::Result<Cri> {
@@ -498,19 +498,7 @@ fn curl(host: &str, server: &HttpServer) -> String {
 /// A hostNetwork pod (kubelet's `hostNetwork: true`): under runc the container then reaches
 /// the host's loopback services, the easiest exfiltration path there is.
 fn host_network_pod(annotations: &[(&str, &str)]) -> k8s_cri::v1::PodSandboxConfig {
-    let mut config = pod_config("egress", annotations);
-    // kubelet leaves the hostname to the node's for hostNetwork pods (runc refuses to set one
-    // without a UTS namespace of its own).
-    config.hostname.clear();
-    if let Some(ns) = config
-        .linux
-        .as_mut()
-        .and_then(|l| l.security_context.as_mut())
-        .and_then(|s| s.namespace_options.as_mut())
-    {
-        ns.network = NamespaceMode::Node as i32;
-    }
-    config
+    cri::on_host_network(pod_config("egress", annotations))
 }
 
 #[test]

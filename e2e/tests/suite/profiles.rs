@@ -391,16 +391,7 @@ fn cri_sandbox_template_pod_gets_the_admins_profile() -> anyhow::Result<()> {
 
     // The runc handler ignores the annotations; its pods have no route off their link-local
     // network, so the baseline shares the node's (kubelet's hostNetwork).
-    let mut config = pod_config("template-runc", &annotations);
-    config.hostname.clear();
-    if let Some(ns) = config
-        .linux
-        .as_mut()
-        .and_then(|l| l.security_context.as_mut())
-        .and_then(|s| s.namespace_options.as_mut())
-    {
-        ns.network = k8s_cri::v1::NamespaceMode::Node as i32;
-    }
+    let config = cri::on_host_network(pod_config("template-runc", &annotations));
     let pod = Pod::run(&cri, config, RUNC_HANDLER)?;
     w.expect_both(&exec(&pod)?, "the template's pod under runc")?;
     pod.remove()?;
