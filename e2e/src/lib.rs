@@ -7,6 +7,7 @@ pub mod cri;
 pub mod ctr;
 pub mod docker;
 pub mod harness;
+pub mod k8s;
 pub mod net;
 pub mod podman;
 pub mod script;

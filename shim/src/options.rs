@@ -1,5 +1,6 @@
 //! Runtime options: which runtime binary the shim drives, where that runtime keeps its state,
-//! which policy file (profile) it is asked to apply as the ceiling, and whether systemd places
+//! which policy file (profile) it is asked to apply as the ceiling, which directory holds the
+//! admin's profiles that an annotation may name (`ProfilesDir`), and whether systemd places
 //! the containers' cgroups (`SystemdCgroup`, as for runc: the runtime gets `--systemd-cgroup`).
 //!
 //! containerd hands the shim whatever its configuration or the client supplied, wrapped in a
@@ -40,6 +41,9 @@ pub fn default_runtime() -> PathBuf {
 pub const DEFAULT_ROOT_BASE: &str = "/run/containerd/agent-sandbox";
 /// Environment variable through which the policy file reaches the runtime.
 pub const POLICY_ENV: &str = "AGENT_SANDBOX_POLICY";
+/// Environment variable through which the profiles directory reaches the runtime (its
+/// `--profiles-dir`).
+pub const PROFILES_DIR_ENV: &str = "AGENT_SANDBOX_PROFILES_DIR";
 /// File in the bundle where the daemon records the options, so that `shim delete` after a crash
 /// drives the same runtime with the same root.
 pub const PERSISTED_FILE: &str = "agent-sandbox-shim.json";
@@ -101,6 +105,8 @@ struct OptionsTable {
     root: Option<String>,
     #[serde(rename = "Policy")]
     policy: Option<String>,
+    #[serde(rename = "ProfilesDir")]
+    profiles_dir: Option<String>,
     /// As in runc's options: kubelet's systemd cgroup driver (the runtime also picks systemd
     /// from a `slice:prefix:name` cgroupsPath on its own).
     #[serde(rename = "SystemdCgroup")]
@@ -120,6 +126,10 @@ pub struct RuntimeOptions {
     pub root: PathBuf,
     /// Policy file (the ceiling) forwarded to the runtime, if configured.
     pub policy: Option<PathBuf>,
+    /// The directory of the admin's profiles forwarded to the runtime, if configured (else
+    /// the runtime's default, docs/policy.md#profiles-by-annotation).
+    #[serde(default)]
+    pub profiles_dir: Option<PathBuf>,
     /// Pass `--systemd-cgroup` to the runtime.
     #[serde(default)]
     pub systemd_cgroup: bool,
@@ -132,6 +142,7 @@ impl RuntimeOptions {
             runtime: default_runtime(),
             root: Path::new(DEFAULT_ROOT_BASE).join(namespace),
             policy: None,
+            profiles_dir: None,
             systemd_cgroup: false,
         }
     }
@@ -165,6 +176,9 @@ impl RuntimeOptions {
             let table: OptionsTable =
                 toml::from_str(&text).map_err(|source| OptionsError::Toml { origin, source })?;
             opts.apply(table.binary_name, table.root, table.policy)?;
+            if let Some(dir) = table.profiles_dir {
+                opts.profiles_dir = Some(absolute("ProfilesDir", dir)?);
+            }
             opts.systemd_cgroup = table.systemd_cgroup.unwrap_or(false);
         } else if RUNC_OPTIONS_TYPES.contains(&type_url) {
             let runc = RuncOptions::parse_from_bytes(&any.value).map_err(decode_err)?;
@@ -370,6 +384,31 @@ mod tests {
         let any = runtime_any("", "Policy = \"strict.toml\"\n");
         let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
         assert!(err.to_string().contains("Policy"), "{err}");
+    }
+
+    #[test]
+    fn profiles_dir_is_forwarded_when_absolute_and_persisted() {
+        let any = runtime_any("", "ProfilesDir = \"/etc/team/profiles\"\n");
+        let o = RuntimeOptions::from_any(Some(&any), "default").unwrap();
+        assert_eq!(
+            o.profiles_dir.as_deref(),
+            Some(Path::new("/etc/team/profiles"))
+        );
+        let bundle = tempfile::tempdir().unwrap();
+        o.persist(bundle.path()).unwrap();
+        let back = RuntimeOptions::load_persisted(bundle.path(), "default").unwrap();
+        assert_eq!(back, o);
+        let any = runtime_any("", "ProfilesDir = \"profiles\"\n");
+        let err = RuntimeOptions::from_any(Some(&any), "default").unwrap_err();
+        assert!(err.to_string().contains("ProfilesDir"), "{err}");
+        // A file persisted by an older shim, without the key, still loads.
+        std::fs::write(
+            bundle.path().join(PERSISTED_FILE),
+            r#"{"runtime":"/r","root":"/x","policy":null}"#,
+        )
+        .unwrap();
+        let old = RuntimeOptions::load_persisted(bundle.path(), "default").unwrap();
+        assert_eq!(old.profiles_dir, None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
 
-use crate::options::{POLICY_ENV, RuntimeOptions};
+use crate::options::{POLICY_ENV, PROFILES_DIR_ENV, RuntimeOptions};
 
 /// Errors from running the runtime binary.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +93,7 @@ pub struct Runtime {
     binary: PathBuf,
     root: PathBuf,
     policy: Option<PathBuf>,
+    profiles_dir: Option<PathBuf>,
     systemd_cgroup: bool,
     log: PathBuf,
 }
@@ -104,6 +105,7 @@ impl Runtime {
             binary: opts.runtime.clone(),
             root: opts.root.clone(),
             policy: opts.policy.clone(),
+            profiles_dir: opts.profiles_dir.clone(),
             systemd_cgroup: opts.systemd_cgroup,
             log: bundle.join("log.json"),
         }
@@ -295,6 +297,10 @@ impl Runtime {
         match &self.policy {
             Some(policy) => cmd.env(POLICY_ENV, policy),
             None => cmd.env_remove(POLICY_ENV),
+        };
+        match &self.profiles_dir {
+            Some(dir) => cmd.env(PROFILES_DIR_ENV, dir),
+            None => cmd.env_remove(PROFILES_DIR_ENV),
         };
         let mut out_file = None;
         let mut err_file = None;

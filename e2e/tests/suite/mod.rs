@@ -21,6 +21,7 @@ mod limits;
 mod names;
 mod podman;
 mod pods;
+mod profiles;
 mod promote;
 mod review;
 mod shim_contracts;

@@ -126,6 +126,7 @@ fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenCont
             file: PathBuf::from("/run/agent-sandbox/fuzz/placeholder/file"),
             dir: PathBuf::from("/run/agent-sandbox/fuzz/placeholder/dir"),
         }),
+        profile: None,
     }
 }
 

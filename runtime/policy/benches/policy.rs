@@ -62,6 +62,7 @@ fn compilation(c: &mut Criterion) {
             file: "/run/agent-sandbox/bench/placeholder/file".into(),
             dir: "/run/agent-sandbox/bench/placeholder/dir".into(),
         }),
+        profile: None,
     };
     g.bench_function("harden podman config.json", |b| {
         b.iter(|| harden::harden_spec(black_box(spec.clone()), &policy, &ctx).unwrap())

@@ -27,12 +27,14 @@ use oci_spec::runtime::{
 use crate::narrow::{self, NarrowError};
 use crate::network::{DomainRule, NetworkError};
 use crate::policy::{NetworkMode, PolicyError, SandboxPolicy};
+use crate::profiles::{AdminProfile, ProfileNameError, Requested};
 use crate::seccomp::{self, SeccompError};
 use crate::value::{AbsPath, ByteSize, Capability, Seconds, ValueError};
 
 /// Annotation prefix for everything this module reads.
 pub const ANNOTATION_PREFIX: &str = "io.agent.sandbox.";
-/// Selects a built-in profile, which must be within the runtime's ceiling.
+/// Selects a built-in profile or one of the admin's profiles (`crate::profiles`), which
+/// must be within the runtime's ceiling.
 pub const ANNOTATION_PROFILE: &str = "io.agent.sandbox.profile";
 
 /// Why a spec could not be hardened. Nothing is changed when this is returned.
@@ -47,12 +49,22 @@ pub enum HardenError {
         #[source]
         source: AnnotationValueError,
     },
-    #[error("annotation {annotation} would widen the policy")]
+    #[error(
+        "annotation {annotation} would widen the policy (docs/policy.md#keys-that-may-only-tighten)"
+    )]
     AnnotationWidens {
         annotation: String,
         #[source]
         source: NarrowError,
     },
+    #[error(
+        "annotation {annotation} names the profile `{name}`, which the runtime did not read from its profiles directory (docs/policy.md#profiles-by-annotation)"
+    )]
+    ProfileNotLoaded { annotation: String, name: String },
+    #[error(
+        "annotation io.agent.sandbox.profile=`{annotation}` and the environment's AGENT_SANDBOX_PROFILE=`{env}` name different profiles; give one (docs/policy.md#profiles-by-annotation)"
+    )]
+    ProfileConflict { annotation: String, env: String },
     #[error("annotation {annotation} names an unknown profile")]
     UnknownProfile {
         annotation: String,
@@ -191,6 +203,8 @@ pub enum AnnotationValueError {
     Number(#[from] std::num::ParseIntError),
     #[error("expected `none` or `proxy`")]
     NetworkMode,
+    #[error("{reason} (docs/policy.md#profiles-by-annotation)")]
+    ProfileName { reason: ProfileNameError },
 }
 
 /// One uid or gid mapping (container id, host id, count), as the runtime allocated it.
@@ -254,6 +268,10 @@ pub struct HardenContext {
     /// reachable by the sandbox: [`harden_spec`] binds them over each protected name of a
     /// HOME on a scratch area. Required when HOME is on one.
     pub placeholders: Option<Placeholders>,
+    /// The admin's profile that the spec's `io.agent.sandbox.profile` names, as the runtime
+    /// read it from its profiles directory (`crate::profiles`); `None` when the annotation
+    /// names a built-in profile or is absent.
+    pub profile: Option<AdminProfile>,
 }
 
 /// Host paths of an empty file and an empty directory (see [`HardenContext::placeholders`]).
@@ -452,10 +470,22 @@ pub fn cover_facts(spec: &Spec) -> crate::landlock::CoverFacts {
 }
 
 /// Read the `io.agent.sandbox.*` annotations and return the policy they select and
-/// narrow. Fails on an unknown key, a bad value, or anything wider than `ceiling`.
+/// narrow. Fails on an unknown key, a bad value, or anything wider than `ceiling`. Only
+/// built-in profiles can be selected: see [`effective_policy_with`].
 pub fn effective_policy(
     annotations: &HashMap<String, String>,
     ceiling: &SandboxPolicy,
+) -> Result<SandboxPolicy, HardenError> {
+    effective_policy_with(annotations, ceiling, None)
+}
+
+/// [`effective_policy`], where the profile annotation may also name `admin`: the profile the
+/// runtime read from the admin's profiles directory for these annotations. A name that is
+/// neither built in nor `admin`'s is an error, as is a profile wider than `ceiling`.
+pub fn effective_policy_with(
+    annotations: &HashMap<String, String>,
+    ceiling: &SandboxPolicy,
+    admin: Option<&AdminProfile>,
 ) -> Result<SandboxPolicy, HardenError> {
     // Sorted so errors are deterministic.
     let ours: BTreeMap<&str, &str> = annotations
@@ -464,12 +494,34 @@ pub fn effective_policy(
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let mut policy = ceiling.clone();
-    if let Some(name) = ours.get(ANNOTATION_PROFILE) {
-        let selected =
-            SandboxPolicy::builtin(name.trim()).map_err(|source| HardenError::UnknownProfile {
-                annotation: ANNOTATION_PROFILE.to_owned(),
-                source: Box::new(source),
-            })?;
+    let requested =
+        crate::profiles::requested(annotations).map_err(|source| HardenError::BadAnnotation {
+            annotation: ANNOTATION_PROFILE.to_owned(),
+            value: ours
+                .get(ANNOTATION_PROFILE)
+                .copied()
+                .unwrap_or_default()
+                .to_owned(),
+            source: AnnotationValueError::ProfileName { reason: source },
+        })?;
+    if let Some(requested) = requested {
+        let selected = match requested {
+            Requested::Builtin(name) => {
+                SandboxPolicy::builtin(name).map_err(|source| HardenError::UnknownProfile {
+                    annotation: ANNOTATION_PROFILE.to_owned(),
+                    source: Box::new(source),
+                })?
+            }
+            Requested::Admin(name) => match admin {
+                Some(profile) if profile.name == name => profile.policy.clone(),
+                _ => {
+                    return Err(HardenError::ProfileNotLoaded {
+                        annotation: ANNOTATION_PROFILE.to_owned(),
+                        name: name.to_string(),
+                    });
+                }
+            },
+        };
         narrow::within(&selected, ceiling).map_err(|source| HardenError::AnnotationWidens {
             annotation: ANNOTATION_PROFILE.to_owned(),
             source,
@@ -600,7 +652,7 @@ pub fn harden_spec(
     ctx: &HardenContext,
 ) -> Result<HardenedSpec, HardenError> {
     let annotations = spec.annotations().clone().unwrap_or_default();
-    let policy = effective_policy(&annotations, policy)?;
+    let policy = effective_policy_with(&annotations, policy, ctx.profile.as_ref())?;
     check_mappings("uid", &ctx.uid_mappings, &policy)?;
     check_mappings("gid", &ctx.gid_mappings, &policy)?;
 

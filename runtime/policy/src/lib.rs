@@ -11,6 +11,7 @@ pub mod layers;
 pub mod narrow;
 pub mod network;
 pub mod policy;
+pub mod profiles;
 pub mod seccomp;
 mod span;
 pub mod ucounts;

@@ -56,6 +56,15 @@ pub struct Cli {
     /// Policy file that overrides the profile for every container (admin only)
     #[arg(long, global = true, env = "AGENT_SANDBOX_POLICY")]
     pub policy: Option<PathBuf>,
+    /// Directory of the admin's profiles that the annotation io.agent.sandbox.profile may
+    /// name (docs/policy.md#profiles-by-annotation)
+    /// (default /etc/agent-sandbox/profiles)
+    #[arg(
+        long = "profiles-dir",
+        global = true,
+        env = "AGENT_SANDBOX_PROFILES_DIR"
+    )]
+    pub profiles_dir: Option<PathBuf>,
     /// Directory for new sandboxes' audit logs (default: ROOT/audit); kept after delete
     #[arg(long = "audit-dir", global = true, env = "AGENT_SANDBOX_AUDIT_DIR")]
     pub audit_dir: Option<PathBuf>,
@@ -624,6 +633,9 @@ impl Cli {
     fn runtime(&self) -> Result<Runtime, LifecycleError> {
         Runtime::new(self.root.as_deref()).map(|mut r| {
             r.audit_dir = self.audit_dir.clone();
+            if let Some(dir) = &self.profiles_dir {
+                r.profiles_dir = dir.clone();
+            }
             r
         })
     }
@@ -733,6 +745,23 @@ mod tests {
         };
         assert_eq!(e.command, ["sh", "-c", "echo -n x"]);
         assert!(e.tty);
+    }
+
+    #[test]
+    fn profiles_dir_is_optional_and_install_docker_forwards_it_only_when_given() {
+        let docker_dir = |args: &[&str]| match parse(args).unwrap().command {
+            Some(Command::Install {
+                target: InstallTarget::Docker(d),
+            }) => d.profiles_dir,
+            other => panic!("not install docker: {other:?}"),
+        };
+        assert_eq!(docker_dir(&["install", "docker"]), None);
+        assert_eq!(
+            docker_dir(&["install", "docker", "--profiles-dir", "/p"]),
+            Some(PathBuf::from("/p"))
+        );
+        let cli = parse(&["--profiles-dir", "/q", "state", "id1"]).unwrap();
+        assert_eq!(cli.profiles_dir, Some(PathBuf::from("/q")));
     }
 
     #[test]

@@ -127,6 +127,10 @@ impl Runtime {
 /// The ceiling narrowed by the spec's annotations (what `harden_spec` will enforce).
 fn effective_policy(spec: &Spec, ceiling: &Ceiling) -> Result<agent_sandbox_policy::SandboxPolicy> {
     let annotations = spec.annotations().clone().unwrap_or_default();
-    agent_sandbox_policy::harden::effective_policy(&annotations, &ceiling.policy)
-        .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))
+    agent_sandbox_policy::harden::effective_policy_with(
+        &annotations,
+        &ceiling.policy,
+        ceiling.admin_profile(),
+    )
+    .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))
 }

@@ -144,8 +144,16 @@ impl Runtime {
         ceiling: &Ceiling,
     ) -> Result<()> {
         let marks = Marks(std::time::Instant::now());
+        let mut spec = spec;
+        agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
+            .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
         let ids = self.assign_ids(id, &spec)?;
-        let ceiling = ids.ceiling(ceiling);
+        // Before anything is set up for the sandbox: the admin's profile its annotation
+        // names, read once; exec and a pod's members use the copy saved with the ceiling.
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let ceiling = &ids
+            .ceiling(ceiling)
+            .with_profile_for(&annotations, &self.profiles_dir)?;
         marks.mark("ids");
         let mut host = self.prepare_host(id, opts, &spec, &ids, ceiling, &marks)?;
         // Every edit of the spec; ends with `verify`.

@@ -3,9 +3,13 @@
 
 use std::path::Path;
 
+use std::collections::HashMap;
+
 use agent_sandbox_policy::SandboxPolicy;
+use agent_sandbox_policy::profiles::{self, AdminProfile, ProfileName, Requested};
 
 use super::SandboxError;
+use super::profiles::Loaded;
 use crate::state::SandboxDir;
 
 /// The profile used when nothing else selects one.
@@ -19,6 +23,9 @@ pub struct Ceiling {
     /// Built-in name or file path, for logs.
     pub origin: String,
     text: String,
+    /// The admin's profile the sandbox's `io.agent.sandbox.profile` names
+    /// ([`Ceiling::with_profile_for`]); bounded by `policy` like every annotation.
+    profile: Option<Loaded>,
 }
 
 impl Ceiling {
@@ -55,9 +62,45 @@ impl Ceiling {
                     policy,
                     origin,
                     text,
+                    profile: None,
                 })
             }
         }
+    }
+
+    /// This ceiling with the admin's profile that `annotations` name read from `dir`
+    /// (docs/policy.md#profiles-by-annotation). A built-in name or no annotation reads
+    /// nothing; a profile this ceiling already carries (a pod's, for its members) is kept.
+    /// Whether the profile is within the ceiling is checked where the policy is derived
+    /// (`effective_policy_with`).
+    pub fn with_profile_for(
+        &self,
+        annotations: &HashMap<String, String>,
+        dir: &Path,
+    ) -> Result<Self, SandboxError> {
+        let name = match profiles::requested(annotations) {
+            Ok(Some(Requested::Admin(name))) => name,
+            // A bad name is reported, naming the annotation, by `effective_policy_with`.
+            Ok(Some(Requested::Builtin(_)) | None) | Err(_) => return Ok(self.clone()),
+        };
+        if self.admin_profile().is_some_and(|p| p.name == name) {
+            return Ok(self.clone());
+        }
+        let loaded = super::profiles::load(dir, &name)?;
+        tracing::info!(
+            profile = %name,
+            origin = %loaded.profile.origin,
+            "admin profile selected by annotation"
+        );
+        Ok(Self {
+            profile: Some(loaded),
+            ..self.clone()
+        })
+    }
+
+    /// The admin's profile selected for this sandbox, if any.
+    pub fn admin_profile(&self) -> Option<&AdminProfile> {
+        self.profile.as_ref().map(|l| &l.profile)
     }
 
     fn builtin(name: &str) -> Result<Self, SandboxError> {
@@ -68,12 +111,21 @@ impl Ceiling {
             policy,
             origin: name.to_owned(),
             text: text.to_owned(),
+            profile: None,
         })
     }
 
     pub fn save(&self, dir: &SandboxDir) -> Result<(), SandboxError> {
         let text = format!("# origin: {}\n{}", self.origin, self.text);
-        Ok(crate::files::write(&dir.ceiling(), text)?)
+        crate::files::write(&dir.ceiling(), text)?;
+        if let Some(loaded) = &self.profile {
+            let text = format!(
+                "# profile: {}\n# origin: {}\n{}",
+                loaded.profile.name, loaded.profile.origin, loaded.text
+            );
+            crate::files::write(&dir.admin_profile(), text)?;
+        }
+        Ok(())
     }
 
     /// The ceiling saved at create (exec uses it, whatever flags it got).
@@ -95,6 +147,43 @@ impl Ceiling {
             policy,
             origin,
             text,
+            profile: load_saved_profile(dir)?,
         })
     }
+}
+
+/// The admin's profile saved at create, if the sandbox has one.
+fn load_saved_profile(dir: &SandboxDir) -> Result<Option<Loaded>, SandboxError> {
+    let path = dir.admin_profile();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(SandboxError::ReadPolicy { path, source }),
+    };
+    let mut lines = text.lines();
+    let header = |line: Option<&str>, key: &str| {
+        line.and_then(|l| l.strip_prefix(key))
+            .map(str::to_owned)
+            .ok_or_else(|| SandboxError::ReadPolicy {
+                path: path.clone(),
+                source: std::io::Error::other(format!("no `{key}` line")),
+            })
+    };
+    let name = header(lines.next(), "# profile: ")?;
+    let origin = header(lines.next(), "# origin: ")?;
+    let name = ProfileName::try_from(name.as_str()).map_err(|e| SandboxError::ReadPolicy {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    let body: String = lines.map(|l| format!("{l}\n")).collect();
+    let policy =
+        SandboxPolicy::parse(&body, &path.display().to_string()).map_err(SandboxError::Policy)?;
+    Ok(Some(Loaded {
+        profile: AdminProfile {
+            name,
+            origin,
+            policy,
+        },
+        text: body,
+    }))
 }

@@ -17,7 +17,8 @@ pub fn effective_for_exec(
 ) -> Result<(SandboxPolicy, LayerPlan), SandboxError> {
     let annotations = hardened.annotations().clone().unwrap_or_default();
     let policy =
-        harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
+        harden::effective_policy_with(&annotations, &ceiling.policy, ceiling.admin_profile())
+            .map_err(SandboxError::Harden)?;
     let plan = plan_for(&policy, hardened)?;
     Ok((policy, plan))
 }

@@ -22,6 +22,7 @@ mod mount_dir;
 mod overlay;
 mod plan;
 mod prepare;
+pub mod profiles;
 mod protected;
 
 pub use ceiling::{Ceiling, DEFAULT_PROFILE};
@@ -30,6 +31,7 @@ pub use mount_dir::mount_dir;
 pub use overlay::overlay_dirs;
 pub use plan::host_support;
 pub use prepare::{Facts, Prepared, prepare, requested_seccomp};
+pub use profiles::DEFAULT_PROFILES_DIR;
 pub use protected::check_writable_destinations;
 
 /// Errors of the policy bridge; each names the layer, file or annotation.
@@ -47,6 +49,8 @@ pub enum SandboxError {
     },
     #[error("invalid policy")]
     Policy(#[source] PolicyError),
+    #[error(transparent)]
+    Profile(#[from] profiles::ProfileError),
     #[error("cannot harden the container spec")]
     Harden(#[source] HardenError),
     #[error("layer plan")]

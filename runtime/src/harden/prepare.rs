@@ -102,7 +102,8 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
     let requested = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     let annotations = spec.annotations().clone().unwrap_or_default();
     let effective =
-        harden::effective_policy(&annotations, &ceiling.policy).map_err(SandboxError::Harden)?;
+        harden::effective_policy_with(&annotations, &ceiling.policy, ceiling.admin_profile())
+            .map_err(SandboxError::Harden)?;
     let map = id_mapping(&facts.ids);
     // Protected paths that exist in the host workspace are bound read-only over
     // the overlay. A symlink is left out: binding it would follow the link on
@@ -120,6 +121,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         pod: facts.pod.clone(),
         host_namespaces: host_namespaces(&spec),
         placeholders: facts.placeholders.clone(),
+        profile: ceiling.admin_profile().cloned(),
     };
     let mut hardened =
         harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
@@ -148,6 +150,6 @@ impl Prepared {
         self.spec
             .annotations()
             .as_ref()
-            .and_then(|a| a.get("io.agent.sandbox.profile").cloned())
+            .and_then(|a| a.get(harden::ANNOTATION_PROFILE).cloned())
     }
 }

@@ -276,6 +276,9 @@ pub struct DockerArgs {
     /// Where this runtime's audit logs go (`runtimeArgs: ["--audit-dir=DIR"]`)
     #[arg(long = "audit-dir", conflicts_with = "runtime_type")]
     pub audit_dir: Option<PathBuf>,
+    /// Where the profiles an annotation may name are (`runtimeArgs: ["--profiles-dir=DIR"]`)
+    #[arg(long = "profiles-dir", conflicts_with = "runtime_type")]
+    pub profiles_dir: Option<PathBuf>,
 }
 
 /// Runs `agent-sandbox install docker`: prints the stanza or merges it, with a warning (or, for
@@ -298,6 +301,9 @@ pub fn run(args: &DockerArgs) -> Result<(), DockerInstallError> {
     }
     if let Some(d) = &args.audit_dir {
         runtime_args.push(format!("--audit-dir={}", d.display()));
+    }
+    if let Some(d) = &args.profiles_dir {
+        runtime_args.push(format!("--profiles-dir={}", d.display()));
     }
     let entry = Entry {
         name: args.name.clone(),

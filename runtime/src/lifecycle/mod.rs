@@ -278,6 +278,9 @@ pub struct Runtime {
     pub dirs: StateDirs,
     /// `--audit-dir` / `AGENT_SANDBOX_AUDIT_DIR`: where new sandboxes' logs go.
     pub audit_dir: Option<PathBuf>,
+    /// `--profiles-dir` / `AGENT_SANDBOX_PROFILES_DIR`: where `io.agent.sandbox.profile`
+    /// finds the admin's profiles (`crate::harden::profiles`).
+    pub profiles_dir: PathBuf,
     /// libcontainer, or a recording fake in unit tests (`crate::create::engine`).
     engine: Box<dyn crate::create::engine::Engine>,
     /// The sidecars and host steps of create, or a recording fake in unit tests
@@ -318,6 +321,7 @@ impl Runtime {
         Ok(Self {
             dirs,
             audit_dir: None,
+            profiles_dir: PathBuf::from(crate::harden::DEFAULT_PROFILES_DIR),
             engine: Box::new(crate::create::engine::Libcontainer),
             procs: Box::new(crate::create::host_procs::RealProcs),
         })

@@ -156,6 +156,13 @@ impl SandboxDir {
         self.file("ceiling.toml")
     }
 
+    /// `profile.toml`: the admin's profile that the sandbox's `io.agent.sandbox.profile`
+    /// named, as create read it from the profiles directory (exec and a pod's members use
+    /// this copy, never the directory again) — `harden::Ceiling`.
+    pub fn admin_profile(&self) -> PathBuf {
+        self.file("profile.toml")
+    }
+
     /// `workspace.json`: the workspace overlay's placement — `lifecycle`, read by `changes`.
     pub fn workspace(&self) -> JsonFile {
         self.json(

@@ -9,6 +9,7 @@ use agent_sandbox_policy::harden::{
     self, HardenContext, HardenError, HardenedSpec, IdMapping, OverlayDirs,
 };
 use agent_sandbox_policy::policy::NetworkMode;
+use agent_sandbox_policy::profiles::{AdminProfile, ProfileName};
 use oci_spec::runtime::{
     LinuxCapabilities, LinuxDeviceBuilder, LinuxDeviceType, LinuxMemoryBuilder,
     LinuxNamespaceBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Mount, MountBuilder, Process,
@@ -40,6 +41,7 @@ pub fn ctx() -> HardenContext {
             file: "/run/agent-sandbox/mnt/c1/placeholder/file".into(),
             dir: "/run/agent-sandbox/mnt/c1/placeholder/dir".into(),
         }),
+        profile: None,
     }
 }
 
@@ -638,8 +640,147 @@ fn unknown_or_malformed_annotations_are_errors() {
     assert!(matches!(err, HardenError::BadAnnotation { .. }), "{err}");
     let err = annotation_error(&[("io.agent.sandbox.network.allow", "*.com")], &agent());
     assert!(matches!(err, HardenError::BadAnnotation { .. }), "{err}");
+    // Not built in, and the runtime read no admin profile of that name.
     let err = annotation_error(&[("io.agent.sandbox.profile", "lax")], &agent());
-    assert!(matches!(err, HardenError::UnknownProfile { .. }), "{err}");
+    assert!(
+        matches!(&err, HardenError::ProfileNotLoaded { annotation, name } if annotation == "io.agent.sandbox.profile" && name == "lax"),
+        "{err}"
+    );
+}
+
+/// The admin's profile `name`: the agent profile with `allow` as its allow list.
+fn admin_profile(name: &str, allow: &[&str]) -> AdminProfile {
+    let mut policy = agent();
+    policy.network.allow = allow
+        .iter()
+        .map(|r| agent_sandbox_policy::network::DomainRule::parse(r).unwrap())
+        .collect();
+    AdminProfile {
+        name: ProfileName::try_from(name).unwrap(),
+        origin: format!("/etc/agent-sandbox/profiles/{name}.toml"),
+        policy,
+    }
+}
+
+/// A ceiling that allows what the built-in agent profile refuses (an internal registry).
+fn wide_ceiling() -> SandboxPolicy {
+    admin_profile(
+        "ceiling",
+        &["pypi.org:443", "registry.corp.example", "collector.example"],
+    )
+    .policy
+}
+
+fn ctx_with(profile: AdminProfile) -> HardenContext {
+    HardenContext {
+        profile: Some(profile),
+        ..ctx()
+    }
+}
+
+#[test]
+fn admin_profile_named_by_the_annotation_applies_within_the_ceiling() {
+    let profile = admin_profile("corp-registry", &["registry.corp.example"]);
+    let spec = with_annotations(&[("io.agent.sandbox.profile", "corp-registry")]);
+    let policy = harden_ok(spec, &wide_ceiling(), &ctx_with(profile.clone())).policy;
+    let decide = |host: &str, port| policy.network.allowlist().decide(host, port).allowed;
+    // It lets through what the built-in default refuses...
+    assert!(decide("registry.corp.example", 443));
+    assert!(
+        !agent()
+            .network
+            .allowlist()
+            .decide("registry.corp.example", 443)
+            .allowed
+    );
+    // ...and refuses what the ceiling alone would let through.
+    assert!(!decide("collector.example", 443));
+    assert!(!decide("pypi.org", 443));
+    assert!(
+        wide_ceiling()
+            .network
+            .allowlist()
+            .decide("collector.example", 443)
+            .allowed
+    );
+    // Other annotations narrow it further, as they narrow a built-in profile.
+    let spec = with_annotations(&[
+        ("io.agent.sandbox.profile", " corp-registry "),
+        ("io.agent.sandbox.network", "none"),
+    ]);
+    let policy = harden_ok(spec, &wide_ceiling(), &ctx_with(profile)).policy;
+    assert_eq!(policy.network.mode, NetworkMode::None);
+    // The same context without the annotation: the profile is not applied.
+    let policy = harden_ok(
+        podman_like_spec(),
+        &wide_ceiling(),
+        &ctx_with(admin_profile("corp-registry", &["registry.corp.example"])),
+    )
+    .policy;
+    assert!(
+        policy
+            .network
+            .allowlist()
+            .decide("collector.example", 443)
+            .allowed
+    );
+}
+
+#[test]
+fn admin_profile_wider_than_the_ceiling_is_refused_naming_the_annotation() {
+    let profile = admin_profile("wide", &["registry.corp.example", "evil.example"]);
+    let spec = with_annotations(&[("io.agent.sandbox.profile", "wide")]);
+    let err = harden::harden_spec(spec, &wide_ceiling(), &ctx_with(profile)).unwrap_err();
+    assert!(
+        matches!(&err, HardenError::AnnotationWidens { annotation, .. } if annotation == "io.agent.sandbox.profile"),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("io.agent.sandbox.profile"), "{text}");
+    assert!(text.contains("docs/policy.md"), "{text}");
+}
+
+#[test]
+fn admin_profile_names_are_hostile_and_never_a_path() {
+    for bad in [
+        "../../etc/agent-sandbox/wide",
+        "/etc/passwd",
+        ".hidden",
+        "a/b",
+        "A",
+        "",
+    ] {
+        let profile = admin_profile("corp", &["registry.corp.example"]);
+        let spec = with_annotations(&[("io.agent.sandbox.profile", bad)]);
+        let err = harden::harden_spec(spec, &wide_ceiling(), &ctx_with(profile)).unwrap_err();
+        assert!(
+            matches!(&err, HardenError::BadAnnotation { annotation, .. } if annotation == "io.agent.sandbox.profile"),
+            "{bad:?}: {err}"
+        );
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.contains("docs/policy.md#profiles-by-annotation"),
+            "{chain}"
+        );
+    }
+    // A profile read for another name is not used for this one.
+    let spec = with_annotations(&[("io.agent.sandbox.profile", "other")]);
+    let err = harden::harden_spec(
+        spec,
+        &wide_ceiling(),
+        &ctx_with(admin_profile("corp", &["registry.corp.example"])),
+    )
+    .unwrap_err();
+    assert!(matches!(err, HardenError::ProfileNotLoaded { .. }), "{err}");
+}
+
+#[test]
+fn a_builtin_name_means_the_builtin_profile_whatever_the_runtime_read() {
+    // An admin file called `strict.toml` is never consulted: `strict` is the built-in.
+    let impostor = admin_profile("strict", &["registry.corp.example"]);
+    let spec = with_annotations(&[("io.agent.sandbox.profile", "strict")]);
+    let policy = harden_ok(spec, &wide_ceiling(), &ctx_with(impostor)).policy;
+    assert_eq!(policy.network.mode, NetworkMode::None);
 }
 
 /// `spec` with `caps` in its bounding, effective and permitted sets (as engines send them).
