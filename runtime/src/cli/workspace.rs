@@ -12,6 +12,11 @@ use super::{Cli, CliError};
 pub(super) fn diff(cli: &Cli, id: &str) -> Result<(), CliError> {
     let source = crate::report::review::source(&cli.runtime()?, &ContainerId::try_from(id)?)?;
     let changes = source.changes()?;
+    if changes.is_empty() {
+        // A sandbox that wrote nothing (live, or ended with only its record kept).
+        println!("# no changes");
+        return Ok(());
+    }
     let limit = crate::report::review::size_limit(&source, cli.policy.as_deref())?;
     // Measuring opens each file (no read): a file this user cannot open still gets its line.
     match agent_sandbox_audit::layout::footprint(&source.upper, &changes) {
