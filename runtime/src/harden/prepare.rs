@@ -29,7 +29,7 @@ pub struct Facts {
     /// ([`HardenContext::placeholders`]).
     pub placeholders: Option<harden::Placeholders>,
     /// The user namespace the runtime made for this sandbox, owned by its host root id
-    /// (`crate::host::userns`); `None` for a pod's member and a rootless runtime.
+    /// (`crate::host::userns`); `None` for a pod's member.
     pub user_namespace: Option<std::path::PathBuf>,
     /// Id 0 of the runtime's user namespace is not host root (rootless podman's namespace,
     /// [`HardenContext::parent_root_unprivileged`]).

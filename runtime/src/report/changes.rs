@@ -573,8 +573,9 @@ pub fn find(store: &Store, key: &str) -> Result<Entry> {
 }
 
 /// Called at delete, before the sandbox's mounts go: an empty change set keeps only its
-/// record (review then says "no changes"), any other one is stamped ended with its size.
-pub fn ended(ws: &WorkspaceOverlay) -> Option<Entry> {
+/// record (review then says "no changes"), any other one is stamped ended with its size. An
+/// empty one of a sandbox that never `ran` (its create failed) is removed whole.
+pub fn ended(ws: &WorkspaceOverlay, ran: bool) -> Option<Entry> {
     let change = ws.change.as_ref()?;
     let dir = match &ws.change_dir {
         Some(dir) => dir.clone(),
@@ -582,6 +583,12 @@ pub fn ended(ws: &WorkspaceOverlay) -> Option<Entry> {
     };
     let mut entry = Entry::load(&dir).ok()?;
     let empty = std::fs::read_dir(&ws.upper).is_ok_and(|mut rd| rd.next().is_none());
+    if empty && !ran {
+        if let Err(e) = remove(&entry) {
+            tracing::warn!(error = %e, "cannot remove the change set of a failed create");
+        }
+        return None;
+    }
     if empty {
         tracing::debug!(change = %change, "no workspace changes: only the record is kept");
         if let Err(e) = keep_record_only(&mut entry) {
@@ -892,7 +899,7 @@ mod tests {
             change_dir: Some(dir.clone()),
             held: None,
         };
-        assert!(ended(&ws).is_none());
+        assert!(ended(&ws, true).is_none());
         let mut left: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -905,6 +912,19 @@ mod tests {
         let opened = open(&entry).unwrap();
         assert_eq!(std::fs::read_dir(&opened.upper).unwrap().count(), 0);
         assert!(table(&[entry]).lines().nth(1).unwrap().contains(" empty "));
+        // A failed create leaves nothing.
+        let mut r = record("c0ffee000002", "ctr-2", None, 1000);
+        (r.ended, r.size_bytes) = (None, None);
+        put(&store, r);
+        let dir = store.dir.join("c0ffee000002");
+        let ws = WorkspaceOverlay {
+            upper: dir.join("upper"),
+            change: Some("c0ffee000002".to_owned()),
+            change_dir: Some(dir.clone()),
+            ..ws
+        };
+        assert!(ended(&ws, false).is_none());
+        assert!(!dir.exists());
     }
 
     fn put(store: &Store, r: Record) {

@@ -73,7 +73,8 @@ pub struct Applied {
     #[serde(default)]
     pub init_reaper: bool,
     /// The sandbox's own user namespace: its owner and the per-user caps in it
-    /// (`crate::host::userns`); a pod member's are its pod's. `None`: a rootless runtime.
+    /// (`crate::host::userns`); a pod member's are its pod's. `None`: a runtime before the
+    /// rootless one made its own.
     #[serde(default)]
     pub ucounts: Option<crate::host::userns::OwnedUserns>,
     /// For a pod's member: the pod sandbox whose user namespace (and caps) it shares.
@@ -350,7 +351,7 @@ fn userns_report(applied: &Applied) -> Value {
             "the sandbox's root is the invoking user, the owner of the checkout: no idmapped mount, no id of its own",
             "what only the user's uid can open is reachable only through the sandbox's own mounts (read-only rootfs, read-only binds, the workspace overlay) and its own pid, ipc and network namespaces",
             "the overlay's upper files the sandbox's root writes belong to the user: review needs no podman unshare",
-            "per-user kernel counts (processes, inotify, namespaces) are charged to the user, beside the user's own session",
+            "per-user kernel counts (processes, inotify, namespaces) are charged to the user, beside the user's own session, within the policy's caps in the sandbox's namespace",
             "no workspace quota (loop devices need real root); no AppArmor profile of its own",
         ],
     })
@@ -395,7 +396,8 @@ fn ucounts_report(applied: &Applied, live_pid: Option<i32>) -> Value {
     });
     json!({
         "active": true,
-        "charged_to_host_uid": u.owner,
+        // Rootless, the owner is podman's namespace root: the invoking user.
+        "charged_to_host_uid": applied.rootless_user.unwrap_or(u.owner),
         "owner_uid_now": live_owner,
         "pod": applied.ucounts_pod,
         "caps_per_user": u.caps,
