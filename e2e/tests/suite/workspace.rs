@@ -510,7 +510,7 @@ fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_write
     fs::create_dir_all(co.repo.join("vendor/lib/.git/hooks"))?;
     harness::run_ok(
         Command::new("chown")
-            .args(["-R", &format!("{owner}:{owner}")])
+            .args(["-R", &format!("{DEV}:{DEV}")])
             .arg(&co.repo),
         DEFAULT_TIMEOUT,
     )?;
