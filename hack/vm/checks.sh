@@ -366,11 +366,9 @@ ws_state() {
     (cd "$1" && find . -printf '%p %u %m\n' | sort && cat src/calc.py .bashrc .git/index README 2>&1)
 }
 
-# as_user CMD...: CMD as the logind user (outside podman's user namespace).
-as_user() {
-    # shellcheck disable=SC2016
-    su -l -s /bin/sh -c 'exec "$@"' -- "$user" sh "$@"
-}
+# The command prefix of the logind user outside podman's user namespace.
+# shellcheck disable=SC2016
+as_user=(su -l -s /bin/sh -c 'exec "$@"' -- "$user" sh)
 
 # rootless-workspace RT: under agent-sandbox the session works, the host checkout stays as it
 # was until the user (no podman unshare) promotes, and the planted writes never land; under
@@ -415,12 +413,12 @@ workspace_scenario() {
         result "$check.host" "$rt" PASS "the host checkout is unchanged until promote; .bashrc and hooks refused"
     fi
     # Review and promote as the user, outside podman's namespace.
-    if ! capture as_user /usr/local/bin/agent-sandbox diff "$name"; then
+    if ! capture "${as_user[@]}" /usr/local/bin/agent-sandbox diff "$name"; then
         result "$check.review" "$rt" FAIL "diff as $user: $(brief "$got")"
     elif ! grep -qx 'M /src/calc.py (file)' <<<"$got" || ! grep -qx 'A /src/new/mod.py (file)' <<<"$got" ||
         ! grep -qx 'D /README (file)' <<<"$got"; then
         result "$check.review" "$rt" FAIL "diff lacks the session's changes: $(brief "$got")"
-    elif ! capture as_user /usr/local/bin/agent-sandbox promote "$name" --to "$dir"; then
+    elif ! capture "${as_user[@]}" /usr/local/bin/agent-sandbox promote "$name" --to "$dir"; then
         result "$check.review" "$rt" FAIL "promote as $user: $(brief "$got")"
     elif ! grep -q 'def sub' "$dir/src/calc.py" || [[ -e $dir/README || ! -f $dir/src/new/mod.py ]] ||
         [[ $(stat -c %u "$dir/src/new/mod.py") != "$user_uid" ]] || grep -q 'curl evil' "$dir/.bashrc"; then
@@ -436,7 +434,7 @@ workspace_scenario() {
     else
         result "$check.empty" "$rt" FAIL "podman unshare agent-sandbox diff of a sandbox that wrote nothing: $(brief "$got")"
     fi
-    capture as_user /usr/local/bin/agent-sandbox changes discard "$name-empty" || true
+    capture "${as_user[@]}" /usr/local/bin/agent-sandbox changes discard "$name-empty" || true
     return 0
 }
 

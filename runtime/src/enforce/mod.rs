@@ -232,16 +232,15 @@ mod tests {
         let with_user = |path: Option<&str>| {
             let mut spec = Spec::default();
             let mut linux = spec.linux().clone().unwrap();
-            let mut nss = vec![
-                LinuxNamespaceBuilder::default()
-                    .typ(LinuxNamespaceType::Network)
-                    .build()
-                    .unwrap(),
-                LinuxNamespaceBuilder::default()
-                    .typ(LinuxNamespaceType::Mount)
-                    .build()
-                    .unwrap(),
-            ];
+            let mut nss: Vec<_> = [
+                LinuxNamespaceType::Network,
+                LinuxNamespaceType::Mount,
+                LinuxNamespaceType::Pid,
+                LinuxNamespaceType::Ipc,
+            ]
+            .into_iter()
+            .map(|typ| LinuxNamespaceBuilder::default().typ(typ).build().unwrap())
+            .collect();
             let mut user = LinuxNamespaceBuilder::default().typ(LinuxNamespaceType::User);
             if let Some(p) = path {
                 user = user.path(p);
@@ -269,6 +268,17 @@ mod tests {
                 "the user namespace is the one the runtime made for the sandbox"
             );
         }
+        // The host's pid namespace is refused (rootless, the sandbox's uid is the user's).
+        let mut shared = with_user(Some(pin.to_str().unwrap()));
+        let mut linux = shared.linux().clone().unwrap();
+        let mut nss = linux.namespaces().clone().unwrap();
+        nss.retain(|n| n.typ() != LinuxNamespaceType::Pid);
+        linux.set_namespaces(Some(nss));
+        shared.set_linux(Some(linux));
+        assert_eq!(
+            invariant(verify_in_userns(&shared, pin)),
+            "fresh user, mount, pid, ipc and network namespaces"
+        );
     }
 
     #[test]

@@ -218,15 +218,10 @@ pub fn nested_range() -> Result<IdRange, IdMapError> {
 
 fn nested_range_from(map: &str) -> Result<IdRange, IdMapError> {
     // Count ids inside our namespace that are contiguous from 0.
-    let mut ranges: Vec<(u64, u64)> = map
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<u64> = l
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            (f.len() == 3).then(|| (f[0], f[2]))
-        })
+    let mut ranges: Vec<(u64, u64)> = extents(map)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(inside, _, len)| (inside, len))
         .collect();
     ranges.sort_unstable();
     let mut end: u64 = 0;
@@ -269,19 +264,29 @@ pub fn own_map(kind: IdKind) -> Result<String, IdMapError> {
 /// Id `id` of the runtime's user namespace as a host id (of the initial namespace), through
 /// `own_map`; `None` where the map leaves it out.
 pub fn to_host(id: u32, own_map: &str) -> Option<u32> {
-    own_map.lines().find_map(|line| {
-        let f: Vec<u64> = line
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        let [inside, outside, len] = f[..] else {
-            return None;
-        };
-        let id = u64::from(id);
-        (inside <= id && id < inside + len)
-            .then(|| u32::try_from(outside + (id - inside)).ok())
-            .flatten()
-    })
+    let id = u64::from(id);
+    extents(own_map)?
+        .into_iter()
+        .find(|&(inside, _, len)| inside <= id && id < inside + len)
+        .and_then(|(inside, outside, _)| u32::try_from(outside + (id - inside)).ok())
+}
+
+/// The extents (inside, outside, count) of an id map's text (`/proc/PID/uid_map`); `None`
+/// if a line is not three numbers.
+pub fn extents(map: &str) -> Option<Vec<(u64, u64, u64)>> {
+    map.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let f: Vec<u64> = line
+                .split_whitespace()
+                .map(|x| x.parse().ok())
+                .collect::<Option<_>>()?;
+            match f[..] {
+                [inside, outside, len] => Some((inside, outside, len)),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// Whether id 0 of the runtime's user namespace is host id 0 (the runtime is real root, or
@@ -295,25 +300,18 @@ pub fn parent_root_is_host_root(own_map: &str) -> bool {
 /// runtime's `uid_map` or `gid_map` text). An id the map leaves out cannot be mapped at all;
 /// a line that cannot be read counts as mapping host id 0 (fail closed).
 pub fn maps_host_id_0(ranges: &[(u32, u32)], own_map: &str) -> bool {
-    own_map
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .any(|line| {
-            let f: Vec<u64> = line
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            let [inside, outside, len] = f[..] else {
-                return true;
-            };
-            // Host id 0 is inside id `inside` of this line only when the line starts at host 0.
-            outside == 0
-                && len > 0
-                && ranges.iter().any(|&(start, count)| {
-                    let (start, count) = (u64::from(start), u64::from(count));
-                    count > 0 && start <= inside && inside < start + count
-                })
-        })
+    let Some(extents) = extents(own_map) else {
+        return true;
+    };
+    // Host id 0 is id `inside` of a line only when the line starts at host 0.
+    extents.iter().any(|&(inside, outside, len)| {
+        outside == 0
+            && len > 0
+            && ranges.iter().any(|&(start, count)| {
+                let (start, count) = (u64::from(start), u64::from(count));
+                count > 0 && start <= inside && inside < start + count
+            })
+    })
 }
 
 #[cfg(test)]

@@ -85,16 +85,9 @@ pub fn map_text(ids: &IdRange, own_map: &str) -> Option<String> {
         u64::from(ids.host_start),
         u64::from(ids.host_start) + u64::from(ids.size),
     );
-    let mut pieces: Vec<(u64, u64)> = own_map
-        .lines()
-        .filter_map(|line| {
-            let f: Vec<u64> = line
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            let [inside, _, len] = f[..] else {
-                return None;
-            };
+    let mut pieces: Vec<(u64, u64)> = crate::host::idmap::extents(own_map)?
+        .into_iter()
+        .filter_map(|(inside, _, len)| {
             let (lo, hi) = (inside.max(start), (inside + len).min(end));
             (lo < hi).then_some((lo, hi))
         })
