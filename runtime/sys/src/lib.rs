@@ -7,6 +7,7 @@ pub mod background_write;
 pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
+pub mod landlock_ruleset;
 pub mod loopback;
 pub mod owned_userns;
 pub mod pidfd_exit;
