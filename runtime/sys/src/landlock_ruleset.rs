@@ -120,8 +120,10 @@ impl RawRuleset {
     /// enforces the ruleset on the calling thread with `flags`
     /// (`LANDLOCK_RESTRICT_SELF_*`).
     pub fn restrict_self(self, flags: u32) -> io::Result<()> {
-        // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) takes no pointers.
-        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }.into())?;
+        let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+        // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) takes no pointers; the variadic
+        // arguments are passed as the unsigned longs the kernel reads.
+        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, on, unused, unused, unused) }.into())?;
         // SAFETY: landlock_restrict_self takes a descriptor and flags, no pointers.
         check(unsafe {
             libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), flags)
