@@ -795,14 +795,13 @@ mod tests {
             // adds the UDP bits 4 and 8).
             let kernel_abi = ::landlock::ABI::from(i32::try_from(abi.min(9)).unwrap());
             assert_eq!(
-                AccessFs::from_all(kernel_abi).bits() as u64 & at.ruleset.handled_fs_bits(),
+                AccessFs::from_all(kernel_abi).bits() & at.ruleset.handled_fs_bits(),
                 at.ruleset.handled_fs_bits(),
                 "abi {abi}"
             );
             let udp = if abi >= 10 { 4 | 8 } else { 0 };
             assert_eq!(
-                (AccessNet::from_all(kernel_abi).bits() as u64 | udp)
-                    & at.ruleset.handled_net_bits(),
+                (AccessNet::from_all(kernel_abi).bits() | udp) & at.ruleset.handled_net_bits(),
                 at.ruleset.handled_net_bits(),
                 "abi {abi}"
             );

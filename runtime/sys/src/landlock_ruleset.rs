@@ -72,9 +72,8 @@ impl RawRuleset {
         })?;
         let fd = i32::try_from(fd).map_err(io::Error::other)?;
         // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-        Ok(RawRuleset {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(RawRuleset { fd })
     }
 
     /// Grants `access` beneath the file or directory `parent` (opened `O_PATH`).
@@ -123,7 +122,8 @@ impl RawRuleset {
         let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
         // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) takes no pointers; the variadic
         // arguments are passed as the unsigned longs the kernel reads.
-        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, on, unused, unused, unused) }.into())?;
+        let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, on, unused, unused, unused) };
+        check(nnp.into())?;
         // SAFETY: landlock_restrict_self takes a descriptor and flags, no pointers.
         check(unsafe {
             libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), flags)
