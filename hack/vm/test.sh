@@ -35,7 +35,7 @@ suite=${VM_SUITE:-bookworm}
 only='*'
 runtimes='runc crun agent-sandbox'
 expect=${VM_EXPECT:-}
-timeout_s=${VM_TIMEOUT:-1500}
+timeout_s=${VM_TIMEOUT:-2700}
 while (($#)); do
     case $1 in
     --suite) suite=${2:?--suite needs bookworm, trixie or sid}; shift 2 ;;
