@@ -878,7 +878,8 @@ for rt in $VM_RUNTIMES; do
         say "landlock [$rt]"
         landlock_scenario "$rt"
     fi
-    if selected podman-net; then
+    # podman 5's network stack (netavark, pasta); bookworm's podman 4.3 has CNI and slirp4netns.
+    if selected podman-net && [[ $(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null) == netavark ]]; then
         say "podman-net [$rt]"
         podman_net_scenario "$rt"
     fi
