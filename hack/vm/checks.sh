@@ -3,7 +3,7 @@
 # vm-checks.service (hack/vm/guest) from the exchange disk that hack/vm/test.sh made:
 #   checks.sh IN OUT
 # IN holds bin/ (agent-sandbox, containerd-shim-agent-sandbox, probe, cri_vm), images/
-# (OCI archives), cni/, profiles/ and env (the selection: VM_ONLY, VM_RUNTIMES). OUT gets
+# (OCI archives), extra/ (the tools image, imported by the Landlock checks), cni/, profiles/ and env (the selection: VM_ONLY, VM_RUNTIMES). OUT gets
 # results.tsv (one line per check and runtime: CHECK RUNTIME PASS|FAIL REASON, tab-separated),
 # logs/CHECK.RUNTIME.log (every command and its output) and facts.txt (the guest's kernel,
 # cgroup, AppArmor and package versions).
@@ -23,6 +23,8 @@ VM_RUNTIMES='runc crun agent-sandbox'
 [[ -f $in/env ]] && . "$in/env"
 
 image=localhost/agent-sandbox/busybox:latest
+# The tools image (python3; hack/images.sh), for the Landlock checks.
+tools_image=localhost/agent-sandbox/tools:latest
 user=agentci
 user_uid=1500
 # What the checks ask for: a memory limit, a pids limit, and for the OOM a smaller limit
@@ -716,6 +718,130 @@ install_scenario() {
     fi
 }
 
+# --- Landlock's newer rights (ABI 9, 10) ------------------------------------------------
+
+# landlock_scenario RT: two attacks from a ctr container of the tools image (python3), each
+# of which works under runc and crun: connecting to a UNIX socket of the host that a mount
+# brings in (journald's stdout stream socket: the sandbox would write into the host's
+# journal), and sending a UDP datagram (to lo: the namespace has nothing else). agent-sandbox
+# must refuse each (EACCES) where the kernel's Landlock has the right (`layers`:
+# kernel_abi >= 9 and >= 10), so the check fails if the runtime ignores a newer ABI; below
+# that, the right is a named gap of `layers` (covered by the mount and network namespaces)
+# and the attempt goes through as for runc.
+landlock_scenario() {
+    local rt=$1 check=landlock runtime=io.containerd.runc.v2 id="vm-landlock-$1" kabi=0 want
+    log=$out/logs/$check.$rt.log
+    [[ $rt == agent-sandbox ]] && runtime=io.agent.sandbox
+    local binary=()
+    [[ $rt == crun ]] && binary=(--runc-binary /usr/bin/crun)
+    if ! ctr image ls -q | grep -qx "$tools_image"; then
+        capture ctr images import --all-platforms "$in/extra/tools.tar" || true
+    fi
+    capture ctr task delete -f "$id" || true
+    capture ctr container delete "$id" || true
+    if ! capture ctr run -d --runtime "$runtime" "${binary[@]}" \
+        --mount type=bind,src=/run/systemd/journal,dst=/mnt/journal,options=rbind:ro \
+        "$tools_image" "$id" sh -c 'exec sleep 600'; then
+        not_run "$check" "$rt" "ctr run: $(brief "$got")" resolve_unix udp_send
+        return 0
+    fi
+    if [[ $rt == agent-sandbox ]] &&
+        capture_out agent-sandbox --root /run/containerd/agent-sandbox/default layers "$id"; then
+        kabi=$(jq -r '.landlock.kernel_abi // 0' <<<"$got" 2>/dev/null || echo 0)
+    fi
+    local unix='import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.connect("/mnt/journal/stdout"); print("connected")
+except OSError as e:
+    print("refused", e.errno, e.strerror)'
+    local udp='import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    s.sendto(b"x", ("127.0.0.1", 9)); print("sent")
+except OSError as e:
+    print("refused", e.errno, e.strerror)'
+    local what code since outcome
+    for what in resolve_unix udp_send; do
+        case $what in
+        resolve_unix) code=$unix since=9 ;;
+        udp_send) code=$udp since=10 ;;
+        esac
+        capture ctr task exec --exec-id "ll-$what" "$id" python3 -c "$code" || true
+        outcome=$(tail -n1 <<<"$got")
+        want='connected|sent'
+        [[ $rt == agent-sandbox ]] && ((kabi >= since)) && want='refused 13 '
+        if [[ $outcome =~ ^($want) ]]; then
+            result "$check.$what" "$rt" PASS "$outcome (kernel Landlock ABI ${kabi/#0/not asked}, right since $since)"
+        else
+            result "$check.$what" "$rt" FAIL "'$(brief "$got")', want ${want//|/ or } (kernel Landlock ABI $kabi, right since $since)"
+        fi
+    done
+    capture ctr task kill -s KILL "$id" || true
+    sleep 1
+    capture ctr task delete -f "$id" || true
+    capture ctr container delete "$id" || true
+}
+
+# --- podman 5 networks (docs/egress.md#podman-networks) ---------------------------------
+
+# podman_net_scenario RT: rootful `podman run --network none|bridge` and rootless `podman run
+# --network pasta` (rootless podman 5's default; rootful podman refuses pasta: "pasta
+# networking is only supported for rootless mode"), with the interfaces the container sees.
+# runc and crun get what podman set up (bridge: eth0 on netavark's podman network; pasta: a
+# copy of the host's interface); agent-sandbox runs every one in a network namespace of its own with only `lo`
+# (network=none plus the egress proxy whatever the engine asked, docs/egress.md).
+# The runtime is named as containers.conf's [engine.runtimes] entry for agent-sandbox
+# (`--runtime agent-sandbox`), the other scenarios give podman its path.
+podman_net_scenario() {
+    local rt=$1 check=podman-net mode ifs p want
+    local list='awk -F: "NR > 2 {gsub(/ /, \"\", \$1); print \$1}" /proc/net/dev | sort | tr "\n" " "'
+    log=$out/logs/$check.$rt.log
+    # pasta copies the host's interface and route: the guest has no network, so a dummy
+    # interface with a default route stands in for the host's uplink (once).
+    if ! ip link show vmuplink >/dev/null 2>&1; then
+        capture ip link add vmuplink type dummy || true
+        capture ip addr add 10.99.0.2/24 dev vmuplink || true
+        capture ip link set vmuplink up || true
+        capture ip route add default via 10.99.0.1 dev vmuplink || true
+    fi
+    for mode in none bridge pasta; do
+        if [[ $mode == pasta ]]; then
+            podman_prefix "$user"
+        else
+            podman_prefix root
+        fi
+        capture "${p[@]}" --runtime "$rt" run --rm --network "$mode" "$image" sh -c "$list" || true
+        ifs=$(tail -n1 <<<"$got")
+        ifs=${ifs% }
+        case $rt:$mode in
+        agent-sandbox:*) want='lo' ;;
+        *:none) want='lo' ;;
+        *) want='+([a-z0-9]) lo|lo +([a-z0-9])' ;;
+        esac
+        # shellcheck disable=SC2053
+        if [[ $ifs == @($want) && $got != *Error:* ]]; then
+            result "$check.$mode" "$rt" PASS "interfaces: $ifs"
+        else
+            result "$check.$mode" "$rt" FAIL "interfaces '$ifs', want $want: $(brief "$got")"
+        fi
+    done
+    if [[ $rt == agent-sandbox ]]; then
+        # The containers.conf entry: podman resolves the name to /usr/local/bin/agent-sandbox.
+        capture podman --runtime agent-sandbox run -d --name vm-net-entry --network none "$image" sleep 600 || true
+        capture podman inspect -f '{{.OCIRuntime}}' vm-net-entry || true
+        local named=$(tail -n1 <<<"$got")
+        capture podman exec vm-net-entry cat /proc/self/attr/current || true
+        local label=${got%%$'\n'*}
+        if [[ $named == agent-sandbox && $label =~ ^agent-sandbox-[0-9a-f]{16}\ \(enforce\) ]]; then
+            result "$check.runtime-entry" "$rt" PASS "OCIRuntime $named, label '$label'"
+        else
+            result "$check.runtime-entry" "$rt" FAIL "OCIRuntime '$named', label '$label'"
+        fi
+        capture podman rm -f -t 0 vm-net-entry || true
+    fi
+}
+
 # --- set-up -----------------------------------------------------------------------------
 
 setup() {
@@ -857,6 +983,15 @@ for rt in $VM_RUNTIMES; do
     if selected probe; then
         say "probe [$rt]"
         probe_scenario "$rt"
+    fi
+    if selected landlock; then
+        say "landlock [$rt]"
+        landlock_scenario "$rt"
+    fi
+    # podman 5's network stack (netavark, pasta); bookworm's podman 4.3 has CNI and slirp4netns.
+    if selected podman-net && [[ $(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null) == netavark ]]; then
+        say "podman-net [$rt]"
+        podman_net_scenario "$rt"
     fi
 done
 if [[ " $VM_RUNTIMES " == *" agent-sandbox "* ]] && selected install; then

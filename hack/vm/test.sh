@@ -35,7 +35,7 @@ suite=${VM_SUITE:-bookworm}
 only='*'
 runtimes='runc crun agent-sandbox'
 expect=${VM_EXPECT:-}
-timeout_s=${VM_TIMEOUT:-1500}
+timeout_s=${VM_TIMEOUT:-2700}
 while (($#)); do
     case $1 in
     --suite) suite=${2:?--suite needs bookworm, trixie or sid}; shift 2 ;;
@@ -79,7 +79,7 @@ images=/var/cache/agent-sandbox/images
 for f in "$bin/agent-sandbox" "$bin/containerd-shim-agent-sandbox" "$bin/probe"; do
     [[ -x $f ]] || die "$f is missing; run hack/setup.sh (hack/install-bins.sh)"
 done
-for f in "$images/busybox.tar" "$images/pause.tar"; do
+for f in "$images/busybox.tar" "$images/pause.tar" "$images/tools.tar"; do
     [[ -f $f ]] || die "$f is missing; run hack/setup.sh (hack/images.sh)"
 done
 # The CRI client, built beside the e2e suite (dynamically linked against this machine's
@@ -94,9 +94,11 @@ cri_vm=$target_dir/debug/examples/cri_vm
 run=${VM_RUN_DIR:-/var/cache/agent-sandbox/vm-run/$suite}
 rm -rf "$run"
 stage=$run/exchange
-install -d "$stage/in/bin" "$stage/in/images" "$stage/in/cni" "$stage/in/profiles" "$stage/out"
+install -d "$stage/in/bin" "$stage/in/images" "$stage/in/extra" "$stage/in/cni" "$stage/in/profiles" "$stage/out"
 cp "$bin/agent-sandbox" "$bin/containerd-shim-agent-sandbox" "$bin/probe" "$cri_vm" "$stage/in/bin/"
 cp "$images/busybox.tar" "$images/pause.tar" "$stage/in/images/"
+# The tools image (python3) only for the Landlock checks, imported by them alone.
+cp "$images/tools.tar" "$stage/in/extra/"
 cp hack/cni/agent-sandbox-veth "$stage/in/cni/"
 cp profiles/*.toml "$stage/in/profiles/"
 cp hack/vm/checks.sh "$stage/in/"

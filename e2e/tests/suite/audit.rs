@@ -1627,13 +1627,13 @@ fn rootless_fs_denied_is_reported_inactive_because_the_audit_log_needs_cap_audit
 }
 
 /// The LSM lines of `layers` as this host's kernel must show them: Landlock at the kernel's
-/// ABI (at most 7) with every right an older kernel lacks named with what covers it, and
+/// ABI (at most 10) with every right an older kernel lacks named with what covers it, and
 /// AppArmor active with the policy's profile on the init exactly where the kernel has it.
 fn check_lsm_layers(l: &Value) -> anyhow::Result<()> {
     let landlock = &l["landlock"];
     let kernel_abi = landlock["kernel_abi"].as_u64().unwrap_or(0);
     ensure!(
-        landlock["abi"].as_u64() == Some(kernel_abi.min(7)),
+        landlock["abi"].as_u64() == Some(kernel_abi.min(10)),
         "landlock abi\n{l:#}"
     );
     let missing: Vec<&str> = landlock["missing"]
@@ -1648,6 +1648,8 @@ fn check_lsm_layers(l: &Value) -> anyhow::Result<()> {
         ("tcp_connect", 4),
         ("ioctl_dev", 5),
         ("scope", 6),
+        ("resolve_unix", 9),
+        ("udp_send", 10),
     ]
     .iter()
     .filter(|(_, since)| kernel_abi < *since)

@@ -473,6 +473,7 @@ pub fn cover_facts(spec: &Spec) -> crate::landlock::CoverFacts {
         }),
         namespaces: has_ns(LinuxNamespaceType::Pid) && has_ns(LinuxNamespaceType::Network),
         apparmor: false,
+        mount_namespace: has_ns(LinuxNamespaceType::Mount),
     }
 }
 

@@ -1,11 +1,14 @@
-//! The policy's Landlock ruleset as data. The runtime applies it with the `landlock`
-//! crate (0.4); every type here maps 1:1 onto that crate's (`FsAccess` <->
-//! `landlock::AccessFs`, `NetAccess` <-> `landlock::AccessNet`) and this module never
-//! calls `restrict_self`.
+//! The policy's Landlock ruleset as data. The runtime applies it with the raw system calls
+//! (`agent_sandbox_sys::landlock_ruleset`), as the kernel's bits ([`FsAccess::bits`],
+//! [`NetAccess::bits`]); the filesystem rights and the TCP rights also map 1:1 onto the
+//! `landlock` crate's (`FsAccess` <-> `landlock::AccessFs`, `NetAccess` <->
+//! `landlock::AccessNet`), which knows ABIs up to 9 only. This module never calls
+//! `restrict_self`.
 //!
 //! Landlock rules only add rights, so the ruleset says: read and execute everywhere,
-//! write only in the scratch areas, the workspace and /dev/shm, device access in /dev, and (if the
-//! kernel supports network rules) TCP connect only to the proxy port. Protected paths
+//! write only in the scratch areas, the workspace and /dev/shm, device access in /dev, connecting
+//! to a pathname UNIX socket only there (ABI 9), and (if the kernel supports network rules) TCP
+//! connect only to the proxy port and no UDP datagram to any port (ABI 10). Protected paths
 //! inside writable areas are read-only bind mounts (see `harden`), which Landlock cannot
 //! express as an exception under a writable parent.
 //!
@@ -16,7 +19,9 @@
 //! };
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let policy = agent_sandbox_policy::SandboxPolicy::builtin("agent")?;
-//! let rs = agent_sandbox_policy::landlock::ruleset(&policy);
+//! let full = agent_sandbox_policy::landlock::ruleset(&policy);
+//! // The rights the crate knows (the runtime measures the kernel's ABI instead).
+//! let rs = agent_sandbox_policy::landlock::at_abi(&full, 7, &Default::default()).ruleset;
 //! let mut created = Ruleset::default()
 //!     .handle_access(rs.handled_fs_flags())?
 //!     .handle_access(rs.handled_net_flags())?
@@ -60,11 +65,12 @@ pub enum FsAccess {
     Refer,
     Truncate,
     IoctlDev,
+    ResolveUnix,
 }
 
 impl FsAccess {
-    /// Every right up to Landlock ABI 5 (the rights this policy handles).
-    pub const ALL: [FsAccess; 16] = [
+    /// Every filesystem right up to Landlock ABI 9 (the rights this policy handles).
+    pub const ALL: [FsAccess; 17] = [
         FsAccess::Execute,
         FsAccess::WriteFile,
         FsAccess::ReadFile,
@@ -81,7 +87,13 @@ impl FsAccess {
         FsAccess::Refer,
         FsAccess::Truncate,
         FsAccess::IoctlDev,
+        FsAccess::ResolveUnix,
     ];
+
+    /// The kernel's `LANDLOCK_ACCESS_FS_*` bit (`<linux/landlock.h>`): the declaration order.
+    pub fn bits(self) -> u64 {
+        1 << (self as u32)
+    }
 
     /// The `landlock` crate's flag.
     pub fn to_landlock(self) -> AccessFs {
@@ -102,25 +114,37 @@ impl FsAccess {
             FsAccess::Refer => AccessFs::Refer,
             FsAccess::Truncate => AccessFs::Truncate,
             FsAccess::IoctlDev => AccessFs::IoctlDev,
+            FsAccess::ResolveUnix => AccessFs::ResolveUnix,
         }
     }
 }
 
-/// One network access right (`landlock::AccessNet`).
+/// One network access right (`LANDLOCK_ACCESS_NET_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetAccess {
     BindTcp,
     ConnectTcp,
+    /// `LANDLOCK_ACCESS_NET_BIND_UDP` (ABI 10).
+    BindUdp,
+    /// `LANDLOCK_ACCESS_NET_CONNECT_SEND_UDP` (ABI 10): setting a UDP socket's remote port,
+    /// or sending a datagram to a port.
+    ConnectSendUdp,
 }
 
 impl NetAccess {
-    /// The `landlock` crate's flag.
-    pub fn to_landlock(self) -> AccessNet {
+    /// The `landlock` crate's flag: TCP rights only (the crate 0.4 has no UDP rights).
+    pub fn to_landlock(self) -> Option<AccessNet> {
         match self {
-            NetAccess::BindTcp => AccessNet::BindTcp,
-            NetAccess::ConnectTcp => AccessNet::ConnectTcp,
+            NetAccess::BindTcp => Some(AccessNet::BindTcp),
+            NetAccess::ConnectTcp => Some(AccessNet::ConnectTcp),
+            NetAccess::BindUdp | NetAccess::ConnectSendUdp => None,
         }
+    }
+
+    /// The kernel's `LANDLOCK_ACCESS_NET_*` bit (`<linux/landlock.h>`): the declaration order.
+    pub fn bits(self) -> u64 {
+        1 << (self as u32)
     }
 }
 
@@ -129,9 +153,19 @@ fn flags_fs(set: &BTreeSet<FsAccess>) -> BitFlags<AccessFs> {
         .fold(BitFlags::empty(), |acc, a| acc | a.to_landlock())
 }
 
+/// The TCP rights of `set` as `landlock` flags (the crate has no UDP rights).
 fn flags_net(set: &BTreeSet<NetAccess>) -> BitFlags<AccessNet> {
     set.iter()
-        .fold(BitFlags::empty(), |acc, a| acc | a.to_landlock())
+        .filter_map(|a| a.to_landlock())
+        .fold(BitFlags::empty(), |acc, a| acc | a)
+}
+
+fn bits_fs(set: &BTreeSet<FsAccess>) -> u64 {
+    set.iter().fold(0, |acc, a| acc | a.bits())
+}
+
+fn bits_net(set: &BTreeSet<NetAccess>) -> u64 {
+    set.iter().fold(0, |acc, a| acc | a.bits())
 }
 
 /// Rights granted beneath one path (`landlock::PathBeneath`).
@@ -146,6 +180,11 @@ impl PathRule {
     pub fn flags(&self) -> BitFlags<AccessFs> {
         flags_fs(&self.access)
     }
+
+    /// The rights as the kernel's bits.
+    pub fn bits(&self) -> u64 {
+        bits_fs(&self.access)
+    }
 }
 
 /// Rights granted for one TCP port (`landlock::NetPort`).
@@ -156,9 +195,14 @@ pub struct NetRule {
 }
 
 impl NetRule {
-    /// The rights as `landlock` flags.
+    /// The TCP rights as `landlock` flags.
     pub fn flags(&self) -> BitFlags<AccessNet> {
         flags_net(&self.access)
+    }
+
+    /// The rights as the kernel's bits.
+    pub fn bits(&self) -> u64 {
+        bits_net(&self.access)
     }
 }
 
@@ -168,8 +212,9 @@ pub struct LandlockRuleset {
     /// The lowest Landlock ABI that knows every handled right (5: `IoctlDev`).
     pub min_abi: u8,
     pub handled_fs: BTreeSet<FsAccess>,
-    /// Network rights need ABI 4; handled in every mode, so with mode `none` no TCP
-    /// connect succeeds and with mode `proxy` only the proxy port is reachable.
+    /// Network rights need ABI 4 (TCP) and 10 (UDP); handled in every mode but transparent
+    /// egress, so with mode `none` no TCP connect succeeds and with mode `proxy` only the
+    /// proxy port (and `local_ports`) is reachable; no UDP datagram is sent in either.
     pub handled_net: BTreeSet<NetAccess>,
     pub paths: Vec<PathRule>,
     pub net: Vec<NetRule>,
@@ -181,9 +226,19 @@ impl LandlockRuleset {
         flags_fs(&self.handled_fs)
     }
 
-    /// Handled network rights as `landlock` flags.
+    /// Handled TCP rights as `landlock` flags.
     pub fn handled_net_flags(&self) -> BitFlags<AccessNet> {
         flags_net(&self.handled_net)
+    }
+
+    /// Handled filesystem rights as the kernel's bits.
+    pub fn handled_fs_bits(&self) -> u64 {
+        bits_fs(&self.handled_fs)
+    }
+
+    /// Handled network rights as the kernel's bits.
+    pub fn handled_net_bits(&self) -> u64 {
+        bits_net(&self.handled_net)
     }
 
     /// The ruleset as pretty JSON (the golden-file form).
@@ -206,6 +261,13 @@ const WRITE: &[FsAccess] = &[
     FsAccess::Refer,
     FsAccess::Truncate,
 ];
+
+/// Connecting to a pathname UNIX socket (ABI 9): granted where the sandbox may make sockets
+/// (the writable paths and /dev/shm), so its processes reach each other's servers there even
+/// from separate Landlock domains (every exec'd process restricts itself anew). A socket the
+/// host made elsewhere (a bind-mounted `docker.sock`, `/run/systemd/journal/dev-log`) is
+/// refused: `EACCES`.
+const SOCKETS: &[FsAccess] = &[FsAccess::ResolveUnix];
 
 /// Compile the policy's Landlock ruleset.
 pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
@@ -230,7 +292,7 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
         // multiprocessing) create files here; the engine mounts a private tmpfs.
         PathRule {
             path: "/dev/shm".to_owned(),
-            access: set(&[READ_EXEC, WRITE]),
+            access: set(&[READ_EXEC, WRITE, SOCKETS]),
         },
         // /proc/self/* writes (oom_score_adj, comm; shells open them with O_TRUNC);
         // /proc/sys is a read-only mount.
@@ -242,7 +304,7 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
     for path in policy.filesystem.writable_paths() {
         paths.push(PathRule {
             path: path.to_string(),
-            access: set(&[READ_EXEC, WRITE]),
+            access: set(&[READ_EXEC, WRITE, SOCKETS]),
         });
     }
     let proxy = match policy.network.mode {
@@ -269,25 +331,35 @@ pub fn ruleset(policy: &SandboxPolicy) -> LandlockRuleset {
         .collect();
     if transparent {
         return LandlockRuleset {
-            min_abi: 5,
+            min_abi: 9,
             handled_fs: FsAccess::ALL.into_iter().collect(),
             handled_net: BTreeSet::new(),
             paths,
             net: Vec::new(),
         };
     }
+    // UDP: no port is granted. The namespace has only `lo` (no datagram leaves it anyway) and
+    // the DNS stub is transparent egress's only; here a lookup fails at once with EACCES.
+    // Binding is left alone, as for TCP.
     LandlockRuleset {
-        min_abi: 5,
+        min_abi: 10,
         handled_fs: FsAccess::ALL.into_iter().collect(),
-        handled_net: [NetAccess::ConnectTcp].into_iter().collect(),
+        handled_net: [NetAccess::ConnectTcp, NetAccess::ConnectSendUdp]
+            .into_iter()
+            .collect(),
         paths,
         net,
     }
 }
 
-/// The newest Landlock ABI this crate knows (Linux 6.15: audit flags). A newer kernel is
-/// used at this ABI.
-pub const NEWEST_ABI: u8 = 7;
+/// The newest Landlock ABI this crate knows (Linux 7.2: UDP rights). A newer kernel is used
+/// at this ABI. What each ABI brought, and what the sandbox does with it:
+/// 1-5 the rights of [`FsAccess`] and the TCP rights; 6 scopes ([`Gap::Scope`], unused);
+/// 7 audit flags (`LOG_NEW_EXEC_ON`, for `fs_denied` records); 8 `RESTRICT_SELF_TSYNC`
+/// (all threads of a process at once: unused, the runtime restricts a single-threaded
+/// process before exec); 9 [`FsAccess::ResolveUnix`]; 10 the UDP rights of [`NetAccess`]
+/// (and "quiet" rule flags, unused).
+pub const NEWEST_ABI: u8 = 10;
 
 impl FsAccess {
     /// The first Landlock ABI whose kernels know this right.
@@ -296,15 +368,20 @@ impl FsAccess {
             FsAccess::Refer => 2,
             FsAccess::Truncate => 3,
             FsAccess::IoctlDev => 5,
+            FsAccess::ResolveUnix => 9,
             _ => 1,
         }
     }
 }
 
 impl NetAccess {
-    /// The first Landlock ABI whose kernels know this right (TCP rights came in 6.7).
+    /// The first Landlock ABI whose kernels know this right (TCP rights came in 6.7, UDP
+    /// rights in 7.2).
     pub fn since_abi(self) -> u8 {
-        4
+        match self {
+            NetAccess::BindTcp | NetAccess::ConnectTcp => 4,
+            NetAccess::BindUdp | NetAccess::ConnectSendUdp => 10,
+        }
     }
 }
 
@@ -327,16 +404,23 @@ pub enum Gap {
     /// abstract sockets between the sandbox's own processes (an exec'd `kill` of a server
     /// the init started).
     Scope,
+    /// `LANDLOCK_ACCESS_FS_RESOLVE_UNIX` (ABI 9): connecting to a pathname UNIX socket the
+    /// sandbox did not make.
+    ResolveUnix,
+    /// `LANDLOCK_ACCESS_NET_CONNECT_SEND_UDP` (ABI 10): which UDP ports datagrams may go to.
+    UdpSend,
 }
 
 impl Gap {
     /// Every gap, oldest ABI first.
-    pub const ALL: [Gap; 5] = [
+    pub const ALL: [Gap; 7] = [
         Gap::Refer,
         Gap::Truncate,
         Gap::TcpConnect,
         Gap::IoctlDev,
         Gap::Scope,
+        Gap::ResolveUnix,
+        Gap::UdpSend,
     ];
 
     /// The first ABI that has the right.
@@ -347,6 +431,8 @@ impl Gap {
             Gap::TcpConnect => NetAccess::ConnectTcp.since_abi(),
             Gap::IoctlDev => FsAccess::IoctlDev.since_abi(),
             Gap::Scope => 6,
+            Gap::ResolveUnix => FsAccess::ResolveUnix.since_abi(),
+            Gap::UdpSend => NetAccess::ConnectSendUdp.since_abi(),
         }
     }
 
@@ -358,6 +444,8 @@ impl Gap {
             Gap::TcpConnect => "tcp_connect",
             Gap::IoctlDev => "ioctl_dev",
             Gap::Scope => "scope",
+            Gap::ResolveUnix => "resolve_unix",
+            Gap::UdpSend => "udp_send",
         }
     }
 }
@@ -391,6 +479,9 @@ pub enum Cover {
     Namespaces,
     /// The AppArmor profile's file rules (writes only in the writable paths).
     AppArmor,
+    /// The sandbox's own mount namespace: a host socket is reachable only where one of the
+    /// spec's mounts brings it in.
+    MountNamespace,
 }
 
 impl Cover {
@@ -411,6 +502,9 @@ impl Cover {
                 "the pid namespace (signals) and the network namespace (abstract unix sockets)"
             }
             Cover::AppArmor => "the AppArmor profile's file rules",
+            Cover::MountNamespace => {
+                "the sandbox's mount namespace (a host socket is reachable only through a mount of the spec)"
+            }
         }
     }
 }
@@ -430,6 +524,8 @@ pub struct CoverFacts {
     pub namespaces: bool,
     /// The AppArmor layer is applied too.
     pub apparmor: bool,
+    /// A mount namespace of the sandbox's own.
+    pub mount_namespace: bool,
 }
 
 /// One right the kernel's Landlock lacks (or the sandbox does not use), and what covers it.
@@ -496,11 +592,15 @@ pub fn at_abi(full: &LandlockRuleset, kernel_abi: u32, facts: &CoverFacts) -> La
                 access: r.access.iter().copied().filter(fs_known).collect(),
             })
             .collect(),
-        net: if full.handled_net.iter().any(net_known) {
-            full.net.clone()
-        } else {
-            Vec::new()
-        },
+        net: full
+            .net
+            .iter()
+            .map(|r| NetRule {
+                port: r.port,
+                access: r.access.iter().copied().filter(net_known).collect(),
+            })
+            .filter(|r| !r.access.is_empty())
+            .collect(),
     };
     let handles = |gap: Gap| match gap {
         Gap::Refer => full.handled_fs.contains(&FsAccess::Refer),
@@ -508,6 +608,8 @@ pub fn at_abi(full: &LandlockRuleset, kernel_abi: u32, facts: &CoverFacts) -> La
         Gap::TcpConnect => full.handled_net.contains(&NetAccess::ConnectTcp),
         Gap::IoctlDev => full.handled_fs.contains(&FsAccess::IoctlDev),
         Gap::Scope => true,
+        Gap::ResolveUnix => full.handled_fs.contains(&FsAccess::ResolveUnix),
+        Gap::UdpSend => full.handled_net.contains(&NetAccess::ConnectSendUdp),
     };
     let gaps = Gap::ALL
         .into_iter()
@@ -538,6 +640,8 @@ fn covers(gap: Gap, facts: &CoverFacts) -> Vec<Cover> {
         Gap::TcpConnect => &[(Cover::NetworkNamespace, facts.network_namespace)],
         Gap::IoctlDev => &[(Cover::SafeDevices, facts.safe_devices)],
         Gap::Scope => &[(Cover::Namespaces, facts.namespaces)],
+        Gap::ResolveUnix => &[(Cover::MountNamespace, facts.mount_namespace)],
+        Gap::UdpSend => &[(Cover::NetworkNamespace, facts.network_namespace)],
     };
     candidates
         .iter()
@@ -570,7 +674,34 @@ mod tests {
         assert!(rs.handled_fs_flags().contains(AccessFs::IoctlDev));
         assert_eq!(
             rs.handled_fs_flags(),
-            AccessFs::from_all(::landlock::ABI::V5)
+            AccessFs::from_all(::landlock::ABI::V9)
+        );
+        // The kernel's bits are the crate's where the crate knows the right.
+        for a in FsAccess::ALL {
+            assert_eq!(a.bits(), a.to_landlock() as u64, "{a:?}");
+        }
+        for a in [NetAccess::BindTcp, NetAccess::ConnectTcp] {
+            assert_eq!(Some(a.bits()), a.to_landlock().map(|f| f as u64), "{a:?}");
+        }
+        // <linux/landlock.h> of Linux 7.2: BIND_UDP (1 << 2), CONNECT_SEND_UDP (1 << 3).
+        assert_eq!(NetAccess::BindUdp.bits(), 4);
+        assert_eq!(NetAccess::ConnectSendUdp.bits(), 8);
+        assert_eq!(FsAccess::ResolveUnix.bits(), 1 << 16);
+        // Sockets: reachable in the writable paths and /dev/shm, nowhere else.
+        for rule in &rs.paths {
+            assert_eq!(
+                rule.access.contains(&FsAccess::ResolveUnix),
+                rule.access.contains(&FsAccess::MakeSock),
+                "{}",
+                rule.path
+            );
+        }
+        // No UDP port is granted.
+        assert!(rs.handled_net.contains(&NetAccess::ConnectSendUdp));
+        assert!(
+            rs.net
+                .iter()
+                .all(|r| r.access == [NetAccess::ConnectTcp].into_iter().collect())
         );
     }
 
@@ -600,34 +731,58 @@ mod tests {
             safe_devices: true,
             namespaces: true,
             apparmor: false,
+            mount_namespace: true,
         }
     }
 
     /// The kernels users have: Ubuntu 22.04 (5.15, ABI 1), Debian 12 (6.1, ABI 2), 6.2 (ABI 3),
-    /// Ubuntu 24.04 (6.8, ABI 4), 6.10 (ABI 5), 6.12 (ABI 6), 6.15+ (ABI 7).
+    /// Ubuntu 24.04 (6.8, ABI 4), 6.10 (ABI 5), 6.12 (ABI 6), 6.15 (ABI 7), 7.0 (ABI 8),
+    /// 7.1 (ABI 9), 7.2 (ABI 10).
     #[test]
     fn each_abi_gets_the_rights_it_knows_and_names_what_covers_the_rest() {
         let full = ruleset(&SandboxPolicy::builtin("agent").unwrap());
-        let expected_gaps: [(u32, &[Gap]); 7] = [
+        const LATER: [Gap; 2] = [Gap::ResolveUnix, Gap::UdpSend];
+        let expected_gaps: [(u32, Vec<Gap>); 10] = [
             (
                 1,
-                &[
+                [
                     Gap::Refer,
                     Gap::Truncate,
                     Gap::TcpConnect,
                     Gap::IoctlDev,
                     Gap::Scope,
-                ],
+                ]
+                .into_iter()
+                .chain(LATER)
+                .collect(),
             ),
             (
                 2,
-                &[Gap::Truncate, Gap::TcpConnect, Gap::IoctlDev, Gap::Scope],
+                [Gap::Truncate, Gap::TcpConnect, Gap::IoctlDev, Gap::Scope]
+                    .into_iter()
+                    .chain(LATER)
+                    .collect(),
             ),
-            (3, &[Gap::TcpConnect, Gap::IoctlDev, Gap::Scope]),
-            (4, &[Gap::IoctlDev, Gap::Scope]),
-            (5, &[Gap::Scope]),
-            (6, &[Gap::Scope]),
-            (7, &[Gap::Scope]),
+            (
+                3,
+                [Gap::TcpConnect, Gap::IoctlDev, Gap::Scope]
+                    .into_iter()
+                    .chain(LATER)
+                    .collect(),
+            ),
+            (
+                4,
+                [Gap::IoctlDev, Gap::Scope]
+                    .into_iter()
+                    .chain(LATER)
+                    .collect(),
+            ),
+            (5, [Gap::Scope].into_iter().chain(LATER).collect()),
+            (6, [Gap::Scope].into_iter().chain(LATER).collect()),
+            (7, [Gap::Scope].into_iter().chain(LATER).collect()),
+            (8, [Gap::Scope].into_iter().chain(LATER).collect()),
+            (9, vec![Gap::Scope, Gap::UdpSend]),
+            (10, vec![Gap::Scope]),
         ];
         for (abi, gaps) in expected_gaps {
             let at = at_abi(&full, abi, &every_cover());
@@ -636,16 +791,23 @@ mod tests {
             assert_eq!(names, gaps, "abi {abi}");
             assert_eq!(at.uncovered().count(), 0, "abi {abi}: {:?}", at.gaps);
             // Only rights this ABI knows are asked of the kernel (the landlock crate's
-            // flags for the ABI are exactly what the kernel accepts).
-            let kernel_abi = ::landlock::ABI::from(i32::try_from(abi).unwrap());
-            assert!(
-                AccessFs::from_all(kernel_abi).contains(at.ruleset.handled_fs_flags()),
+            // flags for the ABI are exactly what the kernel accepts, up to ABI 9; ABI 10
+            // adds the UDP bits 4 and 8).
+            let kernel_abi = ::landlock::ABI::from(i32::try_from(abi.min(9)).unwrap());
+            assert_eq!(
+                AccessFs::from_all(kernel_abi).bits() & at.ruleset.handled_fs_bits(),
+                at.ruleset.handled_fs_bits(),
                 "abi {abi}"
             );
-            assert!(
-                AccessNet::from_all(kernel_abi).contains(at.ruleset.handled_net_flags()),
+            let udp = if abi >= 10 { 4 | 8 } else { 0 };
+            assert_eq!(
+                (AccessNet::from_all(kernel_abi).bits() | udp) & at.ruleset.handled_net_bits(),
+                at.ruleset.handled_net_bits(),
                 "abi {abi}"
             );
+            for rule in &at.ruleset.net {
+                assert_eq!(rule.bits() & !at.ruleset.handled_net_bits(), 0);
+            }
             for rule in &at.ruleset.paths {
                 assert!(at.ruleset.handled_fs.is_superset(&rule.access));
             }
@@ -661,16 +823,29 @@ mod tests {
         // TCP rules exist only from ABI 4 on: no port rule without the handled right.
         assert!(at_abi(&full, 3, &every_cover()).ruleset.net.is_empty());
         assert_eq!(at_abi(&full, 4, &every_cover()).ruleset.net, full.net);
-        // ABI 5 and later get the whole ruleset.
-        assert_eq!(at_abi(&full, 5, &every_cover()).ruleset, full);
-        assert_eq!(at_abi(&full, 7, &every_cover()).ruleset, full);
+        // ABI 10 gets the whole ruleset; 9 all but the UDP right, 5 to 8 the rights of ABI 5.
+        assert_eq!(at_abi(&full, 10, &every_cover()).ruleset, full);
+        let at9 = at_abi(&full, 9, &every_cover()).ruleset;
+        assert_eq!(at9.handled_fs, full.handled_fs);
+        assert_eq!(
+            at9.handled_net,
+            [NetAccess::ConnectTcp].into_iter().collect()
+        );
+        assert_eq!(at9.net, full.net);
+        let at7 = at_abi(&full, 7, &every_cover()).ruleset;
+        assert!(!at7.handled_fs.contains(&FsAccess::ResolveUnix));
+        assert!(
+            at7.paths
+                .iter()
+                .all(|r| !r.access.contains(&FsAccess::ResolveUnix))
+        );
     }
 
     #[test]
     fn newer_kernels_are_used_at_the_newest_known_abi() {
         let full = ruleset(&SandboxPolicy::builtin("agent").unwrap());
-        let at = at_abi(&full, 9, &every_cover());
-        assert_eq!((at.kernel_abi, at.abi), (9, NEWEST_ABI));
+        let at = at_abi(&full, 12, &every_cover());
+        assert_eq!((at.kernel_abi, at.abi), (12, NEWEST_ABI));
         assert_eq!(at.ruleset, full);
     }
 
@@ -700,7 +875,19 @@ mod tests {
             .uncovered()
             .map(|g| g.right)
             .collect();
-        assert_eq!(uncovered, [Gap::TcpConnect]);
-        assert_eq!(at_abi(&full, 4, &no_netns).uncovered().count(), 0);
+        assert_eq!(uncovered, [Gap::TcpConnect, Gap::UdpSend]);
+        assert_eq!(at_abi(&full, 4, &no_netns).uncovered().count(), 1);
+        assert_eq!(at_abi(&full, 10, &no_netns).uncovered().count(), 0);
+        // Without a mount namespace of its own, a host socket is within reach below ABI 9.
+        let no_mntns = CoverFacts {
+            mount_namespace: false,
+            ..every_cover()
+        };
+        let uncovered: Vec<Gap> = at_abi(&full, 8, &no_mntns)
+            .uncovered()
+            .map(|g| g.right)
+            .collect();
+        assert_eq!(uncovered, [Gap::ResolveUnix]);
+        assert_eq!(at_abi(&full, 9, &no_mntns).uncovered().count(), 0);
     }
 }

@@ -254,13 +254,14 @@ mod tests {
             safe_devices: true,
             namespaces: true,
             apparmor: false,
+            mount_namespace: true,
         }
     }
 
     #[test]
     fn required_landlock_runs_on_every_abi_whose_gaps_are_covered() {
         let policy = SandboxPolicy::builtin("agent").unwrap();
-        for abi in 1..=7 {
+        for abi in 1..=10 {
             let host = HostSupport {
                 seccomp: true,
                 landlock_abi: abi,

@@ -8,47 +8,43 @@ pub(super) struct LandlockRules(pub(super) agent_sandbox_policy::landlock::Landl
 
 impl LandlockApply for LandlockRules {
     fn apply(&self, audit: bool) -> Result<Option<u16>, String> {
-        use landlock::{
-            CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
-            RulesetCreatedAttr, RulesetStatus,
-        };
+        use agent_sandbox_sys::landlock_ruleset::{RESTRICT_SELF_LOG_NEW_EXEC_ON, RawRuleset};
+        use std::os::unix::fs::OpenOptionsExt as _;
         let rs = &self.0;
-        let mut ruleset = Ruleset::default()
-            .set_compatibility(CompatLevel::HardRequirement)
-            .handle_access(rs.handled_fs_flags())
-            .map_err(|e| e.to_string())?;
-        // Below ABI 4 the ruleset handles no TCP right (an empty set is an error).
-        if !rs.handled_net.is_empty() {
-            ruleset = ruleset
-                .handle_access(rs.handled_net_flags())
-                .map_err(|e| e.to_string())?;
-        }
-        let mut created = ruleset.create().map_err(|e| e.to_string())?;
+        // The rights are those of the kernel's ABI (`at_abi`): every one is enforced, or the
+        // kernel refuses the ruleset (EINVAL) and the create fails.
+        let ruleset = RawRuleset::create(rs.handled_fs_bits(), rs.handled_net_bits())
+            .map_err(|e| format!("landlock_create_ruleset: {e}"))?;
         for rule in &rs.paths {
             // A path missing in this container gets no rights, which is narrower.
-            let Ok(fd) = PathFd::new(&rule.path) else {
+            let Ok(parent) = std::fs::File::options()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(&rule.path)
+            else {
                 continue;
             };
-            created = created
-                .add_rule(PathBeneath::new(fd, rule.flags()))
+            ruleset
+                .add_path(&parent, rule.bits())
                 .map_err(|e| format!("{}: {e}", rule.path))?;
         }
         for rule in &rs.net {
-            created = created
-                .add_rule(NetPort::new(rule.port, rule.flags()))
+            ruleset
+                .add_port(rule.port, rule.bits())
                 .map_err(|e| format!("port {}: {e}", rule.port))?;
         }
-        if audit {
-            // By default the kernel logs only denials of the process that restricted
-            // itself, before it execs (none in a sandbox: this process execs the
-            // workload next); the workload's denials need LOG_NEW_EXEC_ON (ABI 7, which
-            // the supervisor checked before it turned `fs_denied` reporting on).
-            created = created.log_new_exec(true).map_err(|e| e.to_string())?;
-        }
-        let status = created.restrict_self().map_err(|e| e.to_string())?;
-        if status.ruleset != RulesetStatus::FullyEnforced {
-            return Err(format!("ruleset only {:?}", status.ruleset));
-        }
+        // By default the kernel logs only denials of the process that restricted itself,
+        // before it execs (none in a sandbox: this process execs the workload next); the
+        // workload's denials need LOG_NEW_EXEC_ON (ABI 7, which the supervisor checked before
+        // it turned `fs_denied` reporting on).
+        let flags = if audit {
+            RESTRICT_SELF_LOG_NEW_EXEC_ON
+        } else {
+            0
+        };
+        ruleset
+            .restrict_self(flags)
+            .map_err(|e| format!("landlock_restrict_self: {e}"))?;
         // The probe needs a TCP port Landlock refuses; a ruleset without TCP rights
         // (transparent egress, docs/egress.md) cannot make one, and this process's Landlock
         // denials go unclaimed (no `fs_denied` records for it).

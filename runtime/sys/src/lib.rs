@@ -8,6 +8,7 @@ pub mod exec_signals;
 pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;
+pub mod landlock_ruleset;
 pub mod loopback;
 pub mod owned_userns;
 pub mod pidfd_exit;
