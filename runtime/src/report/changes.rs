@@ -916,7 +916,11 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [INDEX_FILE, "upper"]);
-        let entry = find(&store, "nothing").unwrap();
+        let entry = store
+            .entries()
+            .into_iter()
+            .find(|e| e.record.name.as_deref() == Some("nothing"))
+            .unwrap();
         assert!(entry.record.empty && entry.record.ended.is_some());
         assert_eq!(entry.record.size_bytes, Some(0));
         let opened = open(&entry).unwrap();
