@@ -723,7 +723,7 @@ fn diff_and_export_show_workspace_changes_for_review_while_the_host_keeps_its_fi
     // Bad input: an unknown id, and a sandbox without a workspace.
     let unknown = harness::runtime(&["diff", "no-such-sandbox"])?;
     ensure!(
-        unknown.code == Some(1) && unknown.stderr.contains("does not exist"),
+        unknown.code == Some(1) && unknown.stderr.contains("no sandbox \"no-such-sandbox\""),
         "{unknown}"
     );
     Ok(())

@@ -74,7 +74,7 @@ struct Host {
     /// Bound over the protected names of a scratch HOME (`mounts::placeholders`).
     placeholders: agent_sandbox_policy::harden::Placeholders,
     /// The sandbox's own user namespace (`crate::host::userns`); `None` for a pod's member
-    /// (it joins the pod's).
+    /// (it joins the pod's) and a rootless runtime.
     userns: Option<crate::host::userns::OwnedUserns>,
 }
 
