@@ -12,6 +12,7 @@ pub mod narrow;
 pub mod network;
 pub mod policy;
 pub mod profiles;
+pub mod reference;
 pub mod seccomp;
 mod span;
 pub mod ucounts;
