@@ -27,23 +27,23 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Errors while reading cgroups.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("Cannot read the cgroups of pid {pid}")]
+    #[error("cannot read the cgroups of pid {pid}")]
     ProcCgroup {
         pid: u32,
         #[source]
         source: io::Error,
     },
-    #[error("Process has no cgroup v1 {controller} controller")]
+    #[error("process has no cgroup v1 {controller} controller")]
     NoController { controller: &'static str },
-    #[error("Process has neither a cgroup v1 memory controller nor a cgroup v2 directory")]
+    #[error("process has neither a cgroup v1 memory controller nor a cgroup v2 directory")]
     NoCgroup,
-    #[error("Cannot read {path}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
-    #[error("Cannot register an OOM notification on {path}")]
+    #[error("cannot register an OOM notification on {path}")]
     OomRegister {
         path: PathBuf,
         #[source]

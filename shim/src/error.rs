@@ -14,27 +14,27 @@ use crate::stdio::StdioError;
 /// Errors of the task service. Each names the container, exec, file or field it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
-    #[error("Container {id} not found")]
+    #[error("container {id} not found")]
     ContainerNotFound { id: String },
-    #[error("Exec {exec_id} not found in container {id}")]
+    #[error("exec {exec_id} not found in container {id}")]
     ExecNotFound { id: String, exec_id: String },
-    #[error("Container {id} already exists")]
+    #[error("container {id} already exists")]
     ContainerExists { id: String },
-    #[error("Exec {exec_id} already exists in container {id}")]
+    #[error("exec {exec_id} already exists in container {id}")]
     ExecExists { id: String, exec_id: String },
-    #[error("Invalid {field} {value:?}: use letters, digits, '.', '_' or '-'")]
+    #[error("invalid {field} {value:?}: use letters, digits, '.', '_' or '-'")]
     InvalidId { field: &'static str, value: String },
-    #[error("Process {id} is {state}, expected {expected}")]
+    #[error("process {id} is {state}, expected {expected}")]
     WrongState {
         id: String,
         state: &'static str,
         expected: &'static str,
     },
-    #[error("Process {id} already finished")]
+    #[error("process {id} already finished")]
     Finished { id: String },
-    #[error("Invalid signal {signal}")]
+    #[error("invalid signal {signal}")]
     Signal { signal: u32 },
-    #[error("Exec {exec_id} has no process spec")]
+    #[error("exec {exec_id} has no process spec")]
     NoSpec { exec_id: String },
     #[error(transparent)]
     Options(#[from] OptionsError),
@@ -44,19 +44,19 @@ pub enum TaskError {
     Stdio(#[from] StdioError),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
-    #[error("Container {id} has no cgroup to read")]
+    #[error("container {id} has no cgroup to read")]
     NoCgroup { id: String },
     #[error(transparent)]
     Rootfs(#[from] RootfsError),
-    #[error("Cannot encode the metrics")]
+    #[error("cannot encode the metrics")]
     Encode(#[source] containerd_shim::Error),
-    #[error("Cannot access {path}")]
+    #[error("cannot access {path}")]
     File {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("Invalid pid in {path}")]
+    #[error("invalid pid in {path}")]
     PidFile { path: PathBuf },
     #[error("{method} is not supported by containerd-shim-agent-sandbox")]
     Unimplemented { method: &'static str },
@@ -184,7 +184,7 @@ mod tests {
                 expected: "stopped",
             },
         );
-        assert_eq!(e.to_string(), "Process exec-1 is running, expected stopped");
+        assert_eq!(e.to_string(), "process exec-1 is running, expected stopped");
         assert_eq!(code(e), Code::FAILED_PRECONDITION);
     }
 
@@ -214,7 +214,7 @@ mod tests {
         };
         assert_eq!(
             error_chain(&e),
-            "Cannot access /b/exec-1.json: permission denied"
+            "cannot access /b/exec-1.json: permission denied"
         );
     }
 }

@@ -57,35 +57,35 @@ const RUNC_OPTIONS_TYPES: [&str; 2] = [
 /// Errors while reading runtime options.
 #[derive(Debug, thiserror::Error)]
 pub enum OptionsError {
-    #[error("Unsupported runtime options type {type_url}")]
+    #[error("unsupported runtime options type {type_url}")]
     UnsupportedType { type_url: String },
-    #[error("Malformed {type_url} runtime options")]
+    #[error("malformed {type_url} runtime options")]
     Decode {
         type_url: String,
         #[source]
         source: containerd_shim::protos::protobuf::Error,
     },
-    #[error("Cannot read runtime options file {path}")]
+    #[error("cannot read runtime options file {path}")]
     ReadFile {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("Invalid runtime options TOML{}", origin.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default())]
+    #[error("invalid runtime options TOML{}", origin.as_ref().map(|p| format!(" in {}", p.display())).unwrap_or_default())]
     Toml {
         origin: Option<PathBuf>,
         #[source]
         source: toml::de::Error,
     },
-    #[error("Runtime option {key} must be an absolute path, got {value:?}")]
+    #[error("runtime option {key} must be an absolute path, got {value:?}")]
     NotAbsolute { key: &'static str, value: String },
-    #[error("Cannot write {path}")]
+    #[error("cannot write {path}")]
     Persist {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("Cannot parse {path}")]
+    #[error("cannot parse {path}")]
     ParsePersisted {
         path: PathBuf,
         #[source]

@@ -27,19 +27,19 @@ const VOLATILE_WORKDIRS: &str = "agent-sandbox-volatile-workdirs";
 
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
-    #[error("Cannot create the rootfs mount point {path}")]
+    #[error("cannot create the rootfs mount point {path}")]
     MountPoint {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("Cannot mount the rootfs at {target}")]
+    #[error("cannot mount the rootfs at {target}")]
     Mount {
         target: PathBuf,
         #[source]
         source: containerd_shim::Error,
     },
-    #[error("Cannot record the volatile work dirs in {path}")]
+    #[error("cannot record the volatile work dirs in {path}")]
     Record {
         path: PathBuf,
         #[source]

@@ -22,13 +22,13 @@ use crate::options::{POLICY_ENV, PROFILES_DIR_ENV, RuntimeOptions};
 /// Errors from running the runtime binary.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("Cannot run {binary}")]
+    #[error("cannot run {binary}")]
     Spawn {
         binary: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("Cannot capture the output of {binary} {command}")]
+    #[error("cannot capture the output of {binary} {command}")]
     Capture {
         binary: PathBuf,
         command: &'static str,
@@ -42,16 +42,16 @@ pub enum RuntimeError {
         code: i32,
         message: String,
     },
-    #[error("Unexpected output from {binary} {command}")]
+    #[error("unexpected output from {binary} {command}")]
     Output {
         binary: PathBuf,
         command: &'static str,
         #[source]
         source: serde_json::Error,
     },
-    #[error("Cannot subscribe to child exits")]
+    #[error("cannot subscribe to child exits")]
     Monitor(#[source] containerd_shim::Error),
-    #[error("Child exit monitor closed before {binary} {command} exited")]
+    #[error("child exit monitor closed before {binary} {command} exited")]
     MonitorClosed {
         binary: PathBuf,
         command: &'static str,

@@ -36,7 +36,7 @@ use crate::runtime::Stdio3;
 /// Errors while wiring up a process's streams.
 #[derive(Debug, thiserror::Error)]
 pub enum StdioError {
-    #[error("Cannot open {path}")]
+    #[error("cannot open {path}")]
     Open {
         path: PathBuf,
         #[source]
@@ -44,17 +44,17 @@ pub enum StdioError {
     },
     #[error("{path} is not a fifo")]
     NotFifo { path: PathBuf },
-    #[error("Cannot set up the stdin pipe")]
+    #[error("cannot set up the stdin pipe")]
     Pipe(#[source] io::Error),
-    #[error("Cannot create the console socket")]
+    #[error("cannot create the console socket")]
     Socket(#[source] io::Error),
-    #[error("The runtime did not send a terminal over the console socket")]
+    #[error("the runtime did not send a terminal over the console socket")]
     NoConsole,
-    #[error("Timed out waiting for the runtime to send a terminal")]
+    #[error("timed out waiting for the runtime to send a terminal")]
     ConsoleTimeout,
-    #[error("Cannot receive the terminal from the console socket")]
+    #[error("cannot receive the terminal from the console socket")]
     Receive(#[source] io::Error),
-    #[error("Cannot resize the terminal")]
+    #[error("cannot resize the terminal")]
     Resize(#[source] io::Error),
 }
 
