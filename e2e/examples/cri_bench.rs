@@ -170,6 +170,7 @@ fn round(cri: &Cri, handler: &str, args: &Args, samples: &mut Samples) -> anyhow
     Ok(())
 }
 
+#[expect(clippy::too_many_lines)]
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(args.rounds > 0, "--rounds must be at least 1");

@@ -181,6 +181,7 @@ const CHECK_SH: &str = "mkdir -p scripts && printf '#!/bin/sh\\nset -e\\ncd \"$(
 
 /// The 50 tool calls. `index` is the package index's simple URL, `collector` a URL of a host
 /// no policy allows.
+#[expect(clippy::too_many_lines)]
 pub fn steps(index: &str, collector: &str) -> Vec<Step> {
     use Kind::*;
     let commit = |msg: &str| {

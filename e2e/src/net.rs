@@ -183,6 +183,7 @@ pub struct TestCa {
 
 impl TestCa {
     /// A fresh CA (P-256, valid two days) and a certificate signed by it for `names`.
+    #[expect(clippy::too_many_lines)]
     pub fn generate(names: &[&str]) -> anyhow::Result<Self> {
         harness::require_tool("openssl")?;
         let dir = tempfile::Builder::new()

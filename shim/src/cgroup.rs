@@ -130,6 +130,7 @@ impl Cgroups {
 
     /// Metrics in containerd's cgroups v1 shape. Memory is required; cpu and pids are filled
     /// when their controllers are present.
+    #[expect(clippy::too_many_lines)]
     fn metrics_v1(&self) -> Result<Metrics, CgroupError> {
         let mut m = Metrics::new();
         let mem = self.dir("memory")?;
@@ -363,6 +364,7 @@ fn oom_kill_in(text: &str) -> Option<u64> {
 
 /// Metrics of a v2 cgroup directory in containerd's cgroups v2 shape. Memory is required;
 /// cpu, pids and memory events are filled when their files exist.
+#[expect(clippy::too_many_lines)]
 fn metrics_v2(dir: &Path) -> Result<v2::Metrics, CgroupError> {
     let mut m = v2::Metrics::new();
     let mut ms = v2::MemoryStat {

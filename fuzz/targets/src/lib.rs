@@ -5,6 +5,8 @@
 //! A target fails by panicking: besides "no panic, no hang" on any input, each checks the
 //! property its code exists for (a parsed policy compiles, narrowing never widens, a hardened
 //! spec is hardened, a refused proxy request names no target).
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+// a unit test may be a long scenario
 // A fuzz harness reports a violated property by panicking; that is its only way to fail.
 #![allow(clippy::panic)]
 #![forbid(unsafe_code)]

@@ -609,6 +609,7 @@ impl Checker<'_, '_> {
 
     /// Checks the tree `tree` at `dir` of commit `commit` (root tree `root_tree`) against
     /// the parents' trees at the same path. An unreadable object stops the check (`Err`).
+    #[expect(clippy::too_many_lines)]
     fn check_tree(
         &mut self,
         commit: ObjectId,
@@ -834,6 +835,7 @@ pub struct Options<'a> {
 
 /// Reads, copies and checks the history in `changes` (the upper dir's `.git` entries)
 /// against the repository in `target`. Nothing in `target` is written.
+#[expect(clippy::too_many_lines)]
 pub fn prepare(
     upper: &Path,
     changes: &[Change],
@@ -1006,6 +1008,7 @@ pub fn prepare(
 /// through the no-follow reader, at most [`MAX_HISTORY_BYTES`]) into a private directory
 /// whose alternate is the target's object store. Returns it with a store reading both and
 /// one reading the target's alone, or `None` when refused.
+#[expect(clippy::too_many_lines)]
 fn copy_objects(
     upper_fd: &OwnedFd,
     upper: &Path,
@@ -1457,6 +1460,7 @@ impl History {
 
     /// Writes the accepted objects and the quarantine refs into the target repository.
     /// Returns the refs written.
+    #[expect(clippy::too_many_lines)]
     pub fn write(&self) -> Result<Vec<String>, HistoryError> {
         if !self.refused.is_empty() {
             return Err(PromoteError::NotApplicable {

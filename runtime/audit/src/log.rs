@@ -842,6 +842,7 @@ pub fn verify_with_anchor(path: &Path, anchor: &Anchor) -> Result<VerifyReport, 
     verify_inner(path, Some(anchor))
 }
 
+#[expect(clippy::too_many_lines)]
 fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, AuditError> {
     let broken = |line: u64, problem| AuditError::Broken {
         path: path.to_owned(),

@@ -109,6 +109,7 @@ pub fn patches<'a>(
 }
 
 /// Reads `rel` below `root` (nothing followed).
+#[expect(clippy::too_many_lines)]
 fn side(root: &OwnedFd, root_path: &Path, rel: &Path) -> Result<Side, ScratchError> {
     let full = root_path.join(rel);
     let (parent, name) = match open_parent(root, rel, root_path) {

@@ -887,6 +887,7 @@ pub fn normal_file_mode(mode: u32) -> u32 {
 /// copies are sparse), and a file with several names in the change set is read and staged
 /// once, its other names staged as hard links to that copy. Before any file is read, the
 /// change set's size on the target (holes kept, each file once) must be within `limit`.
+#[expect(clippy::too_many_lines)]
 pub fn prepare(
     upper: &Path,
     changes: &[Change],

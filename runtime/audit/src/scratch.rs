@@ -273,6 +273,7 @@ struct Walker<'a> {
 }
 
 impl Walker<'_> {
+    #[expect(clippy::too_many_lines)]
     fn walk(
         &mut self,
         dir: &OwnedFd,
@@ -835,6 +836,7 @@ pub fn export(
     }
 }
 
+#[expect(clippy::too_many_lines)]
 fn export_dir(
     changes: &[Change],
     footprint: &Footprint,
@@ -966,6 +968,7 @@ fn export_dir(
     Ok(sum)
 }
 
+#[expect(clippy::too_many_lines)]
 fn export_tar(
     changes: &[Change],
     footprint: &Footprint,

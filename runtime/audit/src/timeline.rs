@@ -50,6 +50,7 @@ fn esc_list(items: &[String], sep: &str) -> String {
     items.iter().map(|i| esc(i)).collect::<Vec<_>>().join(sep)
 }
 
+#[expect(clippy::too_many_lines)]
 fn details(event: &Event) -> String {
     match event {
         Event::Create {

@@ -14,6 +14,7 @@ fn requirement(r: Requirement) -> &'static str {
 }
 
 /// Explain `policy` in plain sentences, grouped as "allowed" and "denied".
+#[expect(clippy::too_many_lines)]
 pub fn explain(policy: &SandboxPolicy) -> String {
     let mut out = String::new();
     let fs = &policy.filesystem;

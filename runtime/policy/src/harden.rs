@@ -483,6 +483,7 @@ pub fn effective_policy(
 /// [`effective_policy`], where the profile annotation may also name `admin`: the profile the
 /// runtime read from the admin's profiles directory for these annotations. A name that is
 /// neither built in nor `admin`'s is an error, as is a profile wider than `ceiling`.
+#[expect(clippy::too_many_lines)]
 pub fn effective_policy_with(
     annotations: &HashMap<String, String>,
     ceiling: &SandboxPolicy,
@@ -647,6 +648,7 @@ fn parse_rules(value: &str) -> Result<Vec<DomainRule>, AnnotationValueError> {
 
 /// Harden `spec` under the ceiling `policy`. See the module docs for what the result
 /// always has.
+#[expect(clippy::too_many_lines)]
 pub fn harden_spec(
     mut spec: Spec,
     policy: &SandboxPolicy,
@@ -885,6 +887,7 @@ fn home_scratch<'a>(
 /// The mounts go right after the scratch area's tmpfs, so a caller's mount beneath HOME
 /// stays on top. Names inside a protected directory are covered by it. An exec that points
 /// HOME elsewhere gets no such mounts (docs/policy.md#protected-names).
+#[expect(clippy::too_many_lines)]
 fn guard_home(
     spec: &mut Spec,
     policy: &SandboxPolicy,
@@ -1150,6 +1153,7 @@ fn capability_requests(
 /// the host's cgroup namespace, podman's and Docker's default on cgroup v1) gives a [`Clamp`].
 /// The user namespace is always the sandbox's own (no engine adds one by default) and a
 /// pod's member joins the pod's user, network, IPC and UTS namespaces.
+#[expect(clippy::too_many_lines)]
 fn namespace_requests(spec: &Spec, ctx: &HardenContext) -> Result<Vec<Clamp>, HardenError> {
     let listed: &[LinuxNamespace] = spec
         .linux()
@@ -1511,6 +1515,7 @@ fn with_options(mut mount: Mount, add: &[&str], remove: &[&str]) -> Mount {
     mount
 }
 
+#[expect(clippy::too_many_lines)]
 fn harden_mounts(
     incoming: Vec<Mount>,
     policy: &SandboxPolicy,
@@ -1789,6 +1794,7 @@ fn resource_clamp(key: &str, requested: Option<i64>, granted: i64) -> Option<Cla
 
 /// The cgroup limits: each at most the policy's, an explicit larger (or unlimited) value
 /// clamped with a [`Clamp`] naming its key.
+#[expect(clippy::too_many_lines)]
 fn clamp_resources(
     incoming: Option<LinuxResources>,
     policy: &SandboxPolicy,

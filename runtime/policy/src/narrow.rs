@@ -74,6 +74,7 @@ fn apparmor_rank(r: AppArmorRequirement) -> u8 {
 }
 
 /// `Ok` if `candidate` allows nothing that `ceiling` forbids.
+#[expect(clippy::too_many_lines)]
 pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), NarrowError> {
     let (cf, pf) = (&candidate.filesystem, &ceiling.filesystem);
     for scratch in &cf.scratch {

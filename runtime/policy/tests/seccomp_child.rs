@@ -18,6 +18,8 @@
 //!
 //! Attempting forbidden syscalls needs raw `libc::syscall`, hence `unsafe` in this file only.
 #![allow(unsafe_code)]
+#![allow(clippy::too_many_lines)]
+// a test may be a long scenario
 // A test binary: a failed set-up step must stop the test loudly, in helpers too.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 

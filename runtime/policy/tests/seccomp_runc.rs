@@ -5,6 +5,8 @@
 //! tries `unshare -U` and `unshare -U -n` (must fail with the configured errno under the filter,
 //! and succeed without it) and runs a normal workload: ls, cat, and wget against busybox
 //! httpd on the container's own loopback.
+#![allow(clippy::too_many_lines)]
+// a test may be a long scenario
 // A test binary: a failed set-up step must stop the test loudly, in helpers too.
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 

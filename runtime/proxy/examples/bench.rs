@@ -240,6 +240,7 @@ struct Figures {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[expect(clippy::too_many_lines)]
 async fn main() -> Result<()> {
     let (megabytes, requests, rounds) = args(1000)?;
     let bytes = megabytes * 1024 * 1024;

@@ -287,6 +287,7 @@ async fn download(
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[expect(clippy::too_many_lines)]
 async fn main() -> Result<()> {
     let (megabytes, requests, rounds) = args(300)?;
     let bytes = megabytes * 1024 * 1024;

@@ -393,6 +393,7 @@ impl Approvals {
 
     /// Decides a connection: the policy's deny rules, then the live rules (latest first),
     /// then the policy's allow rules, then, for a host within the ceiling, the decider.
+    #[expect(clippy::too_many_lines)]
     pub async fn decide(
         &self,
         rules: &dyn EgressRules,

@@ -187,6 +187,7 @@ pub(crate) async fn read_request<R: AsyncRead + Unpin>(
     }
 }
 
+#[expect(clippy::too_many_lines)]
 fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, HttpError> {
     // `parse` returned Complete, so method, path and version are present.
     let method = req.method.unwrap_or_default();

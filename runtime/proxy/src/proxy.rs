@@ -565,6 +565,7 @@ impl Inner {
         }
     }
 
+    #[expect(clippy::too_many_lines)]
     async fn serve_http(
         &self,
         stream: &mut TcpStream,
@@ -921,6 +922,7 @@ impl Inner {
 
     /// Decides, resolves once, checks every address and dials the first checked one that
     /// answers. The returned stream is connected to an address that passed the checks.
+    #[expect(clippy::too_many_lines)]
     async fn open(&self, host: &Host, port: u16, rec: &mut Record) -> Result<TcpStream, Refusal> {
         if rec.tool_call_id.is_none() {
             // While the client waits for this answer its socket is still open, so the

@@ -479,6 +479,7 @@ pub(crate) async fn serve_plain(
 
 /// Reads, checks and sends the client's requests until it stops, one is refused, or the
 /// connection fails.
+#[expect(clippy::too_many_lines)]
 async fn send_requests<R, W>(
     job: &Intercept<'_>,
     cr: &mut R,
@@ -728,6 +729,7 @@ fn echoes_request(method: &str) -> bool {
 /// request for another host, a request that would echo the credential back or switch to a
 /// protocol the proxy cannot follow, the placeholder anywhere but the credential's header, and
 /// ambiguous framing.
+#[expect(clippy::too_many_lines)]
 fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, Refusal> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);

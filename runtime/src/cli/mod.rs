@@ -542,6 +542,7 @@ pub fn needs_sealed_binary(cli: &Cli) -> bool {
 }
 
 /// Runs one command.
+#[expect(clippy::too_many_lines)]
 pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
     if cli.version {
         print!("{}", version_text());

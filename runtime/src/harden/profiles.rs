@@ -119,6 +119,7 @@ pub struct Loaded {
 }
 
 /// Reads the profile `name` from `dir` under the rules of the module docs.
+#[expect(clippy::too_many_lines)]
 pub fn load(dir: &Path, name: &ProfileName) -> Result<Loaded, ProfileError> {
     let runtime_uid = nix::unistd::geteuid().as_raw();
     let opened = std::fs::File::open(dir).map_err(|source| {

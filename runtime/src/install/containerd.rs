@@ -192,6 +192,7 @@ pub struct Merged {
 
 /// Merges the stanza into `text` (the content of `path`, named in errors). An empty text
 /// becomes a config of `fresh`'s version holding only the stanza.
+#[expect(clippy::too_many_lines)]
 pub fn merge(path: &Path, text: &str, fresh: &Choice) -> Result<Merged, InstallError> {
     let mut doc: DocumentMut = text.parse().map_err(|source| InstallError::Parse {
         path: path.to_owned(),

@@ -25,6 +25,7 @@ impl Runtime {
         result
     }
 
+    #[expect(clippy::too_many_lines)]
     fn delete_locked(
         &self,
         id: &ContainerId,

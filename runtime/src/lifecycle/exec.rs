@@ -15,6 +15,7 @@ impl Runtime {
     /// `exec`: runs a process in the sandbox, clamped like the init and under
     /// the same seccomp filter and Landlock rules. Returns the exit code when
     /// not detached.
+    #[expect(clippy::too_many_lines)]
     pub fn exec(&self, id: &ContainerId, opts: &ExecOpts) -> Result<Option<i32>> {
         let c = self.load(id)?;
         if c.status() != ContainerStatus::Running {

@@ -103,6 +103,7 @@ pub fn rules(
 }
 
 /// Runs the command, printing the plan to `out`.
+#[expect(clippy::too_many_lines)]
 pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
     let source = crate::report::review::source(req.found)?;
     let all = source.changes()?;

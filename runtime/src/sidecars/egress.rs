@@ -468,6 +468,7 @@ fn write_records(
 
 /// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on
 /// stdout, then serves until killed. Decisions go to the audit log at `audit`.
+#[expect(clippy::too_many_lines)]
 pub fn serve(
     netns: impl FnOnce() -> Result<std::path::PathBuf, EgressError>,
     policy: &SandboxPolicy,

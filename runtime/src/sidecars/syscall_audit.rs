@@ -314,6 +314,7 @@ fn proc_text(pid: u32, what: &str) -> Option<String> {
 
 /// The supervisor's body: listens on `sandbox_dir/seccomp.sock`, reports ready on stdout,
 /// then answers and records notifications until killed.
+#[expect(clippy::too_many_lines)]
 pub fn supervise(
     log: &Path,
     id: &str,

@@ -27,6 +27,7 @@ use crate::stdio::StdioPaths;
 use super::{DELETED_MARKER, Result, TaskService, now};
 
 impl TaskService {
+    #[expect(clippy::too_many_lines)]
     pub(super) async fn do_create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
         check_id("container id", &req.id)?;
         if self

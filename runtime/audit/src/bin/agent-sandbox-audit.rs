@@ -1,5 +1,6 @@
 //! `agent-sandbox-audit`: the audit library from a shell (append, verify, show, diff, export,
 //! repair). The runtime's `agent-sandbox audit ...` subcommands call the same functions.
+#![cfg_attr(test, allow(clippy::too_many_lines))] // a unit test may be a long scenario
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -78,6 +79,7 @@ fn main() {
     }
 }
 
+#[expect(clippy::too_many_lines)]
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Append {
