@@ -1,7 +1,8 @@
 //! The top-level modules of `runtime/src` (its folders and single-file modules) should import
 //! one way: a base that knows nothing of what is built on it. Today some import each other;
 //! [`KNOWN`] lists every import that closes a cycle, so that a new one fails here and the list
-//! can only shrink (remove an entry when its cycle is gone: the test asks for it).
+//! can only shrink (remove an entry when its cycle is gone: the test asks for it). The map of
+//! the code (ARCHITECTURE.md) and of the docs (README.md) must name every module and page.
 #![allow(clippy::too_many_lines)] // a test may be a long scenario
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failure is a panic
 
@@ -166,5 +167,41 @@ fn crate_paths_reads_only_whole_crate_prefixes() {
     assert_eq!(
         crate_paths(text),
         BTreeSet::from(["report".to_owned(), "state".to_owned()])
+    );
+}
+
+/// A newcomer finds every module of `runtime/src` in ARCHITECTURE.md's code map.
+#[test]
+fn the_code_map_names_every_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let missing: Vec<String> = module_graph()
+        .into_keys()
+        .filter(|name| {
+            !map.contains(&format!("`runtime/src/{name}`"))
+                && !map.contains(&format!("`runtime/src/{name}.rs`"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's code map has no row for runtime/src/{missing:?}"
+    );
+}
+
+/// Every page under docs/ is linked from the README's index.
+#[test]
+fn the_readme_links_every_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") && !readme.contains(&format!("(docs/{name})")) {
+            missing.push(name);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README.md's index does not link docs/{missing:?}"
     );
 }
