@@ -311,13 +311,12 @@ impl Member {
             path: config.clone(),
             source: Box::new(source),
         })?;
-        let (policy, _) =
-            crate::harden::effective_for_exec(&ceiling, &hardened).map_err(|source| {
-                PodError::PodPolicy {
-                    pod: pod.as_str().to_owned(),
-                    source: Box::new(source),
-                }
-            })?;
+        let policy = crate::harden::saved_plan(&pod_dir, &hardened)
+            .map_err(|source| PodError::PodPolicy {
+                pod: pod.as_str().to_owned(),
+                source: Box::new(source),
+            })?
+            .policy;
         let ids = idmap::join(&dirs.idmap_db(), &dirs.idmap_lock(), id, pod)?;
         Ok(Self {
             pod: pod.clone(),

@@ -648,14 +648,24 @@ fn parse_rules(value: &str) -> Result<Vec<DomainRule>, AnnotationValueError> {
 
 /// Harden `spec` under the ceiling `policy`. See the module docs for what the result
 /// always has.
-#[expect(clippy::too_many_lines)]
 pub fn harden_spec(
-    mut spec: Spec,
+    spec: Spec,
     policy: &SandboxPolicy,
     ctx: &HardenContext,
 ) -> Result<HardenedSpec, HardenError> {
     let annotations = spec.annotations().clone().unwrap_or_default();
-    let policy = effective_policy_with(&annotations, policy, ctx.profile.as_ref())?;
+    let effective = effective_policy_with(&annotations, policy, ctx.profile.as_ref())?;
+    harden_spec_under(spec, effective, ctx)
+}
+
+/// [`harden_spec`] with the sandbox's effective policy already compiled from the ceiling
+/// and the spec's annotations ([`effective_policy_with`]), so that create derives it once.
+#[expect(clippy::too_many_lines)]
+pub fn harden_spec_under(
+    mut spec: Spec,
+    policy: SandboxPolicy,
+    ctx: &HardenContext,
+) -> Result<HardenedSpec, HardenError> {
     check_mappings("uid", &ctx.uid_mappings, &policy)?;
     check_mappings("gid", &ctx.gid_mappings, &policy)?;
 

@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use crate::policy::{NetworkMode, SandboxPolicy};
 
 /// One filesystem access right (`landlock::AccessFs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FsAccess {
     Execute,
@@ -120,7 +120,7 @@ impl FsAccess {
 }
 
 /// One network access right (`LANDLOCK_ACCESS_NET_*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetAccess {
     BindTcp,
@@ -169,7 +169,7 @@ fn bits_net(set: &BTreeSet<NetAccess>) -> u64 {
 }
 
 /// Rights granted beneath one path (`landlock::PathBeneath`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathRule {
     pub path: String,
     pub access: BTreeSet<FsAccess>,
@@ -188,7 +188,7 @@ impl PathRule {
 }
 
 /// Rights granted for one TCP port (`landlock::NetPort`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetRule {
     pub port: u16,
     pub access: BTreeSet<NetAccess>,
@@ -207,7 +207,7 @@ impl NetRule {
 }
 
 /// A complete ruleset: what is handled (denied unless a rule grants it) and the grants.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockRuleset {
     /// The lowest Landlock ABI that knows every handled right (5: `IoctlDev`).
     pub min_abi: u8,
@@ -540,7 +540,7 @@ pub struct LandlockGap {
 }
 
 /// The policy's Landlock ruleset as this kernel can enforce it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockAtAbi {
     /// The kernel's ABI as it reported it.
     pub kernel_abi: u32,

@@ -108,7 +108,7 @@ pub enum AppArmorHost {
 }
 
 /// The outcome of [`Layers::plan`] and [`plan`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerPlan {
     /// Layers to apply, in order.
     pub apply: Vec<Layer>,

@@ -11,6 +11,7 @@ pub mod landlock;
 pub mod layers;
 pub mod narrow;
 pub mod network;
+pub mod plan;
 pub mod policy;
 pub mod profiles;
 pub mod reference;
@@ -20,4 +21,5 @@ pub mod ucounts;
 pub mod value;
 
 pub use layers::{Layer, Layers};
+pub use plan::SandboxPlan;
 pub use policy::{PolicyError, SandboxPolicy, Violation, builtin_names};

@@ -35,7 +35,13 @@ impl Runtime {
             placeholders: Some(host.placeholders.clone()),
             user_namespace: host.userns.as_ref().map(|u| u.pin.clone()),
         };
-        let prepared = crate::harden::prepare(ceiling, spec, &facts)?;
+        let prepared = crate::harden::prepare(ceiling, host.policy.clone(), spec, &facts)?;
+        host.sandbox_dir
+            .plan()
+            .write(&agent_sandbox_policy::SandboxPlan {
+                policy: prepared.policy.clone(),
+                layers: prepared.plan.clone(),
+            })?;
         if let Some(m) = member {
             m.check_policy(&prepared.policy, &prepared.spec)?;
         }

@@ -81,6 +81,7 @@ impl Runtime {
             workspace,
             placeholders,
             userns,
+            policy,
         })
     }
 
@@ -124,7 +125,8 @@ impl Runtime {
     }
 }
 
-/// The ceiling narrowed by the spec's annotations (what `harden_spec` will enforce).
+/// The ceiling narrowed by the spec's annotations: the sandbox's effective policy, derived
+/// here once per create (the hardening phase hardens under it, and saves it in `plan.json`).
 fn effective_policy(spec: &Spec, ceiling: &Ceiling) -> Result<agent_sandbox_policy::SandboxPolicy> {
     let annotations = spec.annotations().clone().unwrap_or_default();
     agent_sandbox_policy::harden::effective_policy_with(

@@ -76,6 +76,9 @@ struct Host {
     /// The sandbox's own user namespace (`crate::host::userns`); `None` for a pod's member
     /// (it joins the pod's) and a rootless runtime.
     userns: Option<crate::host::userns::OwnedUserns>,
+    /// The effective policy, compiled once here from the ceiling and the spec's annotations;
+    /// the hardening phase hardens under it and saves it in the sandbox's plan.
+    policy: agent_sandbox_policy::SandboxPolicy,
 }
 
 /// Phase 3: the verified spec and what was compiled with it.

@@ -224,3 +224,30 @@ fn update_above_the_sandboxs_effective_policy_is_refused_before_anything_is_appl
         "{err:?}"
     );
 }
+
+/// `update` reads the plan create compiled (`plan.json`) rather than deriving the policy
+/// again: a sandbox whose plan holds 256M refuses 512M even though its saved ceiling and
+/// annotations alone would allow it (the `update-wide` case above).
+#[test]
+fn update_is_held_to_the_saved_plan() {
+    let mib = 1024 * 1024;
+    let f = Fixture::new("update-plan", ContainerStatus::Running, 0, &[]);
+    let mut policy = agent_sandbox_policy::SandboxPolicy::builtin("agent").unwrap();
+    policy.resources.memory = agent_sandbox_policy::value::ByteSize::try_from("256M").unwrap();
+    let dir = f.runtime.dirs.sandbox(&f.id);
+    dir.plan()
+        .write(&agent_sandbox_policy::SandboxPlan {
+            policy,
+            layers: agent_sandbox_policy::layers::LayerPlan::default(),
+        })
+        .unwrap();
+    let err = f.runtime.update(&f.id, &memory(512 * mib)).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling { max, .. })
+                if max == &(256 * mib).to_string()
+        ),
+        "{err:?}"
+    );
+}

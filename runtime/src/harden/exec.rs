@@ -1,17 +1,30 @@
 //! Hardening for `exec`: the effective policy of a running sandbox, and an exec'd process
 //! clamped like the init.
 
-use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::harden;
 use agent_sandbox_policy::layers::LayerPlan;
+use agent_sandbox_policy::{SandboxPlan, SandboxPolicy};
 use libcontainer::oci_spec::runtime::{Process, Spec};
 
 use super::plan::{plan_for, set_apparmor};
 use super::{Ceiling, SandboxError};
+use crate::state::SandboxDir;
+
+/// The plan a sandbox was created with (`plan.json`). A sandbox that an older runtime created
+/// has none: its plan is derived again from its saved ceiling and `hardened` spec, as that
+/// runtime did.
+pub fn saved_plan(dir: &SandboxDir, hardened: &Spec) -> Result<SandboxPlan, SandboxError> {
+    if let Some(plan) = dir.plan().read_if_present::<SandboxPlan>()? {
+        return Ok(plan);
+    }
+    let ceiling = Ceiling::load_saved(dir)?;
+    let (policy, layers) = effective_for_exec(&ceiling, hardened)?;
+    Ok(SandboxPlan { policy, layers })
+}
 
 /// The effective policy of a running sandbox (for exec): the saved ceiling
 /// narrowed by the annotations of its hardened spec.
-pub fn effective_for_exec(
+fn effective_for_exec(
     ceiling: &Ceiling,
     hardened: &Spec,
 ) -> Result<(SandboxPolicy, LayerPlan), SandboxError> {

@@ -26,7 +26,7 @@ pub mod profiles;
 mod protected;
 
 pub use ceiling::{Ceiling, DEFAULT_PROFILE};
-pub use exec::{effective_for_exec, harden_exec};
+pub use exec::{harden_exec, saved_plan};
 pub use mount_dir::mount_dir;
 pub use overlay::overlay_dirs;
 pub use plan::host_support;

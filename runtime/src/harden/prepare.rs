@@ -95,15 +95,17 @@ fn host_namespaces(spec: &Spec) -> Vec<libcontainer::oci_spec::runtime::LinuxNam
         .collect()
 }
 
-/// Hardens `spec` under `ceiling` with the runtime's facts (the policy compiler,
-/// `harden_spec`), sets the AppArmor profile the layer plan applies, and builds the
+/// Hardens `spec` under the sandbox's `effective` policy (compiled once, by create's host
+/// phase, from `ceiling` and the spec's annotations) with the runtime's facts (the policy
+/// compiler, `harden_spec_under`), sets the AppArmor profile the layer plan applies, and builds the
 /// executor for the layers the plan applies.
-pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared, SandboxError> {
+pub fn prepare(
+    ceiling: &Ceiling,
+    effective: SandboxPolicy,
+    spec: Spec,
+    facts: &Facts,
+) -> Result<Prepared, SandboxError> {
     let requested = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
-    let annotations = spec.annotations().clone().unwrap_or_default();
-    let effective =
-        harden::effective_policy_with(&annotations, &ceiling.policy, ceiling.admin_profile())
-            .map_err(SandboxError::Harden)?;
     let map = id_mapping(&facts.ids);
     // Protected paths that exist in the host workspace are bound read-only over
     // the overlay. A symlink is left out: binding it would follow the link on
@@ -124,7 +126,7 @@ pub fn prepare(ceiling: &Ceiling, spec: Spec, facts: &Facts) -> Result<Prepared,
         profile: ceiling.admin_profile().cloned(),
     };
     let mut hardened =
-        harden::harden_spec(spec, &ceiling.policy, &ctx).map_err(SandboxError::Harden)?;
+        harden::harden_spec_under(spec, effective, &ctx).map_err(SandboxError::Harden)?;
     let plan = plan_for(&hardened.policy, &hardened.spec)?;
     if let Some(process) = hardened.spec.process_mut().as_mut() {
         set_apparmor(process, &hardened.policy, &plan);

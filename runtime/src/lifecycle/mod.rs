@@ -411,22 +411,21 @@ impl Runtime {
         Ok(self.dirs.sandbox(id).record().read()?)
     }
 
-    /// The effective policy of a created sandbox, as at create: its saved ceiling
-    /// narrowed by the annotations of its hardened spec (in `bundle`), with the
-    /// layer plan and that spec. Start, exec and the proxy all use this.
+    /// The effective policy of a created sandbox and its layer plan, as create compiled them
+    /// (`plan.json`), with its hardened spec (in `bundle`). Start, exec and the proxy all use
+    /// this.
     fn saved_policy(
         &self,
         id: &ContainerId,
         bundle: &Path,
     ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
-        let ceiling = crate::harden::Ceiling::load_saved(&self.dirs.sandbox(id))?;
         let config = bundle.join("config.json");
         let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
-        let (policy, plan) = crate::harden::effective_for_exec(&ceiling, &hardened)?;
-        Ok((policy, plan, hardened))
+        let plan = crate::harden::saved_plan(&self.dirs.sandbox(id), &hardened)?;
+        Ok((plan.policy, plan.layers, hardened))
     }
 }
 

@@ -14,13 +14,12 @@ impl Runtime {
         resources: &libcontainer::oci_spec::runtime::LinuxResources,
     ) -> Result<()> {
         let c = self.load(id)?;
-        let ceiling = crate::harden::Ceiling::load_saved(&self.dirs.sandbox(id))?;
         let config = c.bundle().join("config.json");
         let mut hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
-        let (policy, _) = crate::harden::effective_for_exec(&ceiling, &hardened)?;
+        let policy = crate::harden::saved_plan(&self.dirs.sandbox(id), &hardened)?.policy;
         crate::host::cgroups::check_update_within(resources, &policy)?;
         let resources = &crate::host::cgroups::update_resources(resources);
         let cfg = c.spec().map_err(container_err("update"))?;

@@ -99,6 +99,13 @@ pub fn rules(
     if let Ok(saved) = Ceiling::load_saved(sandbox_dir) {
         add(&saved.policy);
     }
+    // The policy the sandbox ran under, with an admin profile's own names.
+    if let Ok(Some(plan)) = sandbox_dir
+        .plan()
+        .read_if_present::<agent_sandbox_policy::SandboxPlan>()
+    {
+        add(&plan.policy);
+    }
     Ok(Rules::new(names.iter().map(String::as_str)))
 }
 

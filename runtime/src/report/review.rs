@@ -298,6 +298,18 @@ pub fn source(found: &Found) -> Result<ChangeSource, LifecycleError> {
     })
 }
 
+/// The policy a sandbox ran under: its plan's, or, for a sandbox an older runtime created, its
+/// saved ceiling.
+fn ran_under(dir: &crate::state::SandboxDir) -> Option<agent_sandbox_policy::SandboxPolicy> {
+    match dir
+        .plan()
+        .read_if_present::<agent_sandbox_policy::SandboxPlan>()
+    {
+        Ok(Some(plan)) => Some(plan.policy),
+        _ => Ceiling::load_saved(dir).ok().map(|c| c.policy),
+    }
+}
+
 /// The most `export` and `promote` may write for `source` (its files' data, holes kept,
 /// each hard-linked file once), checked before anything is read: the sandbox's
 /// `workspace_size` (its quota image, else the policy it ran under), and the ceiling policy's
@@ -308,9 +320,8 @@ pub fn size_limit(source: &ChangeSource, policy: Option<&Path>) -> Result<SizeLi
     let mut limits: Vec<(u64, String)> = Vec::new();
     if let Some(bytes) = source.quota_bytes {
         limits.push((bytes, "the sandbox's workspace_size".to_owned()));
-    } else if let Some(size) = Ceiling::load_saved(&source.dirs.sandbox(&source.container))
-        .ok()
-        .and_then(|c| c.policy.filesystem.workspace_size)
+    } else if let Some(size) =
+        ran_under(&source.dirs.sandbox(&source.container)).and_then(|p| p.filesystem.workspace_size)
     {
         limits.push((
             size.bytes(),

@@ -156,6 +156,13 @@ impl SandboxDir {
         self.file("ceiling.toml")
     }
 
+    /// `plan.json`: the sandbox's compiled plan (effective policy and layer plan), made once
+    /// by create's hardening phase; start, exec, `update`, the proxy and a pod's members read
+    /// it instead of deriving it again — `harden`.
+    pub fn plan(&self) -> JsonFile {
+        self.json("plan.json", Layout::Pretty, PRIVATE, Durability::Synced)
+    }
+
     /// `profile.toml`: the admin's profile that the sandbox's `io.agent.sandbox.profile`
     /// named, as create read it from the profiles directory (exec and a pod's members use
     /// this copy, never the directory again) — `harden::Ceiling`.
