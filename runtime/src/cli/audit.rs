@@ -65,11 +65,16 @@ pub(super) fn audit(
 
 /// `audit prune [--older-than DUR] [ID]`: `args` is `["prune"]` or `["prune", ID]`.
 fn prune(cli: &Cli, older_than: Option<&str>, args: &[String]) -> Result<(), CliError> {
-    let runtime = cli.runtime()?;
     let age = crate::report::audit::parse_age(older_than.unwrap_or("0s"))?;
-    let only = match args.get(1) {
-        Some(id) => Some(ContainerId::try_from(id.as_str())?),
-        None => None,
+    // An ID is found as every other command finds one (any name an engine showed, without
+    // `--root`); without one, the logs of `--root` (or the default root) are pruned.
+    let (runtime, only) = match args.get(1) {
+        Some(key) => {
+            let found =
+                crate::report::find::find(cli.root.as_deref(), cli.audit_dir.as_deref(), key)?;
+            (Runtime::new(Some(&found.root))?, Some(found.id))
+        }
+        None => (cli.runtime()?, None),
     };
     let dir = match &only {
         Some(id) => crate::report::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
