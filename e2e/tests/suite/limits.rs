@@ -289,3 +289,71 @@ fn remove_for_id(p: Podman, name: &str) -> anyhow::Result<String> {
     p.run_ok(&["rm", name])?;
     Ok(id)
 }
+
+/// A frozen sandbox's wall clock stands still. A 3 s wall clock, frozen (`ctr task pause`)
+/// right after start for 5 s: the sandbox is still running a second after `resume`, then the
+/// wall clock ends it with its cause recorded, and the log has the `paused` and `resumed`
+/// records with the freeze's length. A watchdog that only sleeps kills it while frozen, and
+/// it is gone at `resume`. The same pause and resume under runc leave the task running.
+#[test]
+fn ctr_paused_sandbox_keeps_its_wall_clock_until_resumed() -> anyhow::Result<()> {
+    ctr::require_containerd()?;
+    let id = unique_id("lm-pause");
+    let (c, _) = ctr::Container::sleeping(
+        Shim::AgentSandbox,
+        &["--annotation", "io.agent.sandbox.wall-clock=3s"],
+        &id,
+    )?;
+    let paused = c.task_cmd(&["pause"], &[])?;
+    ensure!(paused.success(), "{paused}");
+    c.wait_status("PAUSED", std::time::Duration::from_secs(10))?;
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let resumed = c.task_cmd(&["resume"], &[])?;
+    ensure!(resumed.success(), "{resumed}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let task = c.task()?;
+    ensure!(
+        task.as_ref().is_some_and(|(_, s)| s == "RUNNING"),
+        "the sandbox did not outlive its freeze: {task:?}"
+    );
+    c.wait_status("STOPPED", std::time::Duration::from_secs(15))?;
+    let root = format!("{}/{}", ctr::RUNTIME_ROOT, ctr::NAMESPACE);
+    // The shim records the init's exit as it publishes it: poll for the record.
+    let start = std::time::Instant::now();
+    while !of_kind(&net::read_audit(&log_of(&root, &id))?, "exit")
+        .iter()
+        .any(|r| r["data"]["process"] == "init")
+        && start.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    expect_wall_clock_exit(&root, &id)?;
+    let records = net::read_audit(&log_of(&root, &id))?;
+    let kinds: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r["kind"].as_str())
+        .filter(|k| matches!(*k, "paused" | "resumed" | "exit"))
+        .collect();
+    ensure!(
+        kinds.starts_with(&["paused", "resumed"]),
+        "expected paused, resumed, then the exit: {kinds:?}"
+    );
+    let frozen_ms = of_kind(&records, "resumed")[0]["data"]["frozen_ms"]
+        .as_u64()
+        .unwrap_or_default();
+    ensure!(
+        (4_500..20_000).contains(&frozen_ms),
+        "the resumed record should count about 5 s frozen, got {frozen_ms} ms"
+    );
+    let text = timeline(&root, &id)?;
+    ensure!(text.contains("thawed after"), "{text}");
+    drop(c);
+
+    let base_id = unique_id("lm-pause-runc");
+    let (b, _) = ctr::Container::sleeping(Shim::RuncV2, &[], &base_id)?;
+    ensure!(b.task_cmd(&["pause"], &[])?.success());
+    b.wait_status("PAUSED", std::time::Duration::from_secs(10))?;
+    ensure!(b.task_cmd(&["resume"], &[])?.success());
+    b.wait_status("RUNNING", std::time::Duration::from_secs(10))?;
+    Ok(())
+}

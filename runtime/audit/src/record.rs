@@ -274,6 +274,14 @@ pub enum Event {
         /// Why it could not be applied.
         reason: String,
     },
+    /// The sandbox was frozen (`pause`): its wall clock stands still until `resumed`.
+    Paused {},
+    /// The sandbox was thawed (`resume`) after `frozen_ms` frozen, which its wall clock does
+    /// not count.
+    Resumed {
+        /// How long this freeze lasted, in milliseconds.
+        frozen_ms: u64,
+    },
     /// A cgroup limit refused the sandbox something during its life; written once, at
     /// delete, with the kernel's count.
     LimitHit {
@@ -381,6 +389,8 @@ impl Event {
             Event::LayerInactive { .. } => "layer_inactive",
             Event::Approval { .. } => "approval",
             Event::LimitHit { .. } => "limit_hit",
+            Event::Paused {} => "paused",
+            Event::Resumed { .. } => "resumed",
             Event::Truncated { .. } => "truncated",
             Event::Summary { .. } => "summary",
         }

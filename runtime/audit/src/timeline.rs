@@ -344,6 +344,10 @@ fn details(event: &Event) -> String {
             s.pop();
             s
         }
+        Event::Paused {} => "frozen; the wall clock stands still".to_owned(),
+        Event::Resumed { frozen_ms } => {
+            format!("thawed after {frozen_ms} ms frozen; the wall clock runs again")
+        }
         Event::LimitHit { limit, count, max } => {
             let mut s = format!("{}: the kernel refused {count} time(s)", esc(limit));
             if let Some(m) = max {

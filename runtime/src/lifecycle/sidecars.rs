@@ -19,6 +19,17 @@ impl Runtime {
             None => self.load(id)?.pid(),
         };
         std::thread::sleep(std::time::Duration::from_secs(seconds));
+        // Time frozen (`pause`) does not count: wait it out too, freeze after freeze.
+        let mut credited = std::time::Duration::ZERO;
+        loop {
+            let frozen = super::pause::frozen_so_far(&self.dirs.sandbox(id));
+            let Some(owed) = frozen.checked_sub(credited).filter(|o| !o.is_zero()) else {
+                break;
+            };
+            tracing::debug!(id = %id, owed_ms = owed.as_millis(), "the sandbox stood frozen: the wall clock waits longer");
+            credited = frozen;
+            std::thread::sleep(owed);
+        }
         let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         if c.pid() != pid || c.status() == ContainerStatus::Stopped {

@@ -336,6 +336,16 @@ fn counter(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The sandbox was frozen (`pause`).
+pub fn paused(dirs: &StateDirs, id: &ContainerId) -> Result<(), AuditError> {
+    append(dirs, id, &[Event::Paused {}])
+}
+
+/// The sandbox was thawed (`resume`) after `frozen_ms` frozen.
+pub fn resumed(dirs: &StateDirs, id: &ContainerId, frozen_ms: u64) -> Result<(), AuditError> {
+    append(dirs, id, &[Event::Resumed { frozen_ms }])
+}
+
 /// The watchdog is about to SIGKILL the sandbox for its `wall_clock` limit of `seconds`:
 /// the `exit` records of the processes it kills name the wall clock as their cause.
 pub fn wall_clock_fired(dirs: &StateDirs, id: &ContainerId, seconds: u64) {

@@ -202,6 +202,17 @@ impl SandboxDir {
         )
     }
 
+    /// `frozen.json`: when the sandbox was frozen and for how long, which its wall clock does
+    /// not count — `lifecycle::pause`, read by the watchdog.
+    pub fn frozen(&self) -> JsonFile {
+        self.json(
+            "frozen.json",
+            Layout::Compact,
+            DEFAULT,
+            Durability::Replaced,
+        )
+    }
+
     /// `watchdog.pid`: the wall-clock watchdog's pid — `lifecycle`.
     pub fn watchdog_pid(&self) -> PathBuf {
         self.file("watchdog.pid")
