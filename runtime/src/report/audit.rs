@@ -426,12 +426,19 @@ pub struct ExitReport {
     pub reaped_by: Option<String>,
 }
 
+/// How long an `exit` record waits for the supervisor to have written the process's
+/// `fs_denied` records ([`crate::sidecars::fs_audit::fence`]).
+const EXIT_FENCE_LIMIT: Duration = Duration::from_millis(500);
+
 /// Appends the `exit` record of one process: the OOM flag is set when the
 /// sandbox's memory cgroup counted kills since the previous `exit` record.
 pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result<(), AuditError> {
     if !claim_exec_exit(dirs, id, report) {
         return Ok(());
     }
+    // The process's Landlock denials, which the supervisor reads from the kernel after the
+    // fact, go before its exit.
+    crate::sidecars::fs_audit::fence(&dirs.sandbox(id), EXIT_FENCE_LIMIT);
     let mut st = load_state(dirs, id);
     let kills = st.memory_cgroup.as_deref().and_then(oom_kills);
     let oom = kills.is_some_and(|k| k > st.oom_seen);
