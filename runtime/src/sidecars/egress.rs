@@ -734,6 +734,7 @@ fn net_record(event: &EgressEvent) -> Option<Event> {
             }),
         tool_call_id: event.tool_call_id.clone(),
         tool_call_claimed: event.tool_call_claimed.clone(),
+        container: event.container.clone(),
     })
 }
 
@@ -761,6 +762,7 @@ mod tests {
             duration: std::time::Duration::ZERO,
             credential: None,
             tool_call_id: None,
+            container: None,
             tool_call_claimed: None,
         }
     }
