@@ -250,6 +250,74 @@ fn cri_pod_and_container_names_reach_every_command_and_the_pods_network_records(
     Ok(())
 }
 
+/// A pod's one proxy writes every container's connections into the pod sandbox's log; each
+/// `net` record names the member container whose process opened it (found from the host:
+/// socket inode, its holders, their cgroup), so `audit POD/CONTAINER` shows that
+/// container's connections only, while `audit POD` shows all of them. Two containers of
+/// one pod each fetch once, from a path of their own.
+#[test]
+fn cri_pod_net_records_name_the_member_container_that_connected() -> anyhow::Result<()> {
+    net::ensure_test_hosts()?;
+    let cri = Cri::connect()?;
+    cri.require_image(PAUSE_IMAGE)?;
+    cri.require_image(TOOLS_IMAGE)?;
+    let registry = HttpServer::start(REGISTRY_IP, "names-members")?;
+    let pod_name = harness::unique("nm", "two");
+    let pod = Pod::run(&cri, pod_config(&pod_name, &[]), &cri::e2e_handler()?)?;
+    let mut ids = Vec::new();
+    for name in ["left", "right"] {
+        let config = container_config(name, TOOLS_IMAGE, &["sleep", "3600"], &[]);
+        let id = pod.start(&config)?;
+        let fetch = format!(
+            "curl -sS -m 15 -o /dev/null -w '%{{http_code}}' http://{REGISTRY_HOST}:{}/from-{name}",
+            registry.port()
+        );
+        let out = cri.exec_sync(&id, &["sh", "-c", &fetch], 30)?;
+        ensure!(out.stdout.contains("200"), "{name}: {}", out.output());
+        ids.push((name, id));
+    }
+    let fetched = |rs: &[Value], name: &str| {
+        rs.iter()
+            .filter(|r| r["kind"] == "net" && r["data"]["path"] == format!("/from-{name}"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let pods = records(&pod_name)?;
+    for (name, id) in &ids {
+        let all = fetched(&pods, name);
+        ensure!(
+            all.len() == 1 && all[0]["data"]["container"] == id.as_str(),
+            "the pod's record of {name}'s fetch does not name {id}: {pods:#?}"
+        );
+        let key = format!("{pod_name}/{name}");
+        let mine = records(&key)?;
+        let other = if *name == "left" { "right" } else { "left" };
+        ensure!(
+            fetched(&mine, name).len() == 1 && fetched(&mine, other).is_empty(),
+            "audit {key} does not show exactly its own connection: {mine:#?}"
+        );
+        ensure!(
+            mine.iter()
+                .filter(|r| r["kind"] == "net")
+                .all(|r| r["data"]["container"] == id.as_str()),
+            "audit {key} shows another container's connection: {mine:#?}"
+        );
+        let text = harness::runtime_ok(&["audit", &key])?;
+        ensure!(
+            text.stdout.contains(&format!("/from-{name}"))
+                && !text.stdout.contains(&format!("/from-{other}")),
+            "{text}"
+        );
+    }
+    let pod_id = pod.id.clone();
+    pod.remove()?;
+    let k8s_root = format!("{}/k8s.io", ctr::RUNTIME_ROOT);
+    for ended in ids.iter().map(|(_, id)| id).chain([&pod_id]) {
+        let _ = harness::runtime(&["--root", &k8s_root, "audit", "prune", ended]);
+    }
+    Ok(())
+}
+
 #[test]
 fn ctr_exec_id_names_the_tool_call_of_the_exec_and_exit_records() -> anyhow::Result<()> {
     ctr::require_containerd()?;

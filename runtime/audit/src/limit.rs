@@ -661,6 +661,7 @@ mod tests {
             credential: None,
             tool_call_id: None,
             tool_call_claimed: None,
+            container: None,
         }
     }
 

@@ -126,6 +126,12 @@ pub enum Event {
         /// The tool call the request's header named: written by the sandbox, so only a claim.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_call_claimed: Option<String>,
+        /// In a pod's log (one proxy serves every container of the pod), the id of the
+        /// member container whose process opened the connection, as the runtime found it
+        /// from the host; none when no member holds it (the pod sandbox's own processes) or
+        /// it could not be told.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container: Option<String>,
     },
     /// The seccomp filter refused a syscall.
     SyscallDenied {

@@ -145,6 +145,7 @@ fn details(event: &Event) -> String {
             credential,
             tool_call_id,
             tool_call_claimed,
+            container,
         } => {
             let v = match verdict {
                 Verdict::Allow => "ALLOW",
@@ -178,6 +179,9 @@ fn details(event: &Event) -> String {
                 );
             }
             tool_calls(&mut s, tool_call_id, tool_call_claimed);
+            if let Some(c) = container {
+                let _ = write!(s, "  [container {}]", esc(c));
+            }
             s
         }
         Event::SyscallDenied {

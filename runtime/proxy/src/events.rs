@@ -136,6 +136,10 @@ pub struct EgressEvent {
     /// it (`crate::ToolCalls`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// In a pod, the member container whose process opened the connection, as the runtime
+    /// knows it (`crate::ToolCalls`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     /// The tool call the request's header claimed: written by the sandbox.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_claimed: Option<String>,
@@ -194,6 +198,7 @@ mod tests {
             duration: Duration::from_micros(1500),
             credential: None,
             tool_call_id: None,
+            container: None,
             tool_call_claimed: None,
         };
         let json = serde_json::to_value(&event).unwrap();

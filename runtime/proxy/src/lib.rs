@@ -37,8 +37,8 @@ pub use listener::{
     ListenerError, TransparentError, TransparentSockets, bind_in_netns, transparent_in_netns,
 };
 pub use proxy::{
-    DENIED_HEADER, DENIED_REASON, DNS_REFUSED_RULE, ERROR_HEADER, HOST_MISMATCH_RULE, Proxy,
-    ProxyConfig, ProxyError, SNI_MISMATCH_RULE, SNI_UNREADABLE_RULE, ToolCalls,
+    DENIED_HEADER, DENIED_REASON, DNS_REFUSED_RULE, ERROR_HEADER, HOST_MISMATCH_RULE, Origin,
+    Proxy, ProxyConfig, ProxyError, SNI_MISMATCH_RULE, SNI_UNREADABLE_RULE, ToolCalls,
 };
 pub use resolve::{
     BoxFuture, DNS_CACHE_ENTRIES, DnsResolver, ResolveError, Resolver, StaticResolver,

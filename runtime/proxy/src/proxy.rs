@@ -53,17 +53,29 @@ pub struct ProxyConfig {
     /// TLS termination for the `https` entries of `credentials` (none: every tunnel is opaque).
     pub tls: Option<Arc<TlsInterceptor>>,
     /// Who opened a connection, as the runtime knows it: the tool call of the exec whose
-    /// process holds the sandbox's end (none: no connection is attributed).
+    /// process holds the sandbox's end, and in a pod the member container it runs in (none:
+    /// no connection is attributed).
     pub tool_calls: Option<Arc<dyn ToolCalls>>,
 }
 
-/// Finds the tool call a connection belongs to from outside the sandbox (the runtime's
-/// attribution, `agent-sandbox`'s `sidecars/tool_calls.rs`): never from what the sandbox
-/// sends. Called on a blocking thread, once per connection, while its client waits.
+/// Who opened a connection, as the runtime found it from outside the sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The tool-call id of the exec whose process holds the sandbox's end.
+    pub tool_call_id: Option<String>,
+    /// In a pod (one proxy for every container), the id of the member container whose
+    /// process holds it.
+    pub container: Option<String>,
+}
+
+/// Finds the tool call (and, in a pod, the container) a connection belongs to from outside
+/// the sandbox (the runtime's attribution, `agent-sandbox`'s `sidecars/tool_calls.rs`):
+/// never from what the sandbox sends. Called on a blocking thread, once per connection,
+/// while its client waits.
 pub trait ToolCalls: Send + Sync + std::fmt::Debug {
-    /// The tool-call id of the exec whose process holds the socket connected from `client`
-    /// (the address the proxy saw, in the sandbox's network namespace).
-    fn of(&self, client: SocketAddr) -> Option<String>;
+    /// Who holds the socket connected from `client` (the address the proxy saw, in the
+    /// sandbox's network namespace).
+    fn of(&self, client: SocketAddr) -> Origin;
 }
 
 impl Default for ProxyConfig {
@@ -390,8 +402,8 @@ struct Record {
     resolved: Option<SocketAddr>,
     /// The tool call the request's header claimed (`X-Agent-Sandbox-Tool-Call`).
     tool_call: Option<String>,
-    /// The runtime's tool call of the connection, once looked up (`ProxyConfig::tool_calls`).
-    tool_call_id: Option<Option<String>>,
+    /// Who opened the connection, once looked up (`ProxyConfig::tool_calls`).
+    origin: Option<Origin>,
     /// The relay ran to its end: both sides are done, nothing is left to drain.
     relayed: bool,
     /// The credential the proxy added to this connection's requests.
@@ -512,7 +524,7 @@ impl Inner {
             address_rule: None,
             resolved: None,
             tool_call: None,
-            tool_call_id: None,
+            origin: None,
             relayed: false,
             credential: None,
         }
@@ -924,7 +936,7 @@ impl Inner {
     /// answers. The returned stream is connected to an address that passed the checks.
     #[expect(clippy::too_many_lines)]
     async fn open(&self, host: &Host, port: u16, rec: &mut Record) -> Result<TcpStream, Refusal> {
-        if rec.tool_call_id.is_none() {
+        if rec.origin.is_none() {
             // While the client waits for this answer its socket is still open, so the
             // process holding it can be found.
             let found = match &self.config.tool_calls {
@@ -932,17 +944,16 @@ impl Inner {
                     let (t, client) = (Arc::clone(t), rec.client);
                     tokio::task::spawn_blocking(move || t.of(client))
                         .await
-                        .ok()
-                        .flatten()
+                        .unwrap_or_default()
                 }
-                None => None,
+                None => Origin::default(),
             };
-            rec.tool_call_id = Some(found);
+            rec.origin = Some(found);
         }
         let decided = match &self.config.approvals {
             Some(approvals) => {
                 let tool_call = crate::approval::ToolCall {
-                    id: rec.tool_call_id.as_ref().and_then(|t| t.as_deref()),
+                    id: rec.origin.as_ref().and_then(|o| o.tool_call_id.as_deref()),
                     claimed: rec.tool_call.as_deref(),
                 };
                 approvals
@@ -1058,7 +1069,8 @@ impl Inner {
             bytes_down: counters.down.load(Ordering::Relaxed),
             duration: rec.start.elapsed(),
             credential: rec.credential.clone(),
-            tool_call_id: rec.tool_call_id.clone().flatten(),
+            tool_call_id: rec.origin.as_ref().and_then(|o| o.tool_call_id.clone()),
+            container: rec.origin.as_ref().and_then(|o| o.container.clone()),
             tool_call_claimed: rec.tool_call.clone(),
         };
         tracing::info!(

@@ -436,12 +436,19 @@ pub struct ExitReport {
     pub reaped_by: Option<String>,
 }
 
+/// How long an `exit` record waits for the supervisor to have written the process's
+/// `fs_denied` records ([`crate::sidecars::fs_audit::fence`]).
+const EXIT_FENCE_LIMIT: Duration = Duration::from_millis(500);
+
 /// Appends the `exit` record of one process: the OOM flag is set when the
 /// sandbox's memory cgroup counted kills since the previous `exit` record.
 pub fn exited(dirs: &StateDirs, id: &ContainerId, report: &ExitReport) -> Result<(), AuditError> {
     if !claim_exec_exit(dirs, id, report) {
         return Ok(());
     }
+    // The process's Landlock denials, which the supervisor reads from the kernel after the
+    // fact, go before its exit.
+    crate::sidecars::fs_audit::fence(&dirs.sandbox(id), EXIT_FENCE_LIMIT);
     let mut st = load_state(dirs, id);
     let kills = st.memory_cgroup.as_deref().and_then(oom_kills);
     let oom = kills.is_some_and(|k| k > st.oom_seen);
@@ -599,7 +606,7 @@ pub fn show(log: &Path, pod: Option<&PodLog>, json: bool) -> Result<String, Audi
             let Ok(r) = serde_json::from_str::<agent_sandbox_audit::Record>(line) else {
                 continue;
             };
-            if is_network(&r.event) {
+            if pod.shows(&r.event) {
                 out.push_str(line);
                 out.push('\n');
             }
@@ -608,10 +615,10 @@ pub fn show(log: &Path, pod: Option<&PodLog>, json: bool) -> Result<String, Audi
     }
     let records: Vec<_> = agent_sandbox_audit::read_records(&pod.path)?
         .into_iter()
-        .filter(|r| is_network(&r.event))
+        .filter(|r| pod.shows(&r.event))
         .collect();
     out.push_str(&format!(
-        "# the pod's network records: one egress proxy serves every container of pod sandbox {} (its log: {})\n",
+        "# the pod's network records: one egress proxy serves every container of pod sandbox {} (its log: {}); shown: this container's connections, the pod's approvals and summaries\n",
         pod.pod,
         agent_sandbox_audit::escape::escape_path(&pod.path)
     ));
@@ -625,6 +632,21 @@ pub fn show(log: &Path, pod: Option<&PodLog>, json: bool) -> Result<String, Audi
 pub struct PodLog {
     pub pod: ContainerId,
     pub path: PathBuf,
+    /// The app container whose view this is.
+    pub member: ContainerId,
+}
+
+impl PodLog {
+    /// Whether the member's view shows a record of the pod's log: the `net` records of its
+    /// own connections (the proxy names the container, docs/audit.md#pods), and the pod's
+    /// approvals and summaries, which name no container.
+    fn shows(&self, event: &Event) -> bool {
+        match event {
+            Event::Net { container, .. } => container.as_deref() == Some(self.member.as_str()),
+            Event::Approval { .. } | Event::Summary { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// The pod log of sandbox `id`, when it is a pod's app container whose pod's log is kept
@@ -632,15 +654,11 @@ pub struct PodLog {
 pub fn pod_log(dirs: &StateDirs, id: &ContainerId, configured: Option<&Path>) -> Option<PodLog> {
     let pod = crate::report::find::pod_of(&dir_of(dirs, id, configured), id)?;
     let path = locate(dirs, &pod, configured).ok()?;
-    path.exists().then_some(PodLog { pod, path })
-}
-
-/// The records the pod's proxy writes: connections, approvals and their summaries.
-fn is_network(event: &Event) -> bool {
-    matches!(
-        event,
-        Event::Net { .. } | Event::Approval { .. } | Event::Summary { .. }
-    )
+    path.exists().then_some(PodLog {
+        pod,
+        path,
+        member: id.clone(),
+    })
 }
 
 /// Parses `--older-than`: a number with `s`, `m`, `h` or `d` (`90m`, `7d`).

@@ -735,6 +735,7 @@ fn net_record(event: &EgressEvent) -> Option<Event> {
             }),
         tool_call_id: event.tool_call_id.clone(),
         tool_call_claimed: event.tool_call_claimed.clone(),
+        container: event.container.clone(),
     })
 }
 
@@ -762,6 +763,7 @@ mod tests {
             duration: std::time::Duration::ZERO,
             credential: None,
             tool_call_id: None,
+            container: None,
             tool_call_claimed: None,
         }
     }

@@ -244,6 +244,70 @@ impl AsFd for KernelAudit {
     }
 }
 
+/// `LANDLOCK_ACCESS_NET_CONNECT_TCP`: the one right the fence's ruleset handles.
+const NET_CONNECT_TCP: u64 = 1 << 1;
+
+/// The port the fence's probe connects to (any: its ruleset grants none).
+const FENCE_PORT: u16 = 1;
+
+/// Waits, at most `limit`, until the sandbox's supervisor has read every kernel audit
+/// record made before this call, and written the `fs_denied` records among them: the
+/// writer of an `exit` record calls it first, so that the denials of a process that has
+/// ended come before its exit in the log.
+///
+/// The kernel hands its audit records to readers in the order they were made (one queue,
+/// one thread). So a record made now is a fence: once the supervisor has read it, it has
+/// read all before. The record is the supervisor's own handshake, a Landlock probe
+/// ([`agent_sandbox_audit::kernel`]): a thread of this process restricts itself with a
+/// ruleset that refuses every TCP connect, makes one, and announces it over the
+/// supervisor's socket as any probed process does; the supervisor answers with one byte
+/// once the probe's record came, after it wrote what the records before it completed.
+/// The handover's listener is the read end of a pipe already closed at the other end,
+/// which the supervisor drops at once. Nothing to wait for when `fs_denied` is inactive;
+/// a supervisor that is gone or does not answer in time costs only the order.
+pub fn fence(sandbox_dir: &SandboxDir, limit: std::time::Duration) {
+    if !FsAuditStatus::load(sandbox_dir).is_some_and(|s| s.active) {
+        return;
+    }
+    if let Err(e) = try_fence(sandbox_dir, limit) {
+        tracing::debug!(error = %e, "no kernel audit fence before the exit record");
+    }
+}
+
+fn try_fence(sandbox_dir: &SandboxDir, limit: std::time::Duration) -> std::io::Result<()> {
+    use agent_sandbox_sys::seccomp_notify::{self, Handover};
+    use std::io::Read;
+    let stream = crate::sidecars::syscall_audit::connect(sandbox_dir)
+        .map(std::os::unix::net::UnixStream::from)
+        .map_err(std::io::Error::other)?;
+    let (dead, writer) = std::io::pipe()?;
+    drop(writer);
+    seccomp_notify::send_fd(
+        stream.as_fd(),
+        dead.as_fd(),
+        Handover::Probed { port: FENCE_PORT },
+    )?;
+    // Landlock restricts the calling thread only: the probe runs in one of its own.
+    std::thread::scope(|s| s.spawn(probe).join())
+        .map_err(|_| std::io::Error::other("the fence's probe thread panicked"))??;
+    stream.set_read_timeout(Some(limit))?;
+    (&stream).read_exact(&mut [0u8; 1])
+}
+
+/// Restricts the calling thread so that every TCP connect is refused, and makes one: its
+/// audit record is the fence.
+fn probe() -> std::io::Result<()> {
+    use agent_sandbox_sys::landlock_ruleset::RawRuleset;
+    nix::sys::prctl::set_no_new_privs().map_err(std::io::Error::from)?;
+    RawRuleset::create(0, NET_CONNECT_TCP)?.restrict_self(0)?;
+    match std::net::TcpStream::connect((agent_sandbox_audit::kernel::PROBE_ADDR, FENCE_PORT)) {
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(()),
+        other => Err(std::io::Error::other(format!(
+            "the fence's probe was not refused by Landlock ({other:?})"
+        ))),
+    }
+}
+
 /// Whether a `/proc/self/uid_map` is the initial user namespace's (the identity map of
 /// every id).
 fn initial_user_namespace(uid_map: &str) -> bool {

@@ -21,11 +21,15 @@
 //! between two execs' trees make it ambiguous (no tool call); a connection whose process
 //! closed its socket before the proxy looked has none. A pod's proxy searches its app
 //! containers' processes and tags too (they share its network namespace), so their execs'
-//! connections carry their tool calls.
+//! connections carry their tool calls, and it names the member container whose cgroup
+//! lists the socket's holders (`container` in the `net` record; none for the pod
+//! sandbox's own processes, or when holders in two containers share the socket).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+
+use agent_sandbox_proxy::Origin;
 
 use crate::state::{ContainerId, SandboxDir, StateDirs};
 
@@ -127,10 +131,12 @@ pub struct ExecTags {
     pod: Option<(StateDirs, ContainerId)>,
 }
 
-/// One sandbox whose processes may hold a connection: its init and its tag directory.
+/// One sandbox whose processes may hold a connection: its init and its tag directory, and
+/// for a pod's app container its id (none: the sandbox the proxy serves itself).
 struct Holder {
     init: i32,
     tags: PathBuf,
+    member: Option<ContainerId>,
 }
 
 impl ExecTags {
@@ -153,6 +159,7 @@ impl ExecTags {
         let mut out = vec![Holder {
             init: self.init,
             tags: self.tags.clone(),
+            member: None,
         }];
         let Some((dirs, id)) = &self.pod else {
             return out;
@@ -170,6 +177,7 @@ impl ExecTags {
             out.push(Holder {
                 init,
                 tags: dirs.sandbox(&member).audit_exec_tags(),
+                member: Some(member),
             });
         }
         out
@@ -191,10 +199,11 @@ impl ExecTags {
             .collect()
     }
 
-    /// The sandboxes' processes: each init's cgroup's `cgroup.procs` (execs join it).
-    fn procs(holders: &[Holder]) -> BTreeSet<i32> {
-        let mut procs = BTreeSet::new();
-        for h in holders {
+    /// The sandboxes' processes: each init's cgroup's `cgroup.procs` (execs join it), with
+    /// the index of the holder whose cgroup lists them.
+    fn procs(holders: &[Holder]) -> BTreeMap<i32, usize> {
+        let mut procs = BTreeMap::new();
+        for (i, h) in holders.iter().enumerate() {
             let dirs = crate::host::cgroups::dirs_of(&crate::host::cgroups::RealHost, h.init);
             let from_cgroup = ["pids", "memory", "unified"]
                 .iter()
@@ -204,17 +213,18 @@ impl ExecTags {
                 from_cgroup
                     .unwrap_or_default()
                     .lines()
-                    .filter_map(|l| l.trim().parse::<i32>().ok()),
+                    .filter_map(|l| l.trim().parse::<i32>().ok())
+                    .map(|pid| (pid, i)),
             );
-            procs.insert(h.init);
+            procs.insert(h.init, i);
         }
         procs
     }
 
-    fn holding(procs: &BTreeSet<i32>, inode: u64) -> Vec<i32> {
+    fn holding(procs: &BTreeMap<i32, usize>, inode: u64) -> Vec<i32> {
         let want = format!("socket:[{inode}]");
         procs
-            .iter()
+            .keys()
             .copied()
             .filter(|pid| {
                 std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
@@ -226,37 +236,61 @@ impl ExecTags {
             .collect()
     }
 
-    fn lookup(&self, client: SocketAddr) -> Option<String> {
+    fn lookup(&self, client: SocketAddr) -> Origin {
         let holders = self.holders();
         let tagged = Self::tagged(&holders);
-        if tagged.is_empty() {
-            return None;
+        // Outside a pod, with no tagged process, there is nothing to name.
+        if tagged.is_empty() && holders.len() == 1 {
+            return Origin::default();
         }
         let net = Path::new("/proc").join(self.init.to_string()).join("net");
-        let inode = ["tcp", "tcp6"]
+        let Some(inode) = ["tcp", "tcp6"]
             .iter()
-            .find_map(|t| socket_inode(&std::fs::read_to_string(net.join(t)).ok()?, client))?;
+            .find_map(|t| socket_inode(&std::fs::read_to_string(net.join(t)).ok()?, client))
+        else {
+            return Origin::default();
+        };
         let procs = Self::procs(&holders);
-        let found: BTreeSet<Option<String>> = Self::holding(&procs, inode)
+        let holding = Self::holding(&procs, inode);
+        let calls: BTreeSet<Option<String>> = holding
             .iter()
             .map(|&pid| exec_of(pid, &procs, &tagged, stat))
             .collect();
-        match found.len() {
-            1 => found.into_iter().next().flatten(),
-            _ => None,
+        let members: BTreeSet<Option<&str>> = holding
+            .iter()
+            .map(|pid| {
+                procs
+                    .get(pid)
+                    .and_then(|&i| holders.get(i)?.member.as_ref())
+                    .map(ContainerId::as_str)
+            })
+            .collect();
+        Origin {
+            tool_call_id: only(calls).flatten(),
+            container: only(members).flatten().map(str::to_owned),
         }
+    }
+}
+
+/// The one value every holder of a socket leads to; none when they disagree (a socket
+/// passed between two execs' or two containers' processes) or nothing holds it.
+fn only<T>(found: BTreeSet<T>) -> Option<T> {
+    if found.len() == 1 {
+        found.into_iter().next()
+    } else {
+        None
     }
 }
 
 /// The tool call of the nearest tagged ancestor of `pid` (itself included) within `procs`.
 fn exec_of(
     mut pid: i32,
-    procs: &BTreeSet<i32>,
+    procs: &BTreeMap<i32, usize>,
     tagged: &BTreeMap<i32, (String, u64)>,
     stat: impl Fn(i32) -> Option<Stat>,
 ) -> Option<String> {
     for _ in 0..MAX_DEPTH {
-        if !procs.contains(&pid) {
+        if !procs.contains_key(&pid) {
             return None;
         }
         let s = stat(pid)?;
@@ -271,7 +305,7 @@ fn exec_of(
 }
 
 impl agent_sandbox_proxy::ToolCalls for ExecTags {
-    fn of(&self, client: SocketAddr) -> Option<String> {
+    fn of(&self, client: SocketAddr) -> Origin {
         self.lookup(client)
     }
 }
@@ -309,6 +343,14 @@ mod tests {
         assert_eq!(socket_inode(v6, "[::1]:40001".parse().unwrap()), Some(333));
     }
 
+    #[test]
+    fn a_socket_is_named_only_by_what_all_its_holders_agree_on() {
+        assert_eq!(only(BTreeSet::from([Some("a")])), Some(Some("a")));
+        assert_eq!(only(BTreeSet::from([Some("a"), Some("b")])), None);
+        assert_eq!(only(BTreeSet::from([Some("a"), None])), None);
+        assert_eq!(only(BTreeSet::<Option<&str>>::new()), None);
+    }
+
     /// The attack: a process of exec B (tagged `toolu_B`) sends a header naming
     /// `toolu_A_USER_APPROVED_THIS`; the runtime's attribution follows its parents to B.
     #[test]
@@ -324,7 +366,7 @@ mod tests {
             (50, (10, 99)),
         ]
         .into();
-        let procs: BTreeSet<i32> = parents.keys().copied().collect();
+        let procs: BTreeMap<i32, usize> = parents.keys().map(|&p| (p, 0)).collect();
         let tagged: BTreeMap<i32, (String, u64)> = [
             (20, ("toolu_A".to_owned(), 6)),
             (30, ("toolu_B".to_owned(), 8)),

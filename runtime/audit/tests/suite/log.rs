@@ -51,6 +51,7 @@ fn sample(i: u64) -> Event {
             credential: None,
             tool_call_id: None,
             tool_call_claimed: None,
+            container: None,
         },
         3 => Event::SyscallDenied {
             syscall: "ptrace".into(),
@@ -762,6 +763,7 @@ fn a_capped_log_ends_with_one_verifiable_truncated_record() -> Result<()> {
         credential: None,
         tool_call_id: None,
         tool_call_claimed: None,
+        container: None,
     };
     const CAP: u64 = 8192;
 
