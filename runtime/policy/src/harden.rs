@@ -4,7 +4,8 @@
 //!
 //! What the result always has, whatever came in:
 //! - a new user namespace with the id mappings the runtime chose (`HardenContext`), never
-//!   one that maps host uid 0; or, for a pod's app container, the user namespace of the
+//!   one that maps host uid 0 (id 0 of a rootless runtime's namespace is the invoking
+//!   user: [`HardenContext::parent_root_unprivileged`]); or, for a pod's app container, the user namespace of the
 //!   pod's sandbox container, pinned by the runtime (`HardenContext::pod`);
 //! - a new network namespace (or one the runtime created itself for this sandbox or its
 //!   pod), never a path that could be the host's; never a path taken from the spec;
@@ -240,6 +241,12 @@ pub struct HardenContext {
     pub uid_mappings: Vec<IdMapping>,
     /// gid mappings; same rules.
     pub gid_mappings: Vec<IdMapping>,
+    /// Id 0 of the namespace the mappings' host ids belong to is not host root: the runtime
+    /// runs in rootless podman's user namespace, where 0 is the invoking user. Mappings may
+    /// then start at host id 0 (the sandbox's root is that user, docs/workspace.md,
+    /// "Rootless"). The runtime reads it from its own id maps and checks the translation to
+    /// host ids again before libcontainer runs; `false` (the default) refuses host id 0.
+    pub parent_root_unprivileged: bool,
     /// Upper and work directories for the workspace overlay; required when the spec
     /// bind-mounts something at the policy's workspace path.
     pub workspace: Option<OverlayDirs>,
@@ -666,8 +673,18 @@ pub fn harden_spec_under(
     policy: SandboxPolicy,
     ctx: &HardenContext,
 ) -> Result<HardenedSpec, HardenError> {
-    check_mappings("uid", &ctx.uid_mappings, &policy)?;
-    check_mappings("gid", &ctx.gid_mappings, &policy)?;
+    check_mappings(
+        "uid",
+        &ctx.uid_mappings,
+        &policy,
+        ctx.parent_root_unprivileged,
+    )?;
+    check_mappings(
+        "gid",
+        &ctx.gid_mappings,
+        &policy,
+        ctx.parent_root_unprivileged,
+    )?;
 
     // Protected paths must be ones we asked the runtime to look for: a protected name at
     // the workspace's top or in one of its subdirectories.
@@ -1292,11 +1309,12 @@ fn check_mappings(
     kind: &'static str,
     mappings: &[IdMapping],
     policy: &SandboxPolicy,
+    parent_root_unprivileged: bool,
 ) -> Result<(), HardenError> {
     let mut total: u64 = 0;
     for m in mappings {
         let end = u64::from(m.host_id) + u64::from(m.size);
-        if m.size == 0 || m.host_id == 0 {
+        if m.size == 0 || (m.host_id == 0 && !parent_root_unprivileged) {
             return Err(HardenError::HostRootMapping {
                 container_id: m.container_id,
                 host_id: m.host_id,

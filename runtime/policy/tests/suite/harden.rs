@@ -28,6 +28,7 @@ pub fn ctx() -> HardenContext {
             host_id: 200_000,
             size: 65536,
         }],
+        parent_root_unprivileged: false,
         workspace: Some(OverlayDirs {
             upper: "/run/agent-sandbox/c1/upper".into(),
             work: "/run/agent-sandbox/c1/work".into(),
@@ -370,6 +371,12 @@ fn host_root_mapping_is_refused() {
     ctx.uid_mappings[0].host_id = 0;
     let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
     assert!(matches!(err, HardenError::HostRootMapping { .. }), "{err}");
+    // Rootless: id 0 of the runtime's namespace is the invoking user, and may be mapped.
+    ctx.gid_mappings[0].host_id = 0;
+    ctx.parent_root_unprivileged = true;
+    let hardened = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap();
+    let linux = hardened.spec.linux().as_ref().unwrap();
+    assert_eq!(linux.uid_mappings().as_ref().unwrap()[0].host_id(), 0);
     let mut ctx = self::ctx();
     ctx.gid_mappings[0].size = 1 << 20;
     let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
