@@ -104,6 +104,10 @@ pub enum HardenError {
         "HOME {home} is on the scratch area {scratch}, but no placeholders were given to keep its protected names unwritable"
     )]
     MissingPlaceholders { home: String, scratch: String },
+    #[error(
+        "credential store {path} is in the workspace, but no placeholders were given to mask it"
+    )]
+    MissingMaskPlaceholders { path: PathBuf },
     #[error("mount at {destination}: a writable {typ} outside the policy's writable paths")]
     WritableMount { destination: PathBuf, typ: String },
     #[error("mount at {destination}: path is not absolute and normalized")]
@@ -224,13 +228,17 @@ pub struct OverlayDirs {
 }
 
 /// A protected path: where it appears in the container and the host path that stays
-/// visible there read-only.
+/// visible there read-only, or, for a credential store, is masked.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProtectedMount {
     pub container_path: PathBuf,
     pub host_path: PathBuf,
     /// Written as a directory in the policy (`.ssh/`).
     pub dir: bool,
+    /// A credential store ([`crate::policy::is_secret`]): [`harden_spec`] binds an empty
+    /// read-only placeholder over it instead of the host path, so the sandbox reads nothing
+    /// there (docs/workspace.md#secret-names). Must agree with the name.
+    pub secret: bool,
 }
 
 /// What the runtime decided and found on the host; the only inputs besides the spec and
@@ -382,6 +390,7 @@ pub fn protected_path_candidates(spec: &Spec, policy: &SandboxPolicy) -> Vec<Pro
             container_path: workspace.join(&name),
             host_path: source.join(name.as_str()),
             dir: name.is_dir(),
+            secret: crate::policy::is_secret(&name),
         })
         .collect()
 }
@@ -407,6 +416,7 @@ pub fn protected_path_at(
         container_path: workspace.as_path().join(rel).join(name.as_str()),
         host_path: source.join(rel).join(name.as_str()),
         dir: name.is_dir(),
+        secret: crate::policy::is_secret(name),
     })
 }
 
@@ -430,6 +440,7 @@ fn is_protected_candidate(spec: &Spec, policy: &SandboxPolicy, p: &ProtectedMoun
                 .all(|c| matches!(c, std::path::Component::Normal(_)))
             && p.container_path == workspace.as_path().join(rel)
             && p.dir == name.is_dir()
+            && p.secret == crate::policy::is_secret(name)
     })
 }
 
@@ -1731,12 +1742,34 @@ fn harden_mounts(
             "nodev".to_owned(),
         ]));
         overlay.push(m);
-        // The protected binds go on top of the overlay, right after it.
+        // The protected binds go on top of the overlay, right after it; a credential store
+        // gets an empty placeholder instead of its host path (masked, not only read-only).
+        // Nothing is bound at or beneath a mask: it hides the whole name, and a mount point
+        // inside it would have to be made in the placeholder.
+        let masks: Vec<&Path> = ctx
+            .protected
+            .iter()
+            .filter(|p| p.secret)
+            .map(|p| p.container_path.as_path())
+            .collect();
         for p in &ctx.protected {
+            if !p.secret && masks.iter().any(|m| p.container_path.starts_with(m)) {
+                continue;
+            }
+            let source = if p.secret {
+                let ph = ctx.placeholders.as_ref().ok_or_else(|| {
+                    HardenError::MissingMaskPlaceholders {
+                        path: p.container_path.clone(),
+                    }
+                })?;
+                if p.dir { &ph.dir } else { &ph.file }
+            } else {
+                &p.host_path
+            };
             let mut m = Mount::default();
             m.set_destination(p.container_path.clone());
             m.set_typ(Some("bind".to_owned()));
-            m.set_source(Some(p.host_path.clone()));
+            m.set_source(Some(source.clone()));
             m.set_options(Some(
                 ["rbind", "ro", "nosuid", "nodev"]
                     .iter()
