@@ -80,6 +80,33 @@ pub struct Applied {
     /// For a pod's member: the pod sandbox whose user namespace (and caps) it shares.
     #[serde(default)]
     pub ucounts_pod: Option<String>,
+    /// The credential stores found in the workspace and masked, as container paths
+    /// ([`masked_secrets`]).
+    #[serde(default)]
+    pub masked_secrets: Vec<PathBuf>,
+}
+
+/// The workspace paths a placeholder is bound over in `spec` (the credential stores the
+/// runtime masked, docs/workspace.md#secret-names), in mount order.
+pub fn masked_secrets(
+    spec: &libcontainer::oci_spec::runtime::Spec,
+    policy: &agent_sandbox_policy::SandboxPolicy,
+    placeholders: &agent_sandbox_policy::harden::Placeholders,
+) -> Vec<PathBuf> {
+    let Some(workspace) = policy.filesystem.workspace.as_ref() else {
+        return Vec::new();
+    };
+    spec.mounts()
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.destination().starts_with(workspace.as_path())
+                && m.source()
+                    .as_ref()
+                    .is_some_and(|s| *s == placeholders.file || *s == placeholders.dir)
+        })
+        .map(|m| m.destination().clone())
+        .collect()
 }
 
 /// The sandbox's own user namespace as recorded at its create (a pod member reads its pod's).
@@ -136,6 +163,7 @@ pub fn record_create(
     init_pid: i32,
     ucounts: Option<crate::host::userns::OwnedUserns>,
     ucounts_pod: Option<String>,
+    masked_secrets: Vec<PathBuf>,
 ) -> Result<(), LayersError> {
     let process = spec.process().as_ref();
     let capabilities = process
@@ -200,6 +228,7 @@ pub fn record_create(
         init_reaper: crate::enforce::reaper::wanted(policy, spec),
         ucounts,
         ucounts_pod,
+        masked_secrets,
     }
     .save(sandbox_dir)
 }
@@ -302,6 +331,10 @@ pub fn report(
         "id": id.as_str(),
         "status": status,
         "userns": userns_report(&applied),
+        "workspace_secrets": {
+            "masked": applied.masked_secrets,
+            "how": "an empty read-only directory or file bound over each credential store (.ssh/, .gnupg/, .aws/, .netrc, ...) found in the workspace, rootful and rootless (docs/workspace.md#secret-names)",
+        },
         "readonly_rootfs": applied.readonly_rootfs,
         "no_new_privs": applied.no_new_privs,
         "capabilities": applied.capabilities,
@@ -350,6 +383,7 @@ fn userns_report(applied: &Applied) -> Value {
         "rootless": [
             "the sandbox's root is the invoking user, the owner of the checkout: no idmapped mount, no id of its own",
             "what only the user's uid can open is reachable only through the sandbox's own mounts (read-only rootfs, read-only binds, the workspace overlay) and its own pid, ipc and network namespaces",
+            "the user's credential stores in the workspace (a home's .ssh/, .gnupg/, .aws/, .netrc, ...), which ownership no longer keeps out, are masked: see workspace_secrets",
             "the overlay's upper files the sandbox's root writes belong to the user: review needs no podman unshare",
             "per-user kernel counts (processes, inotify, namespaces) are charged to the user, beside the user's own session, within the policy's caps in the sandbox's namespace",
             "no workspace quota (loop devices need real root); no AppArmor profile of its own",
