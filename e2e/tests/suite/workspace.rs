@@ -610,6 +610,21 @@ fn rootless_podman_agent_edits_the_users_checkout_kept_off_the_host_until_promot
     );
 
     let co = user_checkout()?;
+    // The user's AWS keys beside the code (0600, ignored by git): the sandbox's root owns
+    // them, so only the mask keeps them out (docs/workspace.md#secret-names).
+    let aws = co.repo.join(".aws/credentials");
+    let secret = format!("aws_secret_access_key = rl-secret-{}\n", std::process::id());
+    fs::create_dir_all(co.repo.join(".aws"))?;
+    fs::write(&aws, &secret)?;
+    fs::set_permissions(&aws, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    fs::write(co.repo.join(".git/info/exclude"), ".aws/\n")?;
+    harness::run_ok(
+        Command::new("chown")
+            .args(["-R", &format!("{0}:{0}", harness::TEST_UID)])
+            .arg(co.repo.join(".aws"))
+            .arg(co.repo.join(".git/info")),
+        DEFAULT_TIMEOUT,
+    )?;
     let before = host_state(&co.repo)?;
     let n = name("rootless");
     let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
@@ -642,6 +657,17 @@ fn rootless_podman_agent_edits_the_users_checkout_kept_off_the_host_until_promot
         !out.stdout.contains("BASHRC-WRITTEN") && !out.stdout.contains("HOOK-WRITTEN"),
         "a protected name was written inside the sandbox\n{out}"
     );
+    let peek = p.run(&[
+        "exec",
+        &n,
+        "sh",
+        "-c",
+        "ls -a /workspace/.aws; cat /workspace/.aws/credentials; echo PEEKED",
+    ])?;
+    ensure!(
+        peek.stdout.contains("PEEKED") && !peek.stdout.contains("rl-secret-"),
+        "the sandbox read the user's AWS keys\n{peek}"
+    );
     // What differs from rootful, as `layers` reports it.
     let layers = unshare(&["layers", &id])?;
     ensure!(layers.success(), "{layers}");
@@ -656,6 +682,13 @@ fn rootless_podman_agent_edits_the_users_checkout_kept_off_the_host_until_promot
                 .is_some_and(|a| !a.is_empty()),
         "layers: {}",
         report["userns"]
+    );
+    ensure!(
+        report["workspace_secrets"]["masked"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "/workspace/.aws")),
+        "layers does not list the masked .aws/: {}",
+        report["workspace_secrets"]
     );
     ensure!(
         host_state(&co.repo)? == before,
@@ -684,6 +717,11 @@ fn rootless_podman_agent_edits_the_users_checkout_kept_off_the_host_until_promot
     );
     ensure!(fs::metadata(&calc)?.uid() == harness::TEST_UID && !co.repo.join("README").exists());
     ensure!(!co.repo.join(".git/hooks/post-checkout").exists());
+    // The mask never came back as a change: the keys are as the user left them.
+    ensure!(
+        fs::read_to_string(&aws)? == secret,
+        "promote changed the user's .aws/credentials"
+    );
     Ok(())
 }
 
