@@ -1358,25 +1358,64 @@ fn masked_secrets(e: &dyn EntryPoint) -> anyhow::Result<()> {
     }
     give(e, dir.path())?;
     let w = "/workspace";
-    let script = sectioned(&[
-        ("cat", format!("cat {w}/.ssh/id_rsa {w}/.netrc {w}/.aws/credentials {w}/dev/.ssh/id_ed25519")),
-        ("listing", format!(
-            "ls -a {w}/.ssh {w}/.aws {w}/dev/.ssh; echo \"netrc bytes $(wc -c < {w}/.netrc | tr -d ' ')\""
-        )),
-        ("proc_root", format!("cat /proc/self/root{w}/.ssh/id_rsa /proc/1/root{w}/.netrc")),
-        ("symlink", format!("ln -s {w}/.ssh/id_rsa /tmp/k && cat /tmp/k")),
-        ("hardlink", format!("ln {w}/.ssh/id_rsa {w}/hl && cat {w}/hl; ln {w}/.netrc {w}/hn && cat {w}/hn")),
-        ("rename", format!("mv {w}/.ssh {w}/moved && cat {w}/moved/id_rsa; mv {w}/.netrc {w}/n2 && cat {w}/n2")),
-        ("rename_parent", format!("mv {w}/dev {w}/dev2 && cat {w}/dev2/.ssh/id_ed25519")),
-        ("umount", format!("umount {w}/.ssh; umount -l {w}/.netrc; cat {w}/.ssh/id_rsa {w}/.netrc")),
-        ("nested_userns", format!("unshare -Urm sh -c 'umount -l {w}/.ssh; cat {w}/.ssh/id_rsa'")),
-        ("lowerdir", format!(
-            "for l in $(sed -n 's/.*lowerdir=\\([^,]*\\).*/\\1/p' /proc/self/mountinfo | tr : ' '); \
-             do echo \"lower $l\"; cat \"$l/.ssh/id_rsa\" \"$l/.netrc\"; done"
-        )),
-        ("search", "for d in /*; do case $d in /proc|/sys|/dev) ;; *) grep -rl \"$M\" \"$d\" 2>/dev/null;; esac; done".to_owned()),
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "cat",
+            format!("cat {w}/.ssh/id_rsa {w}/.netrc {w}/.aws/credentials {w}/dev/.ssh/id_ed25519"),
+        ),
+        (
+            "listing",
+            format!(
+                "ls -a {w}/.ssh {w}/.aws {w}/dev/.ssh; \
+                 echo \"netrc bytes $(wc -c < {w}/.netrc | tr -d ' ')\""
+            ),
+        ),
+        (
+            "proc_root",
+            format!("cat /proc/self/root{w}/.ssh/id_rsa /proc/1/root{w}/.netrc"),
+        ),
+        (
+            "symlink",
+            format!("ln -s {w}/.ssh/id_rsa /tmp/k && cat /tmp/k"),
+        ),
+        (
+            "hardlink",
+            format!("ln {w}/.ssh/id_rsa {w}/hl && cat {w}/hl; ln {w}/.netrc {w}/hn && cat {w}/hn"),
+        ),
+        (
+            "rename",
+            format!(
+                "mv {w}/.ssh {w}/moved && cat {w}/moved/id_rsa; \
+                 mv {w}/.netrc {w}/n2 && cat {w}/n2"
+            ),
+        ),
+        (
+            "rename_parent",
+            format!("mv {w}/dev {w}/dev2 && cat {w}/dev2/.ssh/id_ed25519"),
+        ),
+        (
+            "umount",
+            format!("umount {w}/.ssh; umount -l {w}/.netrc; cat {w}/.ssh/id_rsa {w}/.netrc"),
+        ),
+        (
+            "nested_userns",
+            format!("unshare -Urm sh -c 'umount -l {w}/.ssh; cat {w}/.ssh/id_rsa'"),
+        ),
+        (
+            "lowerdir",
+            "for l in $(sed -n 's/.*lowerdir=\\([^,]*\\).*/\\1/p' /proc/self/mountinfo \
+             | tr : ' '); do echo \"lower $l\"; cat \"$l/.ssh/id_rsa\" \"$l/.netrc\"; done"
+                .to_owned(),
+        ),
+        (
+            "search",
+            "for d in /*; do case $d in /proc|/sys|/dev) ;; \
+             *) grep -rl \"$M\" \"$d\" 2>/dev/null;; esac; done"
+                .to_owned(),
+        ),
         ("done", "true".to_owned()),
-    ]);
+    ];
+    let script = sectioned(&cases);
     let job = Job::sh(BUSYBOX_IMAGE, &script).env("M", &marker);
 
     let base = e.run(Side::Baseline, &job.clone().bind(&runc_home, w, false))?;
