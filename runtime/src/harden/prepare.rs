@@ -111,7 +111,8 @@ pub fn prepare(
     let requested = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     let map = id_mapping(&facts.ids);
     // Protected paths that exist in the host workspace are bound read-only over
-    // the overlay. A symlink is left out: binding it would follow the link on
+    // the overlay, credential stores masked (docs/workspace.md#secret-names). A symlink
+    // is left out: binding it would follow the link on
     // the host and show the host file it points to inside the sandbox (an
     // information leak); left in the overlay it resolves inside the sandbox's
     // own view, and writes through it never reach the host.
