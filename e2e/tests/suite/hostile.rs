@@ -38,6 +38,7 @@ use agent_sandbox_e2e::harness::{
 };
 use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, COLLECTOR_IP, HttpServer, UdpEcho};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, unique_name};
+use agent_sandbox_e2e::script::{Checks, sectioned, sections};
 use anyhow::{Context, ensure};
 use k8s_cri::v1::NamespaceMode;
 
@@ -1317,6 +1318,156 @@ fn host_ssh_key(e: &dyn EntryPoint) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A home mounted as the workspace, with its credential stores: a key, `.netrc`, AWS keys, and
+/// a second home below it. The sandbox masks them (docs/workspace.md#secret-names), which
+/// matters most rootless, where its root is the files' owner. Each way around a mask is tried:
+/// reading through `/proc/self/root`, a symlink, a hard link, renaming the mount point or a
+/// directory above it, unmounting it (also from a nested user namespace), the overlay's lower
+/// directory named in `/proc/self/mountinfo`, and a search of every file for the secret. The
+/// same script under runc reads the secret on every path that needs no privilege.
+fn masked_secrets(e: &dyn EntryPoint) -> anyhow::Result<()> {
+    e.require()?;
+    let dir = host_dir(e)?;
+    let home = dir.path().join("home");
+    let marker = format!("hostile-{}", std::process::id());
+    let files = [
+        (
+            ".ssh/id_rsa",
+            format!("-----BEGIN OPENSSH PRIVATE KEY-----\n{marker}-key\n"),
+        ),
+        (
+            ".netrc",
+            format!("machine example.test login u password {marker}-netrc\n"),
+        ),
+        (
+            ".aws/credentials",
+            format!("[default]\naws_secret_access_key = {marker}-aws\n"),
+        ),
+        ("dev/.ssh/id_ed25519", format!("{marker}-nested\n")),
+        ("dev/notes.txt", "ordinary\n".to_owned()),
+    ];
+    // runc's renames and links change its home on the host: each side gets its own.
+    let runc_home = dir.path().join("runc-home");
+    for (rel, text) in &files {
+        for at in [&home, &runc_home] {
+            let path = at.join(rel);
+            fs::create_dir_all(path.parent().context("a parent")?)?;
+            fs::write(&path, text)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    give(e, dir.path())?;
+    let w = "/workspace";
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "cat",
+            format!("cat {w}/.ssh/id_rsa {w}/.netrc {w}/.aws/credentials {w}/dev/.ssh/id_ed25519"),
+        ),
+        (
+            "listing",
+            format!(
+                "ls -a {w}/.ssh {w}/.aws {w}/dev/.ssh; \
+                 echo \"netrc bytes $(wc -c < {w}/.netrc | tr -d ' ')\""
+            ),
+        ),
+        (
+            "proc_root",
+            format!("cat /proc/self/root{w}/.ssh/id_rsa /proc/1/root{w}/.netrc"),
+        ),
+        (
+            "symlink",
+            format!("ln -s {w}/.ssh/id_rsa /tmp/k && cat /tmp/k"),
+        ),
+        (
+            "hardlink",
+            format!("ln {w}/.ssh/id_rsa {w}/hl && cat {w}/hl; ln {w}/.netrc {w}/hn && cat {w}/hn"),
+        ),
+        (
+            "rename",
+            format!(
+                "mv {w}/.ssh {w}/moved && cat {w}/moved/id_rsa; \
+                 mv {w}/.netrc {w}/n2 && cat {w}/n2"
+            ),
+        ),
+        (
+            "rename_parent",
+            format!("mv {w}/dev {w}/dev2 && cat {w}/dev2/.ssh/id_ed25519"),
+        ),
+        (
+            "umount",
+            format!("umount {w}/.ssh; umount -l {w}/.netrc; cat {w}/.ssh/id_rsa {w}/.netrc"),
+        ),
+        (
+            "nested_userns",
+            format!("unshare -Urm sh -c 'umount -l {w}/.ssh; cat {w}/.ssh/id_rsa'"),
+        ),
+        (
+            "lowerdir",
+            "for l in $(sed -n 's/.*lowerdir=\\([^,]*\\).*/\\1/p' /proc/self/mountinfo \
+             | tr : ' '); do echo \"lower $l\"; cat \"$l/.ssh/id_rsa\" \"$l/.netrc\"; done"
+                .to_owned(),
+        ),
+        (
+            "search",
+            "for d in /*; do case $d in /proc|/sys|/dev) ;; \
+             *) grep -rl \"$M\" \"$d\" 2>/dev/null;; esac; done"
+                .to_owned(),
+        ),
+        ("done", "true".to_owned()),
+    ];
+    let script = sectioned(&cases);
+    let job = Job::sh(BUSYBOX_IMAGE, &script).env("M", &marker);
+
+    let base = e.run(Side::Baseline, &job.clone().bind(&runc_home, w, false))?;
+    let parts = sections(&base);
+    let mut checks = Checks::default();
+    for name in [
+        "cat",
+        "proc_root",
+        "symlink",
+        "hardlink",
+        "rename",
+        "rename_parent",
+    ] {
+        checks.check(parts.get(name).is_some_and(|t| t.contains(&marker)), || {
+            format!("runc did not read the secret in section {name}")
+        });
+    }
+    checks.check(
+        parts
+            .get("search")
+            .is_some_and(|t| t.lines().any(|l| l.starts_with("/workspace/"))),
+        || "runc's search found no file holding the secret".to_owned(),
+    );
+    checks.finish("runc baseline", &base)?;
+
+    let ours = e.run(Side::Sandbox, &job.bind(&home, w, false))?;
+    let parts = sections(&ours);
+    let mut checks = Checks::default();
+    checks.check(parts.contains_key("done"), || {
+        "the sandbox did not run the whole script".to_owned()
+    });
+    for (name, text) in &parts {
+        checks.check(!text.contains(&marker), || {
+            format!("the sandbox read a masked secret in section {name}")
+        });
+    }
+    checks.check(
+        parts
+            .get("search")
+            .is_some_and(|t| !t.lines().any(|l| l.starts_with('/'))),
+        || "the sandbox's search found a file holding the secret".to_owned(),
+    );
+    // The masks are empty, and the rest of the home is there.
+    checks.check(
+        parts
+            .get("listing")
+            .is_some_and(|t| t.contains("netrc bytes 0\n")),
+        || "the masked .netrc is not an empty file".to_owned(),
+    );
+    checks.finish("sandbox", &ours)
+}
+
 /// Asking for the host's pid namespace must not hand the sandbox another filesystem root
 /// through `/proc/PID/root` (`/proc/self/root` escapes): privileged runc gets the host's.
 fn proc_root_escape(e: &dyn EntryPoint) -> anyhow::Result<()> {
@@ -1417,6 +1568,12 @@ macro_rules! hostile_tests {
             #[test]
             fn host_ssh_key_is_out_of_reach_but_runc_reads_it() -> anyhow::Result<()> {
                 host_ssh_key(&entry())
+            }
+
+            #[test]
+            fn workspace_secrets_stay_masked_through_links_renames_and_unmounts_but_runc_reads_them()
+            -> anyhow::Result<()> {
+                masked_secrets(&entry())
             }
 
             #[test]

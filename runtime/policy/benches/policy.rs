@@ -49,6 +49,7 @@ fn compilation(c: &mut Criterion) {
     let ctx = HardenContext {
         uid_mappings: vec![mapping],
         gid_mappings: vec![mapping],
+        parent_root_unprivileged: false,
         workspace: harden::workspace_source(&spec, &policy).map(|_| OverlayDirs {
             upper: "/run/agent-sandbox/bench/upper".into(),
             work: "/run/agent-sandbox/bench/work".into(),

@@ -4,7 +4,8 @@
 //!
 //! What the result always has, whatever came in:
 //! - a new user namespace with the id mappings the runtime chose (`HardenContext`), never
-//!   one that maps host uid 0; or, for a pod's app container, the user namespace of the
+//!   one that maps host uid 0 (id 0 of a rootless runtime's namespace is the invoking
+//!   user: [`HardenContext::parent_root_unprivileged`]); or, for a pod's app container, the user namespace of the
 //!   pod's sandbox container, pinned by the runtime (`HardenContext::pod`);
 //! - a new network namespace (or one the runtime created itself for this sandbox or its
 //!   pod), never a path that could be the host's; never a path taken from the spec;
@@ -103,6 +104,10 @@ pub enum HardenError {
         "HOME {home} is on the scratch area {scratch}, but no placeholders were given to keep its protected names unwritable"
     )]
     MissingPlaceholders { home: String, scratch: String },
+    #[error(
+        "credential store {path} is in the workspace, but no placeholders were given to mask it"
+    )]
+    MissingMaskPlaceholders { path: PathBuf },
     #[error("mount at {destination}: a writable {typ} outside the policy's writable paths")]
     WritableMount { destination: PathBuf, typ: String },
     #[error("mount at {destination}: path is not absolute and normalized")]
@@ -223,13 +228,17 @@ pub struct OverlayDirs {
 }
 
 /// A protected path: where it appears in the container and the host path that stays
-/// visible there read-only.
+/// visible there read-only, or, for a credential store, is masked.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProtectedMount {
     pub container_path: PathBuf,
     pub host_path: PathBuf,
     /// Written as a directory in the policy (`.ssh/`).
     pub dir: bool,
+    /// A credential store ([`crate::policy::is_secret`]): [`harden_spec`] binds an empty
+    /// read-only placeholder over it instead of the host path, so the sandbox reads nothing
+    /// there (docs/workspace.md#secret-names). Must agree with the name.
+    pub secret: bool,
 }
 
 /// What the runtime decided and found on the host; the only inputs besides the spec and
@@ -240,6 +249,12 @@ pub struct HardenContext {
     pub uid_mappings: Vec<IdMapping>,
     /// gid mappings; same rules.
     pub gid_mappings: Vec<IdMapping>,
+    /// Id 0 of the namespace the mappings' host ids belong to is not host root: the runtime
+    /// runs in rootless podman's user namespace, where 0 is the invoking user. Mappings may
+    /// then start at host id 0 (the sandbox's root is that user, docs/workspace.md,
+    /// "Rootless"). The runtime reads it from its own id maps and checks the translation to
+    /// host ids again before libcontainer runs; `false` (the default) refuses host id 0.
+    pub parent_root_unprivileged: bool,
     /// Upper and work directories for the workspace overlay; required when the spec
     /// bind-mounts something at the policy's workspace path.
     pub workspace: Option<OverlayDirs>,
@@ -375,6 +390,7 @@ pub fn protected_path_candidates(spec: &Spec, policy: &SandboxPolicy) -> Vec<Pro
             container_path: workspace.join(&name),
             host_path: source.join(name.as_str()),
             dir: name.is_dir(),
+            secret: crate::policy::is_secret(&name),
         })
         .collect()
 }
@@ -400,6 +416,7 @@ pub fn protected_path_at(
         container_path: workspace.as_path().join(rel).join(name.as_str()),
         host_path: source.join(rel).join(name.as_str()),
         dir: name.is_dir(),
+        secret: crate::policy::is_secret(name),
     })
 }
 
@@ -423,6 +440,7 @@ fn is_protected_candidate(spec: &Spec, policy: &SandboxPolicy, p: &ProtectedMoun
                 .all(|c| matches!(c, std::path::Component::Normal(_)))
             && p.container_path == workspace.as_path().join(rel)
             && p.dir == name.is_dir()
+            && p.secret == crate::policy::is_secret(name)
     })
 }
 
@@ -666,8 +684,18 @@ pub fn harden_spec_under(
     policy: SandboxPolicy,
     ctx: &HardenContext,
 ) -> Result<HardenedSpec, HardenError> {
-    check_mappings("uid", &ctx.uid_mappings, &policy)?;
-    check_mappings("gid", &ctx.gid_mappings, &policy)?;
+    check_mappings(
+        "uid",
+        &ctx.uid_mappings,
+        &policy,
+        ctx.parent_root_unprivileged,
+    )?;
+    check_mappings(
+        "gid",
+        &ctx.gid_mappings,
+        &policy,
+        ctx.parent_root_unprivileged,
+    )?;
 
     // Protected paths must be ones we asked the runtime to look for: a protected name at
     // the workspace's top or in one of its subdirectories.
@@ -1292,11 +1320,12 @@ fn check_mappings(
     kind: &'static str,
     mappings: &[IdMapping],
     policy: &SandboxPolicy,
+    parent_root_unprivileged: bool,
 ) -> Result<(), HardenError> {
     let mut total: u64 = 0;
     for m in mappings {
         let end = u64::from(m.host_id) + u64::from(m.size);
-        if m.size == 0 || m.host_id == 0 {
+        if m.size == 0 || (m.host_id == 0 && !parent_root_unprivileged) {
             return Err(HardenError::HostRootMapping {
                 container_id: m.container_id,
                 host_id: m.host_id,
@@ -1713,12 +1742,34 @@ fn harden_mounts(
             "nodev".to_owned(),
         ]));
         overlay.push(m);
-        // The protected binds go on top of the overlay, right after it.
+        // The protected binds go on top of the overlay, right after it; a credential store
+        // gets an empty placeholder instead of its host path (masked, not only read-only).
+        // Nothing is bound at or beneath a mask: it hides the whole name, and a mount point
+        // inside it would have to be made in the placeholder.
+        let masks: Vec<&Path> = ctx
+            .protected
+            .iter()
+            .filter(|p| p.secret)
+            .map(|p| p.container_path.as_path())
+            .collect();
         for p in &ctx.protected {
+            if !p.secret && masks.iter().any(|m| p.container_path.starts_with(m)) {
+                continue;
+            }
+            let source = if p.secret {
+                let ph = ctx.placeholders.as_ref().ok_or_else(|| {
+                    HardenError::MissingMaskPlaceholders {
+                        path: p.container_path.clone(),
+                    }
+                })?;
+                if p.dir { &ph.dir } else { &ph.file }
+            } else {
+                &p.host_path
+            };
             let mut m = Mount::default();
             m.set_destination(p.container_path.clone());
             m.set_typ(Some("bind".to_owned()));
-            m.set_source(Some(p.host_path.clone()));
+            m.set_source(Some(source.clone()));
             m.set_options(Some(
                 ["rbind", "ro", "nosuid", "nodev"]
                     .iter()

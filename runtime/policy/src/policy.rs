@@ -18,10 +18,28 @@ pub struct ProtectedEntry {
     pub name: &'static str,
     /// What a tool does with it that runs code or hands over credentials.
     pub why: &'static str,
+    /// A credential store: besides staying unwritable, it is masked (an empty read-only
+    /// file or directory bound over it) wherever the runtime finds it in a workspace, so the
+    /// sandbox cannot read it even where it has the owner's uid (rootless podman,
+    /// docs/workspace.md#secret-names).
+    pub secret: bool,
 }
 
 const fn entry(name: &'static str, why: &'static str) -> ProtectedEntry {
-    ProtectedEntry { name, why }
+    ProtectedEntry {
+        name,
+        why,
+        secret: false,
+    }
+}
+
+/// An entry that is also a credential store ([`ProtectedEntry::secret`]).
+const fn secret(name: &'static str, why: &'static str) -> ProtectedEntry {
+    ProtectedEntry {
+        name,
+        why,
+        secret: true,
+    }
 }
 
 const SHELL: &str = "read by a shell at start: runs commands in every later shell";
@@ -77,10 +95,47 @@ pub const MANDATORY_PROTECTED: &[ProtectedEntry] = &[
     entry(".lefthook.yaml", HOOK_MANAGER),
     entry("lefthook-local.yml", HOOK_MANAGER),
     entry(".lefthook-local.yml", HOOK_MANAGER),
-    // SSH.
-    entry(
+    // Credential stores: also masked (ProtectedEntry::secret).
+    secret(
         ".ssh/",
         "keys, authorized_keys and a config whose ProxyCommand is a command",
+    ),
+    secret(
+        ".gnupg/",
+        "GnuPG's private keys, and agent settings that name programs",
+    ),
+    secret(
+        ".aws/",
+        "AWS keys, and a config whose credential_process is a command",
+    ),
+    secret(
+        ".netrc",
+        "logins and passwords that curl, git and ftp hand to servers",
+    ),
+    secret(
+        ".git-credentials",
+        "passwords and tokens git's store helper hands to servers",
+    ),
+    secret(
+        ".docker/",
+        "registry logins, and credential helpers Docker runs",
+    ),
+    secret(
+        ".kube/",
+        "cluster credentials, and kubeconfig exec plugins that are commands",
+    ),
+    secret(
+        ".config/gh/",
+        "the GitHub CLI's token, and aliases that run commands",
+    ),
+    secret(".pypirc", "package index passwords and tokens uploads use"),
+    secret(
+        ".cargo/credentials.toml",
+        "registry tokens cargo publishes with",
+    ),
+    secret(
+        ".cargo/credentials",
+        "registry tokens cargo publishes with (old name)",
     ),
     // Editors and dev containers.
     entry(
@@ -167,6 +222,15 @@ pub const MANDATORY_PROTECTED: &[ProtectedEntry] = &[
 /// The names of [`MANDATORY_PROTECTED`].
 pub fn mandatory_protected_names() -> impl Iterator<Item = &'static str> {
     MANDATORY_PROTECTED.iter().map(|e| e.name)
+}
+
+/// Whether `name` is a credential store of [`MANDATORY_PROTECTED`], masked wherever it is
+/// found ([`ProtectedEntry::secret`]). A policy's extra names are never secrets: masking
+/// hides a file the tools may need, so only this list decides it.
+pub fn is_secret(name: &ProtectedName) -> bool {
+    MANDATORY_PROTECTED
+        .iter()
+        .any(|e| e.secret && ProtectedName::try_from(e.name).is_ok_and(|n| n == *name))
 }
 
 /// Paths hidden from the sandbox in every policy (kernel state it has no business reading).
@@ -1041,6 +1105,20 @@ mod tests {
         for e in MANDATORY_PROTECTED {
             let row = format!("| `{}` | {} |", e.name, e.why);
             assert!(doc.contains(&row), "docs/policy.md lacks the row {row}");
+        }
+    }
+
+    /// The credential stores a home holds are secret (masked), the other names are not.
+    #[test]
+    fn credential_stores_are_secret() {
+        let name = |n: &str| ProtectedName::try_from(n).unwrap();
+        for n in [
+            ".ssh/", ".gnupg/", ".aws/", ".netrc", ".docker/", ".kube/", ".pypirc",
+        ] {
+            assert!(is_secret(&name(n)), "{n}");
+        }
+        for n in [".envrc", ".git/hooks/", ".npmrc", ".bashrc"] {
+            assert!(!is_secret(&name(n)), "{n}");
         }
     }
 

@@ -27,6 +27,11 @@ pub(super) fn diff(
     ignored: bool,
 ) -> Result<(), CliError> {
     let source = crate::report::review::source(&found(cli, id)?)?;
+    if source.changes()?.is_empty() {
+        // A sandbox that wrote nothing (live, or ended with only its record kept).
+        println!("# no changes");
+        return Ok(());
+    }
     let view = match (patch, stat) {
         (true, _) => crate::report::review::View::Patch,
         (false, true) => crate::report::review::View::Stat,

@@ -12,7 +12,7 @@ use crate::enforce;
 use crate::enforce::executor::SandboxExecutor;
 use crate::enforce::mounts;
 use crate::harden::{Ceiling, Facts};
-use crate::host::rlimits;
+use crate::host::{idmap, rlimits};
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
 
@@ -34,6 +34,8 @@ impl Runtime {
             pod: member.map(|m| m.namespaces.clone()),
             placeholders: Some(host.placeholders.clone()),
             user_namespace: host.userns.as_ref().map(|u| u.pin.clone()),
+            parent_root_unprivileged: ids.rootless
+                && !idmap::parent_root_is_host_root(&idmap::own_map(idmap::IdKind::Uid)?),
         };
         let prepared = crate::harden::prepare(ceiling, host.policy.clone(), spec, &facts)?;
         host.sandbox_dir

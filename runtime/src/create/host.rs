@@ -53,7 +53,7 @@ impl Runtime {
         let policy = effective_policy(spec, ceiling)?;
         // Before anything runs in the sandbox: a user namespace owned by its own host root
         // id, so that what it holds is never charged to host root (docs/limits.md).
-        let userns = if ids.member.is_none() && !ids.rootless {
+        let userns = if ids.member.is_none() {
             let pin = crate::host::userns::pin_path(&mount_dir);
             let made = self
                 .procs()

@@ -74,7 +74,7 @@ struct Host {
     /// Bound over the protected names of a scratch HOME (`mounts::placeholders`).
     placeholders: agent_sandbox_policy::harden::Placeholders,
     /// The sandbox's own user namespace (`crate::host::userns`); `None` for a pod's member
-    /// (it joins the pod's) and a rootless runtime.
+    /// (it joins the pod's).
     userns: Option<crate::host::userns::OwnedUserns>,
     /// The effective policy, compiled once here from the ceiling and the spec's annotations;
     /// the hardening phase hardens under it and saves it in the sandbox's plan.

@@ -84,6 +84,7 @@ impl Runtime {
             pid,
             ucounts,
             ucounts_pod,
+            crate::report::layers::masked_secrets(spec, &hardened.policy, &host.placeholders),
         )
         .map_err(LifecycleError::Layers)?;
         tracing::info!(

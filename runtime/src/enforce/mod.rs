@@ -14,6 +14,8 @@ use std::path::Path;
 
 use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 
+use crate::host::idmap::{self, IdKind};
+
 pub mod executor;
 pub mod hooks;
 pub mod init_exec;
@@ -74,25 +76,29 @@ pub fn verify(spec: &Spec) -> Result<(), EnforceError> {
         .as_ref()
         .ok_or(EnforceError::Missing { what: "linux" })?;
     let nss = linux.namespaces().clone().unwrap_or_default();
+    // Fresh pid and ipc namespaces too: rootless, the sandbox's root is the invoking user,
+    // who may signal, trace and share memory with every process of that user it can name.
     for typ in [
         LinuxNamespaceType::User,
         LinuxNamespaceType::Network,
         LinuxNamespaceType::Mount,
+        LinuxNamespaceType::Pid,
+        LinuxNamespaceType::Ipc,
     ] {
         if !nss.iter().any(|n| n.typ() == typ && n.path().is_none()) {
             return Err(EnforceError::Invariant {
-                invariant: "fresh user, mount and network namespaces",
+                invariant: "fresh user, mount, pid, ipc and network namespaces",
             });
         }
     }
     let maps = linux.uid_mappings().clone().unwrap_or_default();
-    if maps.is_empty() || maps.iter().any(|m| m.host_id() == 0) {
+    if maps.is_empty() || maps_host_id_0(&maps, IdKind::Uid) {
         return Err(EnforceError::Invariant {
             invariant: "uid mapping exists and never maps host uid 0",
         });
     }
     let gmaps = linux.gid_mappings().clone().unwrap_or_default();
-    if gmaps.is_empty() || gmaps.iter().any(|m| m.host_id() == 0) {
+    if gmaps.is_empty() || maps_host_id_0(&gmaps, IdKind::Gid) {
         return Err(EnforceError::Invariant {
             invariant: "gid mapping exists and never maps host gid 0",
         });
@@ -107,6 +113,14 @@ pub fn verify(spec: &Spec) -> Result<(), EnforceError> {
         .as_ref()
         .ok_or(EnforceError::Missing { what: "process" })?;
     verify_process(process)
+}
+
+/// Whether `maps` give the sandbox host id 0, judged in the initial user namespace: a spec's
+/// host ids are ids of the runtime's own namespace, whose 0 is the invoking user when the
+/// runtime is rootless (`crate::host::idmap`). An unreadable own map counts as host root.
+fn maps_host_id_0(maps: &[libcontainer::oci_spec::runtime::LinuxIdMapping], kind: IdKind) -> bool {
+    let ranges: Vec<(u32, u32)> = maps.iter().map(|m| (m.host_id(), m.size())).collect();
+    idmap::own_map(kind).map_or(true, |own| idmap::maps_host_id_0(&ranges, &own))
 }
 
 /// [`verify`] for a sandbox whose user namespace the runtime made itself and pinned at `pin`
@@ -218,16 +232,15 @@ mod tests {
         let with_user = |path: Option<&str>| {
             let mut spec = Spec::default();
             let mut linux = spec.linux().clone().unwrap();
-            let mut nss = vec![
-                LinuxNamespaceBuilder::default()
-                    .typ(LinuxNamespaceType::Network)
-                    .build()
-                    .unwrap(),
-                LinuxNamespaceBuilder::default()
-                    .typ(LinuxNamespaceType::Mount)
-                    .build()
-                    .unwrap(),
-            ];
+            let mut nss: Vec<_> = [
+                LinuxNamespaceType::Network,
+                LinuxNamespaceType::Mount,
+                LinuxNamespaceType::Pid,
+                LinuxNamespaceType::Ipc,
+            ]
+            .into_iter()
+            .map(|typ| LinuxNamespaceBuilder::default().typ(typ).build().unwrap())
+            .collect();
             let mut user = LinuxNamespaceBuilder::default().typ(LinuxNamespaceType::User);
             if let Some(p) = path {
                 user = user.path(p);
@@ -255,6 +268,17 @@ mod tests {
                 "the user namespace is the one the runtime made for the sandbox"
             );
         }
+        // The host's pid namespace is refused (rootless, the sandbox's uid is the user's).
+        let mut shared = with_user(Some(pin.to_str().unwrap()));
+        let mut linux = shared.linux().clone().unwrap();
+        let mut nss = linux.namespaces().clone().unwrap();
+        nss.retain(|n| n.typ() != LinuxNamespaceType::Pid);
+        linux.set_namespaces(Some(nss));
+        shared.set_linux(Some(linux));
+        assert_eq!(
+            invariant(verify_in_userns(&shared, pin)),
+            "fresh user, mount, pid, ipc and network namespaces"
+        );
     }
 
     #[test]

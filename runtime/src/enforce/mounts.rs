@@ -456,7 +456,7 @@ fn idmapped_lower(
         return (
             None,
             Ownership::Unmapped {
-                reason: "a rootless runtime cannot make idmapped mounts of host filesystems"
+                reason: "rootless: no idmapped mount (it needs real root); the sandbox's root is the invoking user, who owns the user's checkout"
                     .to_owned(),
             },
         );

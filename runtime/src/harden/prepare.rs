@@ -29,8 +29,11 @@ pub struct Facts {
     /// ([`HardenContext::placeholders`]).
     pub placeholders: Option<harden::Placeholders>,
     /// The user namespace the runtime made for this sandbox, owned by its host root id
-    /// (`crate::host::userns`); `None` for a pod's member and a rootless runtime.
+    /// (`crate::host::userns`); `None` for a pod's member.
     pub user_namespace: Option<std::path::PathBuf>,
+    /// Id 0 of the runtime's user namespace is not host root (rootless podman's namespace,
+    /// [`HardenContext::parent_root_unprivileged`]).
+    pub parent_root_unprivileged: bool,
 }
 
 /// The outcome of preparing a sandbox.
@@ -108,7 +111,8 @@ pub fn prepare(
     let requested = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
     let map = id_mapping(&facts.ids);
     // Protected paths that exist in the host workspace are bound read-only over
-    // the overlay. A symlink is left out: binding it would follow the link on
+    // the overlay, credential stores masked (docs/workspace.md#secret-names). A symlink
+    // is left out: binding it would follow the link on
     // the host and show the host file it points to inside the sandbox (an
     // information leak); left in the overlay it resolves inside the sandbox's
     // own view, and writes through it never reach the host.
@@ -116,6 +120,7 @@ pub fn prepare(
     let ctx = HardenContext {
         uid_mappings: vec![map],
         gid_mappings: vec![map],
+        parent_root_unprivileged: facts.parent_root_unprivileged,
         workspace: facts.workspace.clone(),
         protected,
         network_namespace: None,

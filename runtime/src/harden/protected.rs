@@ -24,7 +24,10 @@ const PROTECTED_MAX_MOUNTS: usize = 256;
 /// the host. The walk does not enter `.git` directories (their protected parts are named
 /// from the parent) and stops after [`PROTECTED_WALK_ENTRIES`] entries; a protected name that
 /// does not exist yet, or lies past the limits, is for review and promotion to refuse
-/// (docs/workspace.md).
+/// (docs/workspace.md). A credential store (`.ssh/`, `.netrc`: a secret name) is reported
+/// only in the form the tools read (a directory for `.ssh/`, anything else for `.netrc`) and
+/// is then masked; secrets are kept first when the mount cap cuts the list
+/// (docs/workspace.md#secret-names).
 pub(super) fn protected_in_workspace(
     spec: &Spec,
     policy: &SandboxPolicy,
@@ -70,6 +73,13 @@ pub(super) fn protected_in_workspace(
                 && exists(&cur)
                 && let Some(m) = harden::protected_path_at(spec, policy, &rel, name)
             {
+                // A `.ssh` that is a file, or a `.netrc` directory, is not what the tools
+                // read: the placeholder of the other kind could not be bound over it.
+                let is_dir = std::fs::symlink_metadata(&cur).is_ok_and(|m| m.is_dir());
+                if m.secret && is_dir != m.dir {
+                    tracing::debug!(path = %cur.display(), "a secret name of the other kind is not masked");
+                    continue;
+                }
                 found.push(m);
             }
         }
@@ -98,10 +108,12 @@ pub(super) fn protected_in_workspace(
         }
     }
     if found.len() > PROTECTED_MAX_MOUNTS {
+        // Secrets first (a stable sort keeps the walk's shallow-first order within each).
+        found.sort_by_key(|m| !m.secret);
         tracing::warn!(
             found = found.len(),
             limit = PROTECTED_MAX_MOUNTS,
-            "too many protected paths in the workspace: only the shallowest are bound"
+            "too many protected paths in the workspace: only secrets and the shallowest are bound"
         );
         found.truncate(PROTECTED_MAX_MOUNTS);
     }

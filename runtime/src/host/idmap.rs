@@ -8,8 +8,11 @@
 //!
 //! Inside podman's rootless user namespace the runtime only owns the ids of that
 //! namespace (0 = the invoking user, 1.. = its subordinate ids). The sandbox then
-//! maps its root to id 1 of the parent namespace (a subordinate id, never the
-//! user itself) and covers as many ids as the parent has left.
+//! maps its ids one to one onto that namespace's, from 0: the sandbox's root is the
+//! invoking user, the only id that owns the user's checkout where idmapped mounts are
+//! out of reach (docs/workspace.md, "Rootless"), and its other ids are subordinate ids.
+//! [`parent_root_is_host_root`] and [`maps_host_id_0`] keep "never host root" exact: an
+//! id is judged by what it is in the initial namespace, not by its number here.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -56,8 +59,12 @@ pub enum IdMapError {
     Exhausted,
     #[error("pod sandbox {owner} holds no host id block")]
     NoPodBlock { owner: String },
-    #[error("cannot read /proc/self/uid_map")]
-    ReadMap(#[source] std::io::Error),
+    #[error("cannot read {path}")]
+    ReadMap {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the parent user namespace has no subordinate ids to map (uid_map: {map:?})")]
     NoSubordinateIds { map: String },
 }
@@ -202,24 +209,19 @@ pub fn release(db: &Path, lock: &Path, id: &ContainerId) -> Result<(), IdMapErro
     Ok(())
 }
 
-/// The range to use inside a user namespace we did not create (rootless):
-/// container root -> parent id 1, as many ids as the parent namespace holds.
+/// The range to use inside a user namespace we did not create (rootless): container ids
+/// from 0 onto the parent's from 0 (root is the invoking user), as many as the parent
+/// namespace holds contiguously from 0, at most [`BLOCK`].
 pub fn nested_range() -> Result<IdRange, IdMapError> {
-    let map = std::fs::read_to_string("/proc/self/uid_map").map_err(IdMapError::ReadMap)?;
-    nested_range_from(&map)
+    nested_range_from(&own_map(IdKind::Uid)?)
 }
 
 fn nested_range_from(map: &str) -> Result<IdRange, IdMapError> {
     // Count ids inside our namespace that are contiguous from 0.
-    let mut ranges: Vec<(u64, u64)> = map
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<u64> = l
-                .split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            (f.len() == 3).then(|| (f[0], f[2]))
-        })
+    let mut ranges: Vec<(u64, u64)> = extents(map)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(inside, _, len)| (inside, len))
         .collect();
     ranges.sort_unstable();
     let mut end: u64 = 0;
@@ -229,16 +231,86 @@ fn nested_range_from(map: &str) -> Result<IdRange, IdMapError> {
         }
         end = end.max(start + len);
     }
-    let avail = end.saturating_sub(1).min(u64::from(BLOCK));
-    let size = u32::try_from(avail).unwrap_or(0);
-    if size == 0 {
+    // The invoking user alone (no subordinate ids) would leave nothing for the image's
+    // other users; podman itself refuses such a namespace for most images.
+    if end < 2 {
         return Err(IdMapError::NoSubordinateIds {
             map: map.trim().to_owned(),
         });
     }
+    let size = u32::try_from(end.min(u64::from(BLOCK))).unwrap_or(BLOCK);
     Ok(IdRange {
-        host_start: 1,
+        host_start: 0,
         size,
+    })
+}
+
+/// Which of the runtime's own id maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    Uid,
+    Gid,
+}
+
+/// The runtime's own id map (`/proc/self/uid_map` or `gid_map`).
+pub fn own_map(kind: IdKind) -> Result<String, IdMapError> {
+    let path = match kind {
+        IdKind::Uid => "/proc/self/uid_map",
+        IdKind::Gid => "/proc/self/gid_map",
+    };
+    std::fs::read_to_string(path).map_err(|source| IdMapError::ReadMap { path, source })
+}
+
+/// Id `id` of the runtime's user namespace as a host id (of the initial namespace), through
+/// `own_map`; `None` where the map leaves it out.
+pub fn to_host(id: u32, own_map: &str) -> Option<u32> {
+    let id = u64::from(id);
+    extents(own_map)?
+        .into_iter()
+        .find(|&(inside, _, len)| inside <= id && id < inside + len)
+        .and_then(|(inside, outside, _)| u32::try_from(outside + (id - inside)).ok())
+}
+
+/// The extents (inside, outside, count) of an id map's text (`/proc/PID/uid_map`); `None`
+/// if a line is not three numbers.
+pub fn extents(map: &str) -> Option<Vec<(u64, u64, u64)>> {
+    map.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let f: Vec<u64> = line
+                .split_whitespace()
+                .map(|x| x.parse().ok())
+                .collect::<Option<_>>()?;
+            match f[..] {
+                [inside, outside, len] => Some((inside, outside, len)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Whether id 0 of the runtime's user namespace is host id 0 (the runtime is real root, or
+/// in a namespace that maps host root): read from its own `uid_map` text.
+pub fn parent_root_is_host_root(own_map: &str) -> bool {
+    maps_host_id_0(&[(0, 1)], own_map)
+}
+
+/// Whether any of `ranges` (start, count; ids of the runtime's own user namespace, as a
+/// spec's `hostID`s are) is host id 0 in the initial namespace, through `own_map` (the
+/// runtime's `uid_map` or `gid_map` text). An id the map leaves out cannot be mapped at all;
+/// a line that cannot be read counts as mapping host id 0 (fail closed).
+pub fn maps_host_id_0(ranges: &[(u32, u32)], own_map: &str) -> bool {
+    let Some(extents) = extents(own_map) else {
+        return true;
+    };
+    // Host id 0 is id `inside` of a line only when the line starts at host 0.
+    extents.iter().any(|&(inside, outside, len)| {
+        outside == 0
+            && len > 0
+            && ranges.iter().any(|&(start, count)| {
+                let (start, count) = (u64::from(start), u64::from(count));
+                count > 0 && start <= inside && inside < start + count
+            })
     })
 }
 
@@ -282,15 +354,40 @@ mod tests {
     }
 
     #[test]
-    fn nested_range_skips_the_invoking_user() {
+    fn nested_range_starts_at_the_invoking_user() {
         let r = nested_range_from("0 1500 1\n1 100000 65536\n").unwrap();
         assert_eq!(
             r,
             IdRange {
-                host_start: 1,
+                host_start: 0,
                 size: 65536
             }
         );
+        let small = nested_range_from("0 1500 1\n1 100000 999\n").unwrap();
+        assert_eq!(small.size, 1000);
         assert!(nested_range_from("0 1500 1\n").is_err());
+    }
+
+    /// Id 0 of rootless podman's namespace is the invoking user, not host root; as real root
+    /// (the identity map) or in a namespace that maps host root, 0 is host root.
+    #[test]
+    fn host_id_0_is_judged_in_the_initial_namespace() {
+        let podman = "         0       1500          1\n         1     100000      65536\n";
+        assert!(!parent_root_is_host_root(podman));
+        assert!(!maps_host_id_0(&[(0, 65536)], podman));
+        let real_root = "         0          0 4294967295\n";
+        assert!(parent_root_is_host_root(real_root));
+        assert!(maps_host_id_0(&[(0, 1)], real_root));
+        assert!(!maps_host_id_0(&[(1_000_000, 65536)], real_root));
+        // A namespace whose id 5000 is host root: a range over 5000 maps it.
+        let odd = "0 1500 1\n5000 0 1\n";
+        assert!(!parent_root_is_host_root(odd));
+        assert!(maps_host_id_0(&[(4000, 2000)], odd));
+        assert!(!maps_host_id_0(&[(0, 4000)], odd));
+        assert_eq!(to_host(0, podman), Some(1500));
+        assert_eq!(to_host(2, podman), Some(100_001));
+        assert_eq!(to_host(70_000, podman), None);
+        // Unreadable text fails closed.
+        assert!(maps_host_id_0(&[(1, 1)], "0 x 1\n"));
     }
 }

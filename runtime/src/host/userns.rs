@@ -9,7 +9,9 @@
 //! forked creator with the sandbox's host root id makes the namespace
 //! (`agent_sandbox_sys::owned_userns`), writes the policy's `[ucounts]` caps into it, and the
 //! runtime writes its id maps and pins it under the sandbox's mount dir; libcontainer then
-//! joins the pin instead of making a namespace.
+//! joins the pin instead of making a namespace. A rootless runtime does the same inside
+//! podman's namespace (the owner is then the invoking user, who is charged anyway): only so
+//! can the sandbox's root be that namespace's 0, whose map takes two lines ([`map_text`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +21,7 @@ use agent_sandbox_sys::owned_userns::{self, NsLimit, OwnedUsernsError};
 use serde::{Deserialize, Serialize};
 
 use crate::enforce::mounts::{self, MountError};
-use crate::host::idmap::IdRange;
+use crate::host::idmap::{IdKind, IdRange, own_map};
 
 /// Why the sandbox's own user namespace could not be made. Nothing is left behind (the
 /// creator is killed and reaped; a pin made before the failure goes with the mount dir).
@@ -72,6 +74,37 @@ pub fn map_line(ids: &IdRange) -> String {
     format!("0 {} {}\n", ids.host_start, ids.size)
 }
 
+/// The sandbox's `uid_map` or `gid_map` text for `ids`, split along the extents of the
+/// runtime's own map (`own_map`): the kernel takes each line only if it lies within one
+/// extent of the parent's map. As real root (the identity map) that is [`map_line`]; in
+/// rootless podman's namespace (`0 1500 1`, `1 100000 65536`) the block `0 0 65536` becomes
+/// `0 0 1` and `1 1 65535`, which libcontainer cannot write (it needs newuidmap for two lines,
+/// and newuidmap judges ids of the initial namespace). `None` if some id is not mapped.
+pub fn map_text(ids: &IdRange, own_map: &str) -> Option<String> {
+    let (start, end) = (
+        u64::from(ids.host_start),
+        u64::from(ids.host_start) + u64::from(ids.size),
+    );
+    let mut pieces: Vec<(u64, u64)> = crate::host::idmap::extents(own_map)?
+        .into_iter()
+        .filter_map(|(inside, _, len)| {
+            let (lo, hi) = (inside.max(start), (inside + len).min(end));
+            (lo < hi).then_some((lo, hi))
+        })
+        .collect();
+    pieces.sort_unstable();
+    let covered: u64 = pieces.iter().map(|(lo, hi)| hi - lo).sum();
+    if covered != u64::from(ids.size) || pieces.len() > 340 {
+        return None;
+    }
+    Some(
+        pieces
+            .iter()
+            .map(|(lo, hi)| format!("{} {lo} {}\n", lo - start, hi - lo))
+            .collect(),
+    )
+}
+
 /// Makes the sandbox's user namespace owned by its host root id (`ids.host_start`), with
 /// `caps` in it, its id maps written and pinned at `pin`.
 pub fn create(ids: &IdRange, caps: &Ucounts, pin: &Path) -> Result<OwnedUserns, UsernsError> {
@@ -85,10 +118,20 @@ pub fn create(ids: &IdRange, caps: &Ucounts, pin: &Path) -> Result<OwnedUserns, 
         .map_err(create_err)?;
     let creator = owned_userns::spawn(owner, owner, &limits).map_err(create_err)?;
     let pid = creator.pid();
-    let line = map_line(ids);
-    for file in ["uid_map", "gid_map"] {
+    for (file, kind) in [("uid_map", IdKind::Uid), ("gid_map", IdKind::Gid)] {
         let path = PathBuf::from(format!("/proc/{pid}/{file}"));
-        std::fs::write(&path, &line).map_err(|source| UsernsError::Map {
+        let text = own_map(kind)
+            .ok()
+            .and_then(|own| map_text(ids, &own))
+            .ok_or_else(|| UsernsError::Map {
+                path: path.clone(),
+                source: std::io::Error::other(format!(
+                    "the runtime's own {file} does not map host ids {}..{}",
+                    ids.host_start,
+                    u64::from(ids.host_start) + u64::from(ids.size)
+                )),
+            })?;
+        std::fs::write(&path, &text).map_err(|source| UsernsError::Map {
             path: path.clone(),
             source,
         })?;
@@ -130,6 +173,30 @@ mod tests {
             pin_path(Path::new("/run/x/mounts/c1")),
             PathBuf::from("/run/x/mounts/c1/userns")
         );
+    }
+
+    /// The sandbox's block split along the runtime's own extents: whole as real root, in
+    /// two lines inside rootless podman's namespace; a block the runtime cannot map is none.
+    #[test]
+    fn map_text_follows_the_runtimes_own_extents() {
+        let block = IdRange {
+            host_start: 1_000_000,
+            size: 65536,
+        };
+        let identity = "         0          0 4294967295\n";
+        assert_eq!(map_text(&block, identity).unwrap(), map_line(&block));
+        let podman = "         0       1500          1\n         1     100000      65536\n";
+        let nested = IdRange {
+            host_start: 0,
+            size: 65536,
+        };
+        assert_eq!(map_text(&nested, podman).unwrap(), "0 0 1\n1 1 65535\n");
+        assert_eq!(map_text(&block, podman), None);
+        let bigger = IdRange {
+            host_start: 0,
+            size: 65538,
+        };
+        assert_eq!(map_text(&bigger, podman), None);
     }
 
     /// Needs real root, as the runtime is: the namespace is owned by the block's first id,

@@ -210,8 +210,10 @@ impl Runtime {
             .and_then(|r| r.rootfs_mount.parent().map(Path::to_path_buf))
             .or_else(|| crate::harden::mount_dir(&self.dirs, id).ok());
         if let Some(ws) = &workspace {
-            // Before the mounts go: an empty change set is dropped, any other is kept.
-            crate::report::changes::ended(ws);
+            // Before the mounts go: an empty change set keeps its record only, any other is
+            // kept; a sandbox whose create failed (no layers record yet) leaves none.
+            let ran = self.dirs.sandbox(id).layers().path().exists();
+            crate::report::changes::ended(ws, ran);
         }
         if let Some(mount_dir) = mount_dir {
             detach_all_under(&mount_dir);

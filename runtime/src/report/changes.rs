@@ -77,7 +77,7 @@ pub enum ChangesError {
     #[error("change set {change} belongs to a sandbox that still exists; delete it first")]
     Live { change: String },
     #[error(
-        "cannot remove {path} (a rootless sandbox's files belong to its subordinate ids: run this under `podman unshare`)"
+        "cannot remove {path} (files a rootless sandbox's non-root users made belong to subordinate ids: run this under `podman unshare`)"
     )]
     Remove {
         path: PathBuf,
@@ -113,6 +113,10 @@ pub struct Record {
     pub ended: Option<u64>,
     /// Disk used, measured when the sandbox was deleted.
     pub size_bytes: Option<u64>,
+    /// The sandbox changed nothing: its layer is gone and only this record and an empty
+    /// `upper/` stay, so review says "no changes" instead of not finding the sandbox.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub empty: bool,
 }
 
 /// One entry of the store.
@@ -390,6 +394,7 @@ pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
             keep_until: created.saturating_add(new.fs.changes_max_age.get()),
             ended: None,
             size_bytes: None,
+            empty: false,
         },
     };
     entry.save()?;
@@ -507,7 +512,7 @@ pub fn open(entry: &Entry) -> Result<WorkspaceOverlay> {
         return Ok(ws);
     }
     let lower = entry.record.workspace.clone();
-    if entry.record.quota_bytes.is_none() {
+    if entry.record.quota_bytes.is_none() || entry.record.empty {
         return Ok(WorkspaceOverlay {
             lower,
             upper: entry.dir.join("upper"),
@@ -559,9 +564,10 @@ pub fn of_sandbox(store: &Store, root: &Path, id: &str, change: Option<&str>) ->
     }
 }
 
-/// Called at delete, before the sandbox's mounts go: an empty change set is removed (there
-/// is nothing to review), any other one is stamped ended with its size.
-pub fn ended(ws: &WorkspaceOverlay) -> Option<Entry> {
+/// Called at delete, before the sandbox's mounts go: an empty change set keeps only its
+/// record (review then says "no changes"), any other one is stamped ended with its size. An
+/// empty one of a sandbox that never `ran` (its create failed) is removed whole.
+pub fn ended(ws: &WorkspaceOverlay, ran: bool) -> Option<Entry> {
     let change = ws.change.as_ref()?;
     let dir = match &ws.change_dir {
         Some(dir) => dir.clone(),
@@ -569,10 +575,19 @@ pub fn ended(ws: &WorkspaceOverlay) -> Option<Entry> {
     };
     let mut entry = Entry::load(&dir).ok()?;
     let empty = std::fs::read_dir(&ws.upper).is_ok_and(|mut rd| rd.next().is_none());
-    if empty {
-        tracing::debug!(change = %change, "no workspace changes: nothing kept");
+    if empty && !ran {
         if let Err(e) = remove(&entry) {
-            tracing::warn!(error = %e, "cannot remove an empty change set");
+            tracing::warn!(error = %e, "cannot remove the change set of a failed create");
+        }
+        return None;
+    }
+    if empty {
+        tracing::debug!(change = %change, "no workspace changes: only the record is kept");
+        if let Err(e) = keep_record_only(&mut entry) {
+            tracing::warn!(error = %e, "cannot drop the layer of an empty change set");
+            if let Err(e) = remove(&entry) {
+                tracing::warn!(error = %e, "cannot remove an empty change set");
+            }
         }
         return None;
     }
@@ -608,16 +623,76 @@ fn remove(entry: &Entry) -> Result<()> {
         }
         let path = e.path();
         let gone = if e.file_type().is_ok_and(|t| t.is_dir()) {
-            std::fs::remove_dir_all(&path)
+            remove_tree(&path)
         } else {
             std::fs::remove_file(&path)
         };
         gone.map_err(|source| ChangesError::Remove { path, source })?;
     }
-    std::fs::remove_dir_all(&entry.dir).map_err(|source| ChangesError::Remove {
+    remove_tree(&entry.dir).map_err(|source| ChangesError::Remove {
         path: entry.dir.clone(),
         source,
     })
+}
+
+/// `remove_dir_all`, first giving this user back the right to list and empty the
+/// directories it owns: overlayfs leaves `work/work` mode 0000, and a rootless sandbox's root
+/// (the invoking user) may make directories of any mode. Symlinks are never followed; other
+/// owners' directories are left as they are (their removal fails as before).
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            let me = nix::unistd::geteuid().as_raw();
+            let mut stack = vec![dir.to_owned()];
+            while let Some(d) = stack.pop() {
+                let Ok(meta) = std::fs::symlink_metadata(&d) else {
+                    continue;
+                };
+                if !meta.is_dir() || meta.uid() != me {
+                    continue;
+                }
+                if meta.mode() & 0o700 != 0o700 {
+                    std::fs::set_permissions(&d, PermissionsExt::from_mode(meta.mode() | 0o700))?;
+                }
+                if let Ok(rd) = std::fs::read_dir(&d) {
+                    stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+                }
+            }
+            std::fs::remove_dir_all(dir)
+        }
+        other => other,
+    }
+}
+
+/// An empty change set's layer goes (its mounts are detached by the caller's delete first;
+/// a quota image is removed whole), leaving the record, stamped ended and empty, and an
+/// empty `upper/` that review reads as "no changes".
+fn keep_record_only(entry: &mut Entry) -> Result<()> {
+    let rd = std::fs::read_dir(&entry.dir).map_err(|source| ChangesError::Remove {
+        path: entry.dir.clone(),
+        source,
+    })?;
+    for e in rd.filter_map(|e| e.ok()) {
+        let path = e.path();
+        let gone = if e.file_name() == INDEX_FILE || e.file_name() == "upper" {
+            continue;
+        } else if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        gone.map_err(|source| ChangesError::Remove { path, source })?;
+    }
+    let upper = entry.dir.join("upper");
+    std::fs::create_dir_all(&upper).map_err(|source| ChangesError::Store {
+        path: upper.clone(),
+        source,
+    })?;
+    entry.record.ended = Some(now());
+    entry.record.size_bytes = Some(0);
+    entry.record.empty = true;
+    entry.save()
 }
 
 /// `changes discard KEY`: removes a change set whose sandbox is gone.
@@ -756,7 +831,13 @@ pub fn table(entries: &[Entry]) -> String {
     );
     for e in entries {
         let r = &e.record;
-        let state = if e.live().is_some() { "live" } else { "ended" };
+        let state = if e.live().is_some() {
+            "live"
+        } else if r.empty {
+            "empty"
+        } else {
+            "ended"
+        };
         let size = r
             .size_bytes
             .map(|b| format!("{:.1}M", b as f64 / 1_048_576.0))
@@ -804,7 +885,60 @@ mod tests {
             keep_until: created + 100,
             ended: Some(created),
             size_bytes: Some(10),
+            empty: false,
         }
+    }
+
+    /// A sandbox that wrote nothing keeps its record and an empty upper dir, no layer: it is
+    /// still found by its name, listed as empty, and opens as an empty change set.
+    #[test]
+    fn an_empty_change_set_keeps_only_its_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store {
+            dir: tmp.path().to_owned(),
+        };
+        let mut r = record("c0ffee000001", "ctr-1", Some("nothing"), 1000);
+        (r.ended, r.size_bytes) = (None, None);
+        put(&store, r);
+        let dir = store.dir.join("c0ffee000001");
+        std::fs::create_dir_all(dir.join("work/work")).unwrap();
+        let ws = WorkspaceOverlay {
+            lower: PathBuf::from("/w"),
+            upper: dir.join("upper"),
+            change: Some("c0ffee000001".to_owned()),
+            change_dir: Some(dir.clone()),
+            held: None,
+        };
+        assert!(ended(&ws, true).is_none());
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [INDEX_FILE, "upper"]);
+        let entry = store
+            .entries()
+            .into_iter()
+            .find(|e| e.record.name.as_deref() == Some("nothing"))
+            .unwrap();
+        assert!(entry.record.empty && entry.record.ended.is_some());
+        assert_eq!(entry.record.size_bytes, Some(0));
+        let opened = open(&entry).unwrap();
+        assert_eq!(std::fs::read_dir(&opened.upper).unwrap().count(), 0);
+        assert!(table(&[entry]).lines().nth(1).unwrap().contains(" empty "));
+        // A failed create leaves nothing.
+        let mut r = record("c0ffee000002", "ctr-2", None, 1000);
+        (r.ended, r.size_bytes) = (None, None);
+        put(&store, r);
+        let dir = store.dir.join("c0ffee000002");
+        let ws = WorkspaceOverlay {
+            upper: dir.join("upper"),
+            change: Some("c0ffee000002".to_owned()),
+            change_dir: Some(dir.clone()),
+            ..ws
+        };
+        assert!(ended(&ws, false).is_none());
+        assert!(!dir.exists());
     }
 
     fn put(store: &Store, r: Record) {

@@ -483,6 +483,7 @@ mod tests {
             keep_until: 2,
             ended: Some(1),
             size_bytes: Some(1),
+            empty: false,
         }
     }
 

@@ -30,9 +30,14 @@ pub enum LayersError {
 /// What the runtime applied at create, saved for later reports.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Applied {
-    /// Container id 0 maps to this host id, for `size` ids (uid and gid alike).
+    /// Container id 0 maps to this host id, for `size` ids (uid and gid alike). Rootless,
+    /// an id of podman's user namespace, whose 0 is the invoking user.
     pub userns_host_start: u32,
     pub userns_size: u32,
+    /// Rootless only: the invoking user's uid in the initial namespace, which the sandbox's
+    /// root is (docs/workspace.md, "Rootless"). `None`: the runtime was real root.
+    #[serde(default)]
+    pub rootless_user: Option<u32>,
     /// `root.readonly` of the spec libcontainer got.
     pub readonly_rootfs: bool,
     /// `process.noNewPrivileges` of the init's spec.
@@ -68,12 +73,40 @@ pub struct Applied {
     #[serde(default)]
     pub init_reaper: bool,
     /// The sandbox's own user namespace: its owner and the per-user caps in it
-    /// (`crate::host::userns`); a pod member's are its pod's. `None`: a rootless runtime.
+    /// (`crate::host::userns`); a pod member's are its pod's. `None`: a runtime before the
+    /// rootless one made its own.
     #[serde(default)]
     pub ucounts: Option<crate::host::userns::OwnedUserns>,
     /// For a pod's member: the pod sandbox whose user namespace (and caps) it shares.
     #[serde(default)]
     pub ucounts_pod: Option<String>,
+    /// The credential stores found in the workspace and masked, as container paths
+    /// ([`masked_secrets`]).
+    #[serde(default)]
+    pub masked_secrets: Vec<PathBuf>,
+}
+
+/// The workspace paths a placeholder is bound over in `spec` (the credential stores the
+/// runtime masked, docs/workspace.md#secret-names), in mount order.
+pub fn masked_secrets(
+    spec: &libcontainer::oci_spec::runtime::Spec,
+    policy: &agent_sandbox_policy::SandboxPolicy,
+    placeholders: &agent_sandbox_policy::harden::Placeholders,
+) -> Vec<PathBuf> {
+    let Some(workspace) = policy.filesystem.workspace.as_ref() else {
+        return Vec::new();
+    };
+    spec.mounts()
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.destination().starts_with(workspace.as_path())
+                && m.source()
+                    .as_ref()
+                    .is_some_and(|s| *s == placeholders.file || *s == placeholders.dir)
+        })
+        .map(|m| m.destination().clone())
+        .collect()
 }
 
 /// The sandbox's own user namespace as recorded at its create (a pod member reads its pod's).
@@ -130,6 +163,7 @@ pub fn record_create(
     init_pid: i32,
     ucounts: Option<crate::host::userns::OwnedUserns>,
     ucounts_pod: Option<String>,
+    masked_secrets: Vec<PathBuf>,
 ) -> Result<(), LayersError> {
     let process = spec.process().as_ref();
     let capabilities = process
@@ -165,9 +199,15 @@ pub fn record_create(
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("{:?}", policy.network.mode));
     let proxy = crate::sidecars::egress::wanted(policy);
+    let rootless_user = crate::state::paths::rootless()
+        .unwrap_or(true)
+        .then(|| crate::host::idmap::own_map(crate::host::idmap::IdKind::Uid).ok())
+        .flatten()
+        .and_then(|own| crate::host::idmap::to_host(ids.host_start, &own));
     Applied {
         userns_host_start: ids.host_start,
         userns_size: ids.size,
+        rootless_user,
         readonly_rootfs: spec.root().as_ref().and_then(|r| r.readonly()) == Some(true),
         no_new_privs: process.and_then(|p| p.no_new_privileges()) == Some(true),
         capabilities,
@@ -188,6 +228,7 @@ pub fn record_create(
         init_reaper: crate::enforce::reaper::wanted(policy, spec),
         ucounts,
         ucounts_pod,
+        masked_secrets,
     }
     .save(sandbox_dir)
 }
@@ -289,9 +330,10 @@ pub fn report(
     Ok(json!({
         "id": id.as_str(),
         "status": status,
-        "userns": {
-            "mapping": format!("0 {} {}", applied.userns_host_start, applied.userns_size),
-            "host_root_mapped": applied.userns_host_start == 0,
+        "userns": userns_report(&applied),
+        "workspace_secrets": {
+            "masked": applied.masked_secrets,
+            "how": "an empty read-only directory or file bound over each credential store (.ssh/, .gnupg/, .aws/, .netrc, ...) found in the workspace, rootful and rootless (docs/workspace.md#secret-names)",
         },
         "readonly_rootfs": applied.readonly_rootfs,
         "no_new_privs": applied.no_new_privs,
@@ -321,6 +363,32 @@ pub fn report(
         "ucounts": ucounts_report(&applied, live.as_ref().map(|(pid, _)| *pid)),
         "live": live_json,
     }))
+}
+
+/// The sandbox's id mapping and who its root is on the host; rootless, what differs from a
+/// rootful sandbox (docs/workspace.md, "Rootless").
+fn userns_report(applied: &Applied) -> Value {
+    let mapping = format!("0 {} {}", applied.userns_host_start, applied.userns_size);
+    let Some(user) = applied.rootless_user else {
+        return json!({
+            "mapping": mapping,
+            "host_root_mapped": applied.userns_host_start == 0,
+            "root_is": format!("host id {}, an id of the sandbox's own", applied.userns_host_start),
+        });
+    };
+    json!({
+        "mapping": format!("{mapping} (ids of rootless podman's user namespace)"),
+        "host_root_mapped": user == 0,
+        "root_is": format!("the invoking user (host uid {user})"),
+        "rootless": [
+            "the sandbox's root is the invoking user, the owner of the checkout: no idmapped mount, no id of its own",
+            "what only the user's uid can open is reachable only through the sandbox's own mounts (read-only rootfs, read-only binds, the workspace overlay) and its own pid, ipc and network namespaces",
+            "the user's credential stores in the workspace (a home's .ssh/, .gnupg/, .aws/, .netrc, ...), which ownership no longer keeps out, are masked: see workspace_secrets",
+            "the overlay's upper files the sandbox's root writes belong to the user: review needs no podman unshare",
+            "per-user kernel counts (processes, inotify, namespaces) are charged to the user, beside the user's own session, within the policy's caps in the sandbox's namespace",
+            "no workspace quota (loop devices need real root); no AppArmor profile of its own",
+        ],
+    })
 }
 
 /// The Landlock layer: the ABI its ruleset was built for and, for each right that ABI
@@ -362,7 +430,8 @@ fn ucounts_report(applied: &Applied, live_pid: Option<i32>) -> Value {
     });
     json!({
         "active": true,
-        "charged_to_host_uid": u.owner,
+        // Rootless, the owner is podman's namespace root: the invoking user.
+        "charged_to_host_uid": applied.rootless_user.unwrap_or(u.owner),
         "owner_uid_now": live_owner,
         "pod": applied.ucounts_pod,
         "caps_per_user": u.caps,

@@ -28,6 +28,7 @@ pub fn ctx() -> HardenContext {
             host_id: 200_000,
             size: 65536,
         }],
+        parent_root_unprivileged: false,
         workspace: Some(OverlayDirs {
             upper: "/run/agent-sandbox/c1/upper".into(),
             work: "/run/agent-sandbox/c1/work".into(),
@@ -307,6 +308,7 @@ fn protected_names_in_workspace_subdirectories_are_bound_and_others_refused() {
             container_path: "/workspace/pkg/sub/notes.txt".into(),
             host_path: "/srv/project/pkg/sub/notes.txt".into(),
             dir: false,
+            secret: false,
         },
     ] {
         let mut bad = self::ctx();
@@ -326,10 +328,92 @@ fn unexpected_protected_path_is_an_error() {
         container_path: "/etc".into(),
         host_path: "/etc".into(),
         dir: true,
+        secret: false,
     }];
     let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
     assert!(
         matches!(err, HardenError::UnexpectedProtectedPath { .. }),
+        "{err}"
+    );
+}
+
+/// A credential store in the workspace is masked: the empty placeholder of its kind is bound
+/// read-only over it, never its host path; a runtime that calls it no secret, or gives no
+/// placeholders, is refused.
+#[test]
+fn credential_stores_in_the_workspace_are_masked_with_placeholders() {
+    let policy = agent();
+    let spec = podman_like_spec();
+    let name =
+        |n: &str| agent_sandbox_policy::value::ProtectedName::try_from(n.to_owned()).unwrap();
+    let ssh = harden::protected_path_at(&spec, &policy, Path::new("home"), &name(".ssh/")).unwrap();
+    let netrc = harden::protected_path_at(&spec, &policy, Path::new(""), &name(".netrc")).unwrap();
+    let envrc = harden::protected_path_at(&spec, &policy, Path::new(""), &name(".envrc")).unwrap();
+    assert!(ssh.secret && netrc.secret && !envrc.secret);
+    let mut ctx = ctx();
+    ctx.placeholders = Some(harden::Placeholders {
+        file: "/run/agent-sandbox/c1/placeholder/file".into(),
+        dir: "/run/agent-sandbox/c1/placeholder/dir".into(),
+    });
+    ctx.protected = vec![ssh.clone(), netrc.clone(), envrc.clone()];
+    let out = harden_ok(spec.clone(), &policy, &ctx).spec;
+    let source_at = |dest: &str| {
+        let m = out
+            .mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .rfind(|m| m.destination() == Path::new(dest))
+            .unwrap_or_else(|| panic!("no mount at {dest}"));
+        assert!(
+            m.options().as_ref().unwrap().contains(&"ro".to_owned()),
+            "{dest}"
+        );
+        m.source().clone().unwrap()
+    };
+    assert_eq!(
+        source_at("/workspace/home/.ssh"),
+        PathBuf::from("/run/agent-sandbox/c1/placeholder/dir")
+    );
+    assert_eq!(
+        source_at("/workspace/.netrc"),
+        PathBuf::from("/run/agent-sandbox/c1/placeholder/file")
+    );
+    assert_eq!(source_at("/workspace/.envrc"), envrc.host_path);
+    // A policy's own name beneath a mask (`.ssh/config`) is not bound over it.
+    let mut inner = policy.clone();
+    inner.filesystem.protected.push(name(".ssh/config"));
+    let config =
+        harden::protected_path_at(&spec, &inner, Path::new("home"), &name(".ssh/config")).unwrap();
+    assert!(!config.secret);
+    let mut both = ctx.clone();
+    both.protected = vec![ssh.clone(), config];
+    let out = harden_ok(spec.clone(), &inner, &both).spec;
+    assert!(
+        !out.mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|m| m.destination() == Path::new("/workspace/home/.ssh/config")),
+        "a bind beneath the mask of .ssh/"
+    );
+    // Under-reporting a secret is refused, as is a mask without placeholders.
+    let mut lying = ctx.clone();
+    lying.protected = vec![harden::ProtectedMount {
+        secret: false,
+        ..ssh.clone()
+    }];
+    let err = harden::harden_spec(spec.clone(), &policy, &lying).unwrap_err();
+    assert!(
+        matches!(err, HardenError::UnexpectedProtectedPath { .. }),
+        "{err}"
+    );
+    let mut bare = ctx.clone();
+    bare.placeholders = None;
+    bare.protected = vec![netrc];
+    let err = harden::harden_spec(spec, &policy, &bare).unwrap_err();
+    assert!(
+        matches!(err, HardenError::MissingMaskPlaceholders { .. }),
         "{err}"
     );
 }
@@ -370,6 +454,12 @@ fn host_root_mapping_is_refused() {
     ctx.uid_mappings[0].host_id = 0;
     let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
     assert!(matches!(err, HardenError::HostRootMapping { .. }), "{err}");
+    // Rootless: id 0 of the runtime's namespace is the invoking user, and may be mapped.
+    ctx.gid_mappings[0].host_id = 0;
+    ctx.parent_root_unprivileged = true;
+    let hardened = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap();
+    let linux = hardened.spec.linux().as_ref().unwrap();
+    assert_eq!(linux.uid_mappings().as_ref().unwrap()[0].host_id(), 0);
     let mut ctx = self::ctx();
     ctx.gid_mappings[0].size = 1 << 20;
     let err = harden::harden_spec(podman_like_spec(), &agent(), &ctx).unwrap_err();
