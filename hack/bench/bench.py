@@ -388,7 +388,7 @@ class PodmanCase(Case):
         cname = f"bench-{os.getpid()}-{tag}"
         self.last_name = cname
         t0 = time.perf_counter_ns()
-        self.run(["podman", "run", "--rm", "--network", "none", "--runtime", self.runtime, "--name", cname, self.image, "true"])
+        self.run(["podman", "run", "--rm", "--pull", "never", "--network", "none", "--runtime", self.runtime, "--name", cname, self.image, "true"])
         t1 = time.perf_counter_ns()
         self.last_name = ""
         reap_children()
