@@ -12,13 +12,28 @@ use crate::state::ContainerId;
 
 impl Runtime {
     /// The watchdog body: waits, then kills the sandbox if it still runs the
-    /// same init (`pid`, from `start`; else read from the state now).
+    /// same init (`pid`, from `start`; else read from the state now). It ends at once when
+    /// the init exits, so it never outlives the sandbox (even one whose state root was
+    /// removed without `delete`).
     pub fn watchdog(&self, id: &ContainerId, seconds: u64, pid: Option<i32>) -> Result<()> {
         let pid = match pid {
             Some(p) => Some(nix::unistd::Pid::from_raw(p)),
             None => self.load(id)?.pid(),
         };
-        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let limit = std::time::Duration::from_secs(seconds);
+        match pid.map(|p| crate::sidecars::InitWatch::open(p.as_raw())) {
+            Some(Ok(Some(init))) => {
+                if init.exited_within(limit) {
+                    tracing::debug!(id = %id, "the init exited: the watchdog ends");
+                    return Ok(());
+                }
+            }
+            Some(Ok(None)) => {
+                tracing::debug!(id = %id, "the init is gone: the watchdog ends");
+                return Ok(());
+            }
+            Some(Err(_)) | None => std::thread::sleep(limit),
+        }
         let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         if c.pid() != pid || c.status() == ContainerStatus::Stopped {
