@@ -145,6 +145,29 @@ fn runtime(root: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+/// `agent-sandbox --root ROOT [--log LOG] create --bundle B --pid-file P ID`, stdin and
+/// stdout on /dev/null (the init keeps them: no pipe a capture would wait on).
+fn create_command(
+    root: &Path,
+    log: Option<&Path>,
+    bundle: &Path,
+    pid_file: &Path,
+    id: &str,
+) -> Command {
+    let mut cmd = runtime(root, &[]);
+    if let Some(log) = log {
+        cmd.arg("--log").arg(log);
+    }
+    cmd.args(["create", "--bundle"])
+        .arg(bundle)
+        .arg("--pid-file")
+        .arg(pid_file)
+        .arg(id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cmd
+}
+
 /// The security state of a running process, read from the host.
 fn confinement(pid: u32) -> anyhow::Result<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -190,16 +213,7 @@ fn runtime_killed_mid_create_never_runs_unconfined_and_delete_force_leaves_nothi
         let id = format!("fault-create-{}-{delay_ms}", std::process::id());
         let pid_file = dir.path().join(format!("{id}.pid"));
         let log = dir.path().join(format!("{id}.log"));
-        let mut child = runtime(&root, &[])
-            .arg("--log")
-            .arg(&log)
-            .args(["create", "--bundle"])
-            .arg(&bundle)
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(&id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
+        let mut child = create_command(&root, Some(&log), &bundle, &pid_file, &id)
             .stderr(Stdio::piped())
             .spawn()?;
         thread::sleep(Duration::from_millis(delay_ms));
@@ -308,15 +322,9 @@ fn helpers_end_with_a_sandbox_whose_state_root_was_removed() -> anyhow::Result<(
     let gone = dir.path().join("root.gone");
     let id = format!("fault-helpers-{}", std::process::id());
     let pid_file = dir.path().join("init.pid");
-    // stdio in a file: the init inherits it, and a pipe would stay open while it runs.
+    // stderr in a file: the init inherits it, and a pipe would stay open while it runs.
     let err = dir.path().join("create.err");
-    let create = runtime(&root, &["create", "--bundle"])
-        .arg(&bundle)
-        .arg("--pid-file")
-        .arg(&pid_file)
-        .arg(&id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+    let create = create_command(&root, None, &bundle, &pid_file, &id)
         .stderr(fs::File::create(&err)?)
         .status()?;
     ensure!(
