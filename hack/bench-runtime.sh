@@ -2,7 +2,8 @@
 # Start-latency benchmark of agent-sandbox against crun and runc, interleaved in one
 # run so that machine drift cancels (see docs/benchmarks.md):
 #   1. the runtime alone: create + start + wait + delete of /bin/true from a busybox
-#      bundle, each runtime with its own --root;
+#      bundle, each runtime with its own --root; agent-sandbox's create is also broken
+#      down by phase, wall and CPU, from its AGENT_SANDBOX_PHASE_TRACE;
 #   2. podman run --rm --network none localhost/agent-sandbox/busybox:latest true,
 #      with --runtime agent-sandbox, crun and runc;
 #   3. ctr run --rm --runtime io.agent.sandbox vs io.containerd.runc.v2 of the same
