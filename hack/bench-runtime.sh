@@ -2,7 +2,8 @@
 # Start-latency benchmark of agent-sandbox against crun and runc, interleaved in one
 # run so that machine drift cancels (see docs/benchmarks.md):
 #   1. the runtime alone: create + start + wait + delete of /bin/true from a busybox
-#      bundle, each runtime with its own --root;
+#      bundle, each runtime with its own --root; agent-sandbox's create is also broken
+#      down by phase, wall and CPU, from its AGENT_SANDBOX_PHASE_TRACE;
 #   2. podman run --rm --network none localhost/agent-sandbox/busybox:latest true,
 #      with --runtime agent-sandbox, crun and runc;
 #   3. ctr run --rm --runtime io.agent.sandbox vs io.containerd.runc.v2 of the same
@@ -29,7 +30,10 @@
 # BENCH_SHIMS (3), BENCH_MAX_SECONDS (300), AGENT_SANDBOX_BIN (default
 # /usr/local/bin/agent-sandbox).
 #
-# Installs from Debian only what is missing. The agent-sandbox rows need the
+# Installs from Debian only what the timing needs and is missing (not matplotlib, whose
+# chart is optional); the run itself never reaches the network
+# (podman runs with --pull never, cargo with --frozen; `unshare --net` around the
+# script shows it). The agent-sandbox rows need the
 # runtime installed (hack/setup.sh); without it they say so and the others run.
 # The timing loop is hack/bench/bench.py (stdlib Python) rather than hyperfine:
 # hyperfine runs one command to the end before the next, and cannot alternate
@@ -49,15 +53,20 @@ declare -A packages=(
     [busybox-static]=/bin/busybox
     [podman]=/usr/bin/podman
     [python3]=/usr/bin/python3
-    [python3-matplotlib]=/usr/lib/python3/dist-packages/matplotlib/__init__.py
 )
 missing=()
 for pkg in "${!packages[@]}"; do
     status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-    if [[ $status != "install ok installed" || ! -x ${packages[$pkg]} ]]; then
+    # -e, not -x: some of these files (matplotlib's __init__.py) are not executables.
+    if [[ $status != "install ok installed" || ! -e ${packages[$pkg]} ]]; then
         missing+=("$pkg")
     fi
 done
+# The chart is optional (hack/bench/extra.py skips it without matplotlib): installing it
+# would pull some thirty packages from the network before a run.
+if [[ ! -e /usr/lib/python3/dist-packages/matplotlib/__init__.py ]]; then
+    echo "bench-runtime.sh: no chart without python3-matplotlib (apt-get install python3-matplotlib)" >&2
+fi
 if ((${#missing[@]})); then
     echo "bench-runtime.sh: installing ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -174,6 +174,10 @@ class Sample:
     # CPU time (user + system) of every process the operation ran, where all of them
     # are reaped by the harness; None where some escape (podman's conmon daemonizes).
     cpu_ns: int | None = None
+    # The runtime's own per-phase trace of its create (AGENT_SANDBOX_PHASE_TRACE):
+    # phase -> (wall ms or None, cpu ms), with "outside phases" = the create command's
+    # wall time not inside any phase (process start, exit) and "create command" = its CPU.
+    create_trace: dict[str, tuple[float | None, float]] = field(default_factory=dict)
 
 
 def children_cpu_ns() -> int:
@@ -265,11 +269,11 @@ class CommandRunner:
         self.err = open(workdir / f"{name}.stderr", "w+b")  # noqa: SIM115 (closed at exit)
         self.timeout = timeout
 
-    def __call__(self, argv: list[str]) -> None:
+    def __call__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.err.seek(0)
         self.err.truncate()
         try:
-            rc = wait_exact(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err), self.timeout)
+            rc = wait_exact(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.err, env=env), self.timeout)
         except subprocess.TimeoutExpired as e:
             raise CaseFailed(f"`{' '.join(argv)}` did not finish within {self.timeout:.0f} s") from e
         except OSError as e:
@@ -283,7 +287,8 @@ class CommandRunner:
 class LifecycleCase(Case):
     """create --pid-file, start, wait for the init to exit (pidfd), delete."""
 
-    def __init__(self, name: str, binary: str | None, view: str, bundle: Path, workdir: Path, global_args: list[str] | None = None) -> None:
+    def __init__(self, name: str, binary: str | None, view: str, bundle: Path, workdir: Path, global_args: list[str] | None = None,
+                 phase_trace: bool = False) -> None:
         super().__init__()
         self.name = name
         self.binary = binary
@@ -295,6 +300,8 @@ class LifecycleCase(Case):
         self.global_args = [*(global_args or []), "--root", str(self.root)]
         self.run = CommandRunner(workdir, slug, timeout=30)
         self.last_id = ""
+        # agent-sandbox appends each create's phases to this file (runtime/src/create/marks.rs).
+        self.trace = workdir / f"{slug}.phases.jsonl" if phase_trace else None
 
     def unavailable(self) -> str:
         if not self.binary:
@@ -312,9 +319,14 @@ class LifecycleCase(Case):
         self.pidfile.unlink(missing_ok=True)
         reap_children()
         c0 = children_cpu_ns()
+        env = None
+        if self.trace:
+            self.trace.unlink(missing_ok=True)
+            env = {**os.environ, "AGENT_SANDBOX_PHASE_TRACE": str(self.trace)}
         t0 = time.perf_counter_ns()
-        self.run(self.cmd("create", "--bundle", str(self.bundle), "--pid-file", str(self.pidfile), cid))
+        self.run(self.cmd("create", "--bundle", str(self.bundle), "--pid-file", str(self.pidfile), cid), env)
         t1 = time.perf_counter_ns()
+        create_trace = self.read_trace(cid, t1 - t0, children_cpu_ns() - c0) if self.trace else {}
         try:
             pid = int(self.pidfile.read_text().strip())
             pidfd = os.pidfd_open(pid)
@@ -333,7 +345,23 @@ class LifecycleCase(Case):
         reap_children()
         self.last_id = ""
         phases = {"create": t1 - t0, "start": t2 - t1, "wait": t3 - t2, "delete": t4 - t3}
-        return Sample(t4 - t0, phases, children_cpu_ns() - c0)
+        return Sample(t4 - t0, phases, children_cpu_ns() - c0, create_trace)
+
+    def read_trace(self, cid: str, wall_ns: int, cpu_ns: int) -> dict[str, tuple[float | None, float]]:
+        """The phases of create `cid` from the runtime's trace line; none from a build older
+        than the trace (no file)."""
+        if not self.trace.exists():
+            return {}
+        try:
+            lines = [json.loads(x) for x in self.trace.read_text().splitlines() if x.strip()]
+            line = next(x for x in reversed(lines) if x.get("op") == "create" and x.get("id") == cid)
+            got = {p["phase"]: (p["wall_ms"], p["cpu_ms"]) for p in line["phases"]}
+        except (OSError, ValueError, KeyError, StopIteration) as e:
+            raise CaseFailed(f"no phase trace of create {cid} in {self.trace}: {e}") from e
+        inside = sum(w for w, _ in got.values() if w is not None)
+        got["outside phases"] = (round(ms(wall_ns) - inside, 3), 0.0)
+        got["create command"] = (round(ms(wall_ns), 3), round(ms(cpu_ns), 3))
+        return got
 
     def cleanup(self) -> None:
         if self.last_id and self.binary:
@@ -388,7 +416,7 @@ class PodmanCase(Case):
         cname = f"bench-{os.getpid()}-{tag}"
         self.last_name = cname
         t0 = time.perf_counter_ns()
-        self.run(["podman", "run", "--rm", "--network", "none", "--runtime", self.runtime, "--name", cname, self.image, "true"])
+        self.run(["podman", "run", "--rm", "--pull", "never", "--network", "none", "--runtime", self.runtime, "--name", cname, self.image, "true"])
         t1 = time.perf_counter_ns()
         self.last_name = ""
         reap_children()
@@ -767,7 +795,7 @@ def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
     bundle = make_bundle(workdir, args.busybox, which("runc"))
     crun_view = "v1" if hybrid else "host"
     cases: list[Case] = [
-        LifecycleCase("agent-sandbox", args.agent_sandbox, "host", bundle, workdir),
+        LifecycleCase("agent-sandbox", args.agent_sandbox, "host", bundle, workdir, phase_trace=True),
         LifecycleCase("crun", which("crun"), crun_view, bundle, workdir),
         LifecycleCase("runc", which("runc"), "host", bundle, workdir),
     ]
@@ -971,6 +999,16 @@ def section_result(section: Section) -> dict:
             if phases:
                 row["phase_median_ms"] = {p: round(statistics.median(ms(s.phases_ns[p]) for s in got), 3) for p in phases}
             row["samples_ms"] = [None if s is None else round(ms(s.total_ns), 3) for s in case.samples]
+            traced = [s.create_trace for s in got if s.create_trace]
+            if traced:
+                row["create_phase_median_ms"] = {
+                    p: {
+                        "wall": None if any(t[p][0] is None for t in traced if p in t)
+                        else round(statistics.median(t[p][0] for t in traced if p in t), 3),
+                        "cpu": round(statistics.median(t[p][1] for t in traced if p in t), 3),
+                    }
+                    for p in dict.fromkeys(p for t in traced for p in t)
+                }
         elif case.status == "ok":
             row["status"] = "failed"
             row["error"] = "no samples"
@@ -1051,10 +1089,25 @@ def print_section(res: dict) -> None:
         print(f"  target: {t['text']}: {t['verdict'].upper()}{value}")
     for note in res["notes"]:
         print(f"  note: {note}")
+    for row in res["rows"]:
+        if "create_phase_median_ms" in row:
+            print_create_phases(row)
     if cpu:
         print("  cpu: user + system time of all the processes of one run (less sensitive to load than wall time)")
     if any(row["reference"] for row in res["rows"]):
         print("  * reference row: the harness's own cost of spawning three processes, included in every row above")
+
+
+def print_create_phases(row: dict) -> None:
+    """The runtime's own trace of its create, phase by phase (medians over the rounds)."""
+    print(f"  {row['name']} create by phase (its AGENT_SANDBOX_PHASE_TRACE; medians, ms):")
+    print(f"    {'phase':<18} {'wall':>8} {'cpu':>8}")
+    for phase, m in row["create_phase_median_ms"].items():
+        wall = f"{m['wall']:>8.2f}" if m["wall"] is not None else f"{'-':>8}"
+        cpu = f"{m['cpu']:>8.2f}" if phase != "outside phases" else f"{'-':>8}"
+        print(f"    {phase:<18} {wall} {cpu}")
+    print("    startup: CPU before create's clock starts (binary start, re-exec, arguments);"
+          " create command: the whole process (cpu of it alone, reaped by the harness)")
 
 
 def shim_version(binary: str | None) -> str:

@@ -24,8 +24,16 @@ def _cargo() -> str | None:
     return shutil.which("cargo") or (str(Path.home() / ".cargo/bin/cargo") if (Path.home() / ".cargo/bin/cargo").exists() else None)
 
 
+# A benchmark run never reaches the network: cargo builds from what is already fetched
+# (`--frozen` is `--locked --offline`) and rustup does not install a missing toolchain.
+OFFLINE_ENV = {"CARGO_NET_OFFLINE": "true", "RUSTUP_AUTO_INSTALL": "0"}
+
+
 def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+    if Path(argv[0]).name == "cargo":
+        argv = [argv[0], argv[1], "--frozen", *argv[2:]]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
+                          env={**os.environ, **OFFLINE_ENV})
 
 
 # --- proxy ----------------------------------------------------------------------------------

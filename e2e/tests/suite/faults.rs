@@ -145,6 +145,29 @@ fn runtime(root: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+/// `agent-sandbox --root ROOT [--log LOG] create --bundle B --pid-file P ID`, stdin and
+/// stdout on /dev/null (the init keeps them: no pipe a capture would wait on).
+fn create_command(
+    root: &Path,
+    log: Option<&Path>,
+    bundle: &Path,
+    pid_file: &Path,
+    id: &str,
+) -> Command {
+    let mut cmd = runtime(root, &[]);
+    if let Some(log) = log {
+        cmd.arg("--log").arg(log);
+    }
+    cmd.args(["create", "--bundle"])
+        .arg(bundle)
+        .arg("--pid-file")
+        .arg(pid_file)
+        .arg(id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cmd
+}
+
 /// The security state of a running process, read from the host.
 fn confinement(pid: u32) -> anyhow::Result<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -190,16 +213,7 @@ fn runtime_killed_mid_create_never_runs_unconfined_and_delete_force_leaves_nothi
         let id = format!("fault-create-{}-{delay_ms}", std::process::id());
         let pid_file = dir.path().join(format!("{id}.pid"));
         let log = dir.path().join(format!("{id}.log"));
-        let mut child = runtime(&root, &[])
-            .arg("--log")
-            .arg(&log)
-            .args(["create", "--bundle"])
-            .arg(&bundle)
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(&id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
+        let mut child = create_command(&root, Some(&log), &bundle, &pid_file, &id)
             .stderr(Stdio::piped())
             .spawn()?;
         thread::sleep(Duration::from_millis(delay_ms));
@@ -279,6 +293,108 @@ fn runtime_killed_mid_create_never_runs_unconfined_and_delete_force_leaves_nothi
         "a runtime SIGKILLed mid-create left these behind after delete --force:\n{}",
         leaks.join("\n")
     );
+    Ok(())
+}
+
+/// The runtime's helper processes beside sandbox `id` of state root `root` (the seccomp
+/// supervisor, the wall-clock watchdog, the egress proxy): `agent-sandbox --root ROOT ... ID`.
+fn helpers_of(root: &Path, id: &str) -> Vec<(u32, String)> {
+    let root = format!("--root {} ", root.display());
+    processes_naming(id)
+        .into_iter()
+        .filter(|(_, cmd)| cmd.contains(&root) && cmd.ends_with(id))
+        .collect()
+}
+
+/// A caller that removes the runtime's state root without `delete` leaves no helper behind
+/// once the sandbox is gone: the seccomp supervisor, the wall-clock watchdog and the egress
+/// proxy end with the init (ARCHITECTURE.md, "Helpers end with their sandbox"). The root is moved away rather than
+/// deleted (for the runtime and its helpers, which name it by path, it is gone) so that the
+/// test can put it back and `delete --force` what the host still holds. The control is a
+/// helper not tied to the init, as the watchdog was (a detached sleep of the limit): it
+/// still runs after the same events.
+#[test]
+fn helpers_end_with_a_sandbox_whose_state_root_was_removed() -> anyhow::Result<()> {
+    harness::require_file(harness::runtime_bin())?;
+    let dir = tempfile::tempdir()?;
+    let bundle = bundle(dir.path(), &["sleep", "300"])?;
+    let root = dir.path().join("root");
+    let gone = dir.path().join("root.gone");
+    let id = format!("fault-helpers-{}", std::process::id());
+    let pid_file = dir.path().join("init.pid");
+    // stderr in a file: the init inherits it, and a pipe would stay open while it runs.
+    let err = dir.path().join("create.err");
+    let create = create_command(&root, None, &bundle, &pid_file, &id)
+        .stderr(fs::File::create(&err)?)
+        .status()?;
+    ensure!(
+        create.success(),
+        "create: {create}: {}",
+        fs::read_to_string(&err)?
+    );
+    let start = harness::run(&mut runtime(&root, &["start", &id]), DEFAULT_TIMEOUT)?;
+    ensure!(start.success(), "{start}");
+    let init: u32 = fs::read_to_string(&pid_file)?.trim().parse()?;
+    let mut naive = Command::new("setsid")
+        .args(["sleep", "300"])
+        .stdin(Stdio::null())
+        .spawn()?;
+    let result = (|| -> anyhow::Result<()> {
+        let helpers: Vec<(u32, String)> = helpers_of(&root, &id)
+            .into_iter()
+            .filter(|(pid, _)| *pid != init)
+            .collect();
+        let names = format!("{helpers:#?}");
+        for helper in ["seccomp-supervise", "watchdog"] {
+            ensure!(
+                helpers
+                    .iter()
+                    .any(|(_, cmd)| cmd.contains(&format!(" {helper} "))),
+                "no {helper} beside the sandbox: {names}"
+            );
+        }
+        fs::rename(&root, &gone)?;
+        // Removing the root alone ends nothing: the sandbox still runs, and needs them.
+        thread::sleep(Duration::from_millis(500));
+        let alive: Vec<u32> = helpers
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| ctr::alive(*p))
+            .collect();
+        ensure!(
+            alive.len() == helpers.len(),
+            "helpers ended while the sandbox still ran: {alive:?} of {names}"
+        );
+        sigkill(init)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut left = helpers.clone();
+        while !left.is_empty() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+            left.retain(|(p, _)| ctr::alive(*p));
+        }
+        ensure!(
+            left.is_empty(),
+            "helpers outlived their sandbox by 10 s: {left:#?}"
+        );
+        ensure!(
+            naive.try_wait()?.is_none(),
+            "the control (a helper not tied to the init) ended too: the test shows nothing"
+        );
+        Ok(())
+    })();
+    let _ = naive.kill();
+    let _ = naive.wait();
+    if gone.exists() {
+        fs::rename(&gone, &root)?;
+    }
+    let del = harness::run(
+        &mut runtime(&root, &["delete", "--force", &id]),
+        DEFAULT_TIMEOUT,
+    )?;
+    result?;
+    ensure!(del.success(), "{del}");
+    let left = wait_clean(&root, &id);
+    ensure!(left.is_empty(), "left behind: {left:?}");
     Ok(())
 }
 

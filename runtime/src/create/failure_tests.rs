@@ -416,7 +416,7 @@ fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
     let opts = f.opts();
     let ceiling = Ceiling::load(None).unwrap();
     let rt = &f.runtime;
-    let marks = super::Marks(std::time::Instant::now());
+    let marks = super::Marks::start();
     let mut rootfs_mount = None;
     let result: Result<i32, LifecycleError> = (|| {
         let ids = rt.assign_ids(&f.id, &spec)?;

@@ -88,8 +88,9 @@ pub struct OomWatch<'a> {
 
 /// A supervisor started by [`HostProcs::start_supervisor`], its ready line not read yet.
 pub trait StartingSupervisor {
-    /// Waits for the supervisor's ready line; returns its pid.
-    fn ready(self: Box<Self>) -> Result<u32, SyscallAuditError>;
+    /// Tells the supervisor the sandbox's init (`pid`), whose exit ends it, and waits for its
+    /// ready line; returns its pid.
+    fn ready(self: Box<Self>, init: i32) -> Result<u32, SyscallAuditError>;
 }
 
 /// A proxy started by [`HostProcs::prespawn_proxy`], not yet bound in the sandbox.
@@ -168,8 +169,8 @@ impl HostProcs for RealProcs {
 }
 
 impl StartingSupervisor for syscall_audit::Starting {
-    fn ready(self: Box<Self>) -> Result<u32, SyscallAuditError> {
-        syscall_audit::Starting::ready(*self)
+    fn ready(self: Box<Self>, init: i32) -> Result<u32, SyscallAuditError> {
+        syscall_audit::Starting::ready(*self, init)
     }
 }
 
@@ -289,7 +290,7 @@ pub mod fake {
     struct Supervisor(FakeProcs);
 
     impl StartingSupervisor for Supervisor {
-        fn ready(self: Box<Self>) -> Result<u32, SyscallAuditError> {
+        fn ready(self: Box<Self>, _init: i32) -> Result<u32, SyscallAuditError> {
             if self.0.take(Step::SupervisorReady) {
                 return Err(SyscallAuditError::NotReady {
                     reason: "it exited (the fake)".to_owned(),

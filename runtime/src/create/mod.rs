@@ -28,6 +28,7 @@ mod harden;
 mod host;
 pub(crate) mod host_procs;
 mod ids;
+mod marks;
 mod record;
 mod sidecars;
 
@@ -39,6 +40,7 @@ use crate::harden::Ceiling;
 use crate::host::idmap::IdRange;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
 use crate::state::ContainerId;
+use marks::Marks;
 
 type Result<T> = std::result::Result<T, LifecycleError>;
 
@@ -106,35 +108,26 @@ struct Sidecars {
     proxy: Option<Box<dyn host_procs::StartingProxy>>,
 }
 
-/// Debug-level timings of each phase (docs/benchmarks.md, "Where the time goes").
-struct Marks(std::time::Instant);
-
-impl Marks {
-    fn mark(&self, phase: &str) {
-        tracing::debug!(
-            phase,
-            ms = self.0.elapsed().as_secs_f64() * 1e3,
-            "create phase"
-        );
-    }
-}
-
 impl Runtime {
     /// `create`: prepares the sandbox and leaves its init waiting for `start`.
     pub fn create(&self, id: &ContainerId, opts: &CreateOpts, ceiling: &Ceiling) -> Result<()> {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
+        let marks = Marks::start();
         crate::host::cgroups::warm::start();
         let config = opts.bundle.join("config.json");
         let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
-        let result = self.create_inner(id, opts, spec, ceiling);
+        marks.mark("spec");
+        let result = self.create_inner(id, opts, spec, ceiling, &marks);
         if result.is_err() {
             self.cleanup_sandbox(id);
+            marks.mark("cleanup");
         }
+        marks.finish(id.as_str(), result.is_ok());
         result
     }
 
@@ -145,8 +138,8 @@ impl Runtime {
         opts: &CreateOpts,
         spec: Spec,
         ceiling: &Ceiling,
+        marks: &Marks,
     ) -> Result<()> {
-        let marks = Marks(std::time::Instant::now());
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
             .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
@@ -158,7 +151,7 @@ impl Runtime {
             .ceiling(ceiling)
             .with_profile_for(&annotations, &self.profiles_dir)?;
         marks.mark("ids");
-        let mut host = self.prepare_host(id, opts, &spec, &ids, ceiling, &marks)?;
+        let mut host = self.prepare_host(id, opts, &spec, &ids, ceiling, marks)?;
         // Every edit of the spec; ends with `verify`.
         let (hardened, mut executor) = self.harden(id, opts, spec, &ids, ceiling, &mut host)?;
         marks.mark("prepare");
@@ -168,11 +161,13 @@ impl Runtime {
         marks.mark("supervisor");
         let pid = self.build(id, opts, &hardened, executor, &bundle)?;
         marks.mark("libcontainer");
-        let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, &marks)?;
+        let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, marks)?;
         // Before the program runs, so an OOM kill in its first moment is seen.
         self.watch_oom_for_podman(id, &hardened.spec, &opts.bundle, pid);
         // Keep this as the last step: a sandbox is reported created only with its records.
-        self.record_created(id, &ids, &host, &hardened, pid, proxy_pid, &marks)
+        self.record_created(id, &ids, &host, &hardened, pid, proxy_pid, marks)?;
+        marks.mark("record");
+        Ok(())
     }
 }
 

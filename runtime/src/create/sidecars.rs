@@ -68,7 +68,7 @@ impl Runtime {
         marks.mark("net");
         // A sandbox whose denials nobody answers or records is not handed out.
         if let Some(s) = sidecars.supervisor {
-            s.ready().map_err(LifecycleError::SyscallAudit)?;
+            s.ready(pid).map_err(LifecycleError::SyscallAudit)?;
         }
         marks.mark("supervisor_ready");
         Ok(proxy_pid)

@@ -12,13 +12,34 @@ use crate::state::ContainerId;
 
 impl Runtime {
     /// The watchdog body: waits, then kills the sandbox if it still runs the
-    /// same init (`pid`, from `start`; else read from the state now).
+    /// same init (`pid`, from `start`; else read from the state now). It ends at once when
+    /// the init exits, so it never outlives the sandbox (even one whose state root was
+    /// removed without `delete`).
     pub fn watchdog(&self, id: &ContainerId, seconds: u64, pid: Option<i32>) -> Result<()> {
         let pid = match pid {
             Some(p) => Some(nix::unistd::Pid::from_raw(p)),
             None => self.load(id)?.pid(),
         };
-        std::thread::sleep(std::time::Duration::from_secs(seconds));
+        let init = match pid.map(|p| crate::sidecars::InitWatch::open(p.as_raw())) {
+            Some(Ok(Some(init))) => Some(init),
+            Some(Ok(None)) => {
+                tracing::debug!(id = %id, "the init is gone: the watchdog ends");
+                return Ok(());
+            }
+            Some(Err(_)) | None => None,
+        };
+        // Waits `d`; whether the init exited meanwhile (without a pidfd: never seen).
+        let exited_within = |d: std::time::Duration| match &init {
+            Some(init) => init.exited_within(d),
+            None => {
+                std::thread::sleep(d);
+                false
+            }
+        };
+        if exited_within(std::time::Duration::from_secs(seconds)) {
+            tracing::debug!(id = %id, "the init exited: the watchdog ends");
+            return Ok(());
+        }
         // Time frozen (`pause`) does not count: wait it out too, freeze after freeze.
         let mut credited = std::time::Duration::ZERO;
         loop {
@@ -28,7 +49,10 @@ impl Runtime {
             };
             tracing::debug!(id = %id, owed_ms = owed.as_millis(), "the sandbox stood frozen: the wall clock waits longer");
             credited = frozen;
-            std::thread::sleep(owed);
+            if exited_within(owed) {
+                tracing::debug!(id = %id, "the init exited: the watchdog ends");
+                return Ok(());
+            }
         }
         let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;

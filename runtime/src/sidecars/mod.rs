@@ -180,6 +180,53 @@ pub fn stop_after(
     Stopped::Killed
 }
 
+/// The sandbox's init, watched by a helper so that the helper ends with it whoever removes
+/// the sandbox (or its state root) or kills its init: a pidfd, which polls readable once
+/// the process has exited.
+pub struct InitWatch(std::os::fd::OwnedFd);
+
+impl InitWatch {
+    /// A watch of `pid`; `Ok(None)` if it is gone already. An error (a kernel without
+    /// pidfds) leaves the helper to the old way: it ends when `delete` kills it.
+    pub fn open(pid: i32) -> std::io::Result<Option<Self>> {
+        match agent_sandbox_sys::pidfd_exit::open(pid) {
+            Ok(fd) => Ok(Some(Self(fd))),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The descriptor to poll (readable once the init exited).
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.0)
+    }
+
+    /// Waits up to `limit` for the init to exit; whether it did.
+    pub fn exited_within(&self, limit: std::time::Duration) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            // poll's timeout is an i32 of milliseconds: a long limit is waited in pieces.
+            let piece = PollTimeout::try_from(left.min(std::time::Duration::from_secs(3600)))
+                .unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(self.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, piece) {
+                Ok(_) if fds[0].any().unwrap_or(false) => return true,
+                Ok(_) | Err(nix::Error::EINTR) => {}
+                // A pidfd that cannot be polled tells nothing: wait the whole limit.
+                Err(_) => {
+                    std::thread::sleep(left);
+                    return false;
+                }
+            }
+            if left.is_zero() {
+                return false;
+            }
+        }
+    }
+}
+
 /// Whether `pid` is a live `agent-sandbox ... SUBCOMMAND ... ID` process.
 fn is_ours(pid: i32, subcommand: &str, id: &str) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -245,5 +292,26 @@ mod tests {
             result.err()
         );
         assert_eq!(leaked, Vec::<i32>::new(), "the sidecar is still running");
+    }
+
+    /// A helper's watch of the init: it sees the exit (a zombie not yet reaped counts as
+    /// exited), it waits out its limit for a live one, and a gone pid is told apart.
+    #[test]
+    fn an_init_watch_sees_the_exit_and_waits_out_a_live_init() {
+        let pid_of = |c: &std::process::Child| i32::try_from(c.id()).unwrap();
+        let mut quick = Command::new("sleep").arg("0.1").spawn().unwrap();
+        let watch = InitWatch::open(pid_of(&quick)).unwrap().unwrap();
+        assert!(watch.exited_within(std::time::Duration::from_secs(30)));
+        quick.wait().unwrap();
+        let mut slow = Command::new("sleep").arg("30").spawn().unwrap();
+        let watch = InitWatch::open(pid_of(&slow)).unwrap().unwrap();
+        assert!(!watch.exited_within(std::time::Duration::from_millis(50)));
+        slow.kill().unwrap();
+        slow.wait().unwrap();
+        assert!(watch.exited_within(std::time::Duration::from_secs(30)));
+        assert!(
+            InitWatch::open(pid_of(&slow)).unwrap().is_none(),
+            "reaped: gone"
+        );
     }
 }

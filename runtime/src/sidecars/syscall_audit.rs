@@ -234,9 +234,10 @@ pub fn start(
 }
 
 impl Starting {
-    /// Waits for the supervisor's ready line; returns its pid.
-    pub fn ready(self) -> Result<u32, SyscallAuditError> {
-        self.0.ready(None).map_err(spawn_error)
+    /// Writes the init's pid on the supervisor's stdin (its exit ends the supervisor, see
+    /// [`supervise`]) and waits for its ready line; returns its pid.
+    pub fn ready(self, init: i32) -> Result<u32, SyscallAuditError> {
+        self.0.ready(Some(&init.to_string())).map_err(spawn_error)
     }
 }
 
@@ -312,8 +313,72 @@ fn proc_text(pid: u32, what: &str) -> Option<String> {
         .map(|s| s.trim_end().to_owned())
 }
 
+/// How long the supervisor serves on after the sandbox's init exited: the kernel audit
+/// records of its last processes' Landlock denials arrive after their exit.
+const AFTER_INIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What ends the supervisor besides `delete`'s SIGTERM, so that it never outlives its
+/// sandbox (a caller that removes the state root without `delete`, a killed init): the
+/// init's exit. `create` writes the init's pid on the supervisor's stdin once libcontainer
+/// made it ([`Starting::ready`]); stdin closed without a pid means the create died before.
+enum InitEnd {
+    /// Reading the pid from stdin (a copy of descriptor 0).
+    Reading(std::fs::File, Vec<u8>),
+    Watching(sidecars::InitWatch),
+    /// A kernel without pidfds: `delete` ends the supervisor, as before.
+    Unwatched,
+    /// The init is gone; the supervisor ends at this instant.
+    At(Instant),
+}
+
+impl InitEnd {
+    /// The descriptor to poll for this state.
+    fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match self {
+            InitEnd::Reading(stdin, _) => Some(stdin.as_fd()),
+            InitEnd::Watching(w) => Some(w.as_fd()),
+            InitEnd::Unwatched | InitEnd::At(_) => None,
+        }
+    }
+
+    /// Its descriptor polled ready.
+    fn on_ready(&mut self, id: &str) {
+        use std::io::Read as _;
+        match self {
+            InitEnd::Reading(stdin, buf) => {
+                let mut chunk = [0u8; 32];
+                match stdin.read(&mut chunk) {
+                    Ok(0) | Err(_) => {
+                        let text = String::from_utf8_lossy(buf);
+                        *self = match text.trim().parse::<i32>().map(sidecars::InitWatch::open) {
+                            Ok(Ok(Some(w))) => InitEnd::Watching(w),
+                            Ok(Err(e)) => {
+                                tracing::debug!(id, error = %e, "no pidfd for the init: the supervisor ends at delete");
+                                InitEnd::Unwatched
+                            }
+                            // Gone already, or no pid: the create did not finish.
+                            Ok(Ok(None)) | Err(_) => InitEnd::At(Instant::now() + AFTER_INIT),
+                        };
+                    }
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            InitEnd::Watching(_) => {
+                tracing::debug!(id, "the sandbox's init exited: the supervisor ends");
+                *self = InitEnd::At(Instant::now() + AFTER_INIT);
+            }
+            InitEnd::Unwatched | InitEnd::At(_) => {}
+        }
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        matches!(self, InitEnd::At(at) if now >= *at)
+    }
+}
+
 /// The supervisor's body: listens on `sandbox_dir/seccomp.sock`, reports ready on stdout,
-/// then answers and records notifications until killed.
+/// then answers and records notifications until killed or until its sandbox's init has
+/// exited ([`InitEnd`]).
 #[expect(clippy::too_many_lines)]
 pub fn supervise(
     log: &Path,
@@ -374,8 +439,12 @@ pub fn supervise(
     let mut tracker = LandlockTracker::default();
     let mut names: HashMap<i32, String> = HashMap::new();
     let answers = Answers::new(arch, errno);
+    let mut init_end = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => InitEnd::Reading(fd.into(), Vec::new()),
+        Err(_) => InitEnd::Unwatched,
+    };
     loop {
-        let (ready_server, ready_streams, ready_listeners, ready_kernel, ready_term) = {
+        let (ready_server, ready_streams, ready_listeners, ready_kernel, ready_term, ready_end) = {
             let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
             fds.extend(
                 streams
@@ -393,8 +462,12 @@ pub fn supervise(
             if let Some(t) = &term {
                 fds.push(PollFd::new(t.as_fd(), PollFlags::POLLIN));
             }
-            // Pending kernel events and waiting probes have deadlines.
-            let timeout = if tracker.busy() {
+            let end_fd = init_end.fd();
+            if let Some(e) = end_fd {
+                fds.push(PollFd::new(e, PollFlags::POLLIN));
+            }
+            // Pending kernel events, waiting probes and the end after the init have deadlines.
+            let timeout = if tracker.busy() || matches!(init_end, InitEnd::At(_)) {
                 PollTimeout::from(100u8)
             } else {
                 PollTimeout::NONE
@@ -411,16 +484,22 @@ pub fn supervise(
             let (first, rest) = flags.split_at(1);
             let (s, rest) = rest.split_at(streams.len());
             let (l, rest) = rest.split_at(listeners.len());
-            let (k, t) = rest.split_at(usize::from(kernel.is_some()));
+            let (k, rest) = rest.split_at(usize::from(kernel.is_some()));
+            let (t, e) = rest.split_at(usize::from(term.is_some()));
             (
                 first[0],
                 s.to_vec(),
                 l.to_vec(),
                 k.first().copied(),
                 t.first().copied(),
+                e.first().copied(),
             )
         };
-        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
+        if ready_end.is_some_and(|f| !f.is_empty()) {
+            init_end.on_ready(id);
+        }
+        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) || init_end.due(Instant::now())
+        {
             write_pending(&log, id, &mut bucket, &mut fs_bucket);
             if let Err(e) = gate.finish(&log) {
                 tracing::error!(id, error = %e, "cannot write the denials counted after the cap");
