@@ -528,6 +528,22 @@ pub struct CoverFacts {
     pub mount_namespace: bool,
 }
 
+#[cfg(test)]
+impl CoverFacts {
+    /// What every hardened spec gives (`harden::cover_facts` of one), AppArmor not applied:
+    /// the facts the policy crate's tests plan with.
+    pub(crate) fn of_hardened_spec() -> Self {
+        Self {
+            readonly_mounts: true,
+            network_namespace: true,
+            safe_devices: true,
+            namespaces: true,
+            apparmor: false,
+            mount_namespace: true,
+        }
+    }
+}
+
 /// One right the kernel's Landlock lacks (or the sandbox does not use), and what covers it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockGap {
@@ -725,14 +741,7 @@ mod tests {
     }
 
     fn every_cover() -> CoverFacts {
-        CoverFacts {
-            readonly_mounts: true,
-            network_namespace: true,
-            safe_devices: true,
-            namespaces: true,
-            apparmor: false,
-            mount_namespace: true,
-        }
+        CoverFacts::of_hardened_spec()
     }
 
     /// The kernels users have: Ubuntu 22.04 (5.15, ABI 1), Debian 12 (6.1, ABI 2), 6.2 (ABI 3),

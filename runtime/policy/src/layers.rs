@@ -248,14 +248,7 @@ mod tests {
     }
 
     fn spec_facts() -> CoverFacts {
-        CoverFacts {
-            readonly_mounts: true,
-            network_namespace: true,
-            safe_devices: true,
-            namespaces: true,
-            apparmor: false,
-            mount_namespace: true,
-        }
+        CoverFacts::of_hardened_spec()
     }
 
     #[test]

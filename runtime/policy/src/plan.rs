@@ -33,15 +33,7 @@ mod tests {
                 apparmor: AppArmorHost::Absent,
                 cgroups: true,
             };
-            // What a hardened spec always has (`harden::cover_facts`).
-            let facts = crate::landlock::CoverFacts {
-                readonly_mounts: true,
-                network_namespace: true,
-                safe_devices: true,
-                namespaces: true,
-                apparmor: false,
-                mount_namespace: true,
-            };
+            let facts = crate::landlock::CoverFacts::of_hardened_spec();
             let layers = crate::layers::plan(&policy, &host, facts).unwrap();
             assert!(layers.landlock.is_some(), "{name}: the plan has a ruleset");
             let plan = SandboxPlan { policy, layers };
