@@ -1,0 +1,204 @@
+//! The init's `HOME`: moved to a scratch area when the image's home is on the read-only
+//! root, with its protected names kept unwritable there.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{Mount, Process, Spec};
+
+use crate::policy::SandboxPolicy;
+
+use super::{HardenContext, HardenError};
+
+/// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
+/// and containerd give root `HOME=/root`): tools that write caches or their state there then
+/// work ([`guard_home`] keeps its protected names, `~/.gitconfig` among them, unwritable). The policy's `/home` scratch is preferred, else `/tmp`, else the first one. A
+/// `HOME` on a writable path, or on a mount the caller chose (a home shared read-only on
+/// purpose), is left alone. `hardened` is the sandbox's spec: [`harden_spec`] applies this to
+/// the init, and the runtime to each exec'd process with the saved spec.
+pub fn writable_home(process: &mut Process, policy: &SandboxPolicy, hardened: &Spec) {
+    let mut writable: Vec<PathBuf> = policy
+        .filesystem
+        .writable_paths()
+        .iter()
+        .map(|p| p.as_path().to_path_buf())
+        .collect();
+    writable.extend(
+        hardened
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.destination().clone())
+            .filter(|d| d != Path::new("/")),
+    );
+    let mut env = process.env().clone().unwrap_or_default();
+    let current = env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("HOME="))
+        .map(str::to_owned);
+    let on_writable = |home: &str| writable.iter().any(|w| Path::new(home).starts_with(w));
+    if current.as_deref().is_some_and(on_writable) {
+        return;
+    }
+    let scratch = &policy.filesystem.scratch;
+    let Some(home) = ["/home", "/tmp"]
+        .iter()
+        .find_map(|p| scratch.iter().find(|s| s.path.as_str() == *p))
+        .or_else(|| scratch.first())
+        .map(|s| s.path.as_str().to_owned())
+    else {
+        return;
+    };
+    tracing::debug!(from = ?current, to = %home, "HOME moved to a writable scratch area");
+    env.retain(|kv| !kv.starts_with("HOME="));
+    env.push(format!("HOME={home}"));
+    process.set_env(Some(env));
+}
+
+/// The scratch area `home` lies on, when the mount that holds `home` in `spec` is the
+/// policy's tmpfs there (not a caller's bind beneath it, not the workspace).
+pub(super) fn home_scratch<'a>(
+    spec: &Spec,
+    policy: &'a SandboxPolicy,
+    home: &Path,
+) -> Option<&'a crate::policy::Scratch> {
+    let holder = spec
+        .mounts()
+        .iter()
+        .flatten()
+        .filter(|m| home.starts_with(m.destination()))
+        .max_by_key(|m| m.destination().components().count())?;
+    if holder.typ().as_deref() != Some("tmpfs") {
+        return None;
+    }
+    policy
+        .filesystem
+        .scratch
+        .iter()
+        .find(|s| s.path.as_path() == holder.destination())
+}
+
+/// Keeps every protected name of the init's HOME unwritable when HOME is on a scratch tmpfs
+/// (where [`writable_home`] puts it), whether or not anything is there: an empty read-only
+/// directory or file ([`HardenContext::placeholders`]) is bound at each protected name
+/// before the program starts, so `echo x >> ~/.bashrc` fails with EROFS. A mount point cannot
+/// be renamed or removed, but a directory holding one can: so HOME itself, when it lies below
+/// the scratch area's top, and each directory on the way to a nested name (`.config` of
+/// `.config/git/`) become tmpfs mounts of their own (writable, owned by the process's user).
+/// The mounts go right after the scratch area's tmpfs, so a caller's mount beneath HOME
+/// stays on top. Names inside a protected directory are covered by it. An exec that points
+/// HOME elsewhere gets no such mounts (docs/policy.md#protected-names).
+#[expect(clippy::too_many_lines)]
+pub(super) fn guard_home(
+    spec: &mut Spec,
+    policy: &SandboxPolicy,
+    ctx: &HardenContext,
+) -> Result<(), HardenError> {
+    let Some(process) = spec.process().as_ref() else {
+        return Ok(());
+    };
+    let Some(home) = process
+        .env()
+        .iter()
+        .flatten()
+        .find_map(|kv| kv.strip_prefix("HOME="))
+        .map(PathBuf::from)
+    else {
+        return Ok(());
+    };
+    if !home.is_absolute() {
+        return Ok(());
+    }
+    // `/home/./x/../y/` is `/home/y`: the tmpfs holds no symlinks before the program runs.
+    let mut normal = PathBuf::from("/");
+    for c in home.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                normal.pop();
+            }
+            std::path::Component::Normal(n) => normal.push(n),
+            _ => {}
+        }
+    }
+    let home = normal;
+    let Some(scratch) = home_scratch(spec, policy, &home) else {
+        return Ok(());
+    };
+    let placeholders =
+        ctx.placeholders
+            .as_ref()
+            .ok_or_else(|| HardenError::MissingPlaceholders {
+                home: home.display().to_string(),
+                scratch: scratch.path.to_string(),
+            })?;
+    let (uid, gid) = (process.user().uid(), process.user().gid());
+    let own_tmpfs = |dest: PathBuf| {
+        let mut m = Mount::default();
+        m.set_destination(dest);
+        m.set_typ(Some("tmpfs".to_owned()));
+        m.set_source(Some(PathBuf::from("tmpfs")));
+        m.set_options(Some(vec![
+            "nosuid".to_owned(),
+            "nodev".to_owned(),
+            "mode=0755".to_owned(),
+            format!("uid={uid}"),
+            format!("gid={gid}"),
+            format!("size={}", scratch.size.bytes()),
+        ]));
+        m
+    };
+    let names = policy.filesystem.protected_names();
+    let whole_dirs: Vec<&str> = names
+        .iter()
+        .filter(|n| n.is_dir())
+        .map(|n| n.as_str())
+        .collect();
+    let mut guards: Vec<Mount> = Vec::new();
+    if home != scratch.path.as_path() {
+        guards.push(own_tmpfs(home.clone()));
+    }
+    let mut made: HashSet<PathBuf> = HashSet::new();
+    for name in &names {
+        let parts: Vec<&str> = name.as_str().split('/').collect();
+        let inside_protected_dir =
+            (1..parts.len()).any(|i| whole_dirs.contains(&parts[..i].join("/").as_str()));
+        if inside_protected_dir {
+            continue;
+        }
+        for i in 1..parts.len() {
+            let dir = home.join(parts[..i].join("/"));
+            if made.insert(dir.clone()) {
+                guards.push(own_tmpfs(dir));
+            }
+        }
+        let source = if name.is_dir() {
+            &placeholders.dir
+        } else {
+            &placeholders.file
+        };
+        let mut m = Mount::default();
+        m.set_destination(home.join(name.as_str()));
+        m.set_typ(Some("bind".to_owned()));
+        m.set_source(Some(source.clone()));
+        m.set_options(Some(
+            ["bind", "ro", "nosuid", "nodev", "noexec"]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+        ));
+        guards.push(m);
+    }
+    // Parents before children: each tmpfs before the names inside it.
+    guards.sort_by_key(|m| m.destination().components().count());
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    let at = mounts
+        .iter()
+        .position(|m| {
+            m.destination() == scratch.path.as_path() && m.typ().as_deref() == Some("tmpfs")
+        })
+        .map_or(mounts.len(), |i| i + 1);
+    tracing::debug!(home = %home.display(), mounts = guards.len(), "protected names of HOME kept unwritable");
+    mounts.splice(at..at, guards);
+    spec.set_mounts(Some(mounts));
+    Ok(())
+}
