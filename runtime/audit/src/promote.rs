@@ -887,7 +887,6 @@ pub fn normal_file_mode(mode: u32) -> u32 {
 /// copies are sparse), and a file with several names in the change set is read and staged
 /// once, its other names staged as hard links to that copy. Before any file is read, the
 /// change set's size on the target (holes kept, each file once) must be within `limit`.
-#[expect(clippy::too_many_lines)]
 pub fn prepare(
     upper: &Path,
     changes: &[Change],
@@ -896,64 +895,142 @@ pub fn prepare(
     stage: bool,
     limit: &SizeLimit,
 ) -> Result<Plan, PromoteError> {
-    let root = match rustix::fs::open(
-        target,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) {
-        Ok(fd) => fd,
-        Err(Errno::NOTDIR) => {
-            return Err(PromoteError::TargetNotDir {
-                path: target.to_owned(),
-            });
-        }
-        Err(e) => return Err(io_at("open", target)(e)),
-    };
+    let root = open_target(target)?;
     let st = rustix::fs::fstat(&root).map_err(io_at("stat", target))?;
     let owner = (st.st_uid, st.st_gid);
     let upper_fd = open_root(upper, OFlags::RDONLY)?;
     // Sizes from stat and the hole map only: nothing is read, nothing staged, past the limit.
     let footprint = measure(&upper_fd, upper, changes)?;
     footprint.check(footprint.data, limit)?;
-    let mut staging = if stage {
+    let staging = if stage {
         Some(Staging::new(&root, target, owner)?)
     } else {
         None
     };
-    let mut refused: Vec<(PathBuf, Refusal)> = Vec::new();
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut fresh: BTreeSet<PathBuf> = BTreeSet::new();
-    // (dev, ino) -> the entry that read and staged that file, for its other names.
-    let mut copied: HashMap<(u64, u64), (PathBuf, Op, Option<CString>)> = HashMap::new();
-    let mut links: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut p = Preparer {
+        upper,
+        upper_fd,
+        root,
+        target,
+        rules,
+        owner,
+        footprint,
+        staging,
+        refused: Vec::new(),
+        entries: Vec::new(),
+        fresh: BTreeSet::new(),
+        copied: HashMap::new(),
+        links: Vec::new(),
+    };
+    for c in changes {
+        p.add(c)?;
+    }
     // Every symlink of the change set, refused ones too.
     let all_links: BTreeSet<&Path> = changes
         .iter()
         .filter(|c| c.file_type == FileKind::Symlink && c.kind != ChangeKind::Deleted)
         .map(|c| c.path.as_path())
         .collect();
+    p.refuse_links_through_links(&all_links)?;
+    p.refuse_embedded_repos()?;
+    Ok(p.finish())
+}
 
-    for c in changes {
-        let removal = c.kind == ChangeKind::Deleted;
-        if let Some(r) = rules.check(&c.path, c.file_type, removal) {
-            refused.push((c.path.clone(), r));
-            continue;
+/// The promotion target as a directory descriptor: every later step resolves beneath it.
+fn open_target(target: &Path) -> Result<OwnedFd, PromoteError> {
+    match rustix::fs::open(
+        target,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::NOTDIR) => Err(PromoteError::TargetNotDir {
+            path: target.to_owned(),
+        }),
+        Err(e) => Err(io_at("open", target)(e)),
+    }
+}
+
+/// A step of the plan for one change: what to do and its staged copy, or why it is refused.
+type Step = Result<(Op, Option<CString>), Refusal>;
+
+/// [`prepare`]'s state while it walks the change set.
+struct Preparer<'a> {
+    upper: &'a Path,
+    upper_fd: OwnedFd,
+    root: OwnedFd,
+    target: &'a Path,
+    rules: &'a Rules,
+    owner: (u32, u32),
+    footprint: Footprint,
+    staging: Option<Staging>,
+    refused: Vec<(PathBuf, Refusal)>,
+    entries: Vec<Entry>,
+    /// Paths the plan creates or clears: nothing of the target's is left below them.
+    fresh: BTreeSet<PathBuf>,
+    /// (dev, ino) -> the entry that read and staged that file, for its other names.
+    copied: HashMap<(u64, u64), (PathBuf, Op, Option<CString>)>,
+    /// Planned symlinks and the path each resolves to.
+    links: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Preparer<'_> {
+    /// Adds `c` to the plan as a step, or to the refused entries with the reason.
+    fn add(&mut self, c: &Change) -> Result<(), PromoteError> {
+        let existing = match self.admit(c)? {
+            Ok(Some(existing)) => existing,
+            Ok(None) => return Ok(()),
+            Err(r) => {
+                self.refused.push((c.path.clone(), r));
+                return Ok(());
+            }
+        };
+        let step = match (c.kind, c.file_type) {
+            (ChangeKind::Deleted, _) => Ok((Op::Delete, None)),
+            (_, FileKind::Dir) => Ok(self.dir_step(c, existing)),
+            (_, FileKind::File) => self.file_step(c)?,
+            (_, FileKind::Symlink) => self.symlink_step(c)?,
+            (_, kind) => Err(Refusal::Special { kind }),
+        };
+        let (op, staged) = match step {
+            Ok(step) => step,
+            Err(r) => {
+                self.refused.push((c.path.clone(), r));
+                return Ok(());
+            }
+        };
+        if matches!(op, Op::File { .. } | Op::Symlink { .. }) && existing == Existing::Dir {
+            // Replaced by a non-directory: nothing of the old tree survives.
+            self.fresh.insert(c.path.clone());
         }
-        // The workspace's own history comes back as commits (crate::history), never as
-        // files below a .git; any other .git's content is refused.
+        self.entries.push(Entry {
+            path: c.path.clone(),
+            kind: c.kind,
+            op,
+            existing,
+            staged,
+        });
+        Ok(())
+    }
+
+    /// What the target has at `c.path` when `c` may become a step: the rules, the nested
+    /// `.git` rule, the path's lookup in the target, what a removal would take with it and
+    /// set-id bits. `Ok(None)` for the workspace's own history, which comes back as commits
+    /// (`crate::history`), never as files below a `.git`.
+    fn admit(&self, c: &Change) -> Result<Result<Option<Existing>, Refusal>, PromoteError> {
+        let removal = c.kind == ChangeKind::Deleted;
+        if let Some(r) = self.rules.check(&c.path, c.file_type, removal) {
+            return Ok(Err(r));
+        }
         if crate::history::is_history_path(&c.path) {
-            continue;
+            return Ok(Ok(None));
         }
         if let Some(r) = nested_git(&c.path, c.file_type, removal) {
-            refused.push((c.path.clone(), r));
-            continue;
+            return Ok(Err(r));
         }
-        let existing = match lookup(&root, &c.path, &fresh)? {
+        let existing = match lookup(&self.root, &c.path, &self.fresh)? {
             Ok(e) => e,
-            Err(r) => {
-                refused.push((c.path.clone(), r));
-                continue;
-            }
+            Err(r) => return Ok(Err(r)),
         };
         // Whatever a step removes from the target must be removable too.
         let removes_tree = match (c.kind, c.file_type) {
@@ -962,268 +1039,284 @@ pub fn prepare(
             _ => existing == Existing::Dir,
         };
         if removes_tree {
-            let bad = scan_tree(&root, &c.path)?
+            let bad = scan_tree(&self.root, &c.path)?
                 .into_iter()
-                .find_map(|(p, k)| rules.check(&p, k, true).map(|r| (p, r)));
+                .find_map(|(p, k)| self.rules.check(&p, k, true).map(|r| (p, r)));
             if let Some((path, why)) = bad {
-                refused.push((
-                    c.path.clone(),
-                    Refusal::RemovesRefused {
-                        path,
-                        why: Box::new(why),
-                    },
-                ));
-                continue;
+                return Ok(Err(Refusal::RemovesRefused {
+                    path,
+                    why: Box::new(why),
+                }));
             }
         }
         if c.kind != ChangeKind::Deleted && c.mode & 0o6000 != 0 {
-            refused.push((c.path.clone(), Refusal::SetId { mode: c.mode }));
-            continue;
+            return Ok(Err(Refusal::SetId { mode: c.mode }));
         }
-        let (op, staged) = match (c.kind, c.file_type) {
-            (ChangeKind::Deleted, _) => (Op::Delete, None),
-            (_, FileKind::Dir) => {
-                let clear = c.kind == ChangeKind::OpaqueDir && existing == Existing::Dir;
-                if existing != Existing::Dir || clear {
-                    fresh.insert(c.path.clone());
-                }
-                (Op::Dir { clear }, None)
-            }
-            (_, FileKind::File) => {
-                let measured = footprint.file(&c.path).copied();
-                let Some(m) = measured else {
-                    return Err(PromoteError::Changed {
-                        path: c.path.clone(),
-                    });
-                };
-                // Every name of a linked file must be in the change set.
-                let inside = footprint.names_of(&m);
-                if m.nlink > inside {
-                    refused.push((
-                        c.path.clone(),
-                        Refusal::HardLink {
-                            nlink: m.nlink,
-                            inside,
-                        },
-                    ));
-                    continue;
-                }
-                if let Some((first, first_op, first_staged)) = copied.get(&m.id) {
-                    let (_, st) = open_source(&upper_fd, upper, &c.path)?;
-                    if (st.st_dev, st.st_ino) != m.id || st.st_mode & 0o7777 != c.mode {
-                        return Err(PromoteError::Changed {
-                            path: c.path.clone(),
-                        });
-                    }
-                    let staged = match (staging.as_mut(), first_staged) {
-                        (Some(s), Some(from)) => {
-                            let name = s.next_name();
-                            rustix::fs::linkat(
-                                &s.fd,
-                                from.as_c_str(),
-                                &s.fd,
-                                name.as_c_str(),
-                                AtFlags::empty(),
-                            )
-                            .map_err(io_at("stage hard link", &c.path))?;
-                            Some(name)
-                        }
-                        _ => None,
-                    };
-                    let op = match first_op.clone() {
-                        Op::File {
-                            mode,
-                            size,
-                            data,
-                            sha256,
-                            ..
-                        } => Op::File {
-                            mode,
-                            size,
-                            data,
-                            sha256,
-                            link: Some(first.clone()),
-                        },
-                        other => other,
-                    };
-                    (op, staged)
-                } else {
-                    let (st, sha256, data, staged) = copy_and_hash(
-                        &upper_fd,
-                        upper,
-                        &c.path,
-                        c,
-                        Some(&m),
-                        staging.as_mut(),
-                        owner,
-                    )?;
-                    let op = Op::File {
-                        mode: normal_file_mode(st.st_mode),
-                        size: size_of(&st),
-                        data,
-                        sha256,
-                        link: None,
-                    };
-                    if m.nlink > 1 {
-                        copied.insert(m.id, (c.path.clone(), op.clone(), staged.clone()));
-                    }
-                    (op, staged)
-                }
-            }
-            (_, FileKind::Symlink) => {
-                let target_os = read_link(&upper_fd, upper, &c.path)?;
-                let link_target = PathBuf::from(target_os);
-                let resolved = match resolve_link(&c.path, &link_target) {
-                    Ok(r) => r,
-                    Err(r) => {
-                        refused.push((c.path.clone(), r));
-                        continue;
-                    }
-                };
-                if resolved.iter().any(|c| c == ".git") {
-                    refused.push((c.path.clone(), Refusal::SymlinkIntoGit));
-                    continue;
-                }
-                let why = if resolved.as_os_str().is_empty() {
-                    None
-                } else {
-                    rules.check(&resolved, FileKind::Unknown, false)
-                };
-                if let Some(why) = why {
-                    refused.push((
-                        c.path.clone(),
-                        Refusal::SymlinkToRefused { why: Box::new(why) },
-                    ));
-                    continue;
-                }
-                links.push((c.path.clone(), resolved));
-                let staged = match staging.as_mut() {
-                    Some(s) => {
-                        let name = s.next_name();
-                        rustix::fs::symlinkat(link_target.as_os_str(), &s.fd, name.as_c_str())
-                            .map_err(io_at("stage symlink", &c.path))?;
-                        let (uid, gid) = owner;
-                        rustix::fs::chownat(
-                            &s.fd,
-                            name.as_c_str(),
-                            Some(rustix::fs::Uid::from_raw(uid)),
-                            Some(rustix::fs::Gid::from_raw(gid)),
-                            AtFlags::SYMLINK_NOFOLLOW,
-                        )
-                        .map_err(io_at("chown staged symlink", &c.path))?;
-                        Some(name)
-                    }
-                    None => None,
-                };
-                (
-                    Op::Symlink {
-                        target: link_target,
-                    },
-                    staged,
+        Ok(Ok(Some(existing)))
+    }
+
+    /// A directory: created, or cleared when an opaque directory replaces the target's.
+    fn dir_step(&mut self, c: &Change, existing: Existing) -> (Op, Option<CString>) {
+        let clear = c.kind == ChangeKind::OpaqueDir && existing == Existing::Dir;
+        if existing != Existing::Dir || clear {
+            self.fresh.insert(c.path.clone());
+        }
+        (Op::Dir { clear }, None)
+    }
+
+    /// A regular file: read, hashed and staged once; a further name of the same file
+    /// becomes a hard link to the first, and a file linked from outside the change set is
+    /// refused.
+    fn file_step(&mut self, c: &Change) -> Result<Step, PromoteError> {
+        let Some(m) = self.footprint.file(&c.path).copied() else {
+            return Err(PromoteError::Changed {
+                path: c.path.clone(),
+            });
+        };
+        // Every name of a linked file must be in the change set.
+        let inside = self.footprint.names_of(&m);
+        if m.nlink > inside {
+            return Ok(Err(Refusal::HardLink {
+                nlink: m.nlink,
+                inside,
+            }));
+        }
+        if let Some(first) = self.copied.get(&m.id).cloned() {
+            return self.another_name(c, &m, first).map(Ok);
+        }
+        let (st, sha256, data, staged) = copy_and_hash(
+            &self.upper_fd,
+            self.upper,
+            &c.path,
+            c,
+            Some(&m),
+            self.staging.as_mut(),
+            self.owner,
+        )?;
+        let op = Op::File {
+            mode: normal_file_mode(st.st_mode),
+            size: size_of(&st),
+            data,
+            sha256,
+            link: None,
+        };
+        if m.nlink > 1 {
+            self.copied
+                .insert(m.id, (c.path.clone(), op.clone(), staged.clone()));
+        }
+        Ok(Ok((op, staged)))
+    }
+
+    /// A further name of a file already read: checked to be the same file still, staged as
+    /// a hard link to the first name's copy.
+    fn another_name(
+        &mut self,
+        c: &Change,
+        m: &Measured,
+        (first, first_op, first_staged): (PathBuf, Op, Option<CString>),
+    ) -> Result<(Op, Option<CString>), PromoteError> {
+        let (_, st) = open_source(&self.upper_fd, self.upper, &c.path)?;
+        if (st.st_dev, st.st_ino) != m.id || st.st_mode & 0o7777 != c.mode {
+            return Err(PromoteError::Changed {
+                path: c.path.clone(),
+            });
+        }
+        let staged = match (self.staging.as_mut(), first_staged) {
+            (Some(s), Some(from)) => {
+                let name = s.next_name();
+                rustix::fs::linkat(
+                    &s.fd,
+                    from.as_c_str(),
+                    &s.fd,
+                    name.as_c_str(),
+                    AtFlags::empty(),
                 )
+                .map_err(io_at("stage hard link", &c.path))?;
+                Some(name)
             }
-            (_, kind) => {
-                refused.push((c.path.clone(), Refusal::Special { kind }));
+            _ => None,
+        };
+        let op = match first_op {
+            Op::File {
+                mode,
+                size,
+                data,
+                sha256,
+                ..
+            } => Op::File {
+                mode,
+                size,
+                data,
+                sha256,
+                link: Some(first),
+            },
+            other => other,
+        };
+        Ok((op, staged))
+    }
+
+    /// A symlink: its target must resolve lexically inside the tree, outside any `.git`,
+    /// and not to a refused path; staged with the target's owner.
+    fn symlink_step(&mut self, c: &Change) -> Result<Step, PromoteError> {
+        let link_target = PathBuf::from(read_link(&self.upper_fd, self.upper, &c.path)?);
+        let resolved = match resolve_link(&c.path, &link_target) {
+            Ok(r) => r,
+            Err(r) => return Ok(Err(r)),
+        };
+        if resolved.iter().any(|c| c == ".git") {
+            return Ok(Err(Refusal::SymlinkIntoGit));
+        }
+        let why = if resolved.as_os_str().is_empty() {
+            None
+        } else {
+            self.rules.check(&resolved, FileKind::Unknown, false)
+        };
+        if let Some(why) = why {
+            return Ok(Err(Refusal::SymlinkToRefused { why: Box::new(why) }));
+        }
+        self.links.push((c.path.clone(), resolved));
+        let staged = match self.staging.as_mut() {
+            Some(s) => Some(stage_symlink(s, &link_target, &c.path, self.owner)?),
+            None => None,
+        };
+        Ok(Ok((
+            Op::Symlink {
+                target: link_target,
+            },
+            staged,
+        )))
+    }
+
+    /// Symlinks may not resolve through another symlink (planned, or already in the target).
+    fn refuse_links_through_links(
+        &mut self,
+        all_links: &BTreeSet<&Path>,
+    ) -> Result<(), PromoteError> {
+        let planned: BTreeMap<&Path, &Op> = self
+            .entries
+            .iter()
+            .map(|e| (e.path.as_path(), &e.op))
+            .collect();
+        for (link, resolved) in &self.links {
+            let mut prefix = PathBuf::new();
+            for comp in resolved.iter() {
+                prefix.push(comp);
+                let through = match planned.get(prefix.as_path()) {
+                    _ if all_links.contains(prefix.as_path()) => true,
+                    Some(_) => false,
+                    None => matches!(
+                        lookup(&self.root, &prefix, &self.fresh)?,
+                        Ok(Existing::Symlink) | Err(_)
+                    ),
+                };
+                if through {
+                    self.refused.push((
+                        link.clone(),
+                        Refusal::SymlinkThroughLink {
+                            via: prefix.clone(),
+                        },
+                    ));
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A directory outside .git that ends up a git directory (HEAD beside objects/refs, or
+    /// commondir/gitdir, which send git elsewhere for them) is a repository to git: its
+    /// config would run commands for whoever runs git there. Names compare
+    /// case-insensitively.
+    fn refuse_embedded_repos(&mut self) -> Result<(), PromoteError> {
+        let dirs_touched: BTreeSet<PathBuf> = self
+            .entries
+            .iter()
+            .filter(|e| e.op != Op::Delete)
+            .map(|e| e.path.parent().unwrap_or(Path::new("")).to_owned())
+            .collect();
+        for d in dirs_touched {
+            if d.iter().any(|c| crate::history::is_dot_git(c.as_bytes())) {
                 continue;
             }
-        };
-        if matches!(op, Op::File { .. } | Op::Symlink { .. }) && existing == Existing::Dir {
-            // Replaced by a non-directory: nothing of the old tree survives.
-            fresh.insert(c.path.clone());
-        }
-        entries.push(Entry {
-            path: c.path.clone(),
-            kind: c.kind,
-            op,
-            existing,
-            staged,
-        });
-    }
-
-    // Symlinks may not resolve through another symlink (planned, or already in the target).
-    let planned: BTreeMap<&Path, &Op> = entries.iter().map(|e| (e.path.as_path(), &e.op)).collect();
-    for (link, resolved) in &links {
-        let mut prefix = PathBuf::new();
-        for comp in resolved.iter() {
-            prefix.push(comp);
-            let through = match planned.get(prefix.as_path()) {
-                _ if all_links.contains(prefix.as_path()) => true,
-                Some(_) => false,
-                None => matches!(
-                    lookup(&root, &prefix, &fresh)?,
-                    Ok(Existing::Symlink) | Err(_)
-                ),
-            };
-            if through {
-                refused.push((
-                    link.clone(),
-                    Refusal::SymlinkThroughLink {
-                        via: prefix.clone(),
-                    },
-                ));
-                break;
-            }
-        }
-    }
-
-    // A directory outside .git that ends up a git directory (HEAD beside objects/refs, or
-    // commondir/gitdir, which send git elsewhere for them) is a repository to git: its
-    // config would run commands for whoever runs git there. Names compare case-insensitively.
-    let mut dirs_touched: BTreeSet<PathBuf> = BTreeSet::new();
-    for e in &entries {
-        if e.op != Op::Delete {
-            dirs_touched.insert(e.path.parent().unwrap_or(Path::new("")).to_owned());
-        }
-    }
-    for d in dirs_touched {
-        if d.iter().any(|c| crate::history::is_dot_git(c.as_bytes())) {
-            continue;
-        }
-        let mut names: BTreeSet<Vec<u8>> = BTreeSet::new();
-        let fresh_dir = fresh.contains(&d) || d.ancestors().skip(1).any(|a| fresh.contains(a));
-        if !fresh_dir {
-            let fd = if d.as_os_str().is_empty() {
-                rustix::io::fcntl_dupfd_cloexec(&root, 0).map_err(io_at("open", target))
-            } else {
-                rustix::fs::openat2(
-                    &root,
-                    &d,
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                    Mode::empty(),
-                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-                )
-                .map_err(io_at("open directory", &d))
-            };
-            if let Ok(fd) = fd {
-                names.extend(names_of(&fd, &d)?.into_iter().map(CString::into_bytes));
-            }
-        }
-        for e in &entries {
-            if e.path.parent().unwrap_or(Path::new("")) == d {
-                let n = e.path.file_name().unwrap_or_default().as_bytes().to_vec();
-                if e.op == Op::Delete {
-                    names.remove(&n);
-                } else {
-                    names.insert(n);
+            let mut names = self.names_in_target(&d)?;
+            for e in &self.entries {
+                if e.path.parent().unwrap_or(Path::new("")) == d {
+                    let n = e.path.file_name().unwrap_or_default().as_bytes().to_vec();
+                    if e.op == Op::Delete {
+                        names.remove(&n);
+                    } else {
+                        names.insert(n);
+                    }
                 }
             }
+            if crate::history::is_git_dir_names(names.iter().map(Vec::as_slice)) {
+                self.refused.push((d, Refusal::EmbeddedRepo));
+            }
         }
-        if crate::history::is_git_dir_names(names.iter().map(Vec::as_slice)) {
-            refused.push((d, Refusal::EmbeddedRepo));
+        Ok(())
+    }
+
+    /// The names the target's directory `d` holds now; none when the plan creates or
+    /// clears it, or when it cannot be opened beneath the target without a symlink.
+    fn names_in_target(&self, d: &Path) -> Result<BTreeSet<Vec<u8>>, PromoteError> {
+        let mut names: BTreeSet<Vec<u8>> = BTreeSet::new();
+        if self.fresh.contains(d) || d.ancestors().skip(1).any(|a| self.fresh.contains(a)) {
+            return Ok(names);
+        }
+        let fd = if d.as_os_str().is_empty() {
+            rustix::io::fcntl_dupfd_cloexec(&self.root, 0).map_err(io_at("open", self.target))
+        } else {
+            rustix::fs::openat2(
+                &self.root,
+                d,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(io_at("open directory", d))
+        };
+        if let Ok(fd) = fd {
+            names.extend(names_of(&fd, d)?.into_iter().map(CString::into_bytes));
+        }
+        Ok(names)
+    }
+
+    /// The plan: refused entries in path order, and the digest of the steps.
+    fn finish(mut self) -> Plan {
+        self.refused.sort_by(|a, b| a.0.cmp(&b.0));
+        let digest = digest(&self.entries);
+        Plan {
+            entries: self.entries,
+            refused: self.refused,
+            digest,
+            footprint: self.footprint,
+            owner: self.owner,
+            target: self.target.to_owned(),
+            root: self.root,
+            staging: self.staging,
         }
     }
-    refused.sort_by(|a, b| a.0.cmp(&b.0));
-    let digest = digest(&entries);
-    Ok(Plan {
-        entries,
-        refused,
-        digest,
-        footprint,
-        owner,
-        target: target.to_owned(),
-        root,
-        staging,
-    })
+}
+
+/// Stages a symlink to `link_target` in `s`, owned by the target's owner.
+fn stage_symlink(
+    s: &mut Staging,
+    link_target: &Path,
+    path: &Path,
+    (uid, gid): (u32, u32),
+) -> Result<CString, PromoteError> {
+    let name = s.next_name();
+    rustix::fs::symlinkat(link_target.as_os_str(), &s.fd, name.as_c_str())
+        .map_err(io_at("stage symlink", path))?;
+    rustix::fs::chownat(
+        &s.fd,
+        name.as_c_str(),
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(io_at("chown staged symlink", path))?;
+    Ok(name)
 }
 
 /// `sha256:` over every step: kind, path, and the mode and content hash of a file, the
