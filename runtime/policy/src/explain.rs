@@ -14,17 +14,23 @@ fn requirement(r: Requirement) -> &'static str {
 }
 
 /// Explain `policy` in plain sentences, grouped as "allowed" and "denied".
-#[expect(clippy::too_many_lines)]
 pub fn explain(policy: &SandboxPolicy) -> String {
     let mut out = String::new();
-    let fs = &policy.filesystem;
-    let net = &policy.network;
-    let res = &policy.resources;
     // Writing to a String cannot fail; results are ignored on purpose.
     if !policy.description.is_empty() {
         let _ = writeln!(out, "{}\n", policy.description);
     }
+    allowed_files(&mut out, policy);
+    allowed_network(&mut out, policy);
+    allowed_privileges(&mut out, policy);
+    allowed_resources(&mut out, policy);
+    denied(&mut out, policy);
+    enforced_by(&mut out, policy);
+    out
+}
 
+fn allowed_files(out: &mut String, policy: &SandboxPolicy) {
+    let fs = &policy.filesystem;
     out.push_str("ALLOWED\n");
     out.push_str("  Files\n");
     out.push_str("    - read and run anything in the image (the image itself is read-only)\n");
@@ -42,6 +48,10 @@ pub fn explain(policy: &SandboxPolicy) -> String {
              changes go to a private overlay and never reach the host"
         );
     }
+}
+
+fn allowed_network(out: &mut String, policy: &SandboxPolicy) {
+    let net = &policy.network;
     out.push_str("  Network\n");
     match net.mode {
         NetworkMode::None => {
@@ -99,6 +109,9 @@ pub fn explain(policy: &SandboxPolicy) -> String {
             ports.join(", ")
         );
     }
+}
+
+fn allowed_privileges(out: &mut String, policy: &SandboxPolicy) {
     out.push_str("  Privileges\n");
     if policy.privileges.capabilities.is_empty() {
         out.push_str("    - none: every capability is dropped\n");
@@ -125,6 +138,10 @@ pub fn explain(policy: &SandboxPolicy) -> String {
             .map(|s| format!(" from host id {s}"))
             .unwrap_or_default()
     );
+}
+
+fn allowed_resources(out: &mut String, policy: &SandboxPolicy) {
+    let res = &policy.resources;
     out.push_str("  Resources (the most a container may use; it may ask for less)\n");
     let _ = writeln!(out, "    - memory {} (no swap beyond it)", res.memory);
     let _ = writeln!(out, "    - {} processes/threads", res.pids);
@@ -167,7 +184,11 @@ pub fn explain(policy: &SandboxPolicy) -> String {
             crate::policy::InitMode::Never => "the program itself (it must reap its orphans)",
         }
     );
+}
 
+fn denied(out: &mut String, policy: &SandboxPolicy) {
+    let fs = &policy.filesystem;
+    let net = &policy.network;
     out.push_str("\nDENIED\n");
     out.push_str("  - writing anywhere else, including the image's own files\n");
     let names: Vec<String> = fs.protected_names().iter().map(|n| n.to_string()).collect();
@@ -221,7 +242,9 @@ pub fn explain(policy: &SandboxPolicy) -> String {
         let names: Vec<&str> = policy.syscalls.deny.iter().map(|n| n.as_str()).collect();
         let _ = writeln!(out, "  - also denied by this profile: {}", names.join(", "));
     }
+}
 
+fn enforced_by(out: &mut String, policy: &SandboxPolicy) {
     out.push_str("\nENFORCED BY\n");
     out.push_str("  - user, mount, pid, network, ipc, uts and cgroup namespaces (always)\n");
     let l = &policy.layers;
@@ -238,7 +261,6 @@ pub fn explain(policy: &SandboxPolicy) -> String {
         }
     );
     let _ = writeln!(out, "  - cgroups: {}", requirement(l.cgroups));
-    out
 }
 
 #[cfg(test)]
