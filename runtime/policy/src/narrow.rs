@@ -74,8 +74,19 @@ fn apparmor_rank(r: AppArmorRequirement) -> u8 {
 }
 
 /// `Ok` if `candidate` allows nothing that `ceiling` forbids.
-#[expect(clippy::too_many_lines)]
 pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), NarrowError> {
+    filesystem_within(candidate, ceiling)?;
+    privileges_within(candidate, ceiling)?;
+    network_within(candidate, ceiling)?;
+    resources_within(candidate, ceiling)?;
+    layers_within(candidate, ceiling)
+}
+
+/// Scratch areas, the workspace, protected names, masked and read-only paths.
+fn filesystem_within(
+    candidate: &SandboxPolicy,
+    ceiling: &SandboxPolicy,
+) -> Result<(), NarrowError> {
     let (cf, pf) = (&candidate.filesystem, &ceiling.filesystem);
     for scratch in &cf.scratch {
         let Some(limit) = pf.scratch.iter().find(|s| s.path == scratch.path) else {
@@ -122,7 +133,14 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
             path: path.to_string(),
         });
     }
+    Ok(())
+}
 
+/// The id range, capabilities and the seccomp filter's denials.
+fn privileges_within(
+    candidate: &SandboxPolicy,
+    ceiling: &SandboxPolicy,
+) -> Result<(), NarrowError> {
     let (ci, pi) = (&candidate.identity, &ceiling.identity);
     if ci.id_range > pi.id_range || (pi.host_start.is_some() && ci.host_start != pi.host_start) {
         return Err(NarrowError::Identity);
@@ -143,7 +161,11 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
     if cs.errno != ps.errno || ps.deny.iter().any(|d| !cs.deny.contains(d)) {
         return Err(NarrowError::Syscalls);
     }
+    Ok(())
+}
 
+/// The network mode and the proxy's rules, caps and credentials.
+fn network_within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), NarrowError> {
     let (cn, pn) = (&candidate.network, &ceiling.network);
     if let Some(&port) = cn.local_ports.iter().find(|p| !pn.local_ports.contains(p)) {
         return Err(NarrowError::LocalPort { port });
@@ -201,7 +223,11 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
             domain: c.domain.to_string(),
         });
     }
+    Ok(())
+}
 
+/// Cgroup limits, the wall clock and the per-user kernel counts.
+fn resources_within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), NarrowError> {
     let (cr, pr) = (&candidate.resources, &ceiling.resources);
     // Compare quota/period ratios exactly: a * d <= c * b.
     let cpu_wider = u128::from(cr.cpu_quota_us) * u128::from(pr.cpu_period_us)
@@ -233,7 +259,11 @@ pub fn within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), 
     {
         return Err(NarrowError::Ucounts { key });
     }
+    Ok(())
+}
 
+/// Every layer at least as required as the ceiling's.
+fn layers_within(candidate: &SandboxPolicy, ceiling: &SandboxPolicy) -> Result<(), NarrowError> {
     let (cl, pl) = (&candidate.layers, &ceiling.layers);
     let layer = if requirement_rank(cl.seccomp) < requirement_rank(pl.seccomp) {
         Some("seccomp")
