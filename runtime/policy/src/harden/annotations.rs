@@ -24,7 +24,6 @@ pub fn effective_policy(
 /// [`effective_policy`], where the profile annotation may also name `admin`: the profile the
 /// runtime read from the admin's profiles directory for these annotations. A name that is
 /// neither built in nor `admin`'s is an error, as is a profile wider than `ceiling`.
-#[expect(clippy::too_many_lines)]
 pub fn effective_policy_with(
     annotations: &HashMap<String, String>,
     ceiling: &SandboxPolicy,
@@ -36,7 +35,34 @@ pub fn effective_policy_with(
         .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let mut policy = ceiling.clone();
+    let mut policy =
+        selected_profile(annotations, &ours, ceiling, admin)?.unwrap_or_else(|| ceiling.clone());
+    for (&key, &value) in &ours {
+        if key == ANNOTATION_PROFILE {
+            continue;
+        }
+        let before = policy.clone();
+        narrow_by(&mut policy, key, value)?;
+        narrow::within(&policy, &before).map_err(|source| HardenError::AnnotationWidens {
+            annotation: key.to_owned(),
+            source,
+        })?;
+    }
+    // Belt and braces: the whole result against the ceiling.
+    narrow::within(&policy, ceiling).map_err(|source| HardenError::AnnotationWidens {
+        annotation: ANNOTATION_PREFIX.to_owned() + "*",
+        source,
+    })?;
+    Ok(policy)
+}
+
+/// The profile the profile annotation selects, checked against `ceiling`; `None` without one.
+fn selected_profile(
+    annotations: &HashMap<String, String>,
+    ours: &BTreeMap<&str, &str>,
+    ceiling: &SandboxPolicy,
+    admin: Option<&AdminProfile>,
+) -> Result<Option<SandboxPolicy>, HardenError> {
     let requested =
         crate::profiles::requested(annotations).map_err(|source| HardenError::BadAnnotation {
             annotation: ANNOTATION_PROFILE.to_owned(),
@@ -47,7 +73,10 @@ pub fn effective_policy_with(
                 .to_owned(),
             source: AnnotationValueError::ProfileName { reason: source },
         })?;
-    if let Some(requested) = requested {
+    let Some(requested) = requested else {
+        return Ok(None);
+    };
+    {
         let selected = match requested {
             Requested::Builtin(name) => {
                 SandboxPolicy::builtin(name).map_err(|source| HardenError::UnknownProfile {
@@ -69,113 +98,100 @@ pub fn effective_policy_with(
             annotation: ANNOTATION_PROFILE.to_owned(),
             source,
         })?;
-        policy = selected;
+        Ok(Some(selected))
     }
-    for (&key, &value) in &ours {
-        if key == ANNOTATION_PROFILE {
-            continue;
-        }
-        let bad = |source: AnnotationValueError| HardenError::BadAnnotation {
-            annotation: key.to_owned(),
-            value: value.to_owned(),
-            source,
-        };
-        let before = policy.clone();
-        let suffix = key.trim_start_matches(ANNOTATION_PREFIX);
-        match suffix {
-            "network" => {
-                policy.network.mode = match value.trim() {
-                    "none" => NetworkMode::None,
-                    "proxy" => NetworkMode::Proxy,
-                    _ => return Err(bad(AnnotationValueError::NetworkMode)),
-                };
-                if policy.network.mode == NetworkMode::None {
-                    policy.network.allow.clear();
-                    policy.network.deny.clear();
-                }
-            }
-            "network.allow" => {
-                let rules = parse_rules(value).map_err(bad)?;
-                if rules.is_empty() {
-                    policy.network.mode = NetworkMode::None;
-                    policy.network.allow.clear();
-                    policy.network.deny.clear();
-                } else if policy.network.mode == NetworkMode::None {
-                    // Asking for hosts where the policy allows no network at all.
-                    return Err(HardenError::AnnotationWidens {
-                        annotation: key.to_owned(),
-                        source: NarrowError::NetworkMode,
-                    });
-                } else {
-                    policy.network.allow = rules;
-                }
-            }
-            "network.deny" => {
-                if policy.network.mode == NetworkMode::Proxy {
-                    policy.network.deny.extend(parse_rules(value).map_err(bad)?);
-                }
-            }
-            "network.local-ports" => {
-                policy.network.local_ports = value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| s.parse::<std::num::NonZeroU16>().map(u16::from))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| bad(AnnotationValueError::Number(e)))?;
-            }
-            "memory" => {
-                policy.resources.memory =
-                    ByteSize::try_from(value.trim()).map_err(|e| bad(e.into()))?;
-            }
-            "pids" => {
-                policy.resources.pids = value
-                    .trim()
-                    .parse()
-                    .map_err(|e| bad(AnnotationValueError::Number(e)))?
-            }
-            "cpu-shares" => {
-                policy.resources.cpu_shares = value
-                    .trim()
-                    .parse()
-                    .map_err(|e| bad(AnnotationValueError::Number(e)))?;
-            }
-            "cpu-quota-us" => {
-                policy.resources.cpu_quota_us = value
-                    .trim()
-                    .parse()
-                    .map_err(|e| bad(AnnotationValueError::Number(e)))?;
-            }
-            "wall-clock" => {
-                policy.resources.wall_clock =
-                    Seconds::try_from(value.trim()).map_err(|e| bad(e.into()))?;
-            }
-            "capabilities" => {
-                policy.privileges.capabilities = value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| Capability::try_from(s.to_owned()))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| bad(e.into()))?;
-            }
-            _ => {
-                return Err(HardenError::UnknownAnnotation {
-                    annotation: key.to_owned(),
-                });
-            }
-        }
-        narrow::within(&policy, &before).map_err(|source| HardenError::AnnotationWidens {
-            annotation: key.to_owned(),
-            source,
-        })?;
-    }
-    // Belt and braces: the whole result against the ceiling.
-    narrow::within(&policy, ceiling).map_err(|source| HardenError::AnnotationWidens {
-        annotation: ANNOTATION_PREFIX.to_owned() + "*",
+}
+
+/// A decimal number, spaces around it allowed.
+fn number<T: std::str::FromStr<Err = std::num::ParseIntError>>(
+    value: &str,
+) -> Result<T, AnnotationValueError> {
+    value.trim().parse().map_err(AnnotationValueError::Number)
+}
+
+/// Narrows `policy` by one annotation, `key` = `value` (docs/policy.md#annotations).
+fn narrow_by(policy: &mut SandboxPolicy, key: &str, value: &str) -> Result<(), HardenError> {
+    let bad = |source: AnnotationValueError| HardenError::BadAnnotation {
+        annotation: key.to_owned(),
+        value: value.to_owned(),
         source,
-    })?;
-    Ok(policy)
+    };
+    let suffix = key.trim_start_matches(ANNOTATION_PREFIX);
+    match suffix {
+        "network" => {
+            policy.network.mode = match value.trim() {
+                "none" => NetworkMode::None,
+                "proxy" => NetworkMode::Proxy,
+                _ => return Err(bad(AnnotationValueError::NetworkMode)),
+            };
+            if policy.network.mode == NetworkMode::None {
+                policy.network.allow.clear();
+                policy.network.deny.clear();
+            }
+        }
+        "network.allow" => {
+            let rules = parse_rules(value).map_err(bad)?;
+            if rules.is_empty() {
+                policy.network.mode = NetworkMode::None;
+                policy.network.allow.clear();
+                policy.network.deny.clear();
+            } else if policy.network.mode == NetworkMode::None {
+                // Asking for hosts where the policy allows no network at all.
+                return Err(HardenError::AnnotationWidens {
+                    annotation: key.to_owned(),
+                    source: NarrowError::NetworkMode,
+                });
+            } else {
+                policy.network.allow = rules;
+            }
+        }
+        "network.deny" => {
+            if policy.network.mode == NetworkMode::Proxy {
+                policy.network.deny.extend(parse_rules(value).map_err(bad)?);
+            }
+        }
+        "network.local-ports" => {
+            policy.network.local_ports = value
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse::<std::num::NonZeroU16>().map(u16::from))
+                .collect::<Result<_, _>>()
+                .map_err(|e| bad(AnnotationValueError::Number(e)))?;
+        }
+        "memory" => {
+            policy.resources.memory =
+                ByteSize::try_from(value.trim()).map_err(|e| bad(e.into()))?;
+        }
+        "pids" => {
+            policy.resources.pids = number(value).map_err(bad)?;
+        }
+        "cpu-shares" => {
+            policy.resources.cpu_shares = number(value).map_err(bad)?;
+        }
+        "cpu-quota-us" => {
+            policy.resources.cpu_quota_us = number(value).map_err(bad)?;
+        }
+        "wall-clock" => {
+            policy.resources.wall_clock =
+                Seconds::try_from(value.trim()).map_err(|e| bad(e.into()))?;
+        }
+        "capabilities" => {
+            policy.privileges.capabilities = value
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Capability::try_from(s.to_owned()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| bad(e.into()))?;
+        }
+        _ => {
+            return Err(HardenError::UnknownAnnotation {
+                annotation: key.to_owned(),
+            });
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn parse_rules(value: &str) -> Result<Vec<DomainRule>, AnnotationValueError> {
