@@ -18,7 +18,6 @@ use super::{
 /// the host's cgroup namespace, podman's and Docker's default on cgroup v1) gives a [`Clamp`].
 /// The user namespace is always the sandbox's own (no engine adds one by default) and a
 /// pod's member joins the pod's user, network, IPC and UTS namespaces.
-#[expect(clippy::too_many_lines)]
 pub(super) fn namespace_requests(
     spec: &Spec,
     ctx: &HardenContext,
@@ -29,62 +28,10 @@ pub(super) fn namespace_requests(
         .and_then(|l| l.namespaces().as_deref())
         .unwrap_or_default();
     let mut clamps = Vec::new();
-    for (typ, name, host_reason) in [
-        (
-            LinuxNamespaceType::Network,
-            "network",
-            Some(
-                "the container would share the host's network (--network host, --net-host, hostNetwork)",
-            ),
-        ),
-        (
-            LinuxNamespaceType::Pid,
-            "pid",
-            Some("the container would see and signal the host's processes (--pid host, hostPID)"),
-        ),
-        (
-            LinuxNamespaceType::Ipc,
-            "ipc",
-            Some("the container would share the host's IPC objects (--ipc host, hostIPC)"),
-        ),
-        (
-            LinuxNamespaceType::Uts,
-            "uts",
-            Some("the container could set the host's hostname (--uts host)"),
-        ),
-        (LinuxNamespaceType::Cgroup, "cgroup", None),
-        (LinuxNamespaceType::User, "user", None),
-    ] {
+    for (typ, name, host_reason) in NAMESPACE_KEYS {
         let key = format!("linux.namespaces[{name}]");
-        let requested = match listed.iter().find(|ns| ns.typ() == typ) {
-            None => match host_reason {
-                Some(reason) => {
-                    return Err(HardenError::Widens {
-                        key,
-                        requested: HOST_NAMESPACE.to_owned(),
-                        reason,
-                    });
-                }
-                None if typ == LinuxNamespaceType::Cgroup => HOST_NAMESPACE.to_owned(),
-                None => continue,
-            },
-            Some(ns) => match ns.path() {
-                Some(path) if ctx.host_namespaces.contains(&typ) => {
-                    let requested = format!("path {} (the host's)", path.display());
-                    match host_reason {
-                        Some(reason) => {
-                            return Err(HardenError::Widens {
-                                key,
-                                requested,
-                                reason,
-                            });
-                        }
-                        None => requested,
-                    }
-                }
-                Some(path) => format!("path {}", path.display()),
-                None => continue,
-            },
+        let Some(requested) = requested_namespace(listed, typ, host_reason, &key, ctx)? else {
+            continue;
         };
         let pods = ctx.pod.is_some()
             && matches!(
@@ -105,6 +52,70 @@ pub(super) fn namespace_requests(
         });
     }
     Ok(clamps)
+}
+
+/// Each namespace a spec may ask about: its type, its name in a [`Clamp`]'s key, and why
+/// sharing the host's is refused (`None`: the sandbox makes its own instead).
+const NAMESPACE_KEYS: [(LinuxNamespaceType, &str, Option<&str>); 6] = [
+    (
+        LinuxNamespaceType::Network,
+        "network",
+        Some(
+            "the container would share the host's network (--network host, --net-host, hostNetwork)",
+        ),
+    ),
+    (
+        LinuxNamespaceType::Pid,
+        "pid",
+        Some("the container would see and signal the host's processes (--pid host, hostPID)"),
+    ),
+    (
+        LinuxNamespaceType::Ipc,
+        "ipc",
+        Some("the container would share the host's IPC objects (--ipc host, hostIPC)"),
+    ),
+    (
+        LinuxNamespaceType::Uts,
+        "uts",
+        Some("the container could set the host's hostname (--uts host)"),
+    ),
+    (LinuxNamespaceType::Cgroup, "cgroup", None),
+    (LinuxNamespaceType::User, "user", None),
+];
+
+/// What the spec asked for namespace `typ` when it is something other than a new one (no
+/// entry, or a path), refused when that is the host's and `host_reason` says why; `None`
+/// when it asked for a new one.
+fn requested_namespace(
+    listed: &[LinuxNamespace],
+    typ: LinuxNamespaceType,
+    host_reason: Option<&'static str>,
+    key: &str,
+    ctx: &HardenContext,
+) -> Result<Option<String>, HardenError> {
+    let widens = |requested: String, reason: &'static str| HardenError::Widens {
+        key: key.to_owned(),
+        requested,
+        reason,
+    };
+    match listed.iter().find(|ns| ns.typ() == typ) {
+        None => match host_reason {
+            Some(reason) => Err(widens(HOST_NAMESPACE.to_owned(), reason)),
+            None if typ == LinuxNamespaceType::Cgroup => Ok(Some(HOST_NAMESPACE.to_owned())),
+            None => Ok(None),
+        },
+        Some(ns) => match ns.path() {
+            Some(path) if ctx.host_namespaces.contains(&typ) => {
+                let requested = format!("path {} (the host's)", path.display());
+                match host_reason {
+                    Some(reason) => Err(widens(requested, reason)),
+                    None => Ok(Some(requested)),
+                }
+            }
+            Some(path) => Ok(Some(format!("path {}", path.display()))),
+            None => Ok(None),
+        },
+    }
 }
 
 pub(super) fn check_mappings(
