@@ -34,7 +34,6 @@ pub(super) fn resource_clamp(key: &str, requested: Option<i64>, granted: i64) ->
 
 /// The cgroup limits: each at most the policy's, an explicit larger (or unlimited) value
 /// clamped with a [`Clamp`] naming its key.
-#[expect(clippy::too_many_lines)]
 pub(super) fn clamp_resources(
     incoming: Option<LinuxResources>,
     policy: &SandboxPolicy,
@@ -45,8 +44,41 @@ pub(super) fn clamp_resources(
     if let Some(key) = res.unified().as_ref().and_then(|u| u.keys().next()) {
         return Err(HardenError::UnifiedResource { key: key.clone() });
     }
+    res.set_memory(Some(clamp_memory(
+        res.memory().unwrap_or_default(),
+        policy,
+        &mut clamps,
+    )));
+
+    let mut pids = LinuxPids::default();
+    let requested_pids = res.pids().map(|p| p.limit());
+    let pids_limit = min_opt_i64(requested_pids, i64::from(r.pids));
+    clamps.extend(resource_clamp(
+        "linux.resources.pids.limit",
+        requested_pids,
+        pids_limit,
+    ));
+    pids.set_limit(pids_limit);
+    res.set_pids(Some(pids));
+
+    res.set_cpu(Some(clamp_cpu(
+        res.cpu().clone().unwrap_or_default(),
+        policy,
+        &mut clamps,
+    )));
+
+    res.set_devices(Some(device_rules()));
+    Ok((res, clamps))
+}
+
+/// Memory at most the policy's, memory+swap equal to it (no swap on top), the OOM killer on.
+fn clamp_memory(
+    old_mem: LinuxMemory,
+    policy: &SandboxPolicy,
+    clamps: &mut Vec<Clamp>,
+) -> LinuxMemory {
+    let r = &policy.resources;
     let policy_memory = i64::try_from(r.memory.bytes()).unwrap_or(i64::MAX);
-    let old_mem = res.memory().unwrap_or_default();
     let limit = min_opt_i64(old_mem.limit(), policy_memory);
     clamps.extend(resource_clamp(
         "linux.resources.memory.limit",
@@ -67,20 +99,12 @@ pub(super) fn clamp_resources(
     }
     mem.set_swappiness(old_mem.swappiness());
     mem.set_disable_oom_killer(Some(false));
-    res.set_memory(Some(mem));
+    mem
+}
 
-    let mut pids = LinuxPids::default();
-    let requested_pids = res.pids().map(|p| p.limit());
-    let pids_limit = min_opt_i64(requested_pids, i64::from(r.pids));
-    clamps.extend(resource_clamp(
-        "linux.resources.pids.limit",
-        requested_pids,
-        pids_limit,
-    ));
-    pids.set_limit(pids_limit);
-    res.set_pids(Some(pids));
-
-    let old_cpu = res.cpu().clone().unwrap_or_default();
+/// CPU shares and the quota/period ratio at most the policy's; cpusets kept.
+fn clamp_cpu(old_cpu: LinuxCpu, policy: &SandboxPolicy, clamps: &mut Vec<Clamp>) -> LinuxCpu {
+    let r = &policy.resources;
     let mut cpu = LinuxCpu::default();
     let shares = old_cpu
         .shares()
@@ -125,10 +149,7 @@ pub(super) fn clamp_resources(
     cpu.set_period(Some(period));
     cpu.set_cpus(old_cpu.cpus().clone());
     cpu.set_mems(old_cpu.mems().clone());
-    res.set_cpu(Some(cpu));
-
-    res.set_devices(Some(device_rules()));
-    Ok((res, clamps))
+    cpu
 }
 
 /// Deny every device, then allow the standard safe ones.
