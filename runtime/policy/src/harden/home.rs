@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{Mount, Process, Spec};
 
-use crate::policy::SandboxPolicy;
+use crate::policy::{SandboxPolicy, Scratch};
 
-use super::{HardenContext, HardenError};
+use super::{HardenContext, HardenError, Placeholders};
 
 /// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
 /// and containerd give root `HOME=/root`): tools that write caches or their state there then
@@ -88,7 +88,6 @@ pub(super) fn home_scratch<'a>(
 /// The mounts go right after the scratch area's tmpfs, so a caller's mount beneath HOME
 /// stays on top. Names inside a protected directory are covered by it. An exec that points
 /// HOME elsewhere gets no such mounts (docs/policy.md#protected-names).
-#[expect(clippy::too_many_lines)]
 pub(super) fn guard_home(
     spec: &mut Spec,
     policy: &SandboxPolicy,
@@ -97,17 +96,47 @@ pub(super) fn guard_home(
     let Some(process) = spec.process().as_ref() else {
         return Ok(());
     };
-    let Some(home) = process
+    let Some(home) = init_home(process) else {
+        return Ok(());
+    };
+    let Some(scratch) = home_scratch(spec, policy, &home) else {
+        return Ok(());
+    };
+    let placeholders =
+        ctx.placeholders
+            .as_ref()
+            .ok_or_else(|| HardenError::MissingPlaceholders {
+                home: home.display().to_string(),
+                scratch: scratch.path.to_string(),
+            })?;
+    let owner = (process.user().uid(), process.user().gid());
+    let mut guards = home_guards(&home, scratch, policy, placeholders, owner);
+    // Parents before children: each tmpfs before the names inside it.
+    guards.sort_by_key(|m| m.destination().components().count());
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    let at = mounts
+        .iter()
+        .position(|m| {
+            m.destination() == scratch.path.as_path() && m.typ().as_deref() == Some("tmpfs")
+        })
+        .map_or(mounts.len(), |i| i + 1);
+    tracing::debug!(home = %home.display(), mounts = guards.len(), "protected names of HOME kept unwritable");
+    mounts.splice(at..at, guards);
+    spec.set_mounts(Some(mounts));
+    Ok(())
+}
+
+/// The init's `HOME`, absolute and with `.` and `..` resolved (`/home/./x/../y/` is
+/// `/home/y`: the tmpfs holds no symlinks before the program runs); `None` without one.
+fn init_home(process: &Process) -> Option<PathBuf> {
+    let home = process
         .env()
         .iter()
         .flatten()
         .find_map(|kv| kv.strip_prefix("HOME="))
-        .map(PathBuf::from)
-    else {
-        return Ok(());
-    };
+        .map(PathBuf::from)?;
     if !home.is_absolute() {
-        return Ok(());
+        return None;
     }
     // `/home/./x/../y/` is `/home/y`: the tmpfs holds no symlinks before the program runs.
     let mut normal = PathBuf::from("/");
@@ -120,18 +149,20 @@ pub(super) fn guard_home(
             _ => {}
         }
     }
-    let home = normal;
-    let Some(scratch) = home_scratch(spec, policy, &home) else {
-        return Ok(());
-    };
-    let placeholders =
-        ctx.placeholders
-            .as_ref()
-            .ok_or_else(|| HardenError::MissingPlaceholders {
-                home: home.display().to_string(),
-                scratch: scratch.path.to_string(),
-            })?;
-    let (uid, gid) = (process.user().uid(), process.user().gid());
+    Some(normal)
+}
+
+/// The mounts that keep `home`'s protected names unwritable: a tmpfs of the user's own for
+/// `home` (when it is not the scratch area itself) and for each parent of a name, and an
+/// empty read-only placeholder bound at each name.
+fn home_guards(
+    home: &Path,
+    scratch: &Scratch,
+    policy: &SandboxPolicy,
+    placeholders: &Placeholders,
+    owner: (u32, u32),
+) -> Vec<Mount> {
+    let (uid, gid) = owner;
     let own_tmpfs = |dest: PathBuf| {
         let mut m = Mount::default();
         m.set_destination(dest);
@@ -155,7 +186,7 @@ pub(super) fn guard_home(
         .collect();
     let mut guards: Vec<Mount> = Vec::new();
     if home != scratch.path.as_path() {
-        guards.push(own_tmpfs(home.clone()));
+        guards.push(own_tmpfs(home.to_path_buf()));
     }
     let mut made: HashSet<PathBuf> = HashSet::new();
     for name in &names {
@@ -188,17 +219,5 @@ pub(super) fn guard_home(
         ));
         guards.push(m);
     }
-    // Parents before children: each tmpfs before the names inside it.
-    guards.sort_by_key(|m| m.destination().components().count());
-    let mut mounts = spec.mounts().clone().unwrap_or_default();
-    let at = mounts
-        .iter()
-        .position(|m| {
-            m.destination() == scratch.path.as_path() && m.typ().as_deref() == Some("tmpfs")
-        })
-        .map_or(mounts.len(), |i| i + 1);
-    tracing::debug!(home = %home.display(), mounts = guards.len(), "protected names of HOME kept unwritable");
-    mounts.splice(at..at, guards);
-    spec.set_mounts(Some(mounts));
-    Ok(())
+    guards
 }
