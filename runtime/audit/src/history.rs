@@ -539,6 +539,28 @@ struct Checker<'a, 'o> {
 }
 
 impl Checker<'_, '_> {
+    /// Notes the names the change set's files will add to each directory, and where its
+    /// symlinks resolve, for the checks of the commits' trees against the plan.
+    fn plan_files(&mut self, changes: &[Change]) {
+        for c in changes {
+            if c.kind != ChangeKind::Deleted
+                && !is_history_path(&c.path)
+                && let Some(name) = c.path.file_name()
+            {
+                if let Some(t) = &c.link_target
+                    && let Ok(resolved) = resolve_link(&c.path, t)
+                {
+                    self.file_links.push((c.path.clone(), resolved));
+                }
+                let dir = c.path.parent().unwrap_or(Path::new("")).to_owned();
+                self.planned
+                    .entry(dir)
+                    .or_default()
+                    .push(name.as_bytes().to_vec());
+            }
+        }
+    }
+
     fn tree(&mut self, id: &ObjectId) -> Result<Entries, Refusal> {
         if let Some(t) = self.trees.get(id) {
             return Ok(t.clone());
@@ -835,7 +857,6 @@ pub struct Options<'a> {
 
 /// Reads, copies and checks the history in `changes` (the upper dir's `.git` entries)
 /// against the repository in `target`. Nothing in `target` is written.
-#[expect(clippy::too_many_lines)]
 pub fn prepare(
     upper: &Path,
     changes: &[Change],
@@ -843,18 +864,7 @@ pub fn prepare(
     rules: &Rules,
     opts: &Options<'_>,
 ) -> Result<History, HistoryError> {
-    let mut h = History {
-        refs: Vec::new(),
-        commits: Vec::new(),
-        refused: Vec::new(),
-        advance: None,
-        not_carried: 0,
-        digest: String::new(),
-        objects: Vec::new(),
-        odb: None,
-        target: target.to_owned(),
-        _copy: None,
-    };
+    let mut h = History::nothing(target);
     let git_changes: Vec<&Change> = changes
         .iter()
         .filter(|c| is_history_path(&c.path))
@@ -873,54 +883,9 @@ pub fn prepare(
 
     let git = open_git(&root, target)?;
     // 2. Which of them changed: their value differs from the target's branch.
-    let mut changed: Vec<(String, ObjectId)> = Vec::new();
-    for (name, oid) in &agent {
-        let now = match &git {
-            Some(g) => target_branch(g, name).map_err(io_at("read", &target.join(".git")))?,
-            None => None,
-        };
-        if now != Some(*oid) {
-            changed.push((name.clone(), *oid));
-        }
-    }
-    if let Some(oid) = detached {
-        changed.push(("HEAD".to_owned(), oid));
-    }
-    for (name, oid) in &changed {
-        let quarantine = match name.strip_prefix("refs/") {
-            Some(rest) => format!("refs/agent-sandbox/{}/{rest}", opts.namespace),
-            None => format!("refs/agent-sandbox/{}/HEAD", opts.namespace),
-        };
-        if gix_validate::reference::name(quarantine.as_bytes().as_bstr()).is_err() {
-            h.refuse(
-                Path::new(".git").join(name).as_path(),
-                Refusal::History {
-                    why: format!("{quarantine} is not a valid ref name"),
-                },
-            );
-            continue;
-        }
-        h.refs.push(RefUpdate {
-            agent: name.clone(),
-            quarantine,
-            oid: *oid,
-        });
-    }
+    quarantine_changed(git.as_ref(), target, &agent, detached, opts, &mut h)?;
     if h.refs.is_empty() || !h.refused.is_empty() {
-        if opts.advance && h.refused.is_empty() {
-            let branch = match &git {
-                Some(g) => head_branch(g)?,
-                None => {
-                    return Err(AdvanceError::NoBranch {
-                        why: "the target is not a git repository".to_owned(),
-                    }
-                    .into());
-                }
-            };
-            return Err(AdvanceError::NotChanged { branch }.into());
-        }
-        h.digest = history_digest(&h);
-        return Ok(h);
+        return nothing_to_carry(h, git.as_ref(), opts);
     }
     let Some(git) = git else {
         return Err(HistoryError::Target {
@@ -962,24 +927,7 @@ pub fn prepare(
         planned: HashMap::new(),
         file_links: Vec::new(),
     };
-    for c in changes {
-        if c.kind != ChangeKind::Deleted
-            && !is_history_path(&c.path)
-            && let Some(name) = c.path.file_name()
-        {
-            if let Some(t) = &c.link_target
-                && let Ok(resolved) = resolve_link(&c.path, t)
-            {
-                checker.file_links.push((c.path.clone(), resolved));
-            }
-            let dir = c.path.parent().unwrap_or(Path::new("")).to_owned();
-            checker
-                .planned
-                .entry(dir)
-                .or_default()
-                .push(name.as_bytes().to_vec());
-        }
-    }
+    checker.plan_files(changes);
     for (id, tree, parents) in &found {
         checker.commit(*id, *tree, parents);
     }
@@ -1000,6 +948,93 @@ pub fn prepare(
     h.refused
         .sort_by(|a, b| (a.commit, &a.path).cmp(&(b.commit, &b.path)));
     h.refused.dedup();
+    h.digest = history_digest(&h);
+    Ok(h)
+}
+
+impl History {
+    /// A history that carries nothing back to `target` (yet).
+    fn nothing(target: &Path) -> History {
+        History {
+            refs: Vec::new(),
+            commits: Vec::new(),
+            refused: Vec::new(),
+            advance: None,
+            not_carried: 0,
+            digest: String::new(),
+            objects: Vec::new(),
+            odb: None,
+            target: target.to_owned(),
+            _copy: None,
+        }
+    }
+}
+
+/// Queues each changed branch (and a detached HEAD) for the quarantine namespace, refusing
+/// one whose quarantine name git would not accept.
+fn quarantine_changed(
+    git: Option<&OwnedFd>,
+    target: &Path,
+    agent: &BTreeMap<String, ObjectId>,
+    detached: Option<ObjectId>,
+    opts: &Options<'_>,
+    h: &mut History,
+) -> Result<(), HistoryError> {
+    let mut changed: Vec<(String, ObjectId)> = Vec::new();
+    for (name, oid) in agent {
+        let now = match &git {
+            Some(g) => target_branch(g, name).map_err(io_at("read", &target.join(".git")))?,
+            None => None,
+        };
+        if now != Some(*oid) {
+            changed.push((name.clone(), *oid));
+        }
+    }
+    if let Some(oid) = detached {
+        changed.push(("HEAD".to_owned(), oid));
+    }
+    for (name, oid) in &changed {
+        let quarantine = match name.strip_prefix("refs/") {
+            Some(rest) => format!("refs/agent-sandbox/{}/{rest}", opts.namespace),
+            None => format!("refs/agent-sandbox/{}/HEAD", opts.namespace),
+        };
+        if gix_validate::reference::name(quarantine.as_bytes().as_bstr()).is_err() {
+            h.refuse(
+                Path::new(".git").join(name).as_path(),
+                Refusal::History {
+                    why: format!("{quarantine} is not a valid ref name"),
+                },
+            );
+            continue;
+        }
+        h.refs.push(RefUpdate {
+            agent: name.clone(),
+            quarantine,
+            oid: *oid,
+        });
+    }
+    Ok(())
+}
+
+/// The history when nothing is carried (no changed branch, or a refusal): with `advance`
+/// asked for and nothing refused, the error that says there is nothing to advance to.
+fn nothing_to_carry(
+    mut h: History,
+    git: Option<&OwnedFd>,
+    opts: &Options<'_>,
+) -> Result<History, HistoryError> {
+    if opts.advance && h.refused.is_empty() {
+        let branch = match &git {
+            Some(g) => head_branch(g)?,
+            None => {
+                return Err(AdvanceError::NoBranch {
+                    why: "the target is not a git repository".to_owned(),
+                }
+                .into());
+            }
+        };
+        return Err(AdvanceError::NotChanged { branch }.into());
+    }
     h.digest = history_digest(&h);
     Ok(h)
 }
