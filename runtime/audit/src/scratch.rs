@@ -273,7 +273,6 @@ struct Walker<'a> {
 }
 
 impl Walker<'_> {
-    #[expect(clippy::too_many_lines)]
     fn walk(
         &mut self,
         dir: &OwnedFd,
@@ -314,77 +313,69 @@ impl Walker<'_> {
                     self.out.push(deleted(lower_st));
                 }
                 FileType::Directory => {
-                    let sub = rustix::fs::openat(
-                        dir,
-                        name.as_c_str(),
-                        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(io_err("open directory", upath.clone()))?;
-                    let opaque =
-                        overlay_xattr(sub.as_fd(), "opaque", &upath)?.as_deref() == Some(b"y");
-                    let lower_is_dir = lower_st
-                        .as_ref()
-                        .is_some_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Directory);
-                    let (kind, sub_lower) = if opaque {
-                        (Some(ChangeKind::OpaqueDir), None)
-                    } else if let (Some(ls), true, Some(l)) = (&lower_st, lower_is_dir, lower) {
-                        let same = perm(ls) == perm(&st)
-                            && ls.st_uid == st.st_uid
-                            && ls.st_gid == st.st_gid;
-                        let lpath = self.lower.map(|p| p.join(&child)).unwrap_or_default();
-                        let lfd = rustix::fs::openat(
-                            l,
-                            name.as_c_str(),
-                            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                            Mode::empty(),
-                        )
-                        .map_err(io_err("open directory", lpath))?;
-                        ((!same).then_some(ChangeKind::Modified), Some(lfd))
-                    } else if lower_st.is_some() {
-                        (Some(ChangeKind::Modified), None)
-                    } else {
-                        (Some(ChangeKind::Added), None)
-                    };
-                    if let Some(kind) = kind {
-                        self.out.push(Change {
-                            path: child.clone(),
-                            kind,
-                            file_type: FileKind::Dir,
-                            size: 0,
-                            mode: perm(&st),
-                            link_target: None,
-                        });
-                    }
-                    self.walk(&sub, &child, sub_lower.as_ref())?;
+                    self.walk_dir(dir, &name, &child, &st, lower_st, lower)?;
                 }
                 _ => {
-                    let link_target = if ft == FileType::Symlink {
-                        let t = rustix::fs::readlinkat(dir, name.as_c_str(), Vec::new())
-                            .map_err(io_err("read symlink", upath.clone()))?;
-                        Some(PathBuf::from(OsString::from_vec(t.into_bytes())))
-                    } else {
-                        None
-                    };
-                    self.out.push(Change {
-                        path: child.clone(),
-                        kind: if lower_st.is_some() {
-                            ChangeKind::Modified
-                        } else {
-                            ChangeKind::Added
-                        },
-                        file_type: FileKind::of(&st),
-                        size: if matches!(ft, FileType::RegularFile | FileType::Symlink) {
-                            size_of(&st)
-                        } else {
-                            0
-                        },
-                        mode: perm(&st),
-                        link_target,
-                    });
+                    let change = entry_change(dir, &name, child, &upath, &st, lower_st.is_some())?;
+                    self.out.push(change);
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A directory of the upper layer: listed when it is new, opaque or changed its mode or
+    /// owner, then walked against its lower counterpart (none when opaque).
+    fn walk_dir(
+        &mut self,
+        dir: &OwnedFd,
+        name: &CString,
+        child: &Path,
+        st: &Stat,
+        lower_st: Option<Stat>,
+        lower: Option<&OwnedFd>,
+    ) -> Result<(), ScratchError> {
+        let upath = self.upper.join(child);
+        let sub = rustix::fs::openat(
+            dir,
+            name.as_c_str(),
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io_err("open directory", upath.clone()))?;
+        let opaque = overlay_xattr(sub.as_fd(), "opaque", &upath)?.as_deref() == Some(b"y");
+        let lower_is_dir = lower_st
+            .as_ref()
+            .is_some_and(|s| FileType::from_raw_mode(s.st_mode) == FileType::Directory);
+        let (kind, sub_lower) = if opaque {
+            (Some(ChangeKind::OpaqueDir), None)
+        } else if let (Some(ls), true, Some(l)) = (&lower_st, lower_is_dir, lower) {
+            let same = perm(ls) == perm(st) && ls.st_uid == st.st_uid && ls.st_gid == st.st_gid;
+            let lpath = self.lower.map(|p| p.join(child)).unwrap_or_default();
+            let lfd = rustix::fs::openat(
+                l,
+                name.as_c_str(),
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(io_err("open directory", lpath))?;
+            ((!same).then_some(ChangeKind::Modified), Some(lfd))
+        } else if lower_st.is_some() {
+            (Some(ChangeKind::Modified), None)
+        } else {
+            (Some(ChangeKind::Added), None)
+        };
+        if let Some(kind) = kind {
+            self.out.push(Change {
+                path: child.to_path_buf(),
+                kind,
+                file_type: FileKind::Dir,
+                size: 0,
+                mode: perm(st),
+                link_target: None,
+            });
+        }
+        self.walk(&sub, child, sub_lower.as_ref())?;
         Ok(())
     }
 
@@ -408,6 +399,42 @@ impl Walker<'_> {
         };
         Ok(overlay_xattr(fd.as_fd(), "whiteout", path)?.is_some())
     }
+}
+
+/// A file, symlink or special file of the upper layer: added, or modified when the lower
+/// layer has the name.
+fn entry_change(
+    dir: &OwnedFd,
+    name: &CString,
+    child: PathBuf,
+    upath: &Path,
+    st: &Stat,
+    in_lower: bool,
+) -> Result<Change, ScratchError> {
+    let ft = FileType::from_raw_mode(st.st_mode);
+    let link_target = if ft == FileType::Symlink {
+        let t = rustix::fs::readlinkat(dir, name.as_c_str(), Vec::new())
+            .map_err(io_err("read symlink", upath.to_owned()))?;
+        Some(PathBuf::from(OsString::from_vec(t.into_bytes())))
+    } else {
+        None
+    };
+    Ok(Change {
+        path: child,
+        kind: if in_lower {
+            ChangeKind::Modified
+        } else {
+            ChangeKind::Added
+        },
+        file_type: FileKind::of(st),
+        size: if matches!(ft, FileType::RegularFile | FileType::Symlink) {
+            size_of(st)
+        } else {
+            0
+        },
+        mode: perm(st),
+        link_target,
+    })
 }
 
 /// Lists what the overlay upper dir `upper` changes relative to `lower` (the layer the
