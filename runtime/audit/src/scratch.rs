@@ -670,6 +670,35 @@ pub(crate) fn copy_file(
     })
 }
 
+/// Appends a fifo or device node of the change set to the archive, with its device numbers
+/// read from the upper layer (never opened).
+fn append_special(
+    b: &mut tar::Builder<File>,
+    mut h: tar::Header,
+    c: &Change,
+    (upper_fd, upper): (&OwnedFd, &Path),
+    dest: &Path,
+) -> Result<(), ScratchError> {
+    let tar_err = |source| ScratchError::Io {
+        op: "write tar",
+        path: dest.to_owned(),
+        source,
+    };
+    let (parent, name) = open_parent(upper_fd, &c.path, upper)?;
+    let st = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(io_err("stat", upper.join(&c.path)))?;
+    h.set_entry_type(match c.file_type {
+        FileKind::Fifo => tar::EntryType::Fifo,
+        FileKind::CharDevice => tar::EntryType::Char,
+        _ => tar::EntryType::Block,
+    });
+    h.set_device_major(rustix::fs::major(st.st_rdev))
+        .map_err(tar_err)?;
+    h.set_device_minor(rustix::fs::minor(st.st_rdev))
+        .map_err(tar_err)?;
+    b.append_data(&mut h, &c.path, io::empty()).map_err(tar_err)
+}
+
 /// Appends the regular file `src` as `path`: a plain entry when it has no hole, else a GNU
 /// sparse entry (type `S`: the data segments in the header and its extension blocks, then
 /// only their bytes), which GNU tar, Python's `tarfile` and the `tar` crate restore with
@@ -863,14 +892,9 @@ pub fn export(
     }
 }
 
-#[expect(clippy::too_many_lines)]
-fn export_dir(
-    changes: &[Change],
-    footprint: &Footprint,
-    upper_fd: &OwnedFd,
-    upper: &Path,
-    dest: &Path,
-) -> Result<ExportSummary, ScratchError> {
+/// `dest` as a new directory, or an existing empty one: an export never mixes with
+/// anything already there.
+fn create_empty_dir(dest: &Path) -> Result<(), ScratchError> {
     match std::fs::create_dir(dest) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -890,6 +914,100 @@ fn export_dir(
             });
         }
     }
+    Ok(())
+}
+
+/// Where [`export_dir`] writes: the directory and its path, for messages.
+struct ExportDir<'a> {
+    fd: &'a OwnedFd,
+    path: &'a Path,
+}
+
+/// Exports one regular file of the change set: its data segments copied (holes kept), or a
+/// hard link to the copy of a name already exported.
+fn export_file(
+    c: &Change,
+    footprint: &Footprint,
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    to: &ExportDir<'_>,
+    exported: &mut HashMap<(u64, u64), PathBuf>,
+    sum: &mut ExportSummary,
+) -> Result<(), ScratchError> {
+    let dpath = to.path.join(&c.path);
+    let (src, st) = open_source(upper_fd, upper, &c.path)?;
+    let parent = ensure_dirs(to.fd, c.path.parent().unwrap_or(Path::new("")), to.path)?;
+    let name = c.path.file_name().unwrap_or_default();
+    let id = (st.st_dev, st.st_ino);
+    if st.st_nlink > 1
+        && let Some(first) = exported.get(&id)
+    {
+        // Another name of a file already exported: a link to that copy.
+        let from = ensure_dirs(to.fd, first.parent().unwrap_or(Path::new("")), to.path)?;
+        rustix::fs::linkat(
+            &from,
+            first.file_name().unwrap_or_default(),
+            &parent,
+            name,
+            AtFlags::empty(),
+        )
+        .map_err(io_err("link", dpath))?;
+        sum.links += 1;
+        return Ok(());
+    }
+    let dst = rustix::fs::openat(
+        &parent,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(st.st_mode & 0o777),
+    )
+    .map_err(io_err("create", dpath.clone()))?;
+    let dst = File::from(dst);
+    let layout = checked_layout(&src, &st, footprint.file(&c.path), upper, &c.path)?;
+    copy_file(&src, &layout, None, Some(&dst), upper, &c.path, &dpath)?;
+    if st.st_nlink > 1 {
+        exported.insert(id, c.path.clone());
+    }
+    sum.files += 1;
+    sum.bytes += layout.data();
+    sum.apparent += layout.size;
+    Ok(())
+}
+
+/// The manifests of what an exported directory cannot hold as files (deletions, opaque
+/// directories, skipped entries), NUL-separated.
+fn write_manifests(
+    dest_fd: &OwnedFd,
+    dest: &Path,
+    sum: &ExportSummary,
+) -> Result<(), ScratchError> {
+    for (name, list) in sum.manifests() {
+        let fd = rustix::fs::openat(
+            dest_fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(io_err("create", dest.join(name)))?;
+        File::from(fd)
+            .write_all(&nul_list(list))
+            .map_err(|source| ScratchError::Io {
+                op: "write",
+                path: dest.join(name),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+fn export_dir(
+    changes: &[Change],
+    footprint: &Footprint,
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    dest: &Path,
+) -> Result<ExportSummary, ScratchError> {
+    create_empty_dir(dest)?;
     let dest_fd = open_root(dest, OFlags::RDONLY)?;
     let mut sum = ExportSummary::default();
     // (dev, ino) of each file with several names -> the path it was exported under.
@@ -908,47 +1026,11 @@ fn export_dir(
                 sum.dirs += 1;
             }
             (_, FileKind::File) => {
-                let (src, st) = open_source(upper_fd, upper, &c.path)?;
-                let parent = ensure_dirs(&dest_fd, c.path.parent().unwrap_or(Path::new("")), dest)?;
-                let name = c.path.file_name().unwrap_or_default();
-                let id = (st.st_dev, st.st_ino);
-                if st.st_nlink > 1
-                    && let Some(first) = exported.get(&id)
-                {
-                    // Another name of a file already exported: a link to that copy.
-                    let from =
-                        ensure_dirs(&dest_fd, first.parent().unwrap_or(Path::new("")), dest)?;
-                    rustix::fs::linkat(
-                        &from,
-                        first.file_name().unwrap_or_default(),
-                        &parent,
-                        name,
-                        AtFlags::empty(),
-                    )
-                    .map_err(io_err("link", dpath))?;
-                    sum.links += 1;
-                    continue;
-                }
-                let dst = rustix::fs::openat(
-                    &parent,
-                    name,
-                    OFlags::WRONLY
-                        | OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(st.st_mode & 0o777),
-                )
-                .map_err(io_err("create", dpath.clone()))?;
-                let dst = File::from(dst);
-                let layout = checked_layout(&src, &st, footprint.file(&c.path), upper, &c.path)?;
-                copy_file(&src, &layout, None, Some(&dst), upper, &c.path, &dpath)?;
-                if st.st_nlink > 1 {
-                    exported.insert(id, c.path.clone());
-                }
-                sum.files += 1;
-                sum.bytes += layout.data();
-                sum.apparent += layout.size;
+                let to = ExportDir {
+                    fd: &dest_fd,
+                    path: dest,
+                };
+                export_file(c, footprint, upper_fd, upper, &to, &mut exported, &mut sum)?;
             }
             (_, FileKind::Symlink) => {
                 let target = read_link(upper_fd, upper, &c.path)?;
@@ -976,26 +1058,40 @@ fn export_dir(
             _ => sum.skipped.push(c.path.clone()),
         }
     }
-    for (name, list) in sum.manifests() {
-        let fd = rustix::fs::openat(
-            &dest_fd,
-            name,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o644),
-        )
-        .map_err(io_err("create", dest.join(name)))?;
-        File::from(fd)
-            .write_all(&nul_list(list))
-            .map_err(|source| ScratchError::Io {
-                op: "write",
-                path: dest.join(name),
-                source,
-            })?;
-    }
+    write_manifests(&dest_fd, dest, &sum)?;
     Ok(sum)
 }
 
-#[expect(clippy::too_many_lines)]
+/// `dest` as a new file; an existing one is never overwritten.
+fn create_new_file(dest: &Path) -> Result<File, ScratchError> {
+    File::create_new(dest).map_err(|source| {
+        if source.kind() == io::ErrorKind::AlreadyExists {
+            ScratchError::TargetExists {
+                path: dest.to_owned(),
+            }
+        } else {
+            ScratchError::Io {
+                op: "create",
+                path: dest.to_owned(),
+                source,
+            }
+        }
+    })
+}
+
+/// The manifests (deletions, opaque directories, skipped entries) as archive members.
+fn append_manifests(b: &mut tar::Builder<File>, sum: &ExportSummary) -> io::Result<()> {
+    for (name, list) in sum.manifests() {
+        let data = nul_list(list);
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, data.as_slice())?;
+    }
+    Ok(())
+}
+
 fn export_tar(
     changes: &[Change],
     footprint: &Footprint,
@@ -1008,19 +1104,7 @@ fn export_tar(
         path: dest.to_owned(),
         source,
     };
-    let file = File::create_new(dest).map_err(|source| {
-        if source.kind() == io::ErrorKind::AlreadyExists {
-            ScratchError::TargetExists {
-                path: dest.to_owned(),
-            }
-        } else {
-            ScratchError::Io {
-                op: "create",
-                path: dest.to_owned(),
-                source,
-            }
-        }
-    })?;
+    let file = create_new_file(dest)?;
     let mut b = tar::Builder::new(file);
     let mut sum = ExportSummary::default();
     // (dev, ino) of each file with several names -> the path it was archived under.
@@ -1080,34 +1164,13 @@ fn export_tar(
                 sum.symlinks += 1;
             }
             (_, FileKind::Fifo | FileKind::CharDevice | FileKind::BlockDevice) => {
-                let (parent, name) = open_parent(upper_fd, &c.path, upper)?;
-                let st = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                    .map_err(io_err("stat", upper.join(&c.path)))?;
-                h.set_entry_type(match c.file_type {
-                    FileKind::Fifo => tar::EntryType::Fifo,
-                    FileKind::CharDevice => tar::EntryType::Char,
-                    _ => tar::EntryType::Block,
-                });
-                h.set_device_major(rustix::fs::major(st.st_rdev))
-                    .map_err(tar_err)?;
-                h.set_device_minor(rustix::fs::minor(st.st_rdev))
-                    .map_err(tar_err)?;
-                b.append_data(&mut h, &c.path, io::empty())
-                    .map_err(tar_err)?;
+                append_special(&mut b, h, c, (upper_fd, upper), dest)?;
                 sum.special += 1;
             }
             _ => sum.skipped.push(c.path.clone()),
         }
     }
-    for (name, list) in sum.manifests() {
-        let data = nul_list(list);
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_mode(0o644);
-        h.set_size(data.len() as u64);
-        b.append_data(&mut h, name, data.as_slice())
-            .map_err(tar_err)?;
-    }
+    append_manifests(&mut b, &sum).map_err(tar_err)?;
     let file = b.into_inner().map_err(tar_err)?;
     file.sync_all().map_err(tar_err)?;
     Ok(sum)
