@@ -9,7 +9,7 @@
 //! and files over [`MAX_PATCH_FILE`] are summarised by size and SHA-256, and the line diff is
 //! computed here (`similar`'s Myers diff, with a deadline), never by a tool run on the data.
 
-use std::ffi::OsString;
+use std::ffi::{CStr, OsString};
 use std::fs::File;
 use std::io::Read as _;
 use std::os::fd::OwnedFd;
@@ -109,7 +109,6 @@ pub fn patches<'a>(
 }
 
 /// Reads `rel` below `root` (nothing followed).
-#[expect(clippy::too_many_lines)]
 fn side(root: &OwnedFd, root_path: &Path, rel: &Path) -> Result<Side, ScratchError> {
     let full = root_path.join(rel);
     let (parent, name) = match open_parent(root, rel, root_path) {
@@ -142,9 +141,15 @@ fn side(root: &OwnedFd, root_path: &Path, rel: &Path) -> Result<Side, ScratchErr
         FileType::RegularFile => {}
         _ => return Ok(Side::Other(FileKind::of(&st))),
     }
+    read_regular(&parent, name.as_c_str(), full)
+}
+
+/// A regular file's content for a patch: its text, or a summary (size, hash, whether it
+/// looks binary) when it is binary or past [`MAX_PATCH_FILE`].
+fn read_regular(parent: &OwnedFd, name: &CStr, full: PathBuf) -> Result<Side, ScratchError> {
     let fd = rustix::fs::openat(
-        &parent,
-        name.as_c_str(),
+        parent,
+        name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     )
