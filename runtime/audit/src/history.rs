@@ -631,7 +631,6 @@ impl Checker<'_, '_> {
 
     /// Checks the tree `tree` at `dir` of commit `commit` (root tree `root_tree`) against
     /// the parents' trees at the same path. An unreadable object stops the check (`Err`).
-    #[expect(clippy::too_many_lines)]
     fn check_tree(
         &mut self,
         commit: ObjectId,
@@ -659,50 +658,13 @@ impl Checker<'_, '_> {
             }
             changed = true;
             let path = dir.join(OsStr::from_bytes(name));
-            let link = *mode == MODE_LINK;
-            let opts = gix_validate::path::component::Options {
-                protect_windows: false,
-                protect_hfs: true,
-                protect_ntfs: true,
-            };
-            let git_mode = link.then_some(gix_validate::path::component::Mode::Symlink);
-            if let Err(e) = gix_validate::path::component(name.as_bstr(), git_mode, opts) {
-                self.refuse(commit, path, Refusal::GitPath { why: e.to_string() });
-                continue;
-            }
-            let kind = match *mode {
-                MODE_TREE => FileKind::Dir,
-                MODE_BLOB | MODE_EXEC => FileKind::File,
-                MODE_LINK => FileKind::Symlink,
-                MODE_GITLINK => {
-                    self.refuse(commit, path, Refusal::Gitlink);
-                    continue;
-                }
-                other => {
-                    self.refuse(
-                        commit,
-                        path,
-                        Refusal::TreeMode {
-                            mode: u32::from(other),
-                        },
-                    );
+            let kind = match self.entry_kind(&path, name, *mode) {
+                Ok(kind) => kind,
+                Err(why) => {
+                    self.refuse(commit, path, why);
                     continue;
                 }
             };
-            if let Some(why) = self.rules.check(&path, kind, false) {
-                self.refuse(commit, path, why);
-                continue;
-            }
-            if name.eq_ignore_ascii_case(b".gitmodules") {
-                self.refuse(
-                    commit,
-                    path,
-                    Refusal::Protected {
-                        name: ".gitmodules".to_owned(),
-                    },
-                );
-                continue;
-            }
             match kind {
                 FileKind::Dir => {
                     let sub: Vec<ObjectId> = parent_entries
@@ -722,22 +684,60 @@ impl Checker<'_, '_> {
                 _ => {}
             }
         }
-        if changed {
-            // Git's discovery sees the checked-out tree together with what the target's
-            // directory already holds there (untracked files stay).
-            let mut names: Vec<Vec<u8>> = entries.iter().map(|(n, _, _)| n.clone()).collect();
-            names.extend(self.planned.get(dir).into_iter().flatten().cloned());
-            if let Ok(Ok(Existing::Dir)) = lookup(self.root, dir, &Default::default())
-                && let Ok(fd) = open_beneath_dir(self.root, dir)
-                && let Ok(have) = names_of(&fd, dir)
-            {
-                names.extend(have.into_iter().map(CString::into_bytes));
-            }
-            if is_git_dir_names(names.iter().map(Vec::as_slice)) {
-                self.refuse(commit, dir.to_owned(), Refusal::EmbeddedRepo);
-            }
+        if changed && self.ends_a_repo(dir, &entries) {
+            self.refuse(commit, dir.to_owned(), Refusal::EmbeddedRepo);
         }
         Ok(())
+    }
+
+    /// What a changed tree entry is, or why it is refused: a path component git would not
+    /// check out safely, a submodule, an unknown mode, a path the rules refuse, or
+    /// `.gitmodules`.
+    fn entry_kind(&self, path: &Path, name: &[u8], mode: u16) -> Result<FileKind, Refusal> {
+        let opts = gix_validate::path::component::Options {
+            protect_windows: false,
+            protect_hfs: true,
+            protect_ntfs: true,
+        };
+        let git_mode = (mode == MODE_LINK).then_some(gix_validate::path::component::Mode::Symlink);
+        if let Err(e) = gix_validate::path::component(name.as_bstr(), git_mode, opts) {
+            return Err(Refusal::GitPath { why: e.to_string() });
+        }
+        let kind = match mode {
+            MODE_TREE => FileKind::Dir,
+            MODE_BLOB | MODE_EXEC => FileKind::File,
+            MODE_LINK => FileKind::Symlink,
+            MODE_GITLINK => return Err(Refusal::Gitlink),
+            other => {
+                return Err(Refusal::TreeMode {
+                    mode: u32::from(other),
+                });
+            }
+        };
+        if let Some(why) = self.rules.check(path, kind, false) {
+            return Err(why);
+        }
+        if name.eq_ignore_ascii_case(b".gitmodules") {
+            return Err(Refusal::Protected {
+                name: ".gitmodules".to_owned(),
+            });
+        }
+        Ok(kind)
+    }
+
+    /// Whether directory `dir`, checked out with `entries`, is a git directory to git's
+    /// discovery, which sees the checked-out tree together with what the target's directory
+    /// already holds there (untracked files stay) and what the change set adds.
+    fn ends_a_repo(&self, dir: &Path, entries: &[(Vec<u8>, u16, ObjectId)]) -> bool {
+        let mut names: Vec<Vec<u8>> = entries.iter().map(|(n, _, _)| n.clone()).collect();
+        names.extend(self.planned.get(dir).into_iter().flatten().cloned());
+        if let Ok(Ok(Existing::Dir)) = lookup(self.root, dir, &Default::default())
+            && let Ok(fd) = open_beneath_dir(self.root, dir)
+            && let Ok(have) = names_of(&fd, dir)
+        {
+            names.extend(have.into_iter().map(CString::into_bytes));
+        }
+        is_git_dir_names(names.iter().map(Vec::as_slice))
     }
 
     /// The rules for a symlink entry at `path` whose blob is `oid`.
