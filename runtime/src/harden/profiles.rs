@@ -118,10 +118,13 @@ pub struct Loaded {
     pub text: String,
 }
 
-/// Reads the profile `name` from `dir` under the rules of the module docs.
-#[expect(clippy::too_many_lines)]
-pub fn load(dir: &Path, name: &ProfileName) -> Result<Loaded, ProfileError> {
-    let runtime_uid = nix::unistd::geteuid().as_raw();
+/// The profiles directory, opened once: a directory owned by root or the runtime's user
+/// that nobody else may write.
+fn open_trusted_dir(
+    dir: &Path,
+    name: &ProfileName,
+    runtime_uid: u32,
+) -> Result<std::fs::File, ProfileError> {
     let opened = std::fs::File::open(dir).map_err(|source| {
         // Not the io error's text: podman reads "no such file or directory" in a runtime's
         // error as its own "command not found".
@@ -151,33 +154,49 @@ pub fn load(dir: &Path, name: &ProfileName) -> Result<Loaded, ProfileError> {
         path: dir.to_owned(),
         why,
     })?;
+    Ok(opened)
+}
+
+/// The profile's file below the opened directory, never through a symlink.
+fn open_profile(
+    root: &pathrs::Root,
+    dir: &Path,
+    name: &ProfileName,
+) -> Result<std::fs::File, ProfileError> {
+    let path = dir.join(name.file_name());
+    root.open_subpath(
+        name.file_name(),
+        pathrs::flags::OpenFlags::O_RDONLY
+            | pathrs::flags::OpenFlags::O_NOFOLLOW
+            | pathrs::flags::OpenFlags::O_NONBLOCK
+            | pathrs::flags::OpenFlags::O_CLOEXEC,
+    )
+    .map_err(|e| match e.kind() {
+        pathrs::error::ErrorKind::OsError(Some(libc::ENOENT)) => ProfileError::Missing {
+            name: name.clone(),
+            dir: dir.to_owned(),
+        },
+        pathrs::error::ErrorKind::OsError(Some(libc::ELOOP)) => {
+            ProfileError::Symlink { path: path.clone() }
+        }
+        pathrs::error::ErrorKind::OsError(Some(errno)) => ProfileError::Read {
+            path: path.clone(),
+            source: std::io::Error::from_raw_os_error(errno),
+        },
+        _ => ProfileError::Read {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        },
+    })
+}
+
+/// Reads the profile `name` from `dir` under the rules of the module docs.
+pub fn load(dir: &Path, name: &ProfileName) -> Result<Loaded, ProfileError> {
+    let runtime_uid = nix::unistd::geteuid().as_raw();
+    let opened = open_trusted_dir(dir, name, runtime_uid)?;
     let root = pathrs::Root::from_fd(opened);
     let path = dir.join(name.file_name());
-    let file = root
-        .open_subpath(
-            name.file_name(),
-            pathrs::flags::OpenFlags::O_RDONLY
-                | pathrs::flags::OpenFlags::O_NOFOLLOW
-                | pathrs::flags::OpenFlags::O_NONBLOCK
-                | pathrs::flags::OpenFlags::O_CLOEXEC,
-        )
-        .map_err(|e| match e.kind() {
-            pathrs::error::ErrorKind::OsError(Some(libc::ENOENT)) => ProfileError::Missing {
-                name: name.clone(),
-                dir: dir.to_owned(),
-            },
-            pathrs::error::ErrorKind::OsError(Some(libc::ELOOP)) => {
-                ProfileError::Symlink { path: path.clone() }
-            }
-            pathrs::error::ErrorKind::OsError(Some(errno)) => ProfileError::Read {
-                path: path.clone(),
-                source: std::io::Error::from_raw_os_error(errno),
-            },
-            _ => ProfileError::Read {
-                path: path.clone(),
-                source: std::io::Error::other(e),
-            },
-        })?;
+    let file = open_profile(&root, dir, name)?;
     let meta = file.metadata().map_err(|source| ProfileError::Read {
         path: path.clone(),
         source,
