@@ -190,14 +190,13 @@ pub struct Merged {
     pub choice: Choice,
 }
 
-/// Merges the stanza into `text` (the content of `path`, named in errors). An empty text
-/// becomes a config of `fresh`'s version holding only the stanza.
-#[expect(clippy::too_many_lines)]
-pub fn merge(path: &Path, text: &str, fresh: &Choice) -> Result<Merged, InstallError> {
-    let mut doc: DocumentMut = text.parse().map_err(|source| InstallError::Parse {
-        path: path.to_owned(),
-        source,
-    })?;
+/// The config version of `doc`: the one it declares, or `fresh`'s for an empty document
+/// (then written into it); version 1 and unknown versions are refused.
+fn config_version(
+    path: &Path,
+    doc: &mut DocumentMut,
+    fresh: &Choice,
+) -> Result<Choice, InstallError> {
     let declared = |version| Choice {
         version,
         reason: format!("{} declares it", path.display()),
@@ -228,6 +227,55 @@ pub fn merge(path: &Path, text: &str, fresh: &Choice) -> Result<Merged, InstallE
             }
         },
     };
+    Ok(choice)
+}
+
+/// Sets the handler's `runtime_type` and adds the pod annotation pattern to its
+/// `pod_annotations`; true when either was missing.
+fn fill_handler(
+    path: &Path,
+    handler_key: &str,
+    runtime: &mut dyn toml_edit::TableLike,
+) -> Result<bool, InstallError> {
+    let mut changed = false;
+    match runtime.get("runtime_type") {
+        Some(item) if item.as_str() == Some(RUNTIME_TYPE) => {}
+        Some(item) if item.as_str().is_none() => {
+            return Err(InstallError::NotAString {
+                path: path.to_owned(),
+                key: format!("{handler_key}.runtime_type"),
+            });
+        }
+        _ => {
+            runtime.insert("runtime_type", value(RUNTIME_TYPE));
+            changed = true;
+        }
+    }
+    let has_annotations = runtime
+        .get("pod_annotations")
+        .and_then(Item::as_array)
+        .is_some_and(|a| a.iter().any(|v| v.as_str() == Some(POD_ANNOTATIONS)));
+    if !has_annotations {
+        let mut list = runtime
+            .get("pod_annotations")
+            .and_then(Item::as_array)
+            .cloned()
+            .unwrap_or_else(Array::new);
+        list.push(POD_ANNOTATIONS);
+        runtime.insert("pod_annotations", value(list));
+        changed = true;
+    }
+    Ok(changed)
+}
+
+/// Merges the stanza into `text` (the content of `path`, named in errors). An empty text
+/// becomes a config of `fresh`'s version holding only the stanza.
+pub fn merge(path: &Path, text: &str, fresh: &Choice) -> Result<Merged, InstallError> {
+    let mut doc: DocumentMut = text.parse().map_err(|source| InstallError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    let choice = config_version(path, &mut doc, fresh)?;
     let version = choice.version;
     let mut table = doc.as_table_mut() as &mut dyn toml_edit::TableLike;
     let mut key = String::new();
@@ -264,34 +312,7 @@ pub fn merge(path: &Path, text: &str, fresh: &Choice) -> Result<Merged, InstallE
             path: path.to_owned(),
             key: handler_key.clone(),
         })?;
-    let mut changed = fresh;
-    match runtime.get("runtime_type") {
-        Some(item) if item.as_str() == Some(RUNTIME_TYPE) => {}
-        Some(item) if item.as_str().is_none() => {
-            return Err(InstallError::NotAString {
-                path: path.to_owned(),
-                key: format!("{handler_key}.runtime_type"),
-            });
-        }
-        _ => {
-            runtime.insert("runtime_type", value(RUNTIME_TYPE));
-            changed = true;
-        }
-    }
-    let has_annotations = runtime
-        .get("pod_annotations")
-        .and_then(Item::as_array)
-        .is_some_and(|a| a.iter().any(|v| v.as_str() == Some(POD_ANNOTATIONS)));
-    if !has_annotations {
-        let mut list = runtime
-            .get("pod_annotations")
-            .and_then(Item::as_array)
-            .cloned()
-            .unwrap_or_else(Array::new);
-        list.push(POD_ANNOTATIONS);
-        runtime.insert("pod_annotations", value(list));
-        changed = true;
-    }
+    let changed = fill_handler(path, &handler_key, runtime)? || fresh;
     Ok(Merged {
         text: if changed {
             doc.to_string()
