@@ -1043,7 +1043,6 @@ fn nothing_to_carry(
 /// through the no-follow reader, at most [`MAX_HISTORY_BYTES`]) into a private directory
 /// whose alternate is the target's object store. Returns it with a store reading both and
 /// one reading the target's alone, or `None` when refused.
-#[expect(clippy::too_many_lines)]
 fn copy_objects(
     upper_fd: &OwnedFd,
     upper: &Path,
@@ -1063,8 +1062,56 @@ fn copy_objects(
         })?;
     let objects_dir = copy.path().join("objects");
     let mut total: u64 = 0;
+    let to_copy = object_files(git_changes);
+    for (c, _) in &to_copy {
+        total = total.saturating_add(c.size);
+    }
+    if total > cap {
+        h.refuse(
+            Path::new(".git/objects"),
+            Refusal::History {
+                why: format!(
+                    "{total} bytes of object files, more than the {cap} promote copies (the change set's size limit)"
+                ),
+            },
+        );
+        return Ok(None);
+    }
+    for (c, rel) in &to_copy {
+        copy_object_file(upper_fd, upper, c, &objects_dir.join(rel))?;
+    }
+    std::fs::create_dir_all(objects_dir.join("info")).map_err(|source| PromoteError::Io {
+        op: "create directory",
+        path: objects_dir.join("info"),
+        source,
+    })?;
+    let base_dir = std::path::absolute(target)
+        .unwrap_or_else(|_| target.to_owned())
+        .join(".git/objects");
+    let mut alt = base_dir.as_os_str().as_bytes().to_vec();
+    alt.push(b'\n');
+    std::fs::write(objects_dir.join("info/alternates"), alt).map_err(|source| {
+        PromoteError::Io {
+            op: "write",
+            path: objects_dir.join("info/alternates"),
+            source,
+        }
+    })?;
+    let odb_err = |path: &Path, source| PromoteError::Io {
+        op: "open object store",
+        path: path.to_owned(),
+        source,
+    };
+    let all = gix_odb::at(&objects_dir, HASH).map_err(|e| odb_err(&objects_dir, e))?;
+    let base = gix_odb::at(&base_dir, HASH).map_err(|e| odb_err(&base_dir, e))?;
+    Ok(Some((copy, all, base)))
+}
+
+/// The object files of the change set worth copying: loose objects, and packs whose
+/// `.pack` and `.idx` are both there; with the path each takes below `objects/`.
+fn object_files<'a>(git_changes: &[&'a Change]) -> Vec<(&'a Change, PathBuf)> {
     let mut packs: BTreeMap<String, [bool; 2]> = BTreeMap::new();
-    let mut to_copy: Vec<(&Change, PathBuf)> = Vec::new();
+    let mut to_copy: Vec<(&'a Change, PathBuf)> = Vec::new();
     for c in git_changes {
         if c.kind == ChangeKind::Deleted || c.file_type != FileKind::File {
             continue;
@@ -1106,73 +1153,43 @@ fn copy_objects(
             to_copy.push((c, Path::new("pack").join(f)));
         }
     }
-    for (c, _) in &to_copy {
-        total = total.saturating_add(c.size);
-    }
-    if total > cap {
-        h.refuse(
-            Path::new(".git/objects"),
-            Refusal::History {
-                why: format!(
-                    "{total} bytes of object files, more than the {cap} promote copies (the change set's size limit)"
-                ),
-            },
-        );
-        return Ok(None);
-    }
-    for (c, rel) in &to_copy {
-        let dest = objects_dir.join(rel);
-        let io = |op: &'static str, source| PromoteError::Io {
-            op,
-            path: dest.clone(),
-            source,
-        };
-        if let Some(p) = dest.parent() {
-            std::fs::create_dir_all(p).map_err(|e| io("create directory", e))?;
-        }
-        let (src, st) = open_source(upper_fd, upper, &c.path).map_err(PromoteError::from)?;
-        let size = crate::scratch::size_of(&st);
-        if size != c.size {
-            return Err(PromoteError::Changed {
-                path: c.path.clone(),
-            }
-            .into());
-        }
-        let mut out = File::create_new(&dest).map_err(|e| io("create", e))?;
-        std::io::copy(
-            &mut ExactReader {
-                inner: src,
-                remaining: size,
-            },
-            &mut out,
-        )
-        .map_err(|e| io("copy", e))?;
-    }
-    std::fs::create_dir_all(objects_dir.join("info")).map_err(|source| PromoteError::Io {
-        op: "create directory",
-        path: objects_dir.join("info"),
-        source,
-    })?;
-    let base_dir = std::path::absolute(target)
-        .unwrap_or_else(|_| target.to_owned())
-        .join(".git/objects");
-    let mut alt = base_dir.as_os_str().as_bytes().to_vec();
-    alt.push(b'\n');
-    std::fs::write(objects_dir.join("info/alternates"), alt).map_err(|source| {
-        PromoteError::Io {
-            op: "write",
-            path: objects_dir.join("info/alternates"),
-            source,
-        }
-    })?;
-    let odb_err = |path: &Path, source| PromoteError::Io {
-        op: "open object store",
-        path: path.to_owned(),
+    to_copy
+}
+
+/// Copies one object file of the upper dir to `dest` through the no-follow reader, exactly
+/// the size the change set listed (a file that changed since is an error).
+fn copy_object_file(
+    upper_fd: &OwnedFd,
+    upper: &Path,
+    c: &Change,
+    dest: &Path,
+) -> Result<(), HistoryError> {
+    let io = |op: &'static str, source| PromoteError::Io {
+        op,
+        path: dest.to_owned(),
         source,
     };
-    let all = gix_odb::at(&objects_dir, HASH).map_err(|e| odb_err(&objects_dir, e))?;
-    let base = gix_odb::at(&base_dir, HASH).map_err(|e| odb_err(&base_dir, e))?;
-    Ok(Some((copy, all, base)))
+    if let Some(p) = dest.parent() {
+        std::fs::create_dir_all(p).map_err(|e| io("create directory", e))?;
+    }
+    let (src, st) = open_source(upper_fd, upper, &c.path).map_err(PromoteError::from)?;
+    let size = crate::scratch::size_of(&st);
+    if size != c.size {
+        return Err(PromoteError::Changed {
+            path: c.path.clone(),
+        }
+        .into());
+    }
+    let mut out = File::create_new(dest).map_err(|e| io("create", e))?;
+    std::io::copy(
+        &mut ExactReader {
+            inner: src,
+            remaining: size,
+        },
+        &mut out,
+    )
+    .map_err(|e| io("copy", e))?;
+    Ok(())
 }
 
 /// The agent's branches from the upper dir's `.git/HEAD`, `.git/refs/heads/*` and
