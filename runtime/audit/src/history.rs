@@ -1108,6 +1108,63 @@ fn copy_objects(
 }
 
 /// The object files of the change set worth copying: loose objects, and packs whose
+/// An object in git's loose format: `KIND SIZE\0DATA`, deflated.
+fn loose_object(
+    kind: gix_object::Kind,
+    data: &[u8],
+    shown: &Path,
+) -> Result<Vec<u8>, PromoteError> {
+    let mut raw = Vec::with_capacity(data.len() / 2 + 64);
+    let mut z = gix_zlib::stream::deflate::Write::new(&mut raw, gix_zlib::Compression::DEFAULT);
+    let io = |source| PromoteError::Io {
+        op: "compress",
+        path: shown.to_owned(),
+        source,
+    };
+    z.write_all(format!("{} {}\0", kind, data.len()).as_bytes())
+        .map_err(io)?;
+    z.write_all(data).map_err(io)?;
+    z.flush().map_err(io)?;
+    drop(z);
+    Ok(raw)
+}
+
+/// Writes `raw` as `name` in `dir`: a new read-only file `tmp` owned by `owner`, renamed
+/// into place; removed again on any failure.
+fn write_into_place(
+    dir: &OwnedFd,
+    tmp: &str,
+    name: &str,
+    raw: &[u8],
+    owner: (u32, u32),
+    shown: &Path,
+) -> Result<(), PromoteError> {
+    let fd = rustix::fs::openat(
+        dir,
+        tmp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o444),
+    )
+    .map_err(io_at("create", shown))?;
+    let mut file = File::from(fd);
+    let res = file
+        .write_all(raw)
+        .map_err(|source| PromoteError::Io {
+            op: "write",
+            path: shown.to_owned(),
+            source,
+        })
+        .and_then(|()| chown_if_needed(file.as_fd(), owner).map_err(io_at("chown", shown)))
+        .and_then(|()| {
+            rustix::fs::renameat(dir, tmp, dir, name).map_err(io_at("rename into place", shown))
+        });
+    if let Err(e) = res {
+        let _ = rustix::fs::unlinkat(dir, tmp, AtFlags::empty());
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// `.pack` and `.idx` are both there; with the path each takes below `objects/`.
 fn object_files<'a>(git_changes: &[&'a Change]) -> Vec<(&'a Change, PathBuf)> {
     let mut packs: BTreeMap<String, [bool; 2]> = BTreeMap::new();
@@ -1512,7 +1569,6 @@ impl History {
 
     /// Writes the accepted objects and the quarantine refs into the target repository.
     /// Returns the refs written.
-    #[expect(clippy::too_many_lines)]
     pub fn write(&self) -> Result<Vec<String>, HistoryError> {
         if !self.refused.is_empty() {
             return Err(PromoteError::NotApplicable {
@@ -1554,45 +1610,9 @@ impl History {
                     path: shown.clone(),
                     why: "the object changed after it was checked".to_owned(),
                 })?;
-            let mut raw = Vec::with_capacity(data.data.len() / 2 + 64);
-            {
-                let mut z =
-                    gix_zlib::stream::deflate::Write::new(&mut raw, gix_zlib::Compression::DEFAULT);
-                let io = |source| PromoteError::Io {
-                    op: "compress",
-                    path: shown.clone(),
-                    source,
-                };
-                z.write_all(format!("{} {}\0", data.kind, data.data.len()).as_bytes())
-                    .map_err(io)?;
-                z.write_all(data.data).map_err(io)?;
-                z.flush().map_err(io)?;
-            }
+            let raw = loose_object(data.kind, data.data, &shown)?;
             let tmp = format!("tmp_obj_agent_sandbox_{}_{n}", std::process::id());
-            let fd = rustix::fs::openat(
-                &dir,
-                tmp.as_str(),
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o444),
-            )
-            .map_err(io_at("create", &shown))?;
-            let mut file = File::from(fd);
-            let res = file
-                .write_all(&raw)
-                .map_err(|source| PromoteError::Io {
-                    op: "write",
-                    path: shown.clone(),
-                    source,
-                })
-                .and_then(|()| chown_if_needed(file.as_fd(), owner).map_err(io_at("chown", &shown)))
-                .and_then(|()| {
-                    rustix::fs::renameat(&dir, tmp.as_str(), &dir, f)
-                        .map_err(io_at("rename into place", &shown))
-                });
-            if let Err(e) = res {
-                let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
-                return Err(e.into());
-            }
+            write_into_place(&dir, &tmp, f, &raw, owner, &shown)?;
         }
         let mut written = Vec::new();
         for r in &self.refs {
