@@ -187,12 +187,10 @@ pub(crate) async fn read_request<R: AsyncRead + Unpin>(
     }
 }
 
-#[expect(clippy::too_many_lines)]
 fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, HttpError> {
     // `parse` returned Complete, so method, path and version are present.
     let method = req.method.unwrap_or_default();
     let target = req.path.unwrap_or_default();
-    let version = req.version.unwrap_or(1);
     let tool_call = req
         .headers
         .iter()
@@ -202,21 +200,7 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         })
         .and_then(|h| crate::approval::tool_call_id(h.value));
     if method.eq_ignore_ascii_case("CONNECT") {
-        let authority = Authority::from_str(target).map_err(|_| HttpError::BadTarget {
-            target: target.to_owned(),
-        })?;
-        let port = authority
-            .port_u16()
-            .ok_or_else(|| HttpError::ConnectWithoutPort {
-                target: target.to_owned(),
-            })?;
-        let host = Host::parse(authority.host()).map_err(HttpError::BadHost)?;
-        return Ok(Request::Connect {
-            host,
-            port,
-            early: rest,
-            tool_call,
-        });
+        return connect(target, rest, tool_call);
     }
 
     if target.starts_with('/') || target == "*" {
@@ -249,6 +233,46 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         check_host_header(value, &host, port)?;
     }
 
+    let head = forward_head(req, &uri, authority.as_str(), host_header.is_some(), rest);
+    Ok(Request::Forward {
+        host,
+        port,
+        head,
+        tool_call,
+    })
+}
+
+/// A CONNECT request: the tunnel's host and port, and what the client sent after the head.
+fn connect(target: &str, rest: Vec<u8>, tool_call: Option<String>) -> Result<Request, HttpError> {
+    let authority = Authority::from_str(target).map_err(|_| HttpError::BadTarget {
+        target: target.to_owned(),
+    })?;
+    let port = authority
+        .port_u16()
+        .ok_or_else(|| HttpError::ConnectWithoutPort {
+            target: target.to_owned(),
+        })?;
+    let host = Host::parse(authority.host()).map_err(HttpError::BadHost)?;
+    Ok(Request::Connect {
+        host,
+        port,
+        early: rest,
+        tool_call,
+    })
+}
+
+/// The head to forward: the origin-form start line, a Host header when the client sent
+/// none, and the client's headers without hop-by-hop ones, `Proxy-*`, the tool-call header
+/// and those `Connection` names.
+fn forward_head(
+    req: &httparse::Request<'_, '_>,
+    uri: &Uri,
+    authority: &str,
+    has_host: bool,
+    rest: Vec<u8>,
+) -> ForwardHead {
+    let method = req.method.unwrap_or_default();
+    let version = req.version.unwrap_or(1);
     let connection_tokens: Vec<String> = req
         .headers
         .iter()
@@ -276,8 +300,8 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         b" HTTP/1.1\r\n"
     });
     let mut headers = Vec::with_capacity(req.headers.len() + 1);
-    if host_header.is_none() {
-        let authority = authority.as_str().rsplit('@').next().unwrap_or_default();
+    if !has_host {
+        let authority = authority.rsplit('@').next().unwrap_or_default();
         headers.push(("Host".to_owned(), authority.as_bytes().to_vec()));
     }
     for h in req.headers.iter() {
@@ -291,17 +315,11 @@ fn interpret(req: &httparse::Request<'_, '_>, rest: Vec<u8>) -> Result<Request, 
         }
         headers.push((h.name.to_owned(), h.value.to_vec()));
     }
-    let head = ForwardHead {
+    ForwardHead {
         start_line,
         headers,
         rest,
-    };
-    Ok(Request::Forward {
-        host,
-        port,
-        head,
-        tool_call,
-    })
+    }
 }
 
 fn check_host_header(value: &[u8], host: &Host, port: u16) -> Result<(), HttpError> {
