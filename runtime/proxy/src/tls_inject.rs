@@ -729,7 +729,6 @@ fn echoes_request(method: &str) -> bool {
 /// request for another host, a request that would echo the credential back or switch to a
 /// protocol the proxy cannot follow, the placeholder anywhere but the credential's header, and
 /// ambiguous framing.
-#[expect(clippy::too_many_lines)]
 fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, Refusal> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
@@ -751,101 +750,13 @@ fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, Refusal> {
     }
     let entry = job.entry;
     let placeholder = entry.placeholder.as_deref().map(str::as_bytes);
-    if let Some(p) = placeholder {
-        let decoded = percent_decode(target.as_bytes());
-        if contains(target.as_bytes(), p) || contains(&decoded, p) {
-            return Err(placeholder_in("the request target (URL)"));
-        }
-    }
-    if !target.starts_with('/') && target != "*" {
-        let uri: http::Uri = target
-            .parse()
-            .map_err(|_| Refusal::bad(format!("request target {target:?} is not a valid URI")))?;
-        match uri.host() {
-            Some(h) if same_host(h, uri.port_u16(), job) => {}
-            _ => {
-                return Err(Refusal::denied(
-                    HOST_MISMATCH,
-                    format!("{HOST_MISMATCH}: target {target:?}"),
-                ));
-            }
-        }
-    }
-    let mut host_seen = false;
-    let mut lengths: Vec<u64> = Vec::new();
-    let mut chunked = false;
-    let mut te = false;
-    let mut expect_continue = false;
-    for h in req.headers.iter() {
-        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
-        let named = h.name.eq_ignore_ascii_case(&entry.name);
-        if let Some(p) = placeholder
-            && !named
-            && (contains(h.value, p) || contains(h.name.as_bytes(), p))
-        {
-            return Err(placeholder_in(&format!("the {} header", h.name)));
-        }
-        if h.name.eq_ignore_ascii_case("host") {
-            if host_seen {
-                return Err(Refusal::bad("more than one Host header"));
-            }
-            host_seen = true;
-            let mismatch =
-                || Refusal::denied(HOST_MISMATCH, format!("{HOST_MISMATCH}: Host {value:?}"));
-            let authority: http::uri::Authority = value.parse().map_err(|_| mismatch())?;
-            if !same_host(authority.host(), authority.port_u16(), job) {
-                return Err(mismatch());
-            }
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            for part in value.split(',') {
-                let n = part
-                    .trim()
-                    .parse::<u64>()
-                    .map_err(|_| Refusal::bad(format!("bad Content-Length {value:?}")))?;
-                lengths.push(n);
-            }
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            te = true;
-            chunked = value
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-        } else if h.name.eq_ignore_ascii_case("upgrade") {
-            return Err(Refusal::denied(
-                UPGRADE_RULE,
-                format!(
-                    "Upgrade: {value}: the proxy cannot search another protocol's stream for the \
-                     credential ({DOCS})"
-                ),
-            ));
-        } else if h.name.eq_ignore_ascii_case("expect") {
-            expect_continue = value.eq_ignore_ascii_case("100-continue");
-        } else if METHOD_OVERRIDES
-            .iter()
-            .any(|o| h.name.eq_ignore_ascii_case(o))
-            && echoes_request(value)
-        {
-            return Err(Refusal::denied(
-                TRACE_RULE,
-                format!(
-                    "{}: {value} would echo the credential back ({DOCS})",
-                    h.name
-                ),
-            ));
-        }
-    }
-    if !host_seen && req.version == Some(1) {
+    check_target(job, target, placeholder)?;
+    let facts = scan_headers(&req, job, placeholder)?;
+    if !facts.host_seen && req.version == Some(1) {
         return Err(Refusal::bad("HTTP/1.1 request without a Host header"));
     }
-    lengths.dedup();
-    let body = match (te, lengths.as_slice()) {
-        (true, []) if chunked => Body::Chunked,
-        (true, []) => return Err(Refusal::bad("a transfer coding other than chunked last")),
-        (true, _) => return Err(Refusal::bad("both Transfer-Encoding and Content-Length")),
-        (false, []) => Body::None,
-        (false, [n]) => Body::Length(*n),
-        (false, _) => return Err(Refusal::bad("conflicting Content-Length values")),
-    };
+    let body = facts.body()?;
+    let expect_continue = facts.expect_continue;
 
     let line_end = head
         .windows(2)
@@ -876,6 +787,134 @@ fn rewrite(job: &Intercept<'_>, head: &[u8]) -> Result<Rewritten, Refusal> {
         http11: req.version == Some(1),
         expect_continue,
     })
+}
+
+/// What [`rewrite`] learns from a request's headers.
+#[derive(Default)]
+struct HeadFacts {
+    host_seen: bool,
+    lengths: Vec<u64>,
+    chunked: bool,
+    te: bool,
+    expect_continue: bool,
+}
+
+impl HeadFacts {
+    /// How the request's body is framed; conflicting or unknown framings are refused.
+    fn body(&self) -> Result<Body, Refusal> {
+        let mut lengths = self.lengths.clone();
+        lengths.dedup();
+        let body = match (self.te, lengths.as_slice()) {
+            (true, []) if self.chunked => Body::Chunked,
+            (true, []) => return Err(Refusal::bad("a transfer coding other than chunked last")),
+            (true, _) => return Err(Refusal::bad("both Transfer-Encoding and Content-Length")),
+            (false, []) => Body::None,
+            (false, [n]) => Body::Length(*n),
+            (false, _) => return Err(Refusal::bad("conflicting Content-Length values")),
+        };
+        Ok(body)
+    }
+}
+
+/// The request target: never carrying the placeholder (plain or percent-encoded), and in
+/// absolute form only for the intercepted host.
+fn check_target(
+    job: &Intercept<'_>,
+    target: &str,
+    placeholder: Option<&[u8]>,
+) -> Result<(), Refusal> {
+    if let Some(p) = placeholder {
+        let decoded = percent_decode(target.as_bytes());
+        if contains(target.as_bytes(), p) || contains(&decoded, p) {
+            return Err(placeholder_in("the request target (URL)"));
+        }
+    }
+    if !target.starts_with('/') && target != "*" {
+        let uri: http::Uri = target
+            .parse()
+            .map_err(|_| Refusal::bad(format!("request target {target:?} is not a valid URI")))?;
+        match uri.host() {
+            Some(h) if same_host(h, uri.port_u16(), job) => {}
+            _ => {
+                return Err(Refusal::denied(
+                    HOST_MISMATCH,
+                    format!("{HOST_MISMATCH}: target {target:?}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks every header (the placeholder in none but the credential's own, one Host and it
+/// the intercepted host, no Upgrade, no method override that echoes) and notes the body's
+/// framing.
+fn scan_headers(
+    req: &httparse::Request<'_, '_>,
+    job: &Intercept<'_>,
+    placeholder: Option<&[u8]>,
+) -> Result<HeadFacts, Refusal> {
+    let mut f = HeadFacts::default();
+    let entry = job.entry;
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        let named = h.name.eq_ignore_ascii_case(&entry.name);
+        if let Some(p) = placeholder
+            && !named
+            && (contains(h.value, p) || contains(h.name.as_bytes(), p))
+        {
+            return Err(placeholder_in(&format!("the {} header", h.name)));
+        }
+        if h.name.eq_ignore_ascii_case("host") {
+            if f.host_seen {
+                return Err(Refusal::bad("more than one Host header"));
+            }
+            f.host_seen = true;
+            let mismatch =
+                || Refusal::denied(HOST_MISMATCH, format!("{HOST_MISMATCH}: Host {value:?}"));
+            let authority: http::uri::Authority = value.parse().map_err(|_| mismatch())?;
+            if !same_host(authority.host(), authority.port_u16(), job) {
+                return Err(mismatch());
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            for part in value.split(',') {
+                let n = part
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| Refusal::bad(format!("bad Content-Length {value:?}")))?;
+                f.lengths.push(n);
+            }
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            f.te = true;
+            f.chunked = value
+                .rsplit(',')
+                .next()
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            return Err(Refusal::denied(
+                UPGRADE_RULE,
+                format!(
+                    "Upgrade: {value}: the proxy cannot search another protocol's stream for the \
+                     credential ({DOCS})"
+                ),
+            ));
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            f.expect_continue = value.eq_ignore_ascii_case("100-continue");
+        } else if METHOD_OVERRIDES
+            .iter()
+            .any(|o| h.name.eq_ignore_ascii_case(o))
+            && echoes_request(value)
+        {
+            return Err(Refusal::denied(
+                TRACE_RULE,
+                format!(
+                    "{}: {value} would echo the credential back ({DOCS})",
+                    h.name
+                ),
+            ));
+        }
+    }
+    Ok(f)
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
