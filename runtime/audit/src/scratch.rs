@@ -670,6 +670,15 @@ pub(crate) fn copy_file(
     })
 }
 
+/// The error of a failed write to the archive `dest`.
+fn tar_err(dest: &Path) -> impl Fn(io::Error) -> ScratchError + Copy + '_ {
+    move |source| ScratchError::Io {
+        op: "write tar",
+        path: dest.to_owned(),
+        source,
+    }
+}
+
 /// Appends a fifo or device node of the change set to the archive, with its device numbers
 /// read from the upper layer (never opened).
 fn append_special(
@@ -679,11 +688,7 @@ fn append_special(
     (upper_fd, upper): (&OwnedFd, &Path),
     dest: &Path,
 ) -> Result<(), ScratchError> {
-    let tar_err = |source| ScratchError::Io {
-        op: "write tar",
-        path: dest.to_owned(),
-        source,
-    };
+    let tar_err = tar_err(dest);
     let (parent, name) = open_parent(upper_fd, &c.path, upper)?;
     let st = rustix::fs::statat(&parent, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
         .map_err(io_err("stat", upper.join(&c.path)))?;
@@ -712,11 +717,7 @@ fn append_file(
     upper: &Path,
     dest: &Path,
 ) -> Result<(), ScratchError> {
-    let tar_err = |source| ScratchError::Io {
-        op: "write tar",
-        path: dest.to_owned(),
-        source,
-    };
+    let tar_err = tar_err(dest);
     let dense = layout.segments.as_slice() == [(0, layout.size)] || layout.size == 0;
     if dense {
         h.set_entry_type(tar::EntryType::Regular);
@@ -1099,11 +1100,7 @@ fn export_tar(
     upper: &Path,
     dest: &Path,
 ) -> Result<ExportSummary, ScratchError> {
-    let tar_err = |source| ScratchError::Io {
-        op: "write tar",
-        path: dest.to_owned(),
-        source,
-    };
+    let tar_err = tar_err(dest);
     let file = create_new_file(dest)?;
     let mut b = tar::Builder::new(file);
     let mut sum = ExportSummary::default();
