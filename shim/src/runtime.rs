@@ -8,7 +8,7 @@
 //! The `runc` crate from rust-extensions pins its own process plumbing and oci-spec version;
 //! the handful of subcommands the shim needs are simpler to drive here.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
 
+use crate::checkpoint::{CheckpointPlan, RestorePlan};
 use crate::options::{POLICY_ENV, PROFILES_DIR_ENV, RuntimeOptions};
 
 /// Errors from running the runtime binary.
@@ -162,6 +163,36 @@ impl Runtime {
         }
         args.push(id.as_ref());
         self.run("exec", &args, Some(stdio), false).await.map(drop)
+    }
+
+    /// `checkpoint --image-path I --work-path W [flags] ID` (see [`CheckpointPlan::args`]).
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        plan: &CheckpointPlan,
+        work_path: &Path,
+    ) -> Result<(), RuntimeError> {
+        let args = plan.args(id, work_path);
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.run("checkpoint", &args, None, false).await.map(drop)
+    }
+
+    /// `restore ... --bundle B --detach --pid-file P [--console-socket S] ID` with the
+    /// restored init's streams (see [`RestorePlan::args`]).
+    pub async fn restore(
+        &self,
+        id: &str,
+        plan: &RestorePlan,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Stdio3,
+    ) -> Result<(), RuntimeError> {
+        let args = plan.args(id, bundle, pid_file, console_socket);
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.run("restore", &args, Some(stdio), false)
+            .await
+            .map(drop)
     }
 
     pub async fn start(&self, id: &str) -> Result<(), RuntimeError> {
