@@ -196,7 +196,12 @@ fn read_pid(path: &Path) -> Result<u32> {
 }
 
 /// Opens the process's streams: the runtime's stdio, plus a console socket with a terminal.
-fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
+/// `piped`: output through pipes the shim copies (the init, which a checkpoint dumps; see
+/// [`stdio::piped`]), else straight into the fifos (execs).
+fn open_streams(
+    paths: &StdioPaths,
+    piped: bool,
+) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
     if paths.terminal {
         let socket = ConsoleSocket::new()?;
         let null = || std::process::Stdio::null();
@@ -210,7 +215,11 @@ fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSoc
             Some(socket),
         ))
     } else {
-        let (stdio, copies) = stdio::direct(paths)?;
+        let (stdio, copies) = if piped {
+            stdio::piped(paths)?
+        } else {
+            stdio::direct(paths)?
+        };
         Ok((stdio, copies, None))
     }
 }
@@ -225,12 +234,16 @@ pub async fn create_init(
     paths: &StdioPaths,
     restore: Option<&RestorePlan>,
 ) -> Result<(u32, Copies)> {
-    let (stdio, mut copies, socket) = open_streams(paths)?;
+    let (stdio, mut copies, socket) = open_streams(paths, true)?;
     let pid_file = bundle.join("init.pid");
     let socket_path = socket.as_ref().map(ConsoleSocket::path);
     let socket_path = socket_path.as_deref();
     match restore {
-        None => runtime.create(id, bundle, &pid_file, socket_path, stdio).await?,
+        None => {
+            runtime
+                .create(id, bundle, &pid_file, socket_path, stdio)
+                .await?
+        }
         Some(plan) => {
             runtime
                 .restore(id, plan, bundle, &pid_file, socket_path, stdio)
@@ -268,7 +281,7 @@ pub async fn run_exec(
         source,
     })?;
     let result = async {
-        let (stdio, mut copies, socket) = open_streams(paths)?;
+        let (stdio, mut copies, socket) = open_streams(paths, false)?;
         let socket_path = socket.as_ref().map(ConsoleSocket::path);
         runtime
             .exec(
