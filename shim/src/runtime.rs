@@ -67,6 +67,13 @@ impl RuntimeError {
         matches!(self, Self::Failed { message, .. } if message.contains("does not exist"))
     }
 
+    /// True if the runtime refused `flag` as unknown: runc's (Go) and clap's wordings.
+    pub fn is_unknown_flag(&self, flag: &str) -> bool {
+        matches!(self, Self::Failed { message, .. } if message.contains(flag)
+            && (message.contains("flag provided but not defined")
+                || message.contains("unexpected argument")))
+    }
+
     /// True if a `kill` failed because the process is gone: the runtime found the container
     /// stopped (runc and this runtime say "container not running") or the signal found no
     /// process. containerd's own runc shim answers these with NotFound, the one kill error
@@ -211,7 +218,9 @@ impl Runtime {
 
     /// `delete [--force] [--exit-pid PID --exit-status CODE] ID`: with `reaped` (the init's
     /// pid and status as this shim reaped it), the runtime writes the init's `exit` record
-    /// before deleting, in the same run (no separate `audit-exit`).
+    /// before deleting, in the same run (no separate `audit-exit`). A runtime without the
+    /// audit trail (runc, named by `BinaryName`) refuses those flags: it is asked again
+    /// without them, as a plain runc delete.
     pub async fn delete(
         &self,
         id: &str,
@@ -225,11 +234,21 @@ impl Runtime {
         if force {
             args.push("--force");
         }
+        let plain = args.iter().copied().chain([id]).collect::<Vec<_>>();
         if reaped.is_some() {
             args.extend(["--exit-pid", &pid, "--exit-status", &code]);
         }
         args.push(id);
-        self.simple("delete", &args).await
+        match self.simple("delete", &args).await {
+            Err(e) if reaped.is_some() && e.is_unknown_flag("exit-pid") => {
+                log::warn!(
+                    "{} has no exit record (--exit-pid): deleting {id} without it",
+                    self.binary.display()
+                );
+                self.simple("delete", &plain).await
+            }
+            other => other,
+        }
     }
 
     pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
@@ -495,5 +514,22 @@ mod tests {
         }
         assert!(!failed("invalid signal \"FOO\"").is_process_gone());
         assert!(!failed("load state failed").is_process_gone());
+    }
+
+    #[test]
+    fn a_flag_the_runtime_lacks_is_recognised() {
+        let failed = |message: &str| RuntimeError::Failed {
+            binary: "/x".into(),
+            command: "delete",
+            code: 1,
+            message: message.into(),
+        };
+        // runc 1.1's and clap's wordings.
+        assert!(failed("flag provided but not defined: -exit-pid").is_unknown_flag("exit-pid"));
+        assert!(
+            failed("error: unexpected argument '--exit-pid' found").is_unknown_flag("exit-pid")
+        );
+        assert!(!failed("flag provided but not defined: -x").is_unknown_flag("exit-pid"));
+        assert!(!failed("container \"a\" does not exist").is_unknown_flag("exit-pid"));
     }
 }
