@@ -92,7 +92,12 @@ impl CheckpointPlan {
             Some(absolute("work_path", &opts.work_path)?)
         };
         for ns in &opts.empty_namespaces {
-            one_of("empty_namespaces", ns, &NAMESPACES, "a namespace type such as network")?;
+            one_of(
+                "empty_namespaces",
+                ns,
+                &NAMESPACES,
+                "a namespace type such as network",
+            )?;
         }
         let cgroups_mode = if opts.cgroups_mode.is_empty() {
             None
@@ -136,7 +141,11 @@ impl CheckpointPlan {
         ];
         args.extend(flags.iter().filter(|(on, _)| *on).map(|(_, f)| f.into()));
         // `--flag=value`: a value can never be read as a flag of its own.
-        args.extend(self.empty_ns.iter().map(|ns| format!("--empty-ns={ns}").into()));
+        args.extend(
+            self.empty_ns
+                .iter()
+                .map(|ns| format!("--empty-ns={ns}").into()),
+        );
         if let Some(mode) = &self.cgroups_mode {
             args.push(format!("--manage-cgroups-mode={mode}").into());
         }

@@ -98,7 +98,12 @@ impl TaskService {
         };
         let log = result
             .is_err()
-            .then(|| keep_log(&plan.work_path.join("restore.log"), &bundle.join(RESTORE_LOG)))
+            .then(|| {
+                keep_log(
+                    &plan.work_path.join("restore.log"),
+                    &bundle.join(RESTORE_LOG),
+                )
+            })
             .flatten();
         let _ = std::fs::remove_dir_all(&plan.work_path);
 
