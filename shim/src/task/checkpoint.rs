@@ -88,9 +88,10 @@ impl TaskService {
     ) -> Result<StartResponse> {
         let (bundle, paths) = {
             let mut table = self.inner.table.lock().await;
-            table.early_exits.start_begins();
             let c = table.container(id)?;
-            (c.bundle.clone(), c.init.stdio.clone())
+            let found = (c.bundle.clone(), c.init.stdio.clone());
+            table.early_exits.start_begins();
+            found
         };
         let result = match make_dir(&plan.work_path) {
             Ok(()) => create_init(id, &bundle, &runtime, &paths, Some(&plan)).await,
