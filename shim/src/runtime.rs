@@ -13,6 +13,8 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
@@ -104,6 +106,9 @@ pub struct Runtime {
     profiles_dir: Option<PathBuf>,
     systemd_cgroup: bool,
     log: PathBuf,
+    /// Set once the binary refused one of agent-sandbox's own flags (`exec --exec-id`,
+    /// `delete --exit-pid`): it is runc or alike (`BinaryName`), and gets runc's command lines.
+    runc_only: Arc<AtomicBool>,
 }
 
 impl Runtime {
@@ -116,6 +121,7 @@ impl Runtime {
             profiles_dir: opts.profiles_dir.clone(),
             systemd_cgroup: opts.systemd_cgroup,
             log: bundle.join("log.json"),
+            runc_only: Arc::default(),
         }
     }
 
@@ -145,7 +151,9 @@ impl Runtime {
     }
 
     /// `exec --exec-id E --process F --detach --pid-file P [--console-socket S] ID`: the
-    /// exec id goes on the `exec` record (and names the tool call of a ctr exec).
+    /// exec id goes on the `exec` record (and names the tool call of a ctr exec). A runtime
+    /// that refuses `--exec-id` (runc) fails this once, with its usage text in the exec's
+    /// output; the caller runs the exec again, and from then on it gets runc's command line.
     pub async fn exec(
         &self,
         id: &str,
@@ -155,21 +163,46 @@ impl Runtime {
         console_socket: Option<&Path>,
         stdio: Stdio3,
     ) -> Result<(), RuntimeError> {
-        let mut args: Vec<&OsStr> = vec![
-            "exec".as_ref(),
-            "--exec-id".as_ref(),
-            exec_id.as_ref(),
+        let runc_only = self.runc_only.load(Ordering::Relaxed);
+        let mut args: Vec<&OsStr> = vec!["exec".as_ref()];
+        if !runc_only {
+            args.extend([OsStr::new("--exec-id"), exec_id.as_ref()]);
+        }
+        args.extend::<[&OsStr; 5]>([
             "--process".as_ref(),
             process.as_os_str(),
             "--detach".as_ref(),
             "--pid-file".as_ref(),
             pid_file.as_os_str(),
-        ];
+        ]);
         if let Some(socket) = console_socket {
             args.extend([OsStr::new("--console-socket"), socket.as_os_str()]);
         }
         args.push(id.as_ref());
-        self.run("exec", &args, Some(stdio), false).await.map(drop)
+        let result = self.run("exec", &args, Some(stdio), false).await.map(drop);
+        if let Err(e) = &result
+            && !runc_only
+            && e.is_unknown_flag("exec-id")
+        {
+            self.refuses_agent_flags();
+        }
+        result
+    }
+
+    /// The binary refused an agent-sandbox flag: runc's command lines from now on.
+    fn refuses_agent_flags(&self) {
+        if !self.runc_only.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "{} takes no agent-sandbox flags (--exec-id, --exit-pid): \
+                 running it as runc, without exec ids and exit records",
+                self.binary.display()
+            );
+        }
+    }
+
+    /// True once the binary refused an agent-sandbox flag (see [`Runtime::exec`]).
+    pub fn is_runc_only(&self) -> bool {
+        self.runc_only.load(Ordering::Relaxed)
     }
 
     /// `checkpoint --image-path I --work-path W [flags] ID` (see [`CheckpointPlan::args`]).
@@ -235,16 +268,14 @@ impl Runtime {
             args.push("--force");
         }
         let plain = args.iter().copied().chain([id]).collect::<Vec<_>>();
-        if reaped.is_some() {
+        let record = reaped.is_some() && !self.is_runc_only();
+        if record {
             args.extend(["--exit-pid", &pid, "--exit-status", &code]);
         }
         args.push(id);
         match self.simple("delete", &args).await {
-            Err(e) if reaped.is_some() && e.is_unknown_flag("exit-pid") => {
-                log::warn!(
-                    "{} has no exit record (--exit-pid): deleting {id} without it",
-                    self.binary.display()
-                );
+            Err(e) if record && e.is_unknown_flag("exit-pid") => {
+                self.refuses_agent_flags();
                 self.simple("delete", &plain).await
             }
             other => other,
@@ -274,6 +305,9 @@ impl Runtime {
     /// 128 + N for signal N). A failure is logged, never returned: the exit must still reach
     /// containerd.
     pub async fn audit_exit(&self, id: &str, exec_id: &str, pid: u32, code: u32) {
+        if self.is_runc_only() {
+            return;
+        }
         let (pid, code) = (pid.to_string(), code.to_string());
         let process = if exec_id.is_empty() { "init" } else { exec_id };
         let args = [
