@@ -171,6 +171,18 @@ fn set_blocking(fd: impl AsFd, blocking: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Opens an output fifo and keeps a handle of the shim's own on it in `outputs` (see
+/// [`drain_outputs`]).
+fn held_output(path: &str, outputs: &mut Vec<OwnedFd>) -> Result<File, StdioError> {
+    let fifo = open_fifo(path, false)?;
+    let held = fifo.try_clone().map_err(|source| StdioError::Open {
+        path: path.into(),
+        source,
+    })?;
+    outputs.push(OwnedFd::from(held));
+    Ok(fifo)
+}
+
 /// Stdin through a pipe the shim feeds from the stdin fifo, if the process has one.
 fn piped_stdin(paths: &StdioPaths, copies: &mut Copies) -> Result<Stdio, StdioError> {
     if paths.stdin.is_empty() {
@@ -203,14 +215,7 @@ pub fn piped(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
         if path.is_empty() {
             return Ok(Stdio::null());
         }
-        let fifo = open_fifo(path, false)?;
-        let opened = |source| StdioError::Open {
-            path: path.into(),
-            source,
-        };
-        copies
-            .outputs
-            .push(OwnedFd::from(fifo.try_clone().map_err(opened)?));
+        let fifo = held_output(path, &mut copies.outputs)?;
         let (reader, writer) = io::pipe().map_err(StdioError::Pipe)?;
         let reader = OwnedFd::from(reader);
         set_blocking(&reader, false).map_err(StdioError::Pipe)?;
@@ -253,15 +258,11 @@ pub fn direct(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
         if path.is_empty() {
             return Ok(Stdio::null());
         }
-        let f = open_fifo(path, false)?;
-        let opened = |source| StdioError::Open {
+        let f = held_output(path, &mut copies.outputs)?;
+        set_blocking(&f, true).map_err(|source| StdioError::Open {
             path: path.into(),
             source,
-        };
-        set_blocking(&f, true).map_err(opened)?;
-        copies
-            .outputs
-            .push(OwnedFd::from(f.try_clone().map_err(opened)?));
+        })?;
         Ok(Stdio::from(f))
     };
     let stdout = out(&paths.stdout)?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use containerd_shim::api::{Empty, StartResponse};
-use containerd_shim::protos::events::task::{TaskCheckpointed, TaskStart};
+use containerd_shim::protos::events::task::TaskCheckpointed;
 use containerd_shim::protos::shim::shim::CheckpointTaskRequest;
 use log::{info, warn};
 
@@ -140,17 +140,7 @@ impl TaskService {
         c.cgroups = cgroups;
         drop(table);
         info!("restored {id} as pid {pid}");
-        if next.announce {
-            self.publish(TaskStart {
-                container_id: id.to_owned(),
-                pid,
-                ..Default::default()
-            })
-            .await;
-        }
-        if let Some(exit) = next.finish {
-            self.finish_in_background(id, "", exit).await;
-        }
+        self.init_started(id, pid, next).await;
         Ok(StartResponse {
             pid,
             ..Default::default()

@@ -205,6 +205,17 @@ impl TaskService {
                 exits::after_start(Kind::Init, result.is_ok(), held, None),
             )
         };
+        self.init_started(id, pid, next).await;
+        result?;
+        Ok(StartResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    /// After the init's start (or restore) returned: TaskStart if it started, then the exit
+    /// it held meanwhile, in that order.
+    pub(super) async fn init_started(&self, id: &str, pid: u32, next: exits::AfterStart) {
         if next.announce {
             self.publish(TaskStart {
                 container_id: id.to_owned(),
@@ -216,11 +227,6 @@ impl TaskService {
         if let Some(exit) = next.finish {
             self.finish_in_background(id, "", exit).await;
         }
-        result?;
-        Ok(StartResponse {
-            pid,
-            ..Default::default()
-        })
     }
 
     async fn start_exec(&self, id: &str, exec_id: &str) -> Result<StartResponse> {
