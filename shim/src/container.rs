@@ -280,7 +280,7 @@ pub async fn run_exec(
         path: process_file.clone(),
         source,
     })?;
-    let attempt = || async {
+    let result = async {
         let (stdio, mut copies, socket) = open_streams(paths, false)?;
         let socket_path = socket.as_ref().map(ConsoleSocket::path);
         runtime
@@ -297,14 +297,8 @@ pub async fn run_exec(
             copies = stdio::console(socket.receive().await?, paths)?;
         }
         Ok((read_pid(&pid_file)?, copies))
-    };
-    let result = match attempt().await {
-        // runc behind the shim (`BinaryName`): again, now without agent-sandbox's flags.
-        Err(TaskError::Runtime(e)) if e.is_unknown_flag("exec-id") && runtime.is_runc_only() => {
-            attempt().await
-        }
-        other => other,
-    };
+    }
+    .await;
     let _ = std::fs::remove_file(&process_file);
     let _ = std::fs::remove_file(&pid_file);
     result

@@ -14,7 +14,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
@@ -90,6 +90,13 @@ impl RuntimeError {
     }
 }
 
+/// Not yet known whether the binary takes agent-sandbox's own flags.
+const FLAGS_UNKNOWN: u8 = 0;
+/// The binary takes them.
+const FLAGS_AGENT: u8 = 1;
+/// The binary refuses them (runc): it gets runc's command lines.
+const FLAGS_RUNC: u8 = 2;
+
 /// The standard streams given to a runtime command that starts a container process.
 pub struct Stdio3 {
     pub stdin: Stdio,
@@ -106,9 +113,10 @@ pub struct Runtime {
     profiles_dir: Option<PathBuf>,
     systemd_cgroup: bool,
     log: PathBuf,
-    /// Set once the binary refused one of agent-sandbox's own flags (`exec --exec-id`,
-    /// `delete --exit-pid`): it is runc or alike (`BinaryName`), and gets runc's command lines.
-    runc_only: Arc<AtomicBool>,
+    /// Whether the binary takes agent-sandbox's own flags (`exec --exec-id`, `delete
+    /// --exit-pid`): [`FLAGS_UNKNOWN`], [`FLAGS_AGENT`], or [`FLAGS_RUNC`] for runc or alike
+    /// (`BinaryName`), which gets runc's command lines. Shared by the clones of one client.
+    agent_flags: Arc<AtomicU8>,
 }
 
 impl Runtime {
@@ -121,7 +129,7 @@ impl Runtime {
             profiles_dir: opts.profiles_dir.clone(),
             systemd_cgroup: opts.systemd_cgroup,
             log: bundle.join("log.json"),
-            runc_only: Arc::default(),
+            agent_flags: Arc::new(AtomicU8::new(FLAGS_UNKNOWN)),
         }
     }
 
@@ -151,9 +159,8 @@ impl Runtime {
     }
 
     /// `exec --exec-id E --process F --detach --pid-file P [--console-socket S] ID`: the
-    /// exec id goes on the `exec` record (and names the tool call of a ctr exec). A runtime
-    /// that refuses `--exec-id` (runc) fails this once, with its usage text in the exec's
-    /// output; the caller runs the exec again, and from then on it gets runc's command line.
+    /// exec id goes on the `exec` record (and names the tool call of a ctr exec). A binary
+    /// that refuses `--exec-id` (runc, see [`Runtime::takes_agent_flags`]) gets runc's line.
     pub async fn exec(
         &self,
         id: &str,
@@ -163,9 +170,8 @@ impl Runtime {
         console_socket: Option<&Path>,
         stdio: Stdio3,
     ) -> Result<(), RuntimeError> {
-        let runc_only = self.runc_only.load(Ordering::Relaxed);
         let mut args: Vec<&OsStr> = vec!["exec".as_ref()];
-        if !runc_only {
+        if self.takes_agent_flags().await {
             args.extend([OsStr::new("--exec-id"), exec_id.as_ref()]);
         }
         args.extend::<[&OsStr; 5]>([
@@ -179,19 +185,37 @@ impl Runtime {
             args.extend([OsStr::new("--console-socket"), socket.as_os_str()]);
         }
         args.push(id.as_ref());
-        let result = self.run("exec", &args, Some(stdio), false).await.map(drop);
-        if let Err(e) = &result
-            && !runc_only
-            && e.is_unknown_flag("exec-id")
-        {
+        self.run("exec", &args, Some(stdio), false).await.map(drop)
+    }
+
+    /// Whether the binary takes agent-sandbox's own flags. A binary named `agent-sandbox`
+    /// does; another (`BinaryName`) is asked once, with `exec --exec-id probe --help`, which
+    /// runc refuses, so that an exec's output never carries runc's usage text.
+    async fn takes_agent_flags(&self) -> bool {
+        match self.agent_flags.load(Ordering::Relaxed) {
+            FLAGS_AGENT => return true,
+            FLAGS_RUNC => return false,
+            _ => {}
+        }
+        let takes = self
+            .binary
+            .file_name()
+            .is_some_and(|n| n == "agent-sandbox")
+            || self
+                .simple("exec", &["exec", "--exec-id", "probe", "--help"])
+                .await
+                .is_ok();
+        if takes {
+            self.agent_flags.store(FLAGS_AGENT, Ordering::Relaxed);
+        } else {
             self.refuses_agent_flags();
         }
-        result
+        takes
     }
 
     /// The binary refused an agent-sandbox flag: runc's command lines from now on.
     fn refuses_agent_flags(&self) {
-        if !self.runc_only.swap(true, Ordering::Relaxed) {
+        if self.agent_flags.swap(FLAGS_RUNC, Ordering::Relaxed) != FLAGS_RUNC {
             log::warn!(
                 "{} takes no agent-sandbox flags (--exec-id, --exit-pid): \
                  running it as runc, without exec ids and exit records",
@@ -200,9 +224,9 @@ impl Runtime {
         }
     }
 
-    /// True once the binary refused an agent-sandbox flag (see [`Runtime::exec`]).
-    pub fn is_runc_only(&self) -> bool {
-        self.runc_only.load(Ordering::Relaxed)
+    /// True once the binary is known to refuse agent-sandbox's flags.
+    fn is_runc_only(&self) -> bool {
+        self.agent_flags.load(Ordering::Relaxed) == FLAGS_RUNC
     }
 
     /// `checkpoint --image-path I --work-path W [flags] ID` (see [`CheckpointPlan::args`]).
