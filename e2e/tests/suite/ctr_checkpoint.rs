@@ -161,20 +161,40 @@ fn checkpoint_and_restore(shim: Shim, run_args: &[&str]) -> anyhow::Result<()> {
         first >= before && second > first,
         "{shim:?}: the restored task does not count on from {before}: {first}, then {second}"
     );
-    if shim == Shim::AgentSandbox {
-        let seen = events.wait_for(&id, "/tasks/start", Duration::from_secs(10))?;
-        let create = seen
-            .iter()
-            .rev()
-            .find(|(t, _)| t == "/tasks/create")
-            .context("no create event for the restored task")?;
-        ensure!(
-            create.1.contains("\"checkpoint\":\"/"),
-            "the restored task's create event names no checkpoint: {}",
-            create.1
-        );
+    let unpacked = restored_from(&events, &id)
+        .with_context(|| format!("{shim:?}: the restored task's create event"))?;
+    // containerd unpacks the image into a directory of its own and never removes it.
+    if Path::new(&unpacked)
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("ctrd-checkpoint"))
+    {
+        let _ = fs::remove_dir_all(&unpacked);
     }
     Ok(())
+}
+
+/// The checkpoint directory named by the second TaskCreate of `id` (its restore).
+fn restored_from(events: &Events, id: &str) -> anyhow::Result<String> {
+    let start = Instant::now();
+    loop {
+        let creates: Vec<String> = events
+            .task_events(id)
+            .into_iter()
+            .filter(|(t, _)| t == "/tasks/create")
+            .map(|(_, body)| body)
+            .collect();
+        if let Some(body) = creates.get(1) {
+            let event: serde_json::Value =
+                serde_json::from_str(body).with_context(|| format!("not JSON: {body:?}"))?;
+            let dir = event["checkpoint"].as_str().unwrap_or_default();
+            ensure!(dir.starts_with('/'), "names no checkpoint: {body:?}");
+            return Ok(dir.to_owned());
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("no second create event for {id}: {creates:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Our shim under test with `behind` as its runtime, after containerd's runc shim ran the
