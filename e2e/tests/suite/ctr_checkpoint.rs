@@ -161,6 +161,13 @@ fn checkpoint_and_restore(shim: Shim, run_args: &[&str]) -> anyhow::Result<()> {
         first >= before && second > first,
         "{shim:?}: the restored task does not count on from {before}: {first}, then {second}"
     );
+    // The restored init is the shim's like a started one: its exit is reaped and published.
+    let kill = restored.task_cmd(&["kill", "-s", "SIGKILL"], &[])?;
+    ensure!(
+        kill.success(),
+        "{shim:?}: kill of the restored task failed\n{kill}"
+    );
+    restored.wait_status("STOPPED", Duration::from_secs(30))?;
     let unpacked = restored_from(&events, &id)
         .with_context(|| format!("{shim:?}: the restored task's create event"))?;
     // containerd unpacks the image into a directory of its own and never removes it.
