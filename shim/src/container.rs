@@ -13,6 +13,7 @@ use tokio::sync::{Mutex, RwLock, watch};
 use tokio::task::JoinHandle;
 
 use crate::cgroup::Cgroups;
+use crate::checkpoint::RestorePlan;
 use crate::error::TaskError;
 use crate::exits::{EarlyExits, InitExitRecord};
 use crate::process::{Exit, Lifecycle};
@@ -71,6 +72,8 @@ pub struct Container {
     /// The cgroup's `oom_kill` counter when the container was created.
     pub oom_kills_at_create: u64,
     pub rootfs_mounted: bool,
+    /// Created from a checkpoint: the runtime's `restore` that the init's Start runs.
+    pub restore: Option<RestorePlan>,
     /// Held while the runtime deletes, so that the late writer and Delete never both write.
     pub init_exit_record: Arc<Mutex<InitExitRecord>>,
     /// Exits being finished: each exec's finish holds it for reading, the init's takes it
@@ -193,7 +196,12 @@ fn read_pid(path: &Path) -> Result<u32> {
 }
 
 /// Opens the process's streams: the runtime's stdio, plus a console socket with a terminal.
-fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
+/// `piped`: output through pipes the shim copies (the init, which a checkpoint dumps; see
+/// [`stdio::piped`]), else straight into the fifos (execs).
+fn open_streams(
+    paths: &StdioPaths,
+    piped: bool,
+) -> Result<(Stdio3, Copies, Option<ConsoleSocket>)> {
     if paths.terminal {
         let socket = ConsoleSocket::new()?;
         let null = || std::process::Stdio::null();
@@ -207,25 +215,41 @@ fn open_streams(paths: &StdioPaths) -> Result<(Stdio3, Copies, Option<ConsoleSoc
             Some(socket),
         ))
     } else {
-        let (stdio, copies) = stdio::direct(paths)?;
+        let (stdio, copies) = if piped {
+            stdio::piped(paths)?
+        } else {
+            stdio::direct(paths)?
+        };
         Ok((stdio, copies, None))
     }
 }
 
-/// Runs the runtime's `create` for the init and returns its pid and the copies of its
-/// streams; with a terminal, the pty master comes over the console socket.
+/// Runs the runtime's `create` for the init (or, with `restore`, its `restore` from a
+/// checkpoint) and returns its pid and the copies of its streams; with a terminal, the pty
+/// master comes over the console socket.
 pub async fn create_init(
     id: &str,
     bundle: &Path,
     runtime: &Runtime,
     paths: &StdioPaths,
+    restore: Option<&RestorePlan>,
 ) -> Result<(u32, Copies)> {
-    let (stdio, mut copies, socket) = open_streams(paths)?;
+    let (stdio, mut copies, socket) = open_streams(paths, true)?;
     let pid_file = bundle.join("init.pid");
     let socket_path = socket.as_ref().map(ConsoleSocket::path);
-    runtime
-        .create(id, bundle, &pid_file, socket_path.as_deref(), stdio)
-        .await?;
+    let socket_path = socket_path.as_deref();
+    match restore {
+        None => {
+            runtime
+                .create(id, bundle, &pid_file, socket_path, stdio)
+                .await?
+        }
+        Some(plan) => {
+            runtime
+                .restore(id, plan, bundle, &pid_file, socket_path, stdio)
+                .await?;
+        }
+    }
     if let Some(socket) = socket {
         let master = match socket.receive().await {
             Ok(m) => m,
@@ -257,7 +281,7 @@ pub async fn run_exec(
         source,
     })?;
     let result = async {
-        let (stdio, mut copies, socket) = open_streams(paths)?;
+        let (stdio, mut copies, socket) = open_streams(paths, false)?;
         let socket_path = socket.as_ref().map(ConsoleSocket::path);
         runtime
             .exec(
@@ -361,6 +385,7 @@ mod tests {
             oom_published: Arc::default(),
             oom_kills_at_create: 0,
             rootfs_mounted: false,
+            restore: None,
             init_exit_record: Arc::default(),
             exits_in_flight: Arc::default(),
         }

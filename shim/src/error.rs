@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use containerd_shim::protos::ttrpc::{Code, Error, get_status};
 
 use crate::cgroup::CgroupError;
+use crate::checkpoint::CheckpointError;
 use crate::options::OptionsError;
 use crate::process::WrongState;
 use crate::rootfs::RootfsError;
@@ -58,8 +59,19 @@ pub enum TaskError {
     },
     #[error("invalid pid in {path}")]
     PidFile { path: PathBuf },
-    #[error("{method} is not supported by containerd-shim-agent-sandbox")]
-    Unimplemented { method: &'static str },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(
+        "{operation} of {id} failed{}",
+        log.as_ref().map(|l| format!(" (CRIU log: {})", l.display())).unwrap_or_default()
+    )]
+    Criu {
+        operation: &'static str,
+        id: String,
+        log: Option<PathBuf>,
+        #[source]
+        source: Box<RuntimeError>,
+    },
 }
 
 impl TaskError {
@@ -88,14 +100,15 @@ impl TaskError {
             Self::InvalidId { .. }
             | Self::Signal { .. }
             | Self::NoSpec { .. }
-            | Self::Options(_) => Code::INVALID_ARGUMENT,
+            | Self::Options(_)
+            | Self::Checkpoint(_) => Code::INVALID_ARGUMENT,
             Self::WrongState { .. } | Self::NoCgroup { .. } => Code::FAILED_PRECONDITION,
-            Self::Unimplemented { .. } => Code::UNIMPLEMENTED,
             Self::Runtime(_)
             | Self::Stdio(_)
             | Self::Cgroup(_)
             | Self::Rootfs(_)
             | Self::Encode(_)
+            | Self::Criu { .. }
             | Self::File { .. }
             | Self::PidFile { .. } => Code::UNKNOWN,
         }
@@ -150,10 +163,12 @@ mod tests {
             Code::INVALID_ARGUMENT
         );
         assert_eq!(
-            code(TaskError::Unimplemented {
-                method: "checkpoint"
-            }),
-            Code::UNIMPLEMENTED
+            code(TaskError::Checkpoint(CheckpointError::Invalid {
+                key: "work_path",
+                value: "w".into(),
+                expected: "expected an absolute path",
+            })),
+            Code::INVALID_ARGUMENT
         );
         assert_eq!(
             code(TaskError::Runtime(RuntimeError::Failed {

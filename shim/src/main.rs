@@ -4,6 +4,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))] // a unit test may be a long scenario
 
 mod cgroup;
+mod checkpoint;
 mod container;
 mod error;
 mod exits;

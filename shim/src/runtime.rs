@@ -8,15 +8,18 @@
 //! The `runc` crate from rust-extensions pins its own process plumbing and oci-spec version;
 //! the handful of subcommands the shim needs are simpler to drive here.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
 
+use crate::checkpoint::{CheckpointPlan, RestorePlan};
 use crate::options::{POLICY_ENV, PROFILES_DIR_ENV, RuntimeOptions};
 
 /// Errors from running the runtime binary.
@@ -66,6 +69,13 @@ impl RuntimeError {
         matches!(self, Self::Failed { message, .. } if message.contains("does not exist"))
     }
 
+    /// True if the runtime refused `flag` as unknown: runc's (Go) and clap's wordings.
+    pub fn is_unknown_flag(&self, flag: &str) -> bool {
+        matches!(self, Self::Failed { message, .. } if message.contains(flag)
+            && (message.contains("flag provided but not defined")
+                || message.contains("unexpected argument")))
+    }
+
     /// True if a `kill` failed because the process is gone: the runtime found the container
     /// stopped (runc and this runtime say "container not running") or the signal found no
     /// process. containerd's own runc shim answers these with NotFound, the one kill error
@@ -79,6 +89,13 @@ impl RuntimeError {
         })
     }
 }
+
+/// Not yet known whether the binary takes agent-sandbox's own flags.
+const FLAGS_UNKNOWN: u8 = 0;
+/// The binary takes them.
+const FLAGS_AGENT: u8 = 1;
+/// The binary refuses them (runc): it gets runc's command lines.
+const FLAGS_RUNC: u8 = 2;
 
 /// The standard streams given to a runtime command that starts a container process.
 pub struct Stdio3 {
@@ -96,6 +113,10 @@ pub struct Runtime {
     profiles_dir: Option<PathBuf>,
     systemd_cgroup: bool,
     log: PathBuf,
+    /// Whether the binary takes agent-sandbox's own flags (`exec --exec-id`, `delete
+    /// --exit-pid`): [`FLAGS_UNKNOWN`], [`FLAGS_AGENT`], or [`FLAGS_RUNC`] for runc or alike
+    /// (`BinaryName`), which gets runc's command lines. Shared by the clones of one client.
+    agent_flags: Arc<AtomicU8>,
 }
 
 impl Runtime {
@@ -108,6 +129,7 @@ impl Runtime {
             profiles_dir: opts.profiles_dir.clone(),
             systemd_cgroup: opts.systemd_cgroup,
             log: bundle.join("log.json"),
+            agent_flags: Arc::new(AtomicU8::new(FLAGS_UNKNOWN)),
         }
     }
 
@@ -137,7 +159,8 @@ impl Runtime {
     }
 
     /// `exec --exec-id E --process F --detach --pid-file P [--console-socket S] ID`: the
-    /// exec id goes on the `exec` record (and names the tool call of a ctr exec).
+    /// exec id goes on the `exec` record (and names the tool call of a ctr exec). A binary
+    /// that refuses `--exec-id` (runc, see [`Runtime::takes_agent_flags`]) gets runc's line.
     pub async fn exec(
         &self,
         id: &str,
@@ -147,21 +170,93 @@ impl Runtime {
         console_socket: Option<&Path>,
         stdio: Stdio3,
     ) -> Result<(), RuntimeError> {
-        let mut args: Vec<&OsStr> = vec![
-            "exec".as_ref(),
-            "--exec-id".as_ref(),
-            exec_id.as_ref(),
+        let mut args: Vec<&OsStr> = vec!["exec".as_ref()];
+        if self.takes_agent_flags().await {
+            args.extend([OsStr::new("--exec-id"), exec_id.as_ref()]);
+        }
+        args.extend::<[&OsStr; 5]>([
             "--process".as_ref(),
             process.as_os_str(),
             "--detach".as_ref(),
             "--pid-file".as_ref(),
             pid_file.as_os_str(),
-        ];
+        ]);
         if let Some(socket) = console_socket {
             args.extend([OsStr::new("--console-socket"), socket.as_os_str()]);
         }
         args.push(id.as_ref());
         self.run("exec", &args, Some(stdio), false).await.map(drop)
+    }
+
+    /// Whether the binary takes agent-sandbox's own flags. A binary named `agent-sandbox`
+    /// does; another (`BinaryName`) is asked once, with `exec --exec-id probe --help`, which
+    /// runc refuses, so that an exec's output never carries runc's usage text.
+    async fn takes_agent_flags(&self) -> bool {
+        match self.agent_flags.load(Ordering::Relaxed) {
+            FLAGS_AGENT => return true,
+            FLAGS_RUNC => return false,
+            _ => {}
+        }
+        let takes = self
+            .binary
+            .file_name()
+            .is_some_and(|n| n == "agent-sandbox")
+            || self
+                .simple("exec", &["exec", "--exec-id", "probe", "--help"])
+                .await
+                .is_ok();
+        if takes {
+            self.agent_flags.store(FLAGS_AGENT, Ordering::Relaxed);
+        } else {
+            self.refuses_agent_flags();
+        }
+        takes
+    }
+
+    /// The binary refused an agent-sandbox flag: runc's command lines from now on.
+    fn refuses_agent_flags(&self) {
+        if self.agent_flags.swap(FLAGS_RUNC, Ordering::Relaxed) != FLAGS_RUNC {
+            log::warn!(
+                "{} takes no agent-sandbox flags (--exec-id, --exit-pid): \
+                 running it as runc, without exec ids and exit records",
+                self.binary.display()
+            );
+        }
+    }
+
+    /// True once the binary is known to refuse agent-sandbox's flags.
+    fn is_runc_only(&self) -> bool {
+        self.agent_flags.load(Ordering::Relaxed) == FLAGS_RUNC
+    }
+
+    /// `checkpoint --image-path I --work-path W [flags] ID` (see [`CheckpointPlan::args`]).
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        plan: &CheckpointPlan,
+        work_path: &Path,
+    ) -> Result<(), RuntimeError> {
+        let args = plan.args(id, work_path);
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.run("checkpoint", &args, None, false).await.map(drop)
+    }
+
+    /// `restore ... --bundle B --detach --pid-file P [--console-socket S] ID` with the
+    /// restored init's streams (see [`RestorePlan::args`]).
+    pub async fn restore(
+        &self,
+        id: &str,
+        plan: &RestorePlan,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: Stdio3,
+    ) -> Result<(), RuntimeError> {
+        let args = plan.args(id, bundle, pid_file, console_socket);
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        self.run("restore", &args, Some(stdio), false)
+            .await
+            .map(drop)
     }
 
     pub async fn start(&self, id: &str) -> Result<(), RuntimeError> {
@@ -180,7 +275,9 @@ impl Runtime {
 
     /// `delete [--force] [--exit-pid PID --exit-status CODE] ID`: with `reaped` (the init's
     /// pid and status as this shim reaped it), the runtime writes the init's `exit` record
-    /// before deleting, in the same run (no separate `audit-exit`).
+    /// before deleting, in the same run (no separate `audit-exit`). A runtime without the
+    /// audit trail (runc, named by `BinaryName`) refuses those flags: it is asked again
+    /// without them, as a plain runc delete.
     pub async fn delete(
         &self,
         id: &str,
@@ -194,11 +291,19 @@ impl Runtime {
         if force {
             args.push("--force");
         }
-        if reaped.is_some() {
+        let plain = args.iter().copied().chain([id]).collect::<Vec<_>>();
+        let record = reaped.is_some() && !self.is_runc_only();
+        if record {
             args.extend(["--exit-pid", &pid, "--exit-status", &code]);
         }
         args.push(id);
-        self.simple("delete", &args).await
+        match self.simple("delete", &args).await {
+            Err(e) if record && e.is_unknown_flag("exit-pid") => {
+                self.refuses_agent_flags();
+                self.simple("delete", &plain).await
+            }
+            other => other,
+        }
     }
 
     pub async fn pause(&self, id: &str) -> Result<(), RuntimeError> {
@@ -224,6 +329,9 @@ impl Runtime {
     /// 128 + N for signal N). A failure is logged, never returned: the exit must still reach
     /// containerd.
     pub async fn audit_exit(&self, id: &str, exec_id: &str, pid: u32, code: u32) {
+        if self.is_runc_only() {
+            return;
+        }
         let (pid, code) = (pid.to_string(), code.to_string());
         let process = if exec_id.is_empty() { "init" } else { exec_id };
         let args = [
@@ -464,5 +572,22 @@ mod tests {
         }
         assert!(!failed("invalid signal \"FOO\"").is_process_gone());
         assert!(!failed("load state failed").is_process_gone());
+    }
+
+    #[test]
+    fn a_flag_the_runtime_lacks_is_recognised() {
+        let failed = |message: &str| RuntimeError::Failed {
+            binary: "/x".into(),
+            command: "delete",
+            code: 1,
+            message: message.into(),
+        };
+        // runc 1.1's and clap's wordings.
+        assert!(failed("flag provided but not defined: -exit-pid").is_unknown_flag("exit-pid"));
+        assert!(
+            failed("error: unexpected argument '--exit-pid' found").is_unknown_flag("exit-pid")
+        );
+        assert!(!failed("flag provided but not defined: -x").is_unknown_flag("exit-pid"));
+        assert!(!failed("container \"a\" does not exist").is_unknown_flag("exit-pid"));
     }
 }

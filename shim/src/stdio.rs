@@ -1,9 +1,12 @@
 //! The standard streams of container processes.
 //!
-//! Without a terminal, stdout and stderr fifos go straight to the runtime (and so to the
-//! process): the shim copies nothing. Stdin goes through a pipe that the shim feeds from the
-//! fifo, because a client opens its end of the stdin fifo only after the shim opened the read
-//! end, and a process reading a fifo that never had a writer would see end-of-file at once.
+//! Without a terminal, an exec's stdout and stderr fifos go straight to the runtime (and so to
+//! the process): the shim copies nothing ([`direct`]). The init's output goes through pipes
+//! that the shim copies into the fifos ([`piped`]), as containerd's runc shim does for every
+//! process: CRIU cannot checkpoint a process that writes to a fifo outside its mount
+//! namespace. Stdin goes through a pipe that the shim feeds from the fifo, because a client
+//! opens its end of the stdin fifo only after the shim opened the read end, and a process
+//! reading a fifo that never had a writer would see end-of-file at once.
 //!
 //! The shim keeps a handle of its own on each output fifo while the process runs, and lets go
 //! of it only once the client has read everything ([`drain_outputs`]), before the exit is
@@ -168,36 +171,98 @@ fn set_blocking(fd: impl AsFd, blocking: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// Streams for a process without a terminal. Returns the runtime's stdio and the copies.
-pub fn direct(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
+/// Opens an output fifo and keeps a handle of the shim's own on it in `outputs` (see
+/// [`drain_outputs`]).
+fn held_output(path: &str, outputs: &mut Vec<OwnedFd>) -> Result<File, StdioError> {
+    let fifo = open_fifo(path, false)?;
+    let held = fifo.try_clone().map_err(|source| StdioError::Open {
+        path: path.into(),
+        source,
+    })?;
+    outputs.push(OwnedFd::from(held));
+    Ok(fifo)
+}
+
+/// Stdin through a pipe the shim feeds from the stdin fifo, if the process has one.
+fn piped_stdin(paths: &StdioPaths, copies: &mut Copies) -> Result<Stdio, StdioError> {
+    if paths.stdin.is_empty() {
+        return Ok(Stdio::null());
+    }
+    let fifo = open_fifo(&paths.stdin, true)?;
+    let (reader, writer) = io::pipe().map_err(StdioError::Pipe)?;
+    let writer = OwnedFd::from(writer);
+    set_blocking(&writer, false).map_err(StdioError::Pipe)?;
+    let src = async_fd(OwnedFd::from(fifo)).map_err(StdioError::Pipe)?;
+    let dst = async_fd(writer).map_err(StdioError::Pipe)?;
+    copies.stdin = Some(tokio::spawn(async move {
+        let _ = copy(&src, &dst).await;
+    }));
+    Ok(Stdio::from(reader))
+}
+
+/// Streams for a process without a terminal whose output goes through pipes that the shim
+/// copies into the stdout and stderr fifos, as containerd's runc shim gives every process.
+/// CRIU can checkpoint (and the runtime restore) a process writing to a pipe, but not one
+/// writing to a fifo outside its mount namespace ("Can't lookup mount" for its fd 1), so the
+/// init, which Checkpoint dumps, gets these. The output watch turns true once both pipes
+/// reached end-of-file; the shim's handles on the fifos then keep unread output alive for
+/// [`drain_outputs`], as with [`direct`].
+pub fn piped(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
     let mut copies = Copies::default();
-    let stdin = if paths.stdin.is_empty() {
-        Stdio::null()
-    } else {
-        let fifo = open_fifo(&paths.stdin, true)?;
-        let (reader, writer) = io::pipe().map_err(StdioError::Pipe)?;
-        let writer = OwnedFd::from(writer);
-        set_blocking(&writer, false).map_err(StdioError::Pipe)?;
-        let src = async_fd(OwnedFd::from(fifo)).map_err(StdioError::Pipe)?;
-        let dst = async_fd(writer).map_err(StdioError::Pipe)?;
-        copies.stdin = Some(tokio::spawn(async move {
-            let _ = copy(&src, &dst).await;
-        }));
-        Stdio::from(reader)
-    };
+    let stdin = piped_stdin(paths, &mut copies)?;
+    let mut pairs = Vec::new();
     let mut out = |path: &str| -> Result<Stdio, StdioError> {
         if path.is_empty() {
             return Ok(Stdio::null());
         }
-        let f = open_fifo(path, false)?;
-        let opened = |source| StdioError::Open {
+        let fifo = held_output(path, &mut copies.outputs)?;
+        let (reader, writer) = io::pipe().map_err(StdioError::Pipe)?;
+        let reader = OwnedFd::from(reader);
+        set_blocking(&reader, false).map_err(StdioError::Pipe)?;
+        let src = async_fd(reader).map_err(StdioError::Pipe)?;
+        let dst = async_fd(OwnedFd::from(fifo)).map_err(StdioError::Pipe)?;
+        pairs.push((src, dst));
+        Ok(Stdio::from(writer))
+    };
+    let stdout = out(&paths.stdout)?;
+    let stderr = out(&paths.stderr)?;
+    let (tx, rx) = watch::channel(false);
+    copies.output_done = Some(rx);
+    copies.tasks.push(tokio::spawn(async move {
+        // stdout and stderr side by side: a process may fill either first.
+        let mut pairs = pairs.into_iter();
+        let (first, second) = (pairs.next(), pairs.next());
+        let run = |pair: Option<(AsyncFd<OwnedFd>, AsyncFd<OwnedFd>)>| async move {
+            if let Some((src, dst)) = pair {
+                let _ = copy(&src, &dst).await;
+            }
+        };
+        tokio::join!(run(first), run(second));
+        let _ = tx.send(true);
+    }));
+    Ok((
+        Stdio3 {
+            stdin,
+            stdout,
+            stderr,
+        },
+        copies,
+    ))
+}
+
+/// Streams for a process without a terminal. Returns the runtime's stdio and the copies.
+pub fn direct(paths: &StdioPaths) -> Result<(Stdio3, Copies), StdioError> {
+    let mut copies = Copies::default();
+    let stdin = piped_stdin(paths, &mut copies)?;
+    let mut out = |path: &str| -> Result<Stdio, StdioError> {
+        if path.is_empty() {
+            return Ok(Stdio::null());
+        }
+        let f = held_output(path, &mut copies.outputs)?;
+        set_blocking(&f, true).map_err(|source| StdioError::Open {
             path: path.into(),
             source,
-        };
-        set_blocking(&f, true).map_err(opened)?;
-        copies
-            .outputs
-            .push(OwnedFd::from(f.try_clone().map_err(opened)?));
+        })?;
         Ok(Stdio::from(f))
     };
     let stdout = out(&paths.stdout)?;
@@ -454,6 +519,39 @@ mod tests {
             .read_to_string(&mut text)
             .expect("read");
         assert_eq!(text, "");
+    }
+
+    #[tokio::test]
+    async fn piped_output_reaches_a_late_reader_and_is_not_a_fifo_for_the_process() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = fifo(dir.path());
+        let paths = StdioPaths {
+            stdout: path.display().to_string(),
+            ..Default::default()
+        };
+        let (stdio, mut copies) = piped(&paths).expect("open streams");
+        // What CRIU sees as the process's fd 1: a pipe, not the fifo's path.
+        let status = Command::new("/bin/sh")
+            .args(["-c", "readlink /proc/self/fd/1 >&2; printf done"])
+            .stdout(stdio.stdout)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run sh");
+        assert!(status.status.success());
+        let fd1 = String::from_utf8_lossy(&status.stderr);
+        assert!(fd1.starts_with("pipe:"), "{fd1}");
+        let mut done = copies.output_watch().expect("an output watch");
+        tokio::time::timeout(Duration::from_secs(10), done.wait_for(|d| *d))
+            .await
+            .expect("the copy ends at end-of-file")
+            .expect("watch");
+        let reader = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            std::fs::read_to_string(&path)
+        });
+        drain_outputs(copies.take_outputs(), Duration::from_secs(10)).await;
+        drop(copies);
+        assert_eq!(reader.await.expect("join").expect("read"), "done");
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ mod contracts;
 mod credential_echo;
 mod cri;
 mod ctr;
+mod ctr_checkpoint;
 mod docker;
 mod egress;
 mod egress_sni;

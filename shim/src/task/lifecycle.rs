@@ -15,6 +15,7 @@ use containerd_shim::protos::events::task::{
 use log::{info, warn};
 
 use crate::cgroup::Cgroups;
+use crate::checkpoint::RestorePlan;
 use crate::container::{Container, Process, check_id, create_init, run_exec};
 use crate::error::TaskError;
 use crate::exits::{self, Kind};
@@ -22,7 +23,7 @@ use crate::options::RuntimeOptions;
 use crate::process::{Exit, ProcState};
 use crate::rootfs;
 use crate::runtime::Runtime;
-use crate::stdio::StdioPaths;
+use crate::stdio::{Copies, StdioPaths};
 
 use super::{DELETED_MARKER, Result, TaskService, now};
 
@@ -45,6 +46,10 @@ impl TaskService {
         // the runtime (see `DELETED_MARKER`).
         let _ = std::fs::remove_file(bundle.join(DELETED_MARKER));
         let opts = RuntimeOptions::from_any(req.options.as_ref(), &self.inner.namespace)?;
+        // A checkpoint to restore from: the restore itself runs at Start (task/checkpoint.rs).
+        let restore = (!req.checkpoint.is_empty())
+            .then(|| RestorePlan::new(&req.checkpoint, &bundle))
+            .transpose()?;
         opts.persist(&bundle)?;
         let runtime = Runtime::new(&opts, &bundle);
 
@@ -59,7 +64,10 @@ impl TaskService {
             stderr: req.stderr.clone(),
             terminal: req.terminal,
         };
-        let created = create_init(&req.id, &bundle, &runtime, &paths).await;
+        let created = match restore {
+            None => create_init(&req.id, &bundle, &runtime, &paths, None).await,
+            Some(_) => Ok((0, Copies::default())),
+        };
         let (pid, copies) = match created {
             Ok(v) => v,
             Err(e) => {
@@ -70,9 +78,13 @@ impl TaskService {
             }
         };
 
-        let cgroups = Cgroups::of_pid(pid)
-            .inspect_err(|e| warn!("cgroups of {pid}: {e}"))
-            .ok();
+        let cgroups = (pid != 0)
+            .then(|| {
+                Cgroups::of_pid(pid)
+                    .inspect_err(|e| warn!("cgroups of {pid}: {e}"))
+                    .ok()
+            })
+            .flatten();
         let oom_published = Arc::new(AtomicBool::new(false));
         let oom_kills_at_create = cgroups.as_ref().and_then(Cgroups::oom_kills).unwrap_or(0);
         let oom_task = cgroups
@@ -93,6 +105,7 @@ impl TaskService {
             oom_published,
             oom_kills_at_create,
             rootfs_mounted,
+            restore,
         };
         self.inner
             .table
@@ -126,7 +139,7 @@ impl TaskService {
     }
 
     /// Publishes TaskOOM for every OOM notification of the container's memory cgroup.
-    fn watch_oom(
+    pub(super) fn watch_oom(
         &self,
         cgroups: &Cgroups,
         id: &str,
@@ -167,15 +180,18 @@ impl TaskService {
     }
 
     async fn start_init(&self, id: &str) -> Result<StartResponse> {
-        let runtime = {
+        let (runtime, restore) = {
             let mut table = self.inner.table.lock().await;
             let c = table.container_mut(id)?;
             c.init
                 .life
                 .begin_start()
                 .map_err(|w| TaskError::wrong_state(id, w))?;
-            c.runtime.clone()
+            (c.runtime.clone(), c.restore.take())
         };
+        if let Some(plan) = restore {
+            return self.start_restored(id, runtime, plan).await;
+        }
         let result = runtime.start(id).await;
         let (pid, next) = {
             let mut table = self.inner.table.lock().await;
@@ -189,6 +205,17 @@ impl TaskService {
                 exits::after_start(Kind::Init, result.is_ok(), held, None),
             )
         };
+        self.init_started(id, pid, next).await;
+        result?;
+        Ok(StartResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    /// After the init's start (or restore) returned: TaskStart if it started, then the exit
+    /// it held meanwhile, in that order.
+    pub(super) async fn init_started(&self, id: &str, pid: u32, next: exits::AfterStart) {
         if next.announce {
             self.publish(TaskStart {
                 container_id: id.to_owned(),
@@ -200,11 +227,6 @@ impl TaskService {
         if let Some(exit) = next.finish {
             self.finish_in_background(id, "", exit).await;
         }
-        result?;
-        Ok(StartResponse {
-            pid,
-            ..Default::default()
-        })
     }
 
     async fn start_exec(&self, id: &str, exec_id: &str) -> Result<StartResponse> {

@@ -5,6 +5,7 @@
 //! and publishes the matching event. The order of exits, start events and OOMs is decided in
 //! [`crate::exits`]; every decision about the sandbox itself is left to the runtime binary.
 
+mod checkpoint;
 mod control;
 mod exit;
 mod lifecycle;
@@ -149,14 +150,9 @@ impl containerd_shim::Task for TaskService {
     async fn checkpoint(
         &self,
         _ctx: &TtrpcContext,
-        _req: CheckpointTaskRequest,
+        req: CheckpointTaskRequest,
     ) -> TtrpcResult<Empty> {
-        log_result(
-            "checkpoint",
-            Err(TaskError::Unimplemented {
-                method: "checkpoint",
-            }),
-        )
+        log_result("checkpoint", self.do_checkpoint(req).await)
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
