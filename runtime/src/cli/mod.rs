@@ -3,6 +3,7 @@
 //! - `create`: `create`, `run`
 //! - `exec`: `exec`
 //! - `control`: `start`, `pause`, `resume`, `kill`, `delete`, `update`
+//! - `checkpoint`: `checkpoint`, `restore` (and the hidden `criu-as`)
 //! - `inspect`: `state`, `ps`, `list`, `features`, `spec`
 //! - `egress`: `allow`, `deny`
 //! - `audit`: `audit` (show, verify, prune), `audit-exit`, `layers`
@@ -20,6 +21,7 @@ use crate::lifecycle::{LifecycleError, Runtime};
 use crate::logging::LogFormat;
 
 mod audit;
+mod checkpoint;
 mod control;
 mod create;
 mod egress;
@@ -155,6 +157,17 @@ pub enum Command {
     },
     /// Run a process inside a running container
     Exec(ExecArgs),
+    /// checkpoint a running container (with CRIU: docs/checkpoint.md)
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// Internal: CRIU under the sandbox's host root id, keeping the runtime's capabilities
+    #[command(name = "criu-as", hide = true)]
+    CriuAs {
+        #[arg(long)]
+        uid: u32,
+        /// CRIU's path and arguments
+        #[arg(last = true, required = true)]
+        argv: Vec<std::ffi::OsString>,
+    },
     /// List the processes of a container
     Ps {
         #[arg(short, long, default_value = "table")]
@@ -472,6 +485,8 @@ pub enum CliError {
     Hook(#[from] crate::enforce::hooks::HookError),
     #[error(transparent)]
     PodmanOom(#[from] crate::sidecars::podman_oom::PodmanOomError),
+    #[error("cannot run CRIU as the sandbox's host root id")]
+    CriuAs(#[source] std::io::Error),
     #[error("no command given (try --help)")]
     NoCommand,
     #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
@@ -565,6 +580,8 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
             id,
         } => control::delete(cli, &id, force, exit_pid, exit_status)?,
         Command::Exec(a) => return exec::exec(cli, a),
+        Command::Checkpoint(a) => checkpoint::checkpoint(cli, a)?,
+        Command::CriuAs { uid, argv } => checkpoint::criu_as(uid, &argv)?,
         Command::Ps { format, id, .. } => inspect::ps(cli, &id, &format)?,
         Command::Update { resources, id } => control::update(cli, &id, &resources)?,
         Command::Features => inspect::features(),

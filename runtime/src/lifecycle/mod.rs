@@ -23,6 +23,9 @@ use crate::host::idmap::{IdMapError, IdRange};
 use crate::state::ContainerId;
 use crate::state::paths::{self, PathsError, StateDirs};
 
+pub use checkpoint::{CheckpointError, CheckpointOpts};
+
+mod checkpoint;
 mod delete;
 mod exec;
 mod kill;
@@ -135,6 +138,8 @@ pub enum LifecycleError {
         #[source]
         source: nix::Error,
     },
+    #[error(transparent)]
+    Checkpoint(Box<checkpoint::CheckpointError>),
     #[error("cannot {what} the working directory around libcontainer's build")]
     WorkingDir {
         what: &'static str,
