@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::lifecycle::CheckpointOpts;
+use crate::create::RestoreOpts;
+use crate::harden::Ceiling;
+use crate::lifecycle::{CheckpointOpts, CreateOpts};
 use crate::state::ContainerId;
 
 use super::{Cli, CliError};
@@ -66,6 +68,110 @@ pub struct CheckpointArgs {
     pub id: String,
 }
 
+/// `restore`'s flags, as runc's (`runc restore --help`).
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// path to an AF_UNIX socket which will receive a file descriptor referencing the master
+    /// end of the console's pseudoterminal (refused: docs/checkpoint.md#flags)
+    #[arg(long = "console-socket", value_name = "value")]
+    pub console_socket: Option<PathBuf>,
+    /// path to criu image files for restoring
+    #[arg(long = "image-path", value_name = "value")]
+    pub image_path: PathBuf,
+    /// path for saving work files and logs
+    #[arg(long = "work-path", value_name = "value")]
+    pub work_path: Option<PathBuf>,
+    /// allow open tcp connections
+    #[arg(long = "tcp-established")]
+    pub tcp_established: bool,
+    /// allow external unix sockets
+    #[arg(long = "ext-unix-sk")]
+    pub ext_unix_sk: bool,
+    /// allow shell jobs
+    #[arg(long = "shell-job")]
+    pub shell_job: bool,
+    /// handle file locks, for safety
+    #[arg(long = "file-locks")]
+    pub file_locks: bool,
+    /// cgroups mode: only 'ignore' (the runtime places the restored tasks itself)
+    #[arg(long = "manage-cgroups-mode", value_name = "value")]
+    pub manage_cgroups_mode: Option<String>,
+    /// path to the root of the bundle directory
+    #[arg(short, long, value_name = "value", default_value = ".")]
+    pub bundle: PathBuf,
+    /// detach from the container's process
+    #[arg(short, long)]
+    pub detach: bool,
+    /// specify the file to write the process id to
+    #[arg(long = "pid-file", value_name = "value")]
+    pub pid_file: Option<PathBuf>,
+    /// disable the use of the subreaper used to reap reparented processes
+    #[arg(long = "no-subreaper")]
+    pub no_subreaper: bool,
+    /// do not use pivot root to jail process inside rootfs
+    #[arg(long = "no-pivot")]
+    pub no_pivot: bool,
+    /// create a namespace, but don't restore its properties (refused: docs/checkpoint.md#flags)
+    #[arg(long = "empty-ns", value_name = "value")]
+    pub empty_ns: Vec<String>,
+    /// enable auto deduplication of memory images
+    #[arg(long = "auto-dedup")]
+    pub auto_dedup: bool,
+    /// use userfaultfd to lazily restore memory pages (refused: docs/checkpoint.md#flags)
+    #[arg(long = "lazy-pages")]
+    pub lazy_pages: bool,
+    /// Specify an LSM profile to be used during restore in the form of TYPE:NAME (refused:
+    /// the sandbox's own profile applies)
+    #[arg(long = "lsm-profile", value_name = "value")]
+    pub lsm_profile: Option<String>,
+    /// Specify an LSM mount context to be used during restore (refused)
+    #[arg(long = "lsm-mount-context", value_name = "value")]
+    pub lsm_mount_context: Option<String>,
+    /// the name for the instance of the container to be restored
+    #[arg(value_name = "container-id")]
+    pub id: String,
+}
+
+/// `restore [options] ID`: the restored sandbox runs on at once (runc's restore starts it),
+/// so `--detach` only says the caller does not wait, which is always so here.
+pub(super) fn restore(cli: &Cli, a: RestoreArgs) -> Result<(), CliError> {
+    let id = ContainerId::try_from(a.id.as_str())?;
+    let ceiling = Ceiling::load(cli.policy.as_deref())?;
+    let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+    let opts = RestoreOpts {
+        create: CreateOpts {
+            bundle: absolute(&a.bundle),
+            pid_file: a.pid_file,
+            console_socket: a.console_socket,
+            no_pivot: a.no_pivot,
+            preserve_fds: 0,
+            systemd_cgroup: cli.systemd_cgroup,
+            reuse_change: None,
+        },
+        image_path: absolute(&a.image_path),
+        work_path: a.work_path.as_ref().map(absolute),
+        detach: a.detach,
+        tcp_established: a.tcp_established,
+        ext_unix_sk: a.ext_unix_sk,
+        shell_job: a.shell_job,
+        file_locks: a.file_locks,
+        manage_cgroups_mode: a.manage_cgroups_mode,
+        empty_ns: a.empty_ns,
+        auto_dedup: a.auto_dedup,
+        lazy_pages: a.lazy_pages,
+        lsm_profile: a.lsm_profile,
+        lsm_mount_context: a.lsm_mount_context,
+    };
+    cli.runtime()?.restore(&id, &opts, &ceiling)?;
+    Ok(())
+}
+
+/// The hidden `restore-check ID`: CRIU's pre-resume hook (`create::restore`).
+pub(super) fn restore_check(cli: &Cli, id: &str) -> Result<(), CliError> {
+    cli.runtime()?.restore_check(&ContainerId::try_from(id)?)?;
+    Ok(())
+}
+
 /// `checkpoint [options] ID`.
 pub(super) fn checkpoint(cli: &Cli, a: CheckpointArgs) -> Result<(), CliError> {
     let opts = CheckpointOpts {
@@ -91,8 +197,16 @@ pub(super) fn checkpoint(cli: &Cli, a: CheckpointArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The hidden `criu-as --uid N -- CRIU ARGS`: CRIU under the sandbox's host root id
-/// (`host::criu::exec_as`). Returns only on an error.
-pub(super) fn criu_as(uid: u32, argv: &[OsString]) -> Result<(), CliError> {
-    Err(CliError::CriuAs(crate::host::criu::exec_as(uid, argv)))
+/// The hidden `criu-as [--uid N] [--new-cgroupns] -- CRIU ARGS` (`host::criu::exec_as`).
+/// Returns only on an error.
+pub(super) fn criu_as(
+    uid: Option<u32>,
+    new_cgroupns: bool,
+    argv: &[OsString],
+) -> Result<(), CliError> {
+    Err(CliError::CriuAs(crate::host::criu::exec_as(
+        uid,
+        new_cgroupns,
+        argv,
+    )))
 }

@@ -159,11 +159,19 @@ pub enum Command {
     Exec(ExecArgs),
     /// checkpoint a running container (with CRIU: docs/checkpoint.md)
     Checkpoint(checkpoint::CheckpointArgs),
-    /// Internal: CRIU under the sandbox's host root id, keeping the runtime's capabilities
+    /// restore a container from a previous checkpoint (with CRIU: docs/checkpoint.md)
+    Restore(checkpoint::RestoreArgs),
+    /// Internal: CRIU's pre-resume hook, the check of every restored task
+    #[command(name = "restore-check", hide = true)]
+    RestoreCheck { id: String },
+    /// Internal: CRIU under the sandbox's host root id (keeping the runtime's
+    /// capabilities) or in a new cgroup namespace
     #[command(name = "criu-as", hide = true)]
     CriuAs {
         #[arg(long)]
-        uid: u32,
+        uid: Option<u32>,
+        #[arg(long = "new-cgroupns")]
+        new_cgroupns: bool,
         /// CRIU's path and arguments
         #[arg(last = true, required = true)]
         argv: Vec<std::ffi::OsString>,
@@ -581,7 +589,13 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
         } => control::delete(cli, &id, force, exit_pid, exit_status)?,
         Command::Exec(a) => return exec::exec(cli, a),
         Command::Checkpoint(a) => checkpoint::checkpoint(cli, a)?,
-        Command::CriuAs { uid, argv } => checkpoint::criu_as(uid, &argv)?,
+        Command::Restore(a) => checkpoint::restore(cli, a)?,
+        Command::RestoreCheck { id } => checkpoint::restore_check(cli, &id)?,
+        Command::CriuAs {
+            uid,
+            new_cgroupns,
+            argv,
+        } => checkpoint::criu_as(uid, new_cgroupns, &argv)?,
         Command::Ps { format, id, .. } => inspect::ps(cli, &id, &format)?,
         Command::Update { resources, id } => control::update(cli, &id, &resources)?,
         Command::Features => inspect::features(),

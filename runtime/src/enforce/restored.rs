@@ -41,7 +41,7 @@ pub enum RestoredError {
 }
 
 /// What every restored task must show.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Expected {
     /// The sandbox's host id block (its `uid_map` and `gid_map`: `0 START SIZE`).
     pub ids: IdRange,

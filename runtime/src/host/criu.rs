@@ -137,19 +137,24 @@ fn parse_mountinfo(text: &str) -> Vec<MountLine> {
         .collect()
 }
 
-/// The sandbox's external mounts, from its init's mountinfo: every cgroup v1 hierarchy
-/// (a user namespace cannot mount one), and every mount of a part of a filesystem whose
-/// whole is not mounted in the sandbox (CRIU could not find its source in the image).
+/// Filesystems the sandbox's own mount namespace makes (CRIU mounts them again itself).
+const INTERNAL_FS: [&str; 6] = ["proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup2"];
+
+/// The sandbox's external mounts, from its init's mountinfo: every mount the runtime or
+/// the engine made from the host side (a bind, the workspace overlay, a device node, a
+/// cgroup v1 hierarchy, which a user namespace cannot mount), and every mount of a part of
+/// a filesystem whose whole is not mounted in the sandbox. The root is CRIU's `--root`.
 pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
     let lines = parse_mountinfo(mountinfo);
     let whole: BTreeSet<&str> = lines
         .iter()
-        .filter(|l| l.root == "/" && l.fstype != "cgroup")
+        .filter(|l| l.root == "/" && INTERNAL_FS.contains(&l.fstype.as_str()))
         .map(|l| l.device.as_str())
         .collect();
     let mut out = Vec::new();
     for l in &lines {
-        let external = l.fstype == "cgroup" || !whole.contains(l.device.as_str());
+        let external = l.point != "/"
+            && (!INTERNAL_FS.contains(&l.fstype.as_str()) || !whole.contains(l.device.as_str()));
         if !external {
             continue;
         }
@@ -350,6 +355,49 @@ impl Runner {
     }
 }
 
+impl Runner {
+    /// Runs `criu restore ARGS` in a new cgroup namespace rooted at the caller's cgroup (the
+    /// sandbox's, which the caller joined), with the caller's standard descriptors (CRIU
+    /// hands them to the restored init where `--inherit-fd` says).
+    pub fn restore_in_new_cgroupns(
+        &self,
+        args: &[String],
+        work: &Path,
+        log: &str,
+    ) -> Result<(), CriuError> {
+        let mut cmd = std::process::Command::new("/proc/self/exe");
+        cmd.arg("criu-as")
+            .arg("--new-cgroupns")
+            .arg("--")
+            .arg(&self.binary)
+            .arg("restore")
+            .args(args)
+            .arg("--work-dir")
+            .arg(work)
+            .arg("--log-file")
+            .arg(log)
+            .arg("-v4");
+        let status = cmd.status().map_err(|source| CriuError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        if status.success() {
+            return Ok(());
+        }
+        let log = work.join(log);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        Err(CriuError::Failed {
+            action: "restore",
+            status: status.to_string(),
+            last_error: agent_sandbox_audit::escape::escape(
+                last_error(&text).unwrap_or("no error in its log").trim(),
+            )
+            .into_owned(),
+            log,
+        })
+    }
+}
+
 /// `4.2.1` from `criu --version`'s `Version: 4.2.1`.
 fn version_of(text: &str) -> Option<String> {
     text.lines()
@@ -360,7 +408,12 @@ fn version_of(text: &str) -> Option<String> {
 /// The last line of a CRIU log that reports an error, without its timestamp.
 fn last_error(log: &str) -> Option<&str> {
     log.lines()
-        .rfind(|l| l.contains("Error (") && !l.contains("rlimit: Can't setup"))
+        .rfind(|l| {
+            l.contains("Error (")
+                && !l.contains("rlimit: Can't setup")
+                && !l.contains("Dumping FAILED")
+                && !l.contains("Restoring FAILED")
+        })
         .map(|l| l.split_once("): ").map_or(l, |(_, rest)| rest))
 }
 
@@ -376,15 +429,25 @@ pub fn needs_sandbox_uid() -> bool {
     .unwrap_or(false)
 }
 
-/// The hidden `criu-as` command: becomes host id `uid` (user and group, no supplementary
-/// groups) keeping the runtime's capabilities as ambient ones, and executes `argv`. Returns
-/// only on an error.
-pub fn exec_as(uid: u32, argv: &[std::ffi::OsString]) -> std::io::Error {
+/// The hidden `criu-as` command: with `uid`, becomes that host id (user and group, no
+/// supplementary groups) keeping the runtime's capabilities as ambient ones; with
+/// `new_cgroupns`, enters a new cgroup namespace rooted at its cgroup; then executes
+/// `argv`. Returns only on an error.
+pub fn exec_as(
+    uid: Option<u32>,
+    new_cgroupns: bool,
+    argv: &[std::ffi::OsString],
+) -> std::io::Error {
     use std::os::unix::process::CommandExt;
     let Some((program, args)) = argv.split_first() else {
         return std::io::Error::other("criu-as: no program");
     };
-    if let Err(e) = become_keeping_caps(uid) {
+    if new_cgroupns && let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
+        return std::io::Error::other(format!("criu-as: new cgroup namespace: {e}"));
+    }
+    if let Some(uid) = uid
+        && let Err(e) = become_keeping_caps(uid)
+    {
         return std::io::Error::other(format!("criu-as: {e}"));
     }
     std::process::Command::new(program).args(args).exec()
@@ -420,6 +483,7 @@ mod tests {
 112 111 254:0 /run/containers/x/userdata/hosts /etc/hosts ro,nosuid - ext4 /dev/vda rw
 117 116 0:29 /libpod_parent/libpod-1 /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
 125 116 0:37 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd
+139 135 0:59 / /workspace rw,nosuid master:29 - overlay overlay rw,lowerdir=/proc/self/fd/5
 129 128 254:0 /run/p/placeholder/file /home/.bash\\040rc ro master:1 - ext4 /dev/vda rw
 208 106 0:6 /null /dev/null rw,relatime master:16 - devtmpfs devtmpfs rw
 66 105 0:50 /bus /proc/bus ro,nosuid - proc proc rw
@@ -441,6 +505,9 @@ mod tests {
                 External::Cgroup {
                     dest: "/sys/fs/cgroup/systemd".into(),
                     controller: "systemd".into()
+                },
+                External::Bind {
+                    dest: "/workspace".into()
                 },
                 External::Bind {
                     dest: "/home/.bash rc".into()
@@ -566,7 +633,8 @@ mod tests {
         );
         let log = "(00.04) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE\n\
                    (00.05) Error (criu/mount.c:2511): mnt: Can't bind-mount at /x\n\
-                   (00.06) Info done\n";
+                   (00.06) Info done\n\
+                   (00.07) Error (criu/cr-dump.c:1975): Dumping FAILED.\n";
         assert_eq!(last_error(log), Some("mnt: Can't bind-mount at /x"));
     }
 }

@@ -117,6 +117,10 @@ pub(crate) struct Manifest {
     pub change: Option<String>,
     /// Layers the image does not carry, with the reason (all optional in the policy).
     pub not_carried: Vec<(String, String)>,
+    /// What the init's descriptors 0, 1 and 2 were (`pipe:[INODE]`, ...): restore hands the
+    /// caller's own in their place, as runc does.
+    #[serde(default)]
+    pub stdio: Vec<String>,
 }
 
 impl Manifest {
@@ -254,6 +258,13 @@ impl Runtime {
             return Err(fail(CheckpointError::ReaperInit));
         }
         let record = self.record(id)?;
+        let stdio = (0..3)
+            .map(|fd| {
+                std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                    .map(|t| t.display().to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
         let externals = self.dump(pid, &record, &spec, opts).map_err(fail)?;
         let image_digest = criu::image_digest(&opts.image_path).map_err(|e| fail(e.into()))?;
         let wall_clock_used_ms = wall_clock_used(&dir);
@@ -273,6 +284,7 @@ impl Runtime {
             externals,
             change: workspace.and_then(|w| w.change),
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
+            stdio,
         };
         let path = opts.image_path.join(criu::MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest)
@@ -300,11 +312,9 @@ impl Runtime {
     ) -> std::result::Result<Vec<External>, CheckpointError> {
         let runner = criu::Runner::locate()?;
         private_dir(&opts.image_path)?;
-        let work = opts
-            .work_path
-            .clone()
-            .unwrap_or_else(|| opts.image_path.clone());
-        private_dir(&work)?;
+        if let Some(work) = &opts.work_path {
+            private_dir(work)?;
+        }
         let info_path = PathBuf::from(format!("/proc/{pid}/mountinfo"));
         let info =
             std::fs::read_to_string(&info_path).map_err(|source| CheckpointError::Mounts {
@@ -317,6 +327,9 @@ impl Runtime {
             .as_ref()
             .map_or_else(|| record.rootfs_mount.clone(), |r| r.path().clone());
         let mut args = vec![
+            // Binds from the host are slaves of host mounts (the workspace overlay, volumes).
+            "--enable-external-masters".to_owned(),
+            "--enable-external-sharing".to_owned(),
             "--tree".to_owned(),
             pid.to_string(),
             "--images-dir".to_owned(),
@@ -334,15 +347,16 @@ impl Runtime {
         let as_uid = criu::needs_sandbox_uid().then_some(record.ids.host_start);
         if as_uid.is_some() {
             args.push("--unprivileged".to_owned());
-            // The sandbox's host root writes the image: it must be able to.
+            // The sandbox's host root writes the image (its log too): it must be able to.
+            // The caller's work directory is left as it is.
             chown_dir(&opts.image_path, record.ids.host_start)?;
-            chown_dir(&work, record.ids.host_start)?;
         }
-        let ran = runner.run("dump", &args, &work, "dump.log", as_uid);
-        if as_uid.is_some() {
-            // The image belongs to root again, whatever CRIU did.
-            own_by_root(&opts.image_path)?;
-            own_by_root(&work)?;
+        let ran = runner.run("dump", &args, &opts.image_path, "dump.log", as_uid);
+        // Nobody else reads the image: its pages are the sandbox's memory.
+        private_files(&opts.image_path)?;
+        if let Some(work) = &opts.work_path {
+            // Where runc leaves CRIU's log (podman looks there).
+            let _ = std::fs::copy(opts.image_path.join("dump.log"), work.join("dump.log"));
         }
         ran?;
         Ok(externals)
@@ -374,19 +388,18 @@ fn chown_dir(dir: &Path, uid: u32) -> std::result::Result<(), CheckpointError> {
     })
 }
 
-/// `dir` and the files in it owned by root, not readable by others.
-fn own_by_root(dir: &Path) -> std::result::Result<(), CheckpointError> {
+/// The files in `dir` readable by their owner only (root, or the sandbox's host root id
+/// that dumped them and that restores them).
+fn private_files(dir: &Path) -> std::result::Result<(), CheckpointError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |path: &Path, source| CheckpointError::ImageDir {
         path: path.to_owned(),
         source,
     };
-    std::os::unix::fs::chown(dir, Some(0), Some(0)).map_err(|e| err(dir, e))?;
     for entry in std::fs::read_dir(dir).map_err(|e| err(dir, e))? {
         let path = entry.map_err(|e| err(dir, e))?.path();
         let meta = std::fs::symlink_metadata(&path).map_err(|e| err(&path, e))?;
         if meta.file_type().is_file() {
-            std::os::unix::fs::lchown(&path, Some(0), Some(0)).map_err(|e| err(&path, e))?;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
                 .map_err(|e| err(&path, e))?;
         }
