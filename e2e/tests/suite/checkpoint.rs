@@ -340,3 +340,211 @@ fn rootless_checkpoint_is_a_clear_error_from_the_runtime_and_from_podman() -> an
     }
     Ok(())
 }
+
+/// One field of a protobuf message in wire form: its number and value.
+#[derive(Debug, Clone)]
+enum Field {
+    Varint(u64, u64),
+    Bytes(u64, Vec<u8>),
+    Fixed64(u64, [u8; 8]),
+    Fixed32(u64, [u8; 4]),
+}
+
+fn get_varint(buf: &[u8], at: &mut usize) -> anyhow::Result<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *buf.get(*at).context("varint past the end")?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    bail!("varint too long")
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn parse(buf: &[u8]) -> anyhow::Result<Vec<Field>> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < buf.len() {
+        let key = get_varint(buf, &mut at)?;
+        let (n, wire) = (key >> 3, key & 7);
+        out.push(match wire {
+            0 => Field::Varint(n, get_varint(buf, &mut at)?),
+            2 => {
+                let len = usize::try_from(get_varint(buf, &mut at)?)?;
+                let v = buf
+                    .get(at..at + len)
+                    .context("bytes past the end")?
+                    .to_vec();
+                at += len;
+                Field::Bytes(n, v)
+            }
+            1 => {
+                let v = buf.get(at..at + 8).context("fixed64 past the end")?;
+                at += 8;
+                Field::Fixed64(n, v.try_into()?)
+            }
+            5 => {
+                let v = buf.get(at..at + 4).context("fixed32 past the end")?;
+                at += 4;
+                Field::Fixed32(n, v.try_into()?)
+            }
+            w => bail!("wire type {w}"),
+        });
+    }
+    Ok(out)
+}
+
+fn encode(fields: &[Field]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in fields {
+        match f {
+            Field::Varint(n, v) => {
+                put_varint(&mut out, n << 3);
+                put_varint(&mut out, *v);
+            }
+            Field::Bytes(n, v) => {
+                put_varint(&mut out, (n << 3) | 2);
+                put_varint(&mut out, v.len() as u64);
+                out.extend_from_slice(v);
+            }
+            Field::Fixed64(n, v) => {
+                put_varint(&mut out, (n << 3) | 1);
+                out.extend_from_slice(v);
+            }
+            Field::Fixed32(n, v) => {
+                put_varint(&mut out, (n << 3) | 5);
+                out.extend_from_slice(v);
+            }
+        }
+    }
+    out
+}
+
+/// Edits the `thread_core` (CoreEntry field 5) of CRIU's `core-PID.img`: the file is two
+/// magic numbers, then one entry (a 32-bit size and the CoreEntry message). The edit a
+/// user with the exported image could make.
+fn edit_thread_core(path: &Path, edit: impl Fn(&mut Vec<Field>)) -> anyhow::Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
+    let mut core = parse(&bytes[12..12 + size])?;
+    let mut found = false;
+    for f in &mut core {
+        if let Field::Bytes(5, tc) = f {
+            let mut fields = parse(tc)?;
+            edit(&mut fields);
+            *tc = encode(&fields);
+            found = true;
+        }
+    }
+    ensure!(found, "{} has no thread_core", path.display());
+    let body = encode(&core);
+    let mut out = bytes[..8].to_vec();
+    out.extend_from_slice(&u32::try_from(body.len())?.to_le_bytes());
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&bytes[12 + size..]);
+    std::fs::write(path, out)?;
+    Ok(())
+}
+
+/// ThreadCoreEntry: `seccomp_mode` (11) disabled, no `seccomp_filter` (12).
+fn drop_seccomp(tc: &mut Vec<Field>) {
+    tc.retain(|f| !matches!(f, Field::Varint(11 | 12, _)));
+    tc.push(Field::Varint(11, 0));
+}
+
+/// ThreadCoreEntry `creds` (10): CAP_SYS_ADMIN (21) in the permitted (10), effective (11)
+/// and bounding (12) sets' low words.
+fn add_sys_admin(tc: &mut Vec<Field>) {
+    for f in tc.iter_mut() {
+        if let Field::Bytes(10, creds) = f {
+            let mut c = parse(creds).unwrap_or_default();
+            for set in [10, 11, 12] {
+                if let Some(Field::Varint(_, low)) = c
+                    .iter_mut()
+                    .find(|f| matches!(f, Field::Varint(n, _) if *n == set))
+                {
+                    *low |= 1 << 21;
+                }
+            }
+            *creds = encode(&c);
+        }
+    }
+}
+
+/// The init's `/proc/PID/status` line `field` under runc after podman restored it.
+fn runc_restored_status(edit: fn(&mut Vec<Field>), field: &str) -> anyhow::Result<String> {
+    let p = Podman::new(User::Root, Runtime::Runc);
+    // Without --init: runc + CRIU cannot restore podman's init bind here ("Can't remount
+    // ... with MS_PRIVATE").
+    let (g, id) = p.run_detached(&[], "ckpt-runc", &[TOOLS_IMAGE, "sh", "-c", COUNTER])?;
+    count_reaches(p, &g.name, 2)?;
+    p.run_ok(&["container", "checkpoint", &g.name])?;
+    let image = PathBuf::from(format!(
+        "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
+    ));
+    edit_thread_core(&image.join("core-1.img"), edit)?;
+    p.run_ok(&["container", "restore", &g.name])?;
+    let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &g.name])?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid.stdout.trim()))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_owned())
+        .context("no such status line")
+}
+
+#[test]
+fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc_runs()
+-> anyhow::Result<()> {
+    // The same edits, restored by runc: the init runs without its filter, with the cap.
+    let seccomp = runc_restored_status(drop_seccomp, "Seccomp")?;
+    ensure!(
+        seccomp == "0",
+        "runc restored the edited init with Seccomp {seccomp}"
+    );
+    let cap_eff = runc_restored_status(add_sys_admin, "CapEff")?;
+    ensure!(
+        u64::from_str_radix(&cap_eff, 16)? & (1 << 21) != 0,
+        "runc restored the edited init without CAP_SYS_ADMIN ({cap_eff})"
+    );
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let policy = policy(dir.path(), "optional")?;
+    for (edit, want) in [
+        (drop_seccomp as fn(&mut Vec<Field>), "Seccomp is 0, not 2"),
+        (add_sys_admin, "CapPrm is 0000000000200000, not 0"),
+    ] {
+        let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
+        count_reaches(p, &g.name, 2)?;
+        p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+        let image = PathBuf::from(format!(
+            "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
+        ));
+        edit_thread_core(&image.join("core-1.img"), edit)?;
+        let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+        ensure!(!out.success(), "the edited image was restored\n{out}");
+        ensure!(
+            out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains(want),
+            "unclear refusal (wanted {want:?})\n{out}"
+        );
+        let state = harness::runtime(&["state", &id])?;
+        ensure!(!state.success(), "a refused sandbox is left\n{state}");
+        ensure!(
+            harness::runtime_ok(&["audit", "verify", &id]).is_ok(),
+            "the chain broke"
+        );
+    }
+    Ok(())
+}

@@ -383,21 +383,25 @@ impl Runtime {
         let ran = runner.restore_in_new_cgroupns(&args, &work, "restore.log");
         cgroups.leave();
         image_access(&opts.image_path, expected.ids.host_start, false).map_err(fail)?;
-        ran.map_err(|e| fail(e.into()))?;
+        // The check's verdict first: a refusal ends CRIU too (`restore_check`).
         let verdict = std::fs::read_to_string(dir.restore_verdict()).unwrap_or_default();
-        let pid = verdict
+        if let Some(pid) = verdict
             .strip_prefix("ok ")
             .and_then(|p| p.trim().parse::<i32>().ok())
-            .ok_or_else(|| {
-                fail(RestoreError::Verdict {
-                    verdict: if verdict.is_empty() {
-                        "the check never ran".to_owned()
-                    } else {
-                        verdict.trim().to_owned()
-                    },
-                })
-            })?;
-        Ok(pid)
+        {
+            ran.map_err(|e| fail(e.into()))?;
+            return Ok(pid);
+        }
+        if verdict.trim().is_empty() {
+            ran.map_err(|e| fail(e.into()))?;
+        }
+        Err(fail(RestoreError::Verdict {
+            verdict: if verdict.trim().is_empty() {
+                "the check never ran".to_owned()
+            } else {
+                verdict.trim().to_owned()
+            },
+        }))
     }
 }
 
@@ -698,23 +702,38 @@ impl Runtime {
                     restored::check(Path::new("/proc"), pid, &exp).map_err(|e| e.to_string())
                 }),
         };
-        let text = match (outcome, pid) {
-            (Ok(_), Some(pid)) => format!("ok {pid}"),
-            (Err(e), pid) => {
-                // CRIU holds every restored task stopped: none runs another instruction.
-                if let Some(pid) = pid {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-                tracing::error!(id = %id, error = %e, "restored sandbox refused");
-                e
+        let refusal = match (outcome, pid) {
+            (Ok(_), Some(pid)) => {
+                crate::files::write(&verdict, format!("ok {pid}"))?;
+                return Ok(());
             }
+            (Err(e), _) => e,
             (Ok(_), None) => "CRIU gave no CRTOOLS_INIT_PID".to_owned(),
         };
-        crate::files::write(&verdict, text)?;
+        // The verdict first (the runtime reads it once CRIU is gone), then the kills: CRIU
+        // holds every restored task stopped, so none runs another instruction. The init
+        // first (its PID namespace goes with it), then CRIU, which would otherwise wait for
+        // the tasks it holds and resume what is left.
+        let written = crate::files::write(&verdict, &refusal);
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        kill_criu_parent();
+        tracing::error!(id = %id, error = %refusal, "restored sandbox refused");
+        written?;
         Ok(())
+    }
+}
+
+/// SIGKILL to the hook's parent if it is CRIU (the hook `exec`s the runtime).
+fn kill_criu_parent() {
+    let parent = nix::unistd::getppid();
+    let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+    if comm.trim() == "criu" {
+        let _ = nix::sys::signal::kill(parent, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
