@@ -365,10 +365,10 @@ fn get_varint(buf: &[u8], at: &mut usize) -> anyhow::Result<u64> {
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.push(u8::try_from(v & 0x7f).unwrap_or_default() | 0x80);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.push(u8::try_from(v).unwrap_or_default());
 }
 
 fn parse(buf: &[u8]) -> anyhow::Result<Vec<Field>> {
@@ -433,16 +433,14 @@ fn encode(fields: &[Field]) -> Vec<u8> {
 /// Edits the `thread_core` (CoreEntry field 5) of CRIU's `core-PID.img`: the file is two
 /// magic numbers, then one entry (a 32-bit size and the CoreEntry message). The edit a
 /// user with the exported image could make.
-fn edit_thread_core(path: &Path, edit: impl Fn(&mut Vec<Field>)) -> anyhow::Result<()> {
+fn edit_thread_core(path: &Path, edit: fn(Vec<Field>) -> Vec<Field>) -> anyhow::Result<()> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
     let mut core = parse(&bytes[12..12 + size])?;
     let mut found = false;
     for f in &mut core {
         if let Field::Bytes(5, tc) = f {
-            let mut fields = parse(tc)?;
-            edit(&mut fields);
-            *tc = encode(&fields);
+            *tc = encode(&edit(parse(tc)?));
             found = true;
         }
     }
@@ -457,15 +455,16 @@ fn edit_thread_core(path: &Path, edit: impl Fn(&mut Vec<Field>)) -> anyhow::Resu
 }
 
 /// ThreadCoreEntry: `seccomp_mode` (11) disabled, no `seccomp_filter` (12).
-fn drop_seccomp(tc: &mut Vec<Field>) {
+fn drop_seccomp(mut tc: Vec<Field>) -> Vec<Field> {
     tc.retain(|f| !matches!(f, Field::Varint(11 | 12, _)));
     tc.push(Field::Varint(11, 0));
+    tc
 }
 
 /// ThreadCoreEntry `creds` (10): CAP_SYS_ADMIN (21) in the permitted (10), effective (11)
 /// and bounding (12) sets' low words.
-fn add_sys_admin(tc: &mut Vec<Field>) {
-    for f in tc.iter_mut() {
+fn add_sys_admin(mut tc: Vec<Field>) -> Vec<Field> {
+    for f in &mut tc {
         if let Field::Bytes(10, creds) = f {
             let mut c = parse(creds).unwrap_or_default();
             for set in [10, 11, 12] {
@@ -479,10 +478,11 @@ fn add_sys_admin(tc: &mut Vec<Field>) {
             *creds = encode(&c);
         }
     }
+    tc
 }
 
 /// The init's `/proc/PID/status` line `field` under runc after podman restored it.
-fn runc_restored_status(edit: fn(&mut Vec<Field>), field: &str) -> anyhow::Result<String> {
+fn runc_restored_status(edit: fn(Vec<Field>) -> Vec<Field>, field: &str) -> anyhow::Result<String> {
     let p = Podman::new(User::Root, Runtime::Runc);
     // Without --init: runc + CRIU cannot restore podman's init bind here ("Can't remount
     // ... with MS_PRIVATE").
@@ -523,7 +523,10 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
     std::fs::create_dir(&ws)?;
     let policy = policy(dir.path(), "optional")?;
     for (edit, want) in [
-        (drop_seccomp as fn(&mut Vec<Field>), "Seccomp is 0, not 2"),
+        (
+            drop_seccomp as fn(Vec<Field>) -> Vec<Field>,
+            "Seccomp is 0, not 2",
+        ),
         (add_sys_admin, "CapPrm is 0000000000200000, not 0"),
     ] {
         let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;

@@ -9,26 +9,20 @@ use clap::Args;
 
 use crate::create::RestoreOpts;
 use crate::harden::Ceiling;
-use crate::lifecycle::{CheckpointOpts, CreateOpts};
+use crate::lifecycle::{CheckpointOpts, CreateOpts, CriuFlags};
 use crate::state::ContainerId;
 
 use super::{Cli, CliError};
 
-/// `checkpoint`'s flags, as runc's (`runc checkpoint --help`).
+/// The flags `checkpoint` and `restore` share, as runc's.
 #[derive(Debug, Args)]
-pub struct CheckpointArgs {
-    /// path for saving criu image files
+pub struct CriuArgs {
+    /// path for saving (checkpoint) or restoring from (restore) criu image files
     #[arg(long = "image-path", value_name = "value")]
     pub image_path: PathBuf,
     /// path for saving work files and logs
     #[arg(long = "work-path", value_name = "value")]
     pub work_path: Option<PathBuf>,
-    /// path for previous criu image files in pre-dump (refused: docs/checkpoint.md#flags)
-    #[arg(long = "parent-path", value_name = "value")]
-    pub parent_path: Option<PathBuf>,
-    /// leave the process running after checkpointing
-    #[arg(long = "leave-running")]
-    pub leave_running: bool,
     /// allow open tcp connections
     #[arg(long = "tcp-established")]
     pub tcp_established: bool,
@@ -38,23 +32,11 @@ pub struct CheckpointArgs {
     /// allow shell jobs
     #[arg(long = "shell-job")]
     pub shell_job: bool,
-    /// use userfaultfd to lazily restore memory pages (refused: docs/checkpoint.md#flags)
-    #[arg(long = "lazy-pages")]
-    pub lazy_pages: bool,
-    /// criu writes \0 to this FD once lazy-pages is ready (default: -1)
-    #[arg(long = "status-fd", value_name = "value", allow_hyphen_values = true)]
-    pub status_fd: Option<i32>,
-    /// ADDRESS:PORT of the page server (refused: docs/checkpoint.md#flags)
-    #[arg(long = "page-server", value_name = "value")]
-    pub page_server: Option<String>,
     /// handle file locks, for safety
     #[arg(long = "file-locks")]
     pub file_locks: bool,
-    /// dump container's memory information only, leave the container running after this
-    /// (refused: docs/checkpoint.md#flags)
-    #[arg(long = "pre-dump")]
-    pub pre_dump: bool,
-    /// cgroups mode: 'soft' (default), 'full' and 'strict'
+    /// cgroups mode: 'soft' (default), 'full' and 'strict' (restore: only 'ignore', the
+    /// runtime places the tasks itself)
     #[arg(long = "manage-cgroups-mode", value_name = "value")]
     pub manage_cgroups_mode: Option<String>,
     /// create a namespace, but don't restore its properties (refused: docs/checkpoint.md#flags)
@@ -63,6 +45,50 @@ pub struct CheckpointArgs {
     /// enable auto deduplication of memory images
     #[arg(long = "auto-dedup")]
     pub auto_dedup: bool,
+    /// use userfaultfd to lazily restore memory pages (refused: docs/checkpoint.md#flags)
+    #[arg(long = "lazy-pages")]
+    pub lazy_pages: bool,
+}
+
+impl From<CriuArgs> for CriuFlags {
+    fn from(a: CriuArgs) -> Self {
+        let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        CriuFlags {
+            image_path: absolute(&a.image_path),
+            work_path: a.work_path.as_ref().map(absolute),
+            tcp_established: a.tcp_established,
+            ext_unix_sk: a.ext_unix_sk,
+            shell_job: a.shell_job,
+            file_locks: a.file_locks,
+            manage_cgroups_mode: a.manage_cgroups_mode,
+            empty_ns: a.empty_ns,
+            auto_dedup: a.auto_dedup,
+            lazy_pages: a.lazy_pages,
+        }
+    }
+}
+
+/// `checkpoint`'s flags, as runc's (`runc checkpoint --help`).
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    #[command(flatten)]
+    pub criu: CriuArgs,
+    /// path for previous criu image files in pre-dump (refused: docs/checkpoint.md#flags)
+    #[arg(long = "parent-path", value_name = "value")]
+    pub parent_path: Option<PathBuf>,
+    /// leave the process running after checkpointing
+    #[arg(long = "leave-running")]
+    pub leave_running: bool,
+    /// criu writes \0 to this FD once lazy-pages is ready (default: -1)
+    #[arg(long = "status-fd", value_name = "value", allow_hyphen_values = true)]
+    pub status_fd: Option<i32>,
+    /// ADDRESS:PORT of the page server (refused: docs/checkpoint.md#flags)
+    #[arg(long = "page-server", value_name = "value")]
+    pub page_server: Option<String>,
+    /// dump container's memory information only, leave the container running after this
+    /// (refused: docs/checkpoint.md#flags)
+    #[arg(long = "pre-dump")]
+    pub pre_dump: bool,
     /// the name for the instance of the container to be checkpointed
     #[arg(value_name = "container-id")]
     pub id: String,
@@ -71,31 +97,12 @@ pub struct CheckpointArgs {
 /// `restore`'s flags, as runc's (`runc restore --help`).
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
+    #[command(flatten)]
+    pub criu: CriuArgs,
     /// path to an AF_UNIX socket which will receive a file descriptor referencing the master
     /// end of the console's pseudoterminal (refused: docs/checkpoint.md#flags)
     #[arg(long = "console-socket", value_name = "value")]
     pub console_socket: Option<PathBuf>,
-    /// path to criu image files for restoring
-    #[arg(long = "image-path", value_name = "value")]
-    pub image_path: PathBuf,
-    /// path for saving work files and logs
-    #[arg(long = "work-path", value_name = "value")]
-    pub work_path: Option<PathBuf>,
-    /// allow open tcp connections
-    #[arg(long = "tcp-established")]
-    pub tcp_established: bool,
-    /// allow external unix sockets
-    #[arg(long = "ext-unix-sk")]
-    pub ext_unix_sk: bool,
-    /// allow shell jobs
-    #[arg(long = "shell-job")]
-    pub shell_job: bool,
-    /// handle file locks, for safety
-    #[arg(long = "file-locks")]
-    pub file_locks: bool,
-    /// cgroups mode: only 'ignore' (the runtime places the restored tasks itself)
-    #[arg(long = "manage-cgroups-mode", value_name = "value")]
-    pub manage_cgroups_mode: Option<String>,
     /// path to the root of the bundle directory
     #[arg(short, long, value_name = "value", default_value = ".")]
     pub bundle: PathBuf,
@@ -111,15 +118,6 @@ pub struct RestoreArgs {
     /// do not use pivot root to jail process inside rootfs
     #[arg(long = "no-pivot")]
     pub no_pivot: bool,
-    /// create a namespace, but don't restore its properties (refused: docs/checkpoint.md#flags)
-    #[arg(long = "empty-ns", value_name = "value")]
-    pub empty_ns: Vec<String>,
-    /// enable auto deduplication of memory images
-    #[arg(long = "auto-dedup")]
-    pub auto_dedup: bool,
-    /// use userfaultfd to lazily restore memory pages (refused: docs/checkpoint.md#flags)
-    #[arg(long = "lazy-pages")]
-    pub lazy_pages: bool,
     /// Specify an LSM profile to be used during restore in the form of TYPE:NAME (refused:
     /// the sandbox's own profile applies)
     #[arg(long = "lsm-profile", value_name = "value")]
@@ -137,10 +135,9 @@ pub struct RestoreArgs {
 pub(super) fn restore(cli: &Cli, a: RestoreArgs) -> Result<(), CliError> {
     let id = ContainerId::try_from(a.id.as_str())?;
     let ceiling = Ceiling::load(cli.policy.as_deref())?;
-    let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
     let opts = RestoreOpts {
         create: CreateOpts {
-            bundle: absolute(&a.bundle),
+            bundle: std::path::absolute(&a.bundle).unwrap_or_else(|_| a.bundle.clone()),
             pid_file: a.pid_file,
             console_socket: a.console_socket,
             no_pivot: a.no_pivot,
@@ -148,17 +145,8 @@ pub(super) fn restore(cli: &Cli, a: RestoreArgs) -> Result<(), CliError> {
             systemd_cgroup: cli.systemd_cgroup,
             reuse_change: None,
         },
-        image_path: absolute(&a.image_path),
-        work_path: a.work_path.as_ref().map(absolute),
+        criu: a.criu.into(),
         detach: a.detach,
-        tcp_established: a.tcp_established,
-        ext_unix_sk: a.ext_unix_sk,
-        shell_job: a.shell_job,
-        file_locks: a.file_locks,
-        manage_cgroups_mode: a.manage_cgroups_mode,
-        empty_ns: a.empty_ns,
-        auto_dedup: a.auto_dedup,
-        lazy_pages: a.lazy_pages,
         lsm_profile: a.lsm_profile,
         lsm_mount_context: a.lsm_mount_context,
     };
@@ -175,20 +163,10 @@ pub(super) fn restore_check(cli: &Cli, id: &str) -> Result<(), CliError> {
 /// `checkpoint [options] ID`.
 pub(super) fn checkpoint(cli: &Cli, a: CheckpointArgs) -> Result<(), CliError> {
     let opts = CheckpointOpts {
-        image_path: std::path::absolute(&a.image_path)
-            .map_err(|e| crate::files::FileError::read(&a.image_path, e))?,
-        work_path: a.work_path,
+        criu: a.criu.into(),
         leave_running: a.leave_running,
-        tcp_established: a.tcp_established,
-        ext_unix_sk: a.ext_unix_sk,
-        shell_job: a.shell_job,
-        file_locks: a.file_locks,
         pre_dump: a.pre_dump,
         parent_path: a.parent_path,
-        manage_cgroups_mode: a.manage_cgroups_mode,
-        empty_ns: a.empty_ns,
-        auto_dedup: a.auto_dedup,
-        lazy_pages: a.lazy_pages,
         status_fd: a.status_fd,
         page_server: a.page_server,
     };

@@ -116,6 +116,19 @@ impl Runtime {
             },
         )
         .map_err(LifecycleError::Changes)?;
+        self.record_change_set(id, source, &created)?;
+        Ok(Some(created))
+    }
+}
+
+impl Runtime {
+    /// `workspace.json` of a sandbox whose workspace `source` gets the change set `created`.
+    fn record_change_set(
+        &self,
+        id: &ContainerId,
+        source: std::path::PathBuf,
+        created: &crate::report::changes::Created,
+    ) -> Result<()> {
         let ws = mounts::WorkspaceOverlay {
             lower: source,
             upper: created.base.join("upper"),
@@ -124,11 +137,9 @@ impl Runtime {
             held: None,
         };
         self.dirs.sandbox(id).workspace().write(&ws)?;
-        Ok(Some(created))
+        Ok(())
     }
-}
 
-impl Runtime {
     /// `restore`: the sandbox's ended change set `change` reopened (its upper layer holds the
     /// agent's unpromoted edits), recorded in `workspace.json` as a new one is; a sandbox
     /// without a workspace gets none.
@@ -152,14 +163,7 @@ impl Runtime {
             &mount_dir.join("workspace"),
         )
         .map_err(LifecycleError::Changes)?;
-        let ws = mounts::WorkspaceOverlay {
-            lower: source,
-            upper: created.base.join("upper"),
-            change: Some(created.entry.record.change.clone()),
-            change_dir: Some(created.entry.dir.clone()),
-            held: None,
-        };
-        self.dirs.sandbox(id).workspace().write(&ws)?;
+        self.record_change_set(id, source, &created)?;
         Ok(Some(created))
     }
 }

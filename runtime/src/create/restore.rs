@@ -25,7 +25,7 @@ use super::{Hardened, Host, Ids, Marks, Result};
 use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
-use crate::lifecycle::checkpoint::{FORMAT, Manifest, not_carried};
+use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
 
@@ -33,17 +33,8 @@ use crate::state::ContainerId;
 #[derive(Debug, Default, Clone)]
 pub struct RestoreOpts {
     pub create: CreateOpts,
-    pub image_path: PathBuf,
-    pub work_path: Option<PathBuf>,
+    pub criu: CriuFlags,
     pub detach: bool,
-    pub tcp_established: bool,
-    pub ext_unix_sk: bool,
-    pub shell_job: bool,
-    pub file_locks: bool,
-    pub manage_cgroups_mode: Option<String>,
-    pub empty_ns: Vec<String>,
-    pub auto_dedup: bool,
-    pub lazy_pages: bool,
     pub lsm_profile: Option<String>,
     pub lsm_mount_context: Option<String>,
 }
@@ -109,55 +100,33 @@ fn fail(e: RestoreError) -> LifecycleError {
 impl RestoreOpts {
     /// runc flags the runtime cannot honour: an error naming the flag, never silence.
     fn refuse_unsupported(&self) -> std::result::Result<(), RestoreError> {
-        let refuse = |on: bool, flag, why| {
-            if on {
-                Err(RestoreError::Unsupported { flag, why })
-            } else {
-                Ok(())
-            }
+        let refused = if self.lsm_profile.is_some() || self.lsm_mount_context.is_some() {
+            Some((
+                "--lsm-profile",
+                "the sandbox's own AppArmor profile is applied, not one the caller names",
+            ))
+        } else if self.create.console_socket.is_some() {
+            Some((
+                "--console-socket",
+                "a sandbox with a terminal cannot be restored yet",
+            ))
+        } else if self
+            .criu
+            .manage_cgroups_mode
+            .as_deref()
+            .is_some_and(|m| m != "ignore")
+        {
+            Some((
+                "--manage-cgroups-mode",
+                "the runtime places the restored tasks in the sandbox's own cgroup itself",
+            ))
+        } else {
+            self.criu.refused()
         };
-        refuse(
-            self.lazy_pages,
-            "--lazy-pages",
-            "memory restored on demand would run before the restored tasks are checked",
-        )?;
-        refuse(
-            !self.empty_ns.is_empty(),
-            "--empty-ns",
-            "every namespace of the sandbox is saved and restored with it",
-        )?;
-        refuse(
-            self.lsm_profile.is_some() || self.lsm_mount_context.is_some(),
-            "--lsm-profile",
-            "the sandbox's own AppArmor profile is applied, not one the caller names",
-        )?;
-        refuse(
-            self.create.console_socket.is_some(),
-            "--console-socket",
-            "a sandbox with a terminal cannot be restored yet",
-        )?;
-        refuse(
-            self.manage_cgroups_mode
-                .as_deref()
-                .is_some_and(|m| m != "ignore"),
-            "--manage-cgroups-mode",
-            "the runtime places the restored tasks in the sandbox's own cgroup itself",
-        )
-    }
-
-    /// CRIU's options for these flags.
-    fn criu_flags(&self) -> Vec<String> {
-        [
-            (self.tcp_established, "--tcp-established"),
-            (self.ext_unix_sk, "--ext-unix-sk"),
-            (self.shell_job, "--shell-job"),
-            (self.file_locks, "--file-locks"),
-            (self.auto_dedup, "--auto-dedup"),
-        ]
-        .into_iter()
-        .filter(|(on, _)| *on)
-        .map(|(_, f)| f.to_owned())
-        .collect()
+        match refused {
+            Some((flag, why)) => Err(RestoreError::Unsupported { flag, why }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -171,9 +140,9 @@ impl Runtime {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
-        let manifest = Manifest::read(&opts.image_path).map_err(|source| {
+        let manifest = Manifest::read(&opts.criu.image_path).map_err(|source| {
             fail(RestoreError::Manifest {
-                path: opts.image_path.join(criu::MANIFEST),
+                path: opts.criu.image_path.join(criu::MANIFEST),
                 source,
             })
         })?;
@@ -226,6 +195,20 @@ impl Runtime {
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
             .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+        let member = matches!(
+            crate::pod::role(&spec, id)?,
+            crate::pod::Role::Member { .. }
+        );
+        if !member && !crate::state::paths::rootless()? {
+            // The image's block, if it waits for this id or is free (`assign_ids` then
+            // finds it allocated).
+            crate::host::idmap::allocate_for_restore(
+                &self.dirs.idmap_db(),
+                &self.dirs.idmap_lock(),
+                id,
+                manifest.ids.host_start,
+            )?;
+        }
         let ids = self.assign_ids(id, &spec)?;
         if ids.member.is_some() {
             return Err(fail(RestoreError::PodMember));
@@ -348,14 +331,12 @@ impl Runtime {
         write_hook(&hook, &self.dirs.root, id).map_err(fail)?;
         let _ = std::fs::remove_file(dir.restore_verdict());
         let work = opts
+            .criu
             .work_path
             .clone()
-            .unwrap_or_else(|| opts.image_path.clone());
-        image_access(&opts.image_path, expected.ids.host_start, true).map_err(fail)?;
+            .unwrap_or_else(|| opts.criu.image_path.clone());
         let cgroups =
             SandboxCgroup::join(&hardened.spec, id, hardened.cgroups.systemd()).map_err(fail)?;
-        let pidfile = work.join("restore.pid");
-        let _ = std::fs::remove_file(&pidfile);
         let root = hardened
             .spec
             .root()
@@ -363,26 +344,31 @@ impl Runtime {
             .map_or_else(|| host.record.rootfs_mount.clone(), |r| r.path().clone());
         let mut args = vec![
             "--images-dir".to_owned(),
-            opts.image_path.display().to_string(),
+            opts.criu.image_path.display().to_string(),
             "--root".to_owned(),
             root.display().to_string(),
             "--manage-cgroups=ignore".to_owned(),
             "--enable-external-masters".to_owned(),
             "--enable-external-sharing".to_owned(),
             "--restore-detached".to_owned(),
-            "--pidfile".to_owned(),
-            pidfile.display().to_string(),
             "--action-script".to_owned(),
             hook.display().to_string(),
         ];
-        args.extend(opts.criu_flags());
-        args.extend(
-            external_args(&manifest.externals, &hardened.spec, &cgroups.dirs).map_err(fail)?,
-        );
+        args.extend(opts.criu.criu_options());
         args.extend(inherit_stdio(&manifest.stdio));
-        let ran = runner.restore_in_new_cgroupns(&args, &work, "restore.log");
+        let uid = expected.ids.host_start;
+        let ran = external_args(&manifest.externals, &hardened.spec, &cgroups.dirs)
+            .and_then(|ext| {
+                args.extend(ext);
+                image_access(&opts.criu.image_path, uid, true)
+            })
+            .map_err(fail)
+            .map(|()| runner.restore_in_new_cgroupns(&args, &work, "restore.log"));
+        // Whatever happened: the runtime back in its own cgroup, the image private again.
         cgroups.leave();
-        image_access(&opts.image_path, expected.ids.host_start, false).map_err(fail)?;
+        let closed = image_access(&opts.criu.image_path, uid, false).map_err(fail);
+        let ran = ran?;
+        closed?;
         // The check's verdict first: a refusal ends CRIU too (`restore_check`).
         let verdict = std::fs::read_to_string(dir.restore_verdict()).unwrap_or_default();
         if let Some(pid) = verdict
@@ -747,14 +733,20 @@ mod tests {
         for (opts, flag) in [
             (
                 RestoreOpts {
-                    lazy_pages: true,
+                    criu: CriuFlags {
+                        lazy_pages: true,
+                        ..CriuFlags::default()
+                    },
                     ..base.clone()
                 },
                 "--lazy-pages",
             ),
             (
                 RestoreOpts {
-                    empty_ns: vec!["network".into()],
+                    criu: CriuFlags {
+                        empty_ns: vec!["network".into()],
+                        ..CriuFlags::default()
+                    },
                     ..base.clone()
                 },
                 "--empty-ns",
@@ -768,7 +760,10 @@ mod tests {
             ),
             (
                 RestoreOpts {
-                    manage_cgroups_mode: Some("full".into()),
+                    criu: CriuFlags {
+                        manage_cgroups_mode: Some("full".into()),
+                        ..CriuFlags::default()
+                    },
                     ..base.clone()
                 },
                 "--manage-cgroups-mode",
@@ -779,12 +774,19 @@ mod tests {
         }
         let fine = RestoreOpts {
             detach: true,
-            tcp_established: true,
-            file_locks: true,
+            criu: CriuFlags {
+                tcp_established: true,
+                file_locks: true,
+                manage_cgroups_mode: Some("ignore".into()),
+                ..CriuFlags::default()
+            },
             ..base
         };
         fine.refuse_unsupported().unwrap();
-        assert_eq!(fine.criu_flags(), ["--tcp-established", "--file-locks"]);
+        assert_eq!(
+            fine.criu.criu_options(),
+            ["--tcp-established", "--file-locks"]
+        );
     }
 
     #[test]

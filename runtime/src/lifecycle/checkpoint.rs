@@ -23,22 +23,59 @@ use crate::state::ContainerId;
 /// The image format the runtime writes (`agent-sandbox.json`'s `format`).
 pub(crate) const FORMAT: u32 = 1;
 
-/// Options of `checkpoint`: runc's flags, by runc's names.
+/// The runc flags `checkpoint` and `restore` share, by runc's names.
 #[derive(Debug, Default, Clone)]
-pub struct CheckpointOpts {
+pub struct CriuFlags {
     pub image_path: PathBuf,
     pub work_path: Option<PathBuf>,
-    pub leave_running: bool,
     pub tcp_established: bool,
     pub ext_unix_sk: bool,
     pub shell_job: bool,
     pub file_locks: bool,
-    pub pre_dump: bool,
-    pub parent_path: Option<PathBuf>,
     pub manage_cgroups_mode: Option<String>,
     pub empty_ns: Vec<String>,
     pub auto_dedup: bool,
     pub lazy_pages: bool,
+}
+
+impl CriuFlags {
+    /// CRIU's options for the switches both commands pass on as they are.
+    pub(crate) fn criu_options(&self) -> Vec<String> {
+        [
+            (self.tcp_established, "--tcp-established"),
+            (self.ext_unix_sk, "--ext-unix-sk"),
+            (self.shell_job, "--shell-job"),
+            (self.file_locks, "--file-locks"),
+            (self.auto_dedup, "--auto-dedup"),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, f)| f.to_owned())
+        .collect()
+    }
+
+    /// The shared flag the runtime cannot honour, if one is given: its name and why.
+    pub(crate) fn refused(&self) -> Option<(&'static str, &'static str)> {
+        if self.lazy_pages {
+            return Some((
+                "--lazy-pages",
+                "memory restored on demand would run before the restored tasks are checked",
+            ));
+        }
+        (!self.empty_ns.is_empty()).then_some((
+            "--empty-ns",
+            "every namespace of the sandbox is saved and restored with it",
+        ))
+    }
+}
+
+/// Options of `checkpoint`: runc's flags, by runc's names.
+#[derive(Debug, Default, Clone)]
+pub struct CheckpointOpts {
+    pub criu: CriuFlags,
+    pub leave_running: bool,
+    pub pre_dump: bool,
+    pub parent_path: Option<PathBuf>,
     pub status_fd: Option<i32>,
     pub page_server: Option<String>,
 }
@@ -161,38 +198,21 @@ pub(crate) fn not_carried(
 impl CheckpointOpts {
     /// runc flags the runtime cannot honour: an error naming the flag, never silence.
     fn refuse_unsupported(&self) -> std::result::Result<(), CheckpointError> {
-        let refuse = |on: bool, flag, why| {
-            if on {
-                Err(CheckpointError::Unsupported { flag, why })
-            } else {
-                Ok(())
-            }
+        let refused = if self.pre_dump {
+            Some(("--pre-dump", INCREMENTAL))
+        } else if self.parent_path.is_some() {
+            Some(("--parent-path", INCREMENTAL))
+        } else if self.status_fd.is_some_and(|fd| fd >= 0) {
+            Some(("--status-fd", "it only serves --lazy-pages"))
+        } else if self.page_server.is_some() {
+            Some(("--page-server", "the image is written only to --image-path"))
+        } else {
+            self.criu.refused()
         };
-        refuse(
-            self.pre_dump || self.parent_path.is_some(),
-            if self.pre_dump {
-                "--pre-dump"
-            } else {
-                "--parent-path"
-            },
-            "incremental images are not checked as a whole at restore",
-        )?;
-        refuse(
-            self.lazy_pages || self.status_fd.is_some_and(|fd| fd >= 0),
-            "--lazy-pages",
-            "memory restored on demand would run before the restored tasks are checked",
-        )?;
-        refuse(
-            self.page_server.is_some(),
-            "--page-server",
-            "the image is written only to --image-path",
-        )?;
-        refuse(
-            !self.empty_ns.is_empty(),
-            "--empty-ns",
-            "every namespace of the sandbox is saved and restored with it",
-        )?;
-        match self.manage_cgroups_mode.as_deref() {
+        if let Some((flag, why)) = refused {
+            return Err(CheckpointError::Unsupported { flag, why });
+        }
+        match self.criu.manage_cgroups_mode.as_deref() {
             None | Some("soft" | "full" | "strict" | "ignore") => Ok(()),
             Some(mode) => Err(CheckpointError::CgroupsMode {
                 mode: mode.to_owned(),
@@ -204,23 +224,18 @@ impl CheckpointOpts {
     fn criu_flags(&self) -> Vec<String> {
         let mut out = vec![format!(
             "--manage-cgroups={}",
-            self.manage_cgroups_mode.as_deref().unwrap_or("soft")
+            self.criu.manage_cgroups_mode.as_deref().unwrap_or("soft")
         )];
-        for (on, flag) in [
-            (self.leave_running, "--leave-running"),
-            (self.tcp_established, "--tcp-established"),
-            (self.ext_unix_sk, "--ext-unix-sk"),
-            (self.shell_job, "--shell-job"),
-            (self.file_locks, "--file-locks"),
-            (self.auto_dedup, "--auto-dedup"),
-        ] {
-            if on {
-                out.push(flag.to_owned());
-            }
+        if self.leave_running {
+            out.push("--leave-running".to_owned());
         }
+        out.extend(self.criu.criu_options());
         out
     }
 }
+
+/// Why `--pre-dump` and `--parent-path` are refused.
+const INCREMENTAL: &str = "incremental images are not checked as a whole at restore";
 
 impl Runtime {
     /// `checkpoint`: see the module docs.
@@ -266,7 +281,7 @@ impl Runtime {
             })
             .collect();
         let externals = self.dump(pid, &record, &spec, opts).map_err(fail)?;
-        let image_digest = criu::image_digest(&opts.image_path).map_err(|e| fail(e.into()))?;
+        let image_digest = criu::image_digest(&opts.criu.image_path).map_err(|e| fail(e.into()))?;
         let wall_clock_used_ms = wall_clock_used(&dir);
         let audit_head =
             crate::report::audit::checkpointed(&self.dirs, id, &image_digest, opts.leave_running)
@@ -286,7 +301,7 @@ impl Runtime {
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
             stdio,
         };
-        let path = opts.image_path.join(criu::MANIFEST);
+        let path = opts.criu.image_path.join(criu::MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| crate::files::FileError::encode(&path, e))?;
         crate::files::write(&path, json)?;
@@ -295,6 +310,12 @@ impl Runtime {
         tracing::info!(id = %id, digest = %manifest.image_digest, "checkpointed");
         drop(lock);
         if !opts.leave_running {
+            // The image holds id maps of this block: it waits for the restore.
+            crate::host::idmap::hold_for_checkpoint(
+                &self.dirs.idmap_db(),
+                &self.dirs.idmap_lock(),
+                id,
+            )?;
             // As runc destroys its container: CRIU ended the processes.
             self.delete(id, true, None)?;
         }
@@ -311,8 +332,8 @@ impl Runtime {
         opts: &CheckpointOpts,
     ) -> std::result::Result<Vec<External>, CheckpointError> {
         let runner = criu::Runner::locate()?;
-        private_dir(&opts.image_path)?;
-        if let Some(work) = &opts.work_path {
+        private_dir(&opts.criu.image_path)?;
+        if let Some(work) = &opts.criu.work_path {
             private_dir(work)?;
         }
         let info_path = PathBuf::from(format!("/proc/{pid}/mountinfo"));
@@ -333,7 +354,7 @@ impl Runtime {
             "--tree".to_owned(),
             pid.to_string(),
             "--images-dir".to_owned(),
-            opts.image_path.display().to_string(),
+            opts.criu.image_path.display().to_string(),
             "--root".to_owned(),
             root.display().to_string(),
         ];
@@ -349,14 +370,14 @@ impl Runtime {
             args.push("--unprivileged".to_owned());
             // The sandbox's host root writes the image (its log too): it must be able to.
             // The caller's work directory is left as it is.
-            chown_dir(&opts.image_path, record.ids.host_start)?;
+            chown_dir(&opts.criu.image_path, record.ids.host_start)?;
         }
-        let ran = runner.run("dump", &args, &opts.image_path, "dump.log", as_uid);
+        let ran = runner.run("dump", &args, &opts.criu.image_path, "dump.log", as_uid);
         // Nobody else reads the image: its pages are the sandbox's memory.
-        private_files(&opts.image_path)?;
-        if let Some(work) = &opts.work_path {
+        private_files(&opts.criu.image_path)?;
+        if let Some(work) = &opts.criu.work_path {
             // Where runc leaves CRIU's log (podman looks there).
-            let _ = std::fs::copy(opts.image_path.join("dump.log"), work.join("dump.log"));
+            let _ = std::fs::copy(opts.criu.image_path.join("dump.log"), work.join("dump.log"));
         }
         ran?;
         Ok(externals)
@@ -430,6 +451,10 @@ mod tests {
     #[test]
     fn flags_that_cannot_be_honoured_are_refused_by_name() {
         let base = CheckpointOpts::default();
+        let criu = |f: CriuFlags| CheckpointOpts {
+            criu: f,
+            ..CheckpointOpts::default()
+        };
         for (opts, flag) in [
             (
                 CheckpointOpts {
@@ -446,10 +471,10 @@ mod tests {
                 "--parent-path",
             ),
             (
-                CheckpointOpts {
+                criu(CriuFlags {
                     lazy_pages: true,
-                    ..base.clone()
-                },
+                    ..CriuFlags::default()
+                }),
                 "--lazy-pages",
             ),
             (
@@ -460,10 +485,10 @@ mod tests {
                 "--page-server",
             ),
             (
-                CheckpointOpts {
+                criu(CriuFlags {
                     empty_ns: vec!["network".into()],
-                    ..base.clone()
-                },
+                    ..CriuFlags::default()
+                }),
                 "--empty-ns",
             ),
         ] {
@@ -471,10 +496,10 @@ mod tests {
             assert!(e.starts_with(flag), "{e}");
             assert!(e.contains("docs/checkpoint.md#flags"), "{e}");
         }
-        let bad = CheckpointOpts {
+        let bad = criu(CriuFlags {
             manage_cgroups_mode: Some("loose".into()),
-            ..base.clone()
-        };
+            ..CriuFlags::default()
+        });
         assert!(
             bad.refuse_unsupported()
                 .unwrap_err()
@@ -485,7 +510,10 @@ mod tests {
         let fine = CheckpointOpts {
             status_fd: Some(-1),
             leave_running: true,
-            tcp_established: true,
+            criu: CriuFlags {
+                tcp_established: true,
+                ..CriuFlags::default()
+            },
             ..base
         };
         fine.refuse_unsupported().unwrap();

@@ -23,7 +23,7 @@ use crate::host::idmap::{IdMapError, IdRange};
 use crate::state::ContainerId;
 use crate::state::paths::{self, PathsError, StateDirs};
 
-pub use checkpoint::{CheckpointError, CheckpointOpts};
+pub use checkpoint::{CheckpointError, CheckpointOpts, CriuFlags};
 
 pub(crate) mod checkpoint;
 mod delete;
