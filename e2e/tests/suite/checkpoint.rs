@@ -170,6 +170,37 @@ fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() 
     Ok(())
 }
 
+#[test]
+fn podman_checkpoint_leave_running_keeps_the_sandbox_counting() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let policy = policy(dir.path(), "optional")?;
+    let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
+    let before = count_reaches(p, &g.name, 3)?;
+    // podman 4.3 passes `--leave-running` twice, as runc accepts.
+    let out = p.run(&[
+        "--runtime-flag",
+        &flag,
+        "container",
+        "checkpoint",
+        "--leave-running",
+        &g.name,
+    ])?;
+    ensure!(out.success(), "checkpoint --leave-running failed\n{out}");
+    count_reaches(p, &g.name, before + 3)?;
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    let json = harness::runtime_ok(&["audit", "--json", &id])?.stdout;
+    let kinds = kinds(&json);
+    ensure!(
+        kinds.iter().any(|k| k == "checkpointed") && !kinds.iter().any(|k| k == "delete"),
+        "{kinds:?}"
+    );
+    ensure!(json.contains("\"leave_running\":true"), "{json}");
+    Ok(())
+}
+
 /// The chain verifies across the checkpoint, and the restored sandbox's first record is
 /// `restored`, naming the digest `checkpointed` named.
 fn audit_across(id: &str) -> anyhow::Result<()> {

@@ -158,8 +158,11 @@ pub enum Command {
     /// Run a process inside a running container
     Exec(ExecArgs),
     /// checkpoint a running container (with CRIU: docs/checkpoint.md)
+    // podman passes a flag twice (`--leave-running --leave-running`); runc takes it.
+    #[command(args_override_self = true)]
     Checkpoint(checkpoint::CheckpointArgs),
     /// restore a container from a previous checkpoint (with CRIU: docs/checkpoint.md)
+    #[command(args_override_self = true)]
     Restore(checkpoint::RestoreArgs),
     /// Internal: CRIU's pre-resume hook, the check of every restored task
     #[command(name = "restore-check", hide = true)]

@@ -199,13 +199,15 @@ impl Runtime {
             crate::pod::role(&spec, id)?,
             crate::pod::Role::Member { .. }
         );
+        let from = ContainerId::try_from(manifest.id.as_str()).unwrap_or_else(|_| id.clone());
         if !member && !crate::state::paths::rootless()? {
-            // The image's block, if it waits for this id or is free (`assign_ids` then
-            // finds it allocated).
+            // The image's block, if it waits for the image's sandbox or is free
+            // (`assign_ids` then finds it allocated).
             crate::host::idmap::allocate_for_restore(
                 &self.dirs.idmap_db(),
                 &self.dirs.idmap_lock(),
                 id,
+                &from,
                 manifest.ids.host_start,
             )?;
         }

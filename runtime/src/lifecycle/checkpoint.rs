@@ -376,8 +376,10 @@ impl Runtime {
         // Nobody else reads the image: its pages are the sandbox's memory.
         private_files(&opts.criu.image_path)?;
         if let Some(work) = &opts.criu.work_path {
-            // Where runc leaves CRIU's log (podman looks there).
-            let _ = std::fs::copy(opts.criu.image_path.join("dump.log"), work.join("dump.log"));
+            // Where runc leaves CRIU's log and statistics (podman reads and exports them).
+            for file in ["dump.log", "stats-dump"] {
+                let _ = std::fs::copy(opts.criu.image_path.join(file), work.join(file));
+            }
         }
         ran?;
         Ok(externals)
