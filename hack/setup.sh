@@ -8,6 +8,7 @@
 #   5. the test images (hack/images.sh), loaded into podman
 #   6. containerd, when hack/containerd.sh exists
 #   7. dockerd with the agent-sandbox runtimes and the test images (hack/docker.sh)
+#   8. CRIU 4 for checkpoint/restore (hack/criu.sh; skipped when installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Root's tools (useradd, runuser, iptables) live in the sbin directories, which a
@@ -58,4 +59,9 @@ fi
 
 step "docker"
 hack/docker.sh /usr/local/bin
+
+step "criu"
+# Checkpoint/restore (docs/checkpoint.md) needs CRIU 4 on kernels from 6.13 on; criu.sh
+# returns at once when /usr/local/sbin/criu is already its version.
+hack/criu.sh
 step "done"

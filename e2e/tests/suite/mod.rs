@@ -5,6 +5,7 @@ mod approvals;
 mod audit;
 mod audit_cap;
 mod baseline;
+mod checkpoint;
 mod contracts;
 mod credential_echo;
 mod cri;

@@ -288,6 +288,26 @@ pub enum Event {
         /// How long this freeze lasted, in milliseconds.
         frozen_ms: u64,
     },
+    /// The sandbox's processes were saved to a checkpoint image (`checkpoint`,
+    /// docs/checkpoint.md).
+    Checkpointed {
+        /// SHA-256 of the image's CRIU files (`sha256:…`), which `restored` names.
+        image_digest: String,
+        /// Whether the sandbox ran on (`--leave-running`) or ended with the checkpoint.
+        leave_running: bool,
+    },
+    /// The sandbox's processes were restored from a checkpoint image and checked against
+    /// its plan before they ran on; the first record of a restored sandbox.
+    Restored {
+        /// SHA-256 of the image's CRIU files (`sha256:…`), as `checkpointed` named it.
+        image_digest: String,
+        /// The sandbox the image was taken of (another id after podman's `--import`).
+        from: String,
+        /// Layers the image could not carry and the restore applies without (each also has
+        /// a `layer_inactive` record).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        not_carried: Vec<String>,
+    },
     /// A cgroup limit refused the sandbox something during its life; written once, at
     /// delete, with the kernel's count.
     LimitHit {
@@ -397,6 +417,8 @@ impl Event {
             Event::LimitHit { .. } => "limit_hit",
             Event::Paused {} => "paused",
             Event::Resumed { .. } => "resumed",
+            Event::Checkpointed { .. } => "checkpointed",
+            Event::Restored { .. } => "restored",
             Event::Truncated { .. } => "truncated",
             Event::Summary { .. } => "summary",
         }

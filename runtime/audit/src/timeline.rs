@@ -352,6 +352,32 @@ fn details(event: &Event) -> String {
         Event::Resumed { frozen_ms } => {
             format!("thawed after {frozen_ms} ms frozen; the wall clock runs again")
         }
+        Event::Checkpointed {
+            image_digest,
+            leave_running,
+        } => {
+            let then = if *leave_running {
+                "running on"
+            } else {
+                "ended"
+            };
+            format!("saved to checkpoint image {}; {then}", esc(image_digest))
+        }
+        Event::Restored {
+            image_digest,
+            from,
+            not_carried,
+        } => {
+            let mut s = format!(
+                "restored from checkpoint image {} of {}; every task checked against the plan",
+                esc(image_digest),
+                esc(from)
+            );
+            if !not_carried.is_empty() {
+                let _ = write!(s, "; not carried: {}", esc_list(not_carried, ", "));
+            }
+            s
+        }
         Event::LimitHit { limit, count, max } => {
             let mut s = format!("{}: the kernel refused {count} time(s)", esc(limit));
             if let Some(m) = max {

@@ -32,5 +32,6 @@ fn create_opts(a: CreateArgs, systemd_cgroup: bool) -> CreateOpts {
         no_pivot: a.no_pivot,
         preserve_fds: a.preserve_fds,
         systemd_cgroup,
+        reuse_change: None,
     }
 }

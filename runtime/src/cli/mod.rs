@@ -3,6 +3,7 @@
 //! - `create`: `create`, `run`
 //! - `exec`: `exec`
 //! - `control`: `start`, `pause`, `resume`, `kill`, `delete`, `update`
+//! - `checkpoint`: `checkpoint`, `restore` (and the hidden `criu-as`)
 //! - `inspect`: `state`, `ps`, `list`, `features`, `spec`
 //! - `egress`: `allow`, `deny`
 //! - `audit`: `audit` (show, verify, prune), `audit-exit`, `layers`
@@ -20,6 +21,7 @@ use crate::lifecycle::{LifecycleError, Runtime};
 use crate::logging::LogFormat;
 
 mod audit;
+mod checkpoint;
 mod control;
 mod create;
 mod egress;
@@ -155,6 +157,28 @@ pub enum Command {
     },
     /// Run a process inside a running container
     Exec(ExecArgs),
+    /// checkpoint a running container (with CRIU: docs/checkpoint.md)
+    // podman passes a flag twice (`--leave-running --leave-running`); runc takes it.
+    #[command(args_override_self = true)]
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// restore a container from a previous checkpoint (with CRIU: docs/checkpoint.md)
+    #[command(args_override_self = true)]
+    Restore(checkpoint::RestoreArgs),
+    /// Internal: CRIU's pre-resume hook, the check of every restored task
+    #[command(name = "restore-check", hide = true)]
+    RestoreCheck { id: String },
+    /// Internal: CRIU under the sandbox's host root id (keeping the runtime's
+    /// capabilities) or in a new cgroup namespace
+    #[command(name = "criu-as", hide = true)]
+    CriuAs {
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long = "new-cgroupns")]
+        new_cgroupns: bool,
+        /// CRIU's path and arguments
+        #[arg(last = true, required = true)]
+        argv: Vec<std::ffi::OsString>,
+    },
     /// List the processes of a container
     Ps {
         #[arg(short, long, default_value = "table")]
@@ -472,6 +496,8 @@ pub enum CliError {
     Hook(#[from] crate::enforce::hooks::HookError),
     #[error(transparent)]
     PodmanOom(#[from] crate::sidecars::podman_oom::PodmanOomError),
+    #[error("cannot run CRIU as the sandbox's host root id")]
+    CriuAs(#[source] std::io::Error),
     #[error("no command given (try --help)")]
     NoCommand,
     #[error("audit takes ID, verify ID, prune or prune ID, not {args:?}")]
@@ -565,6 +591,14 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
             id,
         } => control::delete(cli, &id, force, exit_pid, exit_status)?,
         Command::Exec(a) => return exec::exec(cli, a),
+        Command::Checkpoint(a) => checkpoint::checkpoint(cli, a)?,
+        Command::Restore(a) => checkpoint::restore(cli, a)?,
+        Command::RestoreCheck { id } => checkpoint::restore_check(cli, &id)?,
+        Command::CriuAs {
+            uid,
+            new_cgroupns,
+            argv,
+        } => checkpoint::criu_as(uid, new_cgroupns, &argv)?,
         Command::Ps { format, id, .. } => inspect::ps(cli, &id, &format)?,
         Command::Update { resources, id } => control::update(cli, &id, &resources)?,
         Command::Features => inspect::features(),

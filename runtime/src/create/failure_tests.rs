@@ -77,6 +77,7 @@ impl Fixture {
             no_pivot: false,
             preserve_fds: 0,
             systemd_cgroup: false,
+            reuse_change: None,
         }
     }
 

@@ -64,7 +64,10 @@ impl Runtime {
         } else {
             None
         };
-        let change_set = self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?;
+        let change_set = match &opts.reuse_change {
+            Some(change) => self.reopened_change_set(id, spec, &policy, &mount_dir, change)?,
+            None => self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?,
+        };
         let rebinds = mounts::rebind_sources(spec, &mount_dir)?;
         let placeholders = mounts::placeholders(&mount_dir)?;
         let overlay_base = change_set
@@ -113,6 +116,19 @@ impl Runtime {
             },
         )
         .map_err(LifecycleError::Changes)?;
+        self.record_change_set(id, source, &created)?;
+        Ok(Some(created))
+    }
+}
+
+impl Runtime {
+    /// `workspace.json` of a sandbox whose workspace `source` gets the change set `created`.
+    fn record_change_set(
+        &self,
+        id: &ContainerId,
+        source: std::path::PathBuf,
+        created: &crate::report::changes::Created,
+    ) -> Result<()> {
         let ws = mounts::WorkspaceOverlay {
             lower: source,
             upper: created.base.join("upper"),
@@ -121,6 +137,33 @@ impl Runtime {
             held: None,
         };
         self.dirs.sandbox(id).workspace().write(&ws)?;
+        Ok(())
+    }
+
+    /// `restore`: the sandbox's ended change set `change` reopened (its upper layer holds the
+    /// agent's unpromoted edits), recorded in `workspace.json` as a new one is; a sandbox
+    /// without a workspace gets none.
+    fn reopened_change_set(
+        &self,
+        id: &ContainerId,
+        spec: &Spec,
+        policy: &agent_sandbox_policy::SandboxPolicy,
+        mount_dir: &std::path::Path,
+        change: &str,
+    ) -> Result<Option<crate::report::changes::Created>> {
+        let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
+            return Ok(None);
+        };
+        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let created = crate::report::changes::reopen(
+            &store,
+            change,
+            &self.dirs.root,
+            id.as_str(),
+            &mount_dir.join("workspace"),
+        )
+        .map_err(LifecycleError::Changes)?;
+        self.record_change_set(id, source, &created)?;
         Ok(Some(created))
     }
 }

@@ -30,6 +30,7 @@ pub(crate) mod host_procs;
 mod ids;
 mod marks;
 mod record;
+pub(crate) mod restore;
 mod sidecars;
 
 use std::path::PathBuf;
@@ -41,6 +42,8 @@ use crate::host::idmap::IdRange;
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
 use crate::state::ContainerId;
 use marks::Marks;
+
+pub use restore::RestoreOpts;
 
 type Result<T> = std::result::Result<T, LifecycleError>;
 

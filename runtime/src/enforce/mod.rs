@@ -22,6 +22,7 @@ pub mod init_exec;
 mod landlock;
 pub mod mounts;
 pub mod reaper;
+pub mod restored;
 
 /// Why a spec cannot be turned into a sandbox.
 #[derive(Debug, thiserror::Error)]

@@ -197,6 +197,54 @@ pub fn join(
     })
 }
 
+/// The entry that keeps a checkpointed sandbox's block taken until its restore (`:` is in
+/// no container id, so it names no sandbox).
+fn checkpoint_key(id: &ContainerId) -> String {
+    format!("checkpoint:{id}")
+}
+
+/// At `checkpoint` of `id` (which then ends): its block stays taken after its delete, for
+/// the restore, whose image holds id maps of that block.
+pub fn hold_for_checkpoint(db: &Path, lock: &Path, id: &ContainerId) -> Result<(), IdMapError> {
+    let mut locked = open_db(db, lock)?;
+    if let Some(slot) = locked.slots.get(id.as_str()).copied() {
+        locked.slots.insert(checkpoint_key(id), slot);
+        locked.save()?;
+    }
+    Ok(())
+}
+
+/// At `restore` of `id` from an image of sandbox `from` (itself, or another after podman's
+/// `--import`): the block starting at `host_start` (the image's) when it is free or held for
+/// `from`'s checkpoint, else the first free one (and the restore then refuses the image's
+/// id maps).
+pub fn allocate_for_restore(
+    db: &Path,
+    lock: &Path,
+    id: &ContainerId,
+    from: &ContainerId,
+    host_start: u32,
+) -> Result<IdRange, IdMapError> {
+    let mut locked = open_db(db, lock)?;
+    locked.slots.remove(&checkpoint_key(from));
+    let want = host_start
+        .checked_sub(FIRST_HOST_ID)
+        .filter(|off| off % BLOCK == 0)
+        .map(|off| off / BLOCK)
+        .filter(|slot| *slot < MAX_SLOTS && !locked.slots.values().any(|s| s == slot));
+    let slot = match (locked.slots.get(id.as_str()), want) {
+        (Some(slot), _) => *slot,
+        (None, Some(slot)) => slot,
+        (None, None) => first_free(locked.slots.values().copied()).ok_or(IdMapError::Exhausted)?,
+    };
+    locked.slots.insert(id.as_str().to_owned(), slot);
+    locked.save()?;
+    Ok(IdRange {
+        host_start: FIRST_HOST_ID + slot * BLOCK,
+        size: BLOCK,
+    })
+}
+
 /// Releases the block of `id`; releasing an unknown id is not an error.
 pub fn release(db: &Path, lock: &Path, id: &ContainerId) -> Result<(), IdMapError> {
     if !db.exists() {
@@ -389,5 +437,26 @@ mod tests {
         assert_eq!(to_host(70_000, podman), None);
         // Unreadable text fails closed.
         assert!(maps_host_id_0(&[(1, 1)], "0 x 1\n"));
+    }
+
+    #[test]
+    fn a_checkpointed_block_waits_for_its_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, lock) = (dir.path().join("idmap.json"), dir.path().join("idmap.lock"));
+        let a = ContainerId::try_from("a").unwrap();
+        let b = ContainerId::try_from("b").unwrap();
+        let first = allocate(&db, &lock, &a).unwrap();
+        hold_for_checkpoint(&db, &lock, &a).unwrap();
+        release(&db, &lock, &a).unwrap();
+        // Another sandbox does not get the held block.
+        assert_ne!(allocate(&db, &lock, &b).unwrap(), first);
+        assert_eq!(
+            allocate_for_restore(&db, &lock, &a, &a, first.host_start).unwrap(),
+            first
+        );
+        // Held no longer: released with its sandbox, it is free again.
+        release(&db, &lock, &a).unwrap();
+        let c = ContainerId::try_from("c").unwrap();
+        assert_eq!(allocate(&db, &lock, &c).unwrap(), first);
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod apparmor;
 pub mod cgroups;
+pub mod criu;
 pub mod idmap;
 pub mod rlimits;
 pub mod userns;

@@ -23,6 +23,9 @@ use crate::host::idmap::{IdMapError, IdRange};
 use crate::state::ContainerId;
 use crate::state::paths::{self, PathsError, StateDirs};
 
+pub use checkpoint::{CheckpointError, CheckpointOpts, CriuFlags};
+
+pub(crate) mod checkpoint;
 mod delete;
 mod exec;
 mod kill;
@@ -135,6 +138,10 @@ pub enum LifecycleError {
         #[source]
         source: nix::Error,
     },
+    #[error(transparent)]
+    Checkpoint(Box<checkpoint::CheckpointError>),
+    #[error(transparent)]
+    Restore(Box<crate::create::restore::RestoreError>),
     #[error("cannot {what} the working directory around libcontainer's build")]
     WorkingDir {
         what: &'static str,
@@ -237,7 +244,7 @@ pub struct SandboxRecord {
 }
 
 /// Options of `create`.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct CreateOpts {
     pub bundle: PathBuf,
     pub pid_file: Option<PathBuf>,
@@ -246,6 +253,9 @@ pub struct CreateOpts {
     pub preserve_fds: i32,
     /// `--systemd-cgroup`: the systemd driver places the sandbox (`crate::host::cgroups`).
     pub systemd_cgroup: bool,
+    /// `restore`: the ended change set of this id whose layer the sandbox gets again
+    /// (`crate::report::changes::reopen`) instead of a new one.
+    pub reuse_change: Option<String>,
 }
 
 /// Options of `exec`.

@@ -47,12 +47,23 @@ impl Runtime {
     /// detached `agent-sandbox watchdog` that SIGKILLs every process of the
     /// sandbox when the time is up (the limit is not part of the OCI spec).
     fn arm_wall_clock(&self, id: &ContainerId, c: &Container) -> Result<()> {
-        let dir = self.dirs.sandbox(id);
         let (policy, _, _) = self.saved_policy(id, c.bundle())?;
         let secs = policy.resources.wall_clock.get();
         if secs == 0 {
             return Ok(());
         }
+        self.spawn_watchdog(id, c.pid().map(|p| p.as_raw()), secs)
+    }
+
+    /// Starts the watchdog that kills the sandbox after `secs` of wall clock (pauses not
+    /// counted); `restore` arms it with what is left of the budget.
+    pub(crate) fn spawn_watchdog(
+        &self,
+        id: &ContainerId,
+        pid: Option<i32>,
+        secs: u64,
+    ) -> Result<()> {
+        let dir = self.dirs.sandbox(id);
         use std::os::unix::process::CommandExt;
         // `/proc/self/exe`, not `current_exe()`: `run` starts from the sealed copy, whose
         // name is no path on disk (as `crate::sidecars` explains).
@@ -62,7 +73,7 @@ impl Runtime {
             .arg("watchdog")
             .arg("--seconds")
             .arg(secs.to_string())
-            .args(c.pid().map(|p| format!("--pid={p}")))
+            .args(pid.map(|p| format!("--pid={p}")))
             .arg(id.as_str())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

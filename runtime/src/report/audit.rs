@@ -346,6 +346,47 @@ pub fn resumed(dirs: &StateDirs, id: &ContainerId, frozen_ms: u64) -> Result<(),
     append(dirs, id, &[Event::Resumed { frozen_ms }])
 }
 
+/// The sandbox was saved to a checkpoint image whose CRIU files have `image_digest`.
+/// Returns the chain's new end, which the image keeps (docs/checkpoint.md).
+pub fn checkpointed(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    image_digest: &str,
+    leave_running: bool,
+) -> Result<agent_sandbox_audit::Anchor, AuditError> {
+    let log = AuditLog::open(path(dirs, id)?, id.as_str())?;
+    let appended = log.append(&Event::Checkpointed {
+        image_digest: image_digest.to_owned(),
+        leave_running,
+    })?;
+    Ok(appended.anchor)
+}
+
+/// The sandbox was restored from the image of `from` with `image_digest` and its tasks
+/// passed the check; each layer in `not_carried` also gets a `layer_inactive` record.
+pub fn restored(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    image_digest: &str,
+    from: &str,
+    not_carried: &[(String, String)],
+) -> Result<(), AuditError> {
+    let mut events = vec![Event::Restored {
+        image_digest: image_digest.to_owned(),
+        from: from.to_owned(),
+        not_carried: not_carried.iter().map(|(l, _)| l.clone()).collect(),
+    }];
+    events.extend(
+        not_carried
+            .iter()
+            .map(|(layer, reason)| Event::LayerInactive {
+                layer: layer.clone(),
+                reason: reason.clone(),
+            }),
+    );
+    append(dirs, id, &events)
+}
+
 /// The watchdog is about to SIGKILL the sandbox for its `wall_clock` limit of `seconds`:
 /// the `exit` records of the processes it kills name the wall clock as their cause.
 pub fn wall_clock_fired(dirs: &StateDirs, id: &ContainerId, seconds: u64) {
@@ -580,7 +621,7 @@ pub fn deleted(
 
 /// sha256 of the effective policy as JSON: two sandboxes with the same digest
 /// ran under the same rules.
-fn policy_digest(policy: &SandboxPolicy) -> String {
+pub(crate) fn policy_digest(policy: &SandboxPolicy) -> String {
     let json = serde_json::to_vec(policy).unwrap_or_default();
     format!("sha256:{:x}", Sha256::digest(&json))
 }

@@ -564,6 +564,43 @@ pub fn of_sandbox(store: &Store, root: &Path, id: &str, change: Option<&str>) ->
     }
 }
 
+/// At `restore` of sandbox `container` (state root `root`): its ended change set `change`,
+/// live again, with its layer where `create` would put it (a size-capped one mounted on
+/// `mount_point`), so the restored processes see their unpromoted edits and `diff` shows
+/// them. Only a change set of the same sandbox id is reopened: an image cannot name another
+/// sandbox's changes.
+pub fn reopen(
+    store: &Store,
+    change: &str,
+    root: &Path,
+    container: &str,
+    mount_point: &Path,
+) -> Result<Created> {
+    let mut entry = of_sandbox(store, root, container, Some(change))?;
+    if entry.live().is_some() {
+        return Err(ChangesError::NotFound {
+            key: change.to_owned(),
+        });
+    }
+    let base = if entry.image().is_file() {
+        crate::enforce::mounts::mkdir_traversable(mount_point).map_err(|e| {
+            ChangesError::Store {
+                path: mount_point.to_owned(),
+                source: std::io::Error::other(e.to_string()),
+            }
+        })?;
+        loop_mount(&entry.image(), mount_point, false)?;
+        mount_point.to_owned()
+    } else {
+        entry.dir.clone()
+    };
+    entry.record.ended = None;
+    entry.record.size_bytes = None;
+    entry.record.empty = false;
+    entry.save()?;
+    Ok(Created { entry, base })
+}
+
 /// Called at delete, before the sandbox's mounts go: an empty change set keeps only its
 /// record (review then says "no changes"), any other one is stamped ended with its size. An
 /// empty one of a sandbox that never `ran` (its create failed) is removed whole.

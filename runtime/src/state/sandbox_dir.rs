@@ -228,6 +228,28 @@ impl SandboxDir {
         self.file("started")
     }
 
+    /// `restore-check.json`: what every restored task must show, for the check CRIU's
+    /// pre-resume hook runs — `create::restore`, `enforce::restored`.
+    pub fn restore_check(&self) -> JsonFile {
+        self.json(
+            "restore-check.json",
+            Layout::Compact,
+            PRIVATE,
+            Durability::Replaced,
+        )
+    }
+
+    /// `restore-check.sh`: the hook CRIU runs, which runs that check (CRIU passes no
+    /// arguments to a hook) — `create::restore`.
+    pub fn restore_hook(&self) -> PathBuf {
+        self.file("restore-check.sh")
+    }
+
+    /// `restore-verdict`: the check's outcome, `ok PID` or the error — `create::restore`.
+    pub fn restore_verdict(&self) -> PathBuf {
+        self.file("restore-verdict")
+    }
+
     /// `cgroup.json`: a cgroup v2 sandbox's cgroup or systemd scope — `host::cgroups`.
     pub fn cgroup(&self) -> JsonFile {
         self.json(
@@ -408,6 +430,9 @@ mod tests {
             (d.audit_exec_tag(42), "audit-exec/42"),
             (d.audit_exec_exits(), "audit-exec-exits"),
             (d.wall_clock_fired(), "wall-clock-fired"),
+            (d.restore_check().path().to_owned(), "restore-check.json"),
+            (d.restore_hook(), "restore-check.sh"),
+            (d.restore_verdict(), "restore-verdict"),
         ];
         for (path, want) in &files {
             assert_eq!(name(path), *want);

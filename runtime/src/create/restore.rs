@@ -1,0 +1,813 @@
+//! `restore`: a sandbox made again from a checkpoint image (runc's contract; podman's
+//! `container restore`, also after `--import`; docs/checkpoint.md).
+//!
+//! A restored sandbox is a created one whose processes come from CRIU instead of
+//! libcontainer: the same phases give it its id block, effective policy and plan (from the
+//! restoring bundle and the ceiling, never from the image), mounts, workspace overlay (its
+//! ended change set reopened for the same id) and egress proxy. Then:
+//!
+//! 1. the sandbox's cgroup is made and limited, and CRIU runs inside it, in a new cgroup
+//!    namespace rooted there, so every restored task starts in the sandbox's cgroup;
+//! 2. CRIU's pre-resume hook (the hidden `restore-check`) checks every restored task
+//!    against the plan while CRIU still holds them stopped (`enforce::restored`), and kills
+//!    them on any difference: no restored instruction runs unchecked;
+//! 3. libcontainer's state is written for the restored init, the proxy is tied to its
+//!    network namespace, the wall-clock watchdog owes only what was left, and the first
+//!    audit record is `restored`, naming the image's digest.
+
+use std::path::{Path, PathBuf};
+
+use agent_sandbox_policy::layers::{Layer, Requirement};
+use libcontainer::container::{Container, ContainerStatus};
+use libcontainer::oci_spec::runtime::Spec;
+
+use super::{Hardened, Host, Ids, Marks, Result};
+use crate::enforce::restored::{self, Expected};
+use crate::harden::Ceiling;
+use crate::host::criu::{self, CriuError};
+use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
+use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::state::ContainerId;
+
+/// Options of `restore`: runc's flags, by runc's names.
+#[derive(Debug, Default, Clone)]
+pub struct RestoreOpts {
+    pub create: CreateOpts,
+    pub criu: CriuFlags,
+    pub detach: bool,
+    pub lsm_profile: Option<String>,
+    pub lsm_mount_context: Option<String>,
+}
+
+/// Errors of `restore`.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error(
+        "restore needs root: CRIU restores a sandbox only for a runtime that is real root in \
+         the host's user namespace (docs/checkpoint.md#rootless)"
+    )]
+    Rootless,
+    #[error("{flag} is not supported: {why} (docs/checkpoint.md#flags)")]
+    Unsupported {
+        flag: &'static str,
+        why: &'static str,
+    },
+    #[error("{path} is not an agent-sandbox checkpoint image (docs/checkpoint.md#image)")]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: crate::files::FileError,
+    },
+    #[error("checkpoint image format {found} is not {FORMAT} (docs/checkpoint.md#image)")]
+    Format { found: u32 },
+    #[error(
+        "the image was taken with host ids {image_start}+{image_size}, the sandbox has \
+         {start}+{size}: CRIU would restore the image's id maps (docs/checkpoint.md#refused)"
+    )]
+    IdBlock {
+        image_start: u32,
+        image_size: u32,
+        start: u32,
+        size: u32,
+    },
+    #[error(
+        "the {layer} layer cannot be restored from a checkpoint ({reason}) and the \
+         sandbox's policy requires it (layers.{layer} = \"required\"; docs/checkpoint.md#layers)"
+    )]
+    LayerRequired { layer: String, reason: String },
+    #[error("a Kubernetes pod member cannot be restored alone (docs/checkpoint.md#refused)")]
+    PodMember,
+    #[error(transparent)]
+    Criu(#[from] CriuError),
+    #[error(transparent)]
+    Check(#[from] restored::RestoredError),
+    #[error("the check of the restored tasks did not pass: {verdict}")]
+    Verdict { verdict: String },
+    #[error("cannot prepare the image directory {path} for CRIU")]
+    ImageDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot place CRIU in the sandbox's cgroup")]
+    Cgroup(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+fn fail(e: RestoreError) -> LifecycleError {
+    LifecycleError::Restore(Box::new(e))
+}
+
+impl RestoreOpts {
+    /// runc flags the runtime cannot honour: an error naming the flag, never silence.
+    fn refuse_unsupported(&self) -> std::result::Result<(), RestoreError> {
+        let refused = if self.lsm_profile.is_some() || self.lsm_mount_context.is_some() {
+            Some((
+                "--lsm-profile",
+                "the sandbox's own AppArmor profile is applied, not one the caller names",
+            ))
+        } else if self.create.console_socket.is_some() {
+            Some((
+                "--console-socket",
+                "a sandbox with a terminal cannot be restored yet",
+            ))
+        } else if self
+            .criu
+            .manage_cgroups_mode
+            .as_deref()
+            .is_some_and(|m| m != "ignore")
+        {
+            Some((
+                "--manage-cgroups-mode",
+                "the runtime places the restored tasks in the sandbox's own cgroup itself",
+            ))
+        } else {
+            self.criu.refused()
+        };
+        match refused {
+            Some((flag, why)) => Err(RestoreError::Unsupported { flag, why }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Runtime {
+    /// `restore`: see the module docs.
+    pub fn restore(&self, id: &ContainerId, opts: &RestoreOpts, ceiling: &Ceiling) -> Result<()> {
+        opts.refuse_unsupported().map_err(fail)?;
+        if crate::state::paths::rootless()? {
+            return Err(fail(RestoreError::Rootless));
+        }
+        if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
+            return Err(LifecycleError::Exists { id: id.clone() });
+        }
+        let manifest = Manifest::read(&opts.criu.image_path).map_err(|source| {
+            fail(RestoreError::Manifest {
+                path: opts.criu.image_path.join(criu::MANIFEST),
+                source,
+            })
+        })?;
+        if manifest.format != FORMAT {
+            return Err(fail(RestoreError::Format {
+                found: manifest.format,
+            }));
+        }
+        let config = opts.create.bundle.join("config.json");
+        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+            path: config.clone(),
+            source,
+        })?;
+        let marks = Marks::start();
+        let mut restored_pid = None;
+        let result = self.restore_inner(
+            id,
+            opts,
+            spec,
+            ceiling,
+            &manifest,
+            &marks,
+            &mut restored_pid,
+        );
+        if result.is_err() {
+            if let Some(pid) = restored_pid {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            self.cleanup_sandbox(id);
+        }
+        marks.finish(id.as_str(), result.is_ok());
+        result
+    }
+
+    /// The recipe: create's phases up to the mounts, then CRIU instead of libcontainer.
+    #[allow(clippy::too_many_arguments)]
+    fn restore_inner(
+        &self,
+        id: &ContainerId,
+        opts: &RestoreOpts,
+        spec: Spec,
+        ceiling: &Ceiling,
+        manifest: &Manifest,
+        marks: &Marks,
+        restored_pid: &mut Option<i32>,
+    ) -> Result<()> {
+        let mut spec = spec;
+        agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
+            .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+        let member = matches!(
+            crate::pod::role(&spec, id)?,
+            crate::pod::Role::Member { .. }
+        );
+        let from = ContainerId::try_from(manifest.id.as_str()).unwrap_or_else(|_| id.clone());
+        if !member && !crate::state::paths::rootless()? {
+            // The image's block, if it waits for the image's sandbox or is free
+            // (`assign_ids` then finds it allocated).
+            crate::host::idmap::allocate_for_restore(
+                &self.dirs.idmap_db(),
+                &self.dirs.idmap_lock(),
+                id,
+                &from,
+                manifest.ids.host_start,
+            )?;
+        }
+        let ids = self.assign_ids(id, &spec)?;
+        if ids.member.is_some() {
+            return Err(fail(RestoreError::PodMember));
+        }
+        if ids.ids != manifest.ids {
+            return Err(fail(RestoreError::IdBlock {
+                image_start: manifest.ids.host_start,
+                image_size: manifest.ids.size,
+                start: ids.ids.host_start,
+                size: ids.ids.size,
+            }));
+        }
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let ceiling = &ids
+            .ceiling(ceiling)
+            .with_profile_for(&annotations, &self.profiles_dir)?;
+        // Only this id's own change set, and only if the image names it.
+        let mut create = opts.create.clone();
+        create.reuse_change = manifest
+            .change
+            .as_ref()
+            .filter(|_| manifest.id == id.as_str())
+            .cloned();
+        let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
+        let (mut hardened, mut executor) =
+            self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
+        let lost = self.layers_not_restored(&mut hardened, manifest)?;
+        self.install(id, &ids, &host, &hardened)?;
+        marks.mark("mounts");
+        let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
+        // The supervisor answers the denied syscalls of every later exec (the restored
+        // tasks' own filters have no listener: see `not_carried`).
+        let supervisor = self.notify_denials(id, &mut executor, &hardened.policy, true)?;
+        let expected = Expected {
+            ids: ids.ids,
+            seccomp_filters: u32::from(executor.seccomp.is_some())
+                + u32::try_from(executor.requested_seccomp.len()).unwrap_or(u32::MAX),
+            host_ns: Expected::host_namespaces(Path::new("/proc"), "self")
+                .map_err(|e| fail(e.into()))?,
+        };
+        let pid = self.run_criu_restore(id, opts, &host, &hardened, manifest, &expected)?;
+        *restored_pid = Some(pid);
+        marks.mark("criu");
+        if let Some(s) = supervisor {
+            s.ready(pid).map_err(LifecycleError::SyscallAudit)?;
+        }
+        self.record_restored(
+            id, opts, &ids, &host, &hardened, pid, proxy, manifest, &lost,
+        )
+    }
+
+    /// The layers the image cannot bring back: a required one refuses the restore; the
+    /// others leave the plan as inactive with the reason (`layers` and the audit say so).
+    fn layers_not_restored(
+        &self,
+        hardened: &mut Hardened,
+        manifest: &Manifest,
+    ) -> Result<Vec<(String, String)>> {
+        let mut lost: Vec<(String, String)> = Vec::new();
+        for (layer, requirement, reason) in not_carried(&hardened.policy, &hardened.plan, false) {
+            if requirement == Requirement::Required {
+                return Err(fail(RestoreError::LayerRequired { layer, reason }));
+            }
+            lost.push((layer, reason));
+        }
+        if let Some((_, reason)) = lost.iter().find(|(l, _)| l == "landlock") {
+            hardened.plan.apply.retain(|l| *l != Layer::Landlock);
+            hardened
+                .plan
+                .inactive
+                .push((Layer::Landlock, reason.clone()));
+            hardened.plan.landlock = None;
+        }
+        // What the image says it lost (the denied-syscall listener) is reported too: it
+        // can only add to what is reported, never take a check away.
+        for (layer, reason) in &manifest.not_carried {
+            if !lost.iter().any(|(l, _)| l == layer) {
+                lost.push((layer.clone(), reason.clone()));
+            }
+        }
+        lost.push((
+            "ucounts".to_owned(),
+            "CRIU makes the restored user namespace: the policy's [ucounts] caps are not \
+             written in it"
+                .to_owned(),
+        ));
+        Ok(lost)
+    }
+
+    fn prespawn_restored_proxy(
+        &self,
+        id: &ContainerId,
+        host: &Host,
+        hardened: &Hardened,
+    ) -> Result<Option<Box<dyn super::host_procs::StartingProxy>>> {
+        if !crate::sidecars::egress::wanted(&hardened.policy) {
+            return Ok(None);
+        }
+        self.procs()
+            .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
+            .map(Some)
+            .map_err(LifecycleError::Egress)
+    }
+
+    /// CRIU restores the tree inside the sandbox's cgroup; its pre-resume hook checks every
+    /// task. Returns the restored init's host pid.
+    fn run_criu_restore(
+        &self,
+        id: &ContainerId,
+        opts: &RestoreOpts,
+        host: &Host,
+        hardened: &Hardened,
+        manifest: &Manifest,
+        expected: &Expected,
+    ) -> Result<i32> {
+        let runner = criu::Runner::locate().map_err(|e| fail(e.into()))?;
+        let dir = &host.sandbox_dir;
+        dir.restore_check().write(expected)?;
+        let hook = dir.restore_hook();
+        write_hook(&hook, &self.dirs.root, id).map_err(fail)?;
+        let _ = std::fs::remove_file(dir.restore_verdict());
+        let work = opts
+            .criu
+            .work_path
+            .clone()
+            .unwrap_or_else(|| opts.criu.image_path.clone());
+        let cgroups =
+            SandboxCgroup::join(&hardened.spec, id, hardened.cgroups.systemd()).map_err(fail)?;
+        let root = hardened
+            .spec
+            .root()
+            .as_ref()
+            .map_or_else(|| host.record.rootfs_mount.clone(), |r| r.path().clone());
+        let mut args = vec![
+            "--images-dir".to_owned(),
+            opts.criu.image_path.display().to_string(),
+            "--root".to_owned(),
+            root.display().to_string(),
+            "--manage-cgroups=ignore".to_owned(),
+            "--enable-external-masters".to_owned(),
+            "--enable-external-sharing".to_owned(),
+            "--restore-detached".to_owned(),
+            "--action-script".to_owned(),
+            hook.display().to_string(),
+        ];
+        args.extend(opts.criu.criu_options());
+        args.extend(inherit_stdio(&manifest.stdio));
+        let uid = expected.ids.host_start;
+        let ran = external_args(&manifest.externals, &hardened.spec, &cgroups.dirs)
+            .and_then(|ext| {
+                args.extend(ext);
+                image_access(&opts.criu.image_path, uid, true)
+            })
+            .map_err(fail)
+            .map(|()| runner.restore_in_new_cgroupns(&args, &work, "restore.log"));
+        // Whatever happened: the runtime back in its own cgroup, the image private again.
+        cgroups.leave();
+        let closed = image_access(&opts.criu.image_path, uid, false).map_err(fail);
+        let ran = ran?;
+        closed?;
+        // The check's verdict first: a refusal ends CRIU too (`restore_check`).
+        let verdict = std::fs::read_to_string(dir.restore_verdict()).unwrap_or_default();
+        if let Some(pid) = verdict
+            .strip_prefix("ok ")
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            ran.map_err(|e| fail(e.into()))?;
+            return Ok(pid);
+        }
+        if verdict.trim().is_empty() {
+            ran.map_err(|e| fail(e.into()))?;
+        }
+        Err(fail(RestoreError::Verdict {
+            verdict: if verdict.trim().is_empty() {
+                "the check never ran".to_owned()
+            } else {
+                verdict.trim().to_owned()
+            },
+        }))
+    }
+}
+
+/// The hook CRIU runs at each stage (`--action-script`, no arguments): at `pre-resume` it
+/// runs the hidden `restore-check`.
+fn write_hook(hook: &Path, root: &Path, id: &ContainerId) -> std::result::Result<(), RestoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = std::env::current_exe().map_err(|source| RestoreError::ImageDir {
+        path: hook.to_owned(),
+        source,
+    })?;
+    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+    let text = format!(
+        "#!/bin/sh\n# agent-sandbox: CRIU's pre-resume hook checks the restored tasks\n\
+         [ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\n\
+         exec {} --root {} restore-check {}\n",
+        quote(&exe),
+        quote(root),
+        id.as_str()
+    );
+    let err = |source| RestoreError::ImageDir {
+        path: hook.to_owned(),
+        source,
+    };
+    std::fs::write(hook, text).map_err(err)?;
+    std::fs::set_permissions(hook, std::fs::Permissions::from_mode(0o700)).map_err(err)
+}
+
+/// The restored init's standard descriptors: each pipe it had (to podman's conmon, to a
+/// shim) is the runtime's own descriptor of that number now, as runc hands them over.
+fn inherit_stdio(stdio: &[String]) -> Vec<String> {
+    stdio
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| is_pipe(t))
+        .flat_map(|(i, t)| ["--inherit-fd".to_owned(), format!("fd[{i}]:{t}")])
+        .collect()
+}
+
+/// `pipe:[INODE]`, as `/proc/PID/fd/N` shows a pipe.
+fn is_pipe(target: &str) -> bool {
+    target
+        .strip_prefix("pipe:[")
+        .and_then(|r| r.strip_suffix(']'))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// CRIU opens some image files from the restored task before its id maps exist (as host
+/// root without capabilities over the host's files): while it restores (`open`), the image
+/// files (never what a link points to) belong to the sandbox's host root id and may be read
+/// by others, the directory searched; afterwards they are private again. The directories
+/// above are the caller's (podman's are root's, 0700).
+fn image_access(dir: &Path, uid: u32, open: bool) -> std::result::Result<(), RestoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |path: &Path, source| RestoreError::ImageDir {
+        path: path.to_owned(),
+        source,
+    };
+    let (dir_mode, file_mode) = if open { (0o711, 0o644) } else { (0o700, 0o600) };
+    std::os::unix::fs::chown(dir, Some(uid), Some(uid)).map_err(|e| err(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+        .map_err(|e| err(dir, e))?;
+    for entry in std::fs::read_dir(dir).map_err(|e| err(dir, e))? {
+        let path = entry.map_err(|e| err(dir, e))?.path();
+        let meta = std::fs::symlink_metadata(&path).map_err(|e| err(&path, e))?;
+        if meta.file_type().is_file() && path.extension().is_some_and(|e| e == "img") {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(uid)).map_err(|e| err(&path, e))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(file_mode))
+                .map_err(|e| err(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// `--ext-mount-map` pairs for the image's external mounts, from the restoring spec's binds
+/// and the sandbox's cgroup directories (`host::criu::restore_map`).
+fn external_args(
+    image: &[criu::External],
+    spec: &Spec,
+    cgroups: &std::collections::BTreeMap<String, PathBuf>,
+) -> std::result::Result<Vec<String>, RestoreError> {
+    let binds: Vec<(String, PathBuf)> = spec
+        .mounts()
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.typ().as_deref() == Some("bind")
+                || m.options()
+                    .iter()
+                    .flatten()
+                    .any(|o| o == "bind" || o == "rbind")
+        })
+        .filter_map(|m| Some((m.destination().display().to_string(), m.source().clone()?)))
+        .collect();
+    let mut cgroups = cgroups.clone();
+    cgroups
+        .entry("systemd".to_owned())
+        .or_insert_with(|| PathBuf::from("/sys/fs/cgroup/systemd"));
+    let map = criu::restore_map(
+        image,
+        &criu::Sources {
+            binds: &binds,
+            cgroups: &cgroups,
+        },
+    )?;
+    Ok(map
+        .into_iter()
+        .flat_map(|(k, v)| ["--ext-mount-map".to_owned(), format!("{k}:{}", v.display())])
+        .collect())
+}
+
+/// The sandbox's cgroup, made and limited before CRIU runs, with the runtime inside it
+/// while CRIU starts (CRIU's tasks inherit it); [`SandboxCgroup::leave`] takes the runtime
+/// back to its own.
+struct SandboxCgroup {
+    /// The sandbox's directory per controller.
+    dirs: std::collections::BTreeMap<String, PathBuf>,
+    /// The runtime's own, to go back to.
+    own: std::collections::BTreeMap<String, PathBuf>,
+}
+
+impl SandboxCgroup {
+    fn join(
+        spec: &Spec,
+        id: &ContainerId,
+        systemd: bool,
+    ) -> std::result::Result<Self, RestoreError> {
+        use libcgroups::common::CgroupManager;
+        let boxed = |e: &dyn std::fmt::Display| RestoreError::Cgroup(e.to_string().into());
+        let host = crate::host::cgroups::RealHost;
+        let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+        let own = crate::host::cgroups::dirs_of(&host, me);
+        let path = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.cgroups_path().clone())
+            .unwrap_or_else(|| PathBuf::from(format!("/agent-sandbox/{id}")));
+        let manager = libcgroups::common::create_cgroup_manager(libcgroups::common::CgroupConfig {
+            cgroup_path: path,
+            systemd_cgroup: systemd,
+            container_name: id.as_str().to_owned(),
+        })
+        .map_err(|e| boxed(&e))?;
+        manager
+            .add_task(nix::unistd::Pid::from_raw(me))
+            .map_err(|e| boxed(&e))?;
+        let joined = Self {
+            dirs: crate::host::cgroups::dirs_of(&host, me),
+            own,
+        };
+        if let Some(res) = spec.linux().as_ref().and_then(|l| l.resources().as_ref()) {
+            let applied = manager.apply(&libcgroups::common::ControllerOpt {
+                resources: res,
+                disable_oom_killer: false,
+                oom_score_adj: None,
+                freezer_state: None,
+            });
+            if let Err(e) = applied {
+                joined.leave();
+                return Err(boxed(&e));
+            }
+        }
+        Ok(joined)
+    }
+
+    /// The runtime back in its own cgroups.
+    fn leave(&self) {
+        let me = std::process::id().to_string();
+        for dir in self.own.values() {
+            if let Err(e) = std::fs::write(dir.join("cgroup.procs"), &me) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot leave the sandbox's cgroup");
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// After CRIU: libcontainer's state for the restored init, the proxy, the pid file, the
+    /// wall clock, the records. Keep `restored` the first record of the restored sandbox.
+    #[allow(clippy::too_many_arguments)]
+    fn record_restored(
+        &self,
+        id: &ContainerId,
+        opts: &RestoreOpts,
+        ids: &Ids,
+        host: &Host,
+        hardened: &Hardened,
+        pid: i32,
+        proxy: Option<Box<dyn super::host_procs::StartingProxy>>,
+        manifest: &Manifest,
+        lost: &[(String, String)],
+    ) -> Result<()> {
+        crate::report::audit::restored(&self.dirs, id, &manifest.image_digest, &manifest.id, lost)
+            .map_err(LifecycleError::Audit)?;
+        crate::report::audit::track_init(&self.dirs, id, pid);
+        self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
+        let proxy_pid = match proxy {
+            Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
+            None => None,
+        };
+        if let Some(f) = &opts.create.pid_file {
+            crate::files::write(f, pid.to_string())?;
+        }
+        crate::report::layers::record_create(
+            &host.sandbox_dir,
+            &ids.ids,
+            &hardened.spec,
+            hardened.seccomp_len,
+            &hardened.policy,
+            &hardened.plan,
+            proxy_pid,
+            pid,
+            None,
+            None,
+            crate::report::layers::masked_secrets(
+                &hardened.spec,
+                &hardened.policy,
+                &host.placeholders,
+            ),
+        )
+        .map_err(LifecycleError::Layers)?;
+        self.rearm_wall_clock(id, &hardened.policy, pid, manifest.wall_clock_used_ms)?;
+        tracing::info!(id = %id, pid, digest = %manifest.image_digest, "sandbox restored");
+        Ok(())
+    }
+
+    /// libcontainer's `state.json` (and its cgroup config) for a running init `pid`, so
+    /// that state, kill, pause and delete treat the restored sandbox as a created one.
+    fn save_restored_state(
+        &self,
+        id: &ContainerId,
+        spec: &Spec,
+        systemd: bool,
+        pid: i32,
+    ) -> Result<()> {
+        let root = self.dirs.container(id);
+        std::fs::create_dir_all(&root).map_err(|e| crate::files::FileError::write(&root, e))?;
+        let mut c = Container::new(
+            id.as_str(),
+            ContainerStatus::Running,
+            Some(pid),
+            &self.dirs.sandbox(id).bundle(),
+            &root,
+        )
+        .map_err(crate::lifecycle::container_err("restore"))?;
+        c.set_systemd(systemd)
+            .set_annotations(spec.annotations().clone())
+            .set_creator(0);
+        c.save()
+            .map_err(crate::lifecycle::container_err("restore"))?;
+        libcontainer::config::YoukiConfig::from_spec(spec, id.as_str())
+            .and_then(|cfg| cfg.save(&root))
+            .map_err(|e| crate::lifecycle::container_err("restore")(e.into()))?;
+        Ok(())
+    }
+
+    /// The watchdog armed with what is left of the wall clock; `started` set back by what
+    /// the sandbox had used, so a later checkpoint counts from its real start.
+    fn rearm_wall_clock(
+        &self,
+        id: &ContainerId,
+        policy: &agent_sandbox_policy::SandboxPolicy,
+        pid: i32,
+        used_ms: u64,
+    ) -> Result<()> {
+        let used = used_ms / 1000;
+        if let Some(now) = crate::enforce::init_exec::uptime() {
+            #[expect(clippy::cast_precision_loss)]
+            let started = now - used_ms as f64 / 1000.0;
+            let _ = crate::state::paths::write_atomic(
+                &self.dirs.sandbox(id).started(),
+                started.to_string().as_bytes(),
+            );
+        }
+        let limit = policy.resources.wall_clock.get();
+        if limit == 0 {
+            return Ok(());
+        }
+        self.spawn_watchdog(id, Some(pid), limit.saturating_sub(used).max(1))
+    }
+
+    /// The hidden `restore-check ID`, CRIU's pre-resume hook: checks the restored tree of
+    /// `CRTOOLS_INIT_PID` and writes the verdict; on any difference it kills the tree
+    /// first, while CRIU still holds every task stopped.
+    pub fn restore_check(&self, id: &ContainerId) -> Result<()> {
+        let dir = self.dirs.sandbox(id);
+        let verdict = dir.restore_verdict();
+        let pid = std::env::var("CRTOOLS_INIT_PID")
+            .ok()
+            .and_then(|p| p.parse::<i32>().ok());
+        let outcome = match pid {
+            None => Err("CRIU gave no CRTOOLS_INIT_PID".to_owned()),
+            Some(pid) => dir
+                .restore_check()
+                .read::<Expected>()
+                .map_err(|e| e.to_string())
+                .and_then(|exp| {
+                    restored::check(Path::new("/proc"), pid, &exp).map_err(|e| e.to_string())
+                }),
+        };
+        let refusal = match (outcome, pid) {
+            (Ok(_), Some(pid)) => {
+                crate::files::write(&verdict, format!("ok {pid}"))?;
+                return Ok(());
+            }
+            (Err(e), _) => e,
+            (Ok(_), None) => "CRIU gave no CRTOOLS_INIT_PID".to_owned(),
+        };
+        // The verdict first (the runtime reads it once CRIU is gone), then the kills: CRIU
+        // holds every restored task stopped, so none runs another instruction. The init
+        // first (its PID namespace goes with it), then CRIU, which would otherwise wait for
+        // the tasks it holds and resume what is left.
+        let written = crate::files::write(&verdict, &refusal);
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        kill_criu_parent();
+        tracing::error!(id = %id, error = %refusal, "restored sandbox refused");
+        written?;
+        Ok(())
+    }
+}
+
+/// SIGKILL to the hook's parent if it is CRIU (the hook `exec`s the runtime).
+fn kill_criu_parent() {
+    let parent = nix::unistd::getppid();
+    let comm = std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+    if comm.trim() == "criu" {
+        let _ = nix::sys::signal::kill(parent, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_that_cannot_be_honoured_are_refused_by_name() {
+        let base = RestoreOpts::default();
+        for (opts, flag) in [
+            (
+                RestoreOpts {
+                    criu: CriuFlags {
+                        lazy_pages: true,
+                        ..CriuFlags::default()
+                    },
+                    ..base.clone()
+                },
+                "--lazy-pages",
+            ),
+            (
+                RestoreOpts {
+                    criu: CriuFlags {
+                        empty_ns: vec!["network".into()],
+                        ..CriuFlags::default()
+                    },
+                    ..base.clone()
+                },
+                "--empty-ns",
+            ),
+            (
+                RestoreOpts {
+                    lsm_profile: Some("apparmor:unconfined".into()),
+                    ..base.clone()
+                },
+                "--lsm-profile",
+            ),
+            (
+                RestoreOpts {
+                    criu: CriuFlags {
+                        manage_cgroups_mode: Some("full".into()),
+                        ..CriuFlags::default()
+                    },
+                    ..base.clone()
+                },
+                "--manage-cgroups-mode",
+            ),
+        ] {
+            let e = opts.refuse_unsupported().unwrap_err().to_string();
+            assert!(e.starts_with(flag), "{e}");
+        }
+        let fine = RestoreOpts {
+            detach: true,
+            criu: CriuFlags {
+                tcp_established: true,
+                file_locks: true,
+                manage_cgroups_mode: Some("ignore".into()),
+                ..CriuFlags::default()
+            },
+            ..base
+        };
+        fine.refuse_unsupported().unwrap();
+        assert_eq!(
+            fine.criu.criu_options(),
+            ["--tcp-established", "--file-locks"]
+        );
+    }
+
+    #[test]
+    fn the_hook_runs_the_check_only_before_resume_and_quotes_its_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = dir.path().join("restore-check.sh");
+        let id = ContainerId::try_from("c1").unwrap();
+        write_hook(&hook, Path::new("/run/it's"), &id).unwrap();
+        let text = std::fs::read_to_string(&hook).unwrap();
+        assert!(text.contains("= pre-resume ] || exit 0"), "{text}");
+        assert!(
+            text.contains(r"--root '/run/it'\''s' restore-check c1"),
+            "{text}"
+        );
+        // Other stages pass through.
+        let out = std::process::Command::new(&hook)
+            .env("CRTOOLS_SCRIPT_ACTION", "post-restore")
+            .status()
+            .unwrap();
+        assert!(out.success());
+    }
+}
