@@ -212,7 +212,7 @@ fn shim_checkpoints_and_restores(behind: &Behind) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let args = match behind {
         Behind::Runc => runc_behind_our_shim(dir.path())?,
-        Behind::AgentSandbox => Vec::new(),
+        Behind::AgentSandbox => checkpointable_policy(dir.path())?,
     };
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     checkpoint_and_restore(Shim::AgentSandbox, &args)
@@ -246,6 +246,32 @@ fn checkpoint_over_ttrpc(
     Ok(client
         .checkpoint(ttrpc::context::with_timeout(timeout), &request)
         .map(drop))
+}
+
+/// A runtime config whose policy a checkpoint accepts (docs/checkpoint.md): the `agent`
+/// profile with Landlock optional (CRIU does not carry a Landlock domain) and the program
+/// as PID 1 (the runtime's own init cannot be dumped from inside its user namespace).
+fn checkpointable_policy(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/agent.toml");
+    let text = fs::read_to_string(&agent)?;
+    ensure!(
+        text.contains("\nlandlock = \"required\"\n") && text.contains("\n[resources]\n"),
+        "profiles/agent.toml changed shape: no `landlock = \"required\"` or [resources]"
+    );
+    let text = text
+        .replace("\nlandlock = \"required\"\n", "\nlandlock = \"optional\"\n")
+        .replace("\n[resources]\n", "\n[resources]\ninit = \"never\"\n");
+    let policy = dir.join("checkpointable.toml");
+    fs::write(&policy, text)?;
+    let file = dir.join("runtime.toml");
+    fs::write(
+        &file,
+        format!("Policy = {:?}\n", policy.display().to_string()),
+    )?;
+    Ok(vec![
+        "--runtime-config-path".to_owned(),
+        file.to_string_lossy().into_owned(),
+    ])
 }
 
 /// A runtime config naming runc, and the `ctr run` arguments that pass it to our shim.
@@ -382,7 +408,6 @@ fn ctr_checkpoint_and_restore_continue_a_count_with_runc_behind_our_shim() -> an
 
 /// Drives agent-sandbox: the whole path through the sandbox runtime.
 #[test]
-#[ignore = "needs agent-sandbox checkpoint (h/ckpt)"]
 fn ctr_checkpoint_and_restore_continue_a_count_of_an_agent_sandbox() -> anyhow::Result<()> {
     shim_checkpoints_and_restores(&Behind::AgentSandbox)
 }
