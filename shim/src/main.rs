@@ -6,6 +6,7 @@
 mod cgroup;
 mod container;
 mod error;
+mod exit_recorder;
 mod exits;
 mod options;
 mod process;

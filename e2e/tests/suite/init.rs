@@ -558,6 +558,61 @@ fn podman_exec_exit_codes_and_signals_are_recorded_once_under_the_exec_session_i
     Ok(())
 }
 
+/// Through our shim, an exec's `exit` record is in the log before containerd hears of the
+/// exit: read as soon as `ctr task exec` returns, without waiting, each exec's record is
+/// there with its code. One exit recorder of the container (`agent-sandbox exit-recorder`)
+/// writes them all, instead of an `audit-exit` run per exec on the path of every exit, and
+/// the log's chain still verifies.
+#[test]
+fn ctr_exec_exit_records_are_in_the_log_when_the_exec_returns_by_one_recorder() -> anyhow::Result<()>
+{
+    ctr::require_containerd()?;
+    let id = name("ctr-exit-recorder");
+    let c = Container::start_detached(
+        Shim::AgentSandbox,
+        &[],
+        BUSYBOX_IMAGE,
+        &id,
+        &["sleep", "300"],
+    )?;
+    c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let log = Path::new(ctr::RUNTIME_ROOT)
+        .join(ctr::NAMESPACE)
+        .join("audit")
+        .join(format!("{id}.jsonl"));
+    let mut recorders = std::collections::BTreeSet::new();
+    for code in 0..5 {
+        let exec_id = format!("rec{code}");
+        let out = c.task_cmd(
+            &["exec", "--exec-id", &exec_id],
+            &["sh", "-c", &format!("echo out-{code}; exit {code}")],
+        )?;
+        ensure!(
+            out.code == Some(code) && out.stdout.contains(&format!("out-{code}")),
+            "exec {exec_id}\n{out}"
+        );
+        let exits = exec_exits(&log)?;
+        let mine: Vec<_> = exits
+            .iter()
+            .filter(|r| r["data"]["process"] == exec_id.as_str())
+            .collect();
+        ensure!(
+            mine.len() == 1 && mine[0]["data"]["status"] == serde_json::json!({ "code": code }),
+            "exec {exec_id} returned, but the log has not its one exit record: {exits:#?}"
+        );
+        recorders.extend(harness::pids_with_args(|_, args| {
+            args.contains(&b"exit-recorder".as_slice())
+                && args.iter().rev().find(|a| !a.is_empty()) == Some(&id.as_bytes())
+        }));
+    }
+    ensure!(
+        recorders.len() == 1,
+        "one exit recorder for the container's 5 execs expected, saw pids {recorders:?}"
+    );
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
 #[test]
 fn ctr_exec_exits_are_recorded_once_each() -> anyhow::Result<()> {
     ctr::require_containerd()?;

@@ -230,6 +230,7 @@ impl TaskService {
             table.early_exits.start_begins();
             (runtime, bundle, paths, spec)
         };
+        runtime.warm_exit_recorder(id);
         let result = run_exec(id, exec_id, &runtime, &bundle, &paths, &spec).await;
         let mut table = self.inner.table.lock().await;
         let started = result.as_ref().ok().map(|(pid, _)| *pid);

@@ -1,0 +1,161 @@
+//! The container's exit recorder, seen from the shim: one `agent-sandbox exit-recorder ID`
+//! per container, started beside its first exec and kept while execs come, writes each
+//! exec's audit `exit` record when the shim reports the exit (a JSON line each way over a
+//! socket pair). An `audit-exit` run per exec cost a runtime start (about 4 ms here) before
+//! every exec's TaskExit. Whenever the recorder cannot answer (ended after its idle time,
+//! died, not started, too slow) the exit goes to `audit-exit` as before; the runtime keeps
+//! one record per exec either way (docs/audit.md).
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+
+use crate::runtime::{Runtime, RuntimeError};
+
+/// How long an exit waits for the recorder's answer before `audit-exit` writes it instead.
+/// A record may wait up to 0.5 s for the seccomp supervisor's fence, then for a sync.
+const ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+/// Why the recorder wrote no record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecorderError {
+    #[error("cannot start the exit recorder")]
+    Start(#[source] RuntimeError),
+    #[error("cannot talk to the exit recorder")]
+    Io(#[source] std::io::Error),
+    #[error("the exit recorder did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the exit recorder could not write the record: {0}")]
+    Refused(String),
+}
+
+impl RecorderError {
+    /// Whether the record may still be written by `audit-exit`: the recorder never took it
+    /// in hand, or may have but then a second report of the same exec writes nothing.
+    pub fn unanswered(&self) -> bool {
+        !matches!(self, Self::Refused(_))
+    }
+}
+
+/// One container's recorder, if it runs.
+#[derive(Default)]
+pub struct ExitRecorder {
+    conn: Mutex<Option<Conn>>,
+}
+
+impl std::fmt::Debug for ExitRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExitRecorder")
+    }
+}
+
+/// The shim's end of a running recorder, for container `id`.
+struct Conn {
+    id: String,
+    stream: BufReader<UnixStream>,
+}
+
+impl Conn {
+    fn start(runtime: &Runtime, id: &str) -> Result<Self, RecorderError> {
+        let stream = runtime
+            .spawn_exit_recorder(id)
+            .map_err(RecorderError::Start)?;
+        stream.set_nonblocking(true).map_err(RecorderError::Io)?;
+        let stream = UnixStream::from_std(stream).map_err(RecorderError::Io)?;
+        Ok(Self {
+            id: id.to_owned(),
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// Whether the recorder is still there: it has not closed its end (after its idle time)
+    /// and has nothing unasked in flight.
+    fn alive(&self) -> bool {
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        let peek = rustix::net::recv(self.stream.get_ref().as_fd(), &mut [0u8; 1], flags);
+        self.stream.buffer().is_empty() && matches!(peek, Err(rustix::io::Errno::AGAIN))
+    }
+
+    async fn ask(&mut self, line: &str) -> std::io::Result<String> {
+        self.stream.get_mut().write_all(line.as_bytes()).await?;
+        let mut answer = String::new();
+        if self.stream.read_line(&mut answer).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(answer)
+    }
+}
+
+/// The recorder's answer to one line.
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    ok: bool,
+    error: Option<String>,
+}
+
+impl ExitRecorder {
+    /// Starts the container's recorder unless one runs: beside an exec's start, so that its
+    /// own start is off the path of that exec's exit. A failure here is only logged: the
+    /// exit then starts one or goes to `audit-exit`.
+    pub async fn warm(&self, runtime: &Runtime, id: &str) {
+        if let Err(e) = connected(&mut *self.conn.lock().await, runtime, id) {
+            log::warn!("exit recorder of {id}: {e}");
+        }
+    }
+
+    /// Has the recorder write the `exit` record of exec `exec_id` (`code` as the reaper
+    /// folds it) and waits for it to be in the log.
+    pub async fn record(
+        &self,
+        runtime: &Runtime,
+        id: &str,
+        exec_id: &str,
+        pid: u32,
+        code: u32,
+    ) -> Result<(), RecorderError> {
+        let line = serde_json::json!({ "process": exec_id, "pid": pid, "status": code });
+        let mut guard = self.conn.lock().await;
+        let conn = connected(&mut guard, runtime, id)?;
+        let answer = match tokio::time::timeout(ANSWER_LIMIT, conn.ask(&format!("{line}\n"))).await
+        {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                *guard = None;
+                return Err(RecorderError::Io(e));
+            }
+            Err(_) => {
+                // Its answer would come after the next question's: start afresh.
+                *guard = None;
+                return Err(RecorderError::Timeout(ANSWER_LIMIT));
+            }
+        };
+        match serde_json::from_str::<Answer>(&answer) {
+            Ok(Answer { ok: true, .. }) => Ok(()),
+            Ok(Answer { error, .. }) => Err(RecorderError::Refused(
+                error.unwrap_or_else(|| "no reason given".to_owned()),
+            )),
+            Err(e) => {
+                *guard = None;
+                Err(RecorderError::Io(std::io::Error::other(e)))
+            }
+        }
+    }
+}
+
+/// The running recorder of container `id`, started if there is none or the last one ended.
+fn connected<'a>(
+    conn: &'a mut Option<Conn>,
+    runtime: &Runtime,
+    id: &str,
+) -> Result<&'a mut Conn, RecorderError> {
+    let running = match conn.take() {
+        Some(c) if c.id == id && c.alive() => c,
+        _ => Conn::start(runtime, id)?,
+    };
+    Ok(conn.insert(running))
+}
