@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 
@@ -144,6 +144,18 @@ impl ExitRecorder {
                 Err(RecorderError::Io(std::io::Error::other(e)))
             }
         }
+    }
+
+    /// Ends the recorder, if one runs, and waits (up to [`ANSWER_LIMIT`]) until it is gone:
+    /// before the container's delete, so that nothing of the sandbox outlives it.
+    pub async fn close(&self) {
+        let Some(mut conn) = self.conn.lock().await.take() else {
+            return;
+        };
+        let _ = conn.stream.get_mut().shutdown().await;
+        let mut rest = Vec::new();
+        // Its end closes when it exits.
+        let _ = tokio::time::timeout(ANSWER_LIMIT, conn.stream.read_to_end(&mut rest)).await;
     }
 }
 

@@ -231,6 +231,11 @@ impl Runtime {
         tokio::spawn(async move { runtime.exit_recorder.warm(&runtime, &id).await });
     }
 
+    /// Ends the container's exit recorder and waits until it is gone.
+    pub async fn close_exit_recorder(&self) {
+        self.exit_recorder.close().await;
+    }
+
     /// Audit trail: the runtime's `exit` record of a process this shim reaped (`code` as the
     /// reaper folds it: 128 + N for signal N). An exec's goes to the container's exit
     /// recorder; the init's, or an exec's the recorder did not answer for, to `audit-exit

@@ -319,6 +319,8 @@ impl TaskService {
                 c.init_exit_record.clone(),
             )
         };
+        // Every exec's exit is recorded by now (the init's exit waited for theirs).
+        runtime.close_exit_recorder().await;
         // Held while the runtime deletes: a late `audit-exit` either ran already (and
         // took the exit) or never runs.
         let mut record = record.lock().await;
