@@ -103,10 +103,11 @@ impl TaskService {
         };
         // Both before the exit is published, side by side: the process has ended, so its
         // record need not wait for its output to be read, nor the other way round.
-        tokio::join!(
-            drain_output(drain, outputs),
-            record_exit(kind, cid, exec_id, audit, exit.code)
+        let (drained, recorded) = tokio::join!(
+            timed(drain_output(drain, outputs)),
+            timed(record_exit(kind, cid, exec_id, audit, exit.code))
         );
+        debug!("exit of {cid}/{exec_id}: output taken in {drained:?}, recorded in {recorded:?}");
         let mut table = self.inner.table.lock().await;
         if let Ok(c) = table.container(cid)
             && exits::oom_before_exit(
@@ -183,4 +184,11 @@ async fn record_exit(
         }
         Kind::Exec => runtime.audit_exit(cid, exec_id, pid, code).await,
     }
+}
+
+/// How long `step` took (for the shim's debug log: where an exit's time goes).
+async fn timed(step: impl Future<Output = ()>) -> Duration {
+    let began = std::time::Instant::now();
+    step.await;
+    began.elapsed()
 }

@@ -12,7 +12,7 @@ use containerd_shim::api::{
 use containerd_shim::protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskOOM, TaskStart,
 };
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use crate::cgroup::Cgroups;
 use crate::container::{Container, Process, check_id, create_init, run_exec};
@@ -231,7 +231,12 @@ impl TaskService {
             (runtime, bundle, paths, spec)
         };
         runtime.warm_exit_recorder(id);
+        let began = std::time::Instant::now();
         let result = run_exec(id, exec_id, &runtime, &bundle, &paths, &spec).await;
+        debug!(
+            "exec {id}/{exec_id}: the runtime's exec took {:?}",
+            began.elapsed()
+        );
         let mut table = self.inner.table.lock().await;
         let started = result.as_ref().ok().map(|(pid, _)| *pid);
         let early = table.early_exits.start_ends(started);
