@@ -7,6 +7,7 @@
 //! one record per exec either way (docs/audit.md).
 
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -31,6 +32,8 @@ pub enum RecorderError {
     Timeout(Duration),
     #[error("the exit recorder could not write the record: {0}")]
     Refused(String),
+    #[error("the exit recorder ended without answering once (an older runtime binary?)")]
+    GivenUp,
 }
 
 impl RecorderError {
@@ -45,6 +48,10 @@ impl RecorderError {
 #[derive(Default)]
 pub struct ExitRecorder {
     conn: Mutex<Option<Conn>>,
+    /// Set once a recorder ended without answering anything: the runtime binary cannot
+    /// record (an older one, a sandbox it does not find), so every exit goes to `audit-exit`
+    /// without starting another.
+    given_up: AtomicBool,
 }
 
 impl std::fmt::Debug for ExitRecorder {
@@ -57,6 +64,7 @@ impl std::fmt::Debug for ExitRecorder {
 struct Conn {
     id: String,
     stream: BufReader<UnixStream>,
+    answered: bool,
 }
 
 impl Conn {
@@ -69,6 +77,7 @@ impl Conn {
         Ok(Self {
             id: id.to_owned(),
             stream: BufReader::new(stream),
+            answered: false,
         })
     }
 
@@ -103,6 +112,9 @@ impl ExitRecorder {
     /// own start is off the path of that exec's exit. A failure here is only logged: the
     /// exit then starts one or goes to `audit-exit`.
     pub async fn warm(&self, runtime: &Runtime, id: &str) {
+        if self.given_up.load(Ordering::Relaxed) {
+            return;
+        }
         if let Err(e) = connected(&mut *self.conn.lock().await, runtime, id) {
             log::warn!("exit recorder of {id}: {e}");
         }
@@ -119,12 +131,21 @@ impl ExitRecorder {
         code: u32,
     ) -> Result<(), RecorderError> {
         let line = serde_json::json!({ "process": exec_id, "pid": pid, "status": code });
+        if self.given_up.load(Ordering::Relaxed) {
+            return Err(RecorderError::GivenUp);
+        }
         let mut guard = self.conn.lock().await;
         let conn = connected(&mut guard, runtime, id)?;
         let answer = match tokio::time::timeout(ANSWER_LIMIT, conn.ask(&format!("{line}\n"))).await
         {
-            Ok(Ok(answer)) => answer,
+            Ok(Ok(answer)) => {
+                conn.answered = true;
+                answer
+            }
             Ok(Err(e)) => {
+                if !conn.answered {
+                    self.given_up.store(true, Ordering::Relaxed);
+                }
                 *guard = None;
                 return Err(RecorderError::Io(e));
             }
@@ -170,4 +191,88 @@ fn connected<'a>(
         _ => Conn::start(runtime, id)?,
     };
     Ok(conn.insert(running))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::RuntimeOptions;
+
+    /// A runtime binary that is a shell script: `body` runs for `exit-recorder` (stdin and
+    /// stdout the shim's socket), and every run's first word goes to `calls`.
+    fn fake_runtime(dir: &std::path::Path, body: &str) -> Runtime {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("runtime");
+        let calls = dir.join("calls");
+        std::fs::write(
+            &bin,
+            format!(
+                "#!/bin/sh\nshift 6\necho \"$1\" >>{}\n[ \"$1\" = exit-recorder ] || exit 0\n{body}\n",
+                calls.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let opts = RuntimeOptions {
+            runtime: bin,
+            ..RuntimeOptions::defaults("default")
+        };
+        Runtime::new(&opts, dir)
+    }
+
+    fn calls(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn one_recorder_answers_every_exit_of_its_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = "while read -r line; do echo \"$line\" >>\"$(dirname \"$0\")/asked\"; echo '{\"ok\":true}'; done";
+        let runtime = fake_runtime(dir.path(), body);
+        let recorder = ExitRecorder::default();
+        recorder.warm(&runtime, "c1").await;
+        for (exec, code) in [("e1", 0), ("e2", 137)] {
+            recorder
+                .record(&runtime, "c1", exec, 40, code)
+                .await
+                .unwrap();
+        }
+        recorder.close().await;
+        assert_eq!(calls(dir.path()), ["exit-recorder"]);
+        let asked = std::fs::read_to_string(dir.path().join("asked")).unwrap();
+        assert_eq!(
+            asked,
+            "{\"pid\":40,\"process\":\"e1\",\"status\":0}\n{\"pid\":40,\"process\":\"e2\",\"status\":137}\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_final_and_a_recorder_that_never_answers_is_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let refusing = fake_runtime(
+            dir.path(),
+            "while read -r line; do echo '{\"error\":\"disk full\"}'; done",
+        );
+        let recorder = ExitRecorder::default();
+        let refused = recorder.record(&refusing, "c1", "e1", 7, 0).await;
+        assert!(
+            matches!(&refused, Err(e @ RecorderError::Refused(m)) if m == "disk full" && !e.unanswered()),
+            "{refused:?}"
+        );
+        let silent = fake_runtime(dir.path(), "exit 2");
+        let recorder = ExitRecorder::default();
+        let first = recorder.record(&silent, "c1", "e1", 7, 0).await;
+        assert!(
+            matches!(&first, Err(e @ RecorderError::Io(_)) if e.unanswered()),
+            "{first:?}"
+        );
+        let second = recorder.record(&silent, "c1", "e2", 8, 0).await;
+        assert!(matches!(second, Err(RecorderError::GivenUp)), "{second:?}");
+        recorder.warm(&silent, "c1").await;
+        assert_eq!(calls(dir.path()), ["exit-recorder", "exit-recorder"]);
+    }
 }

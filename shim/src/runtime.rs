@@ -18,7 +18,7 @@ use std::sync::Arc;
 use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubscribe};
 use serde::Deserialize;
 
-use crate::exit_recorder::ExitRecorder;
+use crate::exit_recorder::{ExitRecorder, RecorderError};
 use crate::options::{POLICY_ENV, PROFILES_DIR_ENV, RuntimeOptions};
 
 /// Errors from running the runtime binary.
@@ -249,6 +249,8 @@ impl Runtime {
                 .await
             {
                 Ok(()) => return,
+                // Said once, when it gave up.
+                Err(RecorderError::GivenUp) => {}
                 Err(e) if e.unanswered() => {
                     log::warn!("exit record of {id}/{exec_id} pid {pid}: {e}; running audit-exit");
                 }

@@ -558,16 +558,10 @@ fn podman_exec_exit_codes_and_signals_are_recorded_once_under_the_exec_session_i
     Ok(())
 }
 
-/// Through our shim, an exec's `exit` record is in the log before containerd hears of the
-/// exit: read as soon as `ctr task exec` returns, without waiting, each exec's record is
-/// there with its code. One exit recorder of the container (`agent-sandbox exit-recorder`)
-/// writes them all, instead of an `audit-exit` run per exec on the path of every exit, and
-/// the log's chain still verifies.
-#[test]
-fn ctr_exec_exit_records_are_in_the_log_when_the_exec_returns_by_one_recorder() -> anyhow::Result<()>
-{
+/// A running `sleep 300` task under our shim (named after `stem`), and its audit log.
+fn ctr_sleeper(stem: &str) -> anyhow::Result<(String, Container, std::path::PathBuf)> {
     ctr::require_containerd()?;
-    let id = name("ctr-exit-recorder");
+    let id = name(stem);
     let c = Container::start_detached(
         Shim::AgentSandbox,
         &[],
@@ -580,6 +574,18 @@ fn ctr_exec_exit_records_are_in_the_log_when_the_exec_returns_by_one_recorder() 
         .join(ctr::NAMESPACE)
         .join("audit")
         .join(format!("{id}.jsonl"));
+    Ok((id, c, log))
+}
+
+/// Through our shim, an exec's `exit` record is in the log before containerd hears of the
+/// exit: read as soon as `ctr task exec` returns, without waiting, each exec's record is
+/// there with its code. One exit recorder of the container (`agent-sandbox exit-recorder`)
+/// writes them all, instead of an `audit-exit` run per exec on the path of every exit, and
+/// the log's chain still verifies.
+#[test]
+fn ctr_exec_exit_records_are_in_the_log_when_the_exec_returns_by_one_recorder() -> anyhow::Result<()>
+{
+    let (id, c, log) = ctr_sleeper("ctr-exit-recorder")?;
     let mut recorders = std::collections::BTreeSet::new();
     for code in 0..5 {
         let exec_id = format!("rec{code}");
@@ -615,22 +621,9 @@ fn ctr_exec_exit_records_are_in_the_log_when_the_exec_returns_by_one_recorder() 
 
 #[test]
 fn ctr_exec_exits_are_recorded_once_each() -> anyhow::Result<()> {
-    ctr::require_containerd()?;
-    let id = name("ctr-exec-exit");
-    let c = Container::start_detached(
-        Shim::AgentSandbox,
-        &[],
-        BUSYBOX_IMAGE,
-        &id,
-        &["sleep", "300"],
-    )?;
-    c.wait_status("RUNNING", Duration::from_secs(30))?;
+    let (_id, c, log) = ctr_sleeper("ctr-exec-exit")?;
     let out = c.task_cmd(&["exec", "--exec-id", "three"], &["sh", "-c", "exit 3"])?;
     ensure!(out.code == Some(3), "exec exit 3\n{out}");
-    let log = Path::new(ctr::RUNTIME_ROOT)
-        .join(ctr::NAMESPACE)
-        .join("audit")
-        .join(format!("{id}.jsonl"));
     let exits = wait_exec_exits(&log, 1)?;
     ensure!(
         exits.len() == 1

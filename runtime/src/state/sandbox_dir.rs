@@ -441,11 +441,7 @@ mod tests {
     fn only_the_records_delete_needs_are_synced() {
         let root = tempfile::tempdir().unwrap();
         let d = sandbox(root.path());
-        for f in [
-            d.record(),
-            d.workspace(),
-            d.requested_seccomp(),
-        ] {
+        for f in [d.record(), d.workspace(), d.requested_seccomp()] {
             assert_eq!(f.durability, Durability::Synced, "{}", f.path().display());
         }
         for f in [
