@@ -13,6 +13,17 @@ use crate::harness::{self, BUSYBOX_IMAGE, DEFAULT_TIMEOUT, Output};
 
 /// containerd's socket as `hack/containerd.sh` starts it.
 pub const SOCKET: &str = "/run/containerd/containerd.sock";
+/// Names another containerd's socket for `ctr` (one started beside the shared one, as for
+/// the CRI suite's `AGENT_SANDBOX_CRI_SOCKET`).
+pub const SOCKET_ENV: &str = "AGENT_SANDBOX_CTR_SOCKET";
+
+/// The socket `ctr` talks to: [`SOCKET_ENV`] if set, else [`SOCKET`].
+pub fn socket() -> String {
+    std::env::var(SOCKET_ENV)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| SOCKET.to_owned())
+}
 /// The containerd namespace the tests use (the images are imported there).
 pub const NAMESPACE: &str = "default";
 /// Our runtime's state directories (the shim's default `--root`).
@@ -50,7 +61,7 @@ impl Shim {
 /// `ctr --address SOCKET -n NAMESPACE`.
 pub fn ctr() -> Command {
     let mut cmd = Command::new("ctr");
-    cmd.args(["--address", SOCKET, "-n", NAMESPACE]);
+    cmd.args(["--address", &socket(), "-n", NAMESPACE]);
     cmd
 }
 
@@ -59,7 +70,7 @@ pub fn ctr_shell(args: &[&str]) -> String {
     let mut words = vec![
         "ctr".to_owned(),
         "--address".into(),
-        SOCKET.into(),
+        socket(),
         "-n".into(),
         NAMESPACE.into(),
     ];
@@ -87,7 +98,10 @@ pub fn require_containerd() -> anyhow::Result<()> {
     harness::require_file(harness::runtime_bin())?;
     let version = harness::run(ctr().arg("version"), Duration::from_secs(20))?;
     if !version.success() {
-        bail!("containerd does not answer on {SOCKET}; run hack/containerd.sh\n{version}");
+        bail!(
+            "containerd does not answer on {}; run hack/containerd.sh\n{version}",
+            socket()
+        );
     }
     let images = harness::run_ok(ctr().args(["images", "ls", "-q"]), DEFAULT_TIMEOUT)?;
     if !images.stdout.lines().any(|l| l == BUSYBOX_IMAGE) {

@@ -7,6 +7,7 @@ mod cgroup;
 mod checkpoint;
 mod container;
 mod error;
+mod exit_recorder;
 mod exits;
 mod options;
 mod process;

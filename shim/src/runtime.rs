@@ -20,6 +20,7 @@ use containerd_shim::monitor::{Subject, Topic, monitor_subscribe, monitor_unsubs
 use serde::Deserialize;
 
 use crate::checkpoint::{CheckpointPlan, RestorePlan};
+use crate::exit_recorder::{ExitRecorder, RecorderError};
 use crate::options::{POLICY_ENV, PROFILES_DIR_ENV, RuntimeOptions};
 
 /// Errors from running the runtime binary.
@@ -117,6 +118,8 @@ pub struct Runtime {
     /// --exit-pid`): [`FLAGS_UNKNOWN`], [`FLAGS_AGENT`], or [`FLAGS_RUNC`] for runc or alike
     /// (`BinaryName`), which gets runc's command lines. Shared by the clones of one client.
     agent_flags: Arc<AtomicU8>,
+    /// The container's writer of exec `exit` records, shared by every clone.
+    exit_recorder: Arc<ExitRecorder>,
 }
 
 impl Runtime {
@@ -130,6 +133,7 @@ impl Runtime {
             systemd_cgroup: opts.systemd_cgroup,
             log: bundle.join("log.json"),
             agent_flags: Arc::new(AtomicU8::new(FLAGS_UNKNOWN)),
+            exit_recorder: Arc::default(),
         }
     }
 
@@ -324,13 +328,47 @@ impl Runtime {
         self.run("update", &args, None, false).await.map(drop)
     }
 
-    /// Audit trail: `audit-exit --process init|EXEC_ID --pid PID --status CODE ID`, the
-    /// runtime's `exit` record of a process this shim reaped (`code` as the reaper folds it:
-    /// 128 + N for signal N). A failure is logged, never returned: the exit must still reach
-    /// containerd.
+    /// Starts the container's exit recorder, on a task of its own, unless it runs: called as
+    /// an exec starts, so that the recorder is up by the time that exec exits.
+    pub fn warm_exit_recorder(&self, id: &str) {
+        if self.is_runc_only() {
+            return;
+        }
+        let (runtime, id) = (self.clone(), id.to_owned());
+        tokio::spawn(async move { runtime.exit_recorder.warm(&runtime, &id).await });
+    }
+
+    /// Ends the container's exit recorder and waits until it is gone.
+    pub async fn close_exit_recorder(&self) {
+        self.exit_recorder.close().await;
+    }
+
+    /// Audit trail: the runtime's `exit` record of a process this shim reaped (`code` as the
+    /// reaper folds it: 128 + N for signal N). An exec's goes to the container's exit
+    /// recorder; the init's, or an exec's the recorder did not answer for, to `audit-exit
+    /// --process init|EXEC_ID --pid PID --status CODE ID`. A failure is logged, never
+    /// returned: the exit must still reach containerd.
     pub async fn audit_exit(&self, id: &str, exec_id: &str, pid: u32, code: u32) {
         if self.is_runc_only() {
             return;
+        }
+        if !exec_id.is_empty() {
+            match self
+                .exit_recorder
+                .record(self, id, exec_id, pid, code)
+                .await
+            {
+                Ok(()) => return,
+                // Said once, when it gave up.
+                Err(RecorderError::GivenUp) => {}
+                Err(e) if e.unanswered() => {
+                    log::warn!("exit record of {id}/{exec_id} pid {pid}: {e}; running audit-exit");
+                }
+                Err(e) => {
+                    log::error!("audit exit record of {id}/{exec_id} pid {pid}: {e}");
+                    return;
+                }
+            }
         }
         let (pid, code) = (pid.to_string(), code.to_string());
         let process = if exec_id.is_empty() { "init" } else { exec_id };
@@ -376,22 +414,8 @@ impl Runtime {
         self.run(command, &args, None, false).await.map(drop)
     }
 
-    /// Runs one command to completion; returns its stdout when `capture` is set. Output goes
-    /// to anonymous temporary files rather than pipes: nothing to drain while waiting.
-    #[expect(clippy::too_many_lines)]
-    async fn run(
-        &self,
-        command: &'static str,
-        args: &[&OsStr],
-        stdio: Option<Stdio3>,
-        capture: bool,
-    ) -> Result<Vec<u8>, RuntimeError> {
-        let capture_err = |source| RuntimeError::Capture {
-            binary: self.binary.clone(),
-            command,
-            source,
-        };
-        let log_offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+    /// The runtime with its global flags, its policy's environment and `args`.
+    fn command(&self, args: &[&OsStr]) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root")
             .arg(&self.root)
@@ -411,6 +435,52 @@ impl Runtime {
             Some(dir) => cmd.env(PROFILES_DIR_ENV, dir),
             None => cmd.env_remove(PROFILES_DIR_ENV),
         };
+        cmd
+    }
+
+    /// Starts `exit-recorder ID` (the runtime's writer of exec `exit` records) on one end
+    /// of a socket pair, as its stdin and stdout; returns the other end. The child is not
+    /// waited for: the shim's reaper collects it when it ends (at the end of its input or
+    /// after its idle time).
+    pub fn spawn_exit_recorder(
+        &self,
+        id: &str,
+    ) -> Result<std::os::unix::net::UnixStream, RuntimeError> {
+        let spawn_err = |source| RuntimeError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        };
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(spawn_err)?;
+        let input = theirs.try_clone().map_err(spawn_err)?;
+        let mut cmd = self.command(&["exit-recorder".as_ref(), id.as_ref()]);
+        cmd.stdin(Stdio::from(std::os::fd::OwnedFd::from(input)))
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stderr(Stdio::null())
+            .current_dir("/");
+        let child = cmd.spawn().map_err(spawn_err)?;
+        // Its end of the pair must not stay open here, or it would never see the end of
+        // its input; dropping a std Child neither waits nor kills.
+        drop((cmd, child));
+        Ok(ours)
+    }
+
+    /// Runs one command to completion; returns its stdout when `capture` is set. Output goes
+    /// to anonymous temporary files rather than pipes: nothing to drain while waiting.
+    #[expect(clippy::too_many_lines)]
+    async fn run(
+        &self,
+        command: &'static str,
+        args: &[&OsStr],
+        stdio: Option<Stdio3>,
+        capture: bool,
+    ) -> Result<Vec<u8>, RuntimeError> {
+        let capture_err = |source| RuntimeError::Capture {
+            binary: self.binary.clone(),
+            command,
+            source,
+        };
+        let log_offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+        let mut cmd = self.command(args);
         let mut out_file = None;
         let mut err_file = None;
         match stdio {

@@ -558,10 +558,10 @@ fn podman_exec_exit_codes_and_signals_are_recorded_once_under_the_exec_session_i
     Ok(())
 }
 
-#[test]
-fn ctr_exec_exits_are_recorded_once_each() -> anyhow::Result<()> {
+/// A running `sleep 300` task under our shim (named after `stem`), and its audit log.
+fn ctr_sleeper(stem: &str) -> anyhow::Result<(String, Container, std::path::PathBuf)> {
     ctr::require_containerd()?;
-    let id = name("ctr-exec-exit");
+    let id = name(stem);
     let c = Container::start_detached(
         Shim::AgentSandbox,
         &[],
@@ -570,12 +570,60 @@ fn ctr_exec_exits_are_recorded_once_each() -> anyhow::Result<()> {
         &["sleep", "300"],
     )?;
     c.wait_status("RUNNING", Duration::from_secs(30))?;
-    let out = c.task_cmd(&["exec", "--exec-id", "three"], &["sh", "-c", "exit 3"])?;
-    ensure!(out.code == Some(3), "exec exit 3\n{out}");
     let log = Path::new(ctr::RUNTIME_ROOT)
         .join(ctr::NAMESPACE)
         .join("audit")
         .join(format!("{id}.jsonl"));
+    Ok((id, c, log))
+}
+
+/// Through our shim, an exec's `exit` record is in the log before containerd hears of the
+/// exit: read as soon as `ctr task exec` returns, without waiting, each exec's record is
+/// there with its code. One exit recorder of the container (`agent-sandbox exit-recorder`)
+/// writes them all, instead of an `audit-exit` run per exec on the path of every exit, and
+/// the log's chain still verifies.
+#[test]
+fn ctr_exec_exit_records_are_in_the_log_when_the_exec_returns_by_one_recorder() -> anyhow::Result<()>
+{
+    let (id, c, log) = ctr_sleeper("ctr-exit-recorder")?;
+    let mut recorders = std::collections::BTreeSet::new();
+    for code in 0..5 {
+        let exec_id = format!("rec{code}");
+        let out = c.task_cmd(
+            &["exec", "--exec-id", &exec_id],
+            &["sh", "-c", &format!("echo out-{code}; exit {code}")],
+        )?;
+        ensure!(
+            out.code == Some(code) && out.stdout.contains(&format!("out-{code}")),
+            "exec {exec_id}\n{out}"
+        );
+        let exits = exec_exits(&log)?;
+        let mine: Vec<_> = exits
+            .iter()
+            .filter(|r| r["data"]["process"] == exec_id.as_str())
+            .collect();
+        ensure!(
+            mine.len() == 1 && mine[0]["data"]["status"] == serde_json::json!({ "code": code }),
+            "exec {exec_id} returned, but the log has not its one exit record: {exits:#?}"
+        );
+        recorders.extend(harness::pids_with_args(|_, args| {
+            args.contains(&b"exit-recorder".as_slice())
+                && args.iter().rev().find(|a| !a.is_empty()) == Some(&id.as_bytes())
+        }));
+    }
+    ensure!(
+        recorders.len() == 1,
+        "one exit recorder for the container's 5 execs expected, saw pids {recorders:?}"
+    );
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
+#[test]
+fn ctr_exec_exits_are_recorded_once_each() -> anyhow::Result<()> {
+    let (_id, c, log) = ctr_sleeper("ctr-exec-exit")?;
+    let out = c.task_cmd(&["exec", "--exec-id", "three"], &["sh", "-c", "exit 3"])?;
+    ensure!(out.code == Some(3), "exec exit 3\n{out}");
     let exits = wait_exec_exits(&log, 1)?;
     ensure!(
         exits.len() == 1

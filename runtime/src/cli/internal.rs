@@ -1,5 +1,6 @@
 //! The hidden commands: what the runtime starts as helper processes beside a sandbox
-//! (`proxy`, `seccomp-supervise`, `watchdog`, `exec-exit`) and the wrapper of OCI hooks
+//! (`proxy`, `seccomp-supervise`, `watchdog`, `exec-exit`), what the shim starts beside
+//! one (`exit-recorder`) and the wrapper of OCI hooks
 //! (`hook`). People do not run these; their flags may change with the runtime.
 
 use std::path::Path;
@@ -43,6 +44,25 @@ pub(super) fn exec_exit(cli: &Cli, id: &str, exec_id: &str, pid: i32) -> Result<
     let runtime = cli.runtime()?;
     crate::sidecars::exec_exit::run(&runtime.dirs, &ContainerId::try_from(id)?, exec_id, pid)?;
     Ok(())
+}
+
+/// `exit-recorder [--idle-seconds S] ID`: the shim's writer of exec `exit` records, on
+/// stdin and stdout.
+pub(super) fn exit_recorder(cli: &Cli, id: &str, idle_seconds: u64) -> Result<(), CliError> {
+    use std::os::fd::AsFd;
+    let id = ContainerId::try_from(id)?;
+    let runtime = cli.runtime()?;
+    if !runtime.dirs.sandbox(&id).exists() {
+        return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
+    }
+    let input = std::io::stdin().as_fd().try_clone_to_owned();
+    let output = std::io::stdout().as_fd().try_clone_to_owned();
+    let (input, output) = input
+        .and_then(|i| Ok((i, output?)))
+        .map_err(CliError::ExitRecorder)?;
+    let idle = std::time::Duration::from_secs(idle_seconds);
+    crate::sidecars::exec_exit::serve(&runtime.dirs, &id, input, output, idle)
+        .map_err(CliError::ExitRecorder)
 }
 
 /// `oom-watch --bundle B --cgroup MEMDIR ID`: marks an OOM kill where podman looks for it.

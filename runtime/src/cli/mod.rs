@@ -11,7 +11,7 @@
 //! - `policy`: `policy explain`, `profile`
 //! - `install`: `install containerd`, `install docker`
 //! - `internal`: the hidden commands the runtime and the shim run as helper processes
-//!   (`proxy`, `seccomp-supervise`, `watchdog`, `exec-exit`, `hook`)
+//!   (`proxy`, `seccomp-supervise`, `watchdog`, `exec-exit`, `exit-recorder`, `hook`)
 
 use std::path::PathBuf;
 
@@ -350,6 +350,15 @@ pub enum Command {
         pid: i32,
         id: String,
     },
+    /// Internal: the shim's writer of exec `exit` records, one JSON line in and one out per
+    /// exit on stdin/stdout (`sidecars/exec_exit.rs`)
+    #[command(name = "exit-recorder", hide = true)]
+    ExitRecorder {
+        /// End after this long without an exit to record
+        #[arg(long = "idle-seconds", default_value_t = 60)]
+        idle_seconds: u64,
+        id: String,
+    },
     /// Internal: the OOM watcher that `create` spawns for a podman container
     /// (`sidecars/podman_oom.rs`)
     #[command(name = "oom-watch", hide = true)]
@@ -526,6 +535,8 @@ pub enum CliError {
     Cap { cap: String },
     #[error("exec needs --process or a command")]
     NoExecCommand,
+    #[error("exit recorder")]
+    ExitRecorder(#[source] std::io::Error),
     #[error(transparent)]
     File(#[from] crate::files::FileError),
     #[error(transparent)]
@@ -650,6 +661,9 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
         )?,
         Command::Changes { action } => workspace::changes(cli, action)?,
         Command::ExecExit { exec_id, pid, id } => internal::exec_exit(cli, &id, &exec_id, pid)?,
+        Command::ExitRecorder { idle_seconds, id } => {
+            internal::exit_recorder(cli, &id, idle_seconds)?
+        }
         Command::OomWatch { bundle, cgroup, id } => internal::oom_watch(&bundle, &cgroup, &id)?,
         Command::Watchdog { seconds, pid, id } => internal::watchdog(cli, &id, seconds, pid)?,
         Command::Policy {

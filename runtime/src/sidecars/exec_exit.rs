@@ -8,10 +8,16 @@
 //! which waits for the process to end and be reaped, reads its wait status from the kernel
 //! (`agent_sandbox_sys::pidfd_exit`, Linux 6.15+) and appends the `exit` record under the
 //! exec's id. On an older kernel no watcher starts and no record is written
-//! (docs/audit.md). Our own shim reports every exit itself (`audit-exit`), so no watcher
-//! starts under it; if both reported, [`crate::report::audit::exited`] keeps the first.
+//! (docs/audit.md). Our own shim reports every exit itself, so no watcher starts under it;
+//! if both reported, [`crate::report::audit::exited`] keeps the first.
+//!
+//! The shim's reports of exec exits go to its exit recorder ([`serve`], `agent-sandbox
+//! exit-recorder`, hidden): one process per container that writes each exec's `exit` record
+//! as the shim reports it, where an `audit-exit` run per exec cost a runtime start (about
+//! 4 ms here) on the path of every TaskExit.
 
-use std::os::fd::AsFd;
+use std::io::{BufRead, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -96,6 +102,75 @@ pub fn watch(dirs: &StateDirs, id: &ContainerId, pid: i32, exec_id: &str) {
     }
 }
 
+/// One exit as the shim reports it to its recorder (a line of JSON).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExitLine {
+    /// `init` or the exec's id.
+    process: String,
+    pid: Option<i32>,
+    /// The status as the reaper folds it (128 + N for signal N).
+    status: i32,
+}
+
+/// The shim's exit recorder: reads one exit per line from `input` (`{"process":"e1",
+/// "pid":7,"status":0}`) and answers on `output` once its `exit` record is in the log
+/// (`{"ok":true}`, or `{"error":"..."}`). Each record goes through
+/// [`crate::report::audit::exited`], as `audit-exit`'s does: the claim of the exec's exit,
+/// the fence after the supervisor's Landlock records, the log's chain lock. Returns at the
+/// end of the input, or once no exit came for `idle`; an exit sent as it ends gets no answer
+/// and the shim records it with `audit-exit` instead.
+pub fn serve(
+    dirs: &StateDirs,
+    id: &ContainerId,
+    input: OwnedFd,
+    output: OwnedFd,
+    idle: Duration,
+) -> std::io::Result<()> {
+    let input = std::fs::File::from(input);
+    let mut output = std::fs::File::from(output);
+    let mut reader = std::io::BufReader::new(&input);
+    let mut line = String::new();
+    loop {
+        // An input that cannot be polled is read as it is (a read ends at its end).
+        if reader.buffer().is_empty()
+            && !crate::sidecars::readable_within(input.as_fd(), idle).unwrap_or(true)
+        {
+            return Ok(());
+        }
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let answer = match record_line(dirs, id, &line) {
+            Ok(()) => serde_json::json!({ "ok": true }),
+            Err(error) => serde_json::json!({ "error": error }),
+        };
+        output.write_all(format!("{answer}\n").as_bytes())?;
+    }
+}
+
+/// Writes the `exit` record one line asks for; the error's whole chain as text.
+fn record_line(dirs: &StateDirs, id: &ContainerId, line: &str) -> Result<(), String> {
+    let exit: ExitLine =
+        serde_json::from_str(line).map_err(|e| format!("unreadable exit report: {e}"))?;
+    let report = crate::report::audit::ExitReport {
+        process: exit.process,
+        pid: exit.pid,
+        status: ExitStatus::from_folded(exit.status),
+        reaped_by: None,
+    };
+    crate::report::audit::exited(dirs, id, &report).map_err(|e| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        text
+    })
+}
+
 /// A wait status as the audit records it.
 fn status_of(wait: i32) -> ExitStatus {
     if libc::WIFEXITED(wait) {
@@ -163,6 +238,84 @@ mod tests {
         assert_eq!(id("/tmp/pid"), "exec");
         assert_eq!(id("/tmp/bad\nname.pid"), "exec");
         assert_eq!(exec_id(None), "exec");
+    }
+
+    /// The recorder answers each line once its record is in the log, a second report of
+    /// the same exec writes nothing, a line it cannot read is an error naming it, and it
+    /// ends at the end of its input.
+    #[test]
+    fn the_recorder_writes_each_reported_exit_once_and_answers_each_line() {
+        use std::io::{BufRead, BufReader, Write};
+        use std::os::unix::net::UnixStream;
+        let root = tempfile::tempdir().unwrap();
+        let dirs = StateDirs::new(root.path().to_owned());
+        let id = ContainerId::try_from("rec1").unwrap();
+        std::fs::create_dir_all(dirs.sandbox(&id).path()).unwrap();
+        let log = crate::report::audit::init(&dirs, &id, None).unwrap();
+        let (shim, recorder) = UnixStream::pair().unwrap();
+        let (input, output) = (recorder.try_clone().unwrap(), recorder);
+        let server = std::thread::spawn({
+            let (dirs, id) = (dirs.clone(), id.clone());
+            move || {
+                serve(
+                    &dirs,
+                    &id,
+                    input.into(),
+                    output.into(),
+                    Duration::from_secs(30),
+                )
+            }
+        });
+        let mut answers = BufReader::new(shim.try_clone().unwrap());
+        let mut ask = |line: &str| {
+            (&shim).write_all(line.as_bytes()).unwrap();
+            let mut answer = String::new();
+            answers.read_line(&mut answer).unwrap();
+            answer
+        };
+        let first = r#"{"process":"e1","pid":41,"status":137}"#;
+        assert_eq!(ask(&format!("{first}\n")), "{\"ok\":true}\n");
+        assert_eq!(ask(&format!("{first}\n")), "{\"ok\":true}\n");
+        let bad = ask("{\"process\":\"e2\"}\n");
+        assert!(bad.contains("unreadable exit report"), "{bad}");
+        shim.shutdown(std::net::Shutdown::Write).unwrap();
+        server.join().unwrap().unwrap();
+        let exits: Vec<_> = agent_sandbox_audit::read_records(&log)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.event)
+            .collect();
+        assert!(
+            matches!(
+                exits.as_slice(),
+                [agent_sandbox_audit::Event::Exit {
+                    status: ExitStatus::Signal(9),
+                    process: Some(p),
+                    pid: Some(41),
+                    ..
+                }] if p == "e1"
+            ),
+            "{exits:?}"
+        );
+    }
+
+    #[test]
+    fn the_recorder_ends_when_no_exit_comes_for_its_idle_time() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = StateDirs::new(root.path().to_owned());
+        let id = ContainerId::try_from("rec2").unwrap();
+        let (_shim, recorder) = std::os::unix::net::UnixStream::pair().unwrap();
+        let input = recorder.try_clone().unwrap();
+        let started = std::time::Instant::now();
+        serve(
+            &dirs,
+            &id,
+            input.into(),
+            recorder.into(),
+            Duration::from_millis(50),
+        )
+        .unwrap();
+        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

@@ -203,26 +203,34 @@ impl InitWatch {
 
     /// Waits up to `limit` for the init to exit; whether it did.
     pub fn exited_within(&self, limit: std::time::Duration) -> bool {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            // poll's timeout is an i32 of milliseconds: a long limit is waited in pieces.
-            let piece = PollTimeout::try_from(left.min(std::time::Duration::from_secs(3600)))
-                .unwrap_or(PollTimeout::MAX);
-            let mut fds = [PollFd::new(self.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, piece) {
-                Ok(_) if fds[0].any().unwrap_or(false) => return true,
-                Ok(_) | Err(nix::Error::EINTR) => {}
-                // A pidfd that cannot be polled tells nothing: wait the whole limit.
-                Err(_) => {
-                    std::thread::sleep(left);
-                    return false;
-                }
-            }
-            if left.is_zero() {
-                return false;
-            }
+        readable_within(self.as_fd(), limit).unwrap_or_else(|_| {
+            // A pidfd that cannot be polled tells nothing: wait the whole limit.
+            std::thread::sleep(limit);
+            false
+        })
+    }
+}
+
+/// Waits up to `limit` for `fd` to turn readable (or hung up); whether it did.
+pub fn readable_within(
+    fd: std::os::fd::BorrowedFd<'_>,
+    limit: std::time::Duration,
+) -> nix::Result<bool> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // poll's timeout is an i32 of milliseconds: a long limit is waited in pieces.
+        let piece = PollTimeout::try_from(left.min(std::time::Duration::from_secs(3600)))
+            .unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        match poll(&mut fds, piece) {
+            Ok(_) if fds[0].any().unwrap_or(false) => return Ok(true),
+            Ok(_) | Err(nix::Error::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+        if left.is_zero() {
+            return Ok(false);
         }
     }
 }

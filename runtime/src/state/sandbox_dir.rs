@@ -29,7 +29,7 @@ const DEFAULT: u32 = 0o666;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Durability {
     /// Synced: the records `delete` needs to undo `create` (the sandbox record, the
-    /// workspace, an exec's process), which must survive a crash of the host.
+    /// workspace, the requested seccomp), which must survive a crash of the host.
     Synced,
     /// Replaced atomically without a sync: the files rewritten on every create or delete
     /// (audit state, layers, cgroups, ...), which were never synced; a sync each would add
@@ -192,13 +192,15 @@ impl SandboxDir {
     }
 
     /// `exec-<pid>.json`: the clamped process of an exec in flight, run by the runtime with
-    /// `pid` and removed when its exec is built — `lifecycle`.
+    /// `pid` and removed when its exec is built — `lifecycle`. Not synced: only that same
+    /// run reads it (libcontainer, by path), and no later command needs it, so a sync bought
+    /// nothing but a wait on the disk in every exec.
     pub fn exec_process(&self, pid: u32) -> JsonFile {
         self.json(
             &format!("exec-{pid}.json"),
             Layout::Pretty,
             PRIVATE,
-            Durability::Synced,
+            Durability::Replaced,
         )
     }
 
@@ -464,15 +466,11 @@ mod tests {
     fn only_the_records_delete_needs_are_synced() {
         let root = tempfile::tempdir().unwrap();
         let d = sandbox(root.path());
-        for f in [
-            d.record(),
-            d.workspace(),
-            d.requested_seccomp(),
-            d.exec_process(7),
-        ] {
+        for f in [d.record(), d.workspace(), d.requested_seccomp()] {
             assert_eq!(f.durability, Durability::Synced, "{}", f.path().display());
         }
         for f in [
+            d.exec_process(7),
             d.cgroup(),
             d.layers(),
             d.pod(),

@@ -1,14 +1,18 @@
 //! Reaped exits: routed to their process, then finished in the order containerd expects.
 
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use containerd_shim::protos::events::task::{TaskExit, TaskOOM};
 use log::{debug, info};
+use tokio::sync::{Mutex, watch};
 
 use crate::cgroup::Cgroups;
-use crate::exits::{self, Kind, Route};
+use crate::exits::{self, InitExitRecord, Kind, Route};
 use crate::process::Exit;
+use crate::runtime::Runtime;
 use crate::stdio;
 
 use super::{TaskService, now, process_name};
@@ -71,9 +75,9 @@ impl TaskService {
         }
     }
 
-    /// Drains the process's output, writes or hands over its audit `exit` record, publishes
-    /// TaskOOM if the init was OOM-killed, records the exit and publishes TaskExit, in that
-    /// order.
+    /// Drains the process's output and writes or hands over its audit `exit` record (the two
+    /// at once), publishes TaskOOM if the init was OOM-killed, records the exit and
+    /// publishes TaskExit, in that order.
     async fn finish_exit(&self, cid: &str, exec_id: &str, exit: Exit) {
         let kind = if exec_id.is_empty() {
             Kind::Init
@@ -97,32 +101,13 @@ impl TaskService {
                 (runtime, p.life.pid(), record),
             )
         };
-        if let Some(mut rx) = drain {
-            let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
-        }
-        // Keep this before the exit is published: a client that hears of the exit stops
-        // waiting for a reader it has not opened yet, and the output would be lost.
-        stdio::drain_outputs(outputs, DRAIN_LIMIT).await;
-        // Audit trail: the runtime appends the `exit` record, always before the `delete`
-        // record. An exec's is written now, before containerd hears of the exit (outside the
-        // table's lock). The init's goes with the Delete that usually follows at once (`ctr
-        // run --rm`, CRI): one runtime run instead of two; without a Delete, a separate
-        // `audit-exit` writes it after LATE_EXIT_RECORD.
-        let (runtime, pid, record) = audit;
-        match kind {
-            Kind::Init => {
-                record.lock().await.reaped(pid, exit.code);
-                let cid = cid.to_owned();
-                tokio::spawn(async move {
-                    tokio::time::sleep(LATE_EXIT_RECORD).await;
-                    let mut record = record.lock().await;
-                    if let Some((pid, code)) = record.take() {
-                        runtime.audit_exit(&cid, "", pid, code).await;
-                    }
-                });
-            }
-            Kind::Exec => runtime.audit_exit(cid, exec_id, pid, exit.code).await,
-        }
+        // Both before the exit is published, side by side: the process has ended, so its
+        // record need not wait for its output to be read, nor the other way round.
+        let (drained, recorded) = tokio::join!(
+            timed(drain_output(drain, outputs)),
+            timed(record_exit(kind, cid, exec_id, audit, exit.code))
+        );
+        debug!("exit of {cid}/{exec_id}: output taken in {drained:?}, recorded in {recorded:?}");
         let mut table = self.inner.table.lock().await;
         if let Ok(c) = table.container(cid)
             && exits::oom_before_exit(
@@ -161,4 +146,49 @@ impl TaskService {
         })
         .await;
     }
+}
+
+/// Waits for the process's output to be taken by the client. Keep this before the exit is
+/// published: a client that hears of the exit stops waiting for a reader it has not opened
+/// yet, and the output would be lost.
+async fn drain_output(terminal: Option<watch::Receiver<bool>>, outputs: Vec<OwnedFd>) {
+    if let Some(mut rx) = terminal {
+        let _ = tokio::time::timeout(DRAIN_LIMIT, rx.wait_for(|done| *done)).await;
+    }
+    stdio::drain_outputs(outputs, DRAIN_LIMIT).await;
+}
+
+/// Audit trail: the runtime appends the `exit` record, always before the `delete` record.
+/// An exec's is written now, before containerd hears of the exit (outside the table's lock),
+/// by the container's exit recorder. The init's goes with the Delete that usually follows at
+/// once (`ctr run --rm`, CRI): one runtime run instead of two; without a Delete, a separate
+/// `audit-exit` writes it after LATE_EXIT_RECORD.
+async fn record_exit(
+    kind: Kind,
+    cid: &str,
+    exec_id: &str,
+    (runtime, pid, record): (Runtime, u32, Arc<Mutex<InitExitRecord>>),
+    code: u32,
+) {
+    match kind {
+        Kind::Init => {
+            record.lock().await.reaped(pid, code);
+            let cid = cid.to_owned();
+            tokio::spawn(async move {
+                tokio::time::sleep(LATE_EXIT_RECORD).await;
+                let mut record = record.lock().await;
+                if let Some((pid, code)) = record.take() {
+                    runtime.audit_exit(&cid, "", pid, code).await;
+                }
+            });
+        }
+        Kind::Exec => runtime.audit_exit(cid, exec_id, pid, code).await,
+    }
+}
+
+/// How long `step` took (for the shim's debug log: where an exit's time goes).
+async fn timed(step: impl Future<Output = ()>) -> Duration {
+    let began = std::time::Instant::now();
+    step.await;
+    began.elapsed()
 }

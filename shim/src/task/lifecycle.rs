@@ -12,7 +12,7 @@ use containerd_shim::api::{
 use containerd_shim::protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskOOM, TaskStart,
 };
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use crate::cgroup::Cgroups;
 use crate::checkpoint::RestorePlan;
@@ -252,7 +252,13 @@ impl TaskService {
             table.early_exits.start_begins();
             (runtime, bundle, paths, spec)
         };
+        runtime.warm_exit_recorder(id);
+        let began = std::time::Instant::now();
         let result = run_exec(id, exec_id, &runtime, &bundle, &paths, &spec).await;
+        debug!(
+            "exec {id}/{exec_id}: the runtime's exec took {:?}",
+            began.elapsed()
+        );
         let mut table = self.inner.table.lock().await;
         let started = result.as_ref().ok().map(|(pid, _)| *pid);
         let early = table.early_exits.start_ends(started);
@@ -340,6 +346,8 @@ impl TaskService {
                 c.init_exit_record.clone(),
             )
         };
+        // Every exec's exit is recorded by now (the init's exit waited for theirs).
+        runtime.close_exit_recorder().await;
         // Held while the runtime deletes: a late `audit-exit` either ran already (and
         // took the exit) or never runs.
         let mut record = record.lock().await;
