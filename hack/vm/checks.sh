@@ -129,6 +129,24 @@ wait_gone() {
     return 1
 }
 
+# units_gone SYSTEMCTL... -- PATTERN: true once systemd lists no unit matching PATTERN (10 s
+# at most); else $got has what it lists. systemd learns of an unmount from mountinfo
+# asynchronously: once (trixie, agent-sandbox) podman's `userdata/shm` mount unit was still
+# listed `active mounted` right after `podman rm` returned. A unit still there after 10 s is
+# a leak, logged with the mount table's view of it.
+units_gone() {
+    local sc=() pattern _
+    while [[ $1 != -- ]]; do sc+=("$1"); shift; done
+    pattern=$2
+    for _ in $(seq 50); do
+        capture "${sc[@]}" list-units --all --no-legend "$pattern" || true
+        [[ -z $got ]] && return 0
+        sleep 0.2
+    done
+    { echo "still listed after 10 s; the mount table's view:"; findmnt -rn -o TARGET,SOURCE,FSTYPE | grep -F -- "${pattern//\*/}"; } >>"$log" 2>&1 || true
+    return 1
+}
+
 # The steps every scenario shares, given what the manager and runtime set up:
 # check_limits CHECK RT PID EXPECTED_CGROUP_PREFIX WANT_MEM WANT_PIDS
 check_limits() {
@@ -296,7 +314,7 @@ podman_scenario() {
             result "$check.cleanup" "$rt" FAIL "podman rm: $(brief "$got")"
         elif ! wait_gone "/sys/fs/cgroup$cg"; then
             result "$check.cleanup" "$rt" FAIL "/sys/fs/cgroup$cg is left after podman rm"
-        elif [[ $flags != *cgroupfs* ]] && capture "${sc[@]}" list-units --all --no-legend "*$id*" && [[ -n $got ]]; then
+        elif [[ $flags != *cgroupfs* ]] && ! units_gone "${sc[@]}" -- "*$id*"; then
             result "$check.cleanup" "$rt" FAIL "units left after podman rm: $got"
         else
             result "$check.cleanup" "$rt" PASS "no cgroup or unit named after the container"
