@@ -43,7 +43,8 @@ done
 # built in, no 9p), systemd as init with logind and the user D-Bus session (rootless podman
 # with cgroup_manager=systemd), udev (device units for the exchange disk), the container
 # stack of hack/install-deps.sh with crun beside runc (both are the suite's references), and
-# the tools checks.sh calls.
+# the tools checks.sh calls (git: the agent task's checkout is made and its promoted history
+# read by its owner, as on a desktop).
 packages=(
     linux-image-cloud-amd64 initramfs-tools
     systemd-sysv udev dbus dbus-user-session libpam-systemd systemd-container
@@ -51,6 +52,7 @@ packages=(
     containernetworking-plugins golang-github-containers-common
     apparmor libseccomp2
     iproute2 e2fsprogs jq procps util-linux kmod
+    git
 )
 case $suite in
 bookworm) ;;
@@ -211,10 +213,12 @@ for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_re
     serial-getty@ttyS0.service systemd-timesyncd.service; do
     ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
 done
-# The rootless test user of the project's conventions (ARCHITECTURE.md), with subordinate ids.
+# The rootless test user of the project's conventions (ARCHITECTURE.md), with subordinate ids,
+# and a desktop's first user (uid 1000), whose own checkout the agent task edits.
 chroot "$rootfs" useradd --uid 1500 --create-home --shell /bin/bash agentci
-echo 'agentci:200000:65536' >"$rootfs/etc/subuid"
-echo 'agentci:200000:65536' >"$rootfs/etc/subgid"
+chroot "$rootfs" useradd --uid 1000 --create-home --shell /bin/bash dev
+printf '%s\n' agentci:200000:65536 dev:300000:65536 >"$rootfs/etc/subuid"
+printf '%s\n' agentci:200000:65536 dev:300000:65536 >"$rootfs/etc/subgid"
 chroot "$rootfs" dpkg -l >"$work/packages.txt"
 
 kernel=$(find "$rootfs/boot" -maxdepth 1 -name 'vmlinuz-*' | sort | tail -n1)
