@@ -61,6 +61,9 @@ trixie | sid)
     # every runtime fails ("unable to execute nft", "could not find pasta"). APT would only
     # recommend them, and the guest installs no recommends.
     packages+=(netavark aardvark-dns nftables passt)
+    # Checkpoint/restore (podman container checkpoint|restore): CRIU 4, which these suites
+    # package (bookworm's 3.17 is not what users of 2026 run, and bookworm-backports has none).
+    packages+=(criu)
     ;;
 *) die "unknown suite $suite (bookworm, trixie, sid)" ;;
 esac
