@@ -1305,11 +1305,20 @@ setup() {
         echo "lsm: $(cat /sys/kernel/security/lsm 2>&1)"
         echo "debian: $(cat /etc/debian_version)"
         echo "root's rlimits (soft:hard): nofile $(ulimit -Sn):$(ulimit -Hn) nproc $(ulimit -Su):$(ulimit -Hu); fs.nr_open $(cat /proc/sys/fs/nr_open)"
-        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64 netavark passt nftables 2>&1
+        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64 netavark passt nftables criu git 2>&1
+        # How long the boot took (systemd-analyze time waits for this unit, part of the
+        # boot), and AppArmor's share (it compiles every profile unless its cache,
+        # /var/cache/apparmor, holds them for this kernel's features).
+        echo "up $(cut -d' ' -f1 /proc/uptime) s when the checks began"
+        echo "apparmor.service: $(systemd-analyze blame 2>/dev/null | awk '$NF == "apparmor.service"' | sed 's/^ *//')"
+        echo "apparmor cache: $(find /var/cache/apparmor -mindepth 1 -maxdepth 1 2>/dev/null | tr '\n' ' ')"
         for f in agent-sandbox containerd-shim-agent-sandbox; do
             echo "$f: $(sha256sum "/usr/local/bin/$f" | cut -c1-16) $("/usr/local/bin/$f" --version 2>&1 | head -n1)"
         done
     } >"$out/facts.txt" 2>&1
+    # The kernel's AppArmor features as the parser flattened them into its cache (the input
+    # of hack/vm/image.sh's precompiled cache, hack/vm/guest/apparmor-features.SUITE).
+    find /var/cache/apparmor -mindepth 2 -maxdepth 2 -name .features -exec cp {} "$out/apparmor.features" \; 2>/dev/null || true
 
     # podman: the project's runtime next to Debian's, every other setting the distribution's
     # (cgroup_manager systemd, journald events).

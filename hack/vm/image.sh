@@ -62,8 +62,10 @@ trixie | sid)
     # recommend them, and the guest installs no recommends.
     packages+=(netavark aardvark-dns nftables passt)
     # Checkpoint/restore (podman container checkpoint|restore): CRIU 4, which these suites
-    # package (bookworm's 3.17 is not what users of 2026 run, and bookworm-backports has none).
-    packages+=(criu)
+    # package (bookworm's 3.17 is not what users of 2026 run, and bookworm-backports has none),
+    # and the iptables-restore it runs to lock the network while it dumps (criu only suggests
+    # iptables; without it sid's checkpoint fails: `execvp("iptables-restore") failed`).
+    packages+=(criu iptables)
     ;;
 *) die "unknown suite $suite (bookworm, trixie, sid)" ;;
 esac
