@@ -366,7 +366,7 @@ podman_scenario() {
 # the checkout belongs to the caller); then two planted attacks, a .bashrc line and a git hook,
 # and a read of the user's key (.ssh/id_rsa, 0600: the sandbox's root is its owner, so only the
 # mask keeps it out, docs/workspace.md#secret-names).
-# The guest has no git (hack/vm/image.sh): the e2e suite runs git itself on this machine.
+# The busybox image has no git: rootless-task (below) runs real git in a rootless sandbox.
 ws_session='set -e; cd /workspace
 echo "def sub(a, b): return a - b" >> src/calc.py
 mkdir -p src/new && echo "x = 1" > src/new/mod.py
