@@ -114,9 +114,15 @@ brief() {
     printf '%s' "${line:0:400}"
 }
 
+# Scenarios the default run (--only '*') leaves out: their runtime side is not on this branch
+# yet (checkpoint-sandbox: `agent-sandbox checkpoint`). `--only NAME` (or a glob other than
+# '*') runs them; a name comes off this list when its side lands.
+opt_in=(checkpoint-sandbox)
+
 selected() {
     # shellcheck disable=SC2053
-    [[ $1 == $VM_ONLY ]]
+    [[ $1 == $VM_ONLY ]] || return 1
+    [[ $VM_ONLY != '*' || " ${opt_in[*]} " != *" $1 "* ]]
 }
 
 # The v2 cgroup of a pid, from the guest's root cgroup namespace ("0::/path").
@@ -126,6 +132,24 @@ cgroup_of() { sed -n 's/^0:://p' "/proc/$1/cgroup" 2>/dev/null; }
 wait_gone() {
     local _
     for _ in $(seq 50); do [[ -e $1 ]] || return 0; sleep 0.2; done
+    return 1
+}
+
+# units_gone SYSTEMCTL... -- PATTERN: true once systemd lists no unit matching PATTERN (10 s
+# at most); else $got has what it lists. systemd learns of an unmount from mountinfo
+# asynchronously: once (trixie, agent-sandbox) podman's `userdata/shm` mount unit was still
+# listed `active mounted` right after `podman rm` returned. A unit still there after 10 s is
+# a leak, logged with the mount table's view of it.
+units_gone() {
+    local sc=() pattern _
+    while [[ $1 != -- ]]; do sc+=("$1"); shift; done
+    pattern=$2
+    for _ in $(seq 50); do
+        capture "${sc[@]}" list-units --all --no-legend "$pattern" || true
+        [[ -z $got ]] && return 0
+        sleep 0.2
+    done
+    { echo "still listed after 10 s; the mount table's view:"; findmnt -rn -o TARGET,SOURCE,FSTYPE | grep -F -- "${pattern//\*/}"; } >>"$log" 2>&1 || true
     return 1
 }
 
@@ -296,7 +320,7 @@ podman_scenario() {
             result "$check.cleanup" "$rt" FAIL "podman rm: $(brief "$got")"
         elif ! wait_gone "/sys/fs/cgroup$cg"; then
             result "$check.cleanup" "$rt" FAIL "/sys/fs/cgroup$cg is left after podman rm"
-        elif [[ $flags != *cgroupfs* ]] && capture "${sc[@]}" list-units --all --no-legend "*$id*" && [[ -n $got ]]; then
+        elif [[ $flags != *cgroupfs* ]] && ! units_gone "${sc[@]}" -- "*$id*"; then
             result "$check.cleanup" "$rt" FAIL "units left after podman rm: $got"
         else
             result "$check.cleanup" "$rt" PASS "no cgroup or unit named after the container"
@@ -342,7 +366,7 @@ podman_scenario() {
 # the checkout belongs to the caller); then two planted attacks, a .bashrc line and a git hook,
 # and a read of the user's key (.ssh/id_rsa, 0600: the sandbox's root is its owner, so only the
 # mask keeps it out, docs/workspace.md#secret-names).
-# The guest has no git (hack/vm/image.sh): the e2e suite runs git itself on this machine.
+# The busybox image has no git: rootless-task (below) runs real git in a rootless sandbox.
 ws_session='set -e; cd /workspace
 echo "def sub(a, b): return a - b" >> src/calc.py
 mkdir -p src/new && echo "x = 1" > src/new/mod.py
@@ -454,6 +478,412 @@ workspace_scenario() {
     fi
     capture "${as_user[@]}" /usr/local/bin/agent-sandbox changes discard "$name-empty" || true
     return 0
+}
+
+# --- the agent task under rootless podman (issue #33) -----------------------------------
+
+# The scripted agent task of e2e/src/agent_task.rs (the e2e suite runs it through rootful
+# podman, ctr, CRI and Docker), here as a desktop's first user (`dev`, uid 1000) in its logind
+# session, under rootless podman: a checkout of a small Python project the user owns, with
+# one commit and a failing unit test, and the task's tool calls as `podman exec`s into one
+# long-lived container of the tools image (python3): reads, edits, new files, a delete, unit
+# test runs that fail before the fix and pass after, two `git commit`s. The calls that need
+# the network (a pip install through the proxy, an upload the proxy refuses) are left out:
+# the guest has no package index, and the e2e suite covers them. The image has no git: git
+# comes in read-only, as in the e2e suite, as this machine's build (linked against the
+# image's libraries; hack/vm/test.sh stages it); the guest's own git (hack/vm/image.sh) is
+# the user's, for the checkout and for reading what promote brought.
+task_user=dev
+task_uid=1000
+# shellcheck disable=SC2016
+as_dev=(su -l -s /bin/sh -c 'exec "$@"' -- "$task_user" sh)
+task_commits=('calc: fix sub, add stats' 'docs: guide; scripts: check')
+
+# task_checkout DIR: the user's checkout (as the user: its files, its git).
+task_checkout() {
+    local dir=$1
+    rm -rf "$dir"
+    install -d -o "$task_uid" -g "$task_uid" "$dir"
+    "${as_dev[@]}" sh -c 'set -e; cd "$1"
+mkdir -p calc tests docs
+printf "__pycache__/\n.deps/\n" > .gitignore
+printf "# calc\n\nA tiny calculator.\n\nUsage: \`from calc import add, sub, mul\`\n" > README.md
+printf "\"\"\"A tiny calculator package.\"\"\"\nfrom .ops import add, sub, mul\n" > calc/__init__.py
+cat > calc/ops.py <<EOF
+"""Arithmetic operations."""
+
+
+def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a + b  # BUG: should subtract
+
+
+def mul(a, b):
+    return a * b
+EOF
+: > tests/__init__.py
+cat > tests/test_ops.py <<EOF
+import unittest
+
+from calc import add, mul, sub
+
+
+class OpsTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(2, 3), 5)
+
+    def test_sub(self):
+        self.assertEqual(sub(5, 3), 2)
+
+    def test_mul(self):
+        self.assertEqual(mul(4, 3), 12)
+EOF
+printf "# Usage\n\nImport the functions you need.\n" > docs/usage.md
+printf "# Legacy\n\nNothing here is current.\n" > docs/legacy.md
+git init -q -b main
+git add -A
+git -c user.name=dev -c user.email=dev@example.invalid commit -qm initial' sh "$dir" >>"$log" 2>&1
+}
+
+# task_state DIR: every entry below the checkout, .git included: path, type, mode, owner and
+# the content's hash (read as data: no git runs on it).
+task_state() {
+    (cd "$1" && find . -printf '%p %y %m %u:%g %l\n' | sort &&
+        find . -type f -print0 | sort -z | xargs -0 sha256sum)
+}
+
+# task_steps DIR: the tool calls as files DIR/NN.sh, the exit code each must give (NN.code,
+# the same under runc and agent-sandbox) and text its output must contain (NN.want).
+task_steps() {
+    local dir=$1 n=0
+    rm -rf "$dir"
+    install -d "$dir"
+    step() {
+        n=$((n + 1))
+        local f
+        f=$(printf '%s/%02d' "$dir" "$n")
+        echo "$1" >"$f.code"
+        printf '%s' "$2" >"$f.want"
+        if (($# > 2)); then printf '%s\n' "$3" >"$f.sh"; else cat >"$f.sh"; fi
+    }
+    local unittest='python3 -m unittest discover -s tests -t . 2>&1'
+    local commit='git -c user.name=agent -c user.email=agent@example.invalid commit -qm'
+    step 0 '' 'ls -la'
+    step 0 'A tiny calculator.' 'cat README.md'
+    step 0 '## main' 'git status --short --branch'
+    step 0 'initial' 'git log --oneline -n 5'
+    step 0 'legacy.md' 'ls calc tests docs'
+    step 0 'BUG' 'cat calc/ops.py'
+    step 0 'test_sub' 'cat tests/test_ops.py'
+    step 0 '' 'cat calc/__init__.py'
+    step 1 'FAILED (failures=1)' "$unittest"
+    step 0 'a + b' "grep -n 'def sub' -A 1 calc/ops.py"
+    step 1 '' 'grep -rn TODO calc tests'
+    step 0 '' 'wc -l calc/ops.py tests/test_ops.py'
+    step 0 '' "sed -i 's/return a + b  # BUG: should subtract/return a - b/' calc/ops.py"
+    step 0 '1' "grep -c 'return a - b' calc/ops.py"
+    step 0 'OK' "$unittest"
+    step 0 'calc/ops.py' 'git diff --stat'
+    step 0 '' <<'EOF'
+python3 - <<'PY'
+open('calc/stats.py', 'w').write('def mean(xs):\n    return sum(xs) / len(xs)\n')
+PY
+EOF
+    step 0 '' <<'EOF'
+cat > tests/test_stats.py <<'PY'
+import unittest
+
+from calc.stats import mean, median
+
+
+class StatsTest(unittest.TestCase):
+    def test_mean(self):
+        self.assertEqual(mean([1, 2, 3]), 2)
+
+    def test_median(self):
+        self.assertEqual(median([3, 1, 2]), 2)
+PY
+EOF
+    step 1 'median' 'python3 -m unittest tests.test_stats 2>&1'
+    step 0 '' <<'EOF'
+python3 - <<'PY'
+with open('calc/stats.py', 'a') as f:
+    f.write('\n\ndef median(xs):\n    s = sorted(xs)\n    return s[len(s) // 2]\n')
+PY
+EOF
+    step 0 'OK' 'python3 -m unittest tests.test_stats 2>&1'
+    step 0 '' "printf 'from .stats import mean, median\\n' >> calc/__init__.py"
+    step 0 '2' "python3 -c 'import calc; print(calc.median([3, 1, 2]))'"
+    step 0 '' "printf 'def report(xs):\\n    return \"n=\" + str(len(xs))\\n' > calc/report.py"
+    step 0 '' 'rm docs/legacy.md'
+    step 0 'usage.md' 'ls docs'
+    step 0 '' <<'EOF'
+python3 - <<'PY'
+text = open('README.md').read()
+text = text.replace('add, sub, mul`', 'add, sub, mul` and `from calc.stats import mean, median`')
+open('README.md', 'w').write(text)
+PY
+EOF
+    step 0 'calc.stats' 'grep -n median README.md'
+    step 1 '' 'cat calc/missing.py'
+    step 0 'Ran 5 tests' "$unittest"
+    step 0 '' 'git add -A'
+    step 0 'D  docs/legacy.md' 'git status --short'
+    step 0 '' "$commit '${task_commits[0]}'"
+    step 0 "${task_commits[0]}" 'git log --oneline'
+    step 0 'calc/stats.py' 'git show --stat --format=%s HEAD'
+    step 0 '' 'git mv docs/usage.md docs/guide.md'
+    step 0 '' "mkdir -p scripts && printf '#!/bin/sh\\nset -e\\ncd \"\$(dirname \"\$0\")/..\"\\npython3 -m unittest discover -s tests -t . 2>&1\\n' > scripts/check.sh && chmod +x scripts/check.sh"
+    step 0 'OK' 'sh scripts/check.sh'
+    step 0 './calc/report.py' "find . -name '*.py' -not -path './.git/*' | sort"
+    step 0 '' <<'EOF'
+python3 - <<'PY'
+text = open('calc/stats.py').read()
+open('calc/stats.py', 'w').write('"""Statistics helpers."""\n\n\n' + text)
+PY
+EOF
+    step 0 '' 'python3 -m py_compile calc/stats.py'
+    step 0 'Statistics helpers.' 'head -n 1 calc/stats.py'
+    step 0 'OK' "$unittest"
+    step 0 '' 'git add -A'
+    step 0 '' "$commit '${task_commits[1]}'"
+    step 0 '3' 'git log --oneline | wc -l'
+    step 0 '' 'git status --short --untracked-files=all'
+}
+
+# The user's side of the task, run in one login session (su -l costs a PAM session per
+# call): start the container, one `podman exec` per step (its output and exit code kept
+# beside the step), and remove the container. Arguments: RUNTIME NAME CHECKOUT STEPS GIT.
+# shellcheck disable=SC2016
+task_driver='rt=$1 name=$2 co=$3 steps=$4 git=$5
+podman rm -f -t 0 "$name" >/dev/null 2>&1
+podman --runtime "$rt" run -d --name "$name" --network none -v "$co:/workspace" \
+    -v "$git:/usr/bin/git:ro" localhost/agent-sandbox/tools:latest sleep 3600 || exit 90
+for f in "$steps"/*.sh; do
+    n=${f%.sh}
+    podman exec --env "AGENT_SANDBOX_TOOL_CALL_ID=vm-task-${n##*/}" -w /workspace "$name" \
+        sh -c "$(cat "$f")" >"$n.out" 2>&1 </dev/null
+    echo $? >"$n.got"
+done'
+
+# rootless-task RT: the task under runc (the reference: every step works and the host
+# checkout changes at once) and under agent-sandbox (every step works as under runc, the host
+# checkout is unchanged until the user reviews and promotes, and then it has the agent's
+# edits and its commits as refs/agent-sandbox/..., main where it was).
+task_scenario() {
+    local rt=$1 check=rootless-task name="vm-task-$1" home=/home/$task_user
+    local co=$home/src/calc-$1 steps=$home/.vm-task-$1 git=/usr/local/lib/vm-task/git
+    log=$out/logs/$check.$rt.log
+    local rtarg=$rt
+    [[ $rt == agent-sandbox ]] && rtarg=/usr/local/bin/agent-sandbox
+    if [[ ! -x $in/extra/git ]]; then
+        result "$check.steps" "$rt" FAIL "no git for the container on the exchange disk (hack/vm/test.sh stages /usr/local/bin/git)"
+        return 0
+    fi
+    install -D -m 0755 "$in/extra/git" "$git"
+    if ! task_user_ready; then
+        result "$check.steps" "$rt" FAIL "the user's session: $(brief "$got")"
+        return 0
+    fi
+    install -d -o "$task_uid" -g "$task_uid" "$home/src"
+    if ! task_checkout "$co"; then
+        result "$check.steps" "$rt" FAIL "making the user's checkout failed (see the log)"
+        return 0
+    fi
+    task_steps "$steps"
+    chown -R "$task_uid:$task_uid" "$steps"
+    local before main_before total
+    before=$(task_state "$co")
+    main_before=$(cat "$co/.git/refs/heads/main")
+    total=$(find "$steps" -name '*.sh' | wc -l)
+    local start=$SECONDS
+    capture_limit=1200
+    capture "${as_dev[@]}" sh -c "$task_driver" sh "$rtarg" "$name" "$co" "$steps" "$git" || true
+    capture_limit=''
+    local took=$((SECONDS - start)) f n wrong=() ran=0
+    for f in "$steps"/*.sh; do
+        n=${f%.sh}
+        [[ -f $n.got ]] || continue
+        ran=$((ran + 1))
+        {
+            echo "--- step ${n##*/} (want exit $(cat "$n.code") and '$(cat "$n.want")' in the output): $(head -n1 "$f")"
+            cat "$n.out"
+            echo "(exit $(cat "$n.got"))"
+        } >>"$log"
+        if [[ $(cat "$n.got") != "$(cat "$n.code")" ]]; then
+            wrong+=("${n##*/} exited $(cat "$n.got"), want $(cat "$n.code"): $(head -n1 "$f"): $(brief "$(cat "$n.out")")")
+        elif [[ -s $n.want ]] && ! grep -qF -- "$(cat "$n.want")" "$n.out"; then
+            wrong+=("${n##*/} did not print '$(cat "$n.want")': $(brief "$(cat "$n.out")")")
+        fi
+    done
+    ((ran == total)) || wrong+=("$ran of $total steps ran: $(brief "$got")")
+    if ((${#wrong[@]})); then
+        result "$check.steps" "$rt" FAIL "${#wrong[@]} of $total calls went wrong: ${wrong[*]}"
+    else
+        result "$check.steps" "$rt" PASS "$total of $total calls as expected, as podman execs into one container (${took} s)"
+    fi
+    capture "${as_dev[@]}" podman rm -f -t 0 "$name" || true
+    if [[ $rt != agent-sandbox ]]; then
+        # The reference: the agent's edits and commits are in the host checkout at once.
+        if [[ $(task_state "$co") != "$before" ]] && grep -q 'return a - b' "$co/calc/ops.py" &&
+            [[ ! -e $co/docs/legacy.md && $(cat "$co/.git/refs/heads/main" 2>/dev/null) != "$main_before" ]]; then
+            result "$check.host" "$rt" PASS "reference: the edits and the commits reached the host checkout at once"
+        else
+            result "$check.host" "$rt" FAIL "reference: the host checkout did not get the task's changes"
+        fi
+        return 0
+    fi
+    if [[ $(task_state "$co") != "$before" ]]; then
+        result "$check.host" "$rt" FAIL "the host checkout changed before promote: $(diff <(echo "$before") <(task_state "$co") | head -n 5 | tr '\n' ' ')"
+    else
+        result "$check.host" "$rt" PASS "the host checkout (.git included) is unchanged after the task and the container's removal"
+    fi
+    task_review "$check" "$rt" "$name" "$co" "$main_before"
+}
+
+# task_review CHECK RT NAME CHECKOUT MAIN: review and promote as the user, as
+# docs/workspace.md says for rootless podman (the kept files belong to the user: no podman
+# unshare needed; it is shown to work too), then the checkout read back with the user's git.
+task_review() {
+    local check=$1 rt=$2 name=$3 co=$4 main_before=$5 path missing=()
+    if ! capture_out "${as_dev[@]}" /usr/local/bin/agent-sandbox diff "$name"; then
+        result "$check.review" "$rt" FAIL "diff as $task_user: $(brief "$got")"
+        return 0
+    fi
+    for path in 'M /calc/ops.py' 'A /calc/stats.py' 'A /calc/report.py' 'A /docs/guide.md' \
+        'D /docs/legacy.md' 'D /docs/usage.md' 'A /scripts/check.sh'; do
+        grep -qF -- "$path (" <<<"$got" || missing+=("$path")
+    done
+    local diffed=$got
+    if ((${#missing[@]})); then
+        result "$check.review" "$rt" FAIL "diff lacks ${missing[*]}: $(brief "$diffed")"
+        return 0
+    fi
+    if capture_out "${as_dev[@]}" podman unshare /usr/local/bin/agent-sandbox diff "$name" &&
+        [[ $(grep '^[MAD] ' <<<"$got") == "$(grep '^[MAD] ' <<<"$diffed")" ]]; then
+        result "$check.review" "$rt" PASS "diff as $task_user and through podman unshare: $(grep -c '^[MAD] ' <<<"$diffed") changes"
+    else
+        result "$check.review" "$rt" FAIL "podman unshare agent-sandbox diff differs from the user's: $(brief "$got")"
+    fi
+    if ! capture "${as_dev[@]}" /usr/local/bin/agent-sandbox promote "$name" --to "$co" ||
+        [[ $got != *"wrote refs/agent-sandbox/"* ]]; then
+        result "$check.promote" "$rt" FAIL "promote as $task_user: $(brief "$got")"
+        return 0
+    fi
+    local agent_ref history
+    if ! grep -q 'return a - b' "$co/calc/ops.py" || [[ ! -f $co/calc/stats.py || ! -f $co/docs/guide.md ]] ||
+        [[ -e $co/docs/legacy.md || -e $co/docs/usage.md ]] || [[ $(stat -c %u "$co/calc/stats.py") != "$task_uid" ]]; then
+        result "$check.promote" "$rt" FAIL "the checkout lacks the edits, the creates, the rename or the delete, or they are not the user's"
+        return 0
+    fi
+    # The user's git on the promoted checkout: promote wrote the agent's history as checked
+    # commits under refs/agent-sandbox/ and no file below .git (docs/promote.md#history).
+    capture "${as_dev[@]}" git -C "$co" for-each-ref --format='%(refname)' refs/agent-sandbox/ || true
+    agent_ref=$(grep -m1 '/heads/main$' <<<"$got" || true)
+    history=''
+    [[ -n $agent_ref ]] && capture_out "${as_dev[@]}" git -C "$co" log --format=%s "$agent_ref" && history=$got
+    if [[ $history != "${task_commits[1]}"$'\n'"${task_commits[0]}"$'\n'initial ]]; then
+        result "$check.promote" "$rt" FAIL "the agent's commits under '${agent_ref:-no refs/agent-sandbox/*/heads/main}': $(tr '\n' '|' <<<"$history")"
+    elif [[ $(cat "$co/.git/refs/heads/main") != "$main_before" ]]; then
+        result "$check.promote" "$rt" FAIL "promote moved main without --advance"
+    elif ! capture "${as_dev[@]}" git -C "$co" fsck --strict --no-progress; then
+        result "$check.promote" "$rt" FAIL "git fsck of the promoted checkout: $(brief "$got")"
+    else
+        result "$check.promote" "$rt" PASS "the change and the commits under $agent_ref, main unmoved, git fsck clean"
+    fi
+}
+
+# task_user_ready: the user's lingering logind session (user@1000.service and its bus) and
+# the tools image in its podman storage, once.
+task_user_ready() {
+    [[ -f /run/vm-task-user-ready ]] && return 0
+    capture loginctl enable-linger "$task_user" || return 1
+    for _ in $(seq 150); do [[ -S /run/user/$task_uid/bus ]] && break; sleep 0.2; done
+    if [[ ! -S /run/user/$task_uid/bus ]]; then
+        got="user@$task_uid.service has no D-Bus socket after 30 s"
+        return 1
+    fi
+    install -m 0644 "$in/extra/tools.tar" "/home/$task_user/tools.tar"
+    capture "${as_dev[@]}" podman load -q -i "/home/$task_user/tools.tar" || return 1
+    touch /run/vm-task-user-ready
+}
+
+# --- checkpoint and restore (CRIU) ------------------------------------------------------
+
+# checkpoint_scenario RT: `podman container checkpoint` of a rootful container that counts
+# once a second, then `podman container restore`: the count must go on from where it was
+# (its log 1, 2, ... N with no number twice; a container started afresh would count from 1
+# again). runc is the reference (with `criu check` first); agent-sandbox runs the same steps
+# once it has a `checkpoint` command (podman asks `RUNTIME checkpoint --help` too), and
+# until then fails saying so.
+checkpoint_scenario() {
+    local rt=$1 check=checkpoint name="vm-ckpt-$1" rtarg=$1 last n
+    log=$out/logs/$check.$rt.log
+    if ! command -v criu >/dev/null; then
+        result "$check.restore" "$rt" FAIL "criu is not installed in this guest (hack/vm/image.sh)"
+        return 0
+    fi
+    if [[ $rt == runc ]]; then
+        capture criu --version || true
+        local version=${got%%$'\n'*}
+        if capture criu check; then
+            result "$check.criu" "$rt" PASS "criu check: $(tail -n1 <<<"$got") (${version})"
+        else
+            result "$check.criu" "$rt" FAIL "criu check: $(brief "$got") (${version})"
+        fi
+    fi
+    if [[ $rt == agent-sandbox ]]; then
+        rtarg=/usr/local/bin/agent-sandbox
+        if ! capture agent-sandbox checkpoint --help; then
+            result "$check.restore" "$rt" FAIL "the runtime has no checkpoint command (agent-sandbox checkpoint --help: $(brief "$got"))"
+            return 0
+        fi
+    fi
+    capture podman rm -f -t 0 "$name" || true
+    if ! capture podman --runtime "$rtarg" run -d --name "$name" --network none "$image" \
+        sh -c 'i=0; while :; do i=$((i + 1)); echo "$i"; sleep 1; done'; then
+        result "$check.restore" "$rt" FAIL "podman run: $(brief "$got")"
+        return 0
+    fi
+    # count_log: the container's log, checked to be 1, 2, ... N; prints N.
+    count_log() {
+        capture_out podman logs "$name" || return 1
+        awk 'NF { if ($0 != NR) exit 1; n = NR } END { if (!n) exit 1; print n }' <<<"$got"
+    }
+    for _ in $(seq 60); do
+        n=$(count_log || true)
+        [[ -n $n ]] && ((n >= 3)) && break
+        sleep 0.5
+    done
+    if ! capture podman container checkpoint "$name"; then
+        result "$check.restore" "$rt" FAIL "podman container checkpoint: $(brief "$got")"
+        capture podman rm -f -t 0 "$name" || true
+        return 0
+    fi
+    last=$(count_log || true)
+    capture podman inspect -f '{{.State.Status}} {{.State.Checkpointed}}' "$name" || true
+    local state=$got
+    if [[ -z $last ]]; then
+        result "$check.restore" "$rt" FAIL "after the checkpoint the log is not a count: $(brief "$got")"
+    elif ! capture podman container restore "$name"; then
+        result "$check.restore" "$rt" FAIL "podman container restore: $(brief "$got")"
+    else
+        n=''
+        for _ in $(seq 40); do
+            n=$(count_log || true)
+            [[ -n $n ]] && ((n >= last + 2)) && break
+            sleep 0.5
+        done
+        if [[ -n $n ]] && ((n >= last + 2)); then
+            result "$check.restore" "$rt" PASS "checkpointed at $last ($state), restored, counted on to $n with no number twice"
+        else
+            result "$check.restore" "$rt" FAIL "checkpointed at $last ($state); after restore the log is '$(tail -n 3 <<<"$got" | tr '\n' ' ')' (a count from 1 again, or none)"
+        fi
+    fi
+    capture podman rm -f -t 0 "$name" || true
 }
 
 # --- ctr (d) ----------------------------------------------------------------------------
@@ -875,11 +1305,20 @@ setup() {
         echo "lsm: $(cat /sys/kernel/security/lsm 2>&1)"
         echo "debian: $(cat /etc/debian_version)"
         echo "root's rlimits (soft:hard): nofile $(ulimit -Sn):$(ulimit -Hn) nproc $(ulimit -Su):$(ulimit -Hu); fs.nr_open $(cat /proc/sys/fs/nr_open)"
-        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64 netavark passt nftables 2>&1
+        dpkg-query -W podman containerd runc crun conmon systemd apparmor linux-image-cloud-amd64 netavark passt nftables criu git 2>&1
+        # How long the boot took (systemd-analyze time waits for this unit, part of the
+        # boot), and AppArmor's share (it compiles every profile unless its cache,
+        # /var/cache/apparmor, holds them for this kernel's features).
+        echo "up $(cut -d' ' -f1 /proc/uptime) s when the checks began"
+        echo "apparmor.service: $(systemd-analyze blame 2>/dev/null | awk '$NF == "apparmor.service"' | sed 's/^ *//')"
+        echo "apparmor cache: $(find /var/cache/apparmor -mindepth 1 -maxdepth 1 2>/dev/null | tr '\n' ' ')"
         for f in agent-sandbox containerd-shim-agent-sandbox; do
             echo "$f: $(sha256sum "/usr/local/bin/$f" | cut -c1-16) $("/usr/local/bin/$f" --version 2>&1 | head -n1)"
         done
     } >"$out/facts.txt" 2>&1
+    # The kernel's AppArmor features as the parser flattened them into its cache (the input
+    # of hack/vm/image.sh's precompiled cache, hack/vm/guest/apparmor-features.SUITE).
+    find /var/cache/apparmor -mindepth 2 -maxdepth 2 -name .features -exec cp {} "$out/apparmor.features" \; 2>/dev/null || true
 
     # podman: the project's runtime next to Debian's, every other setting the distribution's
     # (cgroup_manager systemd, journald events).
@@ -1003,6 +1442,22 @@ for rt in $VM_RUNTIMES; do
     if selected landlock; then
         say "landlock [$rt]"
         landlock_scenario "$rt"
+    fi
+    # The agent task as the desktop user, runc its reference (crun adds nothing here).
+    if selected rootless-task && [[ $rt != crun ]]; then
+        say "rootless-task [$rt]"
+        task_scenario "$rt"
+    fi
+    # CRIU 4 is in the trixie and sid guests only (hack/vm/image.sh); runc is the reference.
+    if [[ $(cut -d. -f1 /etc/debian_version) != 12 ]]; then
+        if selected checkpoint && [[ $rt == runc ]]; then
+            say "checkpoint [$rt]"
+            checkpoint_scenario "$rt"
+        fi
+        if selected checkpoint-sandbox && [[ $rt == agent-sandbox ]]; then
+            say "checkpoint-sandbox [$rt]"
+            checkpoint_scenario "$rt"
+        fi
     fi
     # podman 5's network stack (netavark, pasta); bookworm's podman 4.3 has CNI and slirp4netns.
     if selected podman-net && [[ $(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null) == netavark ]]; then

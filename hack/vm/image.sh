@@ -43,7 +43,8 @@ done
 # built in, no 9p), systemd as init with logind and the user D-Bus session (rootless podman
 # with cgroup_manager=systemd), udev (device units for the exchange disk), the container
 # stack of hack/install-deps.sh with crun beside runc (both are the suite's references), and
-# the tools checks.sh calls.
+# the tools checks.sh calls (git: the agent task's checkout is made and its promoted history
+# read by its owner, as on a desktop).
 packages=(
     linux-image-cloud-amd64 initramfs-tools
     systemd-sysv udev dbus dbus-user-session libpam-systemd systemd-container
@@ -51,6 +52,7 @@ packages=(
     containernetworking-plugins golang-github-containers-common
     apparmor libseccomp2
     iproute2 e2fsprogs jq procps util-linux kmod
+    git
 )
 case $suite in
 bookworm) ;;
@@ -59,6 +61,11 @@ trixie | sid)
     # every runtime fails ("unable to execute nft", "could not find pasta"). APT would only
     # recommend them, and the guest installs no recommends.
     packages+=(netavark aardvark-dns nftables passt)
+    # Checkpoint/restore (podman container checkpoint|restore): CRIU 4, which these suites
+    # package (bookworm's 3.17 is not what users of 2026 run, and bookworm-backports has none),
+    # and the iptables-restore it runs to lock the network while it dumps (criu only suggests
+    # iptables; without it sid's checkpoint fails: `execvp("iptables-restore") failed`).
+    packages+=(criu iptables)
     ;;
 *) die "unknown suite $suite (bookworm, trixie, sid)" ;;
 esac
@@ -190,6 +197,22 @@ phase apt-update
     in_root apt-get clean
 } >>"$work/apt.log" 2>&1 || die "apt-get in the guest failed; see $work/apt.log"
 phase apt-install
+# AppArmor's cache, compiled here rather than at every boot: apparmor.service compiles every
+# profile in /etc/apparmor.d unless /var/cache/apparmor holds them for the running kernel's
+# features (sid's AppArmor 5 ships 143 profiles: 21 s of each boot under TCG). This chroot
+# cannot read the guest kernel's features, so they come from a boot of the suite's guest
+# (the file the parser keeps in its cache, copied to out/apparmor.features by
+# hack/vm/checks.sh), kept as hack/vm/guest/apparmor-features.SUITE. A kernel with other
+# features only misses the cache and compiles at boot as before.
+aa_features=hack/vm/guest/apparmor-features.$suite
+if [[ -f $aa_features ]]; then
+    install -m 0644 "$aa_features" "$rootfs/tmp/kernel-features"
+    in_root apparmor_parser --kernel-features /tmp/kernel-features --skip-kernel-load \
+        --write-cache --cache-loc /var/cache/apparmor --quiet /etc/apparmor.d >"$work/apparmor.log" 2>&1 ||
+        die "apparmor_parser could not compile the guest's profiles; see $work/apparmor.log"
+    rm -f "$rootfs/tmp/kernel-features"
+    phase apparmor
+fi
 cleanup
 mounted=()
 rm -f "$rootfs/usr/sbin/policy-rc.d" "$rootfs/etc/dpkg/dpkg.cfg.d/90vm-image"
@@ -211,10 +234,12 @@ for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_re
     serial-getty@ttyS0.service systemd-timesyncd.service; do
     ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"
 done
-# The rootless test user of the project's conventions (ARCHITECTURE.md), with subordinate ids.
+# The rootless test user of the project's conventions (ARCHITECTURE.md), with subordinate ids,
+# and a desktop's first user (uid 1000), whose own checkout the agent task edits.
 chroot "$rootfs" useradd --uid 1500 --create-home --shell /bin/bash agentci
-echo 'agentci:200000:65536' >"$rootfs/etc/subuid"
-echo 'agentci:200000:65536' >"$rootfs/etc/subgid"
+chroot "$rootfs" useradd --uid 1000 --create-home --shell /bin/bash dev
+printf '%s\n' agentci:200000:65536 dev:300000:65536 >"$rootfs/etc/subuid"
+printf '%s\n' agentci:200000:65536 dev:300000:65536 >"$rootfs/etc/subgid"
 chroot "$rootfs" dpkg -l >"$work/packages.txt"
 
 kernel=$(find "$rootfs/boot" -maxdepth 1 -name 'vmlinuz-*' | sort | tail -n1)

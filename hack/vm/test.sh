@@ -99,6 +99,10 @@ cp "$bin/agent-sandbox" "$bin/containerd-shim-agent-sandbox" "$bin/probe" "$cri_
 cp "$images/busybox.tar" "$images/pause.tar" "$stage/in/images/"
 # The tools image (python3) only for the Landlock checks, imported by them alone.
 cp "$images/tools.tar" "$stage/in/extra/"
+# The agent task's git for its container (rootless-task): the build the e2e suite binds
+# (e2e/src/agent_task.rs, HOST_GIT), linked against the tools image's libraries. Without it
+# that scenario fails, saying so.
+[[ -x /usr/local/bin/git ]] && cp /usr/local/bin/git "$stage/in/extra/git"
 cp hack/cni/agent-sandbox-veth "$stage/in/cni/"
 cp profiles/*.toml "$stage/in/profiles/"
 cp hack/vm/checks.sh "$stage/in/"
