@@ -15,7 +15,7 @@ use agent_sandbox_policy::layers::{Layer, LayerPlan, Requirement};
 use libcontainer::container::ContainerStatus;
 use serde::{Deserialize, Serialize};
 
-use super::{LifecycleError, Result, Runtime, status_name};
+use super::{LifecycleError, Result, Runtime, container_err, status_name};
 use crate::host::criu::{self, CriuError, External};
 use crate::host::idmap::IdRange;
 use crate::state::ContainerId;
@@ -246,7 +246,7 @@ impl Runtime {
             return Err(fail(CheckpointError::Rootless));
         }
         let lock = self.state_lock(id)?;
-        let c = self.load(id)?;
+        let mut c = self.load(id)?;
         if !matches!(
             c.status(),
             ContainerStatus::Running | ContainerStatus::Paused
@@ -280,7 +280,7 @@ impl Runtime {
                     .unwrap_or_default()
             })
             .collect();
-        let externals = self.dump(pid, &record, &spec, opts).map_err(fail)?;
+        let externals = self.dump_thawed(&mut c, id, pid, &record, &spec, opts)?;
         let image_digest = criu::image_digest(&opts.criu.image_path).map_err(|e| fail(e.into()))?;
         let wall_clock_used_ms = wall_clock_used(&dir);
         let audit_head =
@@ -320,6 +320,33 @@ impl Runtime {
             self.delete(id, true, None)?;
         }
         Ok(())
+    }
+
+    /// [`Self::dump`] of a sandbox that may be paused. CRIU seizes the tasks with ptrace, and
+    /// a task the cgroup freezer holds sits in D state, unseizable ("Unseizable non-zombie
+    /// ... state D"): ctr pauses a task before its checkpoint. Thawed for the dump, frozen
+    /// again when the sandbox stays.
+    fn dump_thawed(
+        &self,
+        c: &mut libcontainer::container::Container,
+        id: &ContainerId,
+        pid: i32,
+        record: &super::SandboxRecord,
+        spec: &oci_spec::runtime::Spec,
+        opts: &CheckpointOpts,
+    ) -> Result<Vec<External>> {
+        let was_paused = c.status() == ContainerStatus::Paused;
+        if was_paused {
+            c.resume().map_err(container_err("resume"))?;
+        }
+        let dumped = self.dump(pid, record, spec, opts);
+        if was_paused
+            && (opts.leave_running || dumped.is_err())
+            && let Err(e) = c.pause()
+        {
+            tracing::warn!(id = %id, error = %e, "cannot freeze the sandbox again after its dump");
+        }
+        dumped.map_err(|e| LifecycleError::Checkpoint(Box::new(e)))
     }
 
     /// Runs `criu dump` of the tree of `pid` into the image directory; returns the external
