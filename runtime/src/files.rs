@@ -164,6 +164,19 @@ pub fn parse_json<T: DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T, F
     serde_json::from_slice(bytes).map_err(|e| FileError::parse(path, e))
 }
 
+/// Creates `dir` and its missing parents with mode 0700; an existing directory is left as
+/// it is.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
 /// Writes `bytes` to `path` as `std::fs::write` does (not atomically: for a file other
 /// processes read while it changes, use `state::write_atomic`).
 pub fn write(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), FileError> {

@@ -415,18 +415,10 @@ impl Runtime {
 
 /// Creates `dir` (and its parents) if missing, mode 0700.
 fn private_dir(dir: &Path) -> std::result::Result<(), CheckpointError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| CheckpointError::ImageDir {
-            path: dir.to_owned(),
-            source,
-        })
+    crate::files::create_private_dir(dir).map_err(|source| CheckpointError::ImageDir {
+        path: dir.to_owned(),
+        source,
+    })
 }
 
 fn chown_dir(dir: &Path, uid: u32) -> std::result::Result<(), CheckpointError> {

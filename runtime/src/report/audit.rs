@@ -75,18 +75,10 @@ pub fn dir_of(dirs: &StateDirs, id: &ContainerId, configured: Option<&Path>) -> 
 }
 
 fn mkdir_0700(dir: &Path) -> Result<(), AuditError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|source| AuditError::Open {
-            path: dir.to_owned(),
-            source,
-        })
+    crate::files::create_private_dir(dir).map_err(|source| AuditError::Open {
+        path: dir.to_owned(),
+        source,
+    })
 }
 
 /// The log of sandbox `id` (in the directory saved at create, else the
