@@ -804,7 +804,7 @@ def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
     if args.baseline:
         # Another build of the runtime in the same rounds: whether a change made it slower,
         # free of the drift between two runs.
-        cases.insert(1, LifecycleCase("baseline", args.baseline, "host", bundle, workdir))
+        cases.insert(1, LifecycleCase("baseline", args.baseline, "host", bundle, workdir, phase_trace=True))
         ratios.insert(0, ("agent-sandbox", "baseline"))
         notes.append(f"baseline = {args.baseline}")
     if hybrid:

@@ -92,12 +92,28 @@ impl Cli {
     /// Parses the process's arguments (exits with clap's message and code on an error, as
     /// `Parser::parse`), with the runtime's options hidden from the review commands' help.
     pub fn parse_args() -> Cli {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if let Some(cli) = Self::parse_plain(&args) {
+            return cli;
+        }
         let mut cmd = Self::command_for_help();
-        match cmd.try_get_matches_from_mut(std::env::args_os()) {
+        match cmd.try_get_matches_from_mut(args) {
             Ok(m) => <Cli as clap::FromArgMatches>::from_arg_matches(&m)
                 .unwrap_or_else(|e| e.format(&mut cmd).exit()),
             Err(e) => e.exit(),
         }
+    }
+
+    /// `args` parsed by the plain command, or `None` for help and errors. Every start of the
+    /// runtime parses (create and its re-exec, the engines' calls, each sidecar), and
+    /// building the command whose help hides the runtime's options, recursively, cost 0.3 ms
+    /// of CPU per start; the plain one, built as far as the parse goes, parses alike
+    /// (docs/benchmarks.md#where-the-time-goes).
+    fn parse_plain(args: &[std::ffi::OsString]) -> Option<Cli> {
+        let m = <Cli as clap::CommandFactory>::command()
+            .try_get_matches_from(args)
+            .ok()?;
+        <Cli as clap::FromArgMatches>::from_arg_matches(&m).ok()
     }
 
     /// The clap command of [`Cli`] with the runtime's options hidden from the review
@@ -696,6 +712,31 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("agent-sandbox").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_plain_parse_reads_arguments_as_the_help_command_does() {
+        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        for argv in [
+            &["agent-sandbox", "--root", "/r", "--log", "/l", "create", "--bundle", "b", "id"][..],
+            &["agent-sandbox", "diff", "--root", "/r", "ID"],
+            &["agent-sandbox", "--systemd-cgroup", "delete", "--force", "id"],
+            &["agent-sandbox", "--version"],
+        ] {
+            let plain = Cli::parse_plain(&args(argv)).expect("parses");
+            let full = Cli::command_for_help().try_get_matches_from(args(argv)).unwrap();
+            let full = <Cli as clap::FromArgMatches>::from_arg_matches(&full).unwrap();
+            assert_eq!(format!("{plain:?}"), format!("{full:?}"), "{argv:?}");
+        }
+        // Help and errors go through the command that hides the runtime's options.
+        for argv in [
+            &["agent-sandbox", "diff", "--help"][..],
+            &["agent-sandbox", "--help"],
+            &["agent-sandbox", "create"],
+            &["agent-sandbox", "no-such-command"],
+        ] {
+            assert!(Cli::parse_plain(&args(argv)).is_none(), "{argv:?}");
+        }
     }
 
     #[test]
