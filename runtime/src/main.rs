@@ -6,15 +6,17 @@
 use agent_sandbox::cli::{Cli, Outcome};
 
 fn main() {
-    let cli = Cli::parse_args();
-    if agent_sandbox::cli::needs_sealed_binary(&cli)
+    // Before parsing: the process that re-executes itself would parse for nothing.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if agent_sandbox::cli::may_need_sealed_binary(&args)
         && let Err(err) = agent_sandbox_sys::reexec_from_sealed_copy()
     {
         fail(
-            &cli,
+            &Cli::parse_args(),
             &anyhow::Error::new(err).context("cannot re-execute from a sealed copy"),
         );
     }
+    let cli = Cli::parse_args();
     if let Err(err) = agent_sandbox::logging::init(cli.log.as_deref(), cli.log_format, cli.debug) {
         eprintln!("agent-sandbox: {err}");
         std::process::exit(1);
