@@ -1,7 +1,7 @@
 //! `delete`: the container through libcontainer, then everything `create` set up outside
 //! it (`cleanup_sandbox`, also what a failed `create` runs).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use libcontainer::container::{Container, ContainerStatus};
 
@@ -203,7 +203,7 @@ impl Runtime {
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
         // After the container's processes are gone: a profile removed from the kernel
         // would leave a live process unconfined.
-        crate::host::apparmor::release(&self.dirs.sandbox(id));
+        self.procs.release_apparmor(&self.dirs.sandbox(id));
         let record = self.record(id).ok();
         let mount_dir = record
             .as_ref()
@@ -216,11 +216,11 @@ impl Runtime {
             crate::report::changes::ended(ws, ran);
         }
         if let Some(mount_dir) = mount_dir {
-            detach_all_under(&mount_dir);
+            self.procs.detach_all_under(&mount_dir);
             let _ = std::fs::remove_dir_all(&mount_dir);
         }
         if let Some(r) = &record {
-            let _ = mounts::detach(&r.rootfs_mount);
+            self.procs.detach(&r.rootfs_mount);
             if r.allocated {
                 let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
             }
@@ -228,22 +228,5 @@ impl Runtime {
             let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
         }
         let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
-    }
-}
-
-/// Detaches every mount at or below `dir` (deepest first), from /proc/self/mountinfo.
-fn detach_all_under(dir: &Path) {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for p in points {
-        let _ = mounts::detach(&p);
     }
 }
