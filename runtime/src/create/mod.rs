@@ -177,4 +177,6 @@ impl Runtime {
 #[cfg(test)]
 mod failure_tests;
 #[cfg(test)]
+pub(crate) mod fixture;
+#[cfg(test)]
 mod tests;

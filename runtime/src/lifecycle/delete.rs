@@ -230,3 +230,143 @@ impl Runtime {
         let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use libcontainer::container::ContainerStatus;
+    use libcontainer::oci_spec::runtime::Spec;
+
+    use crate::create::engine::fake::Call;
+    use crate::create::fixture::Sandbox;
+    use crate::create::host_procs::fake::Step;
+    use crate::lifecycle::{LifecycleError, ReapedInit};
+    use crate::state::ContainerId;
+
+    /// This test process: an init that is read, never signalled (the fake engine kills
+    /// nothing, and no delete here is forced).
+    fn this_process() -> i32 {
+        i32::try_from(std::process::id()).unwrap()
+    }
+
+    /// What clean-up takes for a created sandbox: every sidecar's stop, the AppArmor
+    /// release, the detach of the mount dir and of the rootfs mount.
+    const CLEANUP: [Step; 6] = [
+        Step::StopProxy,
+        Step::StopOomWatch,
+        Step::StopSupervisor,
+        Step::ReleaseApparmor,
+        Step::DetachAllUnder,
+        Step::DetachRootfs,
+    ];
+
+    /// The steps the fake host took after `create`.
+    fn steps_since_create(s: &Sandbox, created: usize) -> Vec<Step> {
+        s.procs.steps()[created..].to_vec()
+    }
+
+    /// Whether anything of the sandbox is left in its state root or on the fake host.
+    fn remains(s: &Sandbox) -> Vec<String> {
+        let dirs = &s.runtime.dirs;
+        let mut left = Vec::new();
+        for p in [dirs.container(&s.id), dirs.sandbox(&s.id).path().to_owned()] {
+            if p.exists() {
+                left.push(p.display().to_string());
+            }
+        }
+        left.extend(s.procs.mounted().iter().map(|m| m.display().to_string()));
+        left.extend(s.procs.running().iter().map(|r| format!("{r:?}")));
+        if s.procs.holds_apparmor() {
+            left.push("the AppArmor profile".to_owned());
+        }
+        left
+    }
+
+    #[test]
+    fn a_created_sandbox_is_deleted_with_everything_create_set_up() {
+        let s = Sandbox::created("del-created", &Spec::default(), this_process());
+        assert!(!remains(&s).is_empty(), "create set the sandbox up");
+        let created = s.procs.steps().len();
+        s.runtime.delete(&s.id, false, None).unwrap();
+        assert_eq!(remains(&s), Vec::<String>::new());
+        assert_eq!(steps_since_create(&s, created), CLEANUP);
+        let id = s.id.as_str().to_owned();
+        assert!(
+            s.engine
+                .calls()
+                .contains(&Call::Delete { id, force: false })
+        );
+        let last = s.audit_events().pop().unwrap();
+        assert_eq!(last["kind"], "delete", "{last}");
+    }
+
+    /// runc's answer for a running container without `--force`, and nothing goes.
+    #[test]
+    fn a_running_sandbox_is_not_deleted_without_force() {
+        let s = Sandbox::created("del-running", &Spec::default(), this_process());
+        s.engine.set_status(s.id.as_str(), ContainerStatus::Running);
+        let created = s.procs.steps().len();
+        let before = remains(&s);
+        let err = s.runtime.delete(&s.id, false, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("container {} is running, not stopped", s.id.as_str())
+        );
+        assert!(matches!(err, LifecycleError::WrongState { .. }));
+        assert_eq!(remains(&s), before, "nothing of the sandbox went");
+        assert_eq!(steps_since_create(&s, created), []);
+        assert!(
+            !s.engine
+                .calls()
+                .iter()
+                .any(|c| matches!(c, Call::Delete { .. }))
+        );
+    }
+
+    /// The exit the shim reaped is recorded before the sandbox goes.
+    #[test]
+    fn a_reaped_init_exit_is_recorded_before_the_delete() {
+        let s = Sandbox::created("del-reaped", &Spec::default(), this_process());
+        s.engine.set_status(s.id.as_str(), ContainerStatus::Stopped);
+        let reaped = ReapedInit {
+            pid: Some(4242),
+            status: agent_sandbox_audit::ExitStatus::Code(3),
+        };
+        s.runtime.delete(&s.id, false, Some(reaped)).unwrap();
+        let exits: Vec<_> = s
+            .audit_events()
+            .into_iter()
+            .filter(|e| e["kind"] == "exit")
+            .collect();
+        assert_eq!(exits.len(), 1, "{exits:?}");
+        let data = &exits[0]["data"];
+        assert_eq!(data["process"], "init");
+        assert_eq!(data["status"], serde_json::json!({"code": 3}));
+        assert_eq!(remains(&s), Vec::<String>::new());
+    }
+
+    /// An unknown id: runc's "does not exist" without `--force`, success with it; neither
+    /// takes a clean-up step.
+    #[test]
+    fn an_unknown_id_is_an_error_unless_forced() {
+        let s = Sandbox::created("del-known", &Spec::default(), this_process());
+        let other = ContainerId::try_from("del-unknown").unwrap();
+        let created = s.procs.steps().len();
+        let err = s.runtime.delete(&other, false, None).unwrap_err();
+        assert_eq!(err.to_string(), "container del-unknown does not exist");
+        s.runtime.delete(&other, true, None).unwrap();
+        assert_eq!(steps_since_create(&s, created), []);
+        assert!(s.runtime.dirs.sandbox(&s.id).exists(), "the other stays");
+    }
+
+    /// A sandbox whose libcontainer state is gone (a create killed half-way) still has
+    /// its directory: a plain delete cleans it up and succeeds.
+    #[test]
+    fn leftovers_without_a_container_are_cleaned_up() {
+        let s = Sandbox::created("del-leftover", &Spec::default(), this_process());
+        std::fs::remove_dir_all(s.runtime.dirs.container(&s.id)).unwrap();
+        let created = s.procs.steps().len();
+        s.runtime.delete(&s.id, false, None).unwrap();
+        assert_eq!(steps_since_create(&s, created), CLEANUP);
+        assert_eq!(remains(&s), Vec::<String>::new());
+    }
+}
