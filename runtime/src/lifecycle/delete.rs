@@ -5,11 +5,28 @@ use std::path::Path;
 
 use libcontainer::container::{Container, ContainerStatus};
 
-use super::{LifecycleError, ReapedInit, Result, Runtime, container_err, status_name};
+use super::{LookupError, ReapedInit, Runtime, status_name};
 use crate::enforce::mounts;
 use crate::host::idmap;
 use crate::state::ContainerId;
 use crate::state::paths;
+
+/// Errors of `delete`. The texts are runc's where callers match on them ("container ...
+/// does not exist": podman and our shim read it as "already deleted").
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("container {id} is {status}, not stopped")]
+    NotStopped {
+        id: ContainerId,
+        status: &'static str,
+    },
+    #[error("delete failed")]
+    Container(#[source] Box<libcontainer::error::LibcontainerError>),
+}
+
+type Result<T> = std::result::Result<T, DeleteError>;
 
 impl Runtime {
     /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
@@ -58,10 +75,9 @@ impl Runtime {
                         ContainerStatus::Stopped | ContainerStatus::Created
                     )
                 {
-                    return Err(LifecycleError::WrongState {
+                    return Err(DeleteError::NotStopped {
                         id: id.clone(),
                         status: status_name(c.status()),
-                        wanted: "stopped",
                     });
                 }
                 let poststop_state = {
@@ -83,7 +99,7 @@ impl Runtime {
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     result = match self.load(id) {
                         Ok(mut again) => self.engine.delete(&mut again, true),
-                        Err(LifecycleError::NotExist { .. }) => Ok(()),
+                        Err(LookupError::NotExist { .. }) => Ok(()),
                         Err(_) => continue,
                     };
                 }
@@ -97,13 +113,13 @@ impl Runtime {
                     if force {
                         self.cleanup_sandbox(id);
                     }
-                    return Err(container_err("delete")(source));
+                    return Err(DeleteError::Container(Box::new(source)));
                 }
                 self.run_poststop(id, &poststop_state);
                 self.cleanup_sandbox(id);
                 Ok(())
             }
-            Err(LifecycleError::NotExist { .. }) => {
+            Err(LookupError::NotExist { .. }) => {
                 let leftovers = self.dirs.sandbox(id).exists();
                 if force {
                     self.remove_orphan_cgroups(id);
@@ -118,7 +134,7 @@ impl Runtime {
                 if force || leftovers {
                     Ok(())
                 } else {
-                    Err(LifecycleError::NotExist { id: id.clone() })
+                    Err(LookupError::NotExist { id: id.clone() }.into())
                 }
             }
             Err(e) => {
@@ -127,7 +143,7 @@ impl Runtime {
                     self.cleanup_sandbox(id);
                     Ok(())
                 } else {
-                    Err(e)
+                    Err(e.into())
                 }
             }
         }
@@ -239,7 +255,7 @@ mod tests {
     use crate::create::engine::fake::Call;
     use crate::create::fixture::Sandbox;
     use crate::create::host_procs::fake::Step;
-    use crate::lifecycle::{LifecycleError, ReapedInit};
+    use crate::lifecycle::{DeleteError, ReapedInit};
     use crate::state::ContainerId;
 
     /// This test process: an init that is read, never signalled (the fake engine kills
@@ -311,7 +327,7 @@ mod tests {
             err.to_string(),
             format!("container {} is running, not stopped", s.id.as_str())
         );
-        assert!(matches!(err, LifecycleError::WrongState { .. }));
+        assert!(matches!(err, DeleteError::NotStopped { .. }));
         assert_eq!(remains(&s), before, "nothing of the sandbox went");
         assert_eq!(steps_since_create(&s, created), []);
         assert!(

@@ -2,13 +2,39 @@
 
 use libcontainer::container::{Container, ContainerStatus};
 
-use super::{LifecycleError, Result, Runtime, container_err};
+use super::{LookupError, Runtime};
 use crate::state::ContainerId;
+
+/// Errors of `kill`. The texts are runc's where callers match on them ("container not
+/// running": podman and our shim read it as "already stopped").
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("invalid signal {signal:?}")]
+    Signal { signal: String },
+    #[error("cannot signal process {pid}")]
+    SignalSend {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("container not running")]
+    NotRunning,
+    #[error("kill failed")]
+    Container(#[source] Box<libcontainer::error::LibcontainerError>),
+}
+
+type Result<T> = std::result::Result<T, KillError>;
+
+fn container_err(source: libcontainer::error::LibcontainerError) -> KillError {
+    KillError::Container(Box::new(source))
+}
 
 impl Runtime {
     pub fn kill(&self, id: &ContainerId, signal: &str, all: bool) -> Result<()> {
         let sig =
-            libcontainer::signal::Signal::try_from(signal).map_err(|_| LifecycleError::Signal {
+            libcontainer::signal::Signal::try_from(signal).map_err(|_| KillError::Signal {
                 signal: signal.to_owned(),
             })?;
         let _lock = self.state_lock(id)?;
@@ -18,14 +44,14 @@ impl Runtime {
         }
         if c.status() == ContainerStatus::Stopped {
             if !all {
-                return Err(LifecycleError::NotRunning);
+                return Err(KillError::NotRunning);
             }
             // containerd follows every init exit with `kill --all` (its Delete kills what may
             // be left in the cgroup). Under the systemd driver the scope went with the last
             // process, and libcontainer fails to list a cgroup that is not there: that failure
             // kept containerd from ever handling the exit. No cgroup, nothing left to signal
             // (runc answers the same).
-            let cfg = c.spec().map_err(container_err("kill"))?;
+            let cfg = c.spec().map_err(container_err)?;
             if crate::host::cgroups::is_gone(&cfg.cgroup_path, c.systemd(), id) {
                 tracing::debug!(id = %id, "kill --all: the stopped container's cgroup is gone, nothing to signal");
                 return Ok(());
@@ -45,8 +71,8 @@ impl Runtime {
             // It exited meanwhile (libcontainer looks again): as for a stopped one above.
             Err(libcontainer::error::LibcontainerError::IncorrectStatus(
                 ContainerStatus::Stopped,
-            )) if !all => Err(LifecycleError::NotRunning),
-            r => r.map_err(container_err("kill")),
+            )) if !all => Err(KillError::NotRunning),
+            r => r.map_err(container_err),
         }
     }
 
@@ -66,11 +92,11 @@ impl Runtime {
     ) -> Result<()> {
         use nix::sys::signal::Signal as S;
         let Some(sig) = nix_signal(signal) else {
-            return Err(LifecycleError::Signal {
+            return Err(KillError::Signal {
                 signal: signal.to_owned(),
             });
         };
-        let pid = c.pid().ok_or(LifecycleError::NotRunning)?;
+        let pid = c.pid().ok_or(KillError::NotRunning)?;
         if matches!(
             sig,
             S::SIGCHLD
@@ -84,7 +110,7 @@ impl Runtime {
         ) {
             return match nix::sys::signal::kill(pid, sig) {
                 Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
-                Err(source) => Err(LifecycleError::SignalSend {
+                Err(source) => Err(KillError::SignalSend {
                     pid: pid.as_raw(),
                     source,
                 }),
@@ -94,7 +120,7 @@ impl Runtime {
             tracing::debug!(id = %id, signal, "created container: the waiting init gets SIGKILL");
         }
         c.kill(libcontainer::signal::Signal::from(S::SIGKILL), all)
-            .map_err(container_err("kill"))?;
+            .map_err(container_err)?;
         // Return once it is gone, so a `state` right after says `stopped` (libcontainer
         // counts a live init as running whatever it saved).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -137,9 +163,8 @@ mod tests {
     use libcontainer::container::ContainerStatus;
     use libcontainer::oci_spec::runtime::Spec;
 
-    use super::nix_signal;
+    use super::{KillError, nix_signal};
     use crate::create::fixture::Sandbox;
-    use crate::lifecycle::LifecycleError;
 
     /// A child of the test standing in for the sandbox's init: signals reach a real
     /// process, and what they did is read from its exit.
@@ -203,7 +228,7 @@ mod tests {
         let s = Sandbox::created("kill-stopped", &Spec::default(), init.pid());
         s.engine.set_status(s.id.as_str(), ContainerStatus::Stopped);
         let err = s.runtime.kill(&s.id, "TERM", false).unwrap_err();
-        assert!(matches!(err, LifecycleError::NotRunning), "{err:?}");
+        assert!(matches!(err, KillError::NotRunning), "{err:?}");
         assert_eq!(err.to_string(), "container not running");
         assert_eq!(init.ended_by(), None, "nothing was signalled");
     }
