@@ -14,7 +14,7 @@ use libcontainer::oci_spec::runtime::Spec;
 use super::engine::fake::{Call, FakeEngine};
 use super::host_procs::fake::{FakeProcs, Step};
 use crate::harden::Ceiling;
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::lifecycle::{LifecycleError, Runtime};
 use crate::sidecars::egress::EgressError;
 use crate::sidecars::syscall_audit::SyscallAuditError;
 use crate::state::ContainerId;
@@ -72,24 +72,15 @@ impl Fixture {
         self.dir.path().join("bundle")
     }
 
-    fn opts(&self) -> CreateOpts {
-        CreateOpts {
-            bundle: self.bundle(),
-            pid_file: None,
-            console_socket: None,
-            no_pivot: false,
-            preserve_fds: 0,
-            systemd_cgroup: false,
-            reuse_change: None,
-        }
-    }
-
-    /// `create` of `spec` under the built-in ceiling; its error.
     /// `create` of `spec` under the built-in ceiling.
     fn create(&self, spec: &Spec) -> Result<(), LifecycleError> {
         spec.save(self.bundle().join("config.json")).unwrap();
         let ceiling = Ceiling::load(None).unwrap();
-        self.runtime.create(&self.id, &self.opts(), &ceiling)
+        self.runtime.create(
+            &self.id,
+            &super::fixture::create_opts(self.bundle()),
+            &ceiling,
+        )
     }
 
     fn create_failing(&self, spec: &Spec) -> LifecycleError {
@@ -241,20 +232,30 @@ fn harden_error(err: &LifecycleError) -> Option<&agent_sandbox_policy::harden::H
     }
 }
 
-/// The failures before anything is installed: phases 1 to 3.
-fn cases_before_install() -> Vec<Case> {
-    use agent_sandbox_policy::harden::HardenError;
-    let base = || Case {
+/// A row's defaults: a plain spec, no step failing, the failure after the record and the
+/// user namespace, libcontainer never asked (`built`: its create makes the container,
+/// which clean-up then deletes).
+fn base(built: bool) -> Case {
+    Case {
         name: "",
         spec: plain,
         fail: &[],
-        builds: false,
+        builds: built,
         error: |_, _| false,
         recorded: true,
         userns: true,
         taken: vec![],
-        engine: Engine::Untouched,
-    };
+        engine: if built {
+            Engine::Built
+        } else {
+            Engine::Untouched
+        },
+    }
+}
+
+/// The failures before anything is installed: phases 1 to 3.
+fn cases_before_install() -> Vec<Case> {
+    use agent_sandbox_policy::harden::HardenError;
     vec![
         // Phase 1 (ids): a Kubernetes app container that names no pod is refused before
         // any id block is taken or any directory made.
@@ -266,7 +267,7 @@ fn cases_before_install() -> Vec<Case> {
             error: |e, _| matches!(e, LifecycleError::Pod(_)),
             recorded: false,
             userns: false,
-            ..base()
+            ..base(false)
         },
         // Phase 2 (host): a bundle whose config has no `root`; the ids allocated already
         // (as root) are released again.
@@ -280,7 +281,7 @@ fn cases_before_install() -> Vec<Case> {
             error: |e, f| matches!(e, LifecycleError::NoRoot { bundle } if bundle == &f.bundle()),
             recorded: false,
             userns: false,
-            ..base()
+            ..base(false)
         },
         // Phase 2: an annotation with a bad value, found once the sandbox dir, its audit
         // log, record and ceiling and its mount dir exist.
@@ -289,7 +290,7 @@ fn cases_before_install() -> Vec<Case> {
             spec: |_| spec_with_annotations(&[("io.agent.sandbox.memory", "lots")]),
             error: |e, _| matches!(harden_error(e), Some(HardenError::BadAnnotation { annotation, .. }) if annotation == "io.agent.sandbox.memory"),
             userns: false,
-            ..base()
+            ..base(false)
         },
         // Phase 2: an annotation asking for more memory than the ceiling grants (4G above
         // the built-in `agent` profile's 2G).
@@ -298,7 +299,7 @@ fn cases_before_install() -> Vec<Case> {
             spec: |_| spec_with_annotations(&[("io.agent.sandbox.memory", "4G")]),
             error: |e, _| matches!(harden_error(e), Some(HardenError::AnnotationWidens { annotation, .. }) if annotation == "io.agent.sandbox.memory"),
             userns: false,
-            ..base()
+            ..base(false)
         },
         // Phase 2: the sandbox's own user namespace cannot be made (its creator ended
         // before it reported); a rootless runtime makes none.
@@ -311,7 +312,7 @@ fn cases_before_install() -> Vec<Case> {
                     LifecycleError::Userns(crate::host::userns::UsernsError::Create { .. })
                 )
             },
-            ..base()
+            ..base(false)
         },
         // Phase 3 (harden): the policy compiler refuses a spec without a process.
         Case {
@@ -322,24 +323,13 @@ fn cases_before_install() -> Vec<Case> {
                 spec
             },
             error: |e, _| matches!(harden_error(e), Some(HardenError::NoProcess)),
-            ..base()
+            ..base(false)
         },
     ]
 }
 
 /// The failures from install to the build: phase 4 and the sidecars' start.
 fn cases_before_build() -> Vec<Case> {
-    let base = || Case {
-        name: "",
-        spec: plain,
-        fail: &[],
-        builds: false,
-        error: |_, _| false,
-        recorded: true,
-        userns: true,
-        taken: vec![],
-        engine: Engine::Untouched,
-    };
     vec![
         // Phase 4 (install): each host step of install fails in turn.
         Case {
@@ -354,21 +344,21 @@ fn cases_before_build() -> Vec<Case> {
                 )
             },
             taken: [&INSTALL[..1]].concat(),
-            ..base()
+            ..base(false)
         },
         Case {
             name: "mountpoints",
             fail: &[Step::MountPoints],
             error: |e, f| matches!(e, LifecycleError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. }) if path == &f.bundle().join("rootfs")),
             taken: [&INSTALL[..2]].concat(),
-            ..base()
+            ..base(false)
         },
         Case {
             name: "bindroot",
             fail: &[Step::BindRootfs],
             error: |e, f| matches!(e, LifecycleError::Mount(crate::enforce::mounts::MountError::Bind { src, .. }) if src == &f.bundle().join("rootfs")),
             taken: [&INSTALL[..3]].concat(),
-            ..base()
+            ..base(false)
         },
         Case {
             name: "cgsave",
@@ -380,7 +370,7 @@ fn cases_before_build() -> Vec<Case> {
                 )
             },
             taken: [&INSTALL[..]].concat(),
-            ..base()
+            ..base(false)
         },
         // Phase 5 (sidecars): the supervisor does not start.
         Case {
@@ -388,7 +378,7 @@ fn cases_before_build() -> Vec<Case> {
             fail: &[Step::StartSupervisor],
             error: |e, _| matches!(e, LifecycleError::SyscallAudit(SyscallAuditError::Spawn(_))),
             taken: [&INSTALL[..], &SPAWN[..1]].concat(),
-            ..base()
+            ..base(false)
         },
         // The executor cannot connect to the supervisor that started; it is stopped.
         Case {
@@ -401,7 +391,7 @@ fn cases_before_build() -> Vec<Case> {
                 )
             },
             taken: [&INSTALL[..], &SPAWN[..2]].concat(),
-            ..base()
+            ..base(false)
         },
         // The proxy does not start; the supervisor that did is stopped.
         Case {
@@ -409,7 +399,7 @@ fn cases_before_build() -> Vec<Case> {
             fail: &[Step::PrespawnProxy],
             error: |e, _| matches!(e, LifecycleError::Egress(EgressError::Spawn(_))),
             taken: [&INSTALL[..], &SPAWN[..]].concat(),
-            ..base()
+            ..base(false)
         },
         // Phase 5 (build): libcontainer's create fails after both sidecars started.
         Case {
@@ -417,7 +407,7 @@ fn cases_before_build() -> Vec<Case> {
             error: |e, _| matches!(e, LifecycleError::Container { op: "create", .. }),
             taken: [&INSTALL[..], &SPAWN[..]].concat(),
             engine: Engine::Refused,
-            ..base()
+            ..base(false)
         },
     ]
 }
@@ -425,17 +415,6 @@ fn cases_before_build() -> Vec<Case> {
 /// The failures after libcontainer built the container: the attach of the sidecars and
 /// the record. Clean-up deletes the container too.
 fn cases_after_build() -> Vec<Case> {
-    let base = || Case {
-        name: "",
-        spec: plain,
-        fail: &[],
-        builds: true,
-        error: |_, _| false,
-        recorded: true,
-        userns: true,
-        taken: vec![],
-        engine: Engine::Built,
-    };
     vec![
         // `lo` cannot be brought up in the init's namespace.
         Case {
@@ -443,7 +422,7 @@ fn cases_after_build() -> Vec<Case> {
             fail: &[Step::LoopbackUp],
             error: |e, _| matches!(e, LifecycleError::Loopback(_)),
             taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..1]].concat(),
-            ..base()
+            ..base(true)
         },
         // A pod's sandbox container whose namespaces cannot be pinned for its members.
         Case {
@@ -452,7 +431,7 @@ fn cases_after_build() -> Vec<Case> {
             fail: &[Step::PinPod],
             error: |e, _| matches!(e, LifecycleError::Pod(crate::pod::PodError::Pin { .. })),
             taken: [&INSTALL[..], &SPAWN[..], &[Step::LoopbackUp, Step::PinPod]].concat(),
-            ..base()
+            ..base(true)
         },
         // The proxy cannot bind in the init's namespace; still running (its pid file was
         // written when it started), it is stopped with the supervisor.
@@ -461,7 +440,7 @@ fn cases_after_build() -> Vec<Case> {
             fail: &[Step::FinishProxy],
             error: |e, _| matches!(e, LifecycleError::Egress(EgressError::NotReady { .. })),
             taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..2]].concat(),
-            ..base()
+            ..base(true)
         },
         // The supervisor never says it is ready: a sandbox whose denials nobody answers is
         // not handed out, and the proxy, already serving it, is stopped too.
@@ -475,7 +454,7 @@ fn cases_after_build() -> Vec<Case> {
                 )
             },
             taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..]].concat(),
-            ..base()
+            ..base(true)
         },
         // Phase 6 (record): the limits read back are not those asked for. Every sidecar
         // had started, podman's OOM watcher too, and all are stopped.
@@ -491,7 +470,7 @@ fn cases_after_build() -> Vec<Case> {
                 &[Step::WatchOom, Step::VerifyLimits],
             ]
             .concat(),
-            ..base()
+            ..base(true)
         },
         // A watcher that fails never fails the create (podman's `OOMKilled` then stays
         // false) and is stopped at once; the create goes on to the record.
@@ -507,7 +486,7 @@ fn cases_after_build() -> Vec<Case> {
                 &[Step::WatchOom, Step::StopOomWatch, Step::VerifyLimits],
             ]
             .concat(),
-            ..base()
+            ..base(true)
         },
     ]
 }

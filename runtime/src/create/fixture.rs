@@ -35,17 +35,8 @@ impl Sandbox {
         let bundle = dir.path().join("bundle");
         std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
         spec.save(bundle.join("config.json")).unwrap();
-        let opts = crate::lifecycle::CreateOpts {
-            bundle,
-            pid_file: None,
-            console_socket: None,
-            no_pivot: false,
-            preserve_fds: 0,
-            systemd_cgroup: false,
-            reuse_change: None,
-        };
         let ceiling = crate::harden::Ceiling::load(None).unwrap();
-        runtime.create(&id, &opts, &ceiling).unwrap();
+        runtime.create(&id, &create_opts(bundle), &ceiling).unwrap();
         Self {
             _dir: dir,
             runtime,
@@ -67,6 +58,19 @@ impl Sandbox {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
+    }
+}
+
+/// `create`'s options for `bundle` as a runtime without flags would get them.
+pub(crate) fn create_opts(bundle: std::path::PathBuf) -> crate::lifecycle::CreateOpts {
+    crate::lifecycle::CreateOpts {
+        bundle,
+        pid_file: None,
+        console_socket: None,
+        no_pivot: false,
+        preserve_fds: 0,
+        systemd_cgroup: false,
+        reuse_change: None,
     }
 }
 
