@@ -75,14 +75,14 @@ pub(crate) fn create_opts(bundle: std::path::PathBuf) -> crate::lifecycle::Creat
 }
 
 impl Drop for Sandbox {
-    /// The sandbox's mount dir and the per-root directory `mount_dir` makes outside the
-    /// temporary root, where a test left them empty (never recursively: they are the
-    /// host's).
+    /// Whatever a test left of the sandbox goes as after a failed create (through the fakes:
+    /// nothing of the host's), then the per-root directory `mount_dir` makes outside the
+    /// temporary root, if empty.
     fn drop(&mut self) {
+        self.runtime.cleanup_sandbox(&self.id);
         if let Ok(dir) = crate::harden::mount_dir(&self.runtime.dirs, &self.id)
             && let Some(tagged) = dir.parent()
         {
-            let _ = std::fs::remove_dir(&dir);
             let _ = std::fs::remove_dir(tagged);
         }
     }
