@@ -26,8 +26,8 @@ use crate::error::TaskError;
 /// command. Each run appends its command line, without the global flags, to `argv`. A file
 /// `fail-CMD` makes `CMD` fail: its text goes to the JSON log as an error, exit 1. `create`
 /// copies `init.pid` (the stand-in init the test started) to its `--pid-file`; `kill`
-/// signals that init; `exec` keeps the process spec it got and copies `exec.pid` to its
-/// `--pid-file`.
+/// signals that init; `ps` lists it; `update` keeps the resources it got; `exec` keeps the
+/// process spec it got and copies `exec.pid` to its `--pid-file`.
 const SCRIPT: &str = r#"#!/bin/sh
 dir=$(dirname "$0")
 while :; do
@@ -54,6 +54,8 @@ case $cmd in
   kill)
     [ "$1" = --all ] && shift
     kill -"$2" "$(cat "$dir/init.pid")" ;;
+  ps) printf '[%s]\n' "$(cat "$dir/init.pid")" ;;
+  update) cp "$2" "$dir/resources.json" ;;
   exec)
     case "$*" in *--help*) exit 0 ;; esac
     while [ $# -gt 1 ]; do
@@ -583,6 +585,67 @@ async fn an_exec_runs_with_its_id_and_spec_and_its_exit_reaches_wait() {
             "/tasks/exec-added",
             "/tasks/exec-started",
             "/tasks/exit"
+        ]
+    );
+}
+
+/// Pause, Resume, Pids and Update: runc's command lines, the state moves and events, the
+/// resources passed through as containerd sent them, and a Resume of a running init
+/// refused before the runtime runs.
+#[tokio::test]
+async fn pause_resume_pids_and_update_map_to_the_runtimes_commands() {
+    use containerd_shim::api::{PidsRequest, UpdateTaskRequest};
+    let mut h = Harness::new().await;
+    let pid = h.create().await.unwrap();
+    h.start().await.unwrap();
+    h.service.pause_resume(ID, true).await.unwrap();
+    assert_eq!(h.state().await.unwrap(), (Status::PAUSED, 0));
+    h.service.pause_resume(ID, false).await.unwrap();
+    assert_eq!(h.state().await.unwrap(), (Status::RUNNING, 0));
+    let refused = h.service.pause_resume(ID, false).await;
+    assert_eq!(code_of(refused), Code::FAILED_PRECONDITION);
+    let pids = PidsRequest {
+        id: ID.to_owned(),
+        ..Default::default()
+    };
+    let listed = h.service.do_pids(pids).await.unwrap();
+    let listed: Vec<u32> = listed.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(listed, [pid]);
+    let resources = br#"{"memory":{"limit":268435456}}"#;
+    let update = UpdateTaskRequest {
+        id: ID.to_owned(),
+        resources: Some(
+            containerd_shim::protos::protobuf::well_known_types::any::Any {
+                value: resources.to_vec(),
+                ..Default::default()
+            },
+        )
+        .into(),
+        ..Default::default()
+    };
+    h.service.do_update(update).await.unwrap();
+    assert_eq!(std::fs::read(h.path("resources.json")).unwrap(), resources);
+    let bundle = h.path("bundle").display().to_string();
+    assert_eq!(
+        h.argv()[2..],
+        [
+            format!("pause {ID}"),
+            format!("resume {ID}"),
+            format!("ps --format json {ID}"),
+            format!("update --resources {bundle}/update-resources.json {ID}"),
+        ]
+    );
+    assert!(
+        !h.path("bundle").join("update-resources.json").exists(),
+        "the resources file lives only during the run"
+    );
+    assert_eq!(
+        h.events(4).await,
+        [
+            "/tasks/create",
+            "/tasks/start",
+            "/tasks/paused",
+            "/tasks/resumed"
         ]
     );
 }
