@@ -9,7 +9,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::harden::Ceiling;
-use crate::lifecycle::{CreateOpts, LifecycleError, ReapedInit, Runtime};
+use crate::lifecycle::{CreateOpts, DeleteError, LifecycleError, LookupError, ReapedInit, Runtime};
 use crate::state::ContainerId;
 
 /// Why `run` failed before the container's status was known.
@@ -17,6 +17,10 @@ use crate::state::ContainerId;
 pub enum RunError {
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Delete(#[from] DeleteError),
     #[error(
         "run: process.terminal needs --console-socket (agent-sandbox does not relay a terminal itself)"
     )]

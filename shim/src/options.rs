@@ -265,30 +265,33 @@ fn decode_runtime_options(
     Ok((path, body))
 }
 
+/// The options CRI and `ctr --runtime-config-path` send: `runtimeoptions.v1.Options` with
+/// the TOML table at `path` or as `body` (for unit tests).
+#[cfg(test)]
+pub(crate) fn runtime_any(path: &str, body: &str) -> Any {
+    use containerd_shim::protos::protobuf::CodedOutputStream;
+    let mut value = Vec::new();
+    {
+        let mut out = CodedOutputStream::vec(&mut value);
+        out.write_string(1, "agent-sandbox").unwrap();
+        if !path.is_empty() {
+            out.write_string(2, path).unwrap();
+        }
+        if !body.is_empty() {
+            out.write_bytes(3, body.as_bytes()).unwrap();
+        }
+        out.flush().unwrap();
+    }
+    Any {
+        type_url: "runtimeoptions.v1.Options".into(),
+        value,
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use containerd_shim::protos::protobuf::CodedOutputStream;
-
-    fn runtime_any(path: &str, body: &str) -> Any {
-        let mut value = Vec::new();
-        {
-            let mut out = CodedOutputStream::vec(&mut value);
-            out.write_string(1, "agent-sandbox").unwrap();
-            if !path.is_empty() {
-                out.write_string(2, path).unwrap();
-            }
-            if !body.is_empty() {
-                out.write_bytes(3, body.as_bytes()).unwrap();
-            }
-            out.flush().unwrap();
-        }
-        Any {
-            type_url: "runtimeoptions.v1.Options".into(),
-            value,
-            ..Default::default()
-        }
-    }
 
     #[test]
     fn absent_options_give_defaults() {

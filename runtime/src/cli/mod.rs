@@ -516,6 +516,10 @@ pub enum CliError {
     #[error(transparent)]
     Lifecycle(#[from] crate::lifecycle::LifecycleError),
     #[error(transparent)]
+    Delete(#[from] crate::lifecycle::DeleteError),
+    #[error(transparent)]
+    Kill(#[from] crate::lifecycle::KillError),
+    #[error(transparent)]
     Run(#[from] crate::run::RunError),
     #[error(transparent)]
     Hook(#[from] crate::enforce::hooks::HookError),

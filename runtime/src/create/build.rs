@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use super::{Hardened, Host, Ids, Result};
 use crate::enforce::executor::SandboxExecutor;
-use crate::enforce::mounts;
 use crate::lifecycle::{self, CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
 
@@ -27,25 +26,28 @@ impl Runtime {
             .contains(&agent_sandbox_policy::Layer::Apparmor)
         {
             // Loaded before libcontainer's init names it in /proc/self/attr/apparmor/exec.
-            crate::host::apparmor::acquire(
-                &host.sandbox_dir,
-                &agent_sandbox_policy::apparmor::loaded_profile(&hardened.policy),
-            )
-            .map_err(LifecycleError::AppArmor)?;
+            self.procs()
+                .load_apparmor(
+                    &host.sandbox_dir,
+                    &agent_sandbox_policy::apparmor::loaded_profile(&hardened.policy),
+                )
+                .map_err(LifecycleError::AppArmor)?;
         }
         if let Some(m) = &ids.member {
             m.record(&host.sandbox_dir)?;
         }
         host.sandbox_dir.record().write(&host.record)?;
-        mounts::ensure_mount_points(&host.rootfs_src, spec)?;
+        self.procs().make_mount_points(&host.rootfs_src, spec)?;
         crate::harden::check_writable_destinations(spec, &host.rootfs_src)?;
-        mounts::bind_readonly(&host.rootfs_src, &host.record.rootfs_mount)?;
-        crate::host::cgroups::Record::save(&hardened.cgroups, spec, &host.sandbox_dir)?;
+        self.procs()
+            .bind_rootfs(&host.rootfs_src, &host.record.rootfs_mount)?;
+        self.procs()
+            .save_cgroups(&hardened.cgroups, spec, &host.sandbox_dir)?;
         if let Some(overlay) = &hardened.overlay {
             let user = (!ids.rootless)
                 .then(|| lifecycle::sandbox_user(spec, &ids.ids))
                 .flatten();
-            let (mut ws, ownership) = mounts::mount_overlay(overlay, user)?;
+            let (mut ws, ownership) = self.procs().mount_overlay(overlay, user)?;
             let change_set = host.change_set.as_ref();
             ws.change = change_set.map(|c| c.entry.record.change.clone());
             ws.change_dir = change_set.map(|c| c.entry.dir.clone());

@@ -110,6 +110,14 @@ pub mod fake {
             self.calls.lock().unwrap().clone()
         }
 
+        /// The container `id` now reports `status` (as its init started or ended would make
+        /// libcontainer's refresh say).
+        pub fn set_status(&self, id: &str, status: ContainerStatus) {
+            if let Some(c) = self.containers.lock().unwrap().get_mut(id) {
+                c.state.status = status;
+            }
+        }
+
         fn log(&self, call: Call) {
             self.calls.lock().unwrap().push(call);
         }

@@ -1,9 +1,10 @@
 //! A create that fails in a phase leaves nothing of the sandbox behind: `create` hands the
 //! failure to `Runtime::cleanup_sandbox`, which removes whatever the phases before it set
-//! up and stops every sidecar that started. Each test makes one phase fail, through its
-//! input or one step of a fake, in a temporary state root, with libcontainer replaced by
-//! [`FakeEngine`] and the sandbox's host processes by [`FakeProcs`], whose recorded calls
-//! show how far create got.
+//! up, stops every sidecar that started, detaches every mount and releases the AppArmor
+//! profile. One table ([`cases`]) makes each step fail in turn, through its input or one
+//! step of a fake, in a temporary state root, with libcontainer replaced by [`FakeEngine`]
+//! and the host (mounts, cgroups, AppArmor, the sandbox's processes) by [`FakeProcs`], whose
+//! recorded steps show how far create got. None of it needs root.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,9 +12,11 @@ use std::sync::Arc;
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::engine::fake::{Call, FakeEngine};
-use super::host_procs::fake::{FakeProcs, Sidecar, Step};
+use super::host_procs::fake::{FakeProcs, Step};
 use crate::harden::Ceiling;
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::lifecycle::{LifecycleError, Runtime};
+use crate::sidecars::egress::EgressError;
+use crate::sidecars::syscall_audit::SyscallAuditError;
 use crate::state::ContainerId;
 use crate::test_support::spec_with_annotations;
 
@@ -69,25 +72,19 @@ impl Fixture {
         self.dir.path().join("bundle")
     }
 
-    fn opts(&self) -> CreateOpts {
-        CreateOpts {
-            bundle: self.bundle(),
-            pid_file: None,
-            console_socket: None,
-            no_pivot: false,
-            preserve_fds: 0,
-            systemd_cgroup: false,
-            reuse_change: None,
-        }
-    }
-
-    /// `create` of `spec` under the built-in ceiling; its error.
-    fn create_failing(&self, spec: &Spec) -> LifecycleError {
+    /// `create` of `spec` under the built-in ceiling.
+    fn create(&self, spec: &Spec) -> Result<(), LifecycleError> {
         spec.save(self.bundle().join("config.json")).unwrap();
         let ceiling = Ceiling::load(None).unwrap();
-        self.runtime
-            .create(&self.id, &self.opts(), &ceiling)
-            .expect_err("the create should fail")
+        self.runtime.create(
+            &self.id,
+            &super::fixture::create_opts(self.bundle()),
+            &ceiling,
+        )
+    }
+
+    fn create_failing(&self, spec: &Spec) -> LifecycleError {
+        self.create(spec).expect_err("the create should fail")
     }
 
     /// Everything under the state root (and the sandbox's mount dir) that names the sandbox,
@@ -131,64 +128,42 @@ impl Fixture {
         self.runtime.dirs.audit().join(".live").is_dir()
     }
 
-    /// `create` of `spec`, which fails after install; its error. None where install may not
-    /// bind the rootfs (not root in the initial user namespace): there the create fails in
-    /// install, before any sidecar starts, and that is what is checked.
-    fn create_failing_past_install(&self, spec: &Spec) -> Option<LifecycleError> {
-        let err = self.create_failing(spec);
-        if crate::state::paths::rootless().unwrap() {
-            assert!(matches!(err, LifecycleError::Mount(_)), "{err:?}");
-            assert_eq!(self.procs.steps(), CLEANUP);
-            assert_eq!(self.leftovers(), Vec::<PathBuf>::new());
-            return None;
-        }
-        Some(err)
-    }
-
-    /// Nothing of the sandbox is left, no sidecar is running, and libcontainer was never
-    /// asked for anything.
-    fn assert_cleaned_up_before_build(&self) {
-        assert_eq!(self.procs.running(), []);
-        assert_eq!(self.leftovers(), Vec::<PathBuf>::new());
-        assert_eq!(self.engine.calls(), []);
-    }
-
-    /// Nothing of the sandbox is left: no file or mount, no sidecar running, and the container
-    /// libcontainer built is deleted (force: its init is killed).
-    fn assert_cleaned_up_after_build(&self) {
-        assert_eq!(self.leftovers(), Vec::<PathBuf>::new());
-        assert_eq!(self.procs.running(), []);
+    /// What libcontainer was asked for: nothing, a build it refused, or a build whose
+    /// container clean-up then deleted (force: its init is killed).
+    fn engine_calls(&self, engine: Engine) -> Vec<Call> {
         let id = self.id.as_str().to_owned();
-        assert_eq!(
-            self.engine.calls(),
-            [
+        match engine {
+            Engine::Untouched => vec![],
+            Engine::Refused => vec![Call::Build],
+            Engine::Built => vec![
                 Call::Build,
                 Call::Load(id.clone()),
                 Call::Refresh(id.clone()),
                 Call::Delete { id, force: true },
-            ]
-        );
+            ],
+        }
     }
 }
 
-/// What `cleanup_sandbox` stops, whatever the sandbox started (a sidecar it never started
-/// has no pid file, and its stop finds nothing).
-const CLEANUP: [Step; 3] = [Step::StopProxy, Step::StopOomWatch, Step::StopSupervisor];
+/// What clean-up takes, whatever the sandbox got to: every sidecar's stop (one never
+/// started has no pid file, and its stop finds nothing), the AppArmor release, the
+/// detach of everything under the sandbox's mount dir.
+const CLEANUP: [Step; 5] = [
+    Step::StopProxy,
+    Step::StopOomWatch,
+    Step::StopSupervisor,
+    Step::ReleaseApparmor,
+    Step::DetachAllUnder,
+];
 
-/// The sandbox's own user namespace (phase 2, as real root), then `steps`.
-fn with_userns(steps: &[Step]) -> Vec<Step> {
-    let own: &[Step] = if crate::state::paths::rootless().unwrap() {
-        &[]
-    } else {
-        &[Step::OwnUserns]
-    };
-    own.iter().chain(steps).copied().collect()
-}
-
-/// The sandbox's own user namespace, `steps`, then clean-up's.
-fn then_cleanup(steps: &[Step]) -> Vec<Step> {
-    with_userns(steps).iter().chain(&CLEANUP).copied().collect()
-}
+/// Phase 4: the profile loaded, the mount points made, the rootfs bound, the cgroup
+/// placement saved.
+const INSTALL: [Step; 4] = [
+    Step::LoadApparmor,
+    Step::MountPoints,
+    Step::BindRootfs,
+    Step::SaveCgroups,
+];
 
 /// The steps of phase 5 before the build: the supervisor starts, the executor connects to
 /// it, the proxy starts.
@@ -201,6 +176,420 @@ const SPAWN: [Step; 3] = [
 /// The steps of phase 5 after the build for a sandbox of its own (not a pod's): `lo` up,
 /// the proxy bound in the init's namespace, the supervisor's ready line.
 const ATTACH: [Step; 3] = [Step::LoopbackUp, Step::FinishProxy, Step::SupervisorReady];
+
+/// How far libcontainer got.
+#[derive(Debug, Clone, Copy)]
+enum Engine {
+    /// Never asked.
+    Untouched,
+    /// Asked to build, and refused.
+    Refused,
+    /// Built the container, which clean-up deleted.
+    Built,
+}
+
+/// One way for a create to fail, and what it must have done before and after.
+struct Case {
+    name: &'static str,
+    spec: fn(&ContainerId) -> Spec,
+    /// The steps of the fake host that fail.
+    fail: &'static [Step],
+    /// Whether libcontainer's create makes a container (else it refuses).
+    builds: bool,
+    /// The error the create must return.
+    error: fn(&LifecycleError, &Fixture) -> bool,
+    /// Whether the failure came after the sandbox's record (and its audit log) was
+    /// written: clean-up then also detaches the rootfs mount it names.
+    recorded: bool,
+    /// Whether phase 2 made the sandbox's own user namespace (as real root).
+    userns: bool,
+    /// The steps taken after the user namespace, up to the failure.
+    taken: Vec<Step>,
+    engine: Engine,
+}
+
+fn plain(_: &ContainerId) -> Spec {
+    Spec::default()
+}
+
+/// A spec as podman writes it, which gets the OOM watcher.
+fn podman(_: &ContainerId) -> Spec {
+    spec_with_annotations(&[("io.container.manager", "libpod")])
+}
+
+/// A pod's sandbox container, whose namespaces are pinned for the pod's members.
+fn pod_sandbox(id: &ContainerId) -> Spec {
+    spec_with_annotations(&[
+        (crate::pod::CONTAINER_TYPE_ANNOTATION, "sandbox"),
+        (crate::pod::SANDBOX_ID_ANNOTATION, id.as_str()),
+    ])
+}
+
+fn harden_error(err: &LifecycleError) -> Option<&agent_sandbox_policy::harden::HardenError> {
+    match err {
+        LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)) => Some(e),
+        _ => None,
+    }
+}
+
+/// A row's defaults: a plain spec, no step failing, the failure after the record and the
+/// user namespace, libcontainer never asked (`built`: its create makes the container,
+/// which clean-up then deletes).
+fn base(built: bool) -> Case {
+    Case {
+        name: "",
+        spec: plain,
+        fail: &[],
+        builds: built,
+        error: |_, _| false,
+        recorded: true,
+        userns: true,
+        taken: vec![],
+        engine: if built {
+            Engine::Built
+        } else {
+            Engine::Untouched
+        },
+    }
+}
+
+/// The failures before anything is installed: phases 1 to 3.
+fn cases_before_install() -> Vec<Case> {
+    use agent_sandbox_policy::harden::HardenError;
+    vec![
+        // Phase 1 (ids): a Kubernetes app container that names no pod is refused before
+        // any id block is taken or any directory made.
+        Case {
+            name: "ids",
+            spec: |_| {
+                spec_with_annotations(&[(crate::pod::CONTAINER_TYPE_ANNOTATION, "container")])
+            },
+            error: |e, _| matches!(e, LifecycleError::Pod(_)),
+            recorded: false,
+            userns: false,
+            ..base(false)
+        },
+        // Phase 2 (host): a bundle whose config has no `root`; the ids allocated already
+        // (as root) are released again.
+        Case {
+            name: "noroot",
+            spec: |_| {
+                let mut spec = Spec::default();
+                spec.set_root(None);
+                spec
+            },
+            error: |e, f| matches!(e, LifecycleError::NoRoot { bundle } if bundle == &f.bundle()),
+            recorded: false,
+            userns: false,
+            ..base(false)
+        },
+        // Phase 2: an annotation with a bad value, found once the sandbox dir, its audit
+        // log, record and ceiling and its mount dir exist.
+        Case {
+            name: "badann",
+            spec: |_| spec_with_annotations(&[("io.agent.sandbox.memory", "lots")]),
+            error: |e, _| matches!(harden_error(e), Some(HardenError::BadAnnotation { annotation, .. }) if annotation == "io.agent.sandbox.memory"),
+            userns: false,
+            ..base(false)
+        },
+        // Phase 2: an annotation asking for more memory than the ceiling grants (4G above
+        // the built-in `agent` profile's 2G).
+        Case {
+            name: "widen",
+            spec: |_| spec_with_annotations(&[("io.agent.sandbox.memory", "4G")]),
+            error: |e, _| matches!(harden_error(e), Some(HardenError::AnnotationWidens { annotation, .. }) if annotation == "io.agent.sandbox.memory"),
+            userns: false,
+            ..base(false)
+        },
+        // Phase 2: the sandbox's own user namespace cannot be made (its creator ended
+        // before it reported); a rootless runtime makes none.
+        Case {
+            name: "userns",
+            fail: &[Step::OwnUserns],
+            error: |e, _| {
+                matches!(
+                    e,
+                    LifecycleError::Userns(crate::host::userns::UsernsError::Create { .. })
+                )
+            },
+            ..base(false)
+        },
+        // Phase 3 (harden): the policy compiler refuses a spec without a process.
+        Case {
+            name: "harden",
+            spec: |_| {
+                let mut spec = Spec::default();
+                spec.set_process(None);
+                spec
+            },
+            error: |e, _| matches!(harden_error(e), Some(HardenError::NoProcess)),
+            ..base(false)
+        },
+    ]
+}
+
+/// The failures from install to the build: phase 4 and the sidecars' start.
+fn cases_before_build() -> Vec<Case> {
+    vec![
+        // Phase 4 (install): each host step of install fails in turn.
+        Case {
+            name: "apparmor",
+            fail: &[Step::LoadApparmor],
+            error: |e, _| {
+                matches!(
+                    e,
+                    LifecycleError::AppArmor(
+                        crate::host::apparmor::AppArmorError::NotLoaded { .. }
+                    )
+                )
+            },
+            taken: [&INSTALL[..1]].concat(),
+            ..base(false)
+        },
+        Case {
+            name: "mountpoints",
+            fail: &[Step::MountPoints],
+            error: |e, f| matches!(e, LifecycleError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. }) if path == &f.bundle().join("rootfs")),
+            taken: [&INSTALL[..2]].concat(),
+            ..base(false)
+        },
+        Case {
+            name: "bindroot",
+            fail: &[Step::BindRootfs],
+            error: |e, f| matches!(e, LifecycleError::Mount(crate::enforce::mounts::MountError::Bind { src, .. }) if src == &f.bundle().join("rootfs")),
+            taken: [&INSTALL[..3]].concat(),
+            ..base(false)
+        },
+        Case {
+            name: "cgsave",
+            fail: &[Step::SaveCgroups],
+            error: |e, _| {
+                matches!(
+                    e,
+                    LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::File(_))
+                )
+            },
+            taken: [&INSTALL[..]].concat(),
+            ..base(false)
+        },
+        // Phase 5 (sidecars): the supervisor does not start.
+        Case {
+            name: "supstart",
+            fail: &[Step::StartSupervisor],
+            error: |e, _| matches!(e, LifecycleError::SyscallAudit(SyscallAuditError::Spawn(_))),
+            taken: [&INSTALL[..], &SPAWN[..1]].concat(),
+            ..base(false)
+        },
+        // The executor cannot connect to the supervisor that started; it is stopped.
+        Case {
+            name: "supconn",
+            fail: &[Step::ConnectSupervisor],
+            error: |e, _| {
+                matches!(
+                    e,
+                    LifecycleError::SyscallAudit(SyscallAuditError::Connect { .. })
+                )
+            },
+            taken: [&INSTALL[..], &SPAWN[..2]].concat(),
+            ..base(false)
+        },
+        // The proxy does not start; the supervisor that did is stopped.
+        Case {
+            name: "proxystart",
+            fail: &[Step::PrespawnProxy],
+            error: |e, _| matches!(e, LifecycleError::Egress(EgressError::Spawn(_))),
+            taken: [&INSTALL[..], &SPAWN[..]].concat(),
+            ..base(false)
+        },
+        // Phase 5 (build): libcontainer's create fails after both sidecars started.
+        Case {
+            name: "build",
+            error: |e, _| matches!(e, LifecycleError::Container { op: "create", .. }),
+            taken: [&INSTALL[..], &SPAWN[..]].concat(),
+            engine: Engine::Refused,
+            ..base(false)
+        },
+    ]
+}
+
+/// The failures after libcontainer built the container: the attach of the sidecars and
+/// the record. Clean-up deletes the container too.
+fn cases_after_build() -> Vec<Case> {
+    vec![
+        // `lo` cannot be brought up in the init's namespace.
+        Case {
+            name: "lo",
+            fail: &[Step::LoopbackUp],
+            error: |e, _| matches!(e, LifecycleError::Loopback(_)),
+            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..1]].concat(),
+            ..base(true)
+        },
+        // A pod's sandbox container whose namespaces cannot be pinned for its members.
+        Case {
+            name: "pin",
+            spec: pod_sandbox,
+            fail: &[Step::PinPod],
+            error: |e, _| matches!(e, LifecycleError::Pod(crate::pod::PodError::Pin { .. })),
+            taken: [&INSTALL[..], &SPAWN[..], &[Step::LoopbackUp, Step::PinPod]].concat(),
+            ..base(true)
+        },
+        // The proxy cannot bind in the init's namespace; still running (its pid file was
+        // written when it started), it is stopped with the supervisor.
+        Case {
+            name: "bind",
+            fail: &[Step::FinishProxy],
+            error: |e, _| matches!(e, LifecycleError::Egress(EgressError::NotReady { .. })),
+            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..2]].concat(),
+            ..base(true)
+        },
+        // The supervisor never says it is ready: a sandbox whose denials nobody answers is
+        // not handed out, and the proxy, already serving it, is stopped too.
+        Case {
+            name: "ready",
+            fail: &[Step::SupervisorReady],
+            error: |e, _| {
+                matches!(
+                    e,
+                    LifecycleError::SyscallAudit(SyscallAuditError::NotReady { .. })
+                )
+            },
+            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..]].concat(),
+            ..base(true)
+        },
+        // Phase 6 (record): the limits read back are not those asked for. Every sidecar
+        // had started, podman's OOM watcher too, and all are stopped.
+        Case {
+            name: "record",
+            spec: podman,
+            fail: &[Step::VerifyLimits],
+            error: |e, _| matches!(e, LifecycleError::Cgroups(_)),
+            taken: [
+                &INSTALL[..],
+                &SPAWN[..],
+                &ATTACH[..],
+                &[Step::WatchOom, Step::VerifyLimits],
+            ]
+            .concat(),
+            ..base(true)
+        },
+        // A watcher that fails never fails the create (podman's `OOMKilled` then stays
+        // false) and is stopped at once; the create goes on to the record.
+        Case {
+            name: "oom",
+            spec: podman,
+            fail: &[Step::WatchOom, Step::VerifyLimits],
+            error: |e, _| matches!(e, LifecycleError::Cgroups(_)),
+            taken: [
+                &INSTALL[..],
+                &SPAWN[..],
+                &ATTACH[..],
+                &[Step::WatchOom, Step::StopOomWatch, Step::VerifyLimits],
+            ]
+            .concat(),
+            ..base(true)
+        },
+    ]
+}
+
+/// Every case: the steps `create` took, its error, and that nothing of the sandbox is left.
+fn cases() -> Vec<Case> {
+    let mut all = cases_before_install();
+    all.extend(cases_before_build());
+    all.extend(cases_after_build());
+    all
+}
+
+/// The steps a case expects: the user namespace (as real root), the steps it names, then
+/// clean-up's (with the rootfs mount's detach where a record names it).
+fn expected_steps(case: &Case) -> Vec<Step> {
+    let rootless = crate::state::paths::rootless().unwrap();
+    let mut steps = Vec::new();
+    if case.userns && !rootless {
+        steps.push(Step::OwnUserns);
+    }
+    steps.extend_from_slice(&case.taken);
+    steps.extend_from_slice(&CLEANUP);
+    if case.recorded {
+        steps.push(Step::DetachRootfs);
+    }
+    steps
+}
+
+/// Runs one case; what differs from what it expects, one line each.
+fn check(case: &Case) -> Vec<String> {
+    let f = if case.builds {
+        Fixture::building(case.name)
+    } else {
+        Fixture::new(case.name)
+    };
+    for step in case.fail {
+        f.procs.fail(*step);
+    }
+    let err = f.create_failing(&(case.spec)(&f.id));
+    let mut wrong = Vec::new();
+    let mut expect = |ok: bool, what: String| {
+        if !ok {
+            wrong.push(format!("{}: {what}", case.name));
+        }
+    };
+    expect((case.error)(&err, &f), format!("unexpected error {err:?}"));
+    let steps = f.procs.steps();
+    let want = expected_steps(case);
+    expect(steps == want, format!("steps {steps:?}, wanted {want:?}"));
+    let left = f.leftovers();
+    expect(left.is_empty(), format!("left behind: {left:?}"));
+    let running = f.procs.running();
+    expect(running.is_empty(), format!("still running: {running:?}"));
+    let mounted = f.procs.mounted();
+    expect(mounted.is_empty(), format!("still mounted: {mounted:?}"));
+    expect(
+        !f.procs.holds_apparmor(),
+        "the AppArmor profile is still held".to_owned(),
+    );
+    expect(
+        f.audit_initialised() == case.recorded,
+        format!("audit initialised: {}", f.audit_initialised()),
+    );
+    let calls = f.engine.calls();
+    let want = f.engine_calls(case.engine);
+    expect(
+        calls == want,
+        format!("libcontainer calls {calls:?}, wanted {want:?}"),
+    );
+    wrong
+}
+
+/// Each step of create fails in turn, through its input or the fake host; every failure
+/// is cleaned up: no file, mount, sidecar or AppArmor profile of the sandbox is left, and a
+/// container libcontainer built is deleted.
+#[test]
+fn every_failing_step_of_create_is_cleaned_up() {
+    let cases = cases();
+    let wrong: Vec<String> = cases.iter().flat_map(check).collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The table reaches every step of the fake host that create can fail, so a step added
+/// to create without a row here fails this test.
+#[test]
+fn the_table_fails_every_step_create_takes() {
+    let failed: Vec<Step> = cases()
+        .iter()
+        .flat_map(|c| c.fail.iter().copied())
+        .collect();
+    let f = Fixture::building("all");
+    f.create(&podman(&f.id))
+        .expect("the fake host lets create through");
+    let taken = f.procs.steps();
+    f.runtime.delete(&f.id, false, None).unwrap();
+    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
+    for step in taken {
+        assert!(
+            failed.contains(&step),
+            "{step:?} is taken by create but no case fails it"
+        );
+    }
+}
 
 impl Drop for Fixture {
     /// The per-root directory `mount_dir` makes outside the temporary root (empty by now).
@@ -222,104 +611,6 @@ fn walk(dir: &Path, each: &mut dyn FnMut(&Path)) {
             walk(&p, each);
         }
     }
-}
-
-/// Phase 1 (ids): a Kubernetes app container that names no pod is refused before any id
-/// block is taken or any directory made.
-#[test]
-fn a_failure_assigning_ids_leaves_nothing() {
-    let f = Fixture::new("ids");
-    let spec = spec_with_annotations(&[(crate::pod::CONTAINER_TYPE_ANNOTATION, "container")]);
-    let err = f.create_failing(&spec);
-    assert!(matches!(err, LifecycleError::Pod(_)), "{err:?}");
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert!(!f.audit_initialised());
-    assert_eq!(f.engine.calls(), []);
-}
-
-/// Phase 2 (host): a bundle whose config has no `root`. The ids were allocated already
-/// (as root) and are released again.
-#[test]
-fn a_bundle_without_root_fails_preparing_the_host_and_leaves_nothing() {
-    let f = Fixture::new("noroot");
-    let mut spec = Spec::default();
-    spec.set_root(None);
-    let err = f.create_failing(&spec);
-    assert!(
-        matches!(&err, LifecycleError::NoRoot { bundle } if bundle == &f.bundle()),
-        "{err:?}"
-    );
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
-}
-
-/// Phase 2 (host): an annotation with a bad value is found once the sandbox dir, its audit
-/// log, record and ceiling and its mount dir exist; all of them go again (the audit log
-/// stays, closed, as after any delete).
-#[test]
-fn an_invalid_policy_annotation_fails_preparing_the_host_and_leaves_nothing() {
-    let f = Fixture::new("badann");
-    let spec = spec_with_annotations(&[("io.agent.sandbox.memory", "lots")]);
-    let err = f.create_failing(&spec);
-    assert!(
-        matches!(
-            &err,
-            LifecycleError::Sandbox(crate::harden::SandboxError::Harden(
-                agent_sandbox_policy::harden::HardenError::BadAnnotation { annotation, .. }
-            )) if annotation == "io.agent.sandbox.memory"
-        ),
-        "{err:?}"
-    );
-    assert!(
-        f.audit_initialised(),
-        "the failure came after the audit init"
-    );
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
-}
-
-/// Phase 2 (host): an annotation asking for more memory than the ceiling grants (4G
-/// above the built-in `agent` profile's 2G) is refused.
-#[test]
-fn a_widening_annotation_fails_preparing_the_host_and_leaves_nothing() {
-    let f = Fixture::new("widen");
-    let spec = spec_with_annotations(&[("io.agent.sandbox.memory", "4G")]);
-    let err = f.create_failing(&spec);
-    assert!(
-        matches!(
-            &err,
-            LifecycleError::Sandbox(crate::harden::SandboxError::Harden(
-                agent_sandbox_policy::harden::HardenError::AnnotationWidens { annotation, .. }
-            )) if annotation == "io.agent.sandbox.memory"
-        ),
-        "{err:?}"
-    );
-    assert!(f.audit_initialised());
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
-}
-
-/// Phase 2 (host): the sandbox's own user namespace cannot be made (its creator ended
-/// before it reported). Nothing is left and libcontainer is never asked; a rootless runtime
-/// makes none.
-#[test]
-fn a_failure_making_the_sandboxs_own_user_namespace_leaves_nothing() {
-    let f = Fixture::new("userns");
-    f.procs.fail(Step::OwnUserns);
-    if crate::state::paths::rootless().unwrap() {
-        return;
-    }
-    let err = f.create_failing(&Spec::default());
-    assert!(
-        matches!(
-            &err,
-            LifecycleError::Userns(crate::host::userns::UsernsError::Create { .. })
-        ),
-        "{err:?}"
-    );
-    assert!(f.audit_initialised());
-    assert_eq!(f.procs.steps(), then_cleanup(&[]));
-    f.assert_cleaned_up_before_build();
 }
 
 /// Phase 2 and 3: the sandbox's user namespace is asked for with its own host root id as
@@ -349,324 +640,4 @@ fn the_spec_joins_the_user_namespace_owned_by_the_sandboxs_host_root_id() {
         Some(&agent.ucounts.inotify_instances)
     );
     assert_eq!(userns.caps.len(), agent.ucounts.caps().len());
-}
-
-/// Phase 3 (harden): the policy compiler refuses a spec without a process. Nothing is
-/// installed and libcontainer is never asked to build.
-#[test]
-fn a_hardening_refusal_leaves_nothing_and_builds_nothing() {
-    let f = Fixture::new("harden");
-    let mut spec = Spec::default();
-    spec.set_process(None);
-    let err = f.create_failing(&spec);
-    assert!(
-        matches!(
-            &err,
-            LifecycleError::Sandbox(crate::harden::SandboxError::Harden(
-                agent_sandbox_policy::harden::HardenError::NoProcess
-            ))
-        ),
-        "{err:?}"
-    );
-    assert!(f.audit_initialised());
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert!(!f.engine.calls().contains(&Call::Build));
-    assert_eq!(f.engine.calls(), []);
-}
-
-/// Phase 4 (install): the bundle's rootfs directory is missing, found when the spec's mount
-/// points are made in it, after the spec was hardened (and, on an AppArmor host, its profile
-/// loaded). Everything goes again and libcontainer is never asked to build.
-#[test]
-fn a_failure_installing_the_spec_leaves_nothing_and_builds_nothing() {
-    let f = Fixture::new("install");
-    std::fs::remove_dir(f.bundle().join("rootfs")).unwrap();
-    let err = f.create_failing(&Spec::default());
-    assert!(
-        matches!(
-            &err,
-            LifecycleError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. })
-                if path == &f.bundle().join("rootfs")
-        ),
-        "{err:?}"
-    );
-    assert!(f.audit_initialised());
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(f.engine.calls(), []);
-}
-
-/// Whether `path` is a mount point in this process's mount namespace.
-fn mounted(path: &Path) -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(path.to_string_lossy().as_ref()))
-}
-
-/// Phase 5 (build): libcontainer's create fails (the fake engine builds nothing) after
-/// install made the spec real (the image bound read-only at the sandbox's rootfs mount, the
-/// bundle libcontainer reads, the cgroup record) and the supervisor and the proxy started.
-/// The phases run here in `create`'s order, up to the build; the failure is then cleaned up
-/// as `create` does, which stops both sidecars. The bind needs root in the initial user
-/// namespace; elsewhere install refuses it and its clean-up is what is checked.
-#[test]
-fn a_failure_in_libcontainers_create_is_cleaned_up_after_install() {
-    let f = Fixture::new("build");
-    let spec = Spec::default();
-    spec.save(f.bundle().join("config.json")).unwrap();
-    let opts = f.opts();
-    let ceiling = Ceiling::load(None).unwrap();
-    let rt = &f.runtime;
-    let marks = super::Marks::start();
-    let mut rootfs_mount = None;
-    let result: Result<i32, LifecycleError> = (|| {
-        let ids = rt.assign_ids(&f.id, &spec)?;
-        let ceiling = ids.ceiling(&ceiling);
-        let mut host = rt.prepare_host(&f.id, &opts, &spec, &ids, ceiling, &marks)?;
-        rootfs_mount = Some(host.record.rootfs_mount.clone());
-        let (hardened, mut executor) =
-            rt.harden(&f.id, &opts, spec.clone(), &ids, ceiling, &mut host)?;
-        let bundle = rt.install(&f.id, &ids, &host, &hardened)?;
-        assert!(
-            mounted(&host.record.rootfs_mount),
-            "install bound the rootfs"
-        );
-        assert!(bundle.join("config.json").exists());
-        let _sidecars = rt.spawn_sidecars(&f.id, &ids, &host, &hardened, &mut executor)?;
-        rt.build(&f.id, &opts, &hardened, executor, &bundle)
-    })();
-    let err = result.expect_err("the fake engine builds nothing");
-    let privileged = !crate::state::paths::rootless().unwrap();
-    if privileged {
-        assert!(
-            matches!(err, LifecycleError::Container { op: "create", .. }),
-            "{err:?}"
-        );
-        assert_eq!(f.engine.calls(), [Call::Build]);
-        assert_eq!(f.procs.steps(), with_userns(&SPAWN));
-        assert_eq!(f.procs.running(), [Sidecar::Supervisor, Sidecar::Proxy]);
-    } else {
-        assert!(matches!(err, LifecycleError::Mount(_)), "{err:?}");
-        assert_eq!(f.engine.calls(), []);
-        assert_eq!(f.procs.steps(), []);
-    }
-    rt.cleanup_sandbox(&f.id);
-    let spawned: &[Step] = if privileged { &SPAWN } else { &[] };
-    assert_eq!(f.procs.steps(), then_cleanup(spawned));
-    assert_eq!(f.procs.running(), [], "both sidecars are stopped");
-    let rootfs_mount = rootfs_mount.expect("prepare_host ran");
-    assert!(!mounted(&rootfs_mount), "the rootfs bind is detached");
-    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
-    assert_eq!(
-        f.engine
-            .calls()
-            .iter()
-            .filter(|c| **c == Call::Build)
-            .count(),
-        usize::from(privileged),
-        "the clean-up builds nothing"
-    );
-}
-
-/// Phase 5 (sidecars): the supervisor does not start. Nothing else ran, nothing is left.
-#[test]
-fn a_supervisor_that_does_not_start_leaves_nothing() {
-    let f = Fixture::new("supstart");
-    f.procs.fail(Step::StartSupervisor);
-    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
-        return;
-    };
-    assert!(
-        matches!(
-            err,
-            LifecycleError::SyscallAudit(crate::sidecars::syscall_audit::SyscallAuditError::Spawn(
-                _
-            ))
-        ),
-        "{err:?}"
-    );
-    assert_eq!(f.procs.steps(), then_cleanup(&[Step::StartSupervisor]));
-    f.assert_cleaned_up_before_build();
-}
-
-/// Phase 5 (sidecars): the executor cannot connect to the supervisor that started; it is
-/// stopped.
-#[test]
-fn a_supervisor_that_cannot_be_reached_is_stopped() {
-    let f = Fixture::new("supconn");
-    f.procs.fail(Step::ConnectSupervisor);
-    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
-        return;
-    };
-    assert!(
-        matches!(
-            err,
-            LifecycleError::SyscallAudit(
-                crate::sidecars::syscall_audit::SyscallAuditError::Connect { .. }
-            )
-        ),
-        "{err:?}"
-    );
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(&[Step::StartSupervisor, Step::ConnectSupervisor])
-    );
-    f.assert_cleaned_up_before_build();
-}
-
-/// Phase 5 (sidecars): the proxy does not start; the supervisor that did is stopped, and
-/// libcontainer is never asked to build.
-#[test]
-fn a_proxy_that_does_not_start_stops_the_supervisor() {
-    let f = Fixture::new("proxystart");
-    f.procs.fail(Step::PrespawnProxy);
-    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
-        return;
-    };
-    assert!(
-        matches!(
-            err,
-            LifecycleError::Egress(crate::sidecars::egress::EgressError::Spawn(_))
-        ),
-        "{err:?}"
-    );
-    assert_eq!(f.procs.steps(), then_cleanup(&SPAWN));
-    f.assert_cleaned_up_before_build();
-}
-
-/// Phase 5 (attach): `lo` cannot be brought up in the init's namespace. The container
-/// libcontainer built is deleted, the proxy waiting for that namespace and the supervisor
-/// are stopped.
-#[test]
-fn a_failure_bringing_lo_up_deletes_the_container_and_stops_the_sidecars() {
-    let f = Fixture::building("lo");
-    f.procs.fail(Step::LoopbackUp);
-    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
-        return;
-    };
-    assert!(matches!(err, LifecycleError::Loopback(_)), "{err:?}");
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(&[SPAWN.as_slice(), &[Step::LoopbackUp]].concat())
-    );
-    f.assert_cleaned_up_after_build();
-}
-
-/// Phase 5 (attach): a pod's sandbox container whose namespaces cannot be pinned for the
-/// pod's members.
-#[test]
-fn a_failure_pinning_a_pods_namespaces_deletes_the_container_and_stops_the_sidecars() {
-    let f = Fixture::building("pin");
-    f.procs.fail(Step::PinPod);
-    let spec = spec_with_annotations(&[
-        (crate::pod::CONTAINER_TYPE_ANNOTATION, "sandbox"),
-        (crate::pod::SANDBOX_ID_ANNOTATION, f.id.as_str()),
-    ]);
-    let Some(err) = f.create_failing_past_install(&spec) else {
-        return;
-    };
-    assert!(
-        matches!(err, LifecycleError::Pod(crate::pod::PodError::Pin { .. })),
-        "{err:?}"
-    );
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(&[SPAWN.as_slice(), &[Step::LoopbackUp, Step::PinPod]].concat())
-    );
-    f.assert_cleaned_up_after_build();
-}
-
-/// Phase 5 (attach): the proxy cannot bind in the init's namespace; it is still running
-/// (its pid file was written when it started) and is stopped with the supervisor.
-#[test]
-fn a_proxy_that_cannot_bind_is_stopped_with_the_container() {
-    let f = Fixture::building("bind");
-    f.procs.fail(Step::FinishProxy);
-    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
-        return;
-    };
-    assert!(
-        matches!(
-            err,
-            LifecycleError::Egress(crate::sidecars::egress::EgressError::NotReady { .. })
-        ),
-        "{err:?}"
-    );
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(&[SPAWN.as_slice(), &ATTACH[..2]].concat())
-    );
-    f.assert_cleaned_up_after_build();
-}
-
-/// Phase 5 (attach): the supervisor never says it is ready: a sandbox whose denials nobody
-/// answers is not handed out, and the proxy, already serving it, is stopped too.
-#[test]
-fn a_supervisor_that_is_not_ready_is_stopped_with_the_container_and_the_proxy() {
-    let f = Fixture::building("ready");
-    f.procs.fail(Step::SupervisorReady);
-    let Some(err) = f.create_failing_past_install(&Spec::default()) else {
-        return;
-    };
-    assert!(
-        matches!(
-            err,
-            LifecycleError::SyscallAudit(
-                crate::sidecars::syscall_audit::SyscallAuditError::NotReady { .. }
-            )
-        ),
-        "{err:?}"
-    );
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(&[SPAWN.as_slice(), &ATTACH].concat())
-    );
-    f.assert_cleaned_up_after_build();
-}
-
-/// A spec as podman writes it, which gets the OOM watcher.
-fn podman_spec() -> Spec {
-    spec_with_annotations(&[("io.container.manager", "libpod")])
-}
-
-/// Phase 6 (record): the limits read back are not those asked for: libcontainer's create
-/// here (the fake) made no cgroup, which the record's check of the limits in force finds.
-/// Every sidecar had started, podman's OOM watcher too, and all are stopped.
-#[test]
-fn a_failure_recording_the_sandbox_deletes_the_container_and_stops_every_sidecar() {
-    let f = Fixture::building("record");
-    let Some(err) = f.create_failing_past_install(&podman_spec()) else {
-        return;
-    };
-    assert!(matches!(err, LifecycleError::Cgroups(_)), "{err:?}");
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(&[SPAWN.as_slice(), &ATTACH, &[Step::WatchOom]].concat())
-    );
-    f.assert_cleaned_up_after_build();
-}
-
-/// Phase 5 (OOM watch): a watcher that fails never fails the create (podman's `OOMKilled`
-/// then stays false) and is stopped at once; the create goes on to the record (which fails
-/// as above, so that clean-up's stops follow).
-#[test]
-fn a_failed_oom_watch_is_stopped_at_once_and_the_create_goes_on() {
-    let f = Fixture::building("oom");
-    f.procs.fail(Step::WatchOom);
-    let Some(err) = f.create_failing_past_install(&podman_spec()) else {
-        return;
-    };
-    assert!(matches!(err, LifecycleError::Cgroups(_)), "{err:?}");
-    assert_eq!(
-        f.procs.steps(),
-        then_cleanup(
-            &[
-                SPAWN.as_slice(),
-                &ATTACH,
-                &[Step::WatchOom, Step::StopOomWatch]
-            ]
-            .concat()
-        )
-    );
-    f.assert_cleaned_up_after_build();
 }

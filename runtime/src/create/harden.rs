@@ -36,6 +36,7 @@ impl Runtime {
             user_namespace: host.userns.as_ref().map(|u| u.pin.clone()),
             parent_root_unprivileged: ids.rootless
                 && !idmap::parent_root_is_host_root(&idmap::own_map(idmap::IdKind::Uid)?),
+            support: self.procs().support(),
         };
         let prepared = crate::harden::prepare(ceiling, host.policy.clone(), spec, &facts)?;
         host.sandbox_dir

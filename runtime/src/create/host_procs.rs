@@ -1,28 +1,39 @@
-//! Where `create`'s phases meet the host's processes: the creator of the sandbox's own user
-//! namespace (phase 2), the sandbox's sidecars (the denied-syscall supervisor, the egress
-//! proxy, podman's OOM watcher), `lo` in the init's network namespace and a pod's namespace
-//! pins, and their stop at clean-up. They sit behind
-//! a trait so that what clean-up does after a failure in each step is unit-tested with a
-//! recording fake, as [`super::engine`] does for libcontainer (a sidecar is this executable
-//! run again, which a test binary cannot be). [`RealProcs`] is the code those steps always
-//! ran, in the same order: it adds no process, thread or syscall (only a box per sidecar
-//! waiting for its ready line).
+//! Where `create`'s phases meet the host: the creator of the sandbox's own user namespace
+//! (phase 2), what the host supports (phase 3's layer plan), the AppArmor profile load, the
+//! mount points, the rootfs bind and the workspace overlay (phase 4), the sandbox's sidecars
+//! (the denied-syscall supervisor, the egress proxy, podman's OOM watcher), `lo` in the
+//! init's network namespace and a pod's namespace pins (phase 5), the cgroup limits written
+//! and read back (phase 6), and their undoing at clean-up. They sit behind a trait so that
+//! what clean-up does after a failure in each step is unit-tested without root with a
+//! recording fake that can fail any step, as [`super::engine`] does for libcontainer and
+//! youki's `Syscall` trait does for its syscalls (a sidecar is this executable run again,
+//! which a test binary cannot be; a mount needs root). [`RealProcs`] is the code those steps
+//! always ran, in the same order: it adds no process, thread or syscall (only a box per
+//! sidecar waiting for its ready line).
 
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
+use agent_sandbox_policy::apparmor::LoadedProfile;
+use agent_sandbox_policy::layers::HostSupport;
 use agent_sandbox_policy::ucounts::Ucounts;
+use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
 
+use crate::enforce::mounts::WorkspaceOverlay;
+use crate::enforce::mounts::{self, MountError, OverlayMount, Ownership, SandboxUser};
+use crate::host::apparmor::{self, AppArmorError};
+use crate::host::cgroups::{self, CgroupsError, Placement};
 use crate::host::idmap::IdRange;
 use crate::host::userns::{OwnedUserns, UsernsError};
 use crate::pod::PodError;
 use crate::sidecars::egress::{self, EgressError};
 use crate::sidecars::podman_oom::{self, PodmanOomError};
 use crate::sidecars::syscall_audit::{self, SyscallAuditError};
-use crate::state::SandboxDir;
+use crate::state::{ContainerId, SandboxDir};
 
-/// The sandbox's host processes and the host-side steps that tie them to its init.
+/// The host mechanisms a sandbox is made of (mounts, cgroups, AppArmor), its host processes
+/// and the host-side steps that tie them to its init.
 ///
 /// A sidecar writes its pid file as soon as it runs (`crate::sidecars::start`), so the `stop_*`
 /// steps, which `Runtime::cleanup_sandbox` takes for every sandbox, find each one that started,
@@ -72,6 +83,56 @@ pub trait HostProcs: Send + Sync {
     fn stop_proxy(&self, sandbox_dir: &SandboxDir, id: &str) -> egress::Stopped;
     /// Kills podman's OOM watcher if its pid file names it.
     fn stop_oom_watch(&self, sandbox_dir: &SandboxDir, id: &str);
+    /// What the host supports, for the layer plan (`crate::harden::host_support`).
+    fn support(&self) -> HostSupport;
+    /// Loads the sandbox's AppArmor profile unless the kernel has it, and records the
+    /// sandbox as its user (`apparmor::acquire`).
+    fn load_apparmor(
+        &self,
+        sandbox_dir: &SandboxDir,
+        profile: &LoadedProfile,
+    ) -> Result<(), AppArmorError>;
+    /// Drops the sandbox's use of its profile, unloading it when no sandbox uses it
+    /// (`apparmor::release`). Best effort.
+    fn release_apparmor(&self, sandbox_dir: &SandboxDir);
+    /// Makes the spec's mount points in the image rootfs (`mounts::ensure_mount_points`).
+    fn make_mount_points(&self, rootfs: &Path, spec: &Spec) -> Result<(), MountError>;
+    /// Binds the image rootfs read-only at the sandbox's rootfs mount.
+    fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError>;
+    /// Mounts the workspace overlay (`mounts::mount_overlay`).
+    fn mount_overlay(
+        &self,
+        overlay: &OverlayMount,
+        user: Option<SandboxUser>,
+    ) -> Result<(WorkspaceOverlay, Ownership), MountError>;
+    /// Saves where the sandbox's cgroup is placed (`cgroups::Record::save`).
+    fn save_cgroups(
+        &self,
+        placement: &Placement,
+        spec: &Spec,
+        sandbox_dir: &SandboxDir,
+    ) -> Result<(), CgroupsError>;
+    /// Writes the limits the runtime writes itself, not libcontainer (rootless on v1,
+    /// `cgroups::apply_v1_limits`).
+    fn write_limits(
+        &self,
+        spec: &Spec,
+        id: &ContainerId,
+        resources: &LinuxResources,
+    ) -> Result<(), CgroupsError>;
+    /// Reads back the limits in force for the init `pid` and checks them against `spec`'s
+    /// (`cgroups::verify`).
+    fn verify_limits(
+        &self,
+        placement: &Placement,
+        spec: &Spec,
+        id: &ContainerId,
+        pid: i32,
+    ) -> Result<(), CgroupsError>;
+    /// Detaches every mount at or below `dir`, deepest first. Best effort.
+    fn detach_all_under(&self, dir: &Path);
+    /// Detaches the mount at `path`. Best effort.
+    fn detach(&self, path: &Path);
 }
 
 /// What podman's OOM watcher is started with (`podman_oom::start`'s arguments).
@@ -166,6 +227,81 @@ impl HostProcs for RealProcs {
     fn stop_oom_watch(&self, sandbox_dir: &SandboxDir, id: &str) {
         podman_oom::stop(sandbox_dir, id);
     }
+
+    fn support(&self) -> HostSupport {
+        crate::harden::host_support()
+    }
+
+    fn load_apparmor(
+        &self,
+        sandbox_dir: &SandboxDir,
+        profile: &LoadedProfile,
+    ) -> Result<(), AppArmorError> {
+        apparmor::acquire(sandbox_dir, profile)
+    }
+
+    fn release_apparmor(&self, sandbox_dir: &SandboxDir) {
+        apparmor::release(sandbox_dir);
+    }
+
+    fn make_mount_points(&self, rootfs: &Path, spec: &Spec) -> Result<(), MountError> {
+        mounts::ensure_mount_points(rootfs, spec)
+    }
+
+    fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError> {
+        mounts::bind_readonly(rootfs, at)
+    }
+
+    fn mount_overlay(
+        &self,
+        overlay: &OverlayMount,
+        user: Option<SandboxUser>,
+    ) -> Result<(WorkspaceOverlay, Ownership), MountError> {
+        mounts::mount_overlay(overlay, user)
+    }
+
+    fn save_cgroups(
+        &self,
+        placement: &Placement,
+        spec: &Spec,
+        sandbox_dir: &SandboxDir,
+    ) -> Result<(), CgroupsError> {
+        cgroups::Record::save(placement, spec, sandbox_dir)
+    }
+
+    fn write_limits(
+        &self,
+        spec: &Spec,
+        id: &ContainerId,
+        resources: &LinuxResources,
+    ) -> Result<(), CgroupsError> {
+        cgroups::apply_v1_limits(&cgroups::RealHost, spec, id, resources)
+    }
+
+    fn verify_limits(
+        &self,
+        placement: &Placement,
+        spec: &Spec,
+        id: &ContainerId,
+        pid: i32,
+    ) -> Result<(), CgroupsError> {
+        cgroups::verify(
+            &cgroups::RealHost,
+            placement.hierarchy,
+            placement.driver,
+            spec,
+            id,
+            pid,
+        )
+    }
+
+    fn detach_all_under(&self, dir: &Path) {
+        mounts::detach_all_under(dir);
+    }
+
+    fn detach(&self, path: &Path) {
+        let _ = mounts::detach(path);
+    }
 }
 
 impl StartingSupervisor for syscall_audit::Starting {
@@ -186,14 +322,23 @@ impl StartingProxy for egress::PendingProxy {
 pub mod fake {
     use std::collections::BTreeSet;
     use std::os::fd::OwnedFd;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::{Arc, Mutex};
 
+    use agent_sandbox_policy::apparmor::LoadedProfile;
+    use agent_sandbox_policy::layers::{AppArmorHost, HostSupport};
+    use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
+
     use super::{OomWatch, StartingProxy, StartingSupervisor};
+    use crate::enforce::mounts::WorkspaceOverlay;
+    use crate::enforce::mounts::{MountError, OverlayMount, Ownership, SandboxUser};
+    use crate::host::apparmor::AppArmorError;
+    use crate::host::cgroups::{CgroupsError, Placement};
     use crate::pod::PodError;
     use crate::sidecars::egress::{self, EgressError};
     use crate::sidecars::podman_oom::PodmanOomError;
     use crate::sidecars::syscall_audit::SyscallAuditError;
+    use crate::state::ContainerId;
     use crate::state::SandboxDir;
 
     /// One step the runtime took.
@@ -211,6 +356,16 @@ pub mod fake {
         StopSupervisor,
         StopProxy,
         StopOomWatch,
+        LoadApparmor,
+        ReleaseApparmor,
+        MountPoints,
+        BindRootfs,
+        MountOverlay,
+        SaveCgroups,
+        WriteLimits,
+        VerifyLimits,
+        DetachAllUnder,
+        DetachRootfs,
     }
 
     /// A host process of the sandbox.
@@ -224,10 +379,15 @@ pub mod fake {
     #[derive(Default)]
     struct Log {
         steps: Vec<Step>,
-        failing: Option<Step>,
+        /// Steps that fail the first time they are taken.
+        failing: Vec<Step>,
         running: BTreeSet<Sidecar>,
         /// The user namespace the runtime asked for.
         userns: Option<crate::host::userns::OwnedUserns>,
+        /// The mounts made and not detached.
+        mounted: BTreeSet<PathBuf>,
+        /// Whether the sandbox holds its AppArmor profile (loaded and not released).
+        apparmor: bool,
     }
 
     /// Shared with the test that reads the steps afterwards (clones share one log).
@@ -241,7 +401,7 @@ pub mod fake {
     impl FakeProcs {
         /// `step` fails (the first time it is taken).
         pub fn fail(&self, step: Step) {
-            self.0.lock().unwrap().failing = Some(step);
+            self.0.lock().unwrap().failing.push(step);
         }
 
         /// The sandbox's own user namespace as requested (`own_userns`).
@@ -258,15 +418,29 @@ pub mod fake {
             self.0.lock().unwrap().running.iter().copied().collect()
         }
 
+        /// The mounts made and not detached.
+        pub fn mounted(&self) -> Vec<PathBuf> {
+            self.0.lock().unwrap().mounted.iter().cloned().collect()
+        }
+
+        /// Whether the sandbox holds its AppArmor profile.
+        pub fn holds_apparmor(&self) -> bool {
+            self.0.lock().unwrap().apparmor
+        }
+
+        fn set_mounted(&self, path: &Path) {
+            self.0.lock().unwrap().mounted.insert(path.to_owned());
+        }
+
         /// Logs `step`; whether it fails.
         fn take(&self, step: Step) -> bool {
             let mut log = self.0.lock().unwrap();
             log.steps.push(step);
-            let fails = log.failing == Some(step);
-            if fails {
-                log.failing = None;
-            }
-            fails
+            let Some(at) = log.failing.iter().position(|s| *s == step) else {
+                return false;
+            };
+            log.failing.remove(at);
+            true
         }
 
         fn set_running(&self, sidecar: Sidecar, running: bool) {
@@ -446,6 +620,147 @@ pub mod fake {
         fn stop_oom_watch(&self, _sandbox_dir: &SandboxDir, _id: &str) {
             self.take(Step::StopOomWatch);
             self.set_running(Sidecar::OomWatch, false);
+        }
+
+        /// A host where every layer can be applied: AppArmor loads profiles (so create
+        /// takes that step here too), cgroups are there, Landlock at this kernel's ABI.
+        fn support(&self) -> HostSupport {
+            HostSupport {
+                seccomp: true,
+                landlock_abi: agent_sandbox_sys::landlock_abi().unwrap_or(0),
+                apparmor: AppArmorHost::Usable,
+                cgroups: true,
+            }
+        }
+
+        fn load_apparmor(
+            &self,
+            _sandbox_dir: &SandboxDir,
+            profile: &LoadedProfile,
+        ) -> Result<(), AppArmorError> {
+            // As the real one, the sandbox is recorded as a user before the load.
+            self.0.lock().unwrap().apparmor = true;
+            if self.take(Step::LoadApparmor) {
+                return Err(AppArmorError::NotLoaded {
+                    profile: profile.name.clone(),
+                });
+            }
+            Ok(())
+        }
+
+        fn release_apparmor(&self, _sandbox_dir: &SandboxDir) {
+            self.take(Step::ReleaseApparmor);
+            self.0.lock().unwrap().apparmor = false;
+        }
+
+        fn make_mount_points(&self, rootfs: &Path, _spec: &Spec) -> Result<(), MountError> {
+            if self.take(Step::MountPoints) {
+                // pathrs makes its errors itself: the one of a rootfs that is not there.
+                let gone = rootfs.join("the-fake-removed-it");
+                let Err(source) = pathrs::Root::open(&gone) else {
+                    unreachable!("{} does not exist", gone.display());
+                };
+                return Err(MountError::MountPoint {
+                    path: rootfs.to_owned(),
+                    source,
+                });
+            }
+            Ok(())
+        }
+
+        fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError> {
+            if self.take(Step::BindRootfs) {
+                return Err(MountError::Bind {
+                    src: rootfs.to_owned(),
+                    dst: at.to_owned(),
+                    source: nix::Error::EPERM,
+                });
+            }
+            self.set_mounted(at);
+            Ok(())
+        }
+
+        fn mount_overlay(
+            &self,
+            overlay: &OverlayMount,
+            _user: Option<SandboxUser>,
+        ) -> Result<(WorkspaceOverlay, Ownership), MountError> {
+            if self.take(Step::MountOverlay) {
+                return Err(MountError::Bind {
+                    src: overlay.lower.clone(),
+                    dst: overlay.merged.clone(),
+                    source: nix::Error::EPERM,
+                });
+            }
+            self.set_mounted(&overlay.merged);
+            let ws = WorkspaceOverlay {
+                lower: overlay.lower.clone(),
+                upper: overlay.upper.clone(),
+                change: None,
+                change_dir: None,
+                held: None,
+            };
+            let reason = "the fake maps nothing".to_owned();
+            Ok((ws, Ownership::Unmapped { reason }))
+        }
+
+        fn save_cgroups(
+            &self,
+            _placement: &Placement,
+            _spec: &Spec,
+            sandbox_dir: &SandboxDir,
+        ) -> Result<(), CgroupsError> {
+            if self.take(Step::SaveCgroups) {
+                let path = sandbox_dir.path().join("cgroup.json");
+                let source = io_error(Step::SaveCgroups);
+                return Err(crate::files::FileError::write(&path, source).into());
+            }
+            Ok(())
+        }
+
+        fn write_limits(
+            &self,
+            _spec: &Spec,
+            _id: &ContainerId,
+            _resources: &LinuxResources,
+        ) -> Result<(), CgroupsError> {
+            if self.take(Step::WriteLimits) {
+                return Err(CgroupsError::Write {
+                    path: PathBuf::from("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+                    value: "max".to_owned(),
+                    source: io_error(Step::WriteLimits),
+                });
+            }
+            Ok(())
+        }
+
+        fn verify_limits(
+            &self,
+            _placement: &Placement,
+            _spec: &Spec,
+            _id: &ContainerId,
+            _pid: i32,
+        ) -> Result<(), CgroupsError> {
+            if self.take(Step::VerifyLimits) {
+                return Err(CgroupsError::NotDelegated {
+                    dir: PathBuf::from("/sys/fs/cgroup/the-fake"),
+                });
+            }
+            Ok(())
+        }
+
+        fn detach_all_under(&self, dir: &Path) {
+            self.take(Step::DetachAllUnder);
+            self.0
+                .lock()
+                .unwrap()
+                .mounted
+                .retain(|m| !m.starts_with(dir));
+        }
+
+        fn detach(&self, path: &Path) {
+            self.take(Step::DetachRootfs);
+            self.0.lock().unwrap().mounted.remove(path);
         }
     }
 }

@@ -16,11 +16,11 @@
 //!
 //! A failed phase leaves the clean-up to `create`'s caller side
 //! (`Runtime::cleanup_sandbox`), which removes whatever the phases before it set up.
-//! The unit tests in `failure_tests.rs` make each phase fail in turn and check that nothing
-//! of the sandbox is left in the state root.
-//! Phases 5 and 6 reach the host's processes (the sidecars, `lo` in the init's namespace, a
-//! pod's pins) through [`host_procs::HostProcs`], so that those tests fail each of their
-//! steps with a recording fake and check that every sidecar that started is stopped.
+//! Every phase reaches the host (mounts, cgroups, AppArmor, the sidecars, `lo` in the init's
+//! namespace, a pod's pins) through [`host_procs::HostProcs`], and libcontainer through
+//! [`engine::Engine`], so that the unit tests in `failure_tests.rs` fail each step in turn
+//! with recording fakes, without root, and check that nothing of the sandbox is left: no
+//! file in the state root, no mount, no sidecar, no AppArmor profile.
 
 mod build;
 pub(crate) mod engine;
@@ -176,5 +176,7 @@ impl Runtime {
 
 #[cfg(test)]
 mod failure_tests;
+#[cfg(test)]
+pub(crate) mod fixture;
 #[cfg(test)]
 mod tests;

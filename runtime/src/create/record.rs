@@ -36,12 +36,11 @@ impl Runtime {
         }
         marks.mark("audit");
         let cgroups = &hardened.cgroups;
-        let cghost = crate::host::cgroups::RealHost;
         // The limits in force: the spec's, with those the runtime wrote itself (v1 rootless)
         // instead of libcontainer. A view for the checks below; the bundle's spec stays.
         let limited = match &cgroups.deferred {
             Some(res) => {
-                crate::host::cgroups::apply_v1_limits(&cghost, spec, id, res)?;
+                self.procs().write_limits(spec, id, res)?;
                 let mut view = spec.clone();
                 if let Some(linux) = view.linux_mut().as_mut() {
                     linux.set_resources(Some(res.clone()));
@@ -55,14 +54,7 @@ impl Runtime {
             .apply
             .contains(&agent_sandbox_policy::Layer::Cgroups)
         {
-            crate::host::cgroups::verify(
-                &cghost,
-                cgroups.hierarchy,
-                cgroups.driver,
-                &limited,
-                id,
-                pid,
-            )?;
+            self.procs().verify_limits(cgroups, &limited, id, pid)?;
         }
         marks.mark("cgroups");
         let (ucounts, ucounts_pod) = match (&host.userns, &ids.member) {

@@ -137,7 +137,7 @@ fn a_forced_delete_gives_up_after_its_retries_and_still_cleans_up() {
     let f = Fixture::new("giveup", ContainerStatus::Stopped, u32::MAX, &[]);
     let err = f.runtime.delete(&f.id, true, None).unwrap_err();
     assert!(
-        matches!(err, LifecycleError::Container { op: "delete", .. }),
+        matches!(err, crate::lifecycle::DeleteError::Container(_)),
         "{err:?}"
     );
     assert_eq!(
@@ -154,7 +154,7 @@ fn a_delete_without_force_does_not_retry_nor_clean_up() {
     let f = Fixture::new("noforce", ContainerStatus::Stopped, 1, &[]);
     let err = f.runtime.delete(&f.id, false, None).unwrap_err();
     assert!(
-        matches!(err, LifecycleError::Container { op: "delete", .. }),
+        matches!(err, crate::lifecycle::DeleteError::Container(_)),
         "{err:?}"
     );
     assert_eq!(f.deletes(), [false]);

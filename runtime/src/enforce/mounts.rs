@@ -176,6 +176,23 @@ pub fn detach(path: &Path) -> Result<(), MountError> {
     }
 }
 
+/// Detaches every mount at or below `dir` (deepest first), from /proc/self/mountinfo.
+pub fn detach_all_under(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = detach(&p);
+    }
+}
+
 /// The bind sources `create` re-bound where the sandbox can reach them ([`rebind_sources`]):
 /// for each re-bound mount, its index in the spec's mounts and its new source.
 #[derive(Debug, Default)]

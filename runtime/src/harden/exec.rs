@@ -32,7 +32,7 @@ fn effective_for_exec(
     let policy =
         harden::effective_policy_with(&annotations, &ceiling.policy, ceiling.admin_profile())
             .map_err(SandboxError::Harden)?;
-    let plan = plan_for(&policy, hardened)?;
+    let plan = plan_for(&policy, hardened, &super::host_support())?;
     Ok((policy, plan))
 }
 

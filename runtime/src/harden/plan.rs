@@ -21,11 +21,15 @@ pub fn host_support() -> HostSupport {
     }
 }
 
-/// The layer plan of a hardened spec on this host (see `agent_sandbox_policy::layers::plan`).
-pub(super) fn plan_for(policy: &SandboxPolicy, spec: &Spec) -> Result<LayerPlan, SandboxError> {
-    let plan =
-        agent_sandbox_policy::layers::plan(policy, &host_support(), harden::cover_facts(spec))
-            .map_err(SandboxError::Layer)?;
+/// The layer plan of a hardened spec on a host that supports `support` (see
+/// `agent_sandbox_policy::layers::plan`).
+pub(super) fn plan_for(
+    policy: &SandboxPolicy,
+    spec: &Spec,
+    support: &HostSupport,
+) -> Result<LayerPlan, SandboxError> {
+    let plan = agent_sandbox_policy::layers::plan(policy, support, harden::cover_facts(spec))
+        .map_err(SandboxError::Layer)?;
     if let Some(at) = &plan.landlock {
         for gap in at.gaps.iter().filter(|g| !g.unused) {
             tracing::info!(

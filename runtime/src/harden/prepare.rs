@@ -34,6 +34,9 @@ pub struct Facts {
     /// Id 0 of the runtime's user namespace is not host root (rootless podman's namespace,
     /// [`HardenContext::parent_root_unprivileged`]).
     pub parent_root_unprivileged: bool,
+    /// What the host supports, for the layer plan (`crate::harden::host_support`, or a
+    /// unit test's fake host).
+    pub support: agent_sandbox_policy::layers::HostSupport,
 }
 
 /// The outcome of preparing a sandbox.
@@ -132,7 +135,7 @@ pub fn prepare(
     };
     let mut hardened =
         harden::harden_spec_under(spec, effective, &ctx).map_err(SandboxError::Harden)?;
-    let plan = plan_for(&hardened.policy, &hardened.spec)?;
+    let plan = plan_for(&hardened.policy, &hardened.spec, &facts.support)?;
     if let Some(process) = hardened.spec.process_mut().as_mut() {
         set_apparmor(process, &hardened.policy, &plan);
     }

@@ -1,15 +1,32 @@
 //! `delete`: the container through libcontainer, then everything `create` set up outside
 //! it (`cleanup_sandbox`, also what a failed `create` runs).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use libcontainer::container::{Container, ContainerStatus};
 
-use super::{LifecycleError, ReapedInit, Result, Runtime, container_err, status_name};
+use super::{LookupError, ReapedInit, Runtime, status_name};
 use crate::enforce::mounts;
 use crate::host::idmap;
 use crate::state::ContainerId;
 use crate::state::paths;
+
+/// Errors of `delete`. The texts are runc's where callers match on them ("container ...
+/// does not exist": podman and our shim read it as "already deleted").
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("container {id} is {status}, not stopped")]
+    NotStopped {
+        id: ContainerId,
+        status: &'static str,
+    },
+    #[error("delete failed")]
+    Container(#[source] Box<libcontainer::error::LibcontainerError>),
+}
+
+type Result<T> = std::result::Result<T, DeleteError>;
 
 impl Runtime {
     /// `delete`: with `force`, kills first; an unknown id with `force` is fine. `reaped`
@@ -58,10 +75,9 @@ impl Runtime {
                         ContainerStatus::Stopped | ContainerStatus::Created
                     )
                 {
-                    return Err(LifecycleError::WrongState {
+                    return Err(DeleteError::NotStopped {
                         id: id.clone(),
                         status: status_name(c.status()),
-                        wanted: "stopped",
                     });
                 }
                 let poststop_state = {
@@ -83,7 +99,7 @@ impl Runtime {
                     std::thread::sleep(std::time::Duration::from_millis(100));
                     result = match self.load(id) {
                         Ok(mut again) => self.engine.delete(&mut again, true),
-                        Err(LifecycleError::NotExist { .. }) => Ok(()),
+                        Err(LookupError::NotExist { .. }) => Ok(()),
                         Err(_) => continue,
                     };
                 }
@@ -97,13 +113,13 @@ impl Runtime {
                     if force {
                         self.cleanup_sandbox(id);
                     }
-                    return Err(container_err("delete")(source));
+                    return Err(DeleteError::Container(Box::new(source)));
                 }
                 self.run_poststop(id, &poststop_state);
                 self.cleanup_sandbox(id);
                 Ok(())
             }
-            Err(LifecycleError::NotExist { .. }) => {
+            Err(LookupError::NotExist { .. }) => {
                 let leftovers = self.dirs.sandbox(id).exists();
                 if force {
                     self.remove_orphan_cgroups(id);
@@ -118,7 +134,7 @@ impl Runtime {
                 if force || leftovers {
                     Ok(())
                 } else {
-                    Err(LifecycleError::NotExist { id: id.clone() })
+                    Err(LookupError::NotExist { id: id.clone() }.into())
                 }
             }
             Err(e) => {
@@ -127,7 +143,7 @@ impl Runtime {
                     self.cleanup_sandbox(id);
                     Ok(())
                 } else {
-                    Err(e)
+                    Err(e.into())
                 }
             }
         }
@@ -203,7 +219,7 @@ impl Runtime {
         let _ = std::fs::remove_dir_all(self.dirs.container(id));
         // After the container's processes are gone: a profile removed from the kernel
         // would leave a live process unconfined.
-        crate::host::apparmor::release(&self.dirs.sandbox(id));
+        self.procs.release_apparmor(&self.dirs.sandbox(id));
         let record = self.record(id).ok();
         let mount_dir = record
             .as_ref()
@@ -216,11 +232,11 @@ impl Runtime {
             crate::report::changes::ended(ws, ran);
         }
         if let Some(mount_dir) = mount_dir {
-            detach_all_under(&mount_dir);
+            self.procs.detach_all_under(&mount_dir);
             let _ = std::fs::remove_dir_all(&mount_dir);
         }
         if let Some(r) = &record {
-            let _ = mounts::detach(&r.rootfs_mount);
+            self.procs.detach(&r.rootfs_mount);
             if r.allocated {
                 let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
             }
@@ -231,19 +247,142 @@ impl Runtime {
     }
 }
 
-/// Detaches every mount at or below `dir` (deepest first), from /proc/self/mountinfo.
-fn detach_all_under(dir: &Path) {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for p in points {
-        let _ = mounts::detach(&p);
+#[cfg(test)]
+mod tests {
+    use libcontainer::container::ContainerStatus;
+    use libcontainer::oci_spec::runtime::Spec;
+
+    use crate::create::engine::fake::Call;
+    use crate::create::fixture::Sandbox;
+    use crate::create::host_procs::fake::Step;
+    use crate::lifecycle::{DeleteError, ReapedInit};
+    use crate::state::ContainerId;
+
+    /// This test process: an init that is read, never signalled (the fake engine kills
+    /// nothing, and no delete here is forced).
+    fn this_process() -> i32 {
+        i32::try_from(std::process::id()).unwrap()
+    }
+
+    /// What clean-up takes for a created sandbox: every sidecar's stop, the AppArmor
+    /// release, the detach of the mount dir and of the rootfs mount.
+    const CLEANUP: [Step; 6] = [
+        Step::StopProxy,
+        Step::StopOomWatch,
+        Step::StopSupervisor,
+        Step::ReleaseApparmor,
+        Step::DetachAllUnder,
+        Step::DetachRootfs,
+    ];
+
+    /// The steps the fake host took after `create`.
+    fn steps_since_create(s: &Sandbox, created: usize) -> Vec<Step> {
+        s.procs.steps()[created..].to_vec()
+    }
+
+    /// Whether anything of the sandbox is left in its state root or on the fake host.
+    fn remains(s: &Sandbox) -> Vec<String> {
+        let dirs = &s.runtime.dirs;
+        let mut left = Vec::new();
+        for p in [dirs.container(&s.id), dirs.sandbox(&s.id).path().to_owned()] {
+            if p.exists() {
+                left.push(p.display().to_string());
+            }
+        }
+        left.extend(s.procs.mounted().iter().map(|m| m.display().to_string()));
+        left.extend(s.procs.running().iter().map(|r| format!("{r:?}")));
+        if s.procs.holds_apparmor() {
+            left.push("the AppArmor profile".to_owned());
+        }
+        left
+    }
+
+    #[test]
+    fn a_created_sandbox_is_deleted_with_everything_create_set_up() {
+        let s = Sandbox::created("del-created", &Spec::default(), this_process());
+        assert!(!remains(&s).is_empty(), "create set the sandbox up");
+        let created = s.procs.steps().len();
+        s.runtime.delete(&s.id, false, None).unwrap();
+        assert_eq!(remains(&s), Vec::<String>::new());
+        assert_eq!(steps_since_create(&s, created), CLEANUP);
+        let id = s.id.as_str().to_owned();
+        assert!(
+            s.engine
+                .calls()
+                .contains(&Call::Delete { id, force: false })
+        );
+        let last = s.audit_events().pop().unwrap();
+        assert_eq!(last["kind"], "delete", "{last}");
+    }
+
+    /// runc's answer for a running container without `--force`, and nothing goes.
+    #[test]
+    fn a_running_sandbox_is_not_deleted_without_force() {
+        let s = Sandbox::created("del-running", &Spec::default(), this_process());
+        s.engine.set_status(s.id.as_str(), ContainerStatus::Running);
+        let created = s.procs.steps().len();
+        let before = remains(&s);
+        let err = s.runtime.delete(&s.id, false, None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("container {} is running, not stopped", s.id.as_str())
+        );
+        assert!(matches!(err, DeleteError::NotStopped { .. }));
+        assert_eq!(remains(&s), before, "nothing of the sandbox went");
+        assert_eq!(steps_since_create(&s, created), []);
+        assert!(
+            !s.engine
+                .calls()
+                .iter()
+                .any(|c| matches!(c, Call::Delete { .. }))
+        );
+    }
+
+    /// The exit the shim reaped is recorded before the sandbox goes.
+    #[test]
+    fn a_reaped_init_exit_is_recorded_before_the_delete() {
+        let s = Sandbox::created("del-reaped", &Spec::default(), this_process());
+        s.engine.set_status(s.id.as_str(), ContainerStatus::Stopped);
+        let reaped = ReapedInit {
+            pid: Some(4242),
+            status: agent_sandbox_audit::ExitStatus::Code(3),
+        };
+        s.runtime.delete(&s.id, false, Some(reaped)).unwrap();
+        let exits: Vec<_> = s
+            .audit_events()
+            .into_iter()
+            .filter(|e| e["kind"] == "exit")
+            .collect();
+        assert_eq!(exits.len(), 1, "{exits:?}");
+        let data = &exits[0]["data"];
+        assert_eq!(data["process"], "init");
+        assert_eq!(data["status"], serde_json::json!({"code": 3}));
+        assert_eq!(remains(&s), Vec::<String>::new());
+    }
+
+    /// An unknown id: runc's "does not exist" without `--force`, success with it; neither
+    /// takes a clean-up step.
+    #[test]
+    fn an_unknown_id_is_an_error_unless_forced() {
+        let s = Sandbox::created("del-known", &Spec::default(), this_process());
+        let other = ContainerId::try_from("del-unknown").unwrap();
+        let created = s.procs.steps().len();
+        let err = s.runtime.delete(&other, false, None).unwrap_err();
+        assert_eq!(err.to_string(), "container del-unknown does not exist");
+        s.runtime.delete(&other, true, None).unwrap();
+        assert_eq!(steps_since_create(&s, created), []);
+        assert!(s.runtime.dirs.sandbox(&s.id).exists(), "the other stays");
+    }
+
+    /// A sandbox whose libcontainer state is gone (a create killed half-way) still has
+    /// its directory: a plain delete cleans it up and succeeds.
+    #[test]
+    fn leftovers_without_a_container_are_cleaned_up() {
+        let s = Sandbox::created("del-leftover", &Spec::default(), this_process());
+        std::fs::remove_dir_all(s.runtime.dirs.container(&s.id)).unwrap();
+        let created = s.procs.steps().len();
+        s.runtime.delete(&s.id, false, None).unwrap();
+        assert_eq!(steps_since_create(&s, created), CLEANUP);
+        assert_eq!(remains(&s), Vec::<String>::new());
     }
 }

@@ -217,6 +217,147 @@ fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::create::fixture::Sandbox;
+
+    fn opts() -> ExecOpts {
+        ExecOpts {
+            process: None,
+            args: vec!["sh".to_owned()],
+            env: Vec::new(),
+            cwd: None,
+            tty: false,
+            user: None,
+            detach: false,
+            pid_file: None,
+            console_socket: None,
+            preserve_fds: 0,
+            exec_id: None,
+        }
+    }
+
+    /// This test process: an init that is read, never signalled.
+    fn this_process() -> i32 {
+        i32::try_from(std::process::id()).unwrap()
+    }
+
+    /// The records of execs in the sandbox's audit log (the init's included).
+    fn exec_records(s: &Sandbox) -> usize {
+        s.audit_events()
+            .iter()
+            .filter(|e| e["kind"] == "exec")
+            .count()
+    }
+
+    /// runc's answer for a sandbox that is not running; nothing is recorded.
+    #[test]
+    fn an_exec_into_a_sandbox_that_is_not_running_is_refused() {
+        let s = Sandbox::created("exec-created", &Spec::default(), this_process());
+        let records = exec_records(&s);
+        let err = s.runtime.exec(&s.id, &opts()).unwrap_err();
+        assert!(matches!(err, LifecycleError::NotRunning), "{err:?}");
+        assert_eq!(exec_records(&s), records);
+    }
+
+    /// A process whose tool-call id is not valid is refused before it is hardened,
+    /// recorded or written for libcontainer.
+    #[test]
+    fn a_bad_tool_call_id_is_refused_before_anything_runs() {
+        let s = Sandbox::created("exec-badid", &Spec::default(), this_process());
+        s.engine.set_status(s.id.as_str(), ContainerStatus::Running);
+        let records = exec_records(&s);
+        let file = s.runtime.dirs.root.join("process.json");
+        std::fs::write(
+            &file,
+            serde_json::to_vec(&process(&["true"], &["AGENT_SANDBOX_TOOL_CALL_ID=a b"])).unwrap(),
+        )
+        .unwrap();
+        let run = ExecOpts {
+            process: Some(file),
+            ..opts()
+        };
+        let err = s.runtime.exec(&s.id, &run).unwrap_err();
+        assert!(matches!(err, LifecycleError::ToolCall(_)), "{err:?}");
+        assert_eq!(exec_records(&s), records);
+        let clamped = s
+            .runtime
+            .dirs
+            .sandbox(&s.id)
+            .exec_process(std::process::id());
+        assert!(!clamped.path().exists());
+    }
+
+    /// Our shim's exec id names a tool call, except under CRI, whose ids containerd makes
+    /// up; without one, the caller's pid file names the exec.
+    #[test]
+    fn the_exec_id_names_a_tool_call_outside_cri_only() {
+        let plain = Spec::default();
+        let cri = crate::test_support::spec_with_annotations(&[(
+            crate::pod::CONTAINER_TYPE_ANNOTATION,
+            "container",
+        )]);
+        let shim = ExecOpts {
+            exec_id: Some("call-1".to_owned()),
+            ..opts()
+        };
+        let name = process_name(&shim, &plain);
+        assert_eq!(
+            (name.id.as_deref(), name.is_tool_call),
+            (Some("call-1"), true)
+        );
+        let name = process_name(&shim, &cri);
+        assert_eq!(
+            (name.id.as_deref(), name.is_tool_call),
+            (Some("call-1"), false)
+        );
+        let podman = ExecOpts {
+            detach: true,
+            pid_file: Some(std::path::PathBuf::from("/run/x/exec-abc123.pid")),
+            ..opts()
+        };
+        let name = process_name(&podman, &plain);
+        assert_eq!(
+            (name.id.as_deref(), name.is_tool_call),
+            (Some("abc123"), false)
+        );
+    }
+
+    /// Without `--process`, the bundle's process with the command line's argv, extra
+    /// environment (winning over the bundle's), cwd, terminal and user.
+    #[test]
+    fn an_inline_exec_takes_the_bundles_process_and_the_flags_over_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = Spec::default();
+        let mut bundle_process = process(&["sleep", "1"], &["PATH=/bin", "HOME=/root"]);
+        bundle_process.set_cwd("/".into());
+        spec.set_process(Some(bundle_process));
+        spec.save(dir.path().join("config.json")).unwrap();
+        let mut c = Container::default();
+        c.state.bundle = dir.path().to_owned();
+        let flags = ExecOpts {
+            args: vec!["id".to_owned(), "-u".to_owned()],
+            env: vec!["HOME=/home/agent".to_owned(), "X=1".to_owned()],
+            cwd: Some("/work".into()),
+            tty: true,
+            user: Some((1000, None)),
+            ..opts()
+        };
+        let p = inline_process(&c, &flags).unwrap();
+        assert_eq!(p.args().as_deref().unwrap(), ["id", "-u"]);
+        let mut env = p.env().clone().unwrap();
+        env.sort();
+        assert_eq!(env, ["HOME=/home/agent", "PATH=/bin", "X=1"]);
+        assert_eq!(p.cwd(), std::path::Path::new("/work"));
+        assert_eq!(p.terminal(), Some(true));
+        assert_eq!((p.user().uid(), p.user().gid()), (1000, 0));
+        // A bundle without config is named in the error.
+        let mut gone = Container::default();
+        gone.state.bundle = dir.path().join("missing");
+        let err = inline_process(&gone, &flags).unwrap_err();
+        assert!(
+            matches!(&err, LifecycleError::BundleConfig { path, .. } if path == &dir.path().join("missing").join("config.json")),
+            "{err:?}"
+        );
+    }
 
     fn process(args: &[&str], env: &[&str]) -> Process {
         let mut p = Process::default();

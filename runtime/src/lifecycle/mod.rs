@@ -24,6 +24,8 @@ use crate::state::ContainerId;
 use crate::state::paths::{self, PathsError, StateDirs};
 
 pub use checkpoint::{CheckpointError, CheckpointOpts, CriuFlags};
+pub use delete::DeleteError;
+pub use kill::KillError;
 
 pub(crate) mod checkpoint;
 mod delete;
@@ -67,14 +69,6 @@ pub enum LifecycleError {
     StateLock(#[from] crate::state::lock::StateLockError),
     #[error(transparent)]
     File(#[from] crate::files::FileError),
-    #[error("invalid signal {signal:?}")]
-    Signal { signal: String },
-    #[error("cannot signal process {pid}")]
-    SignalSend {
-        pid: i32,
-        #[source]
-        source: nix::Error,
-    },
     #[error(transparent)]
     Paths(#[from] PathsError),
     #[error(transparent)]
@@ -148,6 +142,35 @@ pub enum LifecycleError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Delete(#[from] DeleteError),
+}
+
+/// Finding a container: its state lock and libcontainer's view of it, the first step of
+/// every operation on an existing container. The texts are those of [`LifecycleError`]'s
+/// variants of the same names, which it becomes inside the other operations.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error("container {id} does not exist")]
+    NotExist { id: ContainerId },
+    #[error(transparent)]
+    StateLock(#[from] crate::state::lock::StateLockError),
+    #[error("{op} failed")]
+    Container {
+        op: &'static str,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+}
+
+impl From<LookupError> for LifecycleError {
+    fn from(e: LookupError) -> Self {
+        match e {
+            LookupError::NotExist { id } => Self::NotExist { id },
+            LookupError::StateLock(e) => Self::StateLock(e),
+            LookupError::Container { op, source } => Self::Container { op, source },
+        }
+    }
 }
 
 type Result<T> = std::result::Result<T, LifecycleError>;
@@ -157,6 +180,16 @@ pub(crate) fn container_err(
     op: &'static str,
 ) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LifecycleError {
     move |source| LifecycleError::Container {
+        op,
+        source: Box::new(source),
+    }
+}
+
+/// Maps libcontainer's error of the lookup step `op`.
+fn lookup_err(
+    op: &'static str,
+) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LookupError {
+    move |source| LookupError::Container {
         op,
         source: Box::new(source),
     }
@@ -310,7 +343,7 @@ impl crate::pod::PodStates for Runtime {
     {
         match self.load(pod) {
             Ok(c) => Ok(Some(c.status())),
-            Err(LifecycleError::NotExist { .. }) => Ok(None),
+            Err(LookupError::NotExist { .. }) => Ok(None),
             Err(e) => Err(Box::new(e)),
         }
     }
@@ -375,13 +408,13 @@ impl Runtime {
     /// libcontainer rewrites `state.json` in place; a command that reads it without the state
     /// lock (see [`crate::state::lock`]) can find it mid-write, empty or cut short, and then
     /// reads it again: a write lasts microseconds.
-    pub fn load(&self, id: &ContainerId) -> Result<Container> {
+    pub fn load(&self, id: &ContainerId) -> std::result::Result<Container, LookupError> {
         const TORN_READ_RETRIES: u32 = 200;
         let dir = self.dirs.container(id);
         let mut retries = 0;
         let mut c = loop {
             if !dir.join("state.json").exists() {
-                return Err(LifecycleError::NotExist { id: id.clone() });
+                return Err(LookupError::NotExist { id: id.clone() });
             }
             match self.engine.load(dir.clone()) {
                 Ok(c) => break c,
@@ -391,7 +424,7 @@ impl Runtime {
                     retries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
-                Err(e) => return Err(container_err("load state")(e)),
+                Err(e) => return Err(lookup_err("load state")(e)),
             }
         };
         if retries > 0 {
@@ -399,14 +432,17 @@ impl Runtime {
         }
         self.engine
             .refresh(&mut c)
-            .map_err(container_err("refresh state"))?;
+            .map_err(lookup_err("refresh state"))?;
         Ok(c)
     }
 
     /// Takes `id`'s state lock: every command that may write libcontainer's `state.json`
     /// holds it (see [`crate::state::lock`]). None for an id without state: the command then
     /// finds no container, and leaves no lock file behind.
-    fn state_lock(&self, id: &ContainerId) -> Result<Option<crate::state::lock::StateLock>> {
+    fn state_lock(
+        &self,
+        id: &ContainerId,
+    ) -> std::result::Result<Option<crate::state::lock::StateLock>, LookupError> {
         if !self.dirs.container(id).exists() {
             return Ok(None);
         }

@@ -9,6 +9,8 @@ mod checkpoint;
 mod control;
 mod exit;
 mod lifecycle;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
