@@ -728,48 +728,54 @@ mod tests {
         Cli::try_parse_from(std::iter::once("agent-sandbox").chain(args.iter().copied()))
     }
 
+    /// A command line written as one string, split at spaces.
+    fn argv(line: &str) -> Vec<std::ffi::OsString> {
+        line.split(' ').map(std::ffi::OsString::from).collect()
+    }
+
     #[test]
     fn every_command_line_that_enters_a_container_re_executes_before_parsing() {
-        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        for argv in [
-            &["agent-sandbox", "--root", "/r", "create", "--bundle", "b", "id"][..],
-            &["agent-sandbox", "--log", "/l", "exec", "--process", "p.json", "id"],
-            &["agent-sandbox", "run", "--bundle", "b", "id"],
-            &["agent-sandbox", "--root", "/r", "start", "id"],
-            &["agent-sandbox", "--root", "/r", "delete", "run"],
-            &["agent-sandbox", "diff", "ID"],
+        for line in [
+            "agent-sandbox --root /r create --bundle b id",
+            "agent-sandbox --log /l exec --process p.json id",
+            "agent-sandbox run --bundle b id",
+            "agent-sandbox --root /r start id",
+            "agent-sandbox --root /r delete run",
+            "agent-sandbox diff ID",
         ] {
-            let cli = Cli::parse_plain(&args(argv)).expect("parses");
+            let cli = Cli::parse_plain(&argv(line)).expect("parses");
             if needs_sealed_binary(&cli) {
-                assert!(may_need_sealed_binary(&args(argv)), "{argv:?}");
+                assert!(may_need_sealed_binary(&argv(line)), "{line}");
             }
         }
-        assert!(!may_need_sealed_binary(&args(&["agent-sandbox", "start", "id"])));
-        assert!(!may_need_sealed_binary(&args(&["create"][..])), "argv[0] is no command");
+        assert!(!may_need_sealed_binary(&argv("agent-sandbox start id")));
+        assert!(
+            !may_need_sealed_binary(&argv("create")),
+            "argv[0] is no command"
+        );
     }
 
     #[test]
     fn the_plain_parse_reads_arguments_as_the_help_command_does() {
-        let args = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        for argv in [
-            &["agent-sandbox", "--root", "/r", "--log", "/l", "create", "--bundle", "b", "id"][..],
-            &["agent-sandbox", "diff", "--root", "/r", "ID"],
-            &["agent-sandbox", "--systemd-cgroup", "delete", "--force", "id"],
-            &["agent-sandbox", "--version"],
+        for line in [
+            "agent-sandbox --root /r --log /l create --bundle b id",
+            "agent-sandbox diff --root /r ID",
+            "agent-sandbox --systemd-cgroup delete --force id",
+            "agent-sandbox --version",
         ] {
-            let plain = Cli::parse_plain(&args(argv)).expect("parses");
-            let full = Cli::command_for_help().try_get_matches_from(args(argv)).unwrap();
-            let full = <Cli as clap::FromArgMatches>::from_arg_matches(&full).unwrap();
-            assert_eq!(format!("{plain:?}"), format!("{full:?}"), "{argv:?}");
+            let plain = Cli::parse_plain(&argv(line)).expect("parses");
+            let full = Cli::command_for_help().try_get_matches_from(argv(line));
+            let full = <Cli as clap::FromArgMatches>::from_arg_matches(&full.unwrap()).unwrap();
+            assert_eq!(format!("{plain:?}"), format!("{full:?}"), "{line}");
         }
         // Help and errors go through the command that hides the runtime's options.
-        for argv in [
-            &["agent-sandbox", "diff", "--help"][..],
-            &["agent-sandbox", "--help"],
-            &["agent-sandbox", "create"],
-            &["agent-sandbox", "no-such-command"],
+        for line in [
+            "agent-sandbox diff --help",
+            "agent-sandbox --help",
+            "agent-sandbox create",
+            "agent-sandbox no-such-command",
         ] {
-            assert!(Cli::parse_plain(&args(argv)).is_none(), "{argv:?}");
+            assert!(Cli::parse_plain(&argv(line)).is_none(), "{line}");
         }
     }
 
