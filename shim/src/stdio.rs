@@ -510,14 +510,25 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = fifo(dir.path());
         drop(exited_writer(&path));
-        let mut text = String::new();
-        OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&path)
-            .expect("open reader")
-            .read_to_string(&mut text)
-            .expect("read");
+        // A child another test forks in the same moment may hold a copy of the writer until
+        // its exec closes it (EAGAIN meanwhile); once no writer is left, the read ends.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let text = loop {
+            let mut text = String::new();
+            let read = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .expect("open reader")
+                .read_to_string(&mut text);
+            match read {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(std::time::Instant::now() < deadline, "a writer stays open");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                other => break other.map(|_| text).expect("read"),
+            }
+        };
         assert_eq!(text, "");
     }
 
