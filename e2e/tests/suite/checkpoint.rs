@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, bail, ensure};
 
 /// The shell that counts in memory (and shows its count in a file on the sandbox's tmpfs,
@@ -199,6 +199,235 @@ fn podman_checkpoint_leave_running_keeps_the_sandbox_counting() -> anyhow::Resul
     );
     ensure!(json.contains("\"leave_running\":true"), "{json}");
     Ok(())
+}
+
+/// A podman storage of its own (`--root`/`--runroot` in a temporary directory, overlay as
+/// the default storage: CRIU restores the root's mount as it was) holding the tools image;
+/// everything in it is removed on drop.
+struct OtherStorage {
+    dir: tempfile::TempDir,
+    podman: Podman,
+}
+
+impl OtherStorage {
+    fn new(podman: Podman) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let other = Self { dir, podman };
+        let archive = other.dir.path().join("tools.tar");
+        let archive = archive.display().to_string();
+        podman.run_ok(&[
+            "save",
+            "--format",
+            "oci-archive",
+            "-o",
+            &archive,
+            TOOLS_IMAGE,
+        ])?;
+        other.run_ok(&["load", "-i", &archive])?;
+        other.run_ok(&["tag", TOOLS_IMAGE, TOOLS_IMAGE]).ok();
+        Ok(other)
+    }
+
+    fn flags(&self) -> [String; 4] {
+        let d = self.dir.path().display();
+        [
+            "--root".into(),
+            format!("{d}/root"),
+            "--runroot".into(),
+            format!("{d}/runroot"),
+        ]
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<harness::Output> {
+        let flags = self.flags();
+        let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        self.podman.run(&all)
+    }
+
+    fn run_ok(&self, args: &[&str]) -> anyhow::Result<harness::Output> {
+        let out = self.run(args)?;
+        ensure!(out.success(), "podman (other storage) failed\n{out}");
+        Ok(out)
+    }
+}
+
+impl Drop for OtherStorage {
+    fn drop(&mut self) {
+        let _ = self.run(&["rm", "-a", "-f", "-t", "0"]);
+        let _ = self.run(&["system", "reset", "-f"]);
+    }
+}
+
+/// `podman container checkpoint --export` of a counting sandbox of `p` (podman's init
+/// under agent-sandbox), returning the archive and the sandbox's id.
+fn export_counting(
+    p: Podman,
+    flags: &[&str],
+    init: bool,
+    ws: &Path,
+    archive: &Path,
+) -> anyhow::Result<(ContainerGuard, String, u64)> {
+    let volume = format!("{}:/workspace", ws.display());
+    let mut args = vec!["-v", volume.as_str(), TOOLS_IMAGE, "sh", "-c", COUNTER];
+    if init {
+        args.insert(0, "--init");
+    }
+    let (g, id) = p.run_detached(flags, "ckpt-exp", &args)?;
+    p.run_ok(&[
+        "exec",
+        &g.name,
+        "sh",
+        "-c",
+        "echo edited > /workspace/notes.txt",
+    ])?;
+    let before = count_reaches(p, &g.name, 10)?;
+    let archive = archive.display().to_string();
+    let mut all = flags.to_vec();
+    all.extend(["container", "checkpoint", "--export", &archive, &g.name]);
+    p.run_ok(&all)?;
+    Ok((g, id, before))
+}
+
+/// The imported container `name` counts on from `before`: the memory came with the image.
+fn counts_on(p: Podman, name: &str, before: u64) -> anyhow::Result<()> {
+    let after = count(p, name)?;
+    ensure!(
+        after >= before && after < before + 15,
+        "count {before} at the export, {after} after the import"
+    );
+    count_reaches(p, name, after + 2)?;
+    Ok(())
+}
+
+#[test]
+fn runc_export_then_import_under_a_new_name_counts_on() -> anyhow::Result<()> {
+    // The reference: what podman and runc + CRIU do with an exported image.
+    let p = Podman::new(User::Root, Runtime::Runc);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let archive = dir.path().join("export.tar.gz");
+    let (_g, _id, before) = export_counting(p, &[], false, &ws, &archive)?;
+    let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
+    let archive = archive.display().to_string();
+    p.run_ok(&[
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &new.name,
+    ])?;
+    counts_on(p, &new.name, before)
+}
+
+/// What an imported sandbox must show: a sandbox of its own (its own id, state and audit
+/// log), the memory (the count goes on), the unpromoted edit in its `diff`, and an audit log
+/// whose first record is `restored`, naming the image's digest and the original sandbox.
+fn imported_is_a_sandbox(
+    podman: &dyn Fn(&[&str]) -> anyhow::Result<harness::Output>,
+    name: &str,
+    new_id: &str,
+    from: &str,
+    before: u64,
+    ws: &Path,
+) -> anyhow::Result<()> {
+    ensure!(new_id != from, "the import kept the original's id");
+    let count = || -> anyhow::Result<u64> {
+        let out = podman(&["exec", name, "cat", "/tmp/count"])?;
+        out.stdout
+            .trim()
+            .parse()
+            .with_context(|| format!("no count\n{out}"))
+    };
+    // A program started again would count from 1: this one goes on from its memory.
+    let after = count()?;
+    ensure!(
+        after >= before && after < before + 20,
+        "count {before} at the export, {after} after the import"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(count()? > after, "the imported sandbox does not count on");
+    let edit = podman(&["exec", name, "cat", "/workspace/notes.txt"])?;
+    ensure!(edit.stdout == "edited\n", "the edit is gone\n{edit}");
+    let diff = harness::runtime_ok(&["diff", new_id])?;
+    ensure!(
+        diff.stdout.contains("notes.txt"),
+        "the new sandbox's diff lacks the edit\n{diff}"
+    );
+    ensure!(
+        std::fs::read_to_string(ws.join("notes.txt"))? == "host\n",
+        "the edit reached the host checkout unpromoted"
+    );
+    harness::runtime_ok(&["state", new_id])?;
+    harness::runtime_ok(&["audit", "verify", new_id])?;
+    let json = harness::runtime_ok(&["audit", "--json", new_id])?.stdout;
+    let first: serde_json::Value =
+        serde_json::from_str(json.lines().next().context("an empty audit log")?)?;
+    ensure!(
+        first["kind"] == "restored" && first["data"]["from"] == from,
+        "the first record is not `restored` from {from}\n{json}"
+    );
+    let old = harness::runtime_ok(&["audit", "--json", from])?.stdout;
+    let checkpointed = old
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["kind"] == "checkpointed")
+        .context("the original has no checkpointed record")?;
+    ensure!(
+        checkpointed["data"]["image_digest"] == first["data"]["image_digest"],
+        "the digests differ\n{old}\n{json}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    std::fs::write(ws.join("notes.txt"), "host\n")?;
+    let policy = policy(dir.path(), "optional")?;
+    let flag = policy_flag(&policy);
+    let archive = dir.path().join("export.tar.gz");
+    let flags = ["--runtime-flag", flag.as_str()];
+    let (_g, from, before) = export_counting(p, &flags, true, &ws, &archive)?;
+    let archive = archive.display().to_string();
+    // Into the same storage under a new name.
+    let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
+    let mut args = flags.to_vec();
+    args.extend([
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &new.name,
+    ]);
+    p.run_ok(&args)?;
+    let new_id = p.run_ok(&["inspect", "--format", "{{.Id}}", &new.name])?;
+    let run = |a: &[&str]| p.run_ok(a);
+    imported_is_a_sandbox(&run, &new.name, new_id.stdout.trim(), &from, before, &ws)?;
+    // Gone again: its id block and its copy of the changes go with it.
+    drop(new);
+    // Into another podman storage: the same image makes another new sandbox.
+    let other = OtherStorage::new(p)?;
+    let name = unique_name("ckpt-other");
+    let mut args = flags.to_vec();
+    args.extend([
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &name,
+    ]);
+    other.run_ok(&args)?;
+    let id = other.run_ok(&["inspect", "--format", "{{.Id}}", &name])?;
+    let run = |a: &[&str]| other.run_ok(a);
+    imported_is_a_sandbox(&run, &name, id.stdout.trim(), &from, before, &ws)
 }
 
 /// The chain verifies across the checkpoint, and the restored sandbox's first record is

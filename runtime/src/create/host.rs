@@ -65,7 +65,25 @@ impl Runtime {
             None
         };
         let change_set = match &opts.reuse_change {
-            Some(change) => self.reopened_change_set(id, spec, &policy, &mount_dir, change)?,
+            Some(c) if c.from == id.as_str() => {
+                self.reopened_change_set(id, spec, &policy, &mount_dir, &c.change)?
+            }
+            Some(c) => {
+                let created = self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?;
+                if let Some(created) = &created {
+                    let store =
+                        crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+                    crate::report::changes::copy_layer(
+                        &store,
+                        &self.dirs.root,
+                        &c.from,
+                        &c.change,
+                        created,
+                    )
+                    .map_err(LifecycleError::Changes)?;
+                }
+                created
+            }
             None => self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?,
         };
         let rebinds = mounts::rebind_sources(spec, &mount_dir)?;

@@ -26,7 +26,7 @@ use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::lifecycle::{CreateOpts, LifecycleError, RestoredChange, Runtime};
 use crate::state::ContainerId;
 
 /// Options of `restore`: runc's flags, by runc's names.
@@ -227,13 +227,13 @@ impl Runtime {
         let ceiling = &ids
             .ceiling(ceiling)
             .with_profile_for(&annotations, &self.profiles_dir)?;
-        // Only this id's own change set, and only if the image names it.
+        // The change set the image names: this id's own is reopened; another sandbox's
+        // (an `--import` under a new name) is copied, if it is of the same workspace.
         let mut create = opts.create.clone();
-        create.reuse_change = manifest
-            .change
-            .as_ref()
-            .filter(|_| manifest.id == id.as_str())
-            .cloned();
+        create.reuse_change = manifest.change.as_ref().map(|change| RestoredChange {
+            change: change.clone(),
+            from: manifest.id.clone(),
+        });
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;

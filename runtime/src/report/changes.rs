@@ -77,6 +77,15 @@ pub enum ChangesError {
     #[error("change set {change} belongs to a sandbox that still exists; delete it first")]
     Live { change: String },
     #[error(
+        "the checkpoint image's change set {change} is of workspace {theirs}, not of this \
+         sandbox's {ours} (docs/checkpoint.md#what-is-carried)"
+    )]
+    OtherWorkspace {
+        change: String,
+        theirs: PathBuf,
+        ours: PathBuf,
+    },
+    #[error(
         "cannot remove {path} (files a rootless sandbox's non-root users made belong to subordinate ids: run this under `podman unshare`)"
     )]
     Remove {
@@ -599,6 +608,53 @@ pub fn reopen(
     entry.record.empty = false;
     entry.save()?;
     Ok(Created { entry, base })
+}
+
+/// At `restore` under a new sandbox id (podman's `--import` with `--name`): the layer of the
+/// ended change set `change` of sandbox `from` (state root `root`) copied into the
+/// new sandbox's own change set `into`, before its overlay is mounted. Only a kept, ended
+/// change set of that sandbox and of the same workspace is copied (the image names it, the
+/// store vouches for it); it stays in the store for its own review. `cp -a` keeps owners
+/// (the restoring sandbox has the image's id block), modes, overlay whiteouts and xattrs, and
+/// copies links as links.
+pub fn copy_layer(
+    store: &Store,
+    root: &Path,
+    from: &str,
+    change: &str,
+    into: &Created,
+) -> Result<()> {
+    let entry = of_sandbox(store, root, from, Some(change))?;
+    if entry.live().is_some() || entry.record.ended.is_none() {
+        return Err(ChangesError::Live {
+            change: change.to_owned(),
+        });
+    }
+    if entry.record.workspace != into.entry.record.workspace {
+        return Err(ChangesError::OtherWorkspace {
+            change: change.to_owned(),
+            theirs: entry.record.workspace,
+            ours: into.entry.record.workspace.clone(),
+        });
+    }
+    let source = open(&entry)?;
+    let upper = into.base.join("upper");
+    std::fs::create_dir_all(&upper).map_err(|source| ChangesError::Store {
+        path: upper.clone(),
+        source,
+    })?;
+    let mut from_dir = source.upper.clone().into_os_string();
+    from_dir.push("/.");
+    run_tool(
+        "cp",
+        &[
+            "-a".as_ref(),
+            "--".as_ref(),
+            from_dir.as_os_str(),
+            upper.as_os_str(),
+        ],
+        &source.upper,
+    )
 }
 
 /// Called at delete, before the sandbox's mounts go: an empty change set keeps only its
