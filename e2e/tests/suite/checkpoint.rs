@@ -811,3 +811,141 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
     }
     Ok(())
 }
+
+/// Maps the sandbox's root to host root in CRIU's `userns-N.img` (a `UsernsEntry`: its
+/// `uid_map` (1) and `gid_map` (2) extents, each `first` (1), `lower_first` (2), `count`
+/// (3)): every extent's `lower_first` becomes 0. The edit a user with the image could make.
+fn map_root_to_host_root(image: &Path) -> anyhow::Result<()> {
+    let mut edited = 0;
+    for entry in std::fs::read_dir(image)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !(name.starts_with("userns-") && name.ends_with(".img")) {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
+        let mut userns = parse(&bytes[12..12 + size])?;
+        for f in &mut userns {
+            if let Field::Bytes(1 | 2, extent) = f {
+                let mut e = parse(extent)?;
+                for g in &mut e {
+                    if let Field::Varint(2, lower) = g {
+                        *lower = 0;
+                    }
+                }
+                *extent = encode(&e);
+            }
+        }
+        let body = encode(&userns);
+        let mut out = bytes[..8].to_vec();
+        out.extend_from_slice(&u32::try_from(body.len())?.to_le_bytes());
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&bytes[12 + size..]);
+        std::fs::write(&path, out)?;
+        edited += 1;
+    }
+    ensure!(edited > 0, "{} has no userns image", image.display());
+    Ok(())
+}
+
+/// The image directory searchable and its `*.img` files readable, all owned by `uid`.
+fn open_image_to(image: &Path, uid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(image, Some(uid), Some(uid))?;
+    std::fs::set_permissions(image, std::fs::Permissions::from_mode(0o711))?;
+    for entry in std::fs::read_dir(image)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "img") {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(uid))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    Ok(())
+}
+
+/// podman's checkpoint directory of container `id` (rootful, default storage).
+fn podman_image_dir(id: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
+    ))
+}
+
+#[test]
+fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> anyhow::Result<()> {
+    // runc with a user namespace of its own: the edited image restores with its root as
+    // host root.
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let (g, id) = runc.run_detached(
+        &[],
+        "ckpt-runc-userns",
+        &[
+            "--uidmap",
+            "0:300000:65536",
+            "--gidmap",
+            "0:300000:65536",
+            TOOLS_IMAGE,
+            "sh",
+            "-c",
+            COUNTER,
+        ],
+    )?;
+    count_reaches(runc, &g.name, 2)?;
+    runc.run_ok(&["container", "checkpoint", &g.name])?;
+    // runc + CRIU cannot restore a user namespace here unless the restored tasks can read
+    // the image (`timens-0.img: Permission denied`): the access agent-sandbox gives CRIU
+    // (docs/checkpoint.md#image).
+    let image = podman_image_dir(&id);
+    open_image_to(&image, 300_000)?;
+    map_root_to_host_root(&image)?;
+    // podman gave the container's files to its root (host 300000), which the edited map
+    // no longer maps: back to host root, whom it maps now.
+    let userdata = image.parent().context("no userdata")?;
+    for d in [userdata.to_owned(), userdata.join("shm")] {
+        std::os::unix::fs::chown(&d, Some(0), Some(0))?;
+    }
+    let out = runc.run(&["container", "restore", &g.name])?;
+    if !out.success() {
+        let log = image.with_file_name("restore.log");
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        bail!("runc did not restore the edited image\n{out}\n{log}");
+    }
+    let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &g.name])?;
+    let map = std::fs::read_to_string(format!("/proc/{}/uid_map", pid.stdout.trim()))?;
+    ensure!(
+        map.split_whitespace().take(2).eq(["0", "0"]),
+        "runc did not restore the edited map: {map}"
+    );
+    drop(g);
+    // agent-sandbox refuses the same edit, and leaves no sandbox behind.
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let policy = policy(dir.path(), "optional")?;
+    let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
+    count_reaches(p, &g.name, 2)?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    map_root_to_host_root(&podman_image_dir(&id))?;
+    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    ensure!(!out.success(), "the edited image was restored\n{out}");
+    ensure!(
+        out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains("uid_map"),
+        "unclear refusal\n{out}"
+    );
+    let state = harness::runtime(&["state", &id])?;
+    ensure!(!state.success(), "a refused sandbox is left\n{state}");
+    let host_root_tasks = std::process::Command::new("pgrep")
+        .args(["-f", "-x", &format!("sh -c {COUNTER}")])
+        .output()?;
+    let left = String::from_utf8_lossy(&host_root_tasks.stdout).into_owned();
+    for pid in left.split_whitespace() {
+        let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap_or_default();
+        ensure!(
+            !map.split_whitespace().take(2).eq(["0", "0"]) || map.trim() == "0 0 4294967295",
+            "a restored task with root mapped to host root is left: {pid} {map}"
+        );
+    }
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
