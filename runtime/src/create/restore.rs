@@ -89,6 +89,8 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot apply a live egress rule of the image again")]
+    LiveRule(#[source] Box<crate::sidecars::allow::AllowError>),
     #[error("cannot place CRIU in the sandbox's cgroup")]
     Cgroup(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -582,14 +584,25 @@ impl Runtime {
         manifest: &Manifest,
         lost: &[(String, String)],
     ) -> Result<()> {
-        crate::report::audit::restored(&self.dirs, id, &manifest.image_digest, &manifest.id, lost)
-            .map_err(LifecycleError::Audit)?;
+        let (rules, dropped) = live_rules_within(&hardened.policy, &manifest.live_rules);
+        crate::report::audit::restored(
+            &self.dirs,
+            id,
+            &manifest.image_digest,
+            &manifest.id,
+            lost,
+            &dropped,
+        )
+        .map_err(LifecycleError::Audit)?;
         crate::report::audit::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
             Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
             None => None,
         };
+        if proxy_pid.is_some() {
+            reapply_live_rules(&host.sandbox_dir, id, &rules)?;
+        }
         if let Some(f) = &opts.create.pid_file {
             crate::files::write(f, pid.to_string())?;
         }
@@ -714,6 +727,42 @@ impl Runtime {
         written?;
         Ok(())
     }
+}
+
+/// The image's live egress rules split into those the restoring sandbox's ceiling covers
+/// (and every deny: it only narrows), and the others, dropped. The image is a file a user
+/// may have edited; the proxy checks each allow against the ceiling again when it gets it.
+fn live_rules_within(
+    policy: &agent_sandbox_policy::SandboxPolicy,
+    saved: &[(bool, String)],
+) -> (Vec<(bool, String)>, Vec<String>) {
+    let ceiling = policy.network.approvals.as_ref();
+    let (kept, dropped): (Vec<_>, Vec<_>) = saved.iter().cloned().partition(|(allow, rule)| {
+        !allow
+            || agent_sandbox_policy::network::DomainRule::parse(rule)
+                .is_ok_and(|r| ceiling.is_some_and(|c| c.ceiling_covers_rule(&r)))
+    });
+    (kept, dropped.into_iter().map(|(_, r)| r).collect())
+}
+
+/// The kept live rules, in their order, through the restored proxy's control socket (as
+/// `agent-sandbox allow`/`deny` give them; each is an `approval` record).
+fn reapply_live_rules(
+    dir: &crate::state::SandboxDir,
+    id: &ContainerId,
+    rules: &[(bool, String)],
+) -> Result<()> {
+    use agent_sandbox_proxy::approval::ChangeAction;
+    for (allow, rule) in rules {
+        let action = if *allow {
+            ChangeAction::Allow
+        } else {
+            ChangeAction::Deny
+        };
+        crate::sidecars::allow::change(dir, id.as_str(), action, rule)
+            .map_err(|e| fail(RestoreError::LiveRule(Box::new(e))))?;
+    }
+    Ok(())
 }
 
 /// SIGKILL to the hook's parent if it is CRIU (the hook `exec`s the runtime).
