@@ -39,6 +39,16 @@ fn policy(dir: &Path, landlock: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A temporary directory holding an empty workspace `ws` and the agent policy with its
+/// Landlock layer `landlock`.
+fn fixture(landlock: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let policy = policy(dir.path(), landlock)?;
+    Ok((dir, ws, policy))
+}
+
 /// A counting sandbox under `policy` with a workspace at `ws`; PID 1 is podman's init (the
 /// runtime's own reaping init cannot be checkpointed: docs/checkpoint.md#init).
 fn counting_sandbox(
@@ -91,6 +101,13 @@ fn count_reaches(p: Podman, name: &str, at_least: u64) -> anyhow::Result<u64> {
     }
 }
 
+/// The first record of `kind` in the audit log `json` (JSON lines).
+fn first_record(json: &str, kind: &str) -> Option<serde_json::Value> {
+    json.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["kind"] == kind)
+}
+
 fn kinds(records: &str) -> Vec<String> {
     records
         .lines()
@@ -103,11 +120,8 @@ fn kinds(records: &str) -> Vec<String> {
 fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() -> anyhow::Result<()>
 {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
+    let (_dir, ws, policy) = fixture("optional")?;
     std::fs::write(ws.join("notes.txt"), "host\n")?;
-    let policy = policy(dir.path(), "optional")?;
     let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
     let name = g.name.clone();
     p.run_ok(&[
@@ -182,10 +196,7 @@ fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() 
 #[test]
 fn podman_checkpoint_leave_running_keeps_the_sandbox_counting() -> anyhow::Result<()> {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "optional")?;
+    let (_dir, ws, policy) = fixture("optional")?;
     let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
     let before = count_reaches(p, &g.name, 3)?;
     // podman 4.3 passes `--leave-running` twice, as runc accepts.
@@ -379,11 +390,8 @@ fn imported_is_a_sandbox(
         "the first record is not `restored` from {from}\n{json}"
     );
     let old = harness::runtime_ok(&["audit", "--json", from])?.stdout;
-    let checkpointed = old
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|r| r["kind"] == "checkpointed")
-        .context("the original has no checkpointed record")?;
+    let checkpointed =
+        first_record(&old, "checkpointed").context("the original has no checkpointed record")?;
     ensure!(
         checkpointed["data"]["image_digest"] == first["data"]["image_digest"],
         "the digests differ\n{old}\n{json}"
@@ -394,11 +402,8 @@ fn imported_is_a_sandbox(
 #[test]
 fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyhow::Result<()> {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
+    let (dir, ws, policy) = fixture("optional")?;
     std::fs::write(ws.join("notes.txt"), "host\n")?;
-    let policy = policy(dir.path(), "optional")?;
     let flag = policy_flag(&policy);
     let archive = dir.path().join("export.tar.gz");
     let flags = ["--runtime-flag", flag.as_str()];
@@ -458,9 +463,7 @@ fn audit_across(id: &str) -> anyhow::Result<()> {
         "the checkpoint did not end the sandbox before the restore: {kinds:?}"
     );
     let digest = |kind: &str| {
-        json.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|r| r["kind"] == kind)
+        first_record(&json, kind)
             .and_then(|r| r["data"]["image_digest"].as_str().map(str::to_owned))
     };
     ensure!(
@@ -473,10 +476,7 @@ fn audit_across(id: &str) -> anyhow::Result<()> {
 #[test]
 fn checkpoint_is_refused_while_the_policy_requires_landlock() -> anyhow::Result<()> {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "required")?;
+    let (_dir, ws, policy) = fixture("required")?;
     let (g, _id, flag) = counting_sandbox(p, &policy, &ws)?;
     let before = count_reaches(p, &g.name, 3)?;
     let out = p.run(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
@@ -787,10 +787,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         "runc restored the edited init without CAP_SYS_ADMIN ({cap_eff})"
     );
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "optional")?;
+    let (_dir, ws, policy) = fixture("optional")?;
     for (edit, want) in [
         (
             drop_seccomp as fn(Vec<Field>) -> Vec<Field>,
@@ -926,10 +923,7 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     drop(g);
     // agent-sandbox refuses the same edit, and leaves no sandbox behind.
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "optional")?;
+    let (_dir, ws, policy) = fixture("optional")?;
     // A program holding no file open: the edited map leaves the sandbox's own files
     // unmapped, and CRIU would fail on an open one before the check is reached.
     let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sleep", "600"])?;
@@ -1068,11 +1062,7 @@ fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> an
         "a rule outside the ceiling came back from the image\n{got}"
     );
     let json = harness::runtime_ok(&["audit", "--json", &id])?.stdout;
-    let restored = json
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|r| r["kind"] == "restored")
-        .context("no restored record")?;
+    let restored = first_record(&json, "restored").context("no restored record")?;
     ensure!(
         restored["data"]["rules_dropped"] == serde_json::json!([outside_rule]),
         "the dropped rule is not in the restored record\n{restored}"
