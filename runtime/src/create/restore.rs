@@ -243,9 +243,11 @@ impl Runtime {
         self.install(id, &ids, &host, &hardened)?;
         marks.mark("mounts");
         let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
+        marks.mark("proxy");
         // The supervisor answers the denied syscalls of every later exec (the restored
         // tasks' own filters have no listener: see `not_carried`).
         let supervisor = self.notify_denials(id, &mut executor, &hardened.policy, true)?;
+        marks.mark("supervisor");
         let expected = Expected {
             ids: ids.ids,
             seccomp_filters: u32::from(executor.seccomp.is_some())
@@ -261,7 +263,9 @@ impl Runtime {
         }
         self.record_restored(
             id, opts, &ids, &host, &hardened, pid, proxy, manifest, &lost,
-        )
+        )?;
+        marks.mark("record");
+        Ok(())
     }
 
     /// The layers the image cannot bring back: a required one refuses the restore; the
@@ -837,6 +841,39 @@ mod tests {
         assert_eq!(
             fine.criu.criu_options(),
             ["--tcp-established", "--file-locks"]
+        );
+    }
+
+    #[test]
+    fn live_rules_outside_the_ceiling_are_dropped_and_denies_kept() {
+        let text = "[network]\nmode = \"proxy\"\nallow = [\"pypi.org:443\"]\n\
+                    [network.approvals]\nceiling = [\"*.example.com:443\"]\n";
+        let policy = agent_sandbox_policy::SandboxPolicy::parse(text, "p.toml").unwrap();
+        let saved = [
+            (true, "api.example.com:443".to_owned()),
+            (true, "evil.test:443".to_owned()),
+            (true, "api.example.com".to_owned()),
+            (false, "evil.test".to_owned()),
+            (true, "not a rule".to_owned()),
+        ];
+        let (kept, dropped) = live_rules_within(&policy, &saved);
+        assert_eq!(
+            kept,
+            [
+                (true, "api.example.com:443".to_owned()),
+                (false, "evil.test".to_owned()),
+            ]
+        );
+        assert_eq!(dropped, ["evil.test:443", "api.example.com", "not a rule"]);
+        // Without a ceiling no allow comes back.
+        let none = agent_sandbox_policy::SandboxPolicy::parse(
+            "[network]\nmode = \"proxy\"\nallow = [\"pypi.org:443\"]\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            live_rules_within(&none, &saved[..1]).1,
+            ["api.example.com:443"]
         );
     }
 

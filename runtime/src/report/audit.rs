@@ -893,6 +893,41 @@ mod tests {
     }
 
     #[test]
+    fn live_rules_are_the_latest_word_on_each_applied_allow_and_commanded_deny() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, id) = fake_sandbox(root.path(), "rules1");
+        init(&dirs, &id, None).unwrap();
+        let approval = |answer: &str, target: &str, by: &str| Event::Approval {
+            answer: answer.to_owned(),
+            target: target.to_owned(),
+            by: by.to_owned(),
+            reason: None,
+            tool_call_id: None,
+            tool_call_claimed: None,
+        };
+        append(
+            &dirs,
+            &id,
+            &[
+                approval("allow-always", "a.example.com:443", "command"),
+                approval("allow-always", "b.example.com:443", "decider"),
+                // Not live rules: one connection each.
+                approval("allow-once", "c.example.com:443", "decider"),
+                approval("deny", "d.example.com:443", "decider"),
+                approval("deny", "a.example.com:443", "command"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            live_rules(&dirs, &id),
+            [
+                (true, "b.example.com:443".to_owned()),
+                (false, "a.example.com:443".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
     fn prune_removes_old_logs_of_gone_sandboxes_and_never_a_live_one() {
         let root = tempfile::tempdir().unwrap();
         let (dirs, live) = fake_sandbox(root.path(), "live1");

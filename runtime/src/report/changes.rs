@@ -1115,4 +1115,59 @@ mod tests {
         assert!(table.contains("a\\u{1b}[2Kb"), "{table}");
         assert!(!table.contains('\x1b'));
     }
+
+    /// An import under a new id gets a copy of the named sandbox's ended layer (links as
+    /// links), and nothing from another workspace's or a still-open change set.
+    #[test]
+    fn copy_layer_copies_an_ended_layer_of_the_same_workspace_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store {
+            dir: tmp.path().join("store"),
+        };
+        put(&store, record("aaaa00000001", "old", None, 1));
+        let upper = store.dir.join("aaaa00000001/upper");
+        std::fs::create_dir(upper.join("sub")).unwrap();
+        std::fs::write(upper.join("sub/notes.txt"), "edited\n").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", upper.join("link")).unwrap();
+        let root = Path::new("/nonexistent-root");
+        let into = |workspace: &str| Created {
+            entry: Entry {
+                dir: store.dir.join("bbbb00000002"),
+                record: Record {
+                    workspace: PathBuf::from(workspace),
+                    ..record("bbbb00000002", "new", None, 2)
+                },
+            },
+            base: tmp.path().join(format!("new{}", workspace.len())),
+        };
+        let new = into("/w");
+        copy_layer(&store, root, "old", "aaaa00000001", &new).unwrap();
+        let copied = new.base.join("upper");
+        assert_eq!(
+            std::fs::read_to_string(copied.join("sub/notes.txt")).unwrap(),
+            "edited\n"
+        );
+        assert_eq!(
+            std::fs::read_link(copied.join("link")).unwrap(),
+            Path::new("/etc/shadow")
+        );
+        let other = into("/other");
+        assert!(matches!(
+            copy_layer(&store, root, "old", "aaaa00000001", &other),
+            Err(ChangesError::OtherWorkspace { .. })
+        ));
+        assert!(!other.base.join("upper/sub").exists());
+        // Another sandbox's change set is not found under this one's name.
+        assert!(matches!(
+            copy_layer(&store, root, "someone", "aaaa00000001", &into("/w")),
+            Err(ChangesError::NotFound { .. })
+        ));
+        let mut open = record("cccc00000003", "old", None, 3);
+        open.ended = None;
+        put(&store, open);
+        assert!(matches!(
+            copy_layer(&store, root, "old", "cccc00000003", &into("/w")),
+            Err(ChangesError::Live { .. })
+        ));
+    }
 }
