@@ -954,29 +954,38 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     Ok(())
 }
 
-/// A counting sandbox whose proxy asks `decider` about the hosts of `ceiling` (the agent
-/// policy, Landlock optional, allowing only a port nothing listens on).
-fn approvals_sandbox(
-    p: Podman,
+/// The agent policy (Landlock optional, allowing only a port nothing listens on) whose
+/// approvals `ceiling` may be opened live, with `decider` asked about its hosts if given.
+fn approvals_policy(
     dir: &Path,
-    decider: &super::approvals::Decider,
+    decider: Option<&super::approvals::Decider>,
     ceiling: &[String],
-) -> anyhow::Result<(ContainerGuard, String, String)> {
+) -> anyhow::Result<PathBuf> {
     use agent_sandbox_e2e::net;
     net::ensure_test_hosts()?;
     let path = net::write_policy(dir, &[format!("{}:1", net::PKG_APEX)], &[])?;
     let text = std::fs::read_to_string(&path)?
         .replace("\nlandlock = \"required\"\n", "\nlandlock = \"optional\"\n");
     let quoted: Vec<String> = ceiling.iter().map(|r| format!("{r:?}")).collect();
-    let approvals = format!(
-        "\n[network.approvals]\ndecider = {:?}\ntimeout = \"10s\"\nceiling = [{}]\n",
-        decider.path.display().to_string(),
-        quoted.join(", ")
-    );
+    let mut approvals = String::from("\n[network.approvals]\ntimeout = \"10s\"\n");
+    if let Some(d) = decider {
+        approvals.push_str(&format!("decider = {:?}\n", d.path.display().to_string()));
+    }
+    approvals.push_str(&format!("ceiling = [{}]\n", quoted.join(", ")));
     std::fs::write(&path, text + &approvals)?;
-    let ws = dir.join("ws");
-    std::fs::create_dir_all(&ws)?;
-    counting_sandbox(p, &path, &ws)
+    std::fs::create_dir_all(dir.join("ws"))?;
+    Ok(path)
+}
+
+/// A counting sandbox whose proxy asks `decider` about the hosts of `ceiling`.
+fn approvals_sandbox(
+    p: Podman,
+    dir: &Path,
+    decider: &super::approvals::Decider,
+    ceiling: &[String],
+) -> anyhow::Result<(ContainerGuard, String, String)> {
+    let policy = approvals_policy(dir, Some(decider), ceiling)?;
+    counting_sandbox(p, &policy, &dir.join("ws"))
 }
 
 /// Edits the image's `agent-sandbox.json` as a user with the image could: one more live
@@ -1068,5 +1077,92 @@ fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> an
         "the dropped rule is not in the restored record\n{restored}"
     );
     harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
+/// A server on `REGISTRY_IP` that sends a response's head and first bytes, then holds the
+/// connection (a download in progress) for two minutes.
+fn holding_server() -> anyhow::Result<u16> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind((agent_sandbox_e2e::net::REGISTRY_IP, 0))?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ =
+                    c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nfirst-bytes\n");
+                std::thread::sleep(Duration::from_secs(120));
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// The sandbox's `/tmp/out` once it contains `want` (within `secs` seconds).
+fn out_with(p: Podman, name: &str, want: &str, secs: u64) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let out = p.run(&["exec", name, "cat", "/tmp/out"])?;
+        if out.stdout.contains(want) {
+            return Ok(out.stdout);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "/tmp/out never showed {want:?} within {secs} s\n{out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn an_open_proxy_connection_is_refused_by_criu_or_reset_at_restore_never_left_hanging()
+-> anyhow::Result<()> {
+    use agent_sandbox_e2e::net::{REGISTRY_HOST, REGISTRY_IP};
+    let port = holding_server()?;
+    let ceiling = [
+        format!("{REGISTRY_HOST}:{port}"),
+        format!("{REGISTRY_IP}:{port}"),
+    ];
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = harness::temp_dir_for(User::Root)?;
+    let policy = approvals_policy(dir.path(), None, &ceiling)?;
+    // The download runs in the init's tree (CRIU saves that tree, not `exec`ed processes).
+    let script = format!(
+        "sleep 2; curl -sS -N -m 100 http://{REGISTRY_HOST}:{port}/ > /tmp/out 2>&1; \
+         echo rc=$? >> /tmp/out; sleep 600"
+    );
+    let (g, id, flag) =
+        running_sandbox(p, &policy, &dir.path().join("ws"), &["sh", "-c", &script])?;
+    harness::runtime_ok(&["allow", &id, &ceiling[0]])?;
+    out_with(p, &g.name, "first-bytes", 30)?;
+    // Without --tcp-established CRIU refuses the open connection, and the sandbox goes on.
+    let out = p.run(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    ensure!(
+        !out.success() && out.stderr.contains("--tcp-established"),
+        "a checkpoint with an open connection passed, or said nothing of it\n{out}"
+    );
+    let ps = p.run_ok(&["exec", &g.name, "ps", "-o", "comm"])?;
+    ensure!(
+        ps.stdout.contains("curl"),
+        "the download did not go on\n{ps}"
+    );
+    // With it, the restored client's connection has no proxy end: reset at once.
+    for action in ["checkpoint", "restore"] {
+        p.run_ok(&[
+            "--runtime-flag",
+            &flag,
+            "container",
+            action,
+            "--tcp-established",
+            &g.name,
+        ])?;
+    }
+    let out = out_with(p, &g.name, "rc=", 10)?;
+    ensure!(
+        out.contains("rc=56") && out.contains("reset"),
+        "the held connection did not end with a reset\n{out}"
+    );
     Ok(())
 }
