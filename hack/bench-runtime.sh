@@ -17,15 +17,19 @@
 #   6. density: start latency with 50/200/500 sleeping sandboxes running (--density-max caps);
 #   7. criterion: the policy crate's micro-benchmarks;
 #   8. task: e2e/examples/agent_task_bench.rs --json, the 50-call agent task of issue #33 per
-#      entry point under agent-sandbox and runc (BENCH_TASK_ROUNDS, BENCH_TASK_ENTRIES).
+#      entry point under agent-sandbox and runc (BENCH_TASK_ROUNDS, BENCH_TASK_ENTRIES);
+#   9. checkpoint: podman checkpoint, restore in place, checkpoint --export and restore
+#      --import of one python3 holding 50 MiB, agent-sandbox vs runc + CRIU interleaved,
+#      p50/p95 per phase and ratios (BENCH_CHECKPOINT_ROUNDS; needs CRIU, hack/criu.sh).
 # Prints medians, p90 and ratios, writes JSON (default target/bench/runtime.json) and a PNG
 # chart beside it.
 #
-# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion,task]
+# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion,task,checkpoint]
 #                              [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
 #                              [--agent-sandbox PATH] [--baseline PATH] [--shim PATH] [--out FILE]
 #                              [--max-seconds S]
 #                              [--density-max N] [--proxy-mb MB] [--chart PNG]
+#                              [--checkpoint-rounds N] [--checkpoint-image IMAGE]
 # Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_CTR_ROUNDS,
 # BENCH_SHIMS (3), BENCH_MAX_SECONDS (300), AGENT_SANDBOX_BIN (default
 # /usr/local/bin/agent-sandbox).

@@ -901,7 +901,126 @@ def section_exec(args, workdir: Path, hybrid: bool) -> Section:
     )
 
 
-SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr, "exec": section_exec}
+# A python3 holding 50 MiB it has written (so the pages are resident and CRIU saves them),
+# marking /tmp/ready once it holds them.
+HOLDER = "b = bytearray(b'\\x01') * (50 << 20); open('/tmp/ready', 'w').close()\nimport time\nwhile True: time.sleep(1)"
+CHECKPOINT_PHASES = ("checkpoint", "restore", "export", "import")
+
+
+class CheckpointCase(Case):
+    """podman checkpoint and restore of one running python3 holding 50 MiB, per round:
+    `container checkpoint` and `container restore` in place, then `checkpoint --export` and
+    `restore --import --name NEW` (each a phase); the exported original is removed untimed
+    and the imported container is the next round's."""
+
+    def __init__(self, name: str, runtime: str | None, image: str, workdir: Path, runtime_flags: list[str], run_flags: list[str]) -> None:
+        super().__init__()
+        self.name = name
+        self.runtime = runtime
+        self.image = image
+        self.workdir = workdir
+        self.flags = runtime_flags
+        self.run_flags = run_flags
+        slug = "ckpt-" + name.replace(" ", "-")
+        self.slug = slug
+        self.run = CommandRunner(workdir, slug, timeout=180)
+        self.current = ""
+        self.names: list[str] = []
+        self.n = 0
+
+    def unavailable(self) -> str:
+        if not shutil.which("podman"):
+            return "podman is not installed"
+        if not self.runtime or not os.access(self.runtime, os.X_OK) and not shutil.which(self.runtime):
+            return f"{self.runtime} is not installed"
+        if not any(os.access(c, os.X_OK) for c in ("/usr/local/sbin/criu", "/usr/sbin/criu")):
+            return "criu is not installed (hack/criu.sh)"
+        if subprocess.run(["podman", "image", "exists", self.image], capture_output=True, timeout=60, check=False).returncode != 0:
+            return f"image {self.image} is not in podman's store (hack/setup.sh builds and loads it)"
+        return ""
+
+    def podman(self, *args: str) -> list[str]:
+        return ["podman", "--runtime", self.runtime, *self.flags, *args]
+
+    def fresh_name(self) -> str:
+        self.n += 1
+        name = f"bench-{self.slug}-{os.getpid()}-{self.n}"
+        self.names.append(name)
+        return name
+
+    def ready(self, name: str) -> None:
+        deadline = time.monotonic() + 60
+        while subprocess.run(self.podman("exec", name, "test", "-e", "/tmp/ready"), capture_output=True, timeout=60, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise CaseFailed(f"{name} never held its 50 MiB")
+            time.sleep(0.2)
+
+    def run_once(self, tag: str) -> Sample:
+        if not self.current:
+            self.current = self.fresh_name()
+            self.run(self.podman("run", "-d", "--name", self.current, *self.run_flags, self.image, "python3", "-c", HOLDER))
+            self.ready(self.current)
+        archive = self.workdir / f"{self.slug}.tar"
+        new = self.fresh_name()
+        steps = (
+            ("checkpoint", self.podman("container", "checkpoint", self.current)),
+            ("restore", self.podman("container", "restore", self.current)),
+            ("export", self.podman("container", "checkpoint", "--export", str(archive), self.current)),
+            ("import", self.podman("container", "restore", "--import", str(archive), "--name", new)),
+        )
+        phases = {}
+        for phase, argv in steps:
+            t0 = time.perf_counter_ns()
+            self.run(argv)
+            phases[phase] = time.perf_counter_ns() - t0
+        subprocess.run(["podman", "rm", "--force", "--ignore", self.current], capture_output=True, timeout=120, check=False)
+        self.current = new
+        archive.unlink(missing_ok=True)
+        reap_children()
+        return Sample(sum(phases.values()), phases_ns=phases)
+
+    def cleanup(self) -> None:
+        for name in self.names:
+            subprocess.run(["podman", "rm", "--force", "--ignore", name], capture_output=True, timeout=120, check=False)
+        self.names, self.current = [], ""
+        reap_children()
+
+
+def checkpoint_policy(workdir: Path) -> Path:
+    """The built-in agent policy with its Landlock layer optional: CRIU cannot carry a
+    Landlock domain (docs/checkpoint.md#layers)."""
+    text = (Path(__file__).resolve().parents[2] / "profiles/agent.toml").read_text()
+    if '\nlandlock = "required"\n' not in text:
+        raise SystemExit('profiles/agent.toml no longer says landlock = "required"')
+    path = workdir / "checkpoint-policy.toml"
+    path.write_text(text.replace('\nlandlock = "required"\n', '\nlandlock = "optional"\n'))
+    return path
+
+
+def section_checkpoint(args, workdir: Path, hybrid: bool) -> Section:
+    policy = checkpoint_policy(workdir)
+    cases: list[Case] = [
+        CheckpointCase("agent-sandbox", args.agent_sandbox, args.checkpoint_image, workdir, ["--runtime-flag", f"policy={policy}"], ["--init"]),
+        CheckpointCase("runc", which("runc"), args.checkpoint_image, workdir, [], []),
+    ]
+    return Section(
+        key="checkpoint",
+        title=f"podman checkpoint / restore / checkpoint --export / restore --import of python3 holding 50 MiB ({args.checkpoint_image})",
+        cases=cases,
+        rounds=args.checkpoint_rounds,
+        warmup=1,
+        subreaper=False,  # conmon daemonizes, as in the podman section
+        ratios=[("agent-sandbox", "runc")],
+        target=("agent-sandbox", "runc", 1.0, "issue 36: checkpoint and restore no slower than runc + CRIU"),
+        notes=[
+            "agent-sandbox runs with podman's --init and the agent policy with Landlock optional (docs/checkpoint.md#init, #layers);"
+            " runc without --init (runc + CRIU cannot restore podman's init bind here)",
+            "each round: checkpoint, restore in place, checkpoint --export, restore --import --name NEW (phases); the total is their sum",
+        ],
+    )
+
+
+SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr, "exec": section_exec, "checkpoint": section_checkpoint}
 # Sections that are not interleaved rounds of one command (hack/bench/extra.py).
 EXTERNAL = ("proxy", "cri", "density", "criterion", "task")
 
@@ -998,6 +1117,7 @@ def section_result(section: Section) -> dict:
             phases = sorted({p for s in got for p in s.phases_ns})
             if phases:
                 row["phase_median_ms"] = {p: round(statistics.median(ms(s.phases_ns[p]) for s in got), 3) for p in phases}
+                row["phase_p95_ms"] = {p: round(percentile(sorted(ms(s.phases_ns[p]) for s in got), 0.95), 3) for p in phases}
             row["samples_ms"] = [None if s is None else round(ms(s.total_ns), 3) for s in case.samples]
             traced = [s.create_trace for s in got if s.create_trace]
             if traced:
@@ -1030,6 +1150,9 @@ def section_result(section: Section) -> dict:
             entry["paired_rounds"] = len(paired)
             if paired:
                 entry["median_of_round_ratios"] = round(statistics.median(paired), 3)
+            pa, pb = a[0].get("phase_median_ms", {}), b[0].get("phase_median_ms", {})
+            if any(p in CHECKPOINT_PHASES for p in pa):
+                entry["phase_ratio_of_medians"] = {p: round(pa[p] / pb[p], 3) for p in pa if pb.get(p)}
             if "cpu_stats_ms" in a[0] and "cpu_stats_ms" in b[0] and b[0]["cpu_stats_ms"]["median"] > 0:
                 entry["cpu_ratio_of_medians"] = round(a[0]["cpu_stats_ms"]["median"] / b[0]["cpu_stats_ms"]["median"], 3)
         ratios.append(entry)
@@ -1049,7 +1172,7 @@ def section_result(section: Section) -> dict:
 def print_section(res: dict) -> None:
     print(f"\n{res['title']}")
     print(f"  {res['rounds']} rounds, interleaved (order rotated each round), {res['warmup']} warm-up runs per case not counted")
-    order = ["create", "start", "wait", "delete"]
+    order = ["create", "start", "wait", "delete", *CHECKPOINT_PHASES]
     phases = sorted({p for row in res["rows"] for p in row.get("phase_median_ms", {})}, key=order.index)
     cpu = any("cpu_stats_ms" in row for row in res["rows"])
     head = f"  {'case':<17} {'view':<5} {'median':>9} {'p90':>9} {'min':>9} {'n':>4}"
@@ -1092,6 +1215,13 @@ def print_section(res: dict) -> None:
     for row in res["rows"]:
         if "create_phase_median_ms" in row:
             print_create_phases(row)
+        if "phase_p95_ms" in row and any(p in CHECKPOINT_PHASES for p in row["phase_p95_ms"]):
+            p95 = row["phase_p95_ms"]
+            print(f"  {row['name']} p50 / p95 per phase: " + ", ".join(f"{p} {row['phase_median_ms'][p]:.0f} / {p95[p]:.0f} ms" for p in CHECKPOINT_PHASES if p in p95))
+    for r in res["ratios"]:
+        if "phase_ratio_of_medians" in r:
+            print(f"  ratio {r['numerator']} / {r['denominator']} per phase (medians): "
+                  + ", ".join(f"{p} {r['phase_ratio_of_medians'][p]:.2f}" for p in CHECKPOINT_PHASES if p in r["phase_ratio_of_medians"]))
     if cpu:
         print("  cpu: user + system time of all the processes of one run (less sensitive to load than wall time)")
     if any(row["reference"] for row in res["rows"]):
@@ -1192,6 +1322,10 @@ def main() -> int:
         help="ctr and shim memory: run this containerd-shim-agent-sandbox by absolute path (it drives the agent-sandbox beside it) instead of io.agent.sandbox from containerd's config (env BENCH_SHIM)",
     )
     p.add_argument("--image", default="localhost/agent-sandbox/busybox:latest")
+    p.add_argument("--checkpoint-image", default="localhost/agent-sandbox/tools:latest", help="checkpoint section: an image with python3")
+    p.add_argument(
+        "--checkpoint-rounds", type=int, default=int(os.environ.get("BENCH_CHECKPOINT_ROUNDS", 10)), help="rounds of the checkpoint section (env BENCH_CHECKPOINT_ROUNDS)"
+    )
     p.add_argument("--busybox", default="/bin/busybox", help="static busybox for the bundle's rootfs")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "target" / "bench" / "runtime.json"))
     args = p.parse_args()

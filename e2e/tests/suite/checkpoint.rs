@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
-use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag};
+use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, bail, ensure};
 
 /// The shell that counts in memory (and shows its count in a file on the sandbox's tmpfs,
@@ -39,6 +39,16 @@ fn policy(dir: &Path, landlock: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A temporary directory holding an empty workspace `ws` and the agent policy with its
+/// Landlock layer `landlock`.
+fn fixture(landlock: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let policy = policy(dir.path(), landlock)?;
+    Ok((dir, ws, policy))
+}
+
 /// A counting sandbox under `policy` with a workspace at `ws`; PID 1 is podman's init (the
 /// runtime's own reaping init cannot be checkpointed: docs/checkpoint.md#init).
 fn counting_sandbox(
@@ -46,13 +56,22 @@ fn counting_sandbox(
     policy: &Path,
     ws: &Path,
 ) -> anyhow::Result<(ContainerGuard, String, String)> {
+    running_sandbox(p, policy, ws, &["sh", "-c", COUNTER])
+}
+
+/// A sandbox running `command` under `policy` with a workspace at `ws`, as
+/// [`counting_sandbox`].
+fn running_sandbox(
+    p: Podman,
+    policy: &Path,
+    ws: &Path,
+    command: &[&str],
+) -> anyhow::Result<(ContainerGuard, String, String)> {
     let flag = policy_flag(policy);
     let volume = format!("{}:/workspace", ws.display());
-    let (guard, id) = p.run_detached(
-        &["--runtime-flag", &flag],
-        "ckpt",
-        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
-    )?;
+    let mut args = vec!["--init", "-v", &volume, TOOLS_IMAGE];
+    args.extend_from_slice(command);
+    let (guard, id) = p.run_detached(&["--runtime-flag", &flag], "ckpt", &args)?;
     Ok((guard, id, flag))
 }
 
@@ -82,6 +101,13 @@ fn count_reaches(p: Podman, name: &str, at_least: u64) -> anyhow::Result<u64> {
     }
 }
 
+/// The first record of `kind` in the audit log `json` (JSON lines).
+fn first_record(json: &str, kind: &str) -> Option<serde_json::Value> {
+    json.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["kind"] == kind)
+}
+
 fn kinds(records: &str) -> Vec<String> {
     records
         .lines()
@@ -94,11 +120,8 @@ fn kinds(records: &str) -> Vec<String> {
 fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() -> anyhow::Result<()>
 {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
+    let (_dir, ws, policy) = fixture("optional")?;
     std::fs::write(ws.join("notes.txt"), "host\n")?;
-    let policy = policy(dir.path(), "optional")?;
     let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
     let name = g.name.clone();
     p.run_ok(&[
@@ -173,10 +196,7 @@ fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() 
 #[test]
 fn podman_checkpoint_leave_running_keeps_the_sandbox_counting() -> anyhow::Result<()> {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "optional")?;
+    let (_dir, ws, policy) = fixture("optional")?;
     let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
     let before = count_reaches(p, &g.name, 3)?;
     // podman 4.3 passes `--leave-running` twice, as runc accepts.
@@ -201,6 +221,229 @@ fn podman_checkpoint_leave_running_keeps_the_sandbox_counting() -> anyhow::Resul
     Ok(())
 }
 
+/// A podman storage of its own (`--root`/`--runroot` in a temporary directory, overlay as
+/// the default storage: CRIU restores the root's mount as it was) holding the tools image;
+/// everything in it is removed on drop.
+struct OtherStorage {
+    dir: tempfile::TempDir,
+    podman: Podman,
+}
+
+impl OtherStorage {
+    fn new(podman: Podman) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let other = Self { dir, podman };
+        let archive = other.dir.path().join("tools.tar");
+        let archive = archive.display().to_string();
+        podman.run_ok(&[
+            "save",
+            "--format",
+            "oci-archive",
+            "-o",
+            &archive,
+            TOOLS_IMAGE,
+        ])?;
+        other.run_ok(&["load", "-i", &archive])?;
+        other.run_ok(&["tag", TOOLS_IMAGE, TOOLS_IMAGE]).ok();
+        Ok(other)
+    }
+
+    fn flags(&self) -> [String; 4] {
+        let d = self.dir.path().display();
+        [
+            "--root".into(),
+            format!("{d}/root"),
+            "--runroot".into(),
+            format!("{d}/runroot"),
+        ]
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<harness::Output> {
+        let flags = self.flags();
+        let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        self.podman.run(&all)
+    }
+
+    fn run_ok(&self, args: &[&str]) -> anyhow::Result<harness::Output> {
+        let out = self.run(args)?;
+        ensure!(out.success(), "podman (other storage) failed\n{out}");
+        Ok(out)
+    }
+}
+
+impl Drop for OtherStorage {
+    fn drop(&mut self) {
+        let _ = self.run(&["rm", "-a", "-f", "-t", "0"]);
+        let _ = self.run(&["system", "reset", "-f"]);
+    }
+}
+
+/// `podman container checkpoint --export` of a counting sandbox of `p` (podman's init
+/// under agent-sandbox), returning the archive and the sandbox's id.
+fn export_counting(
+    p: Podman,
+    flags: &[&str],
+    init: bool,
+    ws: &Path,
+    archive: &Path,
+) -> anyhow::Result<(ContainerGuard, String, u64)> {
+    let volume = format!("{}:/workspace", ws.display());
+    let mut args = vec!["-v", volume.as_str(), TOOLS_IMAGE, "sh", "-c", COUNTER];
+    if init {
+        args.insert(0, "--init");
+    }
+    let (g, id) = p.run_detached(flags, "ckpt-exp", &args)?;
+    p.run_ok(&[
+        "exec",
+        &g.name,
+        "sh",
+        "-c",
+        "echo edited > /workspace/notes.txt",
+    ])?;
+    let before = count_reaches(p, &g.name, 10)?;
+    let archive = archive.display().to_string();
+    let mut all = flags.to_vec();
+    all.extend(["container", "checkpoint", "--export", &archive, &g.name]);
+    p.run_ok(&all)?;
+    Ok((g, id, before))
+}
+
+/// The imported container `name` counts on from `before`: the memory came with the image.
+fn counts_on(p: Podman, name: &str, before: u64) -> anyhow::Result<()> {
+    let after = count(p, name)?;
+    ensure!(
+        after >= before && after < before + 15,
+        "count {before} at the export, {after} after the import"
+    );
+    count_reaches(p, name, after + 2)?;
+    Ok(())
+}
+
+#[test]
+fn runc_export_then_import_under_a_new_name_counts_on() -> anyhow::Result<()> {
+    // The reference: what podman and runc + CRIU do with an exported image.
+    let p = Podman::new(User::Root, Runtime::Runc);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    let archive = dir.path().join("export.tar.gz");
+    let (_g, _id, before) = export_counting(p, &[], false, &ws, &archive)?;
+    let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
+    let archive = archive.display().to_string();
+    p.run_ok(&[
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &new.name,
+    ])?;
+    counts_on(p, &new.name, before)
+}
+
+/// What an imported sandbox must show: a sandbox of its own (its own id, state and audit
+/// log), the memory (the count goes on), the unpromoted edit in its `diff`, and an audit log
+/// whose first record is `restored`, naming the image's digest and the original sandbox.
+fn imported_is_a_sandbox(
+    podman: &dyn Fn(&[&str]) -> anyhow::Result<harness::Output>,
+    name: &str,
+    new_id: &str,
+    from: &str,
+    before: u64,
+    ws: &Path,
+) -> anyhow::Result<()> {
+    ensure!(new_id != from, "the import kept the original's id");
+    let count = || -> anyhow::Result<u64> {
+        let out = podman(&["exec", name, "cat", "/tmp/count"])?;
+        out.stdout
+            .trim()
+            .parse()
+            .with_context(|| format!("no count\n{out}"))
+    };
+    // A program started again would count from 1: this one goes on from its memory.
+    let after = count()?;
+    ensure!(
+        after >= before && after < before + 20,
+        "count {before} at the export, {after} after the import"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    ensure!(count()? > after, "the imported sandbox does not count on");
+    let edit = podman(&["exec", name, "cat", "/workspace/notes.txt"])?;
+    ensure!(edit.stdout == "edited\n", "the edit is gone\n{edit}");
+    let diff = harness::runtime_ok(&["diff", new_id])?;
+    ensure!(
+        diff.stdout.contains("notes.txt"),
+        "the new sandbox's diff lacks the edit\n{diff}"
+    );
+    ensure!(
+        std::fs::read_to_string(ws.join("notes.txt"))? == "host\n",
+        "the edit reached the host checkout unpromoted"
+    );
+    harness::runtime_ok(&["state", new_id])?;
+    harness::runtime_ok(&["audit", "verify", new_id])?;
+    let json = harness::runtime_ok(&["audit", "--json", new_id])?.stdout;
+    let first: serde_json::Value =
+        serde_json::from_str(json.lines().next().context("an empty audit log")?)?;
+    ensure!(
+        first["kind"] == "restored" && first["data"]["from"] == from,
+        "the first record is not `restored` from {from}\n{json}"
+    );
+    let old = harness::runtime_ok(&["audit", "--json", from])?.stdout;
+    let checkpointed =
+        first_record(&old, "checkpointed").context("the original has no checkpointed record")?;
+    ensure!(
+        checkpointed["data"]["image_digest"] == first["data"]["image_digest"],
+        "the digests differ\n{old}\n{json}"
+    );
+    Ok(())
+}
+
+#[test]
+fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, policy) = fixture("optional")?;
+    std::fs::write(ws.join("notes.txt"), "host\n")?;
+    let flag = policy_flag(&policy);
+    let archive = dir.path().join("export.tar.gz");
+    let flags = ["--runtime-flag", flag.as_str()];
+    let (_g, from, before) = export_counting(p, &flags, true, &ws, &archive)?;
+    let archive = archive.display().to_string();
+    // Into the same storage under a new name.
+    let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
+    let mut args = flags.to_vec();
+    args.extend([
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &new.name,
+    ]);
+    p.run_ok(&args)?;
+    let new_id = p.run_ok(&["inspect", "--format", "{{.Id}}", &new.name])?;
+    let run = |a: &[&str]| p.run_ok(a);
+    imported_is_a_sandbox(&run, &new.name, new_id.stdout.trim(), &from, before, &ws)?;
+    // Gone again: its id block and its copy of the changes go with it.
+    drop(new);
+    // Into another podman storage: the same image makes another new sandbox.
+    let other = OtherStorage::new(p)?;
+    let name = unique_name("ckpt-other");
+    let mut args = flags.to_vec();
+    args.extend([
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &name,
+    ]);
+    other.run_ok(&args)?;
+    let id = other.run_ok(&["inspect", "--format", "{{.Id}}", &name])?;
+    let run = |a: &[&str]| other.run_ok(a);
+    imported_is_a_sandbox(&run, &name, id.stdout.trim(), &from, before, &ws)
+}
+
 /// The chain verifies across the checkpoint, and the restored sandbox's first record is
 /// `restored`, naming the digest `checkpointed` named.
 fn audit_across(id: &str) -> anyhow::Result<()> {
@@ -220,9 +463,7 @@ fn audit_across(id: &str) -> anyhow::Result<()> {
         "the checkpoint did not end the sandbox before the restore: {kinds:?}"
     );
     let digest = |kind: &str| {
-        json.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|r| r["kind"] == kind)
+        first_record(&json, kind)
             .and_then(|r| r["data"]["image_digest"].as_str().map(str::to_owned))
     };
     ensure!(
@@ -235,10 +476,7 @@ fn audit_across(id: &str) -> anyhow::Result<()> {
 #[test]
 fn checkpoint_is_refused_while_the_policy_requires_landlock() -> anyhow::Result<()> {
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "required")?;
+    let (_dir, ws, policy) = fixture("required")?;
     let (g, _id, flag) = counting_sandbox(p, &policy, &ws)?;
     let before = count_reaches(p, &g.name, 3)?;
     let out = p.run(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
@@ -549,10 +787,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         "runc restored the edited init without CAP_SYS_ADMIN ({cap_eff})"
     );
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir(&ws)?;
-    let policy = policy(dir.path(), "optional")?;
+    let (_dir, ws, policy) = fixture("optional")?;
     for (edit, want) in [
         (
             drop_seccomp as fn(Vec<Field>) -> Vec<Field>,
@@ -580,5 +815,354 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             "the chain broke"
         );
     }
+    Ok(())
+}
+
+/// Maps the sandbox's root to host root in CRIU's `userns-N.img` (a `UsernsEntry`: its
+/// `uid_map` (1) and `gid_map` (2) extents, each `first` (1), `lower_first` (2), `count`
+/// (3)): every extent's `lower_first` becomes 0. The edit a user with the image could make.
+fn map_root_to_host_root(image: &Path) -> anyhow::Result<()> {
+    let mut edited = 0;
+    for entry in std::fs::read_dir(image)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !(name.starts_with("userns-") && name.ends_with(".img")) {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
+        let mut userns = parse(&bytes[12..12 + size])?;
+        for f in &mut userns {
+            if let Field::Bytes(1 | 2, extent) = f {
+                let mut e = parse(extent)?;
+                for g in &mut e {
+                    if let Field::Varint(2, lower) = g {
+                        *lower = 0;
+                    }
+                }
+                *extent = encode(&e);
+            }
+        }
+        let body = encode(&userns);
+        let mut out = bytes[..8].to_vec();
+        out.extend_from_slice(&u32::try_from(body.len())?.to_le_bytes());
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&bytes[12 + size..]);
+        std::fs::write(&path, out)?;
+        edited += 1;
+    }
+    ensure!(edited > 0, "{} has no userns image", image.display());
+    Ok(())
+}
+
+/// The image directory searchable and its `*.img` files readable, all owned by `uid`.
+fn open_image_to(image: &Path, uid: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(image, Some(uid), Some(uid))?;
+    std::fs::set_permissions(image, std::fs::Permissions::from_mode(0o711))?;
+    for entry in std::fs::read_dir(image)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "img") {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(uid))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    Ok(())
+}
+
+/// podman's checkpoint directory of container `id` (rootful, default storage).
+fn podman_image_dir(id: &str) -> PathBuf {
+    PathBuf::from(format!(
+        "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
+    ))
+}
+
+#[test]
+fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> anyhow::Result<()> {
+    // runc with a user namespace of its own: the edited image restores with its root as
+    // host root.
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let (g, id) = runc.run_detached(
+        &[],
+        "ckpt-runc-userns",
+        &[
+            "--uidmap",
+            "0:300000:65536",
+            "--gidmap",
+            "0:300000:65536",
+            TOOLS_IMAGE,
+            "sleep",
+            "600",
+        ],
+    )?;
+    runc.run_ok(&["container", "checkpoint", &g.name])?;
+    // runc + CRIU cannot restore a user namespace here unless the restored tasks can read
+    // the image (`timens-0.img: Permission denied`): the access agent-sandbox gives CRIU
+    // (docs/checkpoint.md#image).
+    let image = podman_image_dir(&id);
+    open_image_to(&image, 300_000)?;
+    map_root_to_host_root(&image)?;
+    // podman gave the container's files to its root (host 300000), which the edited map
+    // no longer maps: back to host root, whom it maps now.
+    let userdata = image.parent().context("no userdata")?;
+    for d in [userdata.to_owned(), userdata.join("shm")] {
+        std::os::unix::fs::chown(&d, Some(0), Some(0))?;
+    }
+    let out = runc.run(&["container", "restore", &g.name])?;
+    if !out.success() {
+        let log = image.with_file_name("restore.log");
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        bail!("runc did not restore the edited image\n{out}\n{log}");
+    }
+    let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &g.name])?;
+    let map = std::fs::read_to_string(format!("/proc/{}/uid_map", pid.stdout.trim()))?;
+    ensure!(
+        map.split_whitespace().take(2).eq(["0", "0"]),
+        "runc did not restore the edited map: {map}"
+    );
+    drop(g);
+    // agent-sandbox refuses the same edit, and leaves no sandbox behind.
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    // A program holding no file open: the edited map leaves the sandbox's own files
+    // unmapped, and CRIU would fail on an open one before the check is reached.
+    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sleep", "600"])?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    map_root_to_host_root(&podman_image_dir(&id))?;
+    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    ensure!(!out.success(), "the edited image was restored\n{out}");
+    ensure!(
+        out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains("uid_map"),
+        "unclear refusal\n{out}"
+    );
+    let state = harness::runtime(&["state", &id])?;
+    ensure!(!state.success(), "a refused sandbox is left\n{state}");
+    let host_root_tasks = std::process::Command::new("pgrep")
+        .args(["-x", "sleep"])
+        .output()?;
+    let left = String::from_utf8_lossy(&host_root_tasks.stdout).into_owned();
+    for pid in left.split_whitespace() {
+        let map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap_or_default();
+        let fields: Vec<&str> = map.split_whitespace().collect();
+        // The host's own processes map everything; a restored one would map 0 0 65536.
+        ensure!(
+            fields.get(..2) != Some(&["0", "0"][..]) || fields == ["0", "0", "4294967295"],
+            "a restored task with root mapped to host root is left: {pid} {map}"
+        );
+    }
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
+/// The agent policy (Landlock optional, allowing only a port nothing listens on) whose
+/// approvals `ceiling` may be opened live, with `decider` asked about its hosts if given.
+fn approvals_policy(
+    dir: &Path,
+    decider: Option<&super::approvals::Decider>,
+    ceiling: &[String],
+) -> anyhow::Result<PathBuf> {
+    use agent_sandbox_e2e::net;
+    net::ensure_test_hosts()?;
+    let path = net::write_policy(dir, &[format!("{}:1", net::PKG_APEX)], &[])?;
+    let text = std::fs::read_to_string(&path)?
+        .replace("\nlandlock = \"required\"\n", "\nlandlock = \"optional\"\n");
+    let quoted: Vec<String> = ceiling.iter().map(|r| format!("{r:?}")).collect();
+    let mut approvals = String::from("\n[network.approvals]\ntimeout = \"10s\"\n");
+    if let Some(d) = decider {
+        approvals.push_str(&format!("decider = {:?}\n", d.path.display().to_string()));
+    }
+    approvals.push_str(&format!("ceiling = [{}]\n", quoted.join(", ")));
+    std::fs::write(&path, text + &approvals)?;
+    std::fs::create_dir_all(dir.join("ws"))?;
+    Ok(path)
+}
+
+/// A counting sandbox whose proxy asks `decider` about the hosts of `ceiling`.
+fn approvals_sandbox(
+    p: Podman,
+    dir: &Path,
+    decider: &super::approvals::Decider,
+    ceiling: &[String],
+) -> anyhow::Result<(ContainerGuard, String, String)> {
+    let policy = approvals_policy(dir, Some(decider), ceiling)?;
+    counting_sandbox(p, &policy, &dir.join("ws"))
+}
+
+/// Edits the image's `agent-sandbox.json` as a user with the image could: one more live
+/// allow rule.
+fn add_live_allow(image: &Path, rule: &str) -> anyhow::Result<()> {
+    let path = image.join("agent-sandbox.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let rules = manifest["live_rules"]
+        .as_array_mut()
+        .context("the image has no live_rules")?;
+    rules.push(serde_json::json!([true, rule]));
+    std::fs::write(&path, serde_json::to_vec(&manifest)?)?;
+    Ok(())
+}
+
+#[test]
+fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> anyhow::Result<()> {
+    use agent_sandbox_e2e::net::{
+        COLLECTOR_HOST, COLLECTOR_IP, HttpServer, REGISTRY_HOST, REGISTRY_IP,
+    };
+    let by_command = HttpServer::start(REGISTRY_IP, "allowed-by-command")?;
+    let for_life = HttpServer::start(REGISTRY_IP, "approved-for-life")?;
+    let outside = HttpServer::start(COLLECTOR_IP, "outside-the-ceiling")?;
+    // Yes for life to the first question; after the restore every question is refused, so
+    // only the carried rule can let the approved host through.
+    let decider = super::approvals::Decider::start(|n, _| {
+        super::approvals::reply(if n == 0 { "allow-always" } else { "deny" }, None)
+    })?;
+    let mut ceiling = Vec::new();
+    for s in [&by_command, &for_life] {
+        ceiling.push(format!("{REGISTRY_HOST}:{}", s.port()));
+        ceiling.push(format!("{REGISTRY_IP}:{}", s.port()));
+    }
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = harness::temp_dir_for(User::Root)?;
+    let (g, id, flag) = approvals_sandbox(p, dir.path(), &decider, &ceiling)?;
+    let fetch = |server: &HttpServer, host: &str| -> anyhow::Result<harness::Output> {
+        let url = format!("http://{host}:{}/", server.port());
+        p.run(&[
+            "exec",
+            &g.name,
+            "sh",
+            "-c",
+            &format!("curl -sS -i -m 20 {url}"),
+        ])
+    };
+    let command_rule = format!("{REGISTRY_HOST}:{}", by_command.port());
+    harness::runtime_ok(&["allow", &id, &command_rule])?;
+    let got = fetch(&by_command, REGISTRY_HOST)?;
+    ensure!(
+        got.stdout.contains("allowed-by-command"),
+        "allow did not open it\n{got}"
+    );
+    let got = fetch(&for_life, REGISTRY_HOST)?;
+    ensure!(
+        got.stdout.contains("approved-for-life"),
+        "not approved\n{got}"
+    );
+    count_reaches(p, &g.name, 3)?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    // The image names a rule the ceiling does not cover: it must not come back.
+    let outside_rule = format!("{COLLECTOR_HOST}:{}", outside.port());
+    add_live_allow(&podman_image_dir(&id), &outside_rule)?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    let asked = decider.questions().len();
+    let got = fetch(&by_command, REGISTRY_HOST)?;
+    ensure!(
+        got.stdout.contains("allowed-by-command"),
+        "the live allow is gone\n{got}"
+    );
+    let got = fetch(&for_life, REGISTRY_HOST)?;
+    ensure!(
+        got.stdout.contains("approved-for-life"),
+        "the approval for life is gone\n{got}"
+    );
+    ensure!(
+        decider.questions().len() == asked,
+        "the decider was asked again about a host approved for life"
+    );
+    let got = fetch(&outside, COLLECTOR_HOST)?;
+    ensure!(
+        got.stdout.contains(" 403 ") && !got.stdout.contains("outside-the-ceiling"),
+        "a rule outside the ceiling came back from the image\n{got}"
+    );
+    let json = harness::runtime_ok(&["audit", "--json", &id])?.stdout;
+    let restored = first_record(&json, "restored").context("no restored record")?;
+    ensure!(
+        restored["data"]["rules_dropped"] == serde_json::json!([outside_rule]),
+        "the dropped rule is not in the restored record\n{restored}"
+    );
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
+/// A server on `REGISTRY_IP` that sends a response's head and first bytes, then holds the
+/// connection (a download in progress) for two minutes.
+fn holding_server() -> anyhow::Result<u16> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind((agent_sandbox_e2e::net::REGISTRY_IP, 0))?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ =
+                    c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nfirst-bytes\n");
+                std::thread::sleep(Duration::from_secs(120));
+            });
+        }
+    });
+    Ok(port)
+}
+
+/// The sandbox's `/tmp/out` once it contains `want` (within `secs` seconds).
+fn out_with(p: Podman, name: &str, want: &str, secs: u64) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let out = p.run(&["exec", name, "cat", "/tmp/out"])?;
+        if out.stdout.contains(want) {
+            return Ok(out.stdout);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "/tmp/out never showed {want:?} within {secs} s\n{out}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn an_open_proxy_connection_is_refused_by_criu_or_reset_at_restore_never_left_hanging()
+-> anyhow::Result<()> {
+    use agent_sandbox_e2e::net::{REGISTRY_HOST, REGISTRY_IP};
+    let port = holding_server()?;
+    let ceiling = [
+        format!("{REGISTRY_HOST}:{port}"),
+        format!("{REGISTRY_IP}:{port}"),
+    ];
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = harness::temp_dir_for(User::Root)?;
+    let policy = approvals_policy(dir.path(), None, &ceiling)?;
+    // The download runs in the init's tree (CRIU saves that tree, not `exec`ed processes).
+    let script = format!(
+        "sleep 2; curl -sS -N -m 100 http://{REGISTRY_HOST}:{port}/ > /tmp/out 2>&1; \
+         echo rc=$? >> /tmp/out; sleep 600"
+    );
+    let (g, id, flag) =
+        running_sandbox(p, &policy, &dir.path().join("ws"), &["sh", "-c", &script])?;
+    harness::runtime_ok(&["allow", &id, &ceiling[0]])?;
+    out_with(p, &g.name, "first-bytes", 30)?;
+    // Without --tcp-established CRIU refuses the open connection, and the sandbox goes on.
+    let out = p.run(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    ensure!(
+        !out.success() && out.stderr.contains("--tcp-established"),
+        "a checkpoint with an open connection passed, or said nothing of it\n{out}"
+    );
+    let ps = p.run_ok(&["exec", &g.name, "ps", "-o", "comm"])?;
+    ensure!(
+        ps.stdout.contains("curl"),
+        "the download did not go on\n{ps}"
+    );
+    // With it, the restored client's connection has no proxy end: reset at once.
+    for action in ["checkpoint", "restore"] {
+        p.run_ok(&[
+            "--runtime-flag",
+            &flag,
+            "container",
+            action,
+            "--tcp-established",
+            &g.name,
+        ])?;
+    }
+    let out = out_with(p, &g.name, "rc=", 10)?;
+    ensure!(
+        out.contains("rc=56") && out.contains("reset"),
+        "the held connection did not end with a reset\n{out}"
+    );
     Ok(())
 }

@@ -307,6 +307,10 @@ pub enum Event {
         /// a `layer_inactive` record).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         not_carried: Vec<String>,
+        /// Live egress rules the image names that the restored sandbox's ceiling does not
+        /// cover: not applied (the others are applied again, each an `approval` record).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rules_dropped: Vec<String>,
     },
     /// A cgroup limit refused the sandbox something during its life; written once, at
     /// delete, with the kernel's count.

@@ -367,6 +367,7 @@ fn details(event: &Event) -> String {
             image_digest,
             from,
             not_carried,
+            rules_dropped,
         } => {
             let mut s = format!(
                 "restored from checkpoint image {} of {}; every task checked against the plan",
@@ -375,6 +376,13 @@ fn details(event: &Event) -> String {
             );
             if !not_carried.is_empty() {
                 let _ = write!(s, "; not carried: {}", esc_list(not_carried, ", "));
+            }
+            if !rules_dropped.is_empty() {
+                let _ = write!(
+                    s,
+                    "; live rules outside the ceiling dropped: {}",
+                    esc_list(rules_dropped, ", ")
+                );
             }
             s
         }

@@ -64,10 +64,7 @@ impl Runtime {
         } else {
             None
         };
-        let change_set = match &opts.reuse_change {
-            Some(change) => self.reopened_change_set(id, spec, &policy, &mount_dir, change)?,
-            None => self.new_change_set(id, spec, &policy, &mount_dir, ids.rootless)?,
-        };
+        let change_set = self.change_set_for(id, opts, spec, &policy, &mount_dir, ids.rootless)?;
         let rebinds = mounts::rebind_sources(spec, &mount_dir)?;
         let placeholders = mounts::placeholders(&mount_dir)?;
         let overlay_base = change_set
@@ -85,6 +82,41 @@ impl Runtime {
             placeholders,
             userns,
             policy,
+        })
+    }
+
+    /// The workspace's change set: the one a restore's image names (this id's own reopened,
+    /// another sandbox's layer copied into a new one), else a new one.
+    fn change_set_for(
+        &self,
+        id: &ContainerId,
+        opts: &CreateOpts,
+        spec: &Spec,
+        policy: &agent_sandbox_policy::SandboxPolicy,
+        mount_dir: &std::path::Path,
+        rootless: bool,
+    ) -> Result<Option<crate::report::changes::Created>> {
+        Ok(match &opts.reuse_change {
+            Some(c) if c.from == id.as_str() => {
+                self.reopened_change_set(id, spec, policy, mount_dir, &c.change)?
+            }
+            Some(c) => {
+                let created = self.new_change_set(id, spec, policy, mount_dir, rootless)?;
+                if let Some(created) = &created {
+                    let store =
+                        crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+                    crate::report::changes::copy_layer(
+                        &store,
+                        &self.dirs.root,
+                        &c.from,
+                        &c.change,
+                        created,
+                    )
+                    .map_err(LifecycleError::Changes)?;
+                }
+                created
+            }
+            None => self.new_change_set(id, spec, policy, mount_dir, rootless)?,
         })
     }
 

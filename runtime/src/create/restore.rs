@@ -26,7 +26,7 @@ use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::lifecycle::{CreateOpts, LifecycleError, RestoredChange, Runtime};
 use crate::state::ContainerId;
 
 /// Options of `restore`: runc's flags, by runc's names.
@@ -89,6 +89,8 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot apply a live egress rule of the image again")]
+    LiveRule(#[source] Box<crate::sidecars::allow::AllowError>),
     #[error("cannot place CRIU in the sandbox's cgroup")]
     Cgroup(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -227,13 +229,13 @@ impl Runtime {
         let ceiling = &ids
             .ceiling(ceiling)
             .with_profile_for(&annotations, &self.profiles_dir)?;
-        // Only this id's own change set, and only if the image names it.
+        // The change set the image names: this id's own is reopened; another sandbox's
+        // (an `--import` under a new name) is copied, if it is of the same workspace.
         let mut create = opts.create.clone();
-        create.reuse_change = manifest
-            .change
-            .as_ref()
-            .filter(|_| manifest.id == id.as_str())
-            .cloned();
+        create.reuse_change = manifest.change.as_ref().map(|change| RestoredChange {
+            change: change.clone(),
+            from: manifest.id.clone(),
+        });
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
@@ -241,9 +243,11 @@ impl Runtime {
         self.install(id, &ids, &host, &hardened)?;
         marks.mark("mounts");
         let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
+        marks.mark("proxy");
         // The supervisor answers the denied syscalls of every later exec (the restored
         // tasks' own filters have no listener: see `not_carried`).
         let supervisor = self.notify_denials(id, &mut executor, &hardened.policy, true)?;
+        marks.mark("supervisor");
         let expected = Expected {
             ids: ids.ids,
             seccomp_filters: u32::from(executor.seccomp.is_some())
@@ -259,7 +263,9 @@ impl Runtime {
         }
         self.record_restored(
             id, opts, &ids, &host, &hardened, pid, proxy, manifest, &lost,
-        )
+        )?;
+        marks.mark("record");
+        Ok(())
     }
 
     /// The layers the image cannot bring back: a required one refuses the restore; the
@@ -582,14 +588,25 @@ impl Runtime {
         manifest: &Manifest,
         lost: &[(String, String)],
     ) -> Result<()> {
-        crate::report::audit::restored(&self.dirs, id, &manifest.image_digest, &manifest.id, lost)
-            .map_err(LifecycleError::Audit)?;
+        let (rules, dropped) = live_rules_within(&hardened.policy, &manifest.live_rules);
+        crate::report::audit::restored(
+            &self.dirs,
+            id,
+            &manifest.image_digest,
+            &manifest.id,
+            lost,
+            &dropped,
+        )
+        .map_err(LifecycleError::Audit)?;
         crate::report::audit::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
             Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
             None => None,
         };
+        if proxy_pid.is_some() {
+            reapply_live_rules(&host.sandbox_dir, id, &rules)?;
+        }
         if let Some(f) = &opts.create.pid_file {
             crate::files::write(f, pid.to_string())?;
         }
@@ -716,6 +733,42 @@ impl Runtime {
     }
 }
 
+/// The image's live egress rules split into those the restoring sandbox's ceiling covers
+/// (and every deny: it only narrows), and the others, dropped. The image is a file a user
+/// may have edited; the proxy checks each allow against the ceiling again when it gets it.
+fn live_rules_within(
+    policy: &agent_sandbox_policy::SandboxPolicy,
+    saved: &[(bool, String)],
+) -> (Vec<(bool, String)>, Vec<String>) {
+    let ceiling = policy.network.approvals.as_ref();
+    let (kept, dropped): (Vec<_>, Vec<_>) = saved.iter().cloned().partition(|(allow, rule)| {
+        !allow
+            || agent_sandbox_policy::network::DomainRule::parse(rule)
+                .is_ok_and(|r| ceiling.is_some_and(|c| c.ceiling_covers_rule(&r)))
+    });
+    (kept, dropped.into_iter().map(|(_, r)| r).collect())
+}
+
+/// The kept live rules, in their order, through the restored proxy's control socket (as
+/// `agent-sandbox allow`/`deny` give them; each is an `approval` record).
+fn reapply_live_rules(
+    dir: &crate::state::SandboxDir,
+    id: &ContainerId,
+    rules: &[(bool, String)],
+) -> Result<()> {
+    use agent_sandbox_proxy::approval::ChangeAction;
+    for (allow, rule) in rules {
+        let action = if *allow {
+            ChangeAction::Allow
+        } else {
+            ChangeAction::Deny
+        };
+        crate::sidecars::allow::change(dir, id.as_str(), action, rule)
+            .map_err(|e| fail(RestoreError::LiveRule(Box::new(e))))?;
+    }
+    Ok(())
+}
+
 /// SIGKILL to the hook's parent if it is CRIU (the hook `exec`s the runtime).
 fn kill_criu_parent() {
     let parent = nix::unistd::getppid();
@@ -788,6 +841,39 @@ mod tests {
         assert_eq!(
             fine.criu.criu_options(),
             ["--tcp-established", "--file-locks"]
+        );
+    }
+
+    #[test]
+    fn live_rules_outside_the_ceiling_are_dropped_and_denies_kept() {
+        let text = "[network]\nmode = \"proxy\"\nallow = [\"pypi.org:443\"]\n\
+                    [network.approvals]\nceiling = [\"*.example.com:443\"]\n";
+        let policy = agent_sandbox_policy::SandboxPolicy::parse(text, "p.toml").unwrap();
+        let saved = [
+            (true, "api.example.com:443".to_owned()),
+            (true, "evil.test:443".to_owned()),
+            (true, "api.example.com".to_owned()),
+            (false, "evil.test".to_owned()),
+            (true, "not a rule".to_owned()),
+        ];
+        let (kept, dropped) = live_rules_within(&policy, &saved);
+        assert_eq!(
+            kept,
+            [
+                (true, "api.example.com:443".to_owned()),
+                (false, "evil.test".to_owned()),
+            ]
+        );
+        assert_eq!(dropped, ["evil.test:443", "api.example.com", "not a rule"]);
+        // Without a ceiling no allow comes back.
+        let none = agent_sandbox_policy::SandboxPolicy::parse(
+            "[network]\nmode = \"proxy\"\nallow = [\"pypi.org:443\"]\n",
+            "p.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            live_rules_within(&none, &saved[..1]).1,
+            ["api.example.com:443"]
         );
     }
 

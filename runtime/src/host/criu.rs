@@ -44,11 +44,11 @@ pub enum CriuError {
         #[source]
         source: std::io::Error,
     },
-    #[error("criu {action} failed ({status}): {last_error} (its log: {log})")]
+    #[error("criu {action} failed ({status}): {cause} (its log: {log})")]
     Failed {
         action: &'static str,
         status: String,
-        last_error: String,
+        cause: String,
         log: PathBuf,
     },
     #[error("cannot read the checkpoint image {path}")]
@@ -343,13 +343,13 @@ impl Runner {
         let log = work.join(log);
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let last_error = last_error(&text)
+        let cause = first_error(&text)
             .or_else(|| stderr.lines().rfind(|l| !l.trim().is_empty()))
             .unwrap_or("no error in its log");
         Err(CriuError::Failed {
             action,
             status: out.status.to_string(),
-            last_error: agent_sandbox_audit::escape::escape(last_error.trim()).into_owned(),
+            cause: agent_sandbox_audit::escape::escape(cause.trim()).into_owned(),
             log,
         })
     }
@@ -389,8 +389,8 @@ impl Runner {
         Err(CriuError::Failed {
             action: "restore",
             status: status.to_string(),
-            last_error: agent_sandbox_audit::escape::escape(
-                last_error(&text).unwrap_or("no error in its log").trim(),
+            cause: agent_sandbox_audit::escape::escape(
+                first_error(&text).unwrap_or("no error in its log").trim(),
             )
             .into_owned(),
             log,
@@ -405,10 +405,11 @@ fn version_of(text: &str) -> Option<String> {
         .map(|v| v.trim().to_owned())
 }
 
-/// The last line of a CRIU log that reports an error, without its timestamp.
-fn last_error(log: &str) -> Option<&str> {
+/// The first line of a CRIU log that reports an error, without its timestamp: the cause
+/// (the errors after it are its consequences, such as `Dump files (pid: N) failed`).
+fn first_error(log: &str) -> Option<&str> {
     log.lines()
-        .rfind(|l| {
+        .find(|l| {
             l.contains("Error (")
                 && !l.contains("rlimit: Can't setup")
                 && !l.contains("Dumping FAILED")
@@ -626,7 +627,7 @@ mod tests {
     }
 
     #[test]
-    fn version_and_last_error_are_read_from_criu_text() {
+    fn version_and_first_error_are_read_from_criu_text() {
         assert_eq!(
             version_of("Version: 4.2.1\nGitID: x\n").as_deref(),
             Some("4.2.1")
@@ -635,6 +636,15 @@ mod tests {
                    (00.05) Error (criu/mount.c:2511): mnt: Can't bind-mount at /x\n\
                    (00.06) Info done\n\
                    (00.07) Error (criu/cr-dump.c:1975): Dumping FAILED.\n";
-        assert_eq!(last_error(log), Some("mnt: Can't bind-mount at /x"));
+        assert_eq!(first_error(log), Some("mnt: Can't bind-mount at /x"));
+        // CRIU 4.2.1 on an open TCP connection: the cause, not the failure it leads to.
+        let log = "(00.07) Error (criu/sk-inet.c:200): inet: Connected TCP socket, consider \
+                   using --tcp-established option.\n\
+                   (00.07) Error (criu/cr-dump.c:1545): Dump files (pid: 23733) failed with -1\n\
+                   (00.26) Error (criu/cr-dump.c:1975): Dumping FAILED.\n";
+        assert_eq!(
+            first_error(log),
+            Some("inet: Connected TCP socket, consider using --tcp-established option.")
+        );
     }
 }

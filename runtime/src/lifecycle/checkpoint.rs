@@ -154,6 +154,10 @@ pub(crate) struct Manifest {
     pub change: Option<String>,
     /// Layers the image does not carry, with the reason (all optional in the policy).
     pub not_carried: Vec<(String, String)>,
+    /// The proxy's live egress rules (`allow`: true, else deny), oldest first: a restore
+    /// applies again those its own ceiling covers (`report::audit::live_rules`).
+    #[serde(default)]
+    pub live_rules: Vec<(bool, String)>,
     /// What the init's descriptors 0, 1 and 2 were (`pipe:[INODE]`, ...): restore hands the
     /// caller's own in their place, as runc does.
     #[serde(default)]
@@ -299,6 +303,7 @@ impl Runtime {
             externals,
             change: workspace.and_then(|w| w.change),
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
+            live_rules: crate::report::audit::live_rules(&self.dirs, id),
             stdio,
         };
         let path = opts.criu.image_path.join(criu::MANIFEST);

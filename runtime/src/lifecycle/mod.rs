@@ -286,9 +286,20 @@ pub struct CreateOpts {
     pub preserve_fds: i32,
     /// `--systemd-cgroup`: the systemd driver places the sandbox (`crate::host::cgroups`).
     pub systemd_cgroup: bool,
-    /// `restore`: the ended change set of this id whose layer the sandbox gets again
-    /// (`crate::report::changes::reopen`) instead of a new one.
-    pub reuse_change: Option<String>,
+    /// `restore`: the ended change set the image names, whose layer the sandbox gets
+    /// again instead of an empty one.
+    pub reuse_change: Option<RestoredChange>,
+}
+
+/// The change set a checkpoint image names: of the same sandbox id it is reopened
+/// (`crate::report::changes::reopen`); of another (podman's `--import` under a new name) its
+/// layer is copied into the new sandbox's own change set (`crate::report::changes::copy_layer`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredChange {
+    /// The change id.
+    pub change: String,
+    /// The sandbox the image was taken of.
+    pub from: String,
 }
 
 /// Options of `exec`.

@@ -338,6 +338,32 @@ pub fn resumed(dirs: &StateDirs, id: &ContainerId, frozen_ms: u64) -> Result<(),
     append(dirs, id, &[Event::Resumed { frozen_ms }])
 }
 
+/// The live egress rules of sandbox `id` as its audit log has them, oldest first: each
+/// applied `allow-always` (a decider's or `agent-sandbox allow`) is an allow, each `deny`
+/// by `agent-sandbox deny` a deny; the proxy writes these records itself, so the log is the
+/// host's word on them (a checkpoint saves them, docs/checkpoint.md#what-is-carried).
+pub fn live_rules(dirs: &StateDirs, id: &ContainerId) -> Vec<(bool, String)> {
+    let Ok(log) = path(dirs, id) else {
+        return Vec::new();
+    };
+    let records = agent_sandbox_audit::read_records(&log).unwrap_or_default();
+    let all = records.into_iter().filter_map(|r| match r.event {
+        Event::Approval { answer, target, .. } if answer == "allow-always" => Some((true, target)),
+        Event::Approval {
+            answer, target, by, ..
+        } if answer == "deny" && by == "command" => Some((false, target)),
+        _ => None,
+    });
+    // The latest word on each rule, in the order they were last given (a restored sandbox's
+    // log has the rules again after `restored`).
+    let mut rules: Vec<(bool, String)> = Vec::new();
+    for (allow, rule) in all {
+        rules.retain(|(_, r)| *r != rule);
+        rules.push((allow, rule));
+    }
+    rules
+}
+
 /// The sandbox was saved to a checkpoint image whose CRIU files have `image_digest`.
 /// Returns the chain's new end, which the image keeps (docs/checkpoint.md).
 pub fn checkpointed(
@@ -362,11 +388,13 @@ pub fn restored(
     image_digest: &str,
     from: &str,
     not_carried: &[(String, String)],
+    rules_dropped: &[String],
 ) -> Result<(), AuditError> {
     let mut events = vec![Event::Restored {
         image_digest: image_digest.to_owned(),
         from: from.to_owned(),
         not_carried: not_carried.iter().map(|(l, _)| l.clone()).collect(),
+        rules_dropped: rules_dropped.to_vec(),
     }];
     events.extend(
         not_carried
@@ -862,6 +890,41 @@ mod tests {
             },
         );
         (dirs, id, log, cg)
+    }
+
+    #[test]
+    fn live_rules_are_the_latest_word_on_each_applied_allow_and_commanded_deny() {
+        let root = tempfile::tempdir().unwrap();
+        let (dirs, id) = fake_sandbox(root.path(), "rules1");
+        init(&dirs, &id, None).unwrap();
+        let approval = |answer: &str, target: &str, by: &str| Event::Approval {
+            answer: answer.to_owned(),
+            target: target.to_owned(),
+            by: by.to_owned(),
+            reason: None,
+            tool_call_id: None,
+            tool_call_claimed: None,
+        };
+        append(
+            &dirs,
+            &id,
+            &[
+                approval("allow-always", "a.example.com:443", "command"),
+                approval("allow-always", "b.example.com:443", "decider"),
+                // Not live rules: one connection each.
+                approval("allow-once", "c.example.com:443", "decider"),
+                approval("deny", "d.example.com:443", "decider"),
+                approval("deny", "a.example.com:443", "command"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            live_rules(&dirs, &id),
+            [
+                (true, "b.example.com:443".to_owned()),
+                (false, "a.example.com:443".to_owned()),
+            ]
+        );
     }
 
     #[test]

@@ -77,6 +77,15 @@ pub enum ChangesError {
     #[error("change set {change} belongs to a sandbox that still exists; delete it first")]
     Live { change: String },
     #[error(
+        "the checkpoint image's change set {change} is of workspace {theirs}, not of this \
+         sandbox's {ours} (docs/checkpoint.md#what-is-carried)"
+    )]
+    OtherWorkspace {
+        change: String,
+        theirs: PathBuf,
+        ours: PathBuf,
+    },
+    #[error(
         "cannot remove {path} (files a rootless sandbox's non-root users made belong to subordinate ids: run this under `podman unshare`)"
     )]
     Remove {
@@ -601,6 +610,53 @@ pub fn reopen(
     Ok(Created { entry, base })
 }
 
+/// At `restore` under a new sandbox id (podman's `--import` with `--name`): the layer of the
+/// ended change set `change` of sandbox `from` (state root `root`) copied into the
+/// new sandbox's own change set `into`, before its overlay is mounted. Only a kept, ended
+/// change set of that sandbox and of the same workspace is copied (the image names it, the
+/// store vouches for it); it stays in the store for its own review. `cp -a` keeps owners
+/// (the restoring sandbox has the image's id block), modes, overlay whiteouts and xattrs, and
+/// copies links as links.
+pub fn copy_layer(
+    store: &Store,
+    root: &Path,
+    from: &str,
+    change: &str,
+    into: &Created,
+) -> Result<()> {
+    let entry = of_sandbox(store, root, from, Some(change))?;
+    if entry.live().is_some() || entry.record.ended.is_none() {
+        return Err(ChangesError::Live {
+            change: change.to_owned(),
+        });
+    }
+    if entry.record.workspace != into.entry.record.workspace {
+        return Err(ChangesError::OtherWorkspace {
+            change: change.to_owned(),
+            theirs: entry.record.workspace,
+            ours: into.entry.record.workspace.clone(),
+        });
+    }
+    let source = open(&entry)?;
+    let upper = into.base.join("upper");
+    std::fs::create_dir_all(&upper).map_err(|source| ChangesError::Store {
+        path: upper.clone(),
+        source,
+    })?;
+    let mut from_dir = source.upper.clone().into_os_string();
+    from_dir.push("/.");
+    run_tool(
+        "cp",
+        &[
+            "-a".as_ref(),
+            "--".as_ref(),
+            from_dir.as_os_str(),
+            upper.as_os_str(),
+        ],
+        &source.upper,
+    )
+}
+
 /// Called at delete, before the sandbox's mounts go: an empty change set keeps only its
 /// record (review then says "no changes"), any other one is stamped ended with its size. An
 /// empty one of a sandbox that never `ran` (its create failed) is removed whole.
@@ -1058,5 +1114,60 @@ mod tests {
         let table = table(&store.entries());
         assert!(table.contains("a\\u{1b}[2Kb"), "{table}");
         assert!(!table.contains('\x1b'));
+    }
+
+    /// An import under a new id gets a copy of the named sandbox's ended layer (links as
+    /// links), and nothing from another workspace's or a still-open change set.
+    #[test]
+    fn copy_layer_copies_an_ended_layer_of_the_same_workspace_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store {
+            dir: tmp.path().join("store"),
+        };
+        put(&store, record("aaaa00000001", "old", None, 1));
+        let upper = store.dir.join("aaaa00000001/upper");
+        std::fs::create_dir(upper.join("sub")).unwrap();
+        std::fs::write(upper.join("sub/notes.txt"), "edited\n").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", upper.join("link")).unwrap();
+        let root = Path::new("/nonexistent-root");
+        let into = |workspace: &str| Created {
+            entry: Entry {
+                dir: store.dir.join("bbbb00000002"),
+                record: Record {
+                    workspace: PathBuf::from(workspace),
+                    ..record("bbbb00000002", "new", None, 2)
+                },
+            },
+            base: tmp.path().join(format!("new{}", workspace.len())),
+        };
+        let new = into("/w");
+        copy_layer(&store, root, "old", "aaaa00000001", &new).unwrap();
+        let copied = new.base.join("upper");
+        assert_eq!(
+            std::fs::read_to_string(copied.join("sub/notes.txt")).unwrap(),
+            "edited\n"
+        );
+        assert_eq!(
+            std::fs::read_link(copied.join("link")).unwrap(),
+            Path::new("/etc/shadow")
+        );
+        let other = into("/other");
+        assert!(matches!(
+            copy_layer(&store, root, "old", "aaaa00000001", &other),
+            Err(ChangesError::OtherWorkspace { .. })
+        ));
+        assert!(!other.base.join("upper/sub").exists());
+        // Another sandbox's change set is not found under this one's name.
+        assert!(matches!(
+            copy_layer(&store, root, "someone", "aaaa00000001", &into("/w")),
+            Err(ChangesError::NotFound { .. })
+        ));
+        let mut open = record("cccc00000003", "old", None, 3);
+        open.ended = None;
+        put(&store, open);
+        assert!(matches!(
+            copy_layer(&store, root, "old", "cccc00000003", &into("/w")),
+            Err(ChangesError::Live { .. })
+        ));
     }
 }
