@@ -243,7 +243,8 @@ impl Runtime {
         let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
         // The supervisor answers the denied syscalls of every later exec (the restored
         // tasks' own filters have no listener: see `not_carried`).
-        let supervisor = self.notify_denials(id, &mut executor, &hardened.policy, true)?;
+        // A checkpointed sandbox has no reaper: its wall clock is a watchdog of its own.
+        let supervisor = self.notify_denials(id, &mut executor, &hardened.policy, true, false)?;
         let expected = Expected {
             ids: ids.ids,
             seccomp_filters: u32::from(executor.seccomp.is_some())
