@@ -317,24 +317,9 @@ fn helpers_of(root: &Path, id: &str) -> Vec<(u32, String)> {
 fn helpers_end_with_a_sandbox_whose_state_root_was_removed() -> anyhow::Result<()> {
     harness::require_file(harness::runtime_bin())?;
     let dir = tempfile::tempdir()?;
-    let bundle = bundle(dir.path(), &["sleep", "300"])?;
-    let root = dir.path().join("root");
-    let gone = dir.path().join("root.gone");
-    let id = format!("fault-helpers-{}", std::process::id());
-    let pid_file = dir.path().join("init.pid");
-    // stderr in a file: the init inherits it, and a pipe would stay open while it runs.
-    let err = dir.path().join("create.err");
-    let create = create_command(&root, None, &bundle, &pid_file, &id)
-        .stderr(fs::File::create(&err)?)
-        .status()?;
-    ensure!(
-        create.success(),
-        "create: {create}: {}",
-        fs::read_to_string(&err)?
-    );
-    let start = harness::run(&mut runtime(&root, &["start", &id]), DEFAULT_TIMEOUT)?;
-    ensure!(start.success(), "{start}");
-    let init: u32 = fs::read_to_string(&pid_file)?.trim().parse()?;
+    let sandbox = Started::new(dir.path(), None, "fault-helpers")?;
+    let (root, id, init) = (sandbox.root.clone(), sandbox.id.clone(), sandbox.init);
+    let gone = root.with_extension("gone");
     let mut naive = Command::new("setsid")
         .args(["sleep", "300"])
         .stdin(Stdio::null())
@@ -425,25 +410,21 @@ struct Started {
 }
 
 impl Started {
-    fn new(dir: &Path, policy: &Path, name: &str) -> anyhow::Result<Self> {
+    /// `name` under `dir`, with `policy` (else the runtime's default profile).
+    fn new(dir: &Path, policy: Option<&Path>, name: &str) -> anyhow::Result<Self> {
         let work = dir.join(name);
         fs::create_dir_all(&work)?;
         let bundle = bundle(&work, &["sleep", "300"])?;
         let root = work.join("root");
         let id = format!("{name}-{}", std::process::id());
         let pid_file = work.join("init.pid");
+        // stderr in a file: the init inherits it, and a pipe would stay open while it runs.
         let stderr = work.join("init.err");
-        let create = runtime(&root, &["--policy"])
-            .arg(policy)
-            .args(["create", "--bundle"])
-            .arg(&bundle)
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .arg(&id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&stderr)?)
-            .status()?;
+        let mut create = create_command(&root, None, &bundle, &pid_file, &id);
+        if let Some(policy) = policy {
+            create.env("AGENT_SANDBOX_POLICY", policy);
+        }
+        let create = create.stderr(fs::File::create(&stderr)?).status()?;
         ensure!(
             create.success(),
             "create: {create}: {}",
@@ -503,7 +484,7 @@ fn killing_the_helper_ends_the_sandbox_while_a_killed_watchdog_lets_it_run_on() 
     let dir = tempfile::tempdir()?;
     let ours = Started::new(
         dir.path(),
-        &wall_clock_policy(dir.path(), 8, "always")?,
+        Some(&wall_clock_policy(dir.path(), 8, "always")?),
         "fault-helper",
     )?;
     let result = (|| -> anyhow::Result<()> {
@@ -543,7 +524,7 @@ fn killing_the_helper_ends_the_sandbox_while_a_killed_watchdog_lets_it_run_on() 
 
     let control = Started::new(
         dir.path(),
-        &wall_clock_policy(dir.path(), 2, "never")?,
+        Some(&wall_clock_policy(dir.path(), 2, "never")?),
         "fault-watchdog",
     )?;
     let result = (|| -> anyhow::Result<()> {
