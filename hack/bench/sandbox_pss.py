@@ -69,6 +69,18 @@ def sandbox_processes(init: int, root: str, cid: str, tree: dict[int, list[int]]
     return found
 
 
+HELPERS = ("seccomp-supervise", "proxy", "watchdog", "oom-watch")
+
+
+def role(pid: int, init: int) -> str:
+    """What a process of a sandbox is: the init, one of agent-sandbox's helpers (by its
+    subcommand), or the program under the init."""
+    if pid == init:
+        return "init"
+    args = cmdline(pid)
+    return next((a for a in args if a in HELPERS), "program")
+
+
 def make_bundle(work: Path) -> Path:
     bundle = work / "bundle"
     rootfs = bundle / "rootfs"
@@ -104,10 +116,15 @@ def measure(name: str, binary: str, bundle: Path, work: Path, count: int, settle
         time.sleep(settle)
         tree = children_of()
         per = []
+        by_role: dict[str, list[int]] = {}
         for cid in ids:
             procs = sandbox_processes(inits[cid], root, cid, tree)
-            per.append({"processes": len(procs), "pss_kib": sum(pss_kib(p) for p in procs)})
+            sizes = {p: pss_kib(p) for p in procs}
+            per.append({"processes": len(procs), "pss_kib": sum(sizes.values())})
+            for p, kib in sizes.items():
+                by_role.setdefault(role(p, inits[cid]), []).append(kib)
         return {
+            "pss_kib_by_process": {r: round(sum(v) / len(ids), 1) for r, v in sorted(by_role.items())},
             "name": name,
             "binary": binary,
             "sandboxes": count,
@@ -140,6 +157,8 @@ def main() -> int:
     for r in rows:
         ratio = r["pss_kib_per_sandbox"] / base if base else float("nan")
         print(f"{r['name']:<24} {r['processes_per_sandbox']:>9} {r['pss_kib_per_sandbox'] / 1024:>12.2f} MiB {ratio:>6.2f}")
+        parts = ", ".join(f"{k} {v / 1024:.2f}" for k, v in r["pss_kib_by_process"].items())
+        print(f"  MiB per process: {parts}")
     print(json.dumps({"load": os.getloadavg(), "rows": rows}))
     return 0
 
