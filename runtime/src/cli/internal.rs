@@ -24,8 +24,12 @@ pub(super) fn seccomp_supervise(
     kernel_audit: bool,
     dead_man: bool,
 ) -> Result<(), CliError> {
-    cli.runtime()?
-        .seccomp_supervise(&ContainerId::try_from(id)?, errno, kernel_audit, dead_man)?;
+    std::sync::Arc::new(cli.runtime()?).seccomp_supervise(
+        &ContainerId::try_from(id)?,
+        errno,
+        kernel_audit,
+        dead_man,
+    )?;
     Ok(())
 }
 

@@ -110,9 +110,10 @@ impl Runtime {
     }
 
     /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor; with
-    /// `dead_man`, the sandbox's helper, whose wall clock `start` arms (a thread here).
+    /// `dead_man`, the sandbox's helper, whose wall clock `start` arms (a thread here, not
+    /// joined: the process ends when the supervisor does, whatever the timer still waits).
     pub fn seccomp_supervise(
-        &self,
+        self: std::sync::Arc<Self>,
         id: &ContainerId,
         errno: i32,
         kernel_audit: bool,
@@ -126,33 +127,32 @@ impl Runtime {
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let cap = policy.network.audit_max_bytes.bytes();
         let pid_file = self.dirs.sandbox(id).supervisor_pid();
-        std::thread::scope(|scope| {
-            let mut arm = |seconds: u64, pidfd: std::os::fd::OwnedFd| {
-                let init = crate::sidecars::InitWatch::from_fd(pidfd);
-                scope.spawn(move || {
-                    let pid = self.load(id).ok().and_then(|c| c.pid());
-                    if let Err(e) = self.wall_clock(id, seconds, pid, Some(init)) {
-                        tracing::error!(id = %id, error = %e, "the wall clock could not kill the sandbox");
-                    }
-                });
-                tracing::info!(id = %id, seconds, "wall-clock limit armed in the helper");
-            };
-            let helper = crate::sidecars::syscall_audit::Helper {
-                dead_man,
-                pid_file: &pid_file,
-                arm: &mut arm,
-            };
-            crate::sidecars::syscall_audit::supervise(
-                &log,
-                id.as_str(),
-                errno,
-                arch,
-                kernel_audit,
-                cap,
-                helper,
-            )
-            .map_err(LifecycleError::SyscallAudit)
-        })
+        let mut arm = |seconds: u64, pidfd: std::os::fd::OwnedFd| {
+            let init = crate::sidecars::InitWatch::from_fd(pidfd);
+            let (runtime, sandbox) = (std::sync::Arc::clone(&self), id.clone());
+            std::thread::spawn(move || {
+                let pid = runtime.load(&sandbox).ok().and_then(|c| c.pid());
+                if let Err(e) = runtime.wall_clock(&sandbox, seconds, pid, Some(init)) {
+                    tracing::error!(id = %sandbox, error = %e, "the wall clock could not kill the sandbox");
+                }
+            });
+            tracing::info!(id = %id, seconds, "wall-clock limit armed in the helper");
+        };
+        let helper = crate::sidecars::syscall_audit::Helper {
+            dead_man,
+            pid_file: &pid_file,
+            arm: &mut arm,
+        };
+        crate::sidecars::syscall_audit::supervise(
+            &log,
+            id.as_str(),
+            errno,
+            arch,
+            kernel_audit,
+            cap,
+            helper,
+        )
+        .map_err(LifecycleError::SyscallAudit)
     }
 
     /// Turns the executor's seccomp layer into its user-notification form: starts the
