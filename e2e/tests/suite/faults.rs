@@ -441,6 +441,12 @@ impl Started {
         })
     }
 
+    /// [`Started::new`] under a [`wall_clock_policy`] of `seconds` and `init`.
+    fn with_wall_clock(dir: &Path, seconds: u32, init: &str, name: &str) -> anyhow::Result<Self> {
+        let policy = wall_clock_policy(dir, seconds, init)?;
+        Self::new(dir, Some(&policy), name)
+    }
+
     /// The helper processes beside the sandbox (every `agent-sandbox --root ROOT ... ID`
     /// but the init).
     fn helpers(&self) -> Vec<(u32, String)> {
@@ -482,11 +488,7 @@ fn killing_the_helper_ends_the_sandbox_while_a_killed_watchdog_lets_it_run_on() 
 {
     harness::require_file(harness::runtime_bin())?;
     let dir = tempfile::tempdir()?;
-    let ours = Started::new(
-        dir.path(),
-        Some(&wall_clock_policy(dir.path(), 8, "always")?),
-        "fault-helper",
-    )?;
+    let ours = Started::with_wall_clock(dir.path(), 8, "always", "fault-helper")?;
     let result = (|| -> anyhow::Result<()> {
         let helpers = ours.helpers();
         let supervisors: Vec<u32> = helpers
@@ -522,11 +524,7 @@ fn killing_the_helper_ends_the_sandbox_while_a_killed_watchdog_lets_it_run_on() 
         net::kinds(&records)
     );
 
-    let control = Started::new(
-        dir.path(),
-        Some(&wall_clock_policy(dir.path(), 2, "never")?),
-        "fault-watchdog",
-    )?;
+    let control = Started::with_wall_clock(dir.path(), 2, "never", "fault-watchdog")?;
     let result = (|| -> anyhow::Result<()> {
         let helpers = control.helpers();
         ensure!(
@@ -544,6 +542,90 @@ fn killing_the_helper_ends_the_sandbox_while_a_killed_watchdog_lets_it_run_on() 
     })();
     control.delete()?;
     result
+}
+
+/// The helper's death through podman: `podman run -d` of a sandbox with an 8 s wall clock,
+/// SIGKILL its helper (the seccomp supervisor), and the container exits 137 within 3 s,
+/// `podman logs` says why, and after `podman rm` the audit log records the death. The
+/// control is the same container under `--init` (catatonit is PID 1, so the wall clock is a
+/// watchdog of its own): with every helper killed it still runs past a 2 s wall clock.
+#[test]
+fn podman_sandbox_ends_with_its_helper_while_one_with_its_own_init_runs_on() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    let p = sandbox();
+    let state = |name: &str| -> anyhow::Result<String> {
+        let out = p.run_ok(&[
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            name,
+        ])?;
+        Ok(out.stdout.trim().to_owned())
+    };
+    let helpers = |id: &str| -> Vec<(u32, String)> {
+        processes_naming(id)
+            .into_iter()
+            .filter(|(_, c)| c.contains(" seccomp-supervise ") || c.contains(" watchdog "))
+            .collect()
+    };
+    // `podman run -d [FLAGS] --annotation WALL_CLOCK busybox sleep 300`: its guard, id and
+    // helpers.
+    let sleeper = |stem: &str, flags: &[&str], wall_clock: &str| {
+        let annotation = format!("io.agent.sandbox.wall-clock={wall_clock}");
+        let mut args = flags.to_vec();
+        args.extend(["--annotation", &annotation, BUSYBOX_IMAGE, "sleep", "300"]);
+        let (guard, id) = p.run_detached(&[], stem, &args)?;
+        let found = helpers(&id);
+        anyhow::Ok((guard, id, found))
+    };
+    let (guard, id, found) = sleeper("fault-helper", &[], "8s")?;
+    ensure!(
+        found.len() == 1 && found[0].1.contains(" seccomp-supervise "),
+        "expected the supervisor alone, no watchdog: {found:#?}"
+    );
+    sigkill(found[0].0)?;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while state(&guard.name)? != "exited 137" && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        state(&guard.name)? == "exited 137",
+        "the sandbox ran on 3 s after its helper died: {}",
+        state(&guard.name)?
+    );
+    let logs = p.run_ok(&["logs", &guard.name])?;
+    ensure!(
+        format!("{}{}", logs.stdout, logs.stderr).contains("the sandbox's helper process died"),
+        "podman logs does not say why the sandbox ended\n{logs}"
+    );
+    p.run_ok(&["rm", "-f", &guard.name])?;
+    drop(guard);
+    let records =
+        net::read_audit(&Path::new("/run/agent-sandbox/audit").join(format!("{id}.jsonl")))?;
+    ensure!(
+        records
+            .iter()
+            .any(|r| r["kind"] == "layer_inactive" && r["data"]["layer"] == "helper"),
+        "the audit log does not record the helper's death: {:?}",
+        net::kinds(&records)
+    );
+
+    let (control, _, found) = sleeper("fault-own-init", &["--init"], "2s")?;
+    ensure!(
+        found.iter().any(|(_, c)| c.contains(" watchdog ")),
+        "the control has no watchdog of its own: {found:#?}"
+    );
+    for (pid, _) in &found {
+        sigkill(*pid)?;
+    }
+    thread::sleep(Duration::from_secs(5));
+    ensure!(
+        state(&control.name)?.starts_with("running"),
+        "the control ended although its watchdog was killed: the test shows nothing ({})",
+        state(&control.name)?
+    );
+    p.run_ok(&["rm", "-f", "-t", "0", &control.name])?;
+    Ok(())
 }
 
 /// An HTTP server that answers every request with a 100 MB body sent slowly (64 KiB every
