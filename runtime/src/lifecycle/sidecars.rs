@@ -211,9 +211,9 @@ impl Runtime {
 
 /// Whether the sandbox's supervisor is its helper, which holds the wall clock and whose
 /// death its reaper turns into the sandbox's end: a sandbox with a supervisor (a seccomp
-/// layer) and the reaper as PID 1. Otherwise the wall clock is a watchdog process of its
-/// own, as the reaper is what watches the helper (ARCHITECTURE.md, "One helper per
-/// sandbox").
+/// layer) and the reaper as PID 1 (every policy has a wall clock: zero is refused).
+/// Otherwise the wall clock is a watchdog process of its own, as the reaper is what watches
+/// the helper (ARCHITECTURE.md, "One helper per sandbox").
 pub(crate) fn helper_holds_wall_clock(
     policy: &SandboxPolicy,
     spec: &libcontainer::oci_spec::runtime::Spec,
@@ -248,5 +248,51 @@ fn tell_init_stderr(pid: i32, line: &str) {
         && let Err(e) = f.write_all(line.as_bytes())
     {
         tracing::debug!(pid, error = %e, "cannot tell the init's stderr about the kill");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libcontainer::oci_spec::runtime::{ProcessBuilder, Spec};
+
+    fn spec_running(program: &str) -> Spec {
+        // The default spec has a PID namespace of its own.
+        let mut spec = Spec::default();
+        let process = ProcessBuilder::default()
+            .args(vec![program.to_owned()])
+            .build()
+            .unwrap();
+        spec.set_process(Some(process));
+        spec
+    }
+
+    /// The helper holds the wall clock only where its death can end the sandbox: with the
+    /// reaper as PID 1 to watch it and a supervisor to be it.
+    #[test]
+    fn the_helper_holds_the_wall_clock_only_where_the_reaper_watches_it() {
+        let policy = SandboxPolicy::default();
+        assert!(helper_holds_wall_clock(
+            &policy,
+            &spec_running("sleep"),
+            true
+        ));
+        assert!(!helper_holds_wall_clock(
+            &policy,
+            &spec_running("sleep"),
+            false
+        ));
+        assert!(!helper_holds_wall_clock(
+            &policy,
+            &spec_running("/sbin/tini"),
+            true
+        ));
+        let mut never = policy;
+        never.resources.init = agent_sandbox_policy::policy::InitMode::Never;
+        assert!(!helper_holds_wall_clock(
+            &never,
+            &spec_running("sleep"),
+            true
+        ));
     }
 }
