@@ -1147,8 +1147,15 @@ fn denied_syscalls_are_answered_outside_the_sandbox_rate_limited_and_fail_closed
         "while [ ! -e /tmp/go ]; do sleep 0.1; done; {} keyctl; sleep 600",
         harness::PROBE
     );
-    let (guard, id) =
-        sandbox().run_detached(&[], "audit-sys", &[TOOLS_IMAGE, "sh", "-c", &init_script])?;
+    // podman's `--init` (catatonit) is PID 1, not agent-sandbox's reaper: the supervisor is
+    // then not the helper whose death ends the sandbox (ARCHITECTURE.md, "One helper per
+    // sandbox"; `faults::killing_the_helper_ends_the_sandbox_*`), so the sandbox runs on
+    // after the kill below and shows the kernel's answer without a supervisor.
+    let (guard, id) = sandbox().run_detached(
+        &[],
+        "audit-sys",
+        &["--init", TOOLS_IMAGE, "sh", "-c", &init_script],
+    )?;
     let name = guard.name.clone();
     let log = log_path(PODMAN_ROOT, &id);
     let sup = supervisor_pid(&id)?;

@@ -307,8 +307,8 @@ fn helpers_of(root: &Path, id: &str) -> Vec<(u32, String)> {
 }
 
 /// A caller that removes the runtime's state root without `delete` leaves no helper behind
-/// once the sandbox is gone: the seccomp supervisor, the wall-clock watchdog and the egress
-/// proxy end with the init (ARCHITECTURE.md, "Helpers end with their sandbox"). The root is moved away rather than
+/// once the sandbox is gone: the sandbox's helper (the seccomp supervisor, holding the wall
+/// clock), and where they run the egress proxy and a wall-clock watchdog, end with the init (ARCHITECTURE.md, "Helpers end with their sandbox"). The root is moved away rather than
 /// deleted (for the runtime and its helpers, which name it by path, it is gone) so that the
 /// test can put it back and `delete --force` what the host still holds. The control is a
 /// helper not tied to the init, as the watchdog was (a detached sleep of the limit): it
@@ -317,24 +317,9 @@ fn helpers_of(root: &Path, id: &str) -> Vec<(u32, String)> {
 fn helpers_end_with_a_sandbox_whose_state_root_was_removed() -> anyhow::Result<()> {
     harness::require_file(harness::runtime_bin())?;
     let dir = tempfile::tempdir()?;
-    let bundle = bundle(dir.path(), &["sleep", "300"])?;
-    let root = dir.path().join("root");
-    let gone = dir.path().join("root.gone");
-    let id = format!("fault-helpers-{}", std::process::id());
-    let pid_file = dir.path().join("init.pid");
-    // stderr in a file: the init inherits it, and a pipe would stay open while it runs.
-    let err = dir.path().join("create.err");
-    let create = create_command(&root, None, &bundle, &pid_file, &id)
-        .stderr(fs::File::create(&err)?)
-        .status()?;
-    ensure!(
-        create.success(),
-        "create: {create}: {}",
-        fs::read_to_string(&err)?
-    );
-    let start = harness::run(&mut runtime(&root, &["start", &id]), DEFAULT_TIMEOUT)?;
-    ensure!(start.success(), "{start}");
-    let init: u32 = fs::read_to_string(&pid_file)?.trim().parse()?;
+    let sandbox = Started::new(dir.path(), None, "fault-helpers")?;
+    let (root, id, init) = (sandbox.root.clone(), sandbox.id.clone(), sandbox.init);
+    let gone = root.with_extension("gone");
     let mut naive = Command::new("setsid")
         .args(["sleep", "300"])
         .stdin(Stdio::null())
@@ -345,14 +330,14 @@ fn helpers_end_with_a_sandbox_whose_state_root_was_removed() -> anyhow::Result<(
             .filter(|(pid, _)| *pid != init)
             .collect();
         let names = format!("{helpers:#?}");
-        for helper in ["seccomp-supervise", "watchdog"] {
-            ensure!(
-                helpers
-                    .iter()
-                    .any(|(_, cmd)| cmd.contains(&format!(" {helper} "))),
-                "no {helper} beside the sandbox: {names}"
-            );
-        }
+        // The supervisor holds the wall clock too: no watchdog process.
+        ensure!(
+            helpers
+                .iter()
+                .any(|(_, c)| c.contains(" seccomp-supervise "))
+                && !helpers.iter().any(|(_, c)| c.contains(" watchdog ")),
+            "expected the supervisor and no watchdog beside the sandbox: {names}"
+        );
         fs::rename(&root, &gone)?;
         // Removing the root alone ends nothing: the sandbox still runs, and needs them.
         thread::sleep(Duration::from_millis(500));
@@ -395,6 +380,251 @@ fn helpers_end_with_a_sandbox_whose_state_root_was_removed() -> anyhow::Result<(
     ensure!(del.success(), "{del}");
     let left = wait_clean(&root, &id);
     ensure!(left.is_empty(), "left behind: {left:?}");
+    Ok(())
+}
+
+/// A policy file: profiles/agent.toml with a wall clock of `seconds` and `resources.init`
+/// set to `init` (`always`: the reaper is PID 1; `never`: the program is).
+fn wall_clock_policy(dir: &Path, seconds: u32, init: &str) -> anyhow::Result<PathBuf> {
+    let base = net::repo_root().join("profiles/agent.toml");
+    let text =
+        fs::read_to_string(&base).with_context(|| format!("cannot read {}", base.display()))?;
+    let line = "wall_clock = \"2h\"";
+    ensure!(text.contains(line), "{} has no `{line}`", base.display());
+    let text = text.replace(
+        line,
+        &format!("wall_clock = \"{seconds}s\"\ninit = \"{init}\""),
+    );
+    let path = dir.join(format!("policy-{init}.toml"));
+    fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// A started sandbox of the runtime CLI running `sleep 300` under `policy`, its init's
+/// stderr in a file.
+struct Started {
+    root: PathBuf,
+    id: String,
+    init: u32,
+    stderr: PathBuf,
+}
+
+impl Started {
+    /// `name` under `dir`, with `policy` (else the runtime's default profile).
+    fn new(dir: &Path, policy: Option<&Path>, name: &str) -> anyhow::Result<Self> {
+        let work = dir.join(name);
+        fs::create_dir_all(&work)?;
+        let bundle = bundle(&work, &["sleep", "300"])?;
+        let root = work.join("root");
+        let id = format!("{name}-{}", std::process::id());
+        let pid_file = work.join("init.pid");
+        // stderr in a file: the init inherits it, and a pipe would stay open while it runs.
+        let stderr = work.join("init.err");
+        let mut create = create_command(&root, None, &bundle, &pid_file, &id);
+        if let Some(policy) = policy {
+            create.env("AGENT_SANDBOX_POLICY", policy);
+        }
+        let create = create.stderr(fs::File::create(&stderr)?).status()?;
+        ensure!(
+            create.success(),
+            "create: {create}: {}",
+            fs::read_to_string(&stderr)?
+        );
+        let started = harness::run(&mut runtime(&root, &["start", &id]), DEFAULT_TIMEOUT)?;
+        ensure!(started.success(), "{started}");
+        let init = fs::read_to_string(&pid_file)?.trim().parse()?;
+        Ok(Self {
+            root,
+            id,
+            init,
+            stderr,
+        })
+    }
+
+    /// [`Started::new`] under a [`wall_clock_policy`] of `seconds` and `init`.
+    fn with_wall_clock(dir: &Path, seconds: u32, init: &str, name: &str) -> anyhow::Result<Self> {
+        let policy = wall_clock_policy(dir, seconds, init)?;
+        Self::new(dir, Some(&policy), name)
+    }
+
+    /// The helper processes beside the sandbox (every `agent-sandbox --root ROOT ... ID`
+    /// but the init).
+    fn helpers(&self) -> Vec<(u32, String)> {
+        helpers_of(&self.root, &self.id)
+            .into_iter()
+            .filter(|(pid, _)| *pid != self.init)
+            .collect()
+    }
+
+    /// Waits up to `limit` for the init to end; whether it did.
+    fn ended_within(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while ctr::alive(self.init) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        !ctr::alive(self.init)
+    }
+
+    /// `delete --force`, then the sandbox's audit records.
+    fn delete(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let del = harness::run(
+            &mut runtime(&self.root, &["delete", "--force", &self.id]),
+            DEFAULT_TIMEOUT,
+        )?;
+        ensure!(del.success(), "{del}");
+        net::read_audit(&self.root.join("audit").join(format!("{}.jsonl", self.id)))
+    }
+}
+
+/// One helper per sandbox, and its death is fail-closed (ARCHITECTURE.md, "One helper per
+/// sandbox"): beside a sandbox whose reaper is PID 1 runs one helper process (the seccomp
+/// supervisor, holding the wall clock too: no watchdog); SIGKILL it and the sandbox ends at
+/// once (its reaper reads end-of-file on a pipe whose only write end the helper held), says
+/// so on its stderr, and `delete` records the death. The control is the design of separate
+/// processes, which the runtime keeps where no reaper watches (`resources.init = "never"`):
+/// the same kill of every helper leaves that sandbox running past its wall clock.
+#[test]
+fn killing_the_helper_ends_the_sandbox_while_a_killed_watchdog_lets_it_run_on() -> anyhow::Result<()>
+{
+    harness::require_file(harness::runtime_bin())?;
+    let dir = tempfile::tempdir()?;
+    let ours = Started::with_wall_clock(dir.path(), 8, "always", "fault-helper")?;
+    let result = (|| -> anyhow::Result<()> {
+        let helpers = ours.helpers();
+        let supervisors: Vec<u32> = helpers
+            .iter()
+            .filter(|(_, c)| c.contains(" seccomp-supervise "))
+            .map(|(p, _)| *p)
+            .collect();
+        ensure!(
+            supervisors.len() == 1 && !helpers.iter().any(|(_, c)| c.contains(" watchdog ")),
+            "expected one supervisor and no watchdog: {helpers:#?}"
+        );
+        sigkill(supervisors[0])?;
+        ensure!(
+            ours.ended_within(Duration::from_secs(3)),
+            "the sandbox ran on 3 s after its helper died (its wall clock is 8 s)"
+        );
+        let err = fs::read_to_string(&ours.stderr)?;
+        ensure!(
+            err.contains("the sandbox's helper process died: ending the sandbox"),
+            "the init's stderr does not say why it ended: {err:?}"
+        );
+        Ok(())
+    })();
+    let records = ours.delete()?;
+    result?;
+    let died: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "layer_inactive" && r["data"]["layer"] == "helper")
+        .collect();
+    ensure!(
+        died.len() == 1,
+        "the audit log does not record the helper's death once: {:?}",
+        net::kinds(&records)
+    );
+
+    let control = Started::with_wall_clock(dir.path(), 2, "never", "fault-watchdog")?;
+    let result = (|| -> anyhow::Result<()> {
+        let helpers = control.helpers();
+        ensure!(
+            helpers.iter().any(|(_, c)| c.contains(" watchdog ")),
+            "the control has no watchdog of its own: {helpers:#?}"
+        );
+        for (pid, _) in &helpers {
+            sigkill(*pid)?;
+        }
+        ensure!(
+            !control.ended_within(Duration::from_secs(5)),
+            "the control ended although its watchdog was killed: the test shows nothing"
+        );
+        Ok(())
+    })();
+    control.delete()?;
+    result
+}
+
+/// The helper's death through podman: `podman run -d` of a sandbox with an 8 s wall clock,
+/// SIGKILL its helper (the seccomp supervisor), and the container exits 137 within 3 s,
+/// `podman logs` says why, and after `podman rm` the audit log records the death. The
+/// control is the same container under `--init` (catatonit is PID 1, so the wall clock is a
+/// watchdog of its own): with every helper killed it still runs past a 2 s wall clock.
+#[test]
+fn podman_sandbox_ends_with_its_helper_while_one_with_its_own_init_runs_on() -> anyhow::Result<()> {
+    harness::require_podman_image(User::Root, BUSYBOX_IMAGE)?;
+    let p = sandbox();
+    let state = |name: &str| -> anyhow::Result<String> {
+        let out = p.run_ok(&[
+            "inspect",
+            "--format",
+            "{{.State.Status}} {{.State.ExitCode}}",
+            name,
+        ])?;
+        Ok(out.stdout.trim().to_owned())
+    };
+    let helpers = |id: &str| -> Vec<(u32, String)> {
+        processes_naming(id)
+            .into_iter()
+            .filter(|(_, c)| c.contains(" seccomp-supervise ") || c.contains(" watchdog "))
+            .collect()
+    };
+    // `podman run -d [FLAGS] --annotation WALL_CLOCK busybox sleep 300`: its guard, id and
+    // helpers.
+    let sleeper = |stem: &str, flags: &[&str], wall_clock: &str| {
+        let annotation = format!("io.agent.sandbox.wall-clock={wall_clock}");
+        let mut args = flags.to_vec();
+        args.extend(["--annotation", &annotation, BUSYBOX_IMAGE, "sleep", "300"]);
+        let (guard, id) = p.run_detached(&[], stem, &args)?;
+        let found = helpers(&id);
+        anyhow::Ok((guard, id, found))
+    };
+    let (guard, id, found) = sleeper("fault-helper", &[], "8s")?;
+    ensure!(
+        found.len() == 1 && found[0].1.contains(" seccomp-supervise "),
+        "expected the supervisor alone, no watchdog: {found:#?}"
+    );
+    sigkill(found[0].0)?;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while state(&guard.name)? != "exited 137" && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(
+        state(&guard.name)? == "exited 137",
+        "the sandbox ran on 3 s after its helper died: {}",
+        state(&guard.name)?
+    );
+    let logs = p.run_ok(&["logs", &guard.name])?;
+    ensure!(
+        format!("{}{}", logs.stdout, logs.stderr).contains("the sandbox's helper process died"),
+        "podman logs does not say why the sandbox ended\n{logs}"
+    );
+    p.run_ok(&["rm", "-f", &guard.name])?;
+    drop(guard);
+    let records =
+        net::read_audit(&Path::new("/run/agent-sandbox/audit").join(format!("{id}.jsonl")))?;
+    ensure!(
+        records
+            .iter()
+            .any(|r| r["kind"] == "layer_inactive" && r["data"]["layer"] == "helper"),
+        "the audit log does not record the helper's death: {:?}",
+        net::kinds(&records)
+    );
+
+    let (control, _, found) = sleeper("fault-own-init", &["--init"], "2s")?;
+    ensure!(
+        found.iter().any(|(_, c)| c.contains(" watchdog ")),
+        "the control has no watchdog of its own: {found:#?}"
+    );
+    for (pid, _) in &found {
+        sigkill(*pid)?;
+    }
+    thread::sleep(Duration::from_secs(5));
+    ensure!(
+        state(&control.name)?.starts_with("running"),
+        "the control ended although its watchdog was killed: the test shows nothing ({})",
+        state(&control.name)?
+    );
+    p.run_ok(&["rm", "-f", "-t", "0", &control.name])?;
     Ok(())
 }
 

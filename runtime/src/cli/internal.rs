@@ -15,15 +15,21 @@ pub(super) fn proxy(cli: &Cli, id: &str, netns: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `seccomp-supervise --errno E [--kernel-audit] ID`: the sandbox's seccomp supervisor.
+/// `seccomp-supervise --errno E [--kernel-audit] [--dead-man] ID`: the sandbox's seccomp
+/// supervisor, and with `--dead-man` its helper that also holds the wall clock.
 pub(super) fn seccomp_supervise(
     cli: &Cli,
     id: &str,
     errno: i32,
     kernel_audit: bool,
+    dead_man: bool,
 ) -> Result<(), CliError> {
-    cli.runtime()?
-        .seccomp_supervise(&ContainerId::try_from(id)?, errno, kernel_audit)?;
+    std::sync::Arc::new(cli.runtime()?).seccomp_supervise(
+        &ContainerId::try_from(id)?,
+        errno,
+        kernel_audit,
+        dead_man,
+    )?;
     Ok(())
 }
 

@@ -257,6 +257,10 @@ pub enum Command {
         /// there, is the listening socket)
         #[arg(long)]
         kernel_audit: bool,
+        /// Descriptor 4 is the dead-man pipe's write end: this process is the sandbox's
+        /// helper and also holds its wall clock (the kernel audit subscription moves to 5)
+        #[arg(long)]
+        dead_man: bool,
         id: String,
     },
     /// Show a sandbox's audit trail (`audit ID [--json]`), check it (`audit verify ID`), or
@@ -650,8 +654,9 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
         Command::SeccompSupervise {
             errno,
             kernel_audit,
+            dead_man,
             id,
-        } => internal::seccomp_supervise(cli, &id, errno, kernel_audit)?,
+        } => internal::seccomp_supervise(cli, &id, errno, kernel_audit, dead_man)?,
         Command::Audit {
             json,
             older_than,

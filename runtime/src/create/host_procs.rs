@@ -46,6 +46,7 @@ pub trait HostProcs: Send + Sync {
         sandbox_dir: &SandboxDir,
         id: &str,
         errno: u32,
+        dead_man: Option<OwnedFd>,
     ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError>;
     /// A stream to the sandbox's supervisor for one executor, of create or exec
     /// (`syscall_audit::connect`).
@@ -77,8 +78,8 @@ pub trait HostProcs: Send + Sync {
         sandbox_dir: &SandboxDir,
         watch: &OomWatch<'_>,
     ) -> Result<u32, PodmanOomError>;
-    /// Kills the sandbox's supervisor if its pid file names it.
-    fn stop_supervisor(&self, sandbox_dir: &SandboxDir, id: &str);
+    /// Kills the sandbox's supervisor if its pid file names it; whether it had died.
+    fn stop_supervisor(&self, sandbox_dir: &SandboxDir, id: &str) -> crate::sidecars::Stopped;
     /// Kills the sandbox's proxy if its pid file names it.
     fn stop_proxy(&self, sandbox_dir: &SandboxDir, id: &str) -> egress::Stopped;
     /// Kills podman's OOM watcher if its pid file names it.
@@ -172,8 +173,9 @@ impl HostProcs for RealProcs {
         sandbox_dir: &SandboxDir,
         id: &str,
         errno: u32,
+        dead_man: Option<OwnedFd>,
     ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError> {
-        syscall_audit::start(root, sandbox_dir, id, errno)
+        syscall_audit::start(root, sandbox_dir, id, errno, dead_man)
             .map(|s| Box::new(s) as Box<dyn StartingSupervisor>)
     }
 
@@ -216,8 +218,8 @@ impl HostProcs for RealProcs {
         podman_oom::start(sandbox_dir, w.root, w.bundle, w.cgroup, w.id, w.log)
     }
 
-    fn stop_supervisor(&self, sandbox_dir: &SandboxDir, id: &str) {
-        syscall_audit::stop(sandbox_dir, id);
+    fn stop_supervisor(&self, sandbox_dir: &SandboxDir, id: &str) -> crate::sidecars::Stopped {
+        syscall_audit::stop(sandbox_dir, id)
     }
 
     fn stop_proxy(&self, sandbox_dir: &SandboxDir, id: &str) -> egress::Stopped {
@@ -494,6 +496,7 @@ pub mod fake {
             _sandbox_dir: &SandboxDir,
             _id: &str,
             _errno: u32,
+            _dead_man: Option<OwnedFd>,
         ) -> Result<Box<dyn StartingSupervisor>, SyscallAuditError> {
             if self.take(Step::StartSupervisor) {
                 return Err(SyscallAuditError::Spawn(io_error(Step::StartSupervisor)));
@@ -601,9 +604,19 @@ pub mod fake {
             Ok(4)
         }
 
-        fn stop_supervisor(&self, _sandbox_dir: &SandboxDir, _id: &str) {
+        fn stop_supervisor(
+            &self,
+            _sandbox_dir: &SandboxDir,
+            _id: &str,
+        ) -> crate::sidecars::Stopped {
             self.take(Step::StopSupervisor);
+            let was = self.is_running(Sidecar::Supervisor);
             self.set_running(Sidecar::Supervisor, false);
+            if was {
+                crate::sidecars::Stopped::Killed
+            } else {
+                crate::sidecars::Stopped::NoPidFile
+            }
         }
 
         fn stop_proxy(&self, _sandbox_dir: &SandboxDir, _id: &str) -> egress::Stopped {

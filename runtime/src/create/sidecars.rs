@@ -19,7 +19,12 @@ impl Runtime {
         hardened: &Hardened,
         executor: &mut SandboxExecutor,
     ) -> Result<Sidecars> {
-        let supervisor = self.notify_denials(id, executor, &hardened.policy, true)?;
+        let helper = crate::lifecycle::sidecars::helper_holds_wall_clock(
+            &hardened.policy,
+            &hardened.spec,
+            executor.seccomp.is_some(),
+        );
+        let supervisor = self.notify_denials(id, executor, &hardened.policy, true, helper)?;
         // The proxy starts now and binds once the init's namespace exists.
         let proxy = if ids.member.is_none() && crate::sidecars::egress::wanted(&hardened.policy) {
             Some(

@@ -46,6 +46,10 @@ pub struct SandboxExecutor {
     /// The init only: fork here, the child executing the program and this process staying
     /// PID 1 as the reaper (`agent_sandbox_sys::reaper`, `crate::enforce::reaper`).
     pub reaper: bool,
+    /// The init with the reaper only: the read end of the dead-man pipe whose write end the
+    /// sandbox's helper holds; the reaper ends the sandbox when it reads end-of-file
+    /// (ARCHITECTURE.md, "One helper per sandbox").
+    pub dead_man: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// `startContainer` hooks and the state they read.
@@ -166,6 +170,11 @@ fn drop_all_caps() -> Result<(), String> {
 
 impl Executor for SandboxExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        // First, before any layer: the filters need not allow what arming takes.
+        if let Some(fd) = self.dead_man.as_deref().filter(|_| self.reaper) {
+            agent_sandbox_sys::reaper::arm_dead_man(std::os::fd::AsFd::as_fd(fd))
+                .map_err(|e| ExecutorError::Other(format!("dead-man pipe: {e}")))?;
+        }
         if let Some(join) = &self.join_userns {
             join.join()
                 .map_err(|e| ExecutorError::Other(format!("user namespace: {e}")))?;
@@ -199,7 +208,11 @@ impl Executor for SandboxExecutor {
         }
         if self.reaper {
             // Last: both processes keep every layer above, and only the child executes.
-            agent_sandbox_sys::reaper::fork_program()
+            let dead_man = self
+                .dead_man
+                .as_deref()
+                .map(std::os::fd::AsRawFd::as_raw_fd);
+            agent_sandbox_sys::reaper::fork_program(dead_man)
                 .map_err(|e| ExecutorError::Other(format!("reaping init: {e}")))?;
         }
         // Last before execve: the program gets runc's signal state, not the runtime's

@@ -197,10 +197,14 @@ impl Runtime {
         let sandbox_dir = self.dirs.sandbox(id);
         let proxy = self.procs.stop_proxy(&sandbox_dir, id.as_str());
         self.procs.stop_oom_watch(&sandbox_dir, id.as_str());
-        self.procs.stop_supervisor(&sandbox_dir, id.as_str());
+        let helper = self.procs.stop_supervisor(&sandbox_dir, id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             self.dirs.sandbox(id).workspace().read().ok();
-        if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), proxy) {
+        let died = crate::report::audit::Died {
+            proxy: proxy == crate::sidecars::egress::Stopped::WasDead,
+            helper: helper == crate::sidecars::Stopped::WasDead,
+        };
+        if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), died) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
         crate::report::audit::release(&self.dirs, id);

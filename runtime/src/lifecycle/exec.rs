@@ -59,7 +59,7 @@ impl Runtime {
             .ok_or(LifecycleError::NotRunning)?;
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
-        self.notify_denials(id, &mut executor, &policy, false)?;
+        self.notify_denials(id, &mut executor, &policy, false, false)?;
         let clamped_file = dir.exec_process(std::process::id());
         clamped_file.write(&process)?;
         let clamped = clamped_file.path().to_owned();

@@ -33,7 +33,7 @@ mod exec;
 mod kill;
 mod pause;
 mod ps;
-mod sidecars;
+pub(crate) mod sidecars;
 mod start;
 mod state;
 mod update;

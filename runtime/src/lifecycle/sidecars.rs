@@ -8,6 +8,7 @@ use agent_sandbox_policy::SandboxPolicy;
 use libcontainer::container::ContainerStatus;
 
 use super::{LifecycleError, Result, Runtime, container_err};
+use crate::sidecars::syscall_audit::SyscallAuditError;
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -28,6 +29,19 @@ impl Runtime {
             }
             Some(Err(_)) | None => None,
         };
+        self.wall_clock(id, seconds, pid, init)
+    }
+
+    /// The wall clock's timer, in the watchdog or in the sandbox's helper: waits `seconds`
+    /// plus every freeze, then kills the sandbox if it still runs the init `pid` (watched
+    /// by `init`, whose exit ends the wait).
+    fn wall_clock(
+        &self,
+        id: &ContainerId,
+        seconds: u64,
+        pid: Option<nix::unistd::Pid>,
+        init: Option<crate::sidecars::InitWatch>,
+    ) -> Result<()> {
         // Waits `d`; whether the init exited meanwhile (without a pidfd: never seen).
         let exited_within = |d: std::time::Duration| match &init {
             Some(init) => init.exited_within(d),
@@ -95,12 +109,15 @@ impl Runtime {
             .map_err(LifecycleError::Egress)
     }
 
-    /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor.
+    /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor; with
+    /// `dead_man`, the sandbox's helper, whose wall clock `start` arms (a thread here, not
+    /// joined: the process ends when the supervisor does, whatever the timer still waits).
     pub fn seccomp_supervise(
-        &self,
+        self: std::sync::Arc<Self>,
         id: &ContainerId,
         errno: i32,
         kernel_audit: bool,
+        dead_man: bool,
     ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::harden::SandboxError::NoArch)?;
@@ -109,19 +126,46 @@ impl Runtime {
         let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
         let cap = policy.network.audit_max_bytes.bytes();
-        crate::sidecars::syscall_audit::supervise(&log, id.as_str(), errno, arch, kernel_audit, cap)
-            .map_err(LifecycleError::SyscallAudit)
+        let pid_file = self.dirs.sandbox(id).supervisor_pid();
+        let mut arm = |seconds: u64, pidfd: std::os::fd::OwnedFd| {
+            let init = crate::sidecars::InitWatch::from_fd(pidfd);
+            let (runtime, sandbox) = (std::sync::Arc::clone(&self), id.clone());
+            std::thread::spawn(move || {
+                let pid = runtime.load(&sandbox).ok().and_then(|c| c.pid());
+                if let Err(e) = runtime.wall_clock(&sandbox, seconds, pid, Some(init)) {
+                    tracing::error!(id = %sandbox, error = %e, "the wall clock could not kill the sandbox");
+                }
+            });
+            tracing::info!(id = %id, seconds, "wall-clock limit armed in the helper");
+        };
+        let helper = crate::sidecars::syscall_audit::Helper {
+            dead_man,
+            pid_file: &pid_file,
+            arm: &mut arm,
+        };
+        crate::sidecars::syscall_audit::supervise(
+            &log,
+            id.as_str(),
+            errno,
+            arch,
+            kernel_audit,
+            cap,
+            helper,
+        )
+        .map_err(LifecycleError::SyscallAudit)
     }
 
     /// Turns the executor's seccomp layer into its user-notification form: starts the
     /// sandbox's supervisor when `spawn` (create; returned, its ready line still to be
-    /// checked), then connects this process to it.
+    /// checked), then connects this process to it. With `dead_man` the supervisor is the
+    /// sandbox's helper ([`helper_holds_wall_clock`]).
     pub(crate) fn notify_denials(
         &self,
         id: &ContainerId,
         executor: &mut crate::enforce::executor::SandboxExecutor,
         policy: &SandboxPolicy,
         spawn: bool,
+        dead_man: bool,
     ) -> Result<Option<Box<dyn crate::create::host_procs::StartingSupervisor>>> {
         let Some(bpf) = executor.seccomp.clone() else {
             return Ok(None);
@@ -129,9 +173,20 @@ impl Runtime {
         let sandbox_dir = self.dirs.sandbox(id);
         let errno = policy.syscalls.errno.number();
         let starting = if spawn {
+            // The helper's death ends the sandbox through its reaper (ARCHITECTURE.md, "One
+            // helper per sandbox"); the pipe's write end goes to the helper only.
+            let dead_man = if dead_man {
+                let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|e| SyscallAuditError::Spawn(e.into()))
+                    .map_err(LifecycleError::SyscallAudit)?;
+                executor.dead_man = Some(std::sync::Arc::new(read));
+                Some(write)
+            } else {
+                None
+            };
             Some(
                 self.procs
-                    .start_supervisor(&self.dirs.root, &sandbox_dir, id.as_str(), errno)
+                    .start_supervisor(&self.dirs.root, &sandbox_dir, id.as_str(), errno, dead_man)
                     .map_err(LifecycleError::SyscallAudit)?,
             )
         } else {
@@ -152,6 +207,19 @@ impl Runtime {
         ));
         Ok(starting)
     }
+}
+
+/// Whether the sandbox's supervisor is its helper, which holds the wall clock and whose
+/// death its reaper turns into the sandbox's end: a sandbox with a supervisor (a seccomp
+/// layer) and the reaper as PID 1 (every policy has a wall clock: zero is refused).
+/// Otherwise the wall clock is a watchdog process of its own, as the reaper is what watches
+/// the helper (ARCHITECTURE.md, "One helper per sandbox").
+pub(crate) fn helper_holds_wall_clock(
+    policy: &SandboxPolicy,
+    spec: &libcontainer::oci_spec::runtime::Spec,
+    supervisor: bool,
+) -> bool {
+    supervisor && crate::enforce::reaper::wanted(policy, spec)
 }
 
 /// Writes `line` to the stderr of the sandbox's init (host pid `pid`), where podman's
@@ -180,5 +248,51 @@ fn tell_init_stderr(pid: i32, line: &str) {
         && let Err(e) = f.write_all(line.as_bytes())
     {
         tracing::debug!(pid, error = %e, "cannot tell the init's stderr about the kill");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libcontainer::oci_spec::runtime::{ProcessBuilder, Spec};
+
+    fn spec_running(program: &str) -> Spec {
+        // The default spec has a PID namespace of its own.
+        let mut spec = Spec::default();
+        let process = ProcessBuilder::default()
+            .args(vec![program.to_owned()])
+            .build()
+            .unwrap();
+        spec.set_process(Some(process));
+        spec
+    }
+
+    /// The helper holds the wall clock only where its death can end the sandbox: with the
+    /// reaper as PID 1 to watch it and a supervisor to be it.
+    #[test]
+    fn the_helper_holds_the_wall_clock_only_where_the_reaper_watches_it() {
+        let policy = SandboxPolicy::default();
+        assert!(helper_holds_wall_clock(
+            &policy,
+            &spec_running("sleep"),
+            true
+        ));
+        assert!(!helper_holds_wall_clock(
+            &policy,
+            &spec_running("sleep"),
+            false
+        ));
+        assert!(!helper_holds_wall_clock(
+            &policy,
+            &spec_running("/sbin/tini"),
+            true
+        ));
+        let mut never = policy;
+        never.resources.init = agent_sandbox_policy::policy::InitMode::Never;
+        assert!(!helper_holds_wall_clock(
+            &never,
+            &spec_running("sleep"),
+            true
+        ));
     }
 }

@@ -43,16 +43,39 @@ impl Runtime {
         self.arm_wall_clock(id, &c)
     }
 
-    /// Starts the wall-clock watchdog for the policy's `wall_clock` limit: a
-    /// detached `agent-sandbox watchdog` that SIGKILLs every process of the
-    /// sandbox when the time is up (the limit is not part of the OCI spec).
+    /// Arms the policy's `wall_clock` limit (not part of the OCI spec): in the sandbox's
+    /// helper when it has one (`helper_holds_wall_clock`), else in a detached `agent-sandbox
+    /// watchdog`; either SIGKILLs every process of the sandbox when the time is up.
     fn arm_wall_clock(&self, id: &ContainerId, c: &Container) -> Result<()> {
-        let (policy, _, _) = self.saved_policy(id, c.bundle())?;
+        let (policy, _, spec) = self.saved_policy(id, c.bundle())?;
         let secs = policy.resources.wall_clock.get();
         if secs == 0 {
             return Ok(());
         }
-        self.spawn_watchdog(id, c.pid().map(|p| p.as_raw()), secs)
+        let pid = c.pid().map(|p| p.as_raw());
+        let dir = self.dirs.sandbox(id);
+        let helper =
+            super::sidecars::helper_holds_wall_clock(&policy, &spec, dir.supervisor_pid().exists());
+        if let (true, Some(pid)) = (helper, pid) {
+            let armed = agent_sandbox_sys::pidfd_exit::open(pid)
+                .map_err(crate::sidecars::syscall_audit::SyscallAuditError::Spawn)
+                .and_then(|init| {
+                    use std::os::fd::AsFd as _;
+                    crate::sidecars::syscall_audit::arm_wall_clock(&dir, secs, init.as_fd())
+                });
+            match armed {
+                Ok(()) => {
+                    tracing::info!(id = %id, seconds = secs, "wall-clock limit armed in the helper");
+                    return Ok(());
+                }
+                // A dead helper ends the sandbox through its reaper; a watchdog still holds
+                // the limit whatever else failed.
+                Err(e) => {
+                    tracing::warn!(id = %id, error = %e, "cannot arm the wall clock in the helper: starting a watchdog")
+                }
+            }
+        }
+        self.spawn_watchdog(id, pid, secs)
     }
 
     /// Starts the watchdog that kills the sandbox after `secs` of wall clock (pauses not

@@ -604,13 +604,27 @@ pub fn init_exit_at_delete(
     )
 }
 
-/// The closing records: what changed in the workspace overlay (if the sandbox
-/// had one), then `delete`. Called before the overlay's upper dir is removed.
+/// Which of the sandbox's host processes `delete` found dead (not ended on their own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Died {
+    /// The egress proxy.
+    pub proxy: bool,
+    /// The helper: the seccomp supervisor, with the wall clock when it held it.
+    pub helper: bool,
+}
+
+/// The `layer_inactive` reason of a helper that died before delete.
+pub const HELPER_DIED: &str = "the sandbox's helper (its seccomp supervisor) had died before \
+    delete; denied syscalls were answered ENOSYS without records from then on, and a \
+    sandbox whose wall clock it held was ended at once (docs/limits.md)";
+
+/// The closing records: what died before delete, what changed in the workspace overlay (if
+/// the sandbox had one), then `delete`. Called before the overlay's upper dir is removed.
 pub fn deleted(
     dirs: &StateDirs,
     id: &ContainerId,
     workspace: Option<&WorkspaceOverlay>,
-    proxy: crate::sidecars::egress::Stopped,
+    died: Died,
 ) -> Result<(), AuditError> {
     let log_path = path(dirs, id)?;
     if !log_path.exists() {
@@ -618,11 +632,17 @@ pub fn deleted(
         return Ok(());
     }
     let mut events = Vec::new();
-    if proxy == crate::sidecars::egress::Stopped::WasDead {
+    if died.proxy {
         events.push(Event::LayerInactive {
             layer: "egress-proxy".to_owned(),
             reason: "the proxy had died before delete; the sandbox had no network from then on"
                 .to_owned(),
+        });
+    }
+    if died.helper {
+        events.push(Event::LayerInactive {
+            layer: "helper".to_owned(),
+            reason: HELPER_DIED.to_owned(),
         });
     }
     if let Some(ws) = workspace {

@@ -196,6 +196,11 @@ impl InitWatch {
         }
     }
 
+    /// A watch of the process of `pidfd` (one the sandbox's helper was handed).
+    pub fn from_fd(pidfd: std::os::fd::OwnedFd) -> Self {
+        Self(pidfd)
+    }
+
     /// The descriptor to poll (readable once the init exited).
     pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.0)

@@ -151,8 +151,8 @@ impl Answers {
 
 /// The supervisor's listening socket: its descriptor number in the supervisor.
 const LISTENER_FD: i32 = agent_sandbox_sys::inherit::FIRST_FD;
-/// The kernel audit subscription (`--kernel-audit`): its descriptor number in the supervisor.
-const KERNEL_AUDIT_FD: i32 = LISTENER_FD + 1;
+/// The dead-man pipe's write end (`--dead-man`): its descriptor number in the supervisor.
+const DEAD_MAN_FD: i32 = LISTENER_FD + 1;
 
 /// A supervisor started by [`start`] whose ready line has not been read yet.
 pub struct Starting(sidecars::Pending);
@@ -171,12 +171,15 @@ fn spawn_error(e: sidecars::SpawnError) -> SyscallAuditError {
 /// subscribed (so the Landlock probe of the init, which may run before the supervisor is
 /// up, is already delivered to it) and its verdict saved. The supervisor inherits both
 /// sockets; its own start-up (exec, audit log) runs beside libcontainer's create, and
-/// [`Starting::ready`] checks it afterwards.
+/// [`Starting::ready`] checks it afterwards. With `dead_man` (the write end of the pipe the
+/// sandbox's reaper watches) the supervisor is the sandbox's helper: it holds that end, the
+/// only one, for as long as it lives, and the wall clock is armed in it at `start`.
 pub fn start(
     root: &Path,
     sandbox_dir: &SandboxDir,
     id: &str,
     errno: u32,
+    dead_man: Option<OwnedFd>,
 ) -> Result<Starting, SyscallAuditError> {
     let listen_err = |source| SyscallAuditError::Listen {
         path: sandbox_dir.seccomp_socket(),
@@ -222,6 +225,10 @@ pub fn start(
         errno.as_ref(),
     ];
     let mut fds = vec![OwnedFd::from(server)];
+    if let Some(w) = dead_man {
+        args.push("--dead-man".as_ref());
+        fds.push(w);
+    }
     if let Some(k) = kernel {
         args.push("--kernel-audit".as_ref());
         fds.push(k.into_fd());
@@ -241,15 +248,32 @@ impl Starting {
     }
 }
 
-/// Kills the supervisor (at delete), if it still is this sandbox's.
-pub fn stop(sandbox_dir: &SandboxDir, id: &str) {
+/// Kills the supervisor (at delete), if it still is this sandbox's. `WasDead` means it died:
+/// one that ended on its own (after its init) removed its pid file.
+pub fn stop(sandbox_dir: &SandboxDir, id: &str) -> sidecars::Stopped {
     // SIGTERM first: the supervisor writes the denials its rate limits still count.
     sidecars::stop_after(
         &sandbox_dir.supervisor_pid(),
         "seccomp-supervise",
         id,
         std::time::Duration::from_secs(1),
-    );
+    )
+}
+
+/// `start` of a sandbox whose supervisor is its helper: arms the wall clock of `seconds`
+/// in it, handing it a pidfd of the init (the timer ends with the init).
+pub fn arm_wall_clock(
+    sandbox_dir: &SandboxDir,
+    seconds: u64,
+    init: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), SyscallAuditError> {
+    let stream = connect(sandbox_dir)?;
+    seccomp_notify::send_fd(stream.as_fd(), init, Handover::WallClock { seconds }).map_err(
+        |source| SyscallAuditError::Connect {
+            path: sandbox_dir.seccomp_socket(),
+            source,
+        },
+    )
 }
 
 /// The supervisor ends: the denials its rate limits left out since the last record they
@@ -376,6 +400,18 @@ impl InitEnd {
     }
 }
 
+/// What makes the supervisor the sandbox's helper (ARCHITECTURE.md, "One helper per
+/// sandbox"), beside answering denials.
+pub struct Helper<'a> {
+    /// `--dead-man`: descriptor 4 is the dead-man pipe's write end, held until the end.
+    pub dead_man: bool,
+    /// Removed when the supervisor ends on its own (after its init): a pid file left with
+    /// no process behind it then means the helper died (recorded at delete).
+    pub pid_file: &'a Path,
+    /// Called when `start` arms the wall clock: its seconds and a pidfd of the init.
+    pub arm: &'a mut dyn FnMut(u64, OwnedFd),
+}
+
 /// The supervisor's body: listens on `sandbox_dir/seccomp.sock`, reports ready on stdout,
 /// then answers and records notifications until killed or until its sandbox's init has
 /// exited ([`InitEnd`]).
@@ -387,6 +423,7 @@ pub fn supervise(
     arch: Arch,
     kernel_audit: bool,
     cap: u64,
+    helper: Helper<'_>,
 ) -> Result<(), SyscallAuditError> {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let not_ready = |e: SyscallAuditError| {
@@ -404,10 +441,15 @@ pub fn supervise(
     let inherited =
         |fd| agent_sandbox_sys::inherit::take_fd(fd).map_err(SyscallAuditError::Inherited);
     let server = UnixListener::from(inherited(LISTENER_FD).map_err(not_ready)?);
+    // Held, never written, until this process ends: its end is the reaper's EOF.
+    let _dead_man = if helper.dead_man {
+        Some(inherited(DEAD_MAN_FD).map_err(not_ready)?)
+    } else {
+        None
+    };
     let kernel = if kernel_audit {
-        Some(KernelAudit::from_fd(
-            inherited(KERNEL_AUDIT_FD).map_err(not_ready)?,
-        ))
+        let fd = DEAD_MAN_FD + i32::from(helper.dead_man);
+        Some(KernelAudit::from_fd(inherited(fd).map_err(not_ready)?))
     } else {
         None
     };
@@ -498,8 +540,12 @@ pub fn supervise(
         if ready_end.is_some_and(|f| !f.is_empty()) {
             init_end.on_ready(id);
         }
-        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) || init_end.due(Instant::now())
-        {
+        let ended = init_end.due(Instant::now());
+        if ended {
+            // Ended on its own, not died: see `Helper::pid_file`.
+            let _ = std::fs::remove_file(helper.pid_file);
+        }
+        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) || ended {
             write_pending(&log, id, &mut bucket, &mut fs_bucket);
             if let Err(e) = gate.finish(&log) {
                 tracing::error!(id, error = %e, "cannot write the denials counted after the cap");
@@ -554,6 +600,10 @@ pub fn supervise(
             }
             match seccomp_notify::recv_fd(streams[i].stream.as_fd()) {
                 Ok(Some(got)) => {
+                    if let Handover::WallClock { seconds } = got.what {
+                        (helper.arm)(seconds, got.fd);
+                        continue;
+                    }
                     listeners.push(got.fd);
                     if let Handover::Probed { port } = got.what {
                         match (got.pid.filter(|p| *p > 0), &kernel) {

@@ -70,11 +70,67 @@ pub fn folded(status: WaitStatus) -> Option<i32> {
     }
 }
 
+/// Where the reaper keeps the read end of its dead-man pipe (see [`arm_dead_man`]).
+const DEAD_MAN_FD: i32 = 3;
+
+/// The line the reaper writes on its stderr when the helper died.
+const HELPER_DIED: &[u8] =
+    b"agent-sandbox: the sandbox's helper process died: ending the sandbox (see docs/limits.md)\n";
+
+/// Makes `fd`, the read end of a pipe whose only write end the sandbox's helper holds (the
+/// host process that holds its wall clock and answers its denials), tell this process
+/// when the helper is gone: non-blocking, and the kernel sends SIGIO to this process when
+/// the last writer closes. Called in the init before the layers (no filter need allow
+/// these `fcntl`s), so the owner is the init, which stays PID 1 as the reaper.
+pub fn arm_dead_man(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor the caller borrows; F_GETFL reads its flags.
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above; F_SETOWN names this process, F_SETFL sets status flags only.
+    let ok = unsafe {
+        libc::fcntl(raw, libc::F_SETOWN, libc::getpid()) == 0
+            && libc::fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK | libc::O_ASYNC) == 0
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Whether the helper is gone: the dead-man pipe reads end-of-file (the helper never
+/// writes; any byte or error other than EOF counts as alive, so a spurious wake-up ends
+/// nothing).
+fn helper_gone() -> bool {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte read into a local, from the descriptor the reaper keeps.
+    let n = unsafe { libc::read(DEAD_MAN_FD, (&raw mut byte).cast(), 1) };
+    n == 0
+}
+
+/// The helper died: every process of the sandbox ends with the reaper (PID 1 of the PID
+/// namespace, whose exit makes the kernel kill the rest).
+fn end_sandbox() -> ! {
+    // SAFETY: a write of a static buffer to stderr, then kill and _exit, which return
+    // nothing the reaper uses.
+    unsafe {
+        let _ = libc::write(2, HELPER_DIED.as_ptr().cast(), HELPER_DIED.len());
+        let _ = libc::kill(-1, libc::SIGKILL);
+        libc::_exit(128 + libc::SIGKILL)
+    }
+}
+
 /// Forks the program's process. Returns in the child, with the caller's signal mask, as
 /// the leader of its own process group, which is also the terminal's foreground group
 /// when stdin is the controlling terminal (so Ctrl-C and window changes reach the program,
 /// as they would reach it as PID 1). In the parent it never returns: see [`reap`].
-pub fn fork_program() -> Result<(), ReaperError> {
+/// With `dead_man` (armed by [`arm_dead_man`]) the reaper also ends the sandbox once the
+/// helper is gone.
+pub fn fork_program(dead_man: Option<std::os::fd::RawFd>) -> Result<(), ReaperError> {
     let n = threads()?;
     if n != 1 {
         return Err(ReaperError::Threads { threads: n });
@@ -96,7 +152,7 @@ pub fn fork_program() -> Result<(), ReaperError> {
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
             Ok(())
         }
-        Ok(ForkResult::Parent { child }) => reap(child),
+        Ok(ForkResult::Parent { child }) => reap(child, dead_man),
         Err(e) => {
             let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
             Err(ReaperError::Fork(e))
@@ -107,14 +163,30 @@ pub fn fork_program() -> Result<(), ReaperError> {
 /// The reaper's loop (signals blocked by [`fork_program`]): forwards every signal it is
 /// sent to `program`, reaps every process that ends in the namespace, and once `program`
 /// ended exits with its [`folded`] status. Keeps stdin, stdout and stderr (the wall-clock
-/// line is written to the init's stderr) and closes every other descriptor.
-fn reap(program: Pid) -> ! {
-    close_from(3);
+/// line is written to the init's stderr) and the dead-man pipe, and closes every other
+/// descriptor; after every wake-up, a helper found gone ends the sandbox.
+fn reap(program: Pid, dead_man: Option<std::os::fd::RawFd>) -> ! {
+    let watching = match dead_man {
+        None => false,
+        Some(fd) if fd == DEAD_MAN_FD => true,
+        // SAFETY: dup2 onto a fixed number, above stdio; whatever it held is closed below
+        // anyway. A pipe that cannot be kept cannot be watched: fail closed.
+        Some(fd) if unsafe { libc::dup2(fd, DEAD_MAN_FD) } == DEAD_MAN_FD => true,
+        Some(_) => end_sandbox(),
+    };
+    close_from(if watching { 4 } else { 3 });
     retitle();
+    // The helper may have died before SIGIO was armed.
+    if watching && helper_gone() {
+        end_sandbox();
+    }
     let set = waited();
     loop {
         // SAFETY: `set` is a valid sigset; a null siginfo pointer is allowed.
         let sig = unsafe { libc::sigwaitinfo(set.as_ref(), std::ptr::null_mut()) };
+        if watching && helper_gone() {
+            end_sandbox();
+        }
         if sig == libc::SIGCHLD {
             if let Some(code) = reap_all(program) {
                 // SAFETY: _exit ends the process without running anything else.
@@ -211,7 +283,7 @@ mod tests {
     fn a_multi_threaded_process_is_refused_before_anything_changes() {
         let _t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(2)));
         let before = std::fs::read_to_string("/proc/self/status").unwrap();
-        let err = fork_program().unwrap_err();
+        let err = fork_program(None).unwrap_err();
         assert!(
             matches!(err, ReaperError::Threads { threads } if threads > 1),
             "{err}"

@@ -127,6 +127,9 @@ pub enum Handover {
     /// The listener, and the process made a Landlock probe connect to this port and waits
     /// for one byte back before it goes on (see `agent_sandbox_audit::kernel`).
     Probed { port: u16 },
+    /// Not a listener: `start` arms the wall clock of `seconds`, and the descriptor is a
+    /// pidfd of the sandbox's init (the helper's timer ends with it).
+    WallClock { seconds: u64 },
 }
 
 /// Sends `fd` over the connected Unix stream `sock` (SCM_RIGHTS) with the caller's
@@ -140,6 +143,11 @@ pub fn send_fd(sock: BorrowedFd<'_>, fd: BorrowedFd<'_>, what: Handover) -> io::
         Handover::Probed { port } => {
             let mut d = b"P".to_vec();
             d.extend_from_slice(&port.to_le_bytes());
+            d
+        }
+        Handover::WallClock { seconds } => {
+            let mut d = b"W".to_vec();
+            d.extend_from_slice(&seconds.to_le_bytes());
             d
         }
     };
@@ -177,7 +185,7 @@ pub fn pass_credentials(sock: BorrowedFd<'_>) -> io::Result<()> {
 /// Receives one descriptor sent with [`send_fd`]; `Ok(None)` when the peer closed the stream.
 pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<Option<Received>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let mut data = [0u8; 3];
+    let mut data = [0u8; 9];
     let mut iov = [io::IoSliceMut::new(&mut data)];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1], libc::ucred);
     let msg = recvmsg::<()>(
@@ -212,6 +220,9 @@ pub fn recv_fd(sock: BorrowedFd<'_>) -> io::Result<Option<Received>> {
     let what = match (&data[..len], len) {
         ([b'P', lo, hi], 3) => Handover::Probed {
             port: u16::from_le_bytes([*lo, *hi]),
+        },
+        ([b'W', rest @ ..], 9) => Handover::WallClock {
+            seconds: u64::from_le_bytes(rest.try_into().unwrap_or_default()),
         },
         _ => Handover::Listener,
     };
@@ -328,5 +339,20 @@ mod tests {
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
             "{status:#x}"
         );
+    }
+
+    /// `start` arms the helper's wall clock with a message that carries the seconds and a
+    /// descriptor (the init's pidfd); the helper tells it apart from a listener.
+    #[test]
+    fn a_wall_clock_message_carries_its_seconds_and_descriptor() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (r, _w) = std::io::pipe().unwrap();
+        let seconds = 7_200_000_000_123;
+        send_fd(ours.as_fd(), r.as_fd(), Handover::WallClock { seconds }).unwrap();
+        send_fd(ours.as_fd(), r.as_fd(), Handover::Listener).unwrap();
+        let armed = recv_fd(theirs.as_fd()).unwrap().unwrap();
+        assert_eq!(armed.what, Handover::WallClock { seconds });
+        let listener = recv_fd(theirs.as_fd()).unwrap().unwrap();
+        assert_eq!(listener.what, Handover::Listener);
     }
 }
