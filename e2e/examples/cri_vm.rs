@@ -8,6 +8,7 @@
 //!     -- sleep 600                       # prints {"pod":..,"container":..,"pid":..,"cgroup_parent":..}
 //! cri_vm exec CONTAINER -- cat /proc/self/attr/current
 //! cri_vm wait CONTAINER --timeout 120    # prints {"exit_code":..,"reason":..}
+//! cri_vm checkpoint CONTAINER --location /tmp/c.tar  # CheckpointContainer, left running
 //! cri_vm remove POD
 //! ```
 //! The pod's cgroup parent is `/kubepods.slice/kubepods-besteffort.slice/
@@ -67,6 +68,12 @@ enum Command {
         #[arg(long, default_value_t = 120)]
         timeout: u64,
     },
+    /// CheckpointContainer: the archive at LOCATION, the container left running
+    Checkpoint {
+        container: String,
+        #[arg(long)]
+        location: String,
+    },
     /// StopPodSandbox and RemovePodSandbox
     Remove { pod: String },
 }
@@ -95,6 +102,10 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(exec.exit_code);
         }
         Command::Wait { container, timeout } => wait(&cri, &container, timeout),
+        Command::Checkpoint {
+            container,
+            location,
+        } => cri.checkpoint_container(&container, &location),
         Command::Remove { pod } => {
             cri.stop_pod(&pod)?;
             cri.remove_pod(&pod)

@@ -23,14 +23,14 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    AttachRequest, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStats,
-    ContainerStatsFilter, ContainerStatsRequest, ContainerStatus, ContainerStatusRequest,
-    CreateContainerRequest, ExecRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, KeyValue,
-    LinuxContainerConfig, LinuxContainerResources, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, ListContainerStatsRequest, ListContainersRequest, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
-    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    AttachRequest, CheckpointContainerRequest, ContainerConfig, ContainerFilter, ContainerMetadata,
+    ContainerStats, ContainerStatsFilter, ContainerStatsRequest, ContainerStatus,
+    ContainerStatusRequest, CreateContainerRequest, ExecRequest, ExecSyncRequest, ImageSpec,
+    ImageStatusRequest, KeyValue, LinuxContainerConfig, LinuxContainerResources,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainerStatsRequest,
+    ListContainersRequest, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
     UpdateContainerResourcesRequest, VersionRequest,
 };
 use tokio::net::UnixStream;
@@ -323,6 +323,20 @@ impl Cri {
         };
         self.call("StopContainer", |mut c| async move {
             c.stop_container(request).await
+        })
+        .map(drop)
+    }
+
+    /// CheckpointContainer: the container's checkpoint archive written to `location` (a
+    /// path on the node), the container left running, as kubelet's checkpoint API asks.
+    pub fn checkpoint_container(&self, id: &str, location: &str) -> anyhow::Result<()> {
+        let request = CheckpointContainerRequest {
+            container_id: id.to_owned(),
+            location: location.to_owned(),
+            timeout: 0,
+        };
+        self.call("CheckpointContainer", |mut c| async move {
+            c.checkpoint_container(request).await
         })
         .map(drop)
     }

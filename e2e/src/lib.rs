@@ -5,6 +5,7 @@
 
 pub mod agent_task;
 pub mod cri;
+pub mod criu_image;
 pub mod ctr;
 pub mod docker;
 pub mod harness;

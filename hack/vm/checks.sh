@@ -115,9 +115,9 @@ brief() {
 }
 
 # Scenarios the default run (--only '*') leaves out: their runtime side is not on this branch
-# yet (checkpoint-sandbox: `agent-sandbox checkpoint`). `--only NAME` (or a glob other than
-# '*') runs them; a name comes off this list when its side lands.
-opt_in=(checkpoint-sandbox)
+# yet. `--only NAME` (or a glob other than '*') runs them; a name comes off this list when
+# its side lands.
+opt_in=()
 
 selected() {
     # shellcheck disable=SC2053
@@ -813,19 +813,37 @@ task_user_ready() {
 
 # --- checkpoint and restore (CRIU) ------------------------------------------------------
 
+# The policy the checkpoint checks give agent-sandbox (docs/checkpoint.md): the built-in
+# `agent` profile with its Landlock layer optional (CRIU cannot carry a Landlock domain, so a
+# required one refuses the checkpoint) and no reaping init of ours as PID 1 (it cannot be
+# checkpointed; podman's `--init` gives one of its own, a CRI container runs its program).
+ckpt_policy=/etc/agent-sandbox/vm-ckpt.toml
+# The workspace of checkpoint-sandbox.
+ckpt_ws=/root/vm-ckpt-ws
+
+# The counter the checkpoint checks run: its count is only in the shell's memory, printed
+# once a second, so a log 1, 2, ... N after a restore shows the memory came back.
+ckpt_counter='i=0; while :; do i=$((i + 1)); echo "$i"; sleep 1; done'
+
 # checkpoint_scenario RT: `podman container checkpoint` of a rootful container that counts
 # once a second, then `podman container restore`: the count must go on from where it was
 # (its log 1, 2, ... N with no number twice; a container started afresh would count from 1
-# again). runc is the reference (with `criu check` first); agent-sandbox runs the same steps
-# once it has a `checkpoint` command (podman asks `RUNTIME checkpoint --help` too), and
-# until then fails saying so.
+# again). runc is the reference (with `criu check` first). agent-sandbox (scenario
+# checkpoint-sandbox) runs under $ckpt_policy with `--init` and a workspace, edited before
+# the checkpoint and not promoted, and shows besides: the edit is in the restored sandbox
+# and in `agent-sandbox diff`, not in the host directory (.workspace); the audit chain
+# verifies across `checkpointed` and `restored` (.audit); every restored task is
+# unprivileged, filtered and in the sandbox's own namespaces, and `layers` says Landlock
+# was not carried (.protections). Both then restore an image edited to drop the seccomp
+# filter (.seccomp-edit): runc runs it unfiltered, agent-sandbox must refuse it.
 checkpoint_scenario() {
-    local rt=$1 check=checkpoint name="vm-ckpt-$1" rtarg=$1 last n
+    local rt=$1 check=checkpoint name="vm-ckpt-$1" last n id
     log=$out/logs/$check.$rt.log
     if ! command -v criu >/dev/null; then
         result "$check.restore" "$rt" FAIL "criu is not installed in this guest (hack/vm/image.sh)"
         return 0
     fi
+    local pm=(podman --runtime "$rt") run_args=()
     if [[ $rt == runc ]]; then
         capture criu --version || true
         local version=${got%%$'\n'*}
@@ -834,20 +852,24 @@ checkpoint_scenario() {
         else
             result "$check.criu" "$rt" FAIL "criu check: $(brief "$got") (${version})"
         fi
-    fi
-    if [[ $rt == agent-sandbox ]]; then
-        rtarg=/usr/local/bin/agent-sandbox
+    else
+        pm=(podman --runtime /usr/local/bin/agent-sandbox --runtime-flag "policy=$ckpt_policy")
         if ! capture agent-sandbox checkpoint --help; then
             result "$check.restore" "$rt" FAIL "the runtime has no checkpoint command (agent-sandbox checkpoint --help: $(brief "$got"))"
             return 0
         fi
+        rm -rf "$ckpt_ws"
+        install -d "$ckpt_ws"
+        echo host >"$ckpt_ws/notes.txt"
+        run_args=(--init -v "$ckpt_ws:/workspace")
     fi
     capture podman rm -f -t 0 "$name" || true
-    if ! capture podman --runtime "$rtarg" run -d --name "$name" --network none "$image" \
-        sh -c 'i=0; while :; do i=$((i + 1)); echo "$i"; sleep 1; done'; then
+    if ! capture "${pm[@]}" run -d --name "$name" --network none "${run_args[@]}" "$image" sh -c "$ckpt_counter"; then
         result "$check.restore" "$rt" FAIL "podman run: $(brief "$got")"
+        checkpoint_edit_attack "$check" "$rt" "${pm[@]}"
         return 0
     fi
+    id=${got##*$'\n'}
     # count_log: the container's log, checked to be 1, 2, ... N; prints N.
     count_log() {
         capture_out podman logs "$name" || return 1
@@ -858,18 +880,23 @@ checkpoint_scenario() {
         [[ -n $n ]] && ((n >= 3)) && break
         sleep 0.5
     done
-    if ! capture podman container checkpoint "$name"; then
+    if [[ $rt == agent-sandbox ]] && ! capture podman exec "$name" sh -c 'echo edited > /workspace/notes.txt'; then
+        result "$check.workspace" "$rt" FAIL "the edit before the checkpoint: $(brief "$got")"
+    fi
+    if ! capture "${pm[@]}" container checkpoint "$name"; then
         result "$check.restore" "$rt" FAIL "podman container checkpoint: $(brief "$got")"
+        criu_log_tail "$id" dump.log
         capture podman rm -f -t 0 "$name" || true
         return 0
     fi
     last=$(count_log || true)
     capture podman inspect -f '{{.State.Status}} {{.State.Checkpointed}}' "$name" || true
-    local state=$got
+    local state=$got restored=0
     if [[ -z $last ]]; then
         result "$check.restore" "$rt" FAIL "after the checkpoint the log is not a count: $(brief "$got")"
-    elif ! capture podman container restore "$name"; then
+    elif ! capture "${pm[@]}" container restore "$name"; then
         result "$check.restore" "$rt" FAIL "podman container restore: $(brief "$got")"
+        criu_log_tail "$id" restore.log
     else
         n=''
         for _ in $(seq 40); do
@@ -879,11 +906,191 @@ checkpoint_scenario() {
         done
         if [[ -n $n ]] && ((n >= last + 2)); then
             result "$check.restore" "$rt" PASS "checkpointed at $last ($state), restored, counted on to $n with no number twice"
+            restored=1
         else
             result "$check.restore" "$rt" FAIL "checkpointed at $last ($state); after restore the log is '$(tail -n 3 <<<"$got" | tr '\n' ' ')' (a count from 1 again, or none)"
         fi
     fi
+    if [[ $rt == agent-sandbox ]]; then
+        if ((restored)); then
+            checkpoint_sandbox_after "$check" "$rt" "$name" "$id"
+        else
+            not_run "$check" "$rt" "no restored sandbox" workspace audit protections
+        fi
+    fi
     capture podman rm -f -t 0 "$name" || true
+    checkpoint_edit_attack "$check" "$rt" "${pm[@]}"
+}
+
+# criu_log_tail ID LOG: the end of CRIU's log of a failed checkpoint or restore, which podman
+# keeps in the container's directory, into the check's log.
+criu_log_tail() {
+    local f=/var/lib/containers/storage/overlay-containers/$1/userdata/$2
+    { echo "--- tail of $f"; tail -n 60 "$f"; } >>"$log" 2>&1 || true
+}
+
+# checkpoint_sandbox_after CHECK RT NAME ID: what a restored agent-sandbox must still be.
+checkpoint_sandbox_after() {
+    local check=$1 rt=$2 name=$3 id=$4 bad=() pid t f
+    # The unpromoted edit: in the sandbox, in `diff`, not on the host.
+    capture podman exec "$name" cat /workspace/notes.txt || true
+    local inside=$got
+    capture agent-sandbox diff "$id" || true
+    local diff=$got
+    if [[ $inside != edited ]]; then
+        result "$check.workspace" "$rt" FAIL "after the restore /workspace/notes.txt reads '$(brief "$inside")', not the edit"
+    elif [[ $diff != *notes.txt* ]]; then
+        result "$check.workspace" "$rt" FAIL "agent-sandbox diff lost the edit: $(brief "$diff")"
+    elif [[ $(cat "$ckpt_ws/notes.txt") != host ]]; then
+        result "$check.workspace" "$rt" FAIL "the edit reached the host directory unpromoted"
+    else
+        result "$check.workspace" "$rt" PASS "the edit survives the restore, is in diff, and the host file is unchanged"
+    fi
+    # The chain verifies across; `checkpointed` and `restored` name the same image digest.
+    local kinds digests
+    if ! capture agent-sandbox audit verify "$id"; then
+        result "$check.audit" "$rt" FAIL "audit verify: $(brief "$got")"
+    elif ! capture_out agent-sandbox audit --json "$id"; then
+        result "$check.audit" "$rt" FAIL "audit --json: $(brief "$got")"
+    else
+        kinds=$(jq -r '.kind' <<<"$got" | tr '\n' ' ')
+        digests=$(jq -r 'select(.kind == "checkpointed" or .kind == "restored") | .data.image_digest' <<<"$got" | sort -u)
+        if [[ " $kinds " != *" checkpointed "*" restored "* ]]; then
+            result "$check.audit" "$rt" FAIL "no checkpointed then restored record: $kinds"
+        elif [[ $(wc -l <<<"$digests") != 1 || $digests == null ]]; then
+            result "$check.audit" "$rt" FAIL "checkpointed and restored name different digests: ${digests//$'\n'/ }"
+        else
+            result "$check.audit" "$rt" PASS "audit verify passes across checkpointed and restored (image ${digests:0:19})"
+        fi
+    fi
+    # Every restored task, from the guest's side: no capability, no_new_privs, seccomp on,
+    # and the sandbox's user namespace, not the host's.
+    capture podman inspect -f '{{.State.Pid}}' "$name" || true
+    pid=$got
+    # The sandbox's processes: those in its init's PID namespace (the runtime's helpers in
+    # its cgroup, outside that namespace, are logged).
+    local tasks='' pidns
+    pidns=$(readlink "/proc/$pid/ns/pid")
+    for t in $(grep -lx "0::$(cgroup_of "$pid")" /proc/[0-9]*/cgroup 2>/dev/null | cut -d/ -f3 || true); do
+        if [[ -n $pidns && $(readlink "/proc/$t/ns/pid") == "$pidns" ]]; then
+            tasks+=" $t"
+        else
+            echo "in the sandbox's cgroup, outside its PID namespace: $t $(tr '\0' ' ' <"/proc/$t/cmdline" 2>/dev/null)" >>"$log"
+        fi
+    done
+    capture findmnt -no OPTIONS /run || true
+    local checked=0 st
+    for t in $tasks; do
+        # The counter's `sleep 1` comes and goes each second: one gone (or a zombie) by now
+        # has no status to check.
+        st=$(cat "/proc/$t/status" 2>/dev/null || true)
+        [[ -n $st && $st != *$'\nState:\tZ'* ]] || continue
+        checked=$((checked + 1))
+        echo "restored task $t: $(tr '\0' ' ' <"/proc/$t/cmdline" 2>/dev/null)" >>"$log"
+        grep -qx $'CapEff:\t0000000000000000' <<<"$st" || bad+=("$t:CapEff")
+        grep -qx $'CapBnd:\t0000000000000000' <<<"$st" || bad+=("$t:CapBnd")
+        grep -qx $'NoNewPrivs:\t1' <<<"$st" || bad+=("$t:NoNewPrivs")
+        grep -qx $'Seccomp:\t2' <<<"$st" || bad+=("$t:Seccomp")
+        [[ $(readlink "/proc/$t/ns/user") != "$(readlink /proc/1/ns/user)" ]] || bad+=("$t:userns")
+    done
+    capture_out agent-sandbox layers "$id" || true
+    local layers=$got
+    if ((checked == 0)); then
+        result "$check.protections" "$rt" FAIL "no task in the restored sandbox's cgroup ($(cgroup_of "$pid"))"
+    elif ((${#bad[@]})); then
+        result "$check.protections" "$rt" FAIL "restored tasks lack: ${bad[*]}"
+    elif [[ $layers != *"CRIU does not save Landlock domains"* ]]; then
+        result "$check.protections" "$rt" FAIL "layers does not say Landlock was not carried: $(brief "$layers")"
+    else
+        result "$check.protections" "$rt" PASS "$checked tasks of the restored sandbox: no caps, no_new_privs, seccomp, own userns; layers names Landlock not carried"
+    fi
+}
+
+# checkpoint_edit_attack CHECK RT PODMAN...: a counting container checkpointed, its init's
+# CRIU core image edited to drop the seccomp filter (e2e/examples/criu_edit.rs, the e2e
+# suite's edit), then restored: runc, the reference, runs it unfiltered (the attack works);
+# agent-sandbox must refuse it, naming the difference, and leave no sandbox behind.
+checkpoint_edit_attack() {
+    local check=$1 rt=$2 name="vm-ckpt-edit-$2" id pid seccomp refusal
+    shift 2
+    local pm=("$@") run_args=()
+    [[ $rt == agent-sandbox ]] && run_args=(--init)
+    capture podman rm -f -t 0 "$name" || true
+    if ! capture "${pm[@]}" run -d --name "$name" --network none "${run_args[@]}" "$image" sh -c "$ckpt_counter"; then
+        result "$check.seccomp-edit" "$rt" FAIL "podman run: $(brief "$got")"
+        return 0
+    fi
+    id=${got##*$'\n'}
+    sleep 2
+    local core=/var/lib/containers/storage/overlay-containers/$id/userdata/checkpoint/core-1.img
+    if ! capture "${pm[@]}" container checkpoint "$name"; then
+        result "$check.seccomp-edit" "$rt" FAIL "podman container checkpoint: $(brief "$got")"
+    elif ! capture criu_edit drop-seccomp "$core"; then
+        result "$check.seccomp-edit" "$rt" FAIL "criu_edit drop-seccomp $core: $(brief "$got")"
+    elif capture "${pm[@]}" container restore "$name"; then
+        capture podman inspect -f '{{.State.Pid}}' "$name" || true
+        pid=$got
+        seccomp=$(awk '$1 == "Seccomp:" {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+        if [[ $rt == agent-sandbox ]]; then
+            result "$check.seccomp-edit" "$rt" FAIL "the edited image was restored (init Seccomp: ${seccomp:-?})"
+        elif [[ $seccomp == 0 ]]; then
+            result "$check.seccomp-edit" "$rt" PASS "the edited image restored, its init runs without seccomp (Seccomp: 0): the attack works here"
+        else
+            result "$check.seccomp-edit" "$rt" FAIL "restored, but its init has Seccomp: ${seccomp:-?} (the edit did not take: the check cannot fail)"
+        fi
+    elif [[ $rt == runc ]]; then
+        result "$check.seccomp-edit" "$rt" FAIL "podman container restore of the edited image: $(brief "$got")"
+        criu_log_tail "$id" restore.log
+    elif refusal=$got; [[ $refusal != *"does not match the sandbox's plan"*"Seccomp is 0"* ]]; then
+        result "$check.seccomp-edit" "$rt" FAIL "refused, but not for the filter: $(brief "$refusal")"
+        criu_log_tail "$id" restore.log
+    elif capture agent-sandbox state "$id"; then
+        result "$check.seccomp-edit" "$rt" FAIL "refused, but the sandbox is left: $(brief "$got")"
+    elif ! capture agent-sandbox audit verify "$id"; then
+        result "$check.seccomp-edit" "$rt" FAIL "refused, but audit verify fails: $(brief "$got")"
+    else
+        result "$check.seccomp-edit" "$rt" PASS "refused: $(grep -m1 -o "restored task.*Seccomp is 0, not [0-9]*" <<<"$refusal" || brief "$refusal")"
+    fi
+    capture podman rm -f -t 0 "$name" || true
+}
+
+# cri_checkpoint_scenario RT: CRI CheckpointContainer (kubelet's checkpoint API, containerd
+# 2.x) of a container that counts in memory: the archive must hold CRIU's image and the
+# container must go on counting (CRI checkpoints leave it running). runc's handler is the
+# reference; agent-sandbox's is `agent-sandbox-ckpt`, the shim with $ckpt_policy.
+cri_checkpoint_scenario() {
+    local rt=$1 check=cri-checkpoint handler=$1 pod cid n1 n2 archive=/tmp/vm-cri-ckpt-$1.tar
+    log=$out/logs/$check.$rt.log
+    [[ $rt == agent-sandbox ]] && handler=agent-sandbox-ckpt
+    rm -f "$archive"
+    if ! capture_out cri_vm run --handler "$handler" -- sh -c 'i=0; while :; do i=$((i + 1)); echo $i > /tmp/count; sleep 1; done'; then
+        result "$check.archive" "$rt" FAIL "CRI pod: $(brief "$(tail -n 20 "$log")")"
+        return 0
+    fi
+    pod=$(jq -r .pod <<<"$got")
+    cid=$(jq -r .container <<<"$got")
+    sleep 3
+    capture cri_vm exec "$cid" -- cat /tmp/count || true
+    n1=$got
+    if ! capture_limit=300 capture cri_vm checkpoint "$cid" --location "$archive"; then
+        result "$check.archive" "$rt" FAIL "CheckpointContainer: $(brief "$got")"
+        diagnose "$check.$rt"
+    else
+        capture tar -tvf "$archive" || true
+        local listing=$got
+        sleep 2
+        capture cri_vm exec "$cid" -- cat /tmp/count || true
+        n2=$got
+        if ! grep -q ' checkpoint/core-[0-9]*\.img$' <<<"$listing"; then
+            result "$check.archive" "$rt" FAIL "the archive has no CRIU image (checkpoint/core-*.img): $(brief "$listing")"
+        elif ! [[ $n1 =~ ^[0-9]+$ && $n2 =~ ^[0-9]+$ ]] || ((n2 <= n1)); then
+            result "$check.archive" "$rt" FAIL "the container stopped counting after the checkpoint ($n1, then '$(brief "$n2")')"
+        else
+            result "$check.archive" "$rt" PASS "archive of $(du -k "$archive" | cut -f1) KiB with CRIU's image ($(grep -c ' checkpoint/' <<<"$listing") files); counting on, $n1 then $n2"
+        fi
+    fi
+    capture cri_vm remove "$pod" || true
+    rm -f "$archive"
 }
 
 # --- ctr (d) ----------------------------------------------------------------------------
@@ -1296,6 +1503,11 @@ setup() {
     install -m 0755 "$in"/bin/* /usr/local/bin/
     install -d /etc/agent-sandbox
     cp -r "$in/profiles" /etc/agent-sandbox/
+    # The checkpoint checks' policy ($ckpt_policy).
+    sed 's/^landlock = "required"$/landlock = "optional"/; s/^\[resources\]$/[resources]\ninit = "never"/' \
+        "$in/profiles/agent.toml" >"$ckpt_policy"
+    grep -qx 'landlock = "optional"' "$ckpt_policy" && grep -qx 'init = "never"' "$ckpt_policy" ||
+        { echo "checks.sh: $ckpt_policy: profiles/agent.toml no longer has landlock = \"required\" and [resources]" >&2; return 1; }
 
     {
         uname -a
@@ -1389,7 +1601,13 @@ version = 2
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox]
         runtime_type = "io.agent.sandbox"
         pod_annotations = ["io.agent.sandbox.*"]
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox-ckpt]
+        runtime_type = "io.agent.sandbox"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.agent-sandbox-ckpt.options]
+          ConfigPath = "/etc/agent-sandbox/vm-ckpt-runtime.toml"
 CONF
+    # The checkpoint checks' CRI handler: the shim with their policy (docs/kubernetes.md).
+    printf 'Policy = "%s"\n' "$ckpt_policy" >/etc/agent-sandbox/vm-ckpt-runtime.toml
     capture systemctl restart containerd || { echo "checks.sh: containerd restart: $got" >&2; return 1; }
     for _ in $(seq 150); do ctr version >/dev/null 2>&1 && break; sleep 0.2; done
     local ns archive
@@ -1457,6 +1675,12 @@ for rt in $VM_RUNTIMES; do
         if selected checkpoint-sandbox && [[ $rt == agent-sandbox ]]; then
             say "checkpoint-sandbox [$rt]"
             checkpoint_scenario "$rt"
+        fi
+        # CRI CheckpointContainer: containerd 2.x (sid).
+        if selected cri-checkpoint && [[ $rt != crun ]] && [[ $(containerd --version 2>/dev/null | awk '{print $3}') =~ ^v?([0-9]+)\. ]] &&
+            ((BASH_REMATCH[1] >= 2)); then
+            say "cri-checkpoint [$rt]"
+            cri_checkpoint_scenario "$rt"
         fi
     fi
     # podman 5's network stack (netavark, pasta); bookworm's podman 4.3 has CNI and slirp4netns.

@@ -3,7 +3,8 @@
 # unified cgroup v2, AppArmor) from this machine, which has none of them. Idempotent.
 #   1. the guest image of the Debian suite (hack/vm/image.sh; cached): bookworm (Debian 12),
 #      trixie (Debian 13) or sid
-#   2. the exchange disk: the installed binaries, the CRI client (e2e/examples/cri_vm.rs),
+#   2. the exchange disk: the installed binaries, the CRI client (e2e/examples/cri_vm.rs) and
+#      the checkpoint image editor (e2e/examples/criu_edit.rs),
 #      the test images, the profiles and hack/vm/checks.sh, as an ext4 image (mke2fs -d)
 #   3. boots the guest under qemu (TCG: no nested KVM here) with a hard timeout; the guest
 #      runs the checks for runc, crun and agent-sandbox and powers off
@@ -82,20 +83,22 @@ done
 for f in "$images/busybox.tar" "$images/pause.tar" "$images/tools.tar"; do
     [[ -f $f ]] || die "$f is missing; run hack/setup.sh (hack/images.sh)"
 done
-# The CRI client, built beside the e2e suite (dynamically linked against this machine's
-# glibc, Debian 12's: the guests have it or a newer one).
+# The CRI client and the checkpoint image editor of the restore attack, built beside the e2e
+# suite (dynamically linked against this machine's glibc, Debian 12's: the guests have it or
+# a newer one).
 target_dir=${CARGO_TARGET_DIR:-target}
-cargo build --quiet --locked -p agent-sandbox-e2e --example cri_vm ||
-    die "cargo build of e2e/examples/cri_vm.rs failed"
+cargo build --quiet --locked -p agent-sandbox-e2e --example cri_vm --example criu_edit ||
+    die "cargo build of e2e/examples/cri_vm.rs and criu_edit.rs failed"
 cri_vm=$target_dir/debug/examples/cri_vm
-[[ -x $cri_vm ]] || die "cargo did not produce $cri_vm"
+criu_edit=$target_dir/debug/examples/criu_edit
+[[ -x $cri_vm && -x $criu_edit ]] || die "cargo did not produce $cri_vm and $criu_edit"
 
 # One run at a time per directory: VM_RUN_DIR gives a second run its own.
 run=${VM_RUN_DIR:-/var/cache/agent-sandbox/vm-run/$suite}
 rm -rf "$run"
 stage=$run/exchange
 install -d "$stage/in/bin" "$stage/in/images" "$stage/in/extra" "$stage/in/cni" "$stage/in/profiles" "$stage/out"
-cp "$bin/agent-sandbox" "$bin/containerd-shim-agent-sandbox" "$bin/probe" "$cri_vm" "$stage/in/bin/"
+cp "$bin/agent-sandbox" "$bin/containerd-shim-agent-sandbox" "$bin/probe" "$cri_vm" "$criu_edit" "$stage/in/bin/"
 cp "$images/busybox.tar" "$images/pause.tar" "$stage/in/images/"
 # The tools image (python3) only for the Landlock checks, imported by them alone.
 cp "$images/tools.tar" "$stage/in/extra/"

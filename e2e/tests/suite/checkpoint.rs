@@ -12,6 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use agent_sandbox_e2e::criu_image::{
+    Field, add_sys_admin, drop_seccomp, edit_thread_core, map_root_to_host_root,
+};
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, bail, ensure};
@@ -610,146 +613,6 @@ fn rootless_checkpoint_is_a_clear_error_from_the_runtime_and_from_podman() -> an
     Ok(())
 }
 
-/// One field of a protobuf message in wire form: its number and value.
-#[derive(Debug, Clone)]
-enum Field {
-    Varint(u64, u64),
-    Bytes(u64, Vec<u8>),
-    Fixed64(u64, [u8; 8]),
-    Fixed32(u64, [u8; 4]),
-}
-
-fn get_varint(buf: &[u8], at: &mut usize) -> anyhow::Result<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *buf.get(*at).context("varint past the end")?;
-        *at += 1;
-        v |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Ok(v);
-        }
-    }
-    bail!("varint too long")
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(u8::try_from(v & 0x7f).unwrap_or_default() | 0x80);
-        v >>= 7;
-    }
-    out.push(u8::try_from(v).unwrap_or_default());
-}
-
-fn parse(buf: &[u8]) -> anyhow::Result<Vec<Field>> {
-    let mut at = 0;
-    let mut out = Vec::new();
-    while at < buf.len() {
-        let key = get_varint(buf, &mut at)?;
-        let (n, wire) = (key >> 3, key & 7);
-        out.push(match wire {
-            0 => Field::Varint(n, get_varint(buf, &mut at)?),
-            2 => {
-                let len = usize::try_from(get_varint(buf, &mut at)?)?;
-                let v = buf
-                    .get(at..at + len)
-                    .context("bytes past the end")?
-                    .to_vec();
-                at += len;
-                Field::Bytes(n, v)
-            }
-            1 => {
-                let v = buf.get(at..at + 8).context("fixed64 past the end")?;
-                at += 8;
-                Field::Fixed64(n, v.try_into()?)
-            }
-            5 => {
-                let v = buf.get(at..at + 4).context("fixed32 past the end")?;
-                at += 4;
-                Field::Fixed32(n, v.try_into()?)
-            }
-            w => bail!("wire type {w}"),
-        });
-    }
-    Ok(out)
-}
-
-fn encode(fields: &[Field]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for f in fields {
-        match f {
-            Field::Varint(n, v) => {
-                put_varint(&mut out, n << 3);
-                put_varint(&mut out, *v);
-            }
-            Field::Bytes(n, v) => {
-                put_varint(&mut out, (n << 3) | 2);
-                put_varint(&mut out, v.len() as u64);
-                out.extend_from_slice(v);
-            }
-            Field::Fixed64(n, v) => {
-                put_varint(&mut out, (n << 3) | 1);
-                out.extend_from_slice(v);
-            }
-            Field::Fixed32(n, v) => {
-                put_varint(&mut out, (n << 3) | 5);
-                out.extend_from_slice(v);
-            }
-        }
-    }
-    out
-}
-
-/// Edits the `thread_core` (CoreEntry field 5) of CRIU's `core-PID.img`: the file is two
-/// magic numbers, then one entry (a 32-bit size and the CoreEntry message). The edit a
-/// user with the exported image could make.
-fn edit_thread_core(path: &Path, edit: fn(Vec<Field>) -> Vec<Field>) -> anyhow::Result<()> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
-    let mut core = parse(&bytes[12..12 + size])?;
-    let mut found = false;
-    for f in &mut core {
-        if let Field::Bytes(5, tc) = f {
-            *tc = encode(&edit(parse(tc)?));
-            found = true;
-        }
-    }
-    ensure!(found, "{} has no thread_core", path.display());
-    let body = encode(&core);
-    let mut out = bytes[..8].to_vec();
-    out.extend_from_slice(&u32::try_from(body.len())?.to_le_bytes());
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&bytes[12 + size..]);
-    std::fs::write(path, out)?;
-    Ok(())
-}
-
-/// ThreadCoreEntry: `seccomp_mode` (11) disabled, no `seccomp_filter` (12).
-fn drop_seccomp(mut tc: Vec<Field>) -> Vec<Field> {
-    tc.retain(|f| !matches!(f, Field::Varint(11 | 12, _)));
-    tc.push(Field::Varint(11, 0));
-    tc
-}
-
-/// ThreadCoreEntry `creds` (10): CAP_SYS_ADMIN (21) in the permitted (10), effective (11)
-/// and bounding (12) sets' low words.
-fn add_sys_admin(mut tc: Vec<Field>) -> Vec<Field> {
-    for f in &mut tc {
-        if let Field::Bytes(10, creds) = f {
-            let mut c = parse(creds).unwrap_or_default();
-            for set in [10, 11, 12] {
-                if let Some(Field::Varint(_, low)) = c
-                    .iter_mut()
-                    .find(|f| matches!(f, Field::Varint(n, _) if *n == set))
-                {
-                    *low |= 1 << 21;
-                }
-            }
-            *creds = encode(&c);
-        }
-    }
-    tc
-}
-
 /// The init's `/proc/PID/status` line `field` under runc after podman restored it.
 fn runc_restored_status(edit: fn(Vec<Field>) -> Vec<Field>, field: &str) -> anyhow::Result<String> {
     let p = Podman::new(User::Root, Runtime::Runc);
@@ -815,43 +678,6 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             "the chain broke"
         );
     }
-    Ok(())
-}
-
-/// Maps the sandbox's root to host root in CRIU's `userns-N.img` (a `UsernsEntry`: its
-/// `uid_map` (1) and `gid_map` (2) extents, each `first` (1), `lower_first` (2), `count`
-/// (3)): every extent's `lower_first` becomes 0. The edit a user with the image could make.
-fn map_root_to_host_root(image: &Path) -> anyhow::Result<()> {
-    let mut edited = 0;
-    for entry in std::fs::read_dir(image)? {
-        let path = entry?.path();
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if !(name.starts_with("userns-") && name.ends_with(".img")) {
-            continue;
-        }
-        let bytes = std::fs::read(&path)?;
-        let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
-        let mut userns = parse(&bytes[12..12 + size])?;
-        for f in &mut userns {
-            if let Field::Bytes(1 | 2, extent) = f {
-                let mut e = parse(extent)?;
-                for g in &mut e {
-                    if let Field::Varint(2, lower) = g {
-                        *lower = 0;
-                    }
-                }
-                *extent = encode(&e);
-            }
-        }
-        let body = encode(&userns);
-        let mut out = bytes[..8].to_vec();
-        out.extend_from_slice(&u32::try_from(body.len())?.to_le_bytes());
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&bytes[12 + size..]);
-        std::fs::write(&path, out)?;
-        edited += 1;
-    }
-    ensure!(edited > 0, "{} has no userns image", image.display());
     Ok(())
 }
 

@@ -91,8 +91,10 @@ const RUNTIME_OPTIONS: [&str; 5] = ["log", "log_format", "debug", "systemd_cgrou
 impl Cli {
     /// Parses the process's arguments (exits with clap's message and code on an error, as
     /// `Parser::parse`), with the runtime's options hidden from the review commands' help.
+    /// As CRIU's action script at a restore ([`crate::create::restore::HOOK_ENV`]), the
+    /// arguments are the hidden `restore-check`'s, or the process exits 0 at once.
     pub fn parse_args() -> Cli {
-        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let args = restore_hook_args().unwrap_or_else(|| std::env::args_os().collect());
         if let Some(cli) = Self::parse_plain(&args) {
             return cli;
         }
@@ -591,6 +593,30 @@ pub fn version_text() -> String {
         "agent-sandbox version {}\nspec: 1.0.2\nlibcontainer: 0.7\n",
         env!("CARGO_PKG_VERSION")
     )
+}
+
+/// The arguments of CRIU's action script ([`crate::create::restore::HOOK_ENV`]): run
+/// without arguments and with that variable, at `pre-resume` `--root ROOT restore-check
+/// ID`; at CRIU's other stages the process exits 0 here. `None` for any other run.
+fn restore_hook_args() -> Option<Vec<std::ffi::OsString>> {
+    let mut argv = std::env::args_os();
+    let argv0 = argv.next()?;
+    if argv.next().is_some() {
+        return None;
+    }
+    let hook = std::env::var(crate::create::restore::HOOK_ENV).ok()?;
+    let action = std::env::var("CRTOOLS_SCRIPT_ACTION").ok()?;
+    if action != "pre-resume" {
+        std::process::exit(0);
+    }
+    let (root, id) = hook.split_once('\n')?;
+    Some(vec![
+        argv0,
+        "--root".into(),
+        root.into(),
+        "restore-check".into(),
+        id.into(),
+    ])
 }
 
 /// Whether this command enters a container (and so must run from a sealed

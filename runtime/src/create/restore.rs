@@ -336,8 +336,7 @@ impl Runtime {
         let runner = criu::Runner::locate().map_err(|e| fail(e.into()))?;
         let dir = &host.sandbox_dir;
         dir.restore_check().write(expected)?;
-        let hook = dir.restore_hook();
-        write_hook(&hook, &self.dirs.root, id).map_err(fail)?;
+        let (hook, hook_env) = hook(&self.dirs.root, id).map_err(fail)?;
         let _ = std::fs::remove_file(dir.restore_verdict());
         let work = opts
             .criu
@@ -372,7 +371,9 @@ impl Runtime {
                 image_access(&opts.criu.image_path, uid, true)
             })
             .map_err(fail)
-            .map(|()| runner.restore_in_new_cgroupns(&args, &work, "restore.log"));
+            .map(|()| {
+                runner.restore_in_new_cgroupns(&args, (HOOK_ENV, &hook_env), &work, "restore.log")
+            });
         // Whatever happened: the runtime back in its own cgroup, the image private again.
         cgroups.leave();
         let closed = image_access(&opts.criu.image_path, uid, false).map_err(fail);
@@ -400,29 +401,21 @@ impl Runtime {
     }
 }
 
-/// The hook CRIU runs at each stage (`--action-script`, no arguments): at `pre-resume` it
-/// runs the hidden `restore-check`.
-fn write_hook(hook: &Path, root: &Path, id: &ContainerId) -> std::result::Result<(), RestoreError> {
-    use std::os::unix::fs::PermissionsExt;
+/// The variable that makes the runtime's own binary CRIU's action script at a restore:
+/// `ROOT` and `ID`, a newline between. CRIU runs the script (`--action-script`, no
+/// arguments) at every stage, the stage in `CRTOOLS_SCRIPT_ACTION`: at `pre-resume` the
+/// binary runs as `--root ROOT restore-check ID` (`cli::Cli::parse_args`), at any other it
+/// exits 0. The binary rather than a script of ours: Debian's and Ubuntu's initramfs mount
+/// `/run`, where the sandbox's directory is, `noexec`, and CRIU executes the script.
+pub const HOOK_ENV: &str = "AGENT_SANDBOX_RESTORE_HOOK";
+
+/// CRIU's action script and the environment it finds the sandbox by ([`HOOK_ENV`]).
+fn hook(root: &Path, id: &ContainerId) -> std::result::Result<(PathBuf, String), RestoreError> {
     let exe = std::env::current_exe().map_err(|source| RestoreError::ImageDir {
-        path: hook.to_owned(),
+        path: PathBuf::from("/proc/self/exe"),
         source,
     })?;
-    let quote = |p: &Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
-    let text = format!(
-        "#!/bin/sh\n# agent-sandbox: CRIU's pre-resume hook checks the restored tasks\n\
-         [ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\n\
-         exec {} --root {} restore-check {}\n",
-        quote(&exe),
-        quote(root),
-        id.as_str()
-    );
-    let err = |source| RestoreError::ImageDir {
-        path: hook.to_owned(),
-        source,
-    };
-    std::fs::write(hook, text).map_err(err)?;
-    std::fs::set_permissions(hook, std::fs::Permissions::from_mode(0o700)).map_err(err)
+    Ok((exe, format!("{}\n{}", root.display(), id.as_str())))
 }
 
 /// The restored init's standard descriptors: each pipe it had (to podman's conmon, to a
@@ -879,22 +872,10 @@ mod tests {
     }
 
     #[test]
-    fn the_hook_runs_the_check_only_before_resume_and_quotes_its_paths() {
-        let dir = tempfile::tempdir().unwrap();
-        let hook = dir.path().join("restore-check.sh");
+    fn the_hook_is_the_runtime_binary_told_the_root_and_the_id() {
         let id = ContainerId::try_from("c1").unwrap();
-        write_hook(&hook, Path::new("/run/it's"), &id).unwrap();
-        let text = std::fs::read_to_string(&hook).unwrap();
-        assert!(text.contains("= pre-resume ] || exit 0"), "{text}");
-        assert!(
-            text.contains(r"--root '/run/it'\''s' restore-check c1"),
-            "{text}"
-        );
-        // Other stages pass through.
-        let out = std::process::Command::new(&hook)
-            .env("CRTOOLS_SCRIPT_ACTION", "post-restore")
-            .status()
-            .unwrap();
-        assert!(out.success());
+        let (exe, env) = hook(Path::new("/run/it's"), &id).unwrap();
+        assert_eq!(exe, std::env::current_exe().unwrap());
+        assert_eq!(env, "/run/it's\nc1");
     }
 }

@@ -77,8 +77,8 @@ pub enum External {
     Bind { dest: String },
     /// A host device node bound in (`/dev/NAME`; also `/dev/null` over a masked file).
     Device { dest: String, name: String },
-    /// A cgroup v1 hierarchy (`/sys/fs/cgroup/CONTROLLER`): at restore, the sandbox's
-    /// directory in it.
+    /// A cgroup v1 hierarchy (`/sys/fs/cgroup/CONTROLLER`), or the unified hierarchy
+    /// (controller [`UNIFIED`]): at restore, the sandbox's directory in it.
     Cgroup { dest: String, controller: String },
 }
 
@@ -137,6 +137,9 @@ fn parse_mountinfo(text: &str) -> Vec<MountLine> {
         .collect()
 }
 
+/// The controller key of the unified (v2) hierarchy, as `host::cgroups::dirs_of` names it.
+pub const UNIFIED: &str = "unified";
+
 /// Filesystems the sandbox's own mount namespace makes (CRIU mounts them again itself).
 const INTERNAL_FS: [&str; 6] = ["proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup2"];
 
@@ -167,6 +170,12 @@ pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
         out.push(match l.fstype.as_str() {
             "cgroup" => External::Cgroup {
                 controller: l.point.rsplit('/').next().unwrap_or_default().to_owned(),
+                dest,
+            },
+            // The sandbox's cgroup namespace root, seen from the host as a part of the
+            // unified hierarchy: at restore, the restoring sandbox's own directory.
+            "cgroup2" => External::Cgroup {
+                controller: UNIFIED.to_owned(),
                 dest,
             },
             "devtmpfs" => External::Device {
@@ -358,15 +367,18 @@ impl Runner {
 impl Runner {
     /// Runs `criu restore ARGS` in a new cgroup namespace rooted at the caller's cgroup (the
     /// sandbox's, which the caller joined), with the caller's standard descriptors (CRIU
-    /// hands them to the restored init where `--inherit-fd` says).
+    /// hands them to the restored init where `--inherit-fd` says) and one more environment
+    /// variable (`KEY`, `VALUE`), which CRIU passes on to its action script.
     pub fn restore_in_new_cgroupns(
         &self,
         args: &[String],
+        (key, value): (&str, &str),
         work: &Path,
         log: &str,
     ) -> Result<(), CriuError> {
         let mut cmd = std::process::Command::new("/proc/self/exe");
-        cmd.arg("criu-as")
+        cmd.env(key, value)
+            .arg("criu-as")
             .arg("--new-cgroupns")
             .arg("--")
             .arg(&self.binary)
@@ -519,6 +531,38 @@ mod tests {
                 },
             ],
             "/proc/bus is a part of the sandbox's own proc: CRIU finds it itself"
+        );
+    }
+
+    #[test]
+    fn the_unified_hierarchy_seen_from_the_host_is_the_sandboxs_cgroup() {
+        let info = "\
+104 65 0:41 / / ro,relatime - overlay overlay rw,lowerdir=/l
+117 104 0:27 /machine.slice/libpod-1.scope /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw
+";
+        let image = externals(info).unwrap();
+        assert_eq!(
+            image,
+            vec![External::Cgroup {
+                dest: "/sys/fs/cgroup".into(),
+                controller: UNIFIED.into()
+            }]
+        );
+        let cgroups = [(
+            UNIFIED.to_owned(),
+            PathBuf::from("/sys/fs/cgroup/machine.slice/libpod-2.scope"),
+        )]
+        .into();
+        let src = Sources {
+            binds: &[],
+            cgroups: &cgroups,
+        };
+        assert_eq!(
+            restore_map(&image, &src).unwrap(),
+            vec![(
+                "/sys/fs/cgroup".to_owned(),
+                PathBuf::from("/sys/fs/cgroup/machine.slice/libpod-2.scope")
+            )]
         );
     }
 

@@ -241,12 +241,6 @@ impl SandboxDir {
         )
     }
 
-    /// `restore-check.sh`: the hook CRIU runs, which runs that check (CRIU passes no
-    /// arguments to a hook) — `create::restore`.
-    pub fn restore_hook(&self) -> PathBuf {
-        self.file("restore-check.sh")
-    }
-
     /// `restore-verdict`: the check's outcome, `ok PID` or the error — `create::restore`.
     pub fn restore_verdict(&self) -> PathBuf {
         self.file("restore-verdict")
@@ -433,7 +427,6 @@ mod tests {
             (d.audit_exec_exits(), "audit-exec-exits"),
             (d.wall_clock_fired(), "wall-clock-fired"),
             (d.restore_check().path().to_owned(), "restore-check.json"),
-            (d.restore_hook(), "restore-check.sh"),
             (d.restore_verdict(), "restore-verdict"),
         ];
         for (path, want) in &files {
