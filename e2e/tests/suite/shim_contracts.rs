@@ -205,7 +205,8 @@ fn cri_exec_sync_keeps_the_inits_supplementary_groups_like_runc() -> anyhow::Res
 
 /// Item 9: StopContainer (SIGTERM, 5 s grace) at once after StartContainer, 20 times per
 /// handler, on a program that exits 0 on SIGTERM. A lost TERM shows as exit 137 after the
-/// grace period (the SIGKILL). Under ours none may be lost; runc's count is reported. (Before
+/// grace period (the SIGKILL); exit 143 is a TERM that came before the trap, delivered. Under
+/// ours none may be lost; runc's count is reported. (Before
 /// `start` waited for the program, 1 in 12 here and 4 in 12 in the issue were lost; runc 0.)
 #[test]
 fn cri_stop_right_after_start_delivers_sigterm_like_runc() -> anyhow::Result<()> {
@@ -238,7 +239,10 @@ fn cri_stop_right_after_start_delivers_sigterm_like_runc() -> anyhow::Result<()>
                 status.state == ContainerState::ContainerExited as i32,
                 "{name}: container {id} not exited after StopContainer: {status:?}"
             );
-            if status.exit_code != 0 {
+            // 143: the TERM came before the shell set its trap (delivered, by the default
+            // action), as it does under runc on a loaded machine; only the SIGKILL after the
+            // grace period (137) or any other code shows a TERM that never arrived.
+            if status.exit_code != 0 && status.exit_code != 143 {
                 lost.push(format!(
                     "try {i}: exit {} after {took:.2?}",
                     status.exit_code
