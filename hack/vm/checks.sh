@@ -480,6 +480,50 @@ workspace_scenario() {
     return 0
 }
 
+# rootful-workspace RT: rootful podman's volume at /workspace (no --init), on a checkout the
+# logind user owns, as a rootful sandbox's workspace: the session edits a file and adds one.
+# Under agent-sandbox the overlay's lower layer is an idmapped clone of the checkout
+# (docs/workspace.md), which kernels before 6.15 refuse as a detached mount (EINVAL, Debian
+# 13's 6.12): the session works, `agent-sandbox diff` shows both changes and the host checkout
+# is unchanged. Under runc and crun (the references) the edits land on the host.
+rootful_workspace_scenario() {
+    local rt=$1 check=rootful-workspace name="vm-rws-$1" dir=/root/vm-rws-$1 before
+    log=$out/logs/$check.$rt.log
+    local rtarg=$rt
+    [[ $rt == agent-sandbox ]] && rtarg=/usr/local/bin/agent-sandbox
+    ws_checkout "$dir"
+    before=$(ws_state "$dir")
+    capture podman rm -f "$name" || true
+    if ! capture podman --runtime "$rtarg" run --rm --name "$name" --network none \
+        -v "$dir:/workspace" "$image" sh -c 'set -e; cd /workspace
+echo "def sub(a, b): return a - b" >> src/calc.py; echo "x = 1" > new.py; echo SESSION-DONE'; then
+        result "$check.session" "$rt" FAIL "podman run: $(brief "$got")"
+        return 0
+    fi
+    if [[ $got != *SESSION-DONE* ]]; then
+        result "$check.session" "$rt" FAIL "an edit and a new file: $(brief "$got")"
+        return 0
+    fi
+    if [[ $rt != agent-sandbox ]]; then
+        if grep -q 'def sub' "$dir/src/calc.py" && [[ -f $dir/new.py ]]; then
+            result "$check.session" "$rt" PASS "reference: the edit and the new file reached the host checkout"
+        else
+            result "$check.session" "$rt" FAIL "reference: the session did not reach the host checkout"
+        fi
+        return 0
+    fi
+    if [[ $(ws_state "$dir") != "$before" ]]; then
+        result "$check.session" "$rt" FAIL "the host checkout changed before promote"
+    elif ! capture agent-sandbox diff "$name" || ! grep -qx 'M /src/calc.py (file)' <<<"$got" ||
+        ! grep -qx 'A /new.py (file)' <<<"$got"; then
+        result "$check.session" "$rt" FAIL "agent-sandbox diff lacks the session's changes: $(brief "$got")"
+    else
+        result "$check.session" "$rt" PASS "the edit and the new file are in diff; the host checkout is unchanged"
+    fi
+    capture agent-sandbox changes discard "$name" || true
+    return 0
+}
+
 # --- the agent task under rootless podman (issue #33) -----------------------------------
 
 # The scripted agent task of e2e/src/agent_task.rs (the e2e suite runs it through rootful
@@ -1644,6 +1688,10 @@ for rt in $VM_RUNTIMES; do
     if selected rootless-workspace; then
         say "rootless-workspace [$rt]"
         workspace_scenario "$rt"
+    fi
+    if selected rootful-workspace; then
+        say "rootful-workspace [$rt]"
+        rootful_workspace_scenario "$rt"
     fi
     if selected ctr; then
         say "ctr [$rt]"

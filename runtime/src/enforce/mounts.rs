@@ -7,6 +7,7 @@
 //! per-container directory whose ancestors are traversable (mode 0711), and
 //! hands that path to libcontainer. `delete` detaches the mounts again.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -415,14 +416,12 @@ pub fn mount_overlay(
         upper,
         options,
     } = overlay;
-    let (clone, ownership) = idmapped_lower(lower, user);
-    let lower_option = match &clone {
-        Some(fd) => {
-            use std::os::fd::AsRawFd;
-            format!("lowerdir=/proc/self/fd/{}", fd.as_raw_fd())
-        }
-        None => format!("lowerdir={}", lower.display()),
-    };
+    let attach_at = merged.with_file_name("workspace-lower");
+    let (attached, ownership) = idmapped_lower(lower, user, &attach_at);
+    let lower_option = format!(
+        "lowerdir={}",
+        attached.as_deref().unwrap_or(lower).display()
+    );
     // Only overlay data options go to mount(2); nosuid/nodev become flags.
     let data = options
         .iter()
@@ -436,21 +435,26 @@ pub fn mount_overlay(
         })
         .collect::<Vec<_>>()
         .join(",");
-    mkdir_traversable(merged)?;
-    mount(
-        Some("overlay"),
-        merged.as_path(),
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(data.as_str()),
-    )
-    .map_err(|source| MountError::Bind {
-        src: lower.clone(),
-        dst: merged.clone(),
-        source,
-    })?;
-    // The overlay holds its own reference to the detached clone.
-    drop(clone);
+    let mounted = mkdir_traversable(merged).and_then(|()| {
+        mount(
+            Some("overlay"),
+            merged.as_path(),
+            Some("overlay"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(data.as_str()),
+        )
+        .map_err(|source| MountError::Bind {
+            src: lower.clone(),
+            dst: merged.clone(),
+            source,
+        })
+    });
+    // The overlay holds its own private copy of the clone: the attached one goes.
+    if let Some(at) = &attached {
+        let _ = detach(at);
+        let _ = std::fs::remove_dir(at);
+    }
+    mounted?;
     Ok((
         WorkspaceOverlay {
             lower: lower.clone(),
@@ -463,11 +467,16 @@ pub fn mount_overlay(
     ))
 }
 
-/// The idmapped clone of `lower` for `user`, or why there is none.
+/// The idmapped clone of `lower` for `user`, attached at `at` (the overlay's lower layer),
+/// or why there is none.
+///
+/// Attached, not named as `/proc/self/fd/N`: kernels before 6.15 (Debian 13's 6.12) refuse
+/// a detached mount as an overlay layer with EINVAL (`agent_sandbox_sys::idmap_mount::attach`).
 fn idmapped_lower(
     lower: &Path,
     user: Option<SandboxUser>,
-) -> (Option<std::os::fd::OwnedFd>, Ownership) {
+    at: &Path,
+) -> (Option<PathBuf>, Ownership) {
     use std::os::unix::fs::MetadataExt;
     let Some(user) = user else {
         return (
@@ -490,12 +499,19 @@ fn idmapped_lower(
         }
     };
     let from = (meta.uid(), meta.gid());
-    match agent_sandbox_sys::idmap_mount::idmapped_clone(
+    let attached = agent_sandbox_sys::idmap_mount::idmapped_clone(
         lower,
         (from.0, user.host_uid),
         (from.1, user.host_gid),
-    ) {
-        Ok(fd) => (Some(fd), Ownership::Mapped { from }),
+    )
+    .and_then(|tree| {
+        // Left over by an earlier attempt: never stack a second clone on it.
+        let _ = detach(at);
+        let _ = std::fs::DirBuilder::new().mode(0o700).create(at);
+        agent_sandbox_sys::idmap_mount::attach(&tree, at)
+    });
+    match attached {
+        Ok(()) => (Some(at.to_owned()), Ownership::Mapped { from }),
         Err(e) => {
             tracing::warn!(workspace = %lower.display(), error = %e, "workspace ownership not mapped: the sandbox writes only what its own ids may");
             (

@@ -12,8 +12,10 @@
 //! Mount points live outside `R`, under `crate::harden::mount_dir`
 //! (`/run/agent-sandbox/mnt/<tag>/<id>`, or `/tmp/agent-sandbox-<uid>/<tag>/<id>` rootless):
 //! the reachable `rootfs`, the `workspace` overlay's `upper`/`work` (in the change set's
-//! directory when changes are kept, `changes`) and its `workspace-merged` view, `binds/<n>`
-//! for re-bound sources (`mounts`), and `ns/` for a pod sandbox's namespace pins (`pod`).
+//! directory when changes are kept, `changes`) and its `workspace-merged` view (with
+//! `workspace-lower`, where the idmapped lower layer is attached only while the overlay is
+//! mounted), `binds/<n>` for re-bound sources (`mounts`), and `ns/` for a pod sandbox's
+//! namespace pins (`pod`).
 
 pub mod id;
 pub mod lock;

@@ -33,6 +33,12 @@ pub enum IdmapMountError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot attach the idmapped clone at {path}")]
+    Attach {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot idmap the clone of {path} (the filesystem may not support idmapped mounts)")]
     SetAttr {
         path: PathBuf,
@@ -125,7 +131,8 @@ fn userns_with(uid_map: &str, gid_map: &str) -> Result<OwnedFd, IdmapMountError>
 
 /// A detached, read-only, nosuid, nodev clone of the mount at `path` (not its submounts),
 /// on which host uid `uid.0` and host uid `uid.1` trade places (gids likewise). Name it as
-/// `/proc/self/fd/N` (e.g. an overlay's `lowerdir`); it disappears with its last user.
+/// `/proc/self/fd/N`, or [`attach`] it where a kernel needs an attached mount (an overlay
+/// layer before 6.15); a detached clone disappears with its last user.
 pub fn idmapped_clone(
     path: &Path,
     uid: (u32, u32),
@@ -186,6 +193,39 @@ pub fn idmapped_clone(
         });
     }
     Ok(tree)
+}
+
+/// Attaches the detached mount `tree` (an [`idmapped_clone`]) at the existing directory `at`.
+///
+/// Kernels before 6.15 refuse a detached mount as an overlay layer (overlayfs clones each
+/// layer with `clone_private_mount`, which there requires a mount of the caller's
+/// namespace: EINVAL, e.g. Debian 13's 6.12), so the clone is attached before the overlay
+/// is mounted and detached again once the overlay holds its own copy.
+pub fn attach(tree: &OwnedFd, at: &Path) -> Result<(), IdmapMountError> {
+    let cpath = CString::new(at.as_os_str().as_bytes()).map_err(|_| IdmapMountError::Nul {
+        path: at.to_owned(),
+    })?;
+    // MOVE_MOUNT_F_EMPTY_PATH (linux/mount.h): the source is the descriptor itself.
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: `tree` is an open mount descriptor named by the empty path with
+    // MOVE_MOUNT_F_EMPTY_PATH; `cpath` is a valid NUL-terminated string that outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            cpath.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r != 0 {
+        return Err(IdmapMountError::Attach {
+            path: at.to_owned(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -259,5 +299,34 @@ mod tests {
             "copied up with the mapped owner"
         );
         assert_eq!(std::fs::read(lower.join("f")).unwrap(), b"x");
+    }
+
+    /// Attached, the clone is a path of this namespace (what an overlay layer must be before
+    /// kernel 6.15) that shows the mapped owner, and detaching it leaves the directory empty.
+    #[test]
+    fn the_attached_clone_shows_the_mapped_owner_at_its_path() {
+        if !nix::unistd::geteuid().is_root() {
+            panic!("this test needs root (idmapped mounts)");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let lower = dir.path().join("lower");
+        let at = dir.path().join("at");
+        std::fs::create_dir(&lower).unwrap();
+        std::fs::create_dir(&at).unwrap();
+        std::fs::write(lower.join("f"), "x").unwrap();
+        std::os::unix::fs::chown(lower.join("f"), Some(1000), Some(1000)).unwrap();
+        let tree = idmapped_clone(&lower, (1000, 1_234_567), (1000, 1_234_568)).unwrap();
+        attach(&tree, &at).unwrap();
+        drop(tree);
+        let seen = std::fs::metadata(at.join("f"));
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        let seen = seen.unwrap();
+        assert_eq!((seen.uid(), seen.gid()), (1_234_567, 1_234_568));
+        assert!(
+            mountinfo.contains(&format!(" {} ", at.display())),
+            "attached in this namespace"
+        );
+        assert!(!at.join("f").exists(), "detached again");
     }
 }
