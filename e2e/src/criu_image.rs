@@ -184,3 +184,60 @@ pub fn map_root_to_host_root(image: &Path) -> anyhow::Result<()> {
     ensure!(edited > 0, "{} has no userns image", image.display());
     Ok(())
 }
+
+/// A BPF program of one instruction, `BPF_RET | BPF_K` `SECCOMP_RET_ALLOW`: every syscall
+/// allowed, as `struct sock_filter`s in native byte order (what CRIU stores).
+pub fn allow_all_program() -> Vec<u8> {
+    let mut out = 0x06u16.to_ne_bytes().to_vec();
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&0x7fff_0000u32.to_ne_bytes());
+    out
+}
+
+/// Replaces the first-installed seccomp filter of every chain in CRIU's `seccomp.img` (a
+/// `SeccompEntry`: `seccomp_filters` (1), each `filter` (1), `prev` (2), `flags` (3)) by
+/// [`allow_all_program`]: the same count of filters, the first (the sandbox's own, under
+/// runc podman's) allowing everything. CRIU writes a thread's filters newest first and each
+/// `prev` names the one installed after it, so a first-installed filter is one that no
+/// `prev` names. The edit a user with the image could make.
+pub fn permit_all_first_filter(image: &Path) -> anyhow::Result<()> {
+    let path = image.join("seccomp.img");
+    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let size = u32::from_le_bytes(bytes[8..12].try_into()?) as usize;
+    let mut entry = parse(&bytes[12..12 + size])?;
+    let mut named = Vec::new();
+    for f in &entry {
+        if let Field::Bytes(1, filter) = f {
+            for g in parse(filter)? {
+                if let Field::Varint(2, prev) = g {
+                    named.push(prev);
+                }
+            }
+        }
+    }
+    let mut edited = 0;
+    let mut index = 0u64;
+    for f in &mut entry {
+        if let Field::Bytes(1, filter) = f {
+            if !named.contains(&index) {
+                let mut fields = parse(filter)?;
+                for g in &mut fields {
+                    if let Field::Bytes(1, program) = g {
+                        *program = allow_all_program();
+                        edited += 1;
+                    }
+                }
+                *filter = encode(&fields);
+            }
+            index += 1;
+        }
+    }
+    ensure!(edited > 0, "{} has no first filter", path.display());
+    let body = encode(&entry);
+    let mut out = bytes[..8].to_vec();
+    out.extend_from_slice(&u32::try_from(body.len())?.to_le_bytes());
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&bytes[12 + size..]);
+    std::fs::write(&path, out)?;
+    Ok(())
+}

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox_e2e::criu_image::{
     Field, add_sys_admin, drop_seccomp, edit_thread_core, map_root_to_host_root,
+    permit_all_first_filter,
 };
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
@@ -651,12 +652,19 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
     );
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
     let (_dir, ws, policy) = fixture("optional")?;
-    for (edit, want) in [
+    // The dropped filter is refused before CRIU runs (the image's filters are read), the
+    // capability by the pre-resume check.
+    for (edit, refusal, want) in [
         (
             drop_seccomp as fn(Vec<Field>) -> Vec<Field>,
-            "Seccomp is 0, not 2",
+            "the image's seccomp filters are not the sandbox's",
+            "thread 1 of the image: 0 seccomp filters, the sandbox installs",
         ),
-        (add_sys_admin, "CapPrm is 0000000000200000, not 0"),
+        (
+            add_sys_admin,
+            "does not match the sandbox's plan",
+            "CapPrm is 0000000000200000, not 0",
+        ),
     ] {
         let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
         count_reaches(p, &g.name, 2)?;
@@ -668,7 +676,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
         ensure!(!out.success(), "the edited image was restored\n{out}");
         ensure!(
-            out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains(want),
+            out.stderr.contains(refusal) && out.stderr.contains(want),
             "unclear refusal (wanted {want:?})\n{out}"
         );
         let state = harness::runtime(&["state", &id])?;
@@ -678,6 +686,81 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             "the chain broke"
         );
     }
+    Ok(())
+}
+
+/// A loop that runs the probe's `personality` check (ADDR_NO_RANDOMIZE, which podman's
+/// default filter and the sandbox's deny) in a child of the restored shell, so the child has
+/// the shell's filters, and keeps its last answer in `/tmp/personality`.
+const PERSONALITY: &str = "while :; do probe personality > /tmp/p.new; mv /tmp/p.new /tmp/personality; \
+                           sleep 0.2; done";
+
+/// Waits until the container's last `personality` answer is `outcome`.
+fn personality_becomes(p: Podman, name: &str, outcome: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if let Ok(out) = p.run(&["exec", name, "cat", "/tmp/personality"]) {
+            last = out.stdout;
+            if last.contains(&format!("\"outcome\":\"{outcome}\"")) {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    bail!("personality never became {outcome}: {last}")
+}
+
+#[test]
+fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_runs()
+-> anyhow::Result<()> {
+    // runc: the restored shell's filter (podman's default) replaced by an allow-all
+    // program of the same count, and its children run unconfined.
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let (g, id) = runc.run_detached(
+        &[],
+        "ckpt-runc-allow",
+        &[TOOLS_IMAGE, "sh", "-c", PERSONALITY],
+    )?;
+    personality_becomes(runc, &g.name, "blocked")?;
+    let filters = || -> anyhow::Result<String> {
+        let pid = runc.run_ok(&["inspect", "--format", "{{.State.Pid}}", &g.name])?;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", pid.stdout.trim()))?;
+        Ok(status
+            .lines()
+            .filter(|l| l.starts_with("Seccomp"))
+            .collect::<Vec<_>>()
+            .join(" "))
+    };
+    let before = filters()?;
+    runc.run_ok(&["container", "checkpoint", &g.name])?;
+    permit_all_first_filter(&podman_image_dir(&id))?;
+    runc.run_ok(&["container", "restore", &g.name])?;
+    let after = filters()?;
+    ensure!(
+        after == before && before.contains("Seccomp:\t2"),
+        "runc restored other filters: {before} / {after}"
+    );
+    personality_becomes(runc, &g.name, "allowed")?;
+    drop(g);
+    // agent-sandbox refuses the same edit before CRIU runs, and leaves nothing behind.
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sh", "-c", PERSONALITY])?;
+    personality_becomes(p, &g.name, "blocked")?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    permit_all_first_filter(&podman_image_dir(&id))?;
+    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    ensure!(!out.success(), "the edited image was restored\n{out}");
+    ensure!(
+        out.stderr
+            .contains("the image's seccomp filters are not the sandbox's")
+            && out.stderr.contains("is not the sandbox's own filter"),
+        "unclear refusal\n{out}"
+    );
+    let state = harness::runtime(&["state", &id])?;
+    ensure!(!state.success(), "a refused sandbox is left\n{state}");
+    harness::runtime_ok(&["audit", "verify", &id])?;
     Ok(())
 }
 

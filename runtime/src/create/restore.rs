@@ -25,6 +25,7 @@ use super::{Hardened, Host, Ids, Marks, Result};
 use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
+use crate::host::criu_image;
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
 use crate::lifecycle::{CreateOpts, LifecycleError, RestoredChange, Runtime};
 use crate::state::ContainerId;
@@ -81,6 +82,11 @@ pub enum RestoreError {
     Criu(#[from] CriuError),
     #[error(transparent)]
     Check(#[from] restored::RestoredError),
+    #[error(
+        "the image's seccomp filters are not the sandbox's: CRIU would restore them \
+         (docs/checkpoint.md#refused)"
+    )]
+    ImageSeccomp(#[source] criu_image::CriuImageError),
     #[error("the check of the restored tasks did not pass: {verdict}")]
     Verdict { verdict: String },
     #[error("cannot prepare the image directory {path} for CRIU")]
@@ -256,6 +262,10 @@ impl Runtime {
             host_ns: Expected::host_namespaces(Path::new("/proc"), "self")
                 .map_err(|e| fail(e.into()))?,
         };
+        // Before CRIU reads the image: the filters it would give every thread are exactly
+        // the ones the executor installs (the pre-resume check sees only their count).
+        criu_image::check_seccomp(&opts.criu.image_path, &filter_slots(&executor))
+            .map_err(|e| fail(RestoreError::ImageSeccomp(e)))?;
         let pid = self.run_criu_restore(id, opts, &host, &hardened, manifest, &expected)?;
         *restored_pid = Some(pid);
         marks.mark("criu");
@@ -399,6 +409,33 @@ impl Runtime {
             },
         }))
     }
+}
+
+/// The filters the executor installs, first installed first: the sandbox's own (in either
+/// form: the image may have been taken with or without the supervisor's notifications,
+/// both compiled from this sandbox's policy), then the config's `linux.seccomp` ones.
+fn filter_slots(executor: &crate::enforce::executor::SandboxExecutor) -> Vec<criu_image::Slot> {
+    let bpf = |p: &seccompiler::BpfProgram| {
+        criu_image::program_bytes(p.iter().map(|i| (i.code, i.jt, i.jf, i.k)))
+    };
+    let mut own: Vec<Vec<u8>> = executor.seccomp.iter().map(|p| bpf(p)).collect();
+    if let Some(notify) = &executor.notify {
+        own.push(criu_image::program_bytes(
+            notify.program.iter().map(|i| (i.code, i.jt, i.jf, i.k)),
+        ));
+    }
+    let mut slots = Vec::new();
+    if !own.is_empty() {
+        slots.push(criu_image::Slot {
+            what: "the sandbox's own filter",
+            programs: own,
+        });
+    }
+    slots.extend(executor.requested_seccomp.iter().map(|p| criu_image::Slot {
+        what: "the config's linux.seccomp filter",
+        programs: vec![bpf(p)],
+    }));
+    slots
 }
 
 /// The variable that makes the runtime's own binary CRIU's action script at a restore:

@@ -4,6 +4,7 @@
 pub mod apparmor;
 pub mod cgroups;
 pub mod criu;
+pub mod criu_image;
 pub mod idmap;
 pub mod rlimits;
 pub mod userns;

@@ -1,0 +1,562 @@
+//! The seccomp filters a CRIU image gives its threads, read before CRIU restores it.
+//!
+//! A checkpoint image is a file a user may have edited, so it is read as hostile data:
+//! every size is bounded, every index checked, a field that may appear once appears once,
+//! and anything else is an error, never a panic or a guess. The pre-resume check
+//! (`enforce::restored`) sees only the filters' count in `/proc`; this reads what they are.
+//!
+//! CRIU's image files are two 32-bit magic numbers, then entries: a 32-bit little-endian
+//! size and a protobuf message. The field numbers are CRIU's (`images/seccomp.proto`,
+//! `images/core.proto`):
+//! - `seccomp.img`, one `seccomp_entry`: `seccomp_filters` (1), each a `seccomp_filter` of
+//!   `filter` (1, the BPF program's `struct sock_filter`s), `prev` (2) and `flags` (3);
+//! - `core-TID.img`, one `core_entry` per thread: `thread_core` (5), whose `seccomp_mode`
+//!   (11) and `seccomp_filter` (12) CRIU restores.
+//!
+//! Despite the names, CRIU 4's dump writes each thread's filters newest first, so a thread's
+//! `seccomp_filter` is its first-installed filter and each `prev` leads to the one installed
+//! after it; CRIU's restorer installs them in that walk's order (`criu/seccomp.c`,
+//! `prepare_seccomp_filters`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// CRIU's `seccomp.img` in an image directory.
+pub const SECCOMP_IMG: &str = "seccomp.img";
+/// The largest image file read (a thread's core is kilobytes, a seccomp image at most the
+/// kernel's 256Ki instructions per thread, 2 MiB).
+const MAX_FILE: u64 = 16 << 20;
+/// `SECCOMP_MODE_FILTER`.
+const MODE_FILTER: u64 = 2;
+/// `SECCOMP_FILTER_FLAG_TSYNC`, which CRIU 4 records on every filter it dumps: the only flag
+/// allowed (`LOG`, `SPEC_ALLOW` and the others would change what the filter does).
+const FLAG_TSYNC: u64 = 1;
+
+/// Errors of reading and checking an image's seccomp filters.
+#[derive(Debug, thiserror::Error)]
+pub enum CriuImageError {
+    #[error("cannot read the image file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the image file {path} is malformed: {why}")]
+    Malformed { path: PathBuf, why: String },
+    #[error("thread {tid} of the image: {why}")]
+    Thread { tid: String, why: String },
+}
+
+/// One filter the sandbox installs, in the order installed: what it is, for errors, and the
+/// programs it may be (the sandbox's own filter is one of two: with or without the
+/// supervisor's notifications).
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub what: &'static str,
+    pub programs: Vec<Vec<u8>>,
+}
+
+/// A BPF program as the kernel and CRIU store it: `struct sock_filter`s, each `code` (16
+/// bits), `jt`, `jf` (8 bits), `k` (32 bits), in native byte order.
+pub fn program_bytes(program: impl IntoIterator<Item = (u16, u8, u8, u32)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (code, jt, jf, k) in program {
+        out.extend_from_slice(&code.to_ne_bytes());
+        out.extend_from_slice(&[jt, jf]);
+        out.extend_from_slice(&k.to_ne_bytes());
+    }
+    out
+}
+
+/// Checks that every thread of the image in `dir` gets exactly `expected`, in that order
+/// (first installed first), byte for byte, with no flag but TSYNC.
+pub fn check_seccomp(dir: &Path, expected: &[Slot]) -> Result<(), CriuImageError> {
+    let filters = read_filters(dir)?;
+    let mut threads = 0;
+    let listing = std::fs::read_dir(dir).map_err(|source| CriuImageError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    for entry in listing {
+        let entry = entry.map_err(|source| CriuImageError::Read {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(tid) = name
+            .strip_prefix("core-")
+            .and_then(|n| n.strip_suffix(".img"))
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let (mode, last) = thread_seccomp(&path)?;
+        let thread = |why: String| CriuImageError::Thread {
+            tid: tid.to_owned(),
+            why,
+        };
+        let chain = chain(mode, last, &filters).map_err(thread)?;
+        compare(&chain, &filters, expected).map_err(thread)?;
+        threads += 1;
+    }
+    if threads == 0 {
+        return Err(CriuImageError::Malformed {
+            path: dir.to_owned(),
+            why: "no thread core (core-TID.img)".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// A thread's filters as image indexes, in the order CRIU installs them.
+fn chain(mode: Option<u64>, first: Option<u64>, filters: &[Filter]) -> Result<Vec<usize>, String> {
+    match mode.unwrap_or(0) {
+        0 => return Ok(Vec::new()),
+        MODE_FILTER => {}
+        m => return Err(format!("seccomp mode {m}, not {MODE_FILTER} (filter)")),
+    }
+    let mut at = first.ok_or("seccomp mode 2 without a filter index")?;
+    let mut out = Vec::new();
+    loop {
+        let index = usize::try_from(at)
+            .ok()
+            .filter(|i| *i < filters.len())
+            .ok_or_else(|| {
+                format!(
+                    "seccomp filter index {at} is not in seccomp.img ({} filters)",
+                    filters.len()
+                )
+            })?;
+        if out.contains(&index) {
+            return Err(format!(
+                "seccomp filter {index} comes back in its own chain"
+            ));
+        }
+        out.push(index);
+        match filters[index].prev {
+            Some(prev) => at = prev,
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+fn compare(chain: &[usize], filters: &[Filter], expected: &[Slot]) -> Result<(), String> {
+    if chain.len() != expected.len() {
+        return Err(format!(
+            "{} seccomp filters, the sandbox installs {}",
+            chain.len(),
+            expected.len()
+        ));
+    }
+    for (n, (index, slot)) in chain.iter().zip(expected).enumerate() {
+        let filter = &filters[*index];
+        if !slot.programs.contains(&filter.program) {
+            return Err(format!(
+                "seccomp filter {} of {} (seccomp.img filter {index}) is not {}",
+                n + 1,
+                expected.len(),
+                slot.what
+            ));
+        }
+        if filter.flags & !FLAG_TSYNC != 0 {
+            return Err(format!(
+                "seccomp filter {} of {} (seccomp.img filter {index}) has flags {:#x}, \
+                 the sandbox's have none but TSYNC",
+                n + 1,
+                expected.len(),
+                filter.flags
+            ));
+        }
+    }
+    Ok(())
+}
+
+struct Filter {
+    program: Vec<u8>,
+    prev: Option<u64>,
+    flags: u64,
+}
+
+/// `seccomp.img`'s filters; none if the image has no such file.
+fn read_filters(dir: &Path) -> Result<Vec<Filter>, CriuImageError> {
+    let path = dir.join(SECCOMP_IMG);
+    if std::fs::symlink_metadata(&path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(Vec::new());
+    }
+    let body = entry(&path)?;
+    let bad = |why: String| CriuImageError::Malformed {
+        path: path.clone(),
+        why,
+    };
+    let entry = fields(&body).map_err(bad)?;
+    let mut out = Vec::new();
+    for filter in repeated_bytes(&entry, 1).map_err(bad)? {
+        let f = fields(filter).map_err(bad)?;
+        out.push(Filter {
+            program: single_bytes(&f, 1)
+                .map_err(bad)?
+                .ok_or_else(|| bad("a seccomp filter without its program".to_owned()))?
+                .to_vec(),
+            prev: single_varint(&f, 2).map_err(bad)?,
+            flags: single_varint(&f, 3).map_err(bad)?.unwrap_or(0),
+        });
+    }
+    Ok(out)
+}
+
+/// A thread core's `seccomp_mode` and `seccomp_filter`.
+fn thread_seccomp(path: &Path) -> Result<(Option<u64>, Option<u64>), CriuImageError> {
+    let body = entry(path)?;
+    let bad = |why: String| CriuImageError::Malformed {
+        path: path.to_owned(),
+        why,
+    };
+    let core = fields(&body).map_err(bad)?;
+    let thread_core = single_bytes(&core, 5)
+        .map_err(bad)?
+        .ok_or_else(|| bad("no thread_core".to_owned()))?;
+    let tc = fields(thread_core).map_err(bad)?;
+    Ok((
+        single_varint(&tc, 11).map_err(bad)?,
+        single_varint(&tc, 12).map_err(bad)?,
+    ))
+}
+
+/// The first entry's message of the image file at `path` (CRIU reads one from each of
+/// these files). Not a link, not a device, at most [`MAX_FILE`] bytes.
+fn entry(path: &Path) -> Result<Vec<u8>, CriuImageError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let read = |source| CriuImageError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read)?;
+    let bad = |why: &str| CriuImageError::Malformed {
+        path: path.to_owned(),
+        why: why.to_owned(),
+    };
+    if !file.metadata().map_err(read)?.is_file() {
+        return Err(bad("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_FILE {
+        return Err(bad("larger than 16 MiB"));
+    }
+    let size = bytes
+        .get(8..12)
+        .and_then(|s| <[u8; 4]>::try_from(s).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| bad("shorter than its magic and first entry's size"))?;
+    let size = usize::try_from(size).map_err(|_| bad("entry size out of range"))?;
+    bytes
+        .get(12..)
+        .and_then(|rest| rest.get(..size))
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| bad("its entry runs past the end"))
+}
+
+/// A protobuf field's value in wire form.
+#[derive(Debug, PartialEq)]
+enum Value<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed,
+}
+
+fn varint(buf: &[u8], at: &mut usize) -> Result<u64, String> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *buf.get(*at).ok_or("a varint runs past the end")?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err("a varint longer than 10 bytes".to_owned())
+}
+
+/// A message's fields, in order: numbers and values.
+fn fields(buf: &[u8]) -> Result<Vec<(u64, Value<'_>)>, String> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    while at < buf.len() {
+        let key = varint(buf, &mut at)?;
+        let width = match key & 7 {
+            0 => {
+                out.push((key >> 3, Value::Varint(varint(buf, &mut at)?)));
+                continue;
+            }
+            2 => usize::try_from(varint(buf, &mut at)?).map_err(|_| "a length out of range")?,
+            1 => 8,
+            5 => 4,
+            w => return Err(format!("wire type {w}")),
+        };
+        let end = at
+            .checked_add(width)
+            .filter(|end| *end <= buf.len())
+            .ok_or("a field runs past the end")?;
+        let value = &buf[at..end];
+        out.push((
+            key >> 3,
+            if key & 7 == 2 {
+                Value::Bytes(value)
+            } else {
+                Value::Fixed
+            },
+        ));
+        at = end;
+    }
+    Ok(out)
+}
+
+/// A field that may appear at most once, of the wire type CRIU's schema gives it: twice
+/// (which a protobuf reader merges or overrides) or another type is an error.
+fn single<'a>(fields: &'a [(u64, Value<'a>)], n: u64) -> Result<Option<&'a Value<'a>>, String> {
+    let mut found = fields.iter().filter(|(m, _)| *m == n).map(|(_, v)| v);
+    let first = found.next();
+    if found.next().is_some() {
+        return Err(format!("field {n} appears more than once"));
+    }
+    Ok(first)
+}
+
+fn single_varint(fields: &[(u64, Value<'_>)], n: u64) -> Result<Option<u64>, String> {
+    match single(fields, n)? {
+        None => Ok(None),
+        Some(Value::Varint(v)) if *v <= u64::from(u32::MAX) => Ok(Some(*v)),
+        Some(_) => Err(format!("field {n} is not a 32-bit varint")),
+    }
+}
+
+fn single_bytes<'a>(fields: &'a [(u64, Value<'a>)], n: u64) -> Result<Option<&'a [u8]>, String> {
+    match single(fields, n)? {
+        None => Ok(None),
+        Some(Value::Bytes(b)) => Ok(Some(b)),
+        Some(_) => Err(format!("field {n} is not length-delimited")),
+    }
+}
+
+fn repeated_bytes<'a>(fields: &'a [(u64, Value<'a>)], n: u64) -> Result<Vec<&'a [u8]>, String> {
+    fields
+        .iter()
+        .filter(|(m, _)| *m == n)
+        .map(|(_, v)| match v {
+            Value::Bytes(b) => Ok(*b),
+            _ => Err(format!("field {n} is not length-delimited")),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(out: &mut Vec<u8>, n: u64, wire: u64) {
+        put(out, (n << 3) | wire);
+    }
+
+    fn put(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(u8::try_from(v & 0x7f).unwrap() | 0x80);
+            v >>= 7;
+        }
+        out.push(u8::try_from(v).unwrap());
+    }
+
+    fn bytes(out: &mut Vec<u8>, n: u64, b: &[u8]) {
+        key(out, n, 2);
+        put(out, b.len() as u64);
+        out.extend_from_slice(b);
+    }
+
+    fn varint(out: &mut Vec<u8>, n: u64, v: u64) {
+        key(out, n, 0);
+        put(out, v);
+    }
+
+    fn image(dir: &Path, name: &str, body: &[u8]) {
+        let mut out = vec![0u8; 8];
+        out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+        out.extend_from_slice(body);
+        std::fs::write(dir.join(name), out).unwrap();
+    }
+
+    /// seccomp.img with `filters` (program, prev).
+    fn seccomp(dir: &Path, filters: &[(&[u8], Option<u64>)]) {
+        let mut entry = Vec::new();
+        for (program, prev) in filters {
+            let mut f = Vec::new();
+            bytes(&mut f, 1, program);
+            if let Some(prev) = prev {
+                varint(&mut f, 2, *prev);
+            }
+            bytes(&mut entry, 1, &f);
+        }
+        image(dir, SECCOMP_IMG, &entry);
+    }
+
+    fn core(dir: &Path, tid: u32, mode: u64, last: u64) {
+        let mut tc = Vec::new();
+        varint(&mut tc, 1, 0);
+        varint(&mut tc, 11, mode);
+        varint(&mut tc, 12, last);
+        let mut core = Vec::new();
+        varint(&mut core, 1, 1);
+        bytes(&mut core, 5, &tc);
+        image(dir, &format!("core-{tid}.img"), &core);
+    }
+
+    const OWN: &[u8] = &[1, 2, 3, 4, 5, 6, 7, 8];
+    const CONFIG: &[u8] = &[9, 9, 9, 9, 9, 9, 9, 9];
+
+    fn allow_all() -> Vec<u8> {
+        program_bytes([(0x06, 0, 0, 0x7fff_0000)])
+    }
+
+    fn expected() -> Vec<Slot> {
+        vec![
+            Slot {
+                what: "the sandbox's own filter",
+                programs: vec![OWN.to_vec()],
+            },
+            Slot {
+                what: "the config's linux.seccomp filter",
+                programs: vec![CONFIG.to_vec()],
+            },
+        ]
+    }
+
+    fn refusal(dir: &Path) -> String {
+        let e = check_seccomp(dir, &expected()).unwrap_err();
+        e.to_string()
+    }
+
+    #[test]
+    fn the_sandboxs_filters_in_order_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        // As CRIU writes them: newest first, the thread's index the first installed.
+        seccomp(dir.path(), &[(CONFIG, None), (OWN, Some(0))]);
+        core(dir.path(), 1, 2, 1);
+        core(dir.path(), 7, 2, 1);
+        check_seccomp(dir.path(), &expected()).unwrap();
+    }
+
+    #[test]
+    fn a_permissive_filter_of_the_same_count_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let allow = allow_all();
+        seccomp(dir.path(), &[(CONFIG, None), (&allow, Some(0))]);
+        core(dir.path(), 1, 2, 1);
+        assert_eq!(
+            refusal(dir.path()),
+            "thread 1 of the image: seccomp filter 1 of 2 (seccomp.img filter 1) is not the \
+             sandbox's own filter"
+        );
+    }
+
+    #[test]
+    fn another_order_another_count_or_no_filter_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        seccomp(dir.path(), &[(OWN, None), (CONFIG, Some(0))]);
+        core(dir.path(), 1, 2, 1);
+        assert!(refusal(dir.path()).contains("filter 1 of 2 (seccomp.img filter 1) is not"));
+        core(dir.path(), 1, 2, 0);
+        assert!(refusal(dir.path()).contains("1 seccomp filters, the sandbox installs 2"));
+        core(dir.path(), 1, 0, 0);
+        assert!(refusal(dir.path()).contains("0 seccomp filters"));
+        core(dir.path(), 1, 1, 0);
+        assert!(refusal(dir.path()).contains("seccomp mode 1"));
+    }
+
+    #[test]
+    fn one_thread_of_many_is_enough_to_refuse() {
+        let dir = tempfile::tempdir().unwrap();
+        let allow = allow_all();
+        seccomp(
+            dir.path(),
+            &[
+                (CONFIG, None),
+                (OWN, Some(0)),
+                (CONFIG, None),
+                (&allow, Some(2)),
+            ],
+        );
+        core(dir.path(), 1, 2, 1);
+        core(dir.path(), 2, 2, 3);
+        assert!(refusal(dir.path()).starts_with("thread 2 of the image"));
+    }
+
+    #[test]
+    fn loops_bad_indexes_flags_and_garbage_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        seccomp(dir.path(), &[(OWN, Some(1)), (CONFIG, Some(0))]);
+        core(dir.path(), 1, 2, 1);
+        assert!(refusal(dir.path()).contains("comes back in its own chain"));
+        seccomp(dir.path(), &[(CONFIG, None), (OWN, Some(5))]);
+        assert!(refusal(dir.path()).contains("index 5 is not in seccomp.img"));
+        core(dir.path(), 1, 2, u64::from(u32::MAX) + 1);
+        assert!(refusal(dir.path()).contains("not a 32-bit varint"));
+        // A flag the sandbox never sets.
+        let mut f0 = Vec::new();
+        bytes(&mut f0, 1, CONFIG);
+        varint(&mut f0, 3, 1);
+        let mut f1 = Vec::new();
+        bytes(&mut f1, 1, OWN);
+        varint(&mut f1, 2, 0);
+        varint(&mut f1, 3, 4 | 1);
+        let mut entry = Vec::new();
+        bytes(&mut entry, 1, &f0);
+        bytes(&mut entry, 1, &f1);
+        image(dir.path(), SECCOMP_IMG, &entry);
+        core(dir.path(), 1, 2, 1);
+        assert!(refusal(dir.path()).contains("has flags 0x5"));
+        // A second thread_core, which protobuf-c would merge.
+        let mut core2 = Vec::new();
+        let mut tc = Vec::new();
+        varint(&mut tc, 11, 2);
+        bytes(&mut core2, 5, &tc);
+        bytes(&mut core2, 5, &tc);
+        image(dir.path(), "core-1.img", &core2);
+        assert!(refusal(dir.path()).contains("field 5 appears more than once"));
+        // Every truncation of a good image is an error, never a panic.
+        seccomp(dir.path(), &[(CONFIG, None), (OWN, Some(0))]);
+        core(dir.path(), 1, 2, 1);
+        check_seccomp(dir.path(), &expected()).unwrap();
+        let good = std::fs::read(dir.path().join(SECCOMP_IMG)).unwrap();
+        for len in 0..good.len() {
+            std::fs::write(dir.path().join(SECCOMP_IMG), &good[..len]).unwrap();
+            assert!(check_seccomp(dir.path(), &expected()).is_err(), "{len}");
+        }
+        // Garbage past the declared size of the entry is an error too.
+        let mut huge = good.clone();
+        huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(dir.path().join(SECCOMP_IMG), &huge).unwrap();
+        assert!(refusal(dir.path()).contains("runs past the end"));
+    }
+
+    #[test]
+    fn no_thread_or_a_linked_core_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        seccomp(dir.path(), &[(CONFIG, None), (OWN, Some(0))]);
+        assert!(refusal(dir.path()).contains("no thread core"));
+        core(dir.path(), 9, 2, 1);
+        std::os::unix::fs::symlink(dir.path().join("core-9.img"), dir.path().join("core-1.img"))
+            .unwrap();
+        assert!(refusal(dir.path()).contains("core-1.img"));
+    }
+
+    #[test]
+    fn program_bytes_are_sock_filters() {
+        assert_eq!(allow_all().len(), 8);
+        assert_eq!(&allow_all()[4..8], &0x7fff_0000u32.to_ne_bytes());
+    }
+}
