@@ -1246,14 +1246,16 @@ fn host_ssh_key(e: &dyn EntryPoint) -> anyhow::Result<()> {
     let dir = host_dir(e)?;
     let home = dir.path().join("home");
     fs::create_dir_all(home.join(".ssh"))?;
+    // Not a substring of the containers' ids (`e2e-hostile-PID-N`), which a path the sandbox
+    // prints may hold.
     let key = format!(
-        "-----BEGIN OPENSSH PRIVATE KEY-----\nhostile-{}\n-----END OPENSSH PRIVATE KEY-----\n",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-{}\n-----END OPENSSH PRIVATE KEY-----\n",
         std::process::id()
     );
     fs::write(home.join(".ssh/id_rsa"), &key)?;
     fs::set_permissions(home.join(".ssh/id_rsa"), fs::Permissions::from_mode(0o600))?;
     give(e, dir.path())?;
-    let marker = format!("hostile-{}", std::process::id());
+    let marker = format!("secret-{}", std::process::id());
 
     // (1) through /proc/PID/root of a host process
     let via_proc = format!(
@@ -1329,7 +1331,9 @@ fn masked_secrets(e: &dyn EntryPoint) -> anyhow::Result<()> {
     e.require()?;
     let dir = host_dir(e)?;
     let home = dir.path().join("home");
-    let marker = format!("hostile-{}", std::process::id());
+    // Not a substring of the containers' ids (`e2e-hostile-PID-N`): since the workspace's
+    // idmapped lower layer is attached at a path naming the sandbox, mountinfo shows it.
+    let marker = format!("secret-{}", std::process::id());
     let files = [
         (
             ".ssh/id_rsa",
