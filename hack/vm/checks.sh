@@ -1085,7 +1085,8 @@ checkpoint_edit_attack() {
     elif [[ $rt == runc ]]; then
         result "$check.seccomp-edit" "$rt" FAIL "podman container restore of the edited image: $(brief "$got")"
         criu_log_tail "$id" restore.log
-    elif refusal=$got; [[ $refusal != *"does not match the sandbox's plan"*"Seccomp is 0"* ]]; then
+    elif refusal=$got; [[ $refusal != *"seccomp filters are not the sandbox's"*"0 seccomp filters"* &&
+        $refusal != *"does not match the sandbox's plan"*"Seccomp is 0"* ]]; then
         result "$check.seccomp-edit" "$rt" FAIL "refused, but not for the filter: $(brief "$refusal")"
         criu_log_tail "$id" restore.log
     elif capture agent-sandbox state "$id"; then
