@@ -620,15 +620,16 @@ fn restore_hook_args() -> Option<Vec<std::ffi::OsString>> {
 }
 
 /// Whether this command enters a container (and so must run from a sealed
-/// copy of the binary first).
-pub fn needs_sealed_binary(cli: &Cli) -> bool {
+/// copy of the binary first): the oracle [`may_need_sealed_binary`] is tested against.
+#[cfg(test)]
+fn needs_sealed_binary(cli: &Cli) -> bool {
     matches!(
         cli.command,
         Some(Command::Create(_)) | Some(Command::Exec(_)) | Some(Command::Run(_))
     )
 }
 
-/// Whether the command line `args` may be one that [`needs_sealed_binary`]: any argument
+/// Whether the command line `args` may enter a container (create, exec, run): any argument
 /// spelling one of those commands. Decided before parsing, so that the caller's process,
 /// which re-executes itself, does not parse too (0.5 ms of CPU per `create` and `exec`);
 /// a false positive (an id named `run`) only costs that re-execution.
