@@ -97,10 +97,16 @@ fn count_reaches(p: Podman, name: &str, at_least: u64) -> anyhow::Result<u64> {
         {
             return Ok(n);
         }
-        ensure!(
-            Instant::now() < deadline,
-            "the count never reached {at_least}"
-        );
+        if Instant::now() >= deadline {
+            let state = p.run(&[
+                "inspect",
+                "--format",
+                "{{.State.Status}} exit {{.State.ExitCode}} {{.State.Error}}",
+                name,
+            ])?;
+            let logs = p.run(&["logs", name])?;
+            bail!("the count never reached {at_least}; the container: {state}\nits logs: {logs}");
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -252,13 +258,19 @@ impl OtherStorage {
         Ok(other)
     }
 
-    fn flags(&self) -> [String; 4] {
+    /// Its own root, run root and libpod tmp dir: podman keeps its `alive` marker and events
+    /// in the tmp dir, and a podman that finds the marker gone takes the host for rebooted
+    /// and resets the state of every container it knows, so sharing `/run/libpod` with the
+    /// default storage would disturb every other test's containers.
+    fn flags(&self) -> [String; 6] {
         let d = self.dir.path().display();
         [
             "--root".into(),
             format!("{d}/root"),
             "--runroot".into(),
             format!("{d}/runroot"),
+            "--tmpdir".into(),
+            format!("{d}/tmp"),
         ]
     }
 
@@ -277,9 +289,18 @@ impl OtherStorage {
 }
 
 impl Drop for OtherStorage {
+    /// Removes its containers and images, and unmounts what storage left mounted, so the
+    /// temporary directory can go. Never `system reset`: podman 4.3's reset removes the
+    /// configured tmp dir and all networks, which other tests share.
     fn drop(&mut self) {
         let _ = self.run(&["rm", "-a", "-f", "-t", "0"]);
-        let _ = self.run(&["system", "reset", "-f"]);
+        let _ = self.run(&["rmi", "-a", "-f"]);
+        let root = self.dir.path().join("root");
+        let _ = std::process::Command::new("umount")
+            .args(["-R", "-l"])
+            .arg(root.join("overlay"))
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
