@@ -304,6 +304,65 @@ impl Drop for OtherStorage {
     }
 }
 
+/// A shell that starts a child and becomes `sleep` without reaping it: the child stays a
+/// zombie for the container's life.
+const ZOMBIE: &str = "true & exec sleep 100000";
+
+/// The container's processes that are zombies (`State: Z`), as `podman exec` sees them.
+fn zombies(p: Podman, name: &str) -> anyhow::Result<usize> {
+    let out = p.run_ok(&[
+        "exec",
+        name,
+        "sh",
+        "-c",
+        "grep -l '^State:.Z' /proc/[0-9]*/status || true",
+    ])?;
+    Ok(out.stdout.lines().count())
+}
+
+/// Checkpoints and restores `name` in place, and shows it running with its zombie kept.
+fn restores_with_its_zombie(p: Podman, flags: &[&str], name: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while zombies(p, name)? == 0 {
+        ensure!(Instant::now() < deadline, "{name}: no zombie appeared");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let run = |args: &[&str]| {
+        let mut all = flags.to_vec();
+        all.extend_from_slice(args);
+        p.run_ok(&all)
+    };
+    run(&["container", "checkpoint", name])?;
+    run(&["container", "restore", name])?;
+    let state = p.run_ok(&["inspect", "--format", "{{.State.Status}}", name])?;
+    ensure!(
+        state.stdout.trim() == "running",
+        "{name} after restore\n{state}"
+    );
+    ensure!(
+        zombies(p, name)? == 1,
+        "{name}: the zombie did not come back"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_sandbox_holding_an_unreaped_child_checkpoints_and_restores_as_under_runc() -> anyhow::Result<()>
+{
+    // CRIU dumps an exited, unreaped child as a core with no thread state; a shell loop
+    // leaves one whenever the dump falls between a command's exit and the shell's wait.
+    let runc = Podman::new(User::Root, Runtime::Runc);
+    let (g, _) = runc.run_detached(&[], "ckpt-zombie-runc", &[TOOLS_IMAGE, "sh", "-c", ZOMBIE])?;
+    restores_with_its_zombie(runc, &[], &g.name)?;
+    drop(g);
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sh", "-c", ZOMBIE])?;
+    restores_with_its_zombie(p, &["--runtime-flag", &flag], &g.name)?;
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
 /// `podman container checkpoint --export` of a counting sandbox of `p` (podman's init
 /// under agent-sandbox), returning the archive and the sandbox's id.
 fn export_counting(

@@ -13,6 +13,11 @@
 //! - `core-TID.img`, one `core_entry` per thread: `thread_core` (5), whose `seccomp_mode`
 //!   (11) and `seccomp_filter` (12) CRIU restores.
 //!
+//! A zombie (a child that exited and was not reaped yet) is dumped with only `tc` (3), whose
+//! `task_state` (1) is `TASK_DEAD`, and no `thread_core`: CRIU restores it as a task that
+//! exits at once with the recorded code, running none of the image's code, so it has no
+//! filters to check (`criu/cr-dump.c`, `dump_one_zombie`; `restore_one_zombie`).
+//!
 //! Despite the names, CRIU 4's dump writes each thread's filters newest first, so a thread's
 //! `seccomp_filter` is its first-installed filter and each `prev` leads to the one installed
 //! after it; CRIU's restorer installs them in that walk's order (`criu/seccomp.c`,
@@ -26,6 +31,8 @@ pub const SECCOMP_IMG: &str = "seccomp.img";
 /// The largest image file read (a thread's core is kilobytes, a seccomp image at most the
 /// kernel's 256Ki instructions per thread, 2 MiB).
 const MAX_FILE: u64 = 16 << 20;
+/// CRIU's `TASK_DEAD`, the `task_state` of a dumped zombie.
+const TASK_DEAD: u64 = 2;
 /// `SECCOMP_MODE_FILTER`.
 const MODE_FILTER: u64 = 2;
 /// `SECCOMP_FILTER_FLAG_TSYNC`, which CRIU 4 records on every filter it dumps: the only flag
@@ -90,7 +97,10 @@ pub fn check_seccomp(dir: &Path, expected: &[Slot]) -> Result<(), CriuImageError
             continue;
         };
         let path = entry.path();
-        let (mode, last) = thread_seccomp(&path)?;
+        let Some((mode, last)) = thread_seccomp(&path)? else {
+            threads += 1;
+            continue;
+        };
         let thread = |why: String| CriuImageError::Thread {
             tid: tid.to_owned(),
             why,
@@ -205,22 +215,32 @@ fn read_filters(dir: &Path) -> Result<Vec<Filter>, CriuImageError> {
     Ok(out)
 }
 
-/// A thread core's `seccomp_mode` and `seccomp_filter`.
-fn thread_seccomp(path: &Path) -> Result<(Option<u64>, Option<u64>), CriuImageError> {
+/// A thread core's `seccomp_mode` and `seccomp_filter`, or `None` for a zombie's core (no
+/// `thread_core`, `task_state` `TASK_DEAD`): it runs no code after restore.
+type ThreadSeccomp = Option<(Option<u64>, Option<u64>)>;
+
+fn thread_seccomp(path: &Path) -> Result<ThreadSeccomp, CriuImageError> {
     let body = entry(path)?;
     let bad = |why: String| CriuImageError::Malformed {
         path: path.to_owned(),
         why,
     };
     let core = fields(&body).map_err(bad)?;
-    let thread_core = single_bytes(&core, 5)
-        .map_err(bad)?
-        .ok_or_else(|| bad("no thread_core".to_owned()))?;
+    let Some(thread_core) = single_bytes(&core, 5).map_err(bad)? else {
+        let state = match single_bytes(&core, 3).map_err(bad)? {
+            Some(task) => single_varint(&fields(task).map_err(bad)?, 1).map_err(bad)?,
+            None => None,
+        };
+        return match state {
+            Some(TASK_DEAD) => Ok(None),
+            _ => Err(bad("no thread_core, and not a zombie's core".to_owned())),
+        };
+    };
     let tc = fields(thread_core).map_err(bad)?;
-    Ok((
+    Ok(Some((
         single_varint(&tc, 11).map_err(bad)?,
         single_varint(&tc, 12).map_err(bad)?,
-    ))
+    )))
 }
 
 /// The first entry's message of the image file at `path` (CRIU reads one from each of
@@ -552,6 +572,45 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("core-9.img"), dir.path().join("core-1.img"))
             .unwrap();
         assert!(refusal(dir.path()).contains("core-1.img"));
+    }
+
+    /// A zombie's core: `tc` with `task_state` `state`, no `thread_core`.
+    fn zombie_core(dir: &Path, tid: u32, state: u64) {
+        let mut task = Vec::new();
+        varint(&mut task, 1, state);
+        varint(&mut task, 2, 0);
+        let mut core = Vec::new();
+        varint(&mut core, 1, 1);
+        bytes(&mut core, 3, &task);
+        image(dir, &format!("core-{tid}.img"), &core);
+    }
+
+    #[test]
+    fn a_zombies_core_has_no_filters_to_check_but_a_live_task_without_them_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        seccomp(dir.path(), &[(CONFIG, None), (OWN, Some(0))]);
+        core(dir.path(), 1, 2, 1);
+        zombie_core(dir.path(), 7, TASK_DEAD);
+        check_seccomp(dir.path(), &expected()).unwrap();
+        // The same core marked alive (CRIU's TASK_ALIVE is 1) would run with no filter.
+        zombie_core(dir.path(), 7, 1);
+        let e = refusal(dir.path());
+        assert!(
+            e.contains("core-7.img") && e.contains("not a zombie's core"),
+            "{e}"
+        );
+        // A zombie's state on a core that has a thread_core does not skip its check.
+        let mut task = Vec::new();
+        varint(&mut task, 1, TASK_DEAD);
+        let mut tc = Vec::new();
+        varint(&mut tc, 11, 2);
+        varint(&mut tc, 12, 0);
+        let mut c = Vec::new();
+        varint(&mut c, 1, 1);
+        bytes(&mut c, 3, &task);
+        bytes(&mut c, 5, &tc);
+        image(dir.path(), "core-7.img", &c);
+        assert!(refusal(dir.path()).contains("thread 7 of the image"));
     }
 
     #[test]
