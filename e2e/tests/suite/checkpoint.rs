@@ -578,6 +578,40 @@ fn checkpoint_is_refused_while_the_policy_requires_landlock() -> anyhow::Result<
 }
 
 #[test]
+fn checkpoint_of_a_sandbox_with_a_terminal_is_a_clear_error_and_it_counts_on() -> anyhow::Result<()>
+{
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    let flag = policy_flag(&policy);
+    let volume = format!("{}:/workspace", ws.display());
+    let (g, id) = p.run_detached(
+        &["--runtime-flag", &flag],
+        "ckpt-tty",
+        &[
+            "-t",
+            "--init",
+            "-v",
+            &volume,
+            TOOLS_IMAGE,
+            "sh",
+            "-c",
+            COUNTER,
+        ],
+    )?;
+    let before = count_reaches(p, &g.name, 3)?;
+    let out = p.run(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    ensure!(!out.success(), "checkpoint of a terminal passed\n{out}");
+    ensure!(
+        out.stderr.contains("with a terminal")
+            && out.stderr.contains("docs/checkpoint.md#terminals"),
+        "unclear error\n{out}"
+    );
+    count_reaches(p, &g.name, before + 3)?;
+    harness::runtime_ok(&["audit", "verify", &id])?;
+    Ok(())
+}
+
+#[test]
 fn runtime_speaks_runcs_checkpoint_flags_and_refuses_what_it_cannot_honour() -> anyhow::Result<()> {
     // podman 4 decides whether a runtime can checkpoint from `checkpoint --help`.
     let help = harness::runtime_ok(&["checkpoint", "--help"])?;

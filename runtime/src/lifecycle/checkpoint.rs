@@ -124,6 +124,12 @@ pub enum CheckpointError {
          (docs/checkpoint.md#init)"
     )]
     ReaperInit,
+    #[error(
+        "a sandbox with a terminal (process.terminal, podman -t) cannot be checkpointed yet: \
+         its terminal's other end is held outside the sandbox, which the image cannot carry \
+         (docs/checkpoint.md#terminals)"
+    )]
+    Terminal,
     #[error(transparent)]
     Criu(#[from] CriuError),
 }
@@ -275,6 +281,9 @@ impl Runtime {
         }
         if crate::enforce::reaper::wanted(&policy, &spec) {
             return Err(fail(CheckpointError::ReaperInit));
+        }
+        if spec.process().as_ref().and_then(|p| p.terminal()) == Some(true) {
+            return Err(fail(CheckpointError::Terminal));
         }
         let record = self.record(id)?;
         let stdio = (0..3)
