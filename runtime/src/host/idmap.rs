@@ -391,7 +391,7 @@ mod tests {
     }
 
     #[test]
-    fn a_save_rewrites_the_file_in_place_and_leaves_no_stale_tail() {
+    fn a_save_leaves_exactly_the_new_map_in_the_same_file() {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let (db, lock) = (dir.path().join("db"), dir.path().join("lock"));
