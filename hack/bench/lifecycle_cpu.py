@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (the bundle, the cgroup views, the subreaper)
 
