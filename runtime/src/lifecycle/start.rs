@@ -5,7 +5,6 @@ use libcontainer::container::{Container, ContainerStatus};
 
 use super::{LifecycleError, Result, Runtime, container_err, status_name};
 use crate::state::ContainerId;
-use crate::state::paths;
 
 impl Runtime {
     pub fn start(&self, id: &ContainerId) -> Result<()> {
@@ -34,9 +33,13 @@ impl Runtime {
             );
             tracing::debug!(id = %id, ?outcome, "start: the init executed the program");
             if let Some(now) = crate::enforce::init_exec::uptime() {
-                let _ = paths::write_atomic(
+                // Not synced: an uptime means nothing after the host's crash (the sandbox
+                // is gone then too), and a synced file costs `start` a wait on the disk and
+                // `delete` a discard where the disk has them (docs/benchmarks.md).
+                let _ = agent_sandbox_sys::atomic_file::replace_mode(
                     &self.dirs.sandbox(id).started(),
                     now.to_string().as_bytes(),
+                    0o600,
                 );
             }
         }

@@ -226,6 +226,7 @@ impl SandboxDir {
     }
 
     /// `started`: uptime when the init executed the program — `lifecycle` (`init_exec`).
+    /// Replaced without a sync: an uptime is meaningless after a reboot.
     pub fn started(&self) -> PathBuf {
         self.file("started")
     }
