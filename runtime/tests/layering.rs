@@ -26,7 +26,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("enforce", "state"),
     ("harden", "enforce"),
     ("harden", "host"),
-    ("harden", "pod"),
     ("harden", "state"),
     ("host", "enforce"),
     ("host", "harden"),

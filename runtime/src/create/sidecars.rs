@@ -20,21 +20,22 @@ impl Runtime {
         executor: &mut SandboxExecutor,
     ) -> Result<Sidecars> {
         let helper = crate::lifecycle::sidecars::helper_holds_wall_clock(
-            &hardened.policy,
+            &hardened.plan.policy,
             &hardened.spec,
             executor.seccomp.is_some(),
         );
-        let supervisor = self.notify_denials(id, executor, &hardened.policy, true, helper)?;
+        let supervisor = self.notify_denials(id, executor, &hardened.plan.policy, true, helper)?;
         // The proxy starts now and binds once the init's namespace exists.
-        let proxy = if ids.member.is_none() && crate::sidecars::egress::wanted(&hardened.policy) {
-            Some(
-                self.procs()
-                    .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
-                    .map_err(LifecycleError::Egress)?,
-            )
-        } else {
-            None
-        };
+        let proxy =
+            if ids.member.is_none() && crate::sidecars::egress::wanted(&hardened.plan.policy) {
+                Some(
+                    self.procs()
+                        .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
+                        .map_err(LifecycleError::Egress)?,
+                )
+            } else {
+                None
+            };
         Ok(Sidecars { supervisor, proxy })
     }
 

@@ -28,38 +28,32 @@ impl Runtime {
         };
         take_tool_call_argv(&mut process)?;
         let dir = self.dirs.sandbox(id);
-        let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
+        let (plan, hardened) = self.saved_plan(id, c.bundle())?;
+        let policy = &plan.policy;
         let name = process_name(opts, &hardened);
-        let mut process = crate::harden::harden_exec(process, &policy, &plan)?;
+        let mut process = plan
+            .harden_exec(process)
+            .map_err(crate::harden::SandboxError::Harden)?;
         // In this process, before libcontainer forks (crate::host::rlimits).
         let rlimit_clamps =
             crate::host::rlimits::raise(&crate::host::rlimits::ThisProcess, &mut process)?;
-        agent_sandbox_policy::harden::writable_home(&mut process, &policy, &hardened);
-        crate::sidecars::egress::inject_env(&mut process, &policy);
-        crate::sidecars::tls_trust::inject_env(&mut process, &policy);
+        agent_sandbox_policy::harden::writable_home(&mut process, policy, &hardened);
+        crate::sidecars::egress::inject_env(&mut process, policy);
+        crate::sidecars::tls_trust::inject_env(&mut process, policy);
         crate::report::audit::exec(&self.dirs, id, &process, &hardened, &name)
             .map_err(LifecycleError::Audit)?;
         crate::report::audit::clamped(&self.dirs, id, &rlimit_clamps)
             .map_err(LifecycleError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
-        let mut executor = crate::enforce::executor::executor_for(&policy, &plan)?;
-        let requested_file = dir.requested_seccomp();
-        let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
-            if requested_file.path().exists() {
-                Some(requested_file.read()?)
-            } else {
-                None
-            };
-        executor.requested_seccomp =
-            crate::harden::requested_seccomp(requested.as_ref(), &policy, &plan)?;
+        let mut executor = crate::harden::executor(&plan)?;
         let init_pid = c
             .pid()
             .map(|p| p.as_raw())
             .ok_or(LifecycleError::NotRunning)?;
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
-        self.notify_denials(id, &mut executor, &policy, false, false)?;
+        self.notify_denials(id, &mut executor, policy, false, false)?;
         let clamped_file = dir.exec_process(std::process::id());
         clamped_file.write(&process)?;
         let clamped = clamped_file.path().to_owned();

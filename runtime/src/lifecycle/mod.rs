@@ -468,20 +468,30 @@ impl Runtime {
         Ok(self.dirs.sandbox(id).record().read()?)
     }
 
-    /// The effective policy of a created sandbox and its layer plan, as create compiled them
-    /// (`plan.json`), with its hardened spec (in `bundle`). Start, exec and the proxy all use
-    /// this.
-    fn saved_policy(
+    /// The plan of a created sandbox, as create compiled it (`plan.json`), with its hardened
+    /// spec (in `bundle`). Start, exec, `update`, checkpoint and the sidecars all use this.
+    fn saved_plan(
         &self,
         id: &ContainerId,
         bundle: &Path,
-    ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
+    ) -> Result<(agent_sandbox_policy::SandboxPlan, Spec)> {
         let config = bundle.join("config.json");
         let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
         let plan = crate::harden::saved_plan(&self.dirs.sandbox(id), &hardened)?;
+        Ok((plan, hardened))
+    }
+
+    /// [`Self::saved_plan`]'s effective policy and layer plan, for the commands that need
+    /// no more of it.
+    fn saved_policy(
+        &self,
+        id: &ContainerId,
+        bundle: &Path,
+    ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
+        let (plan, hardened) = self.saved_plan(id, bundle)?;
         Ok((plan.policy, plan.layers, hardened))
     }
 }
