@@ -720,7 +720,7 @@ impl Runtime {
         if limit == 0 {
             return Ok(());
         }
-        self.spawn_watchdog(id, Some(pid), limit.saturating_sub(used).max(1))
+        Ok(self.spawn_watchdog(id, Some(pid), limit.saturating_sub(used).max(1))?)
     }
 
     /// The hidden `restore-check ID`, CRIU's pre-resume hook: checks the restored tree of

@@ -10,7 +10,7 @@ use libcontainer::oci_spec::runtime::{LinuxMemoryBuilder, LinuxResourcesBuilder}
 
 use super::engine::fake::{Call, FakeEngine};
 use super::fixture::Sandbox;
-use crate::lifecycle::{LifecycleError, Runtime, SandboxRecord};
+use crate::lifecycle::{Runtime, SandboxRecord, UpdateError};
 use crate::state::ContainerId;
 use agent_sandbox_policy::SandboxPlan;
 use libcontainer::oci_spec::runtime::{
@@ -193,7 +193,7 @@ fn update_above_the_sandboxs_effective_policy_is_refused_before_anything_is_appl
         .update(&narrowed.id, &memory(512 * mib))
         .unwrap_err();
     match &err {
-        LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling {
+        UpdateError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling {
             what,
             got,
             max,
@@ -215,20 +215,14 @@ fn update_above_the_sandboxs_effective_policy_is_refused_before_anything_is_appl
         .runtime
         .update(&narrowed.id, &memory(128 * mib))
         .unwrap_err();
-    assert!(
-        matches!(err, LifecycleError::Container { op: "update", .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, UpdateError::Container(_)), "{err:?}");
     // Without the annotation 512M is within the ceiling.
     let wide = Fixture::new("update-wide", ContainerStatus::Running, 0, &[]);
     let err = wide
         .runtime
         .update(&wide.id, &memory(512 * mib))
         .unwrap_err();
-    assert!(
-        matches!(err, LifecycleError::Container { op: "update", .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, UpdateError::Container(_)), "{err:?}");
 }
 
 /// `update` reads the plan create compiled (`plan.json`) rather than deriving the policy
@@ -254,7 +248,7 @@ fn update_is_held_to_the_saved_plan() {
     assert!(
         matches!(
             &err,
-            LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling { max, .. })
+            UpdateError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling { max, .. })
                 if max == &(256 * mib).to_string()
         ),
         "{err:?}"

@@ -166,7 +166,10 @@ impl Runtime {
         policy: &SandboxPolicy,
         spawn: bool,
         dead_man: bool,
-    ) -> Result<Option<Box<dyn crate::create::host_procs::StartingSupervisor>>> {
+    ) -> std::result::Result<
+        Option<Box<dyn crate::create::host_procs::StartingSupervisor>>,
+        SyscallAuditError,
+    > {
         let Some(bpf) = executor.seccomp.clone() else {
             return Ok(None);
         };
@@ -177,25 +180,23 @@ impl Runtime {
             // helper per sandbox"); the pipe's write end goes to the helper only.
             let dead_man = if dead_man {
                 let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                    .map_err(|e| SyscallAuditError::Spawn(e.into()))
-                    .map_err(LifecycleError::SyscallAudit)?;
+                    .map_err(|e| SyscallAuditError::Spawn(e.into()))?;
                 executor.dead_man = Some(std::sync::Arc::new(read));
                 Some(write)
             } else {
                 None
             };
-            Some(
-                self.procs
-                    .start_supervisor(&self.dirs.root, &sandbox_dir, id.as_str(), errno, dead_man)
-                    .map_err(LifecycleError::SyscallAudit)?,
-            )
+            Some(self.procs.start_supervisor(
+                &self.dirs.root,
+                &sandbox_dir,
+                id.as_str(),
+                errno,
+                dead_man,
+            )?)
         } else {
             None
         };
-        let supervisor = self
-            .procs
-            .connect_supervisor(&sandbox_dir)
-            .map_err(LifecycleError::SyscallAudit)?;
+        let supervisor = self.procs.connect_supervisor(&sandbox_dir)?;
         executor.notify = Some(std::sync::Arc::new(
             crate::enforce::executor::NotifyFilter {
                 program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),
