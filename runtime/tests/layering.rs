@@ -52,7 +52,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("report", "state"),
     ("sidecars", "host"),
     ("sidecars", "pod"),
-    ("sidecars", "report"),
     ("sidecars", "state"),
     ("state", "harden"),
 ];

@@ -20,7 +20,7 @@ impl Runtime {
         marks: &Marks,
     ) -> Result<()> {
         let spec = &hardened.spec;
-        crate::report::audit::created(
+        crate::sidecars::trail::created(
             &self.dirs,
             id,
             &hardened.plan.policy,
@@ -29,10 +29,10 @@ impl Runtime {
         )
         .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
-            let init = crate::report::audit::ProcessName::init();
-            crate::report::audit::exec(&self.dirs, id, process, spec, &init)
+            let init = crate::sidecars::trail::ProcessName::init();
+            crate::sidecars::trail::exec(&self.dirs, id, process, spec, &init)
                 .map_err(LifecycleError::Audit)?;
-            crate::report::audit::tag_exec(&self.dirs, id, pid, process, spec, &init);
+            crate::sidecars::trail::tag_exec(&self.dirs, id, pid, process, spec, &init);
         }
         marks.mark("audit");
         let cgroups = &hardened.cgroups;

@@ -624,7 +624,7 @@ impl Runtime {
         lost: &[(String, String)],
     ) -> Result<()> {
         let (rules, dropped) = live_rules_within(&hardened.plan.policy, &manifest.live_rules);
-        crate::report::audit::restored(
+        crate::sidecars::trail::restored(
             &self.dirs,
             id,
             &manifest.image_digest,
@@ -633,7 +633,7 @@ impl Runtime {
             &dropped,
         )
         .map_err(LifecycleError::Audit)?;
-        crate::report::audit::track_init(&self.dirs, id, pid);
+        crate::sidecars::trail::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
             Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),

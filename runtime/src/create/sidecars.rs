@@ -51,7 +51,7 @@ impl Runtime {
         sidecars: Sidecars,
         marks: &Marks,
     ) -> Result<Option<u32>> {
-        crate::report::audit::track_init(&self.dirs, id, pid);
+        crate::sidecars::trail::track_init(&self.dirs, id, pid);
         // A pod member shares its pod's network namespace: lo and the egress proxy came
         // with the pod's sandbox container, whose namespaces are pinned for the members.
         let mut proxy_pid = None;
@@ -93,7 +93,7 @@ impl Runtime {
         if !podman_oom::wanted(spec) {
             return;
         }
-        let Some(cgroup) = crate::report::audit::memory_cgroup_of(pid) else {
+        let Some(cgroup) = crate::sidecars::trail::memory_cgroup_of(pid) else {
             tracing::warn!(id = %id, "no memory cgroup: podman's OOMKilled will stay false");
             return;
         };

@@ -108,8 +108,8 @@ impl Runtime {
             tracing::warn!(id = %id, error = %e, "cannot note the freeze for the wall clock");
         }
         let recorded = match (freeze, ended) {
-            (true, _) => crate::report::audit::paused(&self.dirs, id),
-            (false, Some(ms)) => crate::report::audit::resumed(&self.dirs, id, ms),
+            (true, _) => crate::sidecars::trail::paused(&self.dirs, id),
+            (false, Some(ms)) => crate::sidecars::trail::resumed(&self.dirs, id, ms),
             // A resume of a sandbox this runtime never saw frozen: nothing to record.
             (false, None) => Ok(()),
         };

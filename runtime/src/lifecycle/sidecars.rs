@@ -74,7 +74,7 @@ impl Runtime {
             return Ok(());
         }
         tracing::warn!(id = %id, seconds, "wall-clock limit reached: killing the sandbox");
-        crate::report::audit::wall_clock_fired(&self.dirs, id, seconds);
+        crate::sidecars::trail::wall_clock_fired(&self.dirs, id, seconds);
         if let Some(init) = c.pid() {
             tell_init_stderr(
                 init.as_raw(),
@@ -96,7 +96,7 @@ impl Runtime {
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
         let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
-        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         let sandbox_dir = self.dirs.sandbox(id);
         let netns = || {
             if netns == Path::new(crate::sidecars::egress::NETNS_ON_STDIN) {
@@ -121,7 +121,7 @@ impl Runtime {
     ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::harden::SandboxError::NoArch)?;
-        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         // Its records share the log's cap with the proxy's (docs/audit.md).
         let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
