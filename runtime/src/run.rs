@@ -21,6 +21,8 @@ pub enum RunError {
     Lookup(#[from] LookupError),
     #[error(transparent)]
     Delete(#[from] DeleteError),
+    #[error(transparent)]
+    Start(#[from] crate::lifecycle::StartError),
     #[error(
         "run: process.terminal needs --console-socket (agent-sandbox does not relay a terminal itself)"
     )]

@@ -26,7 +26,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("enforce", "state"),
     ("harden", "enforce"),
     ("harden", "host"),
-    ("harden", "pod"),
     ("harden", "state"),
     ("host", "enforce"),
     ("host", "harden"),
@@ -53,7 +52,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("report", "state"),
     ("sidecars", "host"),
     ("sidecars", "pod"),
-    ("sidecars", "report"),
     ("sidecars", "state"),
     ("state", "harden"),
 ];

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use agent_sandbox_policy::SandboxPolicy;
-use agent_sandbox_policy::harden::{self, HardenContext, IdMapping, OverlayDirs};
+use agent_sandbox_policy::harden::{self, HostFacts, IdMapping, OverlayDirs};
 use agent_sandbox_policy::policy::NetworkMode;
 use agent_sandbox_policy::seccomp::{Arch, compile_bpf, oci_seccomp_json};
 use agent_sandbox_proxy::fuzzing::{FirstRequest, first_request};
@@ -106,13 +106,13 @@ pub fn annotations(data: &[u8]) {
     }
 }
 
-fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenContext {
+fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HostFacts {
     let mapping = IdMapping {
         container_id: 0,
         host_id: 1_000_000,
         size: 65536,
     };
-    HardenContext {
+    HostFacts {
         uid_mappings: vec![mapping],
         gid_mappings: vec![mapping],
         parent_root_unprivileged: false,
@@ -130,6 +130,7 @@ fn context(spec: &oci_spec::runtime::Spec, policy: &SandboxPolicy) -> HardenCont
             dir: PathBuf::from("/run/agent-sandbox/fuzz/placeholder/dir"),
         }),
         profile: None,
+        support: Default::default(),
     }
 }
 

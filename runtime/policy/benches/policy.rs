@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::path::Path;
 
 use agent_sandbox_policy::SandboxPolicy;
-use agent_sandbox_policy::harden::{self, HardenContext, IdMapping, OverlayDirs};
+use agent_sandbox_policy::harden::{self, HostFacts, IdMapping, OverlayDirs};
 use agent_sandbox_policy::network::{Allowlist, DomainRule};
 use agent_sandbox_policy::seccomp::{Arch, compile_bpf, oci_seccomp_json};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -46,7 +46,7 @@ fn compilation(c: &mut Criterion) {
     };
     // The fixture binds a workspace: the runtime would give it overlay dirs and report the
     // protected paths it found.
-    let ctx = HardenContext {
+    let ctx = HostFacts {
         uid_mappings: vec![mapping],
         gid_mappings: vec![mapping],
         parent_root_unprivileged: false,
@@ -64,6 +64,7 @@ fn compilation(c: &mut Criterion) {
             dir: "/run/agent-sandbox/bench/placeholder/dir".into(),
         }),
         profile: None,
+        support: Default::default(),
     };
     g.bench_function("harden podman config.json", |b| {
         b.iter(|| harden::harden_spec(black_box(spec.clone()), &policy, &ctx).unwrap())

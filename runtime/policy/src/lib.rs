@@ -21,5 +21,5 @@ pub mod ucounts;
 pub mod value;
 
 pub use layers::{Layer, Layers};
-pub use plan::SandboxPlan;
+pub use plan::{CompileError, Compiled, SandboxPlan, compile, compile_under};
 pub use policy::{PolicyError, SandboxPolicy, Violation, builtin_names};

@@ -1,13 +1,28 @@
 //! The sandbox plan: what a sandbox's enforcement is decided from, compiled once at create
-//! and saved with the sandbox, so that start, exec, `update`, the proxy and a pod's members
-//! read the same decision instead of deriving it again from the ceiling and the annotations.
+//! and saved with the sandbox, so that start, exec, `update`, the proxy, a pod's members and
+//! checkpoint/restore read the same decision instead of deriving it again from the ceiling
+//! and the annotations.
+//!
+//! [`compile`] is the one place that turns a ceiling, an incoming spec and the host's facts
+//! into a plan: the effective policy (the ceiling narrowed by the annotations), the hardened
+//! spec, the settings it clamped, the protected binds, the config's own seccomp request and
+//! the layer plan on this host. Create's host phase needs the effective policy before it
+//! can measure the facts (the user namespace's caps, the workspace's change set), so it
+//! narrows first ([`crate::harden::effective_policy_with`]) and hands the result to
+//! [`compile_under`]; both are this same compiler, run once per sandbox.
 
+use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 use serde::{Deserialize, Serialize};
 
-use crate::SandboxPolicy;
-use crate::layers::LayerPlan;
+use crate::harden::{self, Clamp, HardenError, HostFacts, ProtectedMount};
+use crate::layers::{HostSupport, LayerError, LayerPlan};
+use crate::{Layer, SandboxPolicy};
 
-/// One sandbox's compiled plan.
+/// One sandbox's compiled plan (`plan.json` in its state dir).
+///
+/// The fields after `layers` came later: a plan saved by an older runtime has none of them
+/// and reads back with them empty; the runtime then takes the config's seccomp request from
+/// the file that runtime saved it in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxPlan {
     /// The effective policy: the ceiling (or the admin's profile the sandbox named) narrowed
@@ -16,30 +31,222 @@ pub struct SandboxPlan {
     /// The layers that apply on the host the sandbox was created on, the inactive ones with
     /// their reasons, and Landlock's ruleset at that kernel's ABI.
     pub layers: LayerPlan,
+    /// The protected paths found in the workspace, bound read-only (or masked) over it.
+    #[serde(default)]
+    pub protected: Vec<ProtectedMount>,
+    /// Settings of the incoming spec granted narrower (recorded in the audit trail).
+    #[serde(default)]
+    pub clamped: Vec<Clamp>,
+    /// The config's own `linux.seccomp`, honoured beside the policy's filter for the init
+    /// and every exec (`crate::seccomp::compile_request`).
+    #[serde(default)]
+    pub requested_seccomp: Option<LinuxSeccomp>,
+}
+
+/// What [`compile`] makes: the plan, and the spec hardened under it (the runtime adds its
+/// own facts to that spec, ending with its last check, and saves it as the bundle's).
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub spec: Spec,
+    pub plan: SandboxPlan,
+}
+
+/// Why a sandbox's plan could not be compiled. Nothing is changed when this is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("cannot harden the container spec")]
+    Harden(#[source] HardenError),
+    #[error("layer plan")]
+    Layer(#[source] LayerError),
+}
+
+/// Compiles the plan of a sandbox whose config is `spec`, under the ceiling `ceiling` (the
+/// admin's profile that the annotations may name is in `facts.profile`).
+pub fn compile(
+    ceiling: &SandboxPolicy,
+    spec: Spec,
+    facts: &HostFacts,
+) -> Result<Compiled, CompileError> {
+    let annotations = spec.annotations().clone().unwrap_or_default();
+    let effective = harden::effective_policy_with(&annotations, ceiling, facts.profile.as_ref())
+        .map_err(CompileError::Harden)?;
+    compile_under(effective, spec, facts)
+}
+
+/// [`compile`] with the effective policy already narrowed from the ceiling (create's host
+/// phase narrows it first: see the module docs).
+pub fn compile_under(
+    effective: SandboxPolicy,
+    spec: Spec,
+    facts: &HostFacts,
+) -> Result<Compiled, CompileError> {
+    let requested_seccomp = spec.linux().as_ref().and_then(|l| l.seccomp().clone());
+    let hardened =
+        harden::harden_spec_under(spec, effective, facts).map_err(CompileError::Harden)?;
+    let layers = layers_for(&hardened.policy, &hardened.spec, &facts.support)
+        .map_err(CompileError::Layer)?;
+    let mut spec = hardened.spec;
+    if let Some(process) = spec.process_mut().as_mut() {
+        set_apparmor(process, &hardened.policy, &layers);
+    }
+    for (layer, reason) in &layers.inactive {
+        tracing::warn!(layer = %layer, reason = %reason, "sandbox layer inactive");
+    }
+    Ok(Compiled {
+        spec,
+        plan: SandboxPlan {
+            policy: hardened.policy,
+            layers,
+            protected: facts.protected.clone(),
+            clamped: hardened.clamped,
+            requested_seccomp,
+        },
+    })
+}
+
+/// The layer plan of a hardened spec on a host that supports `support`
+/// ([`crate::layers::plan`], with what covers a Landlock right measured from the spec),
+/// each Landlock right the kernel lacks logged with what covers it.
+pub fn layers_for(
+    policy: &SandboxPolicy,
+    spec: &Spec,
+    support: &HostSupport,
+) -> Result<LayerPlan, LayerError> {
+    let plan = crate::layers::plan(policy, support, harden::cover_facts(spec))?;
+    if let Some(at) = &plan.landlock {
+        for gap in at.gaps.iter().filter(|g| !g.unused) {
+            tracing::info!(
+                layer = "landlock",
+                kernel_abi = at.kernel_abi,
+                right = %gap.right,
+                since_abi = gap.since_abi,
+                covered_by = ?gap.covered_by,
+                "landlock right missing on this kernel"
+            );
+        }
+        for gap in at.uncovered() {
+            tracing::warn!(
+                layer = "landlock",
+                right = %gap.right,
+                "landlock right missing and uncovered (landlock is optional)"
+            );
+        }
+    }
+    Ok(plan)
+}
+
+impl SandboxPlan {
+    /// An exec'd process clamped like the init ([`harden::harden_process`]), with the
+    /// sandbox's AppArmor profile where that layer applies.
+    pub fn harden_exec(&self, process: Process) -> Result<Process, HardenError> {
+        let mut process = harden::harden_process(process, &self.policy)?;
+        set_apparmor(&mut process, &self.policy, &self.layers);
+        Ok(process)
+    }
+}
+
+/// Sets the process's AppArmor profile to the policy's when the plan applies AppArmor. An
+/// incoming profile (podman's `containers-default`, CRI's `cri-containerd.apparmor.d`) is
+/// replaced: the policy's profile is the one the sandbox's rules were written for.
+fn set_apparmor(process: &mut Process, policy: &SandboxPolicy, plan: &LayerPlan) {
+    if !plan.apply.contains(&Layer::Apparmor) {
+        return;
+    }
+    let name = crate::apparmor::loaded_profile(policy).name;
+    if let Some(incoming) = process.apparmor_profile()
+        && incoming != &name
+    {
+        tracing::info!(incoming = %incoming, profile = %name, "apparmor profile replaced by the policy's");
+    }
+    process.set_apparmor_profile(Some(name));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layers::{AppArmorHost, HostSupport};
+    use crate::layers::AppArmorHost;
+
+    fn host() -> HostSupport {
+        HostSupport {
+            seccomp: true,
+            landlock_abi: u32::from(crate::landlock::NEWEST_ABI),
+            apparmor: AppArmorHost::Absent,
+            cgroups: true,
+        }
+    }
 
     #[test]
     fn a_plan_reads_back_as_it_was_saved() {
         for name in crate::builtin_names() {
             let policy = SandboxPolicy::builtin(name).unwrap();
-            let host = HostSupport {
-                seccomp: true,
-                landlock_abi: u32::from(crate::landlock::NEWEST_ABI),
-                apparmor: AppArmorHost::Absent,
-                cgroups: true,
-            };
             let facts = crate::landlock::CoverFacts::of_hardened_spec();
-            let layers = crate::layers::plan(&policy, &host, facts).unwrap();
+            let layers = crate::layers::plan(&policy, &host(), facts).unwrap();
             assert!(layers.landlock.is_some(), "{name}: the plan has a ruleset");
-            let plan = SandboxPlan { policy, layers };
+            let plan = SandboxPlan {
+                policy,
+                layers,
+                protected: vec![ProtectedMount {
+                    container_path: "/workspace/.git/hooks".into(),
+                    host_path: "/home/u/repo/.git/hooks".into(),
+                    dir: true,
+                    secret: false,
+                }],
+                clamped: vec![Clamp {
+                    key: "process.oomScoreAdj".to_owned(),
+                    requested: "-999".to_owned(),
+                    granted: "0".to_owned(),
+                }],
+                requested_seccomp: Some(LinuxSeccomp::default()),
+            };
             let text = serde_json::to_string(&plan).unwrap();
             let back: SandboxPlan = serde_json::from_str(&text).unwrap();
             assert_eq!(back, plan, "{name}");
         }
+    }
+
+    /// A plan saved by the runtime before the plan held the protected binds, the clamps and
+    /// the seccomp request reads back with those empty (its sandbox must still exec).
+    #[test]
+    fn a_plan_saved_before_the_later_fields_reads_back_with_them_empty() {
+        let policy = SandboxPolicy::builtin("agent").unwrap();
+        let layers = LayerPlan {
+            apply: vec![Layer::Seccomp],
+            ..LayerPlan::default()
+        };
+        let old = serde_json::json!({ "policy": policy, "layers": layers });
+        let back: SandboxPlan = serde_json::from_value(old).unwrap();
+        assert_eq!(back.policy, policy);
+        assert_eq!(back.layers, layers);
+        assert!(back.protected.is_empty() && back.clamped.is_empty());
+        assert_eq!(back.requested_seccomp, None);
+    }
+
+    #[test]
+    fn every_exec_gets_the_policys_apparmor_profile_where_apparmor_applies() {
+        let policy = SandboxPolicy::builtin("agent").unwrap();
+        let mut process = Process::default();
+        process.set_apparmor_profile(Some("containers-default-0.50.1".to_owned()));
+        let plan = |apply: Vec<Layer>| SandboxPlan {
+            policy: policy.clone(),
+            layers: LayerPlan {
+                apply,
+                ..LayerPlan::default()
+            },
+            protected: Vec::new(),
+            clamped: Vec::new(),
+            requested_seccomp: None,
+        };
+        let with = plan(vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor]);
+        let name = crate::apparmor::loaded_profile(&policy).name;
+        let exec = with.harden_exec(process.clone()).unwrap();
+        assert_eq!(exec.apparmor_profile().as_deref(), Some(name.as_str()));
+        // Without the layer (no AppArmor, rootless), the caller's profile is left as it is:
+        // any profile is narrower than none.
+        let without = plan(vec![Layer::Seccomp, Layer::Landlock]);
+        let exec = without.harden_exec(process).unwrap();
+        assert_eq!(
+            exec.apparmor_profile().as_deref(),
+            Some("containers-default-0.50.1")
+        );
     }
 }

@@ -77,11 +77,11 @@ fn prune(cli: &Cli, older_than: Option<&str>, args: &[String]) -> Result<(), Cli
         None => (cli.runtime()?, None),
     };
     let dir = match &only {
-        Some(id) => crate::report::audit::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
+        Some(id) => crate::sidecars::trail::dir_of(&runtime.dirs, id, cli.audit_dir.as_deref()),
         None => cli
             .audit_dir
             .clone()
-            .unwrap_or_else(|| crate::report::audit::dir(&runtime.dirs)),
+            .unwrap_or_else(|| crate::sidecars::trail::dir(&runtime.dirs)),
     };
     let p = crate::report::audit::prune(&runtime.dirs, &dir, age, only.as_ref())?;
     for path in &p.removed {
@@ -109,10 +109,10 @@ pub(super) fn audit_exit(
     if !runtime.dirs.sandbox(&id).exists() {
         return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
     }
-    crate::report::audit::exited(
+    crate::sidecars::trail::exited(
         &runtime.dirs,
         &id,
-        &crate::report::audit::ExitReport {
+        &crate::sidecars::trail::ExitReport {
             process,
             pid,
             status: agent_sandbox_audit::ExitStatus::from_folded(status),

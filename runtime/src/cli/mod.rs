@@ -526,6 +526,16 @@ pub enum CliError {
     #[error(transparent)]
     Kill(#[from] crate::lifecycle::KillError),
     #[error(transparent)]
+    Start(#[from] crate::lifecycle::StartError),
+    #[error(transparent)]
+    Exec(#[from] crate::lifecycle::ExecError),
+    #[error(transparent)]
+    Pause(#[from] crate::lifecycle::PauseError),
+    #[error(transparent)]
+    Ps(#[from] crate::lifecycle::PsError),
+    #[error(transparent)]
+    Update(#[from] crate::lifecycle::UpdateError),
+    #[error(transparent)]
     Run(#[from] crate::run::RunError),
     #[error(transparent)]
     Hook(#[from] crate::enforce::hooks::HookError),

@@ -22,6 +22,7 @@ impl Runtime {
         let spec = &hardened.spec;
         if hardened
             .plan
+            .layers
             .apply
             .contains(&agent_sandbox_policy::Layer::Apparmor)
         {
@@ -29,7 +30,7 @@ impl Runtime {
             self.procs()
                 .load_apparmor(
                     &host.sandbox_dir,
-                    &agent_sandbox_policy::apparmor::loaded_profile(&hardened.policy),
+                    &agent_sandbox_policy::apparmor::loaded_profile(&hardened.plan.policy),
                 )
                 .map_err(LifecycleError::AppArmor)?;
         }
@@ -62,9 +63,6 @@ impl Runtime {
                 path: config.clone(),
                 source,
             })?;
-        if let Some(requested) = &hardened.requested_seccomp {
-            host.sandbox_dir.requested_seccomp().write(requested)?;
-        }
         Ok(bundle)
     }
 
@@ -79,7 +77,7 @@ impl Runtime {
         bundle: &std::path::Path,
     ) -> Result<i32> {
         let spec = &hardened.spec;
-        executor.reaper = crate::enforce::reaper::wanted(&hardened.policy, spec);
+        executor.reaper = crate::enforce::reaper::wanted(&hardened.plan.policy, spec);
         if !hardened.start_hooks.is_empty() {
             let annotations = spec.annotations().clone().unwrap_or_default();
             executor.start_container =

@@ -1,17 +1,19 @@
 //! Phase 3: the spec's one owner. Every edit of the spec happens here, in order: the
-//! re-bound sources, the policy compiler (`harden_spec`), the AppArmor profile of the layer
-//! plan, the rlimits narrowed to what the runtime could raise (`host::rlimits`), the egress
+//! re-bound sources, the plan compiler (`agent_sandbox_policy::compile_under`: the hardened
+//! spec with the AppArmor profile of its layer plan; the plan is saved here), the rlimits narrowed to what the runtime could raise (`host::rlimits`), the egress
 //! and CA environment, the CA's mounts, the runtime's rootfs, the cgroup placement, the
 //! workspace overlay as a bind of its merged dir, the wrapped hooks. Then `verify`: nothing
 //! edits the spec after it.
 
+use agent_sandbox_policy::Compiled;
+use agent_sandbox_policy::harden::HostFacts;
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::{Hardened, Host, Ids, Result};
 use crate::enforce;
 use crate::enforce::executor::SandboxExecutor;
 use crate::enforce::mounts;
-use crate::harden::{Ceiling, Facts};
+use crate::harden::Ceiling;
 use crate::host::{idmap, rlimits};
 use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
 use crate::state::ContainerId;
@@ -28,8 +30,7 @@ impl Runtime {
     ) -> Result<(Hardened, SandboxExecutor)> {
         host.rebinds.apply(&mut spec);
         let member = ids.member.as_ref();
-        let facts = Facts {
-            ids: ids.ids,
+        let facts = HostFacts {
             workspace: host.workspace.clone(),
             pod: member.map(|m| m.namespaces.clone()),
             placeholders: Some(host.placeholders.clone()),
@@ -37,30 +38,28 @@ impl Runtime {
             parent_root_unprivileged: ids.rootless
                 && !idmap::parent_root_is_host_root(&idmap::own_map(idmap::IdKind::Uid)?),
             support: self.procs().support(),
+            ..HostFacts::default()
         };
-        let prepared = crate::harden::prepare(ceiling, host.policy.clone(), spec, &facts)?;
-        host.sandbox_dir
-            .plan()
-            .write(&agent_sandbox_policy::SandboxPlan {
-                policy: prepared.policy.clone(),
-                layers: prepared.plan.clone(),
-            })?;
+        let (compiled, executor) =
+            crate::harden::compile(ceiling, host.policy.clone(), spec, &ids.ids, facts)?;
+        let Compiled { mut spec, mut plan } = compiled;
         if let Some(m) = member {
-            m.check_policy(&prepared.policy, &prepared.spec)?;
+            m.check_policy(&plan.policy, &spec)?;
         }
-        host.record.profile = prepared
-            .spec_profile_name()
-            .unwrap_or_else(|| ceiling.origin.clone());
-        let policy = prepared.policy;
-        let mut spec = prepared.spec;
-        let mut clamped = prepared.clamped;
+        host.record.profile =
+            crate::harden::spec_profile_name(&spec).unwrap_or_else(|| ceiling.origin.clone());
         if let Some(process) = spec.process_mut().as_mut() {
             // In this process, before libcontainer forks and enters the user namespace.
-            clamped.extend(rlimits::raise(&rlimits::ThisProcess, process)?);
+            plan.clamped
+                .extend(rlimits::raise(&rlimits::ThisProcess, process)?);
         }
+        // Saved once its clamps are complete; exec, `update`, the proxy and a pod's members
+        // read it from here on.
+        host.sandbox_dir.plan().write(&plan)?;
+        let policy = &plan.policy;
         if let Some(process) = spec.process_mut().as_mut() {
-            crate::sidecars::egress::inject_env(process, &policy);
-            crate::sidecars::tls_trust::inject_env(process, &policy);
+            crate::sidecars::egress::inject_env(process, policy);
+            crate::sidecars::tls_trust::inject_env(process, policy);
         }
         let pod_mount_dir = match member {
             Some(m) => Some(crate::harden::mount_dir(&self.dirs, &m.pod)?),
@@ -69,7 +68,7 @@ impl Runtime {
         // Writes the sandbox's CA beside the mounts it adds.
         crate::sidecars::tls_trust::prepare(
             &mut spec,
-            &policy,
+            policy,
             id.as_str(),
             &host.sandbox_dir,
             &host.mount_dir,
@@ -96,13 +95,9 @@ impl Runtime {
             (None, Some(userns)) => enforce::verify_in_userns(&spec, &userns.pin)?,
             (None, None) => enforce::verify(&spec)?,
         }
-        let executor = prepared.executor;
         let hardened = Hardened {
             spec,
-            policy,
-            plan: prepared.plan,
-            clamped,
-            requested_seccomp: prepared.requested_seccomp,
+            plan,
             seccomp_len: executor.seccomp.as_ref().map(|b| b.len()),
             cgroups,
             overlay,

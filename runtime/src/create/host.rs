@@ -35,7 +35,7 @@ impl Runtime {
             }
         };
         mounts::mkdir_traversable(sandbox_dir.path())?;
-        crate::report::audit::init(&self.dirs, id, self.audit_dir.as_deref())
+        crate::sidecars::trail::init(&self.dirs, id, self.audit_dir.as_deref())
             .map_err(LifecycleError::Audit)?;
         crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
         marks.mark("audit_init");

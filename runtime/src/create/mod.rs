@@ -81,21 +81,19 @@ struct Host {
     /// The sandbox's own user namespace (`crate::host::userns`); `None` for a pod's member
     /// (it joins the pod's).
     userns: Option<crate::host::userns::OwnedUserns>,
-    /// The effective policy, compiled once here from the ceiling and the spec's annotations;
-    /// the hardening phase hardens under it and saves it in the sandbox's plan.
+    /// The effective policy, narrowed once here from the ceiling and the spec's annotations
+    /// (the user namespace's caps and the workspace need it); the hardening phase compiles
+    /// the sandbox's plan under it.
     policy: agent_sandbox_policy::SandboxPolicy,
 }
 
-/// Phase 3: the verified spec and what was compiled with it.
+/// Phase 3: the verified spec, the plan it was compiled with, and the runtime's own facts.
 struct Hardened {
     /// The spec libcontainer gets; no phase after [`Runtime::harden`] edits it.
     spec: Spec,
-    policy: agent_sandbox_policy::SandboxPolicy,
-    plan: agent_sandbox_policy::layers::LayerPlan,
-    /// Settings of the incoming spec granted narrower (recorded in the audit trail).
-    clamped: Vec<agent_sandbox_policy::harden::Clamp>,
-    /// The config's own `linux.seccomp`, saved for exec.
-    requested_seccomp: Option<libcontainer::oci_spec::runtime::LinuxSeccomp>,
+    /// The sandbox's plan (effective policy, layer plan, protected binds, clamps, the
+    /// config's seccomp request), saved as `plan.json` by the hardening phase.
+    plan: agent_sandbox_policy::SandboxPlan,
     /// The length of the policy's seccomp program, for the layers record.
     seccomp_len: Option<usize>,
     cgroups: crate::host::cgroups::Placement,

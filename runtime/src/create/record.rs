@@ -20,19 +20,19 @@ impl Runtime {
         marks: &Marks,
     ) -> Result<()> {
         let spec = &hardened.spec;
-        crate::report::audit::created(
+        crate::sidecars::trail::created(
             &self.dirs,
             id,
-            &hardened.policy,
-            &hardened.plan,
-            &hardened.clamped,
+            &hardened.plan.policy,
+            &hardened.plan.layers,
+            &hardened.plan.clamped,
         )
         .map_err(LifecycleError::Audit)?;
         if let Some(process) = spec.process() {
-            let init = crate::report::audit::ProcessName::init();
-            crate::report::audit::exec(&self.dirs, id, process, spec, &init)
+            let init = crate::sidecars::trail::ProcessName::init();
+            crate::sidecars::trail::exec(&self.dirs, id, process, spec, &init)
                 .map_err(LifecycleError::Audit)?;
-            crate::report::audit::tag_exec(&self.dirs, id, pid, process, spec, &init);
+            crate::sidecars::trail::tag_exec(&self.dirs, id, pid, process, spec, &init);
         }
         marks.mark("audit");
         let cgroups = &hardened.cgroups;
@@ -51,6 +51,7 @@ impl Runtime {
         };
         if hardened
             .plan
+            .layers
             .apply
             .contains(&agent_sandbox_policy::Layer::Cgroups)
         {
@@ -70,13 +71,13 @@ impl Runtime {
             &ids.ids,
             &limited,
             hardened.seccomp_len,
-            &hardened.policy,
-            &hardened.plan,
+            &hardened.plan.policy,
+            &hardened.plan.layers,
             proxy_pid,
             pid,
             ucounts,
             ucounts_pod,
-            crate::report::layers::masked_secrets(spec, &hardened.policy, &host.placeholders),
+            crate::report::layers::masked_secrets(spec, &hardened.plan.policy, &host.placeholders),
         )
         .map_err(LifecycleError::Layers)?;
         tracing::info!(
@@ -84,7 +85,7 @@ impl Runtime {
             pid,
             profile = %host.record.profile,
             host_uid = ids.ids.host_start,
-            layers = ?hardened.plan.apply,
+            layers = ?hardened.plan.layers.apply,
             "sandbox created"
         );
         Ok(())

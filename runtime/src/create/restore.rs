@@ -253,7 +253,8 @@ impl Runtime {
         // The supervisor answers the denied syscalls of every later exec (the restored
         // tasks' own filters have no listener: see `not_carried`).
         // A checkpointed sandbox has no reaper: its wall clock is a watchdog of its own.
-        let supervisor = self.notify_denials(id, &mut executor, &hardened.policy, true, false)?;
+        let supervisor =
+            self.notify_denials(id, &mut executor, &hardened.plan.policy, true, false)?;
         marks.mark("supervisor");
         let expected = Expected {
             ids: ids.ids,
@@ -287,19 +288,22 @@ impl Runtime {
         manifest: &Manifest,
     ) -> Result<Vec<(String, String)>> {
         let mut lost: Vec<(String, String)> = Vec::new();
-        for (layer, requirement, reason) in not_carried(&hardened.policy, &hardened.plan, false) {
+        for (layer, requirement, reason) in
+            not_carried(&hardened.plan.policy, &hardened.plan.layers, false)
+        {
             if requirement == Requirement::Required {
                 return Err(fail(RestoreError::LayerRequired { layer, reason }));
             }
             lost.push((layer, reason));
         }
         if let Some((_, reason)) = lost.iter().find(|(l, _)| l == "landlock") {
-            hardened.plan.apply.retain(|l| *l != Layer::Landlock);
+            hardened.plan.layers.apply.retain(|l| *l != Layer::Landlock);
             hardened
                 .plan
+                .layers
                 .inactive
                 .push((Layer::Landlock, reason.clone()));
-            hardened.plan.landlock = None;
+            hardened.plan.layers.landlock = None;
         }
         // What the image says it lost (the denied-syscall listener) is reported too: it
         // can only add to what is reported, never take a check away.
@@ -323,7 +327,7 @@ impl Runtime {
         host: &Host,
         hardened: &Hardened,
     ) -> Result<Option<Box<dyn super::host_procs::StartingProxy>>> {
-        if !crate::sidecars::egress::wanted(&hardened.policy) {
+        if !crate::sidecars::egress::wanted(&hardened.plan.policy) {
             return Ok(None);
         }
         self.procs()
@@ -619,8 +623,8 @@ impl Runtime {
         manifest: &Manifest,
         lost: &[(String, String)],
     ) -> Result<()> {
-        let (rules, dropped) = live_rules_within(&hardened.policy, &manifest.live_rules);
-        crate::report::audit::restored(
+        let (rules, dropped) = live_rules_within(&hardened.plan.policy, &manifest.live_rules);
+        crate::sidecars::trail::restored(
             &self.dirs,
             id,
             &manifest.image_digest,
@@ -629,7 +633,7 @@ impl Runtime {
             &dropped,
         )
         .map_err(LifecycleError::Audit)?;
-        crate::report::audit::track_init(&self.dirs, id, pid);
+        crate::sidecars::trail::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
             Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
@@ -646,20 +650,20 @@ impl Runtime {
             &ids.ids,
             &hardened.spec,
             hardened.seccomp_len,
-            &hardened.policy,
-            &hardened.plan,
+            &hardened.plan.policy,
+            &hardened.plan.layers,
             proxy_pid,
             pid,
             None,
             None,
             crate::report::layers::masked_secrets(
                 &hardened.spec,
-                &hardened.policy,
+                &hardened.plan.policy,
                 &host.placeholders,
             ),
         )
         .map_err(LifecycleError::Layers)?;
-        self.rearm_wall_clock(id, &hardened.policy, pid, manifest.wall_clock_used_ms)?;
+        self.rearm_wall_clock(id, &hardened.plan.policy, pid, manifest.wall_clock_used_ms)?;
         tracing::info!(id = %id, pid, digest = %manifest.image_digest, "sandbox restored");
         Ok(())
     }
@@ -716,7 +720,7 @@ impl Runtime {
         if limit == 0 {
             return Ok(());
         }
-        self.spawn_watchdog(id, Some(pid), limit.saturating_sub(used).max(1))
+        Ok(self.spawn_watchdog(id, Some(pid), limit.saturating_sub(used).max(1))?)
     }
 
     /// The hidden `restore-check ID`, CRIU's pre-resume hook: checks the restored tree of

@@ -20,21 +20,22 @@ impl Runtime {
         executor: &mut SandboxExecutor,
     ) -> Result<Sidecars> {
         let helper = crate::lifecycle::sidecars::helper_holds_wall_clock(
-            &hardened.policy,
+            &hardened.plan.policy,
             &hardened.spec,
             executor.seccomp.is_some(),
         );
-        let supervisor = self.notify_denials(id, executor, &hardened.policy, true, helper)?;
+        let supervisor = self.notify_denials(id, executor, &hardened.plan.policy, true, helper)?;
         // The proxy starts now and binds once the init's namespace exists.
-        let proxy = if ids.member.is_none() && crate::sidecars::egress::wanted(&hardened.policy) {
-            Some(
-                self.procs()
-                    .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
-                    .map_err(LifecycleError::Egress)?,
-            )
-        } else {
-            None
-        };
+        let proxy =
+            if ids.member.is_none() && crate::sidecars::egress::wanted(&hardened.plan.policy) {
+                Some(
+                    self.procs()
+                        .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
+                        .map_err(LifecycleError::Egress)?,
+                )
+            } else {
+                None
+            };
         Ok(Sidecars { supervisor, proxy })
     }
 
@@ -50,7 +51,7 @@ impl Runtime {
         sidecars: Sidecars,
         marks: &Marks,
     ) -> Result<Option<u32>> {
-        crate::report::audit::track_init(&self.dirs, id, pid);
+        crate::sidecars::trail::track_init(&self.dirs, id, pid);
         // A pod member shares its pod's network namespace: lo and the egress proxy came
         // with the pod's sandbox container, whose namespaces are pinned for the members.
         let mut proxy_pid = None;
@@ -92,7 +93,7 @@ impl Runtime {
         if !podman_oom::wanted(spec) {
             return;
         }
-        let Some(cgroup) = crate::report::audit::memory_cgroup_of(pid) else {
+        let Some(cgroup) = crate::sidecars::trail::memory_cgroup_of(pid) else {
             tracing::warn!(id = %id, "no memory cgroup: podman's OOMKilled will stay false");
             return;
         };

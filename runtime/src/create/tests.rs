@@ -1,5 +1,6 @@
-//! Unit tests through the engine seam: `delete --force`'s retries and the ceiling on `update`,
-//! with libcontainer replaced by [`FakeEngine`], which records every call.
+//! Unit tests through the engine seam: `delete --force`'s retries, the ceiling on `update`
+//! and the plan create saves, with libcontainer replaced by [`FakeEngine`], which records
+//! every call.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,8 +9,13 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::oci_spec::runtime::{LinuxMemoryBuilder, LinuxResourcesBuilder};
 
 use super::engine::fake::{Call, FakeEngine};
-use crate::lifecycle::{LifecycleError, Runtime, SandboxRecord};
+use super::fixture::Sandbox;
+use crate::lifecycle::{Runtime, SandboxRecord, UpdateError};
 use crate::state::ContainerId;
+use agent_sandbox_policy::SandboxPlan;
+use libcontainer::oci_spec::runtime::{
+    LinuxSeccomp, LinuxSeccompAction, LinuxSeccompBuilder, Spec,
+};
 
 /// A sandbox as `create` leaves it in state root `root`: libcontainer's state dir, the
 /// sandbox dir with its record and saved ceiling, the hardened bundle with `annotations`.
@@ -187,7 +193,7 @@ fn update_above_the_sandboxs_effective_policy_is_refused_before_anything_is_appl
         .update(&narrowed.id, &memory(512 * mib))
         .unwrap_err();
     match &err {
-        LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling {
+        UpdateError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling {
             what,
             got,
             max,
@@ -209,20 +215,14 @@ fn update_above_the_sandboxs_effective_policy_is_refused_before_anything_is_appl
         .runtime
         .update(&narrowed.id, &memory(128 * mib))
         .unwrap_err();
-    assert!(
-        matches!(err, LifecycleError::Container { op: "update", .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, UpdateError::Container(_)), "{err:?}");
     // Without the annotation 512M is within the ceiling.
     let wide = Fixture::new("update-wide", ContainerStatus::Running, 0, &[]);
     let err = wide
         .runtime
         .update(&wide.id, &memory(512 * mib))
         .unwrap_err();
-    assert!(
-        matches!(err, LifecycleError::Container { op: "update", .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, UpdateError::Container(_)), "{err:?}");
 }
 
 /// `update` reads the plan create compiled (`plan.json`) rather than deriving the policy
@@ -239,15 +239,106 @@ fn update_is_held_to_the_saved_plan() {
         .write(&agent_sandbox_policy::SandboxPlan {
             policy,
             layers: agent_sandbox_policy::layers::LayerPlan::default(),
+            protected: Vec::new(),
+            clamped: Vec::new(),
+            requested_seccomp: None,
         })
         .unwrap();
     let err = f.runtime.update(&f.id, &memory(512 * mib)).unwrap_err();
     assert!(
         matches!(
             &err,
-            LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling { max, .. })
+            UpdateError::Cgroups(crate::host::cgroups::CgroupsError::AboveCeiling { max, .. })
                 if max == &(256 * mib).to_string()
         ),
         "{err:?}"
     );
+}
+
+// The plan create saves, read back by every later command.
+
+/// A config that asks for its own seccomp profile and a negative OOM score (clamped).
+fn asking_spec() -> Spec {
+    let mut spec = Spec::default();
+    let seccomp = LinuxSeccompBuilder::default()
+        .default_action(LinuxSeccompAction::ScmpActAllow)
+        .build()
+        .unwrap();
+    let mut linux = spec.linux().clone().unwrap_or_default();
+    linux.set_seccomp(Some(seccomp));
+    spec.set_linux(Some(linux));
+    let mut process = spec.process().clone().unwrap_or_default();
+    process.set_oom_score_adj(Some(-500));
+    spec.set_process(Some(process));
+    spec
+}
+
+fn hardened(s: &Sandbox) -> Spec {
+    Spec::load(s.runtime.dirs.sandbox(&s.id).hardened_spec()).unwrap()
+}
+
+/// Create compiles the plan once and saves all of it: the config's seccomp request and
+/// the clamps are in `plan.json`, and no file of their own is written beside it.
+#[test]
+fn create_saves_the_seccomp_request_and_the_clamps_in_the_plan() {
+    let s = Sandbox::created(
+        "plan-saved",
+        &asking_spec(),
+        i32::try_from(std::process::id()).unwrap(),
+    );
+    let dir = s.runtime.dirs.sandbox(&s.id);
+    let plan: SandboxPlan = dir.plan().read().unwrap();
+    assert_eq!(
+        plan.requested_seccomp,
+        asking_spec().linux().as_ref().unwrap().seccomp().clone()
+    );
+    assert!(
+        plan.clamped
+            .iter()
+            .any(|c| c.key == "process.oomScoreAdj" && c.granted == "0"),
+        "{:?}",
+        plan.clamped
+    );
+    assert!(!dir.requested_seccomp().path().exists());
+    assert_eq!(
+        crate::harden::saved_plan(&dir, &hardened(&s)).unwrap(),
+        plan
+    );
+}
+
+/// A sandbox an older runtime created: its `plan.json` has only the policy and the layer
+/// plan, and the seccomp request is in `requested-seccomp.json`; exec still gets it. A
+/// sandbox older still has no `plan.json`: its plan is derived from the saved ceiling
+/// and the annotations of its hardened spec.
+#[test]
+fn a_sandbox_from_the_previous_runtime_still_reads_its_plan() {
+    let mut spec =
+        crate::test_support::spec_with_annotations(&[("io.agent.sandbox.memory", "256M")]);
+    let mut linux = spec.linux().clone().unwrap_or_default();
+    linux.set_seccomp(asking_spec().linux().as_ref().unwrap().seccomp().clone());
+    spec.set_linux(Some(linux));
+    let s = Sandbox::created(
+        "plan-old",
+        &spec,
+        i32::try_from(std::process::id()).unwrap(),
+    );
+    let dir = s.runtime.dirs.sandbox(&s.id);
+    let now: SandboxPlan = dir.plan().read().unwrap();
+    let requested: LinuxSeccomp = now.requested_seccomp.clone().unwrap();
+    let old = serde_json::json!({ "policy": now.policy, "layers": now.layers });
+    std::fs::write(dir.plan().path(), old.to_string()).unwrap();
+    dir.requested_seccomp().write(&requested).unwrap();
+    let read = crate::harden::saved_plan(&dir, &hardened(&s)).unwrap();
+    assert_eq!(read.policy, now.policy);
+    assert_eq!(read.layers, now.layers);
+    assert_eq!(read.requested_seccomp.as_ref(), Some(&requested));
+    crate::harden::executor(&read).unwrap();
+
+    std::fs::remove_file(dir.plan().path()).unwrap();
+    let derived = crate::harden::saved_plan(&dir, &hardened(&s)).unwrap();
+    assert_eq!(
+        derived.policy, now.policy,
+        "the annotation narrows it again"
+    );
+    assert_eq!(derived.requested_seccomp.as_ref(), Some(&requested));
 }

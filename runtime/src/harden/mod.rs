@@ -1,8 +1,8 @@
 //! The bridge between a container and the policy crate: which policy is the ceiling
 //! (`ceiling`), hardening the spec with the runtime's facts (the id mapping in `ids`, the
 //! workspace overlay's dirs in `overlay`, protected paths found on the host in `protected`)
-//! in `prepare`, the layer plan on this host (`plan`), and an exec'd process clamped like the
-//! init (`exec`). The in-process layers the plan applies (seccomp BPF, Landlock) are built
+//! handed to the policy crate's plan compiler in `prepare`, what the host supports (`plan`),
+//! and the plan a created sandbox saved, for exec and every later command (`exec`). The in-process layers the plan applies (seccomp BPF, Landlock) are built
 //! in `crate::enforce`; cgroups are `crate::host::cgroups`.
 
 use std::path::PathBuf;
@@ -26,11 +26,11 @@ pub mod profiles;
 mod protected;
 
 pub use ceiling::{Ceiling, DEFAULT_PROFILE};
-pub use exec::{harden_exec, saved_plan};
+pub use exec::saved_plan;
 pub use mount_dir::mount_dir;
 pub use overlay::overlay_dirs;
 pub use plan::host_support;
-pub use prepare::{Facts, Prepared, prepare, requested_seccomp};
+pub use prepare::{compile, executor, spec_profile_name};
 pub use profiles::DEFAULT_PROFILES_DIR;
 pub use protected::check_writable_destinations;
 
@@ -81,4 +81,14 @@ pub enum SandboxError {
     Paths(#[from] paths::PathsError),
     #[error(transparent)]
     File(#[from] crate::files::FileError),
+}
+
+/// The plan compiler's errors keep their texts as this bridge's own variants.
+impl From<agent_sandbox_policy::CompileError> for SandboxError {
+    fn from(e: agent_sandbox_policy::CompileError) -> Self {
+        match e {
+            agent_sandbox_policy::CompileError::Harden(e) => Self::Harden(e),
+            agent_sandbox_policy::CompileError::Layer(e) => Self::Layer(e),
+        }
+    }
 }

@@ -161,7 +161,7 @@ pub(crate) struct Manifest {
     /// Layers the image does not carry, with the reason (all optional in the policy).
     pub not_carried: Vec<(String, String)>,
     /// The proxy's live egress rules (`allow`: true, else deny), oldest first: a restore
-    /// applies again those its own ceiling covers (`report::audit::live_rules`).
+    /// applies again those its own ceiling covers (`sidecars::trail::live_rules`).
     #[serde(default)]
     pub live_rules: Vec<(bool, String)>,
     /// What the init's descriptors 0, 1 and 2 were (`pipe:[INODE]`, ...): restore hands the
@@ -297,7 +297,7 @@ impl Runtime {
         let image_digest = criu::image_digest(&opts.criu.image_path).map_err(|e| fail(e.into()))?;
         let wall_clock_used_ms = wall_clock_used(&dir);
         let audit_head =
-            crate::report::audit::checkpointed(&self.dirs, id, &image_digest, opts.leave_running)
+            crate::sidecars::trail::checkpointed(&self.dirs, id, &image_digest, opts.leave_running)
                 .map_err(LifecycleError::Audit)?;
         let workspace: Option<crate::enforce::mounts::WorkspaceOverlay> =
             dir.workspace().read_if_present()?;
@@ -305,14 +305,14 @@ impl Runtime {
             format: FORMAT,
             id: id.as_str().to_owned(),
             image_digest,
-            plan_digest: crate::report::audit::policy_digest(&policy),
+            plan_digest: crate::sidecars::trail::policy_digest(&policy),
             ids: record.ids,
             wall_clock_used_ms,
             audit_head: Some(audit_head),
             externals,
             change: workspace.and_then(|w| w.change),
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
-            live_rules: crate::report::audit::live_rules(&self.dirs, id),
+            live_rules: crate::sidecars::trail::live_rules(&self.dirs, id),
             stdio,
         };
         let path = opts.criu.image_path.join(criu::MANIFEST);

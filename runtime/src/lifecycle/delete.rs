@@ -55,10 +55,10 @@ impl Runtime {
                 // written is logged and the delete goes on: the container must still go.
                 if let Some(r) = reaped
                     && c.status() == ContainerStatus::Stopped
-                    && let Err(e) = crate::report::audit::exited(
+                    && let Err(e) = crate::sidecars::trail::exited(
                         &self.dirs,
                         id,
-                        &crate::report::audit::ExitReport {
+                        &crate::sidecars::trail::ExitReport {
                             process: "init".to_owned(),
                             pid: r.pid,
                             status: r.status,
@@ -176,7 +176,7 @@ impl Runtime {
     /// reaped by the caller (status unknown here); a live one is about to be
     /// SIGKILLed by this forced delete (e.g. containerd cleaning up after a dead shim).
     fn audit_init_exit(&self, id: &ContainerId, c: &Container, force: bool) {
-        if let Err(e) = crate::report::audit::limits_at_delete(&self.dirs, id) {
+        if let Err(e) = crate::sidecars::trail::limits_at_delete(&self.dirs, id) {
             tracing::error!(id = %id, error = %e, "cannot write the limit records");
         }
         let (status, reaped_by) = match c.status() {
@@ -186,7 +186,7 @@ impl Runtime {
         };
         let pid = c.pid().map(|p| p.as_raw());
         if let Err(e) =
-            crate::report::audit::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by)
+            crate::sidecars::trail::init_exit_at_delete(&self.dirs, id, pid, status, reaped_by)
         {
             tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
         }
@@ -200,14 +200,21 @@ impl Runtime {
         let helper = self.procs.stop_supervisor(&sandbox_dir, id.as_str());
         let workspace: Option<mounts::WorkspaceOverlay> =
             self.dirs.sandbox(id).workspace().read().ok();
-        let died = crate::report::audit::Died {
+        let died = crate::sidecars::trail::Died {
             proxy: proxy == crate::sidecars::egress::Stopped::WasDead,
             helper: helper == crate::sidecars::Stopped::WasDead,
         };
-        if let Err(e) = crate::report::audit::deleted(&self.dirs, id, workspace.as_ref(), died) {
+        if let Err(e) = crate::sidecars::trail::deleted(
+            &self.dirs,
+            id,
+            workspace
+                .as_ref()
+                .map(|w| (w.upper.as_path(), w.lower.as_path())),
+            died,
+        ) {
             tracing::error!(id = %id, error = %e, "cannot write the closing audit records");
         }
-        crate::report::audit::release(&self.dirs, id);
+        crate::sidecars::trail::release(&self.dirs, id);
         if let Ok(text) = std::fs::read_to_string(self.dirs.sandbox(id).watchdog_pid())
             && let Ok(pid) = text.trim().parse::<i32>()
         {

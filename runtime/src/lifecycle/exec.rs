@@ -7,19 +7,65 @@ use std::sync::Arc;
 use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::{Process, Spec};
 
-use super::{ExecOpts, LifecycleError, Result, Runtime, in_root_dir};
+use super::{BuildError, ExecOpts, LookupError, PlanError, Runtime, in_root_dir};
 use crate::enforce;
 use crate::state::ContainerId;
+
+/// Errors of `exec`, by its phase: finding the container and its process, the saved plan,
+/// clamping the process, recording it, building it with libcontainer, waiting for it. The
+/// texts are runc's where callers match on them ("container not running").
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("container not running")]
+    NotRunning,
+    /// The process file (`--process`) or, for the inline form, the bundle's config.
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    #[error("cannot read bundle config {path}")]
+    BundleConfig {
+        path: std::path::PathBuf,
+        #[source]
+        source: libcontainer::oci_spec::OciSpecError,
+    },
+    #[error(transparent)]
+    ToolCall(#[from] agent_sandbox_audit::ToolCallError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// Clamping the process, or building the executor's layers from the plan.
+    #[error(transparent)]
+    Sandbox(#[from] crate::harden::SandboxError),
+    #[error(transparent)]
+    Rlimit(#[from] crate::host::rlimits::RlimitError),
+    #[error(transparent)]
+    Enforce(#[from] enforce::EnforceError),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("denied-syscall audit")]
+    SyscallAudit(#[from] crate::sidecars::syscall_audit::SyscallAuditError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("exec failed")]
+    Exec(#[source] Box<libcontainer::error::LibcontainerError>),
+    #[error("cannot wait for process {pid}")]
+    Wait {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, ExecError>;
 
 impl Runtime {
     /// `exec`: runs a process in the sandbox, clamped like the init and under
     /// the same seccomp filter and Landlock rules. Returns the exit code when
     /// not detached.
-    #[expect(clippy::too_many_lines)]
     pub fn exec(&self, id: &ContainerId, opts: &ExecOpts) -> Result<Option<i32>> {
         let c = self.load(id)?;
         if c.status() != ContainerStatus::Running {
-            return Err(LifecycleError::NotRunning);
+            return Err(ExecError::NotRunning);
         }
         crate::host::cgroups::warm::start();
         let mut process: Process = match &opts.process {
@@ -28,47 +74,36 @@ impl Runtime {
         };
         take_tool_call_argv(&mut process)?;
         let dir = self.dirs.sandbox(id);
-        let (policy, plan, hardened) = self.saved_policy(id, c.bundle())?;
+        let (plan, hardened) = self.saved_plan(id, c.bundle())?;
+        let policy = &plan.policy;
         let name = process_name(opts, &hardened);
-        let mut process = crate::harden::harden_exec(process, &policy, &plan)?;
+        let mut process = plan
+            .harden_exec(process)
+            .map_err(crate::harden::SandboxError::Harden)?;
         // In this process, before libcontainer forks (crate::host::rlimits).
         let rlimit_clamps =
             crate::host::rlimits::raise(&crate::host::rlimits::ThisProcess, &mut process)?;
-        agent_sandbox_policy::harden::writable_home(&mut process, &policy, &hardened);
-        crate::sidecars::egress::inject_env(&mut process, &policy);
-        crate::sidecars::tls_trust::inject_env(&mut process, &policy);
-        crate::report::audit::exec(&self.dirs, id, &process, &hardened, &name)
-            .map_err(LifecycleError::Audit)?;
-        crate::report::audit::clamped(&self.dirs, id, &rlimit_clamps)
-            .map_err(LifecycleError::Audit)?;
+        agent_sandbox_policy::harden::writable_home(&mut process, policy, &hardened);
+        crate::sidecars::egress::inject_env(&mut process, policy);
+        crate::sidecars::tls_trust::inject_env(&mut process, policy);
+        crate::sidecars::trail::exec(&self.dirs, id, &process, &hardened, &name)
+            .map_err(ExecError::Audit)?;
+        crate::sidecars::trail::clamped(&self.dirs, id, &rlimit_clamps)
+            .map_err(ExecError::Audit)?;
         let process_for_audit = process.clone();
         enforce::verify_process(&process)?;
-        let mut executor = crate::enforce::executor::executor_for(&policy, &plan)?;
-        let requested_file = dir.requested_seccomp();
-        let requested: Option<libcontainer::oci_spec::runtime::LinuxSeccomp> =
-            if requested_file.path().exists() {
-                Some(requested_file.read()?)
-            } else {
-                None
-            };
-        executor.requested_seccomp =
-            crate::harden::requested_seccomp(requested.as_ref(), &policy, &plan)?;
-        let init_pid = c
-            .pid()
-            .map(|p| p.as_raw())
-            .ok_or(LifecycleError::NotRunning)?;
+        let mut executor = crate::harden::executor(&plan)?;
+        let init_pid = c.pid().map(|p| p.as_raw()).ok_or(ExecError::NotRunning)?;
         let (process, join) = enforce::tenant_join_userns(process, init_pid)?;
         executor.join_userns = Some(Arc::new(join));
-        self.notify_denials(id, &mut executor, &policy, false, false)?;
+        self.notify_denials(id, &mut executor, policy, false, false)?;
         let clamped_file = dir.exec_process(std::process::id());
         clamped_file.write(&process)?;
         let clamped = clamped_file.path().to_owned();
         let tenant = self
             .builder(id)?
             .with_pid_file(opts.pid_file.as_ref())
-            .map_err(|source| LifecycleError::Exec {
-                source: Box::new(source),
-            })?
+            .map_err(|source| ExecError::Exec(Box::new(source)))?
             .with_console_socket(opts.console_socket.as_ref())
             .with_preserved_fds(opts.preserve_fds)
             .with_executor(executor)
@@ -77,10 +112,8 @@ impl Runtime {
             .with_detach(opts.detach);
         let result = in_root_dir(|| tenant.build());
         let _ = std::fs::remove_file(&clamped);
-        let pid = result?.map_err(|source| LifecycleError::Exec {
-            source: Box::new(source),
-        })?;
-        crate::report::audit::tag_exec(
+        let pid = result?.map_err(|source| ExecError::Exec(Box::new(source)))?;
+        crate::sidecars::trail::tag_exec(
             &self.dirs,
             id,
             pid.as_raw(),
@@ -94,17 +127,17 @@ impl Runtime {
             return Ok(None);
         }
         let status = wait_exit(pid.as_raw())?;
-        crate::report::audit::exited(
+        crate::sidecars::trail::exited(
             &self.dirs,
             id,
-            &crate::report::audit::ExitReport {
+            &crate::sidecars::trail::ExitReport {
                 process: name.id.clone().unwrap_or_else(|| "exec".to_owned()),
                 pid: Some(pid.as_raw()),
                 status,
                 reaped_by: None,
             },
         )
-        .map_err(LifecycleError::Audit)?;
+        .map_err(ExecError::Audit)?;
         Ok(Some(match status {
             agent_sandbox_audit::ExitStatus::Code(c) => c,
             agent_sandbox_audit::ExitStatus::Signal(n) => 128 + n,
@@ -141,17 +174,17 @@ fn take_tool_call_argv(process: &mut Process) -> Result<()> {
 /// one its caller's pid file names (podman's session, the runc shim's exec id). A ctr exec
 /// id is chosen by the harness (`ctr task exec --exec-id ID`), so it also names the tool
 /// call when nothing else does; CRI's are generated by containerd, so they do not.
-fn process_name(opts: &ExecOpts, hardened: &Spec) -> crate::report::audit::ProcessName {
+fn process_name(opts: &ExecOpts, hardened: &Spec) -> crate::sidecars::trail::ProcessName {
     let cri = hardened
         .annotations()
         .as_ref()
         .is_some_and(|a| a.contains_key(crate::pod::CONTAINER_TYPE_ANNOTATION));
     match &opts.exec_id {
-        Some(id) => crate::report::audit::ProcessName {
+        Some(id) => crate::sidecars::trail::ProcessName {
             id: Some(id.clone()),
             is_tool_call: !cri,
         },
-        None => crate::report::audit::ProcessName {
+        None => crate::sidecars::trail::ProcessName {
             id: Some(crate::sidecars::exec_exit::exec_id(
                 opts.pid_file.as_deref().filter(|_| opts.detach),
             )),
@@ -162,7 +195,7 @@ fn process_name(opts: &ExecOpts, hardened: &Spec) -> crate::report::audit::Proce
 
 fn inline_process(c: &Container, opts: &ExecOpts) -> Result<Process> {
     let config = c.bundle().join("config.json");
-    let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+    let spec = Spec::load(&config).map_err(|source| ExecError::BundleConfig {
         path: config.clone(),
         source,
     })?;
@@ -209,7 +242,7 @@ fn wait_exit(pid: i32) -> Result<agent_sandbox_audit::ExitStatus> {
             Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(ExitStatus::Signal(sig as i32)),
             Ok(_) => continue,
             Err(nix::Error::EINTR) => continue,
-            Err(source) => return Err(LifecycleError::Wait { pid, source }),
+            Err(source) => return Err(ExecError::Wait { pid, source }),
         }
     }
 }
@@ -254,7 +287,7 @@ mod tests {
         let s = Sandbox::created("exec-created", &Spec::default(), this_process());
         let records = exec_records(&s);
         let err = s.runtime.exec(&s.id, &opts()).unwrap_err();
-        assert!(matches!(err, LifecycleError::NotRunning), "{err:?}");
+        assert!(matches!(err, ExecError::NotRunning), "{err:?}");
         assert_eq!(exec_records(&s), records);
     }
 
@@ -276,7 +309,7 @@ mod tests {
             ..opts()
         };
         let err = s.runtime.exec(&s.id, &run).unwrap_err();
-        assert!(matches!(err, LifecycleError::ToolCall(_)), "{err:?}");
+        assert!(matches!(err, ExecError::ToolCall(_)), "{err:?}");
         assert_eq!(exec_records(&s), records);
         let clamped = s
             .runtime
@@ -354,7 +387,7 @@ mod tests {
         gone.state.bundle = dir.path().join("missing");
         let err = inline_process(&gone, &flags).unwrap_err();
         assert!(
-            matches!(&err, LifecycleError::BundleConfig { path, .. } if path == &dir.path().join("missing").join("config.json")),
+            matches!(&err, ExecError::BundleConfig { path, .. } if path == &dir.path().join("missing").join("config.json")),
             "{err:?}"
         );
     }
@@ -391,7 +424,7 @@ mod tests {
         let mut p = process(&["true"], &["AGENT_SANDBOX_TOOL_CALL_ID=a b"]);
         assert!(matches!(
             take_tool_call_argv(&mut p),
-            Err(LifecycleError::ToolCall(_))
+            Err(ExecError::ToolCall(_))
         ));
     }
 }

@@ -25,7 +25,12 @@ use crate::state::paths::{self, PathsError, StateDirs};
 
 pub use checkpoint::{CheckpointError, CheckpointOpts, CriuFlags};
 pub use delete::DeleteError;
+pub use exec::ExecError;
 pub use kill::KillError;
+pub use pause::PauseError;
+pub use ps::PsError;
+pub use start::{StartError, WatchdogError};
+pub use update::UpdateError;
 
 pub(crate) mod checkpoint;
 mod delete;
@@ -39,8 +44,11 @@ mod state;
 mod update;
 mod workspace;
 
-/// Errors of the lifecycle operations. Messages read like runc's where callers
-/// match on them ("container ... does not exist").
+/// Errors of `create` and `restore`, `checkpoint`, `state`, the workspace commands and the
+/// hidden sidecar commands; the other operations have one type each ([`StartError`],
+/// [`ExecError`], [`UpdateError`], [`PauseError`], [`PsError`], [`KillError`],
+/// [`DeleteError`]). Messages read like runc's where callers match on them ("container ...
+/// does not exist").
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
     #[error("container {id} does not exist")]
@@ -94,9 +102,7 @@ pub enum LifecycleError {
     #[error("hooks")]
     Hook(#[source] crate::enforce::hooks::HookError),
     #[error("denied-syscall audit")]
-    SyscallAudit(#[source] crate::sidecars::syscall_audit::SyscallAuditError),
-    #[error(transparent)]
-    ToolCall(#[from] agent_sandbox_audit::ToolCallError),
+    SyscallAudit(#[from] crate::sidecars::syscall_audit::SyscallAuditError),
     #[error("container {id} has no workspace overlay")]
     NoWorkspace { id: ContainerId },
     #[error("workspace changes")]
@@ -120,17 +126,6 @@ pub enum LifecycleError {
         settings: String,
         #[source]
         source: Box<libcontainer::error::LibcontainerError>,
-    },
-    #[error("exec failed")]
-    Exec {
-        #[source]
-        source: Box<libcontainer::error::LibcontainerError>,
-    },
-    #[error("cannot wait for process {pid}")]
-    Wait {
-        pid: i32,
-        #[source]
-        source: nix::Error,
     },
     #[error(transparent)]
     Checkpoint(Box<checkpoint::CheckpointError>),
@@ -169,6 +164,61 @@ impl From<LookupError> for LifecycleError {
             LookupError::NotExist { id } => Self::NotExist { id },
             LookupError::StateLock(e) => Self::StateLock(e),
             LookupError::Container { op, source } => Self::Container { op, source },
+        }
+    }
+}
+
+/// Reading what create saved for a sandbox: its hardened spec (the bundle's `config.json`)
+/// and its plan, the step every operation on a created sandbox that needs its policy takes.
+/// The texts are those of [`LifecycleError`]'s variants of the same names.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("cannot read bundle config {path}")]
+    BundleConfig {
+        path: PathBuf,
+        #[source]
+        source: libcontainer::oci_spec::OciSpecError,
+    },
+    #[error(transparent)]
+    Sandbox(#[from] crate::harden::SandboxError),
+}
+
+impl From<PlanError> for LifecycleError {
+    fn from(e: PlanError) -> Self {
+        match e {
+            PlanError::BundleConfig { path, source } => Self::BundleConfig { path, source },
+            PlanError::Sandbox(e) => Self::Sandbox(e),
+        }
+    }
+}
+
+/// Setting up a libcontainer build (create's and exec's): the builder on the state root, and
+/// the working directory around the build ([`in_root_dir`]). The texts are those of
+/// [`LifecycleError`]'s variants of the same names.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Paths(#[from] PathsError),
+    #[error("{op} failed")]
+    Container {
+        op: &'static str,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+    #[error("cannot {what} the working directory around libcontainer's build")]
+    WorkingDir {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<BuildError> for LifecycleError {
+    fn from(e: BuildError) -> Self {
+        match e {
+            BuildError::Paths(e) => Self::Paths(e),
+            BuildError::Container { op, source } => Self::Container { op, source },
+            BuildError::WorkingDir { what, source } => Self::WorkingDir { what, source },
         }
     }
 }
@@ -239,7 +289,7 @@ pub(crate) fn create_err(
 /// few hundred, and 6-8 ms per `create` (docs/benchmarks.md). `/` can be opened by every uid, so
 /// the probe sees `openat2` work. The fallback's checks and `openat2`'s `RESOLVE_*` flags give the
 /// same guarantees; only the cost differs.
-pub(crate) fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
+pub(crate) fn in_root_dir<T>(build: impl FnOnce() -> T) -> std::result::Result<T, BuildError> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
     // O_PATH: the caller's directory only needs to be found again, not read.
@@ -247,16 +297,16 @@ pub(crate) fn in_root_dir<T>(build: impl FnOnce() -> T) -> Result<T> {
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
         .open(".")
-        .map_err(|source| LifecycleError::WorkingDir {
+        .map_err(|source| BuildError::WorkingDir {
             what: "open",
             source,
         })?;
-    std::env::set_current_dir("/").map_err(|source| LifecycleError::WorkingDir {
+    std::env::set_current_dir("/").map_err(|source| BuildError::WorkingDir {
         what: "leave",
         source,
     })?;
     let built = build();
-    nix::unistd::fchdir(caller.as_raw_fd()).map_err(|e| LifecycleError::WorkingDir {
+    nix::unistd::fchdir(caller.as_raw_fd()).map_err(|e| BuildError::WorkingDir {
         what: "restore",
         source: e.into(),
     })?;
@@ -407,11 +457,17 @@ impl Runtime {
         self.procs.as_ref()
     }
 
-    pub(crate) fn builder(&self, id: &ContainerId) -> Result<ContainerBuilder> {
+    pub(crate) fn builder(
+        &self,
+        id: &ContainerId,
+    ) -> std::result::Result<ContainerBuilder, BuildError> {
         self.dirs.ensure()?;
         ContainerBuilder::new(id.as_str().to_owned(), SyscallType::default())
             .with_root_path(self.dirs.containers())
-            .map_err(container_err("create"))
+            .map_err(|source| BuildError::Container {
+                op: "create",
+                source: Box::new(source),
+            })
     }
 
     /// Loads libcontainer's view of `id`, with a fresh status.
@@ -468,20 +524,30 @@ impl Runtime {
         Ok(self.dirs.sandbox(id).record().read()?)
     }
 
-    /// The effective policy of a created sandbox and its layer plan, as create compiled them
-    /// (`plan.json`), with its hardened spec (in `bundle`). Start, exec and the proxy all use
-    /// this.
-    fn saved_policy(
+    /// The plan of a created sandbox, as create compiled it (`plan.json`), with its hardened
+    /// spec (in `bundle`). Start, exec, `update`, checkpoint and the sidecars all use this.
+    fn saved_plan(
         &self,
         id: &ContainerId,
         bundle: &Path,
-    ) -> Result<(SandboxPolicy, LayerPlan, Spec)> {
+    ) -> std::result::Result<(agent_sandbox_policy::SandboxPlan, Spec), PlanError> {
         let config = bundle.join("config.json");
-        let hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        let hardened = Spec::load(&config).map_err(|source| PlanError::BundleConfig {
             path: config.clone(),
             source,
         })?;
         let plan = crate::harden::saved_plan(&self.dirs.sandbox(id), &hardened)?;
+        Ok((plan, hardened))
+    }
+
+    /// [`Self::saved_plan`]'s effective policy and layer plan, for the commands that need
+    /// no more of it.
+    fn saved_policy(
+        &self,
+        id: &ContainerId,
+        bundle: &Path,
+    ) -> std::result::Result<(SandboxPolicy, LayerPlan, Spec), PlanError> {
+        let (plan, hardened) = self.saved_plan(id, bundle)?;
         Ok((plan.policy, plan.layers, hardened))
     }
 }
@@ -499,6 +565,63 @@ pub(crate) fn sandbox_user(spec: &Spec, ids: &IdRange) -> Option<mounts::Sandbox
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    use super::*;
+
+    /// The texts callers read (podman reads "container not running" as already stopped, the
+    /// shim passes the rest on) are the ones the one `LifecycleError` printed for these
+    /// operations before each had its own type.
+    #[test]
+    fn each_operations_error_keeps_the_text_it_had() {
+        let id = ContainerId::try_from("texts").unwrap();
+        let libcontainer = || {
+            Box::new(libcontainer::error::LibcontainerError::Other(
+                "x".to_owned(),
+            ))
+        };
+        let texts: Vec<(String, &str)> = vec![
+            (ExecError::NotRunning.to_string(), "container not running"),
+            (ExecError::Exec(libcontainer()).to_string(), "exec failed"),
+            (
+                StartError::WrongState {
+                    id: id.clone(),
+                    status: "running",
+                    wanted: "created",
+                }
+                .to_string(),
+                "container texts is running, not created",
+            ),
+            (
+                StartError::Container(libcontainer()).to_string(),
+                "start failed",
+            ),
+            (
+                WatchdogError::Spawn(std::io::Error::other("x")).to_string(),
+                "cannot start the wall-clock watchdog",
+            ),
+            (
+                UpdateError::Container(libcontainer()).to_string(),
+                "update failed",
+            ),
+            (UpdateError::NotRunning.to_string(), "container not running"),
+            (
+                PauseError::Container {
+                    op: "resume",
+                    source: libcontainer(),
+                }
+                .to_string(),
+                "resume failed",
+            ),
+            (PsError::Container(libcontainer()).to_string(), "ps failed"),
+            (
+                StartError::Lookup(LookupError::NotExist { id: id.clone() }).to_string(),
+                "container texts does not exist",
+            ),
+        ];
+        for (got, want) in texts {
+            assert_eq!(got, want);
+        }
+    }
 
     /// The build sees `/`; the caller gets its own directory back, even one it may not list
     /// (containerd's bundle directories are 0700), which `O_PATH` does not need.

@@ -6,8 +6,22 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Result, Runtime, container_err};
+use super::{LookupError, Runtime};
 use crate::state::{ContainerId, SandboxDir};
+
+/// Errors of `pause` and `resume`.
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    /// libcontainer's freeze or thaw (`op` is `pause` or `resume`).
+    #[error("{op} failed")]
+    Container {
+        op: &'static str,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+}
 
 /// The freezes of one sandbox, on the clock of `/proc/uptime` (seconds since boot).
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,7 +71,7 @@ pub(crate) fn frozen_so_far(dir: &SandboxDir) -> Duration {
 
 impl Runtime {
     /// `pause` (`freeze = true`) and `resume`.
-    pub fn pause(&self, id: &ContainerId, freeze: bool) -> Result<()> {
+    pub fn pause(&self, id: &ContainerId, freeze: bool) -> Result<(), PauseError> {
         let _lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         let (op, result) = if freeze {
@@ -65,7 +79,10 @@ impl Runtime {
         } else {
             ("resume", c.resume())
         };
-        result.map_err(container_err(op))?;
+        result.map_err(|source| PauseError::Container {
+            op,
+            source: Box::new(source),
+        })?;
         self.note_freeze(id, freeze);
         Ok(())
     }
@@ -91,8 +108,8 @@ impl Runtime {
             tracing::warn!(id = %id, error = %e, "cannot note the freeze for the wall clock");
         }
         let recorded = match (freeze, ended) {
-            (true, _) => crate::report::audit::paused(&self.dirs, id),
-            (false, Some(ms)) => crate::report::audit::resumed(&self.dirs, id, ms),
+            (true, _) => crate::sidecars::trail::paused(&self.dirs, id),
+            (false, Some(ms)) => crate::sidecars::trail::resumed(&self.dirs, id, ms),
             // A resume of a sandbox this runtime never saw frozen: nothing to record.
             (false, None) => Ok(()),
         };

@@ -74,7 +74,7 @@ impl Runtime {
             return Ok(());
         }
         tracing::warn!(id = %id, seconds, "wall-clock limit reached: killing the sandbox");
-        crate::report::audit::wall_clock_fired(&self.dirs, id, seconds);
+        crate::sidecars::trail::wall_clock_fired(&self.dirs, id, seconds);
         if let Some(init) = c.pid() {
             tell_init_stderr(
                 init.as_raw(),
@@ -96,7 +96,7 @@ impl Runtime {
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
         let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
-        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         let sandbox_dir = self.dirs.sandbox(id);
         let netns = || {
             if netns == Path::new(crate::sidecars::egress::NETNS_ON_STDIN) {
@@ -121,7 +121,7 @@ impl Runtime {
     ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::harden::SandboxError::NoArch)?;
-        let log = crate::report::audit::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         // Its records share the log's cap with the proxy's (docs/audit.md).
         let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
@@ -166,7 +166,10 @@ impl Runtime {
         policy: &SandboxPolicy,
         spawn: bool,
         dead_man: bool,
-    ) -> Result<Option<Box<dyn crate::create::host_procs::StartingSupervisor>>> {
+    ) -> std::result::Result<
+        Option<Box<dyn crate::create::host_procs::StartingSupervisor>>,
+        SyscallAuditError,
+    > {
         let Some(bpf) = executor.seccomp.clone() else {
             return Ok(None);
         };
@@ -177,25 +180,23 @@ impl Runtime {
             // helper per sandbox"); the pipe's write end goes to the helper only.
             let dead_man = if dead_man {
                 let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                    .map_err(|e| SyscallAuditError::Spawn(e.into()))
-                    .map_err(LifecycleError::SyscallAudit)?;
+                    .map_err(|e| SyscallAuditError::Spawn(e.into()))?;
                 executor.dead_man = Some(std::sync::Arc::new(read));
                 Some(write)
             } else {
                 None
             };
-            Some(
-                self.procs
-                    .start_supervisor(&self.dirs.root, &sandbox_dir, id.as_str(), errno, dead_man)
-                    .map_err(LifecycleError::SyscallAudit)?,
-            )
+            Some(self.procs.start_supervisor(
+                &self.dirs.root,
+                &sandbox_dir,
+                id.as_str(),
+                errno,
+                dead_man,
+            )?)
         } else {
             None
         };
-        let supervisor = self
-            .procs
-            .connect_supervisor(&sandbox_dir)
-            .map_err(LifecycleError::SyscallAudit)?;
+        let supervisor = self.procs.connect_supervisor(&sandbox_dir)?;
         executor.notify = Some(std::sync::Arc::new(
             crate::enforce::executor::NotifyFilter {
                 program: crate::sidecars::syscall_audit::notify_program(&bpf, errno),

@@ -3,15 +3,56 @@
 
 use libcontainer::container::{Container, ContainerStatus};
 
-use super::{LifecycleError, Result, Runtime, container_err, status_name};
+use super::{LifecycleError, LookupError, PlanError, Runtime, status_name};
 use crate::state::ContainerId;
+
+/// Errors of `start`, by its phase: finding the container, letting the init run, arming the
+/// wall clock. The texts are runc's where callers match on them.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("container {id} is {status}, not {wanted}")]
+    WrongState {
+        id: ContainerId,
+        status: &'static str,
+        wanted: &'static str,
+    },
+    #[error("start failed")]
+    Container(#[source] Box<libcontainer::error::LibcontainerError>),
+    /// Reading the plan the wall clock comes from.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Watchdog(#[from] WatchdogError),
+}
+
+/// Starting the wall-clock watchdog process (`start`, and a restored sandbox's).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchdogError {
+    #[error("cannot start the wall-clock watchdog")]
+    Spawn(#[source] std::io::Error),
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+}
+
+impl From<WatchdogError> for LifecycleError {
+    fn from(e: WatchdogError) -> Self {
+        match e {
+            WatchdogError::Spawn(e) => Self::Watchdog(e),
+            WatchdogError::File(e) => Self::File(e),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, StartError>;
 
 impl Runtime {
     pub fn start(&self, id: &ContainerId) -> Result<()> {
         let lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
         if c.status() != ContainerStatus::Created {
-            return Err(LifecycleError::WrongState {
+            return Err(StartError::WrongState {
                 id: id.clone(),
                 status: status_name(c.status()),
                 wanted: "created",
@@ -19,7 +60,7 @@ impl Runtime {
         }
         let init = c.pid().map(|p| p.as_raw());
         let before = init.and_then(crate::enforce::init_exec::executable);
-        c.start().map_err(container_err("start"))?;
+        c.start().map_err(|e| StartError::Container(Box::new(e)))?;
         drop(lock);
         // As runc's: return once the program runs, so that a signal sent right after `start`
         // reaches it (see `init_exec`).
@@ -78,7 +119,7 @@ impl Runtime {
                 }
             }
         }
-        self.spawn_watchdog(id, pid, secs)
+        Ok(self.spawn_watchdog(id, pid, secs)?)
     }
 
     /// Starts the watchdog that kills the sandbox after `secs` of wall clock (pauses not
@@ -88,7 +129,7 @@ impl Runtime {
         id: &ContainerId,
         pid: Option<i32>,
         secs: u64,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), WatchdogError> {
         let dir = self.dirs.sandbox(id);
         use std::os::unix::process::CommandExt;
         // `/proc/self/exe`, not `current_exe()`: `run` starts from the sealed copy, whose
@@ -106,7 +147,7 @@ impl Runtime {
             .stderr(std::process::Stdio::null())
             .process_group(0)
             .spawn()
-            .map_err(LifecycleError::Watchdog)?;
+            .map_err(WatchdogError::Spawn)?;
         crate::files::write(&dir.watchdog_pid(), child.id().to_string())?;
         tracing::info!(id = %id, seconds = secs, "wall-clock limit armed");
         Ok(())

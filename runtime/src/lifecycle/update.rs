@@ -1,9 +1,24 @@
 //! `update --resources`: new limits, never above the policy's ceiling.
 
-use libcontainer::oci_spec::runtime::Spec;
-
-use super::{LifecycleError, Result, Runtime, container_err};
+use super::{LookupError, PlanError, Runtime};
 use crate::state::ContainerId;
+
+/// Errors of `update`, by its phase: finding the container, reading the plan whose policy is
+/// the ceiling, checking, applying and verifying the limits.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("cgroups layer")]
+    Cgroups(#[from] crate::host::cgroups::CgroupsError),
+    /// libcontainer's saved config of the container (its cgroup path).
+    #[error("update failed")]
+    Container(#[source] Box<libcontainer::error::LibcontainerError>),
+    #[error("container not running")]
+    NotRunning,
+}
 
 impl Runtime {
     /// `update --resources`: applies new limits and verifies they took. The
@@ -12,17 +27,13 @@ impl Runtime {
         &self,
         id: &ContainerId,
         resources: &libcontainer::oci_spec::runtime::LinuxResources,
-    ) -> Result<()> {
+    ) -> Result<(), UpdateError> {
         let c = self.load(id)?;
-        let config = c.bundle().join("config.json");
-        let mut hardened = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
-            path: config.clone(),
-            source,
-        })?;
-        let policy = crate::harden::saved_plan(&self.dirs.sandbox(id), &hardened)?.policy;
+        let (plan, mut hardened) = self.saved_plan(id, c.bundle())?;
+        let policy = plan.policy;
         crate::host::cgroups::check_update_within(resources, &policy)?;
         let resources = &crate::host::cgroups::update_resources(resources);
-        let cfg = c.spec().map_err(container_err("update"))?;
+        let cfg = c.spec().map_err(|e| UpdateError::Container(Box::new(e)))?;
         crate::host::cgroups::apply(&cfg.cgroup_path, c.systemd(), id, resources)?;
         if let Some(linux) = hardened.linux_mut().as_mut() {
             linux.set_resources(Some(resources.clone()));
@@ -34,10 +45,7 @@ impl Runtime {
         } else {
             crate::host::cgroups::Driver::Cgroupfs
         };
-        let pid = c
-            .pid()
-            .map(|p| p.as_raw())
-            .ok_or(LifecycleError::NotRunning)?;
+        let pid = c.pid().map(|p| p.as_raw()).ok_or(UpdateError::NotRunning)?;
         crate::host::cgroups::verify(&host, hierarchy, driver, &hardened, id, pid)?;
         Ok(())
     }

@@ -115,7 +115,7 @@ pub fn remember(
 ) {
     let empty = std::collections::HashMap::new();
     let annotations = annotations.unwrap_or(&empty);
-    let logs = crate::report::audit::dir_of(dirs, id, None);
+    let logs = crate::sidecars::trail::dir_of(dirs, id, None);
     if let Some(name) = name_of(annotations, &dirs.root) {
         keep(&logs.join(NAMES_DIR), id.as_str(), &name);
     }
@@ -263,7 +263,7 @@ fn known_in(root: &Path) -> Vec<Known> {
     if let Ok(rd) = std::fs::read_dir(dirs.sandboxes()) {
         ids.extend(rd.filter_map(|e| e.ok()?.file_name().into_string().ok()));
     }
-    if let Ok(rd) = std::fs::read_dir(crate::report::audit::dir(&dirs)) {
+    if let Ok(rd) = std::fs::read_dir(crate::sidecars::trail::dir(&dirs)) {
         ids.extend(rd.filter_map(|e| {
             let n = e.ok()?.file_name().into_string().ok()?;
             n.strip_suffix(".jsonl").map(str::to_owned)
@@ -272,7 +272,7 @@ fn known_in(root: &Path) -> Vec<Known> {
     ids.into_iter()
         .filter_map(|id| {
             let cid = ContainerId::try_from(id.as_str()).ok()?;
-            let logs = crate::report::audit::dir_of(&dirs, &cid, None);
+            let logs = crate::sidecars::trail::dir_of(&dirs, &cid, None);
             Some(Known {
                 root: root.to_owned(),
                 names: read_name(&logs, &id).into_iter().collect(),

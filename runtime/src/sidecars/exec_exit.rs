@@ -9,7 +9,7 @@
 //! (`agent_sandbox_sys::pidfd_exit`, Linux 6.15+) and appends the `exit` record under the
 //! exec's id. On an older kernel no watcher starts and no record is written
 //! (docs/audit.md). Our own shim reports every exit itself, so no watcher starts under it;
-//! if both reported, [`crate::report::audit::exited`] keeps the first.
+//! if both reported, [`crate::sidecars::trail::exited`] keeps the first.
 //!
 //! The shim's reports of exec exits go to its exit recorder ([`serve`], `agent-sandbox
 //! exit-recorder`, hidden): one process per container that writes each exec's `exit` record
@@ -116,7 +116,7 @@ struct ExitLine {
 /// The shim's exit recorder: reads one exit per line from `input` (`{"process":"e1",
 /// "pid":7,"status":0}`) and answers on `output` once its `exit` record is in the log
 /// (`{"ok":true}`, or `{"error":"..."}`). Each record goes through
-/// [`crate::report::audit::exited`], as `audit-exit`'s does: the claim of the exec's exit,
+/// [`crate::sidecars::trail::exited`], as `audit-exit`'s does: the claim of the exec's exit,
 /// the fence after the supervisor's Landlock records, the log's chain lock. Returns at the
 /// end of the input, or once no exit came for `idle`; an exit sent as it ends gets no answer
 /// and the shim records it with `audit-exit` instead.
@@ -154,13 +154,13 @@ pub fn serve(
 fn record_line(dirs: &StateDirs, id: &ContainerId, line: &str) -> Result<(), String> {
     let exit: ExitLine =
         serde_json::from_str(line).map_err(|e| format!("unreadable exit report: {e}"))?;
-    let report = crate::report::audit::ExitReport {
+    let report = crate::sidecars::trail::ExitReport {
         process: exit.process,
         pid: exit.pid,
         status: ExitStatus::from_folded(exit.status),
         reaped_by: None,
     };
-    crate::report::audit::exited(dirs, id, &report).map_err(|e| {
+    crate::sidecars::trail::exited(dirs, id, &report).map_err(|e| {
         let mut text = e.to_string();
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
@@ -201,10 +201,10 @@ pub fn run(
         tracing::warn!(id = %id, pid, "the exec ended but its status never became known");
         return Ok(());
     };
-    crate::report::audit::exited(
+    crate::sidecars::trail::exited(
         dirs,
         id,
-        &crate::report::audit::ExitReport {
+        &crate::sidecars::trail::ExitReport {
             process: exec_id.to_owned(),
             pid: Some(pid),
             status: status_of(wait),
@@ -251,7 +251,7 @@ mod tests {
         let dirs = StateDirs::new(root.path().to_owned());
         let id = ContainerId::try_from("rec1").unwrap();
         std::fs::create_dir_all(dirs.sandbox(&id).path()).unwrap();
-        let log = crate::report::audit::init(&dirs, &id, None).unwrap();
+        let log = crate::sidecars::trail::init(&dirs, &id, None).unwrap();
         let (shim, recorder) = UnixStream::pair().unwrap();
         let (input, output) = (recorder.try_clone().unwrap(), recorder);
         let server = std::thread::spawn({

@@ -15,6 +15,7 @@ pub mod podman_oom;
 pub mod syscall_audit;
 pub mod tls_trust;
 pub mod tool_calls;
+pub mod trail;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;

@@ -156,9 +156,10 @@ impl SandboxDir {
         self.file("ceiling.toml")
     }
 
-    /// `plan.json`: the sandbox's compiled plan (effective policy and layer plan), made once
-    /// by create's hardening phase; start, exec, `update`, the proxy and a pod's members read
-    /// it instead of deriving it again — `harden`.
+    /// `plan.json`: the sandbox's compiled plan (`agent_sandbox_policy::SandboxPlan`: the
+    /// effective policy, the layer plan, protected binds, clamps, the config's seccomp
+    /// request), made once by create's hardening phase; start, exec, `update`, checkpoint,
+    /// the sidecars and a pod's members read it instead of deriving it again — `harden`.
     pub fn plan(&self) -> JsonFile {
         self.json("plan.json", Layout::Pretty, PRIVATE, Durability::Synced)
     }
@@ -180,8 +181,8 @@ impl SandboxDir {
         )
     }
 
-    /// `requested-seccomp.json`: the seccomp profile the caller's spec asked for, which every
-    /// exec gets too — `lifecycle`.
+    /// `requested-seccomp.json`: the seccomp profile the caller's spec asked for, as a runtime
+    /// before the plan held it saved it; read only for such a sandbox's execs (`harden`).
     pub fn requested_seccomp(&self) -> JsonFile {
         self.json(
             "requested-seccomp.json",

@@ -8,7 +8,7 @@ use oci_spec::runtime::{Mount, Process, Spec};
 
 use crate::policy::{SandboxPolicy, Scratch};
 
-use super::{HardenContext, HardenError, Placeholders};
+use super::{HardenError, HostFacts, Placeholders};
 
 /// Points `HOME` at a scratch area when the image's home is on the read-only root (podman
 /// and containerd give root `HOME=/root`): tools that write caches or their state there then
@@ -80,7 +80,7 @@ pub(super) fn home_scratch<'a>(
 
 /// Keeps every protected name of the init's HOME unwritable when HOME is on a scratch tmpfs
 /// (where [`writable_home`] puts it), whether or not anything is there: an empty read-only
-/// directory or file ([`HardenContext::placeholders`]) is bound at each protected name
+/// directory or file ([`HostFacts::placeholders`]) is bound at each protected name
 /// before the program starts, so `echo x >> ~/.bashrc` fails with EROFS. A mount point cannot
 /// be renamed or removed, but a directory holding one can: so HOME itself, when it lies below
 /// the scratch area's top, and each directory on the way to a nested name (`.config` of
@@ -91,7 +91,7 @@ pub(super) fn home_scratch<'a>(
 pub(super) fn guard_home(
     spec: &mut Spec,
     policy: &SandboxPolicy,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<(), HardenError> {
     let Some(process) = spec.process().as_ref() else {
         return Ok(());

@@ -5,10 +5,10 @@ use oci_spec::runtime::{Linux, LinuxPersonalityDomain};
 
 use super::mounts::is_safe_device;
 use super::namespaces::{clamp_ping_group_range, is_namespaced_sysctl, sysctl_device};
-use super::{Clamp, HardenContext, HardenError, PING_GROUP_RANGE};
+use super::{Clamp, HardenError, HostFacts, PING_GROUP_RANGE};
 
 /// Refuses or narrows the host-reaching keys of `linux`; returns what was clamped.
-pub(super) fn harden(linux: &mut Linux, ctx: &HardenContext) -> Result<Vec<Clamp>, HardenError> {
+pub(super) fn harden(linux: &mut Linux, ctx: &HostFacts) -> Result<Vec<Clamp>, HardenError> {
     let mut clamped = Vec::new();
     if let Some(bad) = linux
         .devices()

@@ -3,10 +3,10 @@
 //! and its `io.agent.sandbox.*` annotations may narrow it, never widen it.
 //!
 //! What the result always has, whatever came in:
-//! - a new user namespace with the id mappings the runtime chose (`HardenContext`), never
+//! - a new user namespace with the id mappings the runtime chose (`HostFacts`), never
 //!   one that maps host uid 0 (id 0 of a rootless runtime's namespace is the invoking
-//!   user: [`HardenContext::parent_root_unprivileged`]); or, for a pod's app container, the user namespace of the
-//!   pod's sandbox container, pinned by the runtime (`HardenContext::pod`);
+//!   user: [`HostFacts::parent_root_unprivileged`]); or, for a pod's app container, the user namespace of the
+//!   pod's sandbox container, pinned by the runtime (`HostFacts::pod`);
 //! - a new network namespace (or one the runtime created itself for this sandbox or its
 //!   pod), never a path that could be the host's; never a path taken from the spec;
 //! - a read-only root, the policy's tmpfs scratch areas, the workspace as an overlay whose
@@ -248,7 +248,7 @@ pub struct OverlayDirs {
 
 /// A protected path: where it appears in the container and the host path that stays
 /// visible there read-only, or, for a credential store, is masked.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ProtectedMount {
     pub container_path: PathBuf,
     pub host_path: PathBuf,
@@ -260,10 +260,10 @@ pub struct ProtectedMount {
     pub secret: bool,
 }
 
-/// What the runtime decided and found on the host; the only inputs besides the spec and
-/// the policy.
+/// What the runtime decided and found on the host; the only inputs of
+/// [`crate::plan::compile`] besides the spec and the ceiling.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HardenContext {
+pub struct HostFacts {
     /// uid mappings; must map container uid 0, never host uid 0.
     pub uid_mappings: Vec<IdMapping>,
     /// gid mappings; same rules.
@@ -306,16 +306,18 @@ pub struct HardenContext {
     /// read it from its profiles directory (`crate::profiles`); `None` when the annotation
     /// names a built-in profile or is absent.
     pub profile: Option<AdminProfile>,
+    /// The enforcement layers this host supports, for the layer plan (the default: none).
+    pub support: crate::layers::HostSupport,
 }
 
-/// Host paths of an empty file and an empty directory (see [`HardenContext::placeholders`]).
+/// Host paths of an empty file and an empty directory (see [`HostFacts::placeholders`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placeholders {
     pub file: PathBuf,
     pub dir: PathBuf,
 }
 
-/// Namespaces a pod's containers share, pinned by the runtime (see [`HardenContext::pod`]).
+/// Namespaces a pod's containers share, pinned by the runtime (see [`HostFacts::pod`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodNamespaces {
     pub user: PathBuf,
@@ -324,9 +326,9 @@ pub struct PodNamespaces {
     pub uts: PathBuf,
 }
 
-/// The hardened spec and the effective (possibly narrowed) policy that produced it. The
-/// runtime derives Landlock rules, the proxy allowlist and the wall-clock limit from
-/// `policy`, not from the ceiling it passed in.
+/// The spec step of [`crate::plan::compile`]: the hardened spec and the effective (possibly
+/// narrowed) policy that produced it. The runtime reads neither from here: it takes the
+/// compiled [`crate::SandboxPlan`], whose `policy` is this one.
 #[derive(Debug, Clone)]
 pub struct HardenedSpec {
     pub spec: Spec,
@@ -338,7 +340,7 @@ pub struct HardenedSpec {
 
 /// A setting the incoming spec asked for that the sandbox can only grant narrower: an
 /// engine's default that would otherwise make the container fail to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Clamp {
     /// The setting, as the spec names it (e.g. `net.ipv4.ping_group_range`).
     pub key: String,
@@ -393,7 +395,7 @@ pub fn workspace_source(spec: &Spec, policy: &SandboxPolicy) -> Option<PathBuf> 
 
 /// The protected paths the runtime should look for on the host: each protected name
 /// under the workspace's host directory. Pass the ones that exist back in
-/// [`HardenContext::protected`].
+/// [`HostFacts::protected`].
 pub fn protected_path_candidates(spec: &Spec, policy: &SandboxPolicy) -> Vec<ProtectedMount> {
     let (Some(workspace), Some(source)) = (
         policy.filesystem.workspace.as_ref(),
@@ -512,7 +514,7 @@ pub fn cover_facts(spec: &Spec) -> crate::landlock::CoverFacts {
 pub fn harden_spec(
     spec: Spec,
     policy: &SandboxPolicy,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<HardenedSpec, HardenError> {
     let annotations = spec.annotations().clone().unwrap_or_default();
     let effective = effective_policy_with(&annotations, policy, ctx.profile.as_ref())?;
@@ -524,7 +526,7 @@ pub fn harden_spec(
 pub fn harden_spec_under(
     mut spec: Spec,
     policy: SandboxPolicy,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<HardenedSpec, HardenError> {
     check_context(&spec, &policy, ctx)?;
     let mut root = spec.root().clone().ok_or(HardenError::NoRoot)?;
@@ -584,11 +586,7 @@ pub fn harden_spec_under(
 /// What the runtime handed over must be what it was asked for: id mappings the policy
 /// allows, and protected paths that are protected-name candidates at the workspace's top or
 /// in one of its subdirectories.
-fn check_context(
-    spec: &Spec,
-    policy: &SandboxPolicy,
-    ctx: &HardenContext,
-) -> Result<(), HardenError> {
+fn check_context(spec: &Spec, policy: &SandboxPolicy, ctx: &HostFacts) -> Result<(), HardenError> {
     check_mappings(
         "uid",
         &ctx.uid_mappings,
@@ -619,7 +617,7 @@ fn check_context(
 fn harden_init_process(
     spec: &mut Spec,
     policy: &SandboxPolicy,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<Vec<Clamp>, HardenError> {
     let process = spec.process().clone().ok_or(HardenError::NoProcess)?;
     check_privileged(spec, &process)?;

@@ -9,7 +9,7 @@ use oci_spec::runtime::{LinuxDeviceType, Mount};
 use crate::policy::{Filesystem, SandboxPolicy};
 use crate::value::AbsPath;
 
-use super::{HardenContext, HardenError};
+use super::{HardenError, HostFacts};
 
 pub(super) fn union(existing: Option<Vec<String>>, required: Vec<AbsPath>) -> Vec<String> {
     let mut all: Vec<String> = existing.unwrap_or_default();
@@ -63,7 +63,7 @@ pub(super) fn with_options(mut mount: Mount, add: &[&str], remove: &[&str]) -> M
 pub(super) fn harden_mounts(
     incoming: Vec<Mount>,
     policy: &SandboxPolicy,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<Vec<Mount>, HardenError> {
     let fs = &policy.filesystem;
     let workspace = fs.workspace.as_ref();
@@ -231,7 +231,7 @@ fn scratch_mounts(fs: &Filesystem) -> Vec<Mount> {
 fn workspace_mounts(
     workspace: &AbsPath,
     lower: &Path,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<Vec<Mount>, HardenError> {
     let mut overlay: Vec<Mount> = Vec::new();
     let dirs = ctx

@@ -8,7 +8,7 @@ use oci_spec::runtime::{
 use crate::policy::SandboxPolicy;
 
 use super::{
-    Clamp, HOST_NAMESPACE, HardenContext, HardenError, IdMapping, NEW_NAMESPACE, PING_GROUP_RANGE,
+    Clamp, HOST_NAMESPACE, HardenError, HostFacts, IdMapping, NEW_NAMESPACE, PING_GROUP_RANGE,
     PodNamespaces,
 };
 
@@ -18,10 +18,7 @@ use super::{
 /// the host's cgroup namespace, podman's and Docker's default on cgroup v1) gives a [`Clamp`].
 /// The user namespace is always the sandbox's own (no engine adds one by default) and a
 /// pod's member joins the pod's user, network, IPC and UTS namespaces.
-pub(super) fn namespace_requests(
-    spec: &Spec,
-    ctx: &HardenContext,
-) -> Result<Vec<Clamp>, HardenError> {
+pub(super) fn namespace_requests(spec: &Spec, ctx: &HostFacts) -> Result<Vec<Clamp>, HardenError> {
     let listed: &[LinuxNamespace] = spec
         .linux()
         .as_ref()
@@ -91,7 +88,7 @@ fn requested_namespace(
     typ: LinuxNamespaceType,
     host_reason: Option<&'static str>,
     key: &str,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<Option<String>, HardenError> {
     let widens = |requested: String, reason: &'static str| HardenError::Widens {
         key: key.to_owned(),
@@ -175,7 +172,7 @@ pub(super) fn oci_mappings(mappings: &[IdMapping]) -> Result<Vec<LinuxIdMapping>
 
 pub(super) fn check_pod_namespaces(
     pod: &PodNamespaces,
-    ctx: &HardenContext,
+    ctx: &HostFacts,
 ) -> Result<(), HardenError> {
     for path in [&pod.user, &pod.network, &pod.ipc, &pod.uts] {
         if !path.is_absolute() {
@@ -190,7 +187,7 @@ pub(super) fn check_pod_namespaces(
     }
 }
 
-pub(super) fn namespaces(ctx: &HardenContext) -> Vec<LinuxNamespace> {
+pub(super) fn namespaces(ctx: &HostFacts) -> Vec<LinuxNamespace> {
     [
         LinuxNamespaceType::User,
         LinuxNamespaceType::Mount,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::harden::{
-    self, HardenContext, HardenError, HardenedSpec, IdMapping, OverlayDirs,
+    self, HardenError, HardenedSpec, HostFacts, IdMapping, OverlayDirs,
 };
 use agent_sandbox_policy::policy::NetworkMode;
 use agent_sandbox_policy::profiles::{AdminProfile, ProfileName};
@@ -16,8 +16,8 @@ use oci_spec::runtime::{
     Spec,
 };
 
-pub fn ctx() -> HardenContext {
-    HardenContext {
+pub fn ctx() -> HostFacts {
+    HostFacts {
         uid_mappings: vec![IdMapping {
             container_id: 0,
             host_id: 200_000,
@@ -43,6 +43,7 @@ pub fn ctx() -> HardenContext {
             dir: "/run/agent-sandbox/mnt/c1/placeholder/dir".into(),
         }),
         profile: None,
+        support: Default::default(),
     }
 }
 
@@ -121,7 +122,7 @@ fn refusal(spec: Spec) -> HardenError {
     harden::harden_spec(spec, &agent(), &ctx()).unwrap_err()
 }
 
-fn harden_ok(spec: Spec, policy: &SandboxPolicy, ctx: &HardenContext) -> HardenedSpec {
+fn harden_ok(spec: Spec, policy: &SandboxPolicy, ctx: &HostFacts) -> HardenedSpec {
     harden::harden_spec(spec, policy, ctx).unwrap_or_else(|e| panic!("{e}: {e:?}"))
 }
 
@@ -761,8 +762,8 @@ fn wide_ceiling() -> SandboxPolicy {
     .policy
 }
 
-fn ctx_with(profile: AdminProfile) -> HardenContext {
-    HardenContext {
+fn ctx_with(profile: AdminProfile) -> HostFacts {
+    HostFacts {
         profile: Some(profile),
         ..ctx()
     }
@@ -1953,5 +1954,99 @@ fn disable_oom_killer_is_cleared_and_a_read_only_tmpfs_outside_scratch_is_refuse
     assert_eq!(
         err.to_string(),
         "mount at /data: a writable tmpfs outside the policy's writable paths"
+    );
+}
+
+/// A host with every layer, for the plan compiler.
+fn full_host() -> agent_sandbox_policy::layers::HostSupport {
+    agent_sandbox_policy::layers::HostSupport {
+        seccomp: true,
+        landlock_abi: u32::from(agent_sandbox_policy::landlock::NEWEST_ABI),
+        apparmor: agent_sandbox_policy::layers::AppArmorHost::Usable,
+        cgroups: true,
+    }
+}
+
+/// The plan compiler gives one result: the hardened spec, and a plan whose policy is the
+/// annotation-narrowed one, whose clamps and protected binds are the spec step's and the
+/// runtime's, whose seccomp request is the incoming config's own, and whose layer plan puts
+/// the policy's AppArmor profile on the init where the host can load it.
+#[test]
+fn compile_gives_the_hardened_spec_and_the_whole_plan() {
+    let mut spec = podman_like_spec();
+    let mut annotations = spec.annotations().clone().unwrap_or_default();
+    annotations.insert("io.agent.sandbox.memory".to_owned(), "256M".to_owned());
+    spec.set_annotations(Some(annotations));
+    let requested = harden_ok(podman_like_spec(), &agent(), &ctx())
+        .spec
+        .linux()
+        .as_ref()
+        .unwrap()
+        .seccomp()
+        .clone();
+    let mut linux = spec.linux().clone().unwrap();
+    linux.set_seccomp(requested.clone());
+    spec.set_linux(Some(linux));
+    let mut process = spec.process().clone().unwrap();
+    process.set_oom_score_adj(Some(-999));
+    spec.set_process(Some(process));
+    let policy = agent();
+    let protected = harden::protected_path_candidates(&spec, &policy);
+    assert!(!protected.is_empty(), "the fixture binds a workspace");
+    let facts = HostFacts {
+        protected: protected.clone(),
+        support: full_host(),
+        ..ctx()
+    };
+    let compiled = agent_sandbox_policy::compile(&policy, spec.clone(), &facts).unwrap();
+    let plan = &compiled.plan;
+    assert_eq!(
+        plan.policy.resources.memory,
+        agent_sandbox_policy::value::ByteSize::try_from("256M").unwrap()
+    );
+    assert_eq!(plan.protected, protected);
+    assert_eq!(plan.requested_seccomp, requested);
+    assert!(
+        plan.clamped
+            .iter()
+            .any(|c| c.key == "process.oomScoreAdj" && c.granted == "0")
+    );
+    assert!(
+        plan.layers
+            .apply
+            .contains(&agent_sandbox_policy::Layer::Apparmor)
+    );
+    let profile = agent_sandbox_policy::apparmor::loaded_profile(&plan.policy).name;
+    let process = compiled.spec.process().as_ref().unwrap();
+    assert_eq!(
+        process.apparmor_profile().as_deref(),
+        Some(profile.as_str())
+    );
+    // The spec step alone gives the same spec, save the profile the layer plan adds.
+    let alone = harden_ok(spec, &policy, &facts).spec;
+    assert_eq!(alone.process().as_ref().unwrap().apparmor_profile(), &None);
+}
+
+/// A layer the policy requires and the host lacks fails the compile, naming the layer.
+#[test]
+fn compile_refuses_a_required_layer_the_host_lacks() {
+    let facts = HostFacts {
+        support: agent_sandbox_policy::layers::HostSupport {
+            seccomp: false,
+            ..full_host()
+        },
+        ..ctx()
+    };
+    let err = agent_sandbox_policy::compile(&agent(), podman_like_spec(), &facts).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            agent_sandbox_policy::CompileError::Layer(
+                agent_sandbox_policy::layers::LayerError::Unavailable {
+                    layer: agent_sandbox_policy::Layer::Seccomp
+                }
+            )
+        ),
+        "{err:?}"
     );
 }
