@@ -347,6 +347,7 @@ impl Runtime {
         let dir = &host.sandbox_dir;
         dir.restore_check().write(expected)?;
         let (hook, hook_env) = hook(&self.dirs.root, id).map_err(fail)?;
+        let script = criu::ActionScript::for_exe(&hook);
         let _ = std::fs::remove_file(dir.restore_verdict());
         let work = opts
             .criu
@@ -370,7 +371,7 @@ impl Runtime {
             "--enable-external-sharing".to_owned(),
             "--restore-detached".to_owned(),
             "--action-script".to_owned(),
-            hook.display().to_string(),
+            script.path().display().to_string(),
         ];
         args.extend(opts.criu.criu_options());
         args.extend(inherit_stdio(&manifest.stdio));
@@ -447,8 +448,8 @@ fn filter_slots(executor: &crate::enforce::executor::SandboxExecutor) -> Vec<cri
 /// `ROOT` and `ID`, a newline between. CRIU runs the script (`--action-script`, no
 /// arguments) at every stage, the stage in `CRTOOLS_SCRIPT_ACTION`: at `pre-resume` the
 /// binary runs as `--root ROOT restore-check ID` (`cli::Cli::parse_args`), at any other it
-/// exits 0. The binary rather than a script of ours: Debian's and Ubuntu's initramfs mount
-/// `/run`, where the sandbox's directory is, `noexec`, and CRIU executes the script.
+/// exits 0. CRIU executes [`criu::ActionScript`], a sealed shell script that runs the
+/// binary at `pre-resume` only (or the binary itself where that script cannot be made).
 pub const HOOK_ENV: &str = "AGENT_SANDBOX_RESTORE_HOOK";
 
 /// CRIU's action script and the environment it finds the sandbox by ([`HOOK_ENV`]).
