@@ -397,9 +397,10 @@ impl Runner {
 
 impl Runner {
     /// Runs `criu restore ARGS` in a new cgroup namespace rooted at the caller's cgroup (the
-    /// sandbox's, which the caller joined), with the caller's standard descriptors (CRIU
-    /// hands them to the restored init where `--inherit-fd` says) and one more environment
-    /// variable (`KEY`, `VALUE`), which CRIU passes on to its action script.
+    /// sandbox's, which the caller joined; entered between fork and exec, `agent_sandbox_sys::
+    /// cgroupns`), with the caller's standard descriptors (CRIU hands them to the restored init
+    /// where `--inherit-fd` says) and one more environment variable (`KEY`, `VALUE`), which
+    /// CRIU passes on to its action script.
     pub fn restore_in_new_cgroupns(
         &self,
         args: &[String],
@@ -407,12 +408,8 @@ impl Runner {
         work: &Path,
         log: &str,
     ) -> Result<(), CriuError> {
-        let mut cmd = std::process::Command::new("/proc/self/exe");
+        let mut cmd = std::process::Command::new(&self.binary);
         cmd.env(key, value)
-            .arg("criu-as")
-            .arg("--new-cgroupns")
-            .arg("--")
-            .arg(&self.binary)
             .arg("restore")
             .args(args)
             .arg("--work-dir")
@@ -420,6 +417,7 @@ impl Runner {
             .arg("--log-file")
             .arg(log)
             .arg("-v4");
+        agent_sandbox_sys::cgroupns::new_cgroupns_at_exec(&mut cmd);
         let status = cmd.status().map_err(|source| CriuError::Spawn {
             binary: self.binary.clone(),
             source,
@@ -559,21 +557,13 @@ pub fn needs_sandbox_uid() -> bool {
 }
 
 /// The hidden `criu-as` command: with `uid`, becomes that host id (user and group, no
-/// supplementary groups) keeping the runtime's capabilities as ambient ones; with
-/// `new_cgroupns`, enters a new cgroup namespace rooted at its cgroup; then executes
+/// supplementary groups) keeping the runtime's capabilities as ambient ones; then executes
 /// `argv`. Returns only on an error.
-pub fn exec_as(
-    uid: Option<u32>,
-    new_cgroupns: bool,
-    argv: &[std::ffi::OsString],
-) -> std::io::Error {
+pub fn exec_as(uid: Option<u32>, argv: &[std::ffi::OsString]) -> std::io::Error {
     use std::os::unix::process::CommandExt;
     let Some((program, args)) = argv.split_first() else {
         return std::io::Error::other("criu-as: no program");
     };
-    if new_cgroupns && let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
-        return std::io::Error::other(format!("criu-as: new cgroup namespace: {e}"));
-    }
     if let Some(uid) = uid
         && let Err(e) = become_keeping_caps(uid)
     {
