@@ -200,6 +200,8 @@ impl Runtime {
         marks: &Marks,
         restored_pid: &mut Option<i32>,
     ) -> Result<()> {
+        // `criu --version` runs while the sandbox is prepared; read before CRIU runs.
+        let criu = criu::Runner::start_locating();
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
             .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
@@ -266,7 +268,7 @@ impl Runtime {
         // the ones the executor installs (the pre-resume check sees only their count).
         criu_image::check_seccomp(&opts.criu.image_path, &filter_slots(&executor))
             .map_err(|e| fail(RestoreError::ImageSeccomp(e)))?;
-        let pid = self.run_criu_restore(id, opts, &host, &hardened, manifest, &expected)?;
+        let pid = self.run_criu_restore(criu, id, opts, &host, &hardened, manifest, &expected)?;
         *restored_pid = Some(pid);
         marks.mark("criu");
         if let Some(s) = supervisor {
@@ -334,8 +336,10 @@ impl Runtime {
 
     /// CRIU restores the tree inside the sandbox's cgroup; its pre-resume hook checks every
     /// task. Returns the restored init's host pid.
+    #[allow(clippy::too_many_arguments)]
     fn run_criu_restore(
         &self,
+        criu: criu::Locating,
         id: &ContainerId,
         opts: &RestoreOpts,
         host: &Host,
@@ -343,7 +347,7 @@ impl Runtime {
         manifest: &Manifest,
         expected: &Expected,
     ) -> Result<i32> {
-        let runner = criu::Runner::locate().map_err(|e| fail(e.into()))?;
+        let runner = criu.finish().map_err(|e| fail(e.into()))?;
         let dir = &host.sandbox_dir;
         dir.restore_check().write(expected)?;
         let (hook, hook_env) = hook(&self.dirs.root, id).map_err(fail)?;
