@@ -1024,6 +1024,79 @@ fn add_live_allow(image: &Path, rule: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The mount points the image's `agent-sandbox.json` names as masked directories.
+fn image_masks(image: &Path) -> anyhow::Result<Vec<String>> {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(image.join("agent-sandbox.json"))?)?;
+    Ok(manifest["externals"]
+        .as_array()
+        .context("the image has no externals")?
+        .iter()
+        .filter(|e| e["kind"] == "mask")
+        .filter_map(|e| e["dest"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// Edits the image's `agent-sandbox.json` as a user with the image could: one more masked
+/// directory, over `dest`.
+fn add_mask(image: &Path, dest: &str) -> anyhow::Result<()> {
+    let path = image.join("agent-sandbox.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    manifest["externals"]
+        .as_array_mut()
+        .context("the image has no externals")?
+        .push(serde_json::json!({"kind": "mask", "dest": dest}));
+    std::fs::write(&path, serde_json::to_vec(&manifest)?)?;
+    Ok(())
+}
+
+#[test]
+fn masked_directories_stay_empty_across_restores_and_an_image_cannot_mask_more()
+-> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
+    let image = podman_image_dir(&id);
+    let masked = ["/proc/acpi", "/sys/firmware"];
+    // Twice: the second image is of a restored sandbox, whose masks are the runtime's empty
+    // directory bound in, no longer the tmpfs `create` made.
+    for round in 1..=2 {
+        count_reaches(p, &g.name, 3)?;
+        p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+        let in_image = image_masks(&image)?;
+        for m in masked {
+            ensure!(
+                in_image.iter().any(|d| d == m),
+                "round {round}: {m} is not a masked directory of the image: {in_image:?}"
+            );
+        }
+        p.run_ok(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+        for m in masked {
+            let out = p.run(&[
+                "exec",
+                &g.name,
+                "sh",
+                "-c",
+                &format!("ls -A {m}; touch {m}/x"),
+            ])?;
+            ensure!(
+                !out.success() && out.stdout.trim().is_empty(),
+                "round {round}: {m} is not an empty read-only directory after the restore\n{out}"
+            );
+        }
+    }
+    // An image edited to mask a path the sandbox's spec does not: the workspace.
+    count_reaches(p, &g.name, 3)?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    add_mask(&image, "/workspace")?;
+    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    ensure!(
+        !out.success() && out.stderr.contains("external mount /workspace (mask)"),
+        "an image masking the workspace was restored\n{out}"
+    );
+    Ok(())
+}
+
 #[test]
 fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> anyhow::Result<()> {
     use agent_sandbox_e2e::net::{

@@ -175,16 +175,8 @@ pub(super) fn checkpoint(cli: &Cli, a: CheckpointArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The hidden `criu-as [--uid N] [--new-cgroupns] -- CRIU ARGS` (`host::criu::exec_as`).
-/// Returns only on an error.
-pub(super) fn criu_as(
-    uid: Option<u32>,
-    new_cgroupns: bool,
-    argv: &[OsString],
-) -> Result<(), CliError> {
-    Err(CliError::CriuAs(crate::host::criu::exec_as(
-        uid,
-        new_cgroupns,
-        argv,
-    )))
+/// The hidden `criu-as [--uid N] -- CRIU ARGS` (`host::criu::exec_as`). Returns only on an
+/// error.
+pub(super) fn criu_as(uid: Option<u32>, argv: &[OsString]) -> Result<(), CliError> {
+    Err(CliError::CriuAs(crate::host::criu::exec_as(uid, argv)))
 }

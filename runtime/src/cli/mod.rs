@@ -186,13 +186,11 @@ pub enum Command {
     #[command(name = "restore-check", hide = true)]
     RestoreCheck { id: String },
     /// Internal: CRIU under the sandbox's host root id (keeping the runtime's
-    /// capabilities) or in a new cgroup namespace
+    /// capabilities)
     #[command(name = "criu-as", hide = true)]
     CriuAs {
         #[arg(long)]
         uid: Option<u32>,
-        #[arg(long = "new-cgroupns")]
-        new_cgroupns: bool,
         /// CRIU's path and arguments
         #[arg(last = true, required = true)]
         argv: Vec<std::ffi::OsString>,
@@ -676,11 +674,7 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
         Command::Checkpoint(a) => checkpoint::checkpoint(cli, a)?,
         Command::Restore(a) => checkpoint::restore(cli, a)?,
         Command::RestoreCheck { id } => checkpoint::restore_check(cli, &id)?,
-        Command::CriuAs {
-            uid,
-            new_cgroupns,
-            argv,
-        } => checkpoint::criu_as(uid, new_cgroupns, &argv)?,
+        Command::CriuAs { uid, argv } => checkpoint::criu_as(uid, &argv)?,
         Command::Ps { format, id, .. } => inspect::ps(cli, &id, &format)?,
         Command::Update { resources, id } => control::update(cli, &id, &resources)?,
         Command::Features => inspect::features(),

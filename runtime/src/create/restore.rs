@@ -200,6 +200,8 @@ impl Runtime {
         marks: &Marks,
         restored_pid: &mut Option<i32>,
     ) -> Result<()> {
+        // `criu --version` runs while the sandbox is prepared; read before CRIU runs.
+        let criu = criu::Runner::start_locating();
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
             .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
@@ -267,7 +269,7 @@ impl Runtime {
         // the ones the executor installs (the pre-resume check sees only their count).
         criu_image::check_seccomp(&opts.criu.image_path, &filter_slots(&executor))
             .map_err(|e| fail(RestoreError::ImageSeccomp(e)))?;
-        let pid = self.run_criu_restore(id, opts, &host, &hardened, manifest, &expected)?;
+        let pid = self.run_criu_restore(criu, id, opts, &host, &hardened, manifest, &expected)?;
         *restored_pid = Some(pid);
         marks.mark("criu");
         if let Some(s) = supervisor {
@@ -338,8 +340,10 @@ impl Runtime {
 
     /// CRIU restores the tree inside the sandbox's cgroup; its pre-resume hook checks every
     /// task. Returns the restored init's host pid.
+    #[allow(clippy::too_many_arguments)]
     fn run_criu_restore(
         &self,
+        criu: criu::Locating,
         id: &ContainerId,
         opts: &RestoreOpts,
         host: &Host,
@@ -347,10 +351,11 @@ impl Runtime {
         manifest: &Manifest,
         expected: &Expected,
     ) -> Result<i32> {
-        let runner = criu::Runner::locate().map_err(|e| fail(e.into()))?;
+        let runner = criu.finish().map_err(|e| fail(e.into()))?;
         let dir = &host.sandbox_dir;
         dir.restore_check().write(expected)?;
         let (hook, hook_env) = hook(&self.dirs.root, id).map_err(fail)?;
+        let script = criu::ActionScript::for_exe(&hook);
         let _ = std::fs::remove_file(dir.restore_verdict());
         let work = opts
             .criu
@@ -374,20 +379,25 @@ impl Runtime {
             "--enable-external-sharing".to_owned(),
             "--restore-detached".to_owned(),
             "--action-script".to_owned(),
-            hook.display().to_string(),
+            script.path().display().to_string(),
         ];
         args.extend(opts.criu.criu_options());
         args.extend(inherit_stdio(&manifest.stdio));
         let uid = expected.ids.host_start;
-        let ran = external_args(&manifest.externals, &hardened.spec, &cgroups.dirs)
-            .and_then(|ext| {
-                args.extend(ext);
-                image_access(&opts.criu.image_path, uid, true)
-            })
-            .map_err(fail)
-            .map(|()| {
-                runner.restore_in_new_cgroupns(&args, (HOOK_ENV, &hook_env), &work, "restore.log")
-            });
+        let ran = external_args(
+            &manifest.externals,
+            &hardened.spec,
+            &cgroups.dirs,
+            &host.placeholders.dir,
+        )
+        .and_then(|ext| {
+            args.extend(ext);
+            image_access(&opts.criu.image_path, uid, true)
+        })
+        .map_err(fail)
+        .map(|()| {
+            runner.restore_in_new_cgroupns(&args, (HOOK_ENV, &hook_env), &work, "restore.log")
+        });
         // Whatever happened: the runtime back in its own cgroup, the image private again.
         cgroups.leave();
         let closed = image_access(&opts.criu.image_path, uid, false).map_err(fail);
@@ -446,8 +456,8 @@ fn filter_slots(executor: &crate::enforce::executor::SandboxExecutor) -> Vec<cri
 /// `ROOT` and `ID`, a newline between. CRIU runs the script (`--action-script`, no
 /// arguments) at every stage, the stage in `CRTOOLS_SCRIPT_ACTION`: at `pre-resume` the
 /// binary runs as `--root ROOT restore-check ID` (`cli::Cli::parse_args`), at any other it
-/// exits 0. The binary rather than a script of ours: Debian's and Ubuntu's initramfs mount
-/// `/run`, where the sandbox's directory is, `noexec`, and CRIU executes the script.
+/// exits 0. CRIU executes [`criu::ActionScript`], a sealed shell script that runs the
+/// binary at `pre-resume` only (or the binary itself where that script cannot be made).
 pub const HOOK_ENV: &str = "AGENT_SANDBOX_RESTORE_HOOK";
 
 /// CRIU's action script and the environment it finds the sandbox by ([`HOOK_ENV`]).
@@ -506,11 +516,13 @@ fn image_access(dir: &Path, uid: u32, open: bool) -> std::result::Result<(), Res
 }
 
 /// `--ext-mount-map` pairs for the image's external mounts, from the restoring spec's binds
-/// and the sandbox's cgroup directories (`host::criu::restore_map`).
+/// and masked paths (over which `empty_dir`, the runtime's empty read-only directory, is
+/// bound) and the sandbox's cgroup directories (`host::criu::restore_map`).
 fn external_args(
     image: &[criu::External],
     spec: &Spec,
     cgroups: &std::collections::BTreeMap<String, PathBuf>,
+    empty_dir: &Path,
 ) -> std::result::Result<Vec<String>, RestoreError> {
     let binds: Vec<(String, PathBuf)> = spec
         .mounts()
@@ -534,6 +546,8 @@ fn external_args(
         &criu::Sources {
             binds: &binds,
             cgroups: &cgroups,
+            masked: &criu::masked_paths(spec),
+            empty_dir,
         },
     )?;
     Ok(map

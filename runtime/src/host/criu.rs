@@ -80,6 +80,11 @@ pub enum External {
     /// A cgroup v1 hierarchy (`/sys/fs/cgroup/CONTROLLER`), or the unified hierarchy
     /// (controller [`UNIFIED`]): at restore, the sandbox's directory in it.
     Cgroup { dest: String, controller: String },
+    /// A masked directory (the spec's `linux.maskedPaths`): an empty read-only mount the
+    /// runtime makes again, so CRIU saves no content for it (a tmpfs would cost a `tar` and
+    /// a `gzip` at dump and at restore); at restore, the runtime's empty read-only
+    /// directory.
+    Mask { dest: String },
 }
 
 impl External {
@@ -88,7 +93,8 @@ impl External {
         match self {
             External::Bind { dest }
             | External::Device { dest, .. }
-            | External::Cgroup { dest, .. } => dest,
+            | External::Cgroup { dest, .. }
+            | External::Mask { dest } => dest,
         }
     }
 }
@@ -147,7 +153,10 @@ const INTERNAL_FS: [&str; 6] = ["proc", "sysfs", "tmpfs", "devpts", "mqueue", "c
 /// the engine made from the host side (a bind, the workspace overlay, a device node, a
 /// cgroup v1 hierarchy, which a user namespace cannot mount), and every mount of a part of
 /// a filesystem whose whole is not mounted in the sandbox. The root is CRIU's `--root`.
-pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
+/// A directory at one of the spec's `masked` paths is a [`External::Mask`], whatever is
+/// mounted there (the tmpfs of `create`, the empty directory of a restore): its content is
+/// not the sandbox's to keep.
+pub fn externals(mountinfo: &str, masked: &[String]) -> Result<Vec<External>, CriuError> {
     let lines = parse_mountinfo(mountinfo);
     let whole: BTreeSet<&str> = lines
         .iter()
@@ -156,9 +165,10 @@ pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
         .collect();
     let mut out = Vec::new();
     for l in &lines {
+        let mask = l.fstype != "devtmpfs" && masked.contains(&l.point);
         let external = l.point != "/"
             && (!INTERNAL_FS.contains(&l.fstype.as_str()) || !whole.contains(l.device.as_str()));
-        if !external {
+        if !external && !mask {
             continue;
         }
         if l.point.contains([':', '\n']) {
@@ -167,6 +177,10 @@ pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
             });
         }
         let dest = l.point.clone();
+        if mask {
+            out.push(External::Mask { dest });
+            continue;
+        }
         out.push(match l.fstype.as_str() {
             "cgroup" => External::Cgroup {
                 controller: l.point.rsplit('/').next().unwrap_or_default().to_owned(),
@@ -188,12 +202,24 @@ pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
     Ok(out)
 }
 
+/// The spec's masked paths (`linux.maskedPaths`): at dump and at restore, the mount points
+/// an [`External::Mask`] may name.
+pub fn masked_paths(spec: &libcontainer::oci_spec::runtime::Spec) -> Vec<String> {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.masked_paths().clone())
+        .unwrap_or_default()
+}
+
 /// What the restoring sandbox provides for the image's external mounts.
 pub struct Sources<'a> {
     /// Bind mounts of the hardened spec: destination and (reachable) source.
     pub binds: &'a [(String, PathBuf)],
     /// The sandbox's directory in each cgroup v1 hierarchy, by controller.
     pub cgroups: &'a std::collections::BTreeMap<String, PathBuf>,
+    /// The spec's masked paths, and the empty read-only directory bound at each.
+    pub masked: &'a [String],
+    pub empty_dir: &'a Path,
 }
 
 /// CRIU's `--ext-mount-map KEY:PATH` pairs for a restore: each of the image's external
@@ -226,6 +252,11 @@ pub fn restore_map(
                     .get(controller)
                     .cloned()
                     .ok_or_else(|| unknown("cgroup"))?,
+                External::Mask { dest } => sources
+                    .masked
+                    .contains(dest)
+                    .then(|| sources.empty_dir.to_owned())
+                    .ok_or_else(|| unknown("mask"))?,
             };
             if e.dest().contains([':', '\n']) {
                 return Err(CriuError::MountName {
@@ -274,15 +305,28 @@ pub struct Runner {
     binary: PathBuf,
 }
 
+/// CRIU found, its `criu --version` running ([`Runner::start_locating`]).
+pub struct Locating {
+    found: Result<(PathBuf, std::process::Child), CriuError>,
+}
+
 impl Runner {
     /// Finds CRIU (`AGENT_SANDBOX_CRIU`, then [`SEARCH`]) and checks its version.
     pub fn locate() -> Result<Self, CriuError> {
+        Self::start_locating().finish()
+    }
+
+    /// [`Runner::locate`] in two halves: this one finds the binary and starts `criu
+    /// --version` (7 ms p50, 29 ms p90 on the CI machine at load 22), [`Locating::finish`]
+    /// reads its answer; the caller's own work runs in between. A child process rather than
+    /// a thread: the caller may still unshare or enter namespaces meanwhile.
+    pub fn start_locating() -> Locating {
         let candidates: Vec<PathBuf> = std::env::var_os("AGENT_SANDBOX_CRIU")
             .map(PathBuf::from)
             .into_iter()
             .chain(SEARCH.iter().map(PathBuf::from))
             .collect();
-        let binary = candidates
+        let found = candidates
             .iter()
             .find(|p| p.is_file())
             .cloned()
@@ -292,10 +336,29 @@ impl Runner {
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", "),
-            })?;
-        let out = std::process::Command::new(&binary)
-            .arg("--version")
-            .output()
+            })
+            .and_then(|binary| {
+                match std::process::Command::new(&binary)
+                    .arg("--version")
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                {
+                    Ok(child) => Ok((binary, child)),
+                    Err(source) => Err(CriuError::Spawn { binary, source }),
+                }
+            });
+        Locating { found }
+    }
+}
+
+impl Locating {
+    /// The runner, once `criu --version` said CRIU is new enough.
+    pub fn finish(self) -> Result<Runner, CriuError> {
+        let (binary, child) = self.found?;
+        let out = child
+            .wait_with_output()
             .map_err(|source| CriuError::Spawn {
                 binary: binary.clone(),
                 source,
@@ -306,9 +369,11 @@ impl Runner {
         if major.is_none_or(|m| m < MIN_MAJOR) {
             return Err(CriuError::TooOld { binary, found });
         }
-        Ok(Self { binary })
+        Ok(Runner { binary })
     }
+}
 
+impl Runner {
     /// Runs `criu ACTION ARGS` with its log `log` (in `work`), as the runtime or, with
     /// `as_uid`, under that host id (see [`exec_as`]). On failure, the error names the
     /// log and the last error CRIU wrote there (escaped: it may quote the sandbox's names).
@@ -366,9 +431,10 @@ impl Runner {
 
 impl Runner {
     /// Runs `criu restore ARGS` in a new cgroup namespace rooted at the caller's cgroup (the
-    /// sandbox's, which the caller joined), with the caller's standard descriptors (CRIU
-    /// hands them to the restored init where `--inherit-fd` says) and one more environment
-    /// variable (`KEY`, `VALUE`), which CRIU passes on to its action script.
+    /// sandbox's, which the caller joined; entered between fork and exec, `agent_sandbox_sys::
+    /// cgroupns`), with the caller's standard descriptors (CRIU hands them to the restored init
+    /// where `--inherit-fd` says) and one more environment variable (`KEY`, `VALUE`), which
+    /// CRIU passes on to its action script.
     pub fn restore_in_new_cgroupns(
         &self,
         args: &[String],
@@ -376,12 +442,8 @@ impl Runner {
         work: &Path,
         log: &str,
     ) -> Result<(), CriuError> {
-        let mut cmd = std::process::Command::new("/proc/self/exe");
+        let mut cmd = std::process::Command::new(&self.binary);
         cmd.env(key, value)
-            .arg("criu-as")
-            .arg("--new-cgroupns")
-            .arg("--")
-            .arg(&self.binary)
             .arg("restore")
             .args(args)
             .arg("--work-dir")
@@ -389,6 +451,7 @@ impl Runner {
             .arg("--log-file")
             .arg(log)
             .arg("-v4");
+        agent_sandbox_sys::cgroupns::new_cgroupns_at_exec(&mut cmd);
         let status = cmd.status().map_err(|source| CriuError::Spawn {
             binary: self.binary.clone(),
             source,
@@ -407,6 +470,91 @@ impl Runner {
             .into_owned(),
             log,
         })
+    }
+}
+
+/// CRIU's action script at a restore. CRIU runs it at each of its seven stages and waits
+/// for it; only `pre-resume` needs the runtime (its check of the restored tasks). The
+/// runtime's binary (17 MB, relocated at every start) takes about 5 ms to exit at the other
+/// six, a shell about 1 ms (p50 on the CI machine, load 9): so the script is a shell script
+/// that `exec`s the runtime's binary at `pre-resume` only (the binary, the runtime's
+/// parent then still CRIU, reads the stage and its sandbox from the environment as before).
+/// It lives in a sealed memfd of the runtime's (`/proc/PID/fd/N`): the sandbox's
+/// directory is under `/run`, which Debian's and Ubuntu's initramfs mount `noexec`, and
+/// nothing can change a sealed memfd. Where memfds cannot be executed (`vm.memfd_noexec`
+/// other than 0) or the binary's path cannot be quoted, the script is the binary itself.
+pub struct ActionScript {
+    /// The memfd, open as long as CRIU may run the script.
+    _memfd: Option<std::os::fd::OwnedFd>,
+    path: PathBuf,
+}
+
+impl ActionScript {
+    pub fn for_exe(exe: &Path) -> Self {
+        match Self::shell(exe) {
+            Ok(Some(script)) => script,
+            Ok(None) => Self::binary(exe),
+            Err(e) => {
+                tracing::debug!(error = %e, "CRIU's action script is the runtime's binary");
+                Self::binary(exe)
+            }
+        }
+    }
+
+    fn binary(exe: &Path) -> Self {
+        Self {
+            _memfd: None,
+            path: exe.to_owned(),
+        }
+    }
+
+    /// The path CRIU executes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn shell(exe: &Path) -> std::io::Result<Option<Self>> {
+        use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+        use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let exec_allowed =
+            std::fs::read_to_string("/proc/sys/vm/memfd_noexec").map_or(true, |v| v.trim() == "0");
+        let Some(quoted) = exe.to_str().filter(|p| !p.contains(['\'', '\n'])) else {
+            return Ok(None);
+        };
+        if !exec_allowed {
+            return Ok(None);
+        }
+        let fd = memfd_create(
+            c"agent-sandbox-criu-action",
+            MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+        )?;
+        let mut file = std::fs::File::from(fd);
+        write!(
+            file,
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\nexec '{quoted}'\n"
+        )?;
+        use std::os::unix::fs::PermissionsExt;
+        file.set_permissions(std::fs::Permissions::from_mode(0o500))?;
+        fcntl(
+            file.as_raw_fd(),
+            FcntlArg::F_ADD_SEALS(
+                SealFlag::F_SEAL_SEAL
+                    | SealFlag::F_SEAL_SHRINK
+                    | SealFlag::F_SEAL_GROW
+                    | SealFlag::F_SEAL_WRITE,
+            ),
+        )?;
+        let path = PathBuf::from(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            file.as_raw_fd()
+        ));
+        Ok(Some(Self {
+            _memfd: Some(file.into()),
+            path,
+        }))
     }
 }
 
@@ -443,21 +591,13 @@ pub fn needs_sandbox_uid() -> bool {
 }
 
 /// The hidden `criu-as` command: with `uid`, becomes that host id (user and group, no
-/// supplementary groups) keeping the runtime's capabilities as ambient ones; with
-/// `new_cgroupns`, enters a new cgroup namespace rooted at its cgroup; then executes
+/// supplementary groups) keeping the runtime's capabilities as ambient ones; then executes
 /// `argv`. Returns only on an error.
-pub fn exec_as(
-    uid: Option<u32>,
-    new_cgroupns: bool,
-    argv: &[std::ffi::OsString],
-) -> std::io::Error {
+pub fn exec_as(uid: Option<u32>, argv: &[std::ffi::OsString]) -> std::io::Error {
     use std::os::unix::process::CommandExt;
     let Some((program, args)) = argv.split_first() else {
         return std::io::Error::other("criu-as: no program");
     };
-    if new_cgroupns && let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
-        return std::io::Error::other(format!("criu-as: new cgroup namespace: {e}"));
-    }
     if let Some(uid) = uid
         && let Err(e) = become_keeping_caps(uid)
     {
@@ -504,7 +644,7 @@ mod tests {
 
     #[test]
     fn externals_are_cgroups_and_parts_of_filesystems_not_mounted_whole() {
-        let got = externals(INFO).unwrap();
+        let got = externals(INFO, &[]).unwrap();
         assert_eq!(
             got,
             vec![
@@ -540,7 +680,7 @@ mod tests {
 104 65 0:41 / / ro,relatime - overlay overlay rw,lowerdir=/l
 117 104 0:27 /machine.slice/libpod-1.scope /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw
 ";
-        let image = externals(info).unwrap();
+        let image = externals(info, &[]).unwrap();
         assert_eq!(
             image,
             vec![External::Cgroup {
@@ -556,6 +696,8 @@ mod tests {
         let src = Sources {
             binds: &[],
             cgroups: &cgroups,
+            masked: &[],
+            empty_dir: Path::new("/e"),
         };
         assert_eq!(
             restore_map(&image, &src).unwrap(),
@@ -567,10 +709,79 @@ mod tests {
     }
 
     #[test]
+    fn a_masked_directory_is_external_whatever_is_mounted_there() {
+        // `create`'s empty tmpfs, and the empty directory a restore bound in its place.
+        let info = "\
+104 65 0:41 / / ro,relatime - overlay overlay rw,lowerdir=/l
+105 104 0:50 / /proc rw,nosuid - proc proc rw
+557 105 0:170 / /proc/acpi ro,relatime - tmpfs tmpfs ro,uid=1000
+558 105 254:0 /run/mnt/placeholder/dir /proc/scsi ro,relatime - ext4 /dev/vda rw
+559 105 0:6 /null /proc/kcore rw,relatime master:16 - devtmpfs devtmpfs rw
+560 104 0:171 / /tmp rw,nosuid - tmpfs tmpfs rw
+";
+        let masked: Vec<String> = ["/proc/acpi", "/proc/scsi", "/proc/kcore"]
+            .map(str::to_owned)
+            .to_vec();
+        assert_eq!(
+            externals(info, &masked).unwrap(),
+            vec![
+                External::Mask {
+                    dest: "/proc/acpi".into()
+                },
+                External::Mask {
+                    dest: "/proc/scsi".into()
+                },
+                External::Device {
+                    dest: "/proc/kcore".into(),
+                    name: "null".into()
+                },
+            ],
+            "a masked file stays /dev/null; /tmp holds data and stays in the image"
+        );
+        assert_eq!(
+            externals(info, &[]).unwrap(),
+            vec![
+                External::Bind {
+                    dest: "/proc/scsi".into()
+                },
+                External::Device {
+                    dest: "/proc/kcore".into(),
+                    name: "null".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn restore_binds_the_empty_directory_only_over_a_masked_path() {
+        let (binds, cgroups) = sources();
+        let masked = vec!["/proc/acpi".to_owned()];
+        let src = Sources {
+            binds: &binds,
+            cgroups: &cgroups,
+            masked: &masked,
+            empty_dir: Path::new("/run/mnt/placeholder/dir"),
+        };
+        let mask = |dest: &str| External::Mask { dest: dest.into() };
+        assert_eq!(
+            restore_map(&[mask("/proc/acpi")], &src).unwrap(),
+            vec![(
+                "/proc/acpi".to_owned(),
+                PathBuf::from("/run/mnt/placeholder/dir")
+            )]
+        );
+        // An edited image cannot hide a path the restoring spec does not mask.
+        assert!(matches!(
+            restore_map(&[mask("/workspace")], &src),
+            Err(CriuError::UnknownExternal { kind: "mask", .. })
+        ));
+    }
+
+    #[test]
     fn a_mount_point_criu_cannot_name_is_an_error() {
         let info = "1 0 254:0 /a /x:y ro - ext4 /dev/vda rw\n";
         assert!(matches!(
-            externals(info),
+            externals(info, &[]),
             Err(CriuError::MountName { dest }) if dest == "/x:y"
         ));
     }
@@ -587,11 +798,14 @@ mod tests {
     #[test]
     fn restore_takes_each_source_from_the_restoring_sandbox() {
         let (binds, cgroups) = sources();
+        let masked = vec!["/proc/acpi".to_owned(), "/proc/kcore".to_owned()];
         let src = Sources {
             binds: &binds,
             cgroups: &cgroups,
+            masked: &masked,
+            empty_dir: Path::new("/run/mnt/placeholder/dir"),
         };
-        let got = restore_map(&externals(INFO).unwrap()[..2], &src).unwrap();
+        let got = restore_map(&externals(INFO, &[]).unwrap()[..2], &src).unwrap();
         assert_eq!(
             got,
             vec![
@@ -615,9 +829,12 @@ mod tests {
     #[test]
     fn restore_refuses_an_external_mount_the_sandbox_does_not_have() {
         let (binds, cgroups) = sources();
+        let masked = vec!["/proc/acpi".to_owned(), "/proc/kcore".to_owned()];
         let src = Sources {
             binds: &binds,
             cgroups: &cgroups,
+            masked: &masked,
+            empty_dir: Path::new("/run/mnt/placeholder/dir"),
         };
         for (edited, kind) in [
             (
@@ -647,6 +864,12 @@ mod tests {
                 },
                 "cgroup",
             ),
+            (
+                External::Mask {
+                    dest: "/etc".into(),
+                },
+                "mask",
+            ),
         ] {
             let err = restore_map(std::slice::from_ref(&edited), &src).unwrap_err();
             assert!(
@@ -668,6 +891,50 @@ mod tests {
         assert_eq!(image_digest(dir.path()).unwrap(), first);
         std::fs::write(dir.path().join("pages-1.img"), b"c").unwrap();
         assert_ne!(image_digest(dir.path()).unwrap(), first);
+    }
+
+    #[test]
+    fn the_action_script_runs_the_binary_at_pre_resume_only() {
+        let run = |script: &ActionScript, stage: &str| {
+            std::process::Command::new(script.path())
+                .env("CRTOOLS_SCRIPT_ACTION", stage)
+                .status()
+                .unwrap()
+                .success()
+        };
+        let fails = ActionScript::for_exe(Path::new("/bin/false"));
+        assert!(
+            fails.path().starts_with("/proc"),
+            "not a memfd: {}",
+            fails.path().display()
+        );
+        for stage in [
+            "pre-restore",
+            "post-restore",
+            "network-unlock",
+            "post-resume",
+        ] {
+            assert!(run(&fails, stage), "{stage}: the binary ran");
+        }
+        assert!(
+            !run(&fails, "pre-resume"),
+            "pre-resume: the binary did not run"
+        );
+        assert!(run(
+            &ActionScript::for_exe(Path::new("/bin/true")),
+            "pre-resume"
+        ));
+        // Sealed: not even its owner can change it.
+        assert!(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(fails.path())
+                .and_then(|mut f| std::io::Write::write_all(&mut f, b"id\n"))
+                .is_err()
+        );
+        // A path the script cannot quote: the binary itself.
+        let odd = Path::new("/opt/it's/agent-sandbox");
+        assert_eq!(ActionScript::for_exe(odd).path(), odd);
     }
 
     #[test]

@@ -383,7 +383,7 @@ impl Runtime {
                 path: info_path,
                 source,
             })?;
-        let externals = criu::externals(&info)?;
+        let externals = criu::externals(&info, &criu::masked_paths(spec))?;
         let root = spec
             .root()
             .as_ref()

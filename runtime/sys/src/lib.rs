@@ -5,6 +5,7 @@
 
 pub mod atomic_file;
 pub mod background_write;
+pub mod cgroupns;
 pub mod exec_signals;
 pub mod idmap_mount;
 pub mod inherit;
