@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::{Layer, LayerPlan, Requirement};
 use libcontainer::container::ContainerStatus;
+use libcontainer::oci_spec::runtime::Spec;
 use serde::{Deserialize, Serialize};
 
 use super::{LifecycleError, Result, Runtime, container_err, status_name};
@@ -244,6 +245,28 @@ impl CheckpointOpts {
     }
 }
 
+/// Refuses a sandbox the image cannot carry whole: a layer its policy requires that CRIU
+/// does not save, the runtime's own reaping init, or a terminal held outside it.
+fn refuse_uncarriable(
+    carried: &[(String, Requirement, String)],
+    policy: &SandboxPolicy,
+    spec: &Spec,
+) -> std::result::Result<(), CheckpointError> {
+    if let Some((layer, _, reason)) = carried.iter().find(|(_, r, _)| *r == Requirement::Required) {
+        return Err(CheckpointError::LayerRequired {
+            layer: layer.clone(),
+            reason: reason.clone(),
+        });
+    }
+    if crate::enforce::reaper::wanted(policy, spec) {
+        return Err(CheckpointError::ReaperInit);
+    }
+    if spec.process().as_ref().and_then(|p| p.terminal()) == Some(true) {
+        return Err(CheckpointError::Terminal);
+    }
+    Ok(())
+}
+
 /// Why `--pre-dump` and `--parent-path` are refused.
 const INCREMENTAL: &str = "incremental images are not checked as a whole at restore";
 
@@ -271,20 +294,7 @@ impl Runtime {
         let (policy, plan, spec) = self.saved_policy(id, c.bundle())?;
         let dir = self.dirs.sandbox(id);
         let carried = not_carried(&policy, &plan, dir.supervisor_pid().exists());
-        if let Some((layer, _, reason)) =
-            carried.iter().find(|(_, r, _)| *r == Requirement::Required)
-        {
-            return Err(fail(CheckpointError::LayerRequired {
-                layer: layer.clone(),
-                reason: reason.clone(),
-            }));
-        }
-        if crate::enforce::reaper::wanted(&policy, &spec) {
-            return Err(fail(CheckpointError::ReaperInit));
-        }
-        if spec.process().as_ref().and_then(|p| p.terminal()) == Some(true) {
-            return Err(fail(CheckpointError::Terminal));
-        }
+        refuse_uncarriable(&carried, &policy, &spec).map_err(fail)?;
         let record = self.record(id)?;
         let stdio = (0..3)
             .map(|fd| {
