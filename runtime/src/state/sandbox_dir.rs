@@ -241,6 +241,13 @@ impl SandboxDir {
         )
     }
 
+    /// `restore-image/`: the restore's private copy of the checkpoint image, which every check
+    /// and CRIU read (`host::criu_image::private_copy`); removed once the restore is done —
+    /// `create::restore`.
+    pub fn restore_image(&self) -> PathBuf {
+        self.file("restore-image")
+    }
+
     /// `restore-verdict`: the check's outcome, `ok PID` or the error — `create::restore`.
     pub fn restore_verdict(&self) -> PathBuf {
         self.file("restore-verdict")
