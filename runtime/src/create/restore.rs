@@ -154,18 +154,19 @@ impl Runtime {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
-        let image = self.dirs.sandbox(id).restore_image();
-        let manifest = self
-            .private_image(id, &opts.criu.image_path, &image)
-            .inspect_err(|_| {
-                let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
-            })?;
         let config = opts.create.bundle.join("config.json");
         let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
         let marks = Marks::start();
+        let image = self.dirs.sandbox(id).restore_image();
+        let manifest = self
+            .private_image(id, &opts.criu.image_path, &image)
+            .inspect_err(|_| {
+                let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
+            })?;
+        marks.mark("image_copy");
         let mut restored_pid = None;
         let result = self.restore_inner(
             id,
