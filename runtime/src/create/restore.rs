@@ -195,6 +195,15 @@ impl Runtime {
     /// its manifest: every later check and CRIU read the copy, which the user cannot edit.
     fn private_image(&self, id: &ContainerId, image: &Path, copy: &Path) -> Result<Manifest> {
         crate::enforce::mounts::mkdir_traversable(self.dirs.sandbox(id).path())?;
+        let private = copy.parent().unwrap_or(copy);
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(private)
+            .map_err(|source| {
+                fail(RestoreError::ImageDir {
+                    path: private.to_owned(),
+                    source,
+                })
+            })?;
         criu_image::private_copy(image, copy).map_err(|e| fail(RestoreError::Copy(e)))?;
         let manifest = Manifest::read(copy).map_err(|source| {
             fail(RestoreError::Manifest {
@@ -434,7 +443,7 @@ impl Runtime {
         // Whatever happened: the runtime back in its own cgroup, the copy gone (CRIU no
         // longer needs it; on tmpfs it holds memory).
         cgroups.leave();
-        if let Err(e) = std::fs::remove_dir_all(image) {
+        if let Err(e) = std::fs::remove_dir_all(image.parent().unwrap_or(image)) {
             tracing::warn!(path = %image.display(), error = %e, "cannot remove the image copy");
         }
         let ran = ran?;
@@ -547,8 +556,9 @@ fn is_pipe(target: &str) -> bool {
 /// CRIU opens some image files from the restored task before its id maps exist (as host
 /// root without capabilities over the host's files): the image copy's files (never what a
 /// link points to) belong to the sandbox's host root id and may be read by others, its
-/// directory searched, while CRIU restores; then the copy is removed. The sandbox's
-/// directory above is the runtime's.
+/// directory searched, while CRIU restores (CRIU opens them through its descriptor of the
+/// directory); then the copy is removed. The directory above it is root's, 0700, so no
+/// other user reaches the copy (`SandboxDir::restore_image`).
 fn image_access(dir: &Path, uid: u32) -> std::result::Result<(), RestoreError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |path: &Path, source| RestoreError::ImageDir {
