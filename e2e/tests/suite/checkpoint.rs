@@ -516,19 +516,9 @@ fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyho
     let archive = dir.path().join("export.tar.gz");
     let flags = ["--runtime-flag", flag.as_str()];
     let (_g, from, before) = export_counting(p, &flags, true, &ws, &archive)?;
-    let archive = archive.display().to_string();
     // Into the same storage under a new name.
-    let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &new.name,
-    ]);
-    p.run_ok(&args)?;
+    let new = super::fork::import(p, &flags, &archive)?;
+    let archive = archive.display().to_string();
     let new_id = p.run_ok(&["inspect", "--format", "{{.Id}}", &new.name])?;
     let run = |a: &[&str]| p.run_ok(a);
     imported_is_a_sandbox(&run, &new.name, new_id.stdout.trim(), &from, before, &ws)?;

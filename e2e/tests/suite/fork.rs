@@ -38,8 +38,8 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
 
-/// `podman container restore --import archive --name NAME` under `flags`.
-fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Result<ContainerGuard> {
+/// `podman container restore --import archive --name NAME` under `flags`, NAME new.
+pub(super) fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Result<ContainerGuard> {
     let fork = ContainerGuard::new(p, &unique_name("fork"));
     let archive = archive.display().to_string();
     let mut args = flags.to_vec();
