@@ -22,7 +22,8 @@ use anyhow::{Context, bail, ensure};
 
 /// The shell that counts in memory (and shows its count in a file on the sandbox's tmpfs,
 /// which CRIU carries with the sandbox's mounts).
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+pub(super) const COUNTER: &str =
+    "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
 
 /// The built-in `agent` policy with its Landlock layer `landlock` (`required`/`optional`).
 fn policy(dir: &Path, landlock: &str) -> anyhow::Result<PathBuf> {
@@ -45,7 +46,7 @@ fn policy(dir: &Path, landlock: &str) -> anyhow::Result<PathBuf> {
 
 /// A temporary directory holding an empty workspace `ws` and the agent policy with its
 /// Landlock layer `landlock`.
-fn fixture(landlock: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf, PathBuf)> {
+pub(super) fn fixture(landlock: &str) -> anyhow::Result<(tempfile::TempDir, PathBuf, PathBuf)> {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
     std::fs::create_dir(&ws)?;
@@ -89,7 +90,7 @@ fn count(p: Podman, name: &str) -> anyhow::Result<u64> {
 }
 
 /// Waits until the count reaches `at_least`.
-fn count_reaches(p: Podman, name: &str, at_least: u64) -> anyhow::Result<u64> {
+pub(super) fn count_reaches(p: Podman, name: &str, at_least: u64) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(n) = count(p, name)
@@ -112,7 +113,7 @@ fn count_reaches(p: Podman, name: &str, at_least: u64) -> anyhow::Result<u64> {
 }
 
 /// The first record of `kind` in the audit log `json` (JSON lines).
-fn first_record(json: &str, kind: &str) -> Option<serde_json::Value> {
+pub(super) fn first_record(json: &str, kind: &str) -> Option<serde_json::Value> {
     json.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|r| r["kind"] == kind)
@@ -465,20 +466,43 @@ fn imported_is_a_sandbox(
         "the edit reached the host checkout unpromoted"
     );
     harness::runtime_ok(&["state", new_id])?;
-    harness::runtime_ok(&["audit", "verify", new_id])?;
-    let json = harness::runtime_ok(&["audit", "--json", new_id])?.stdout;
+    names_its_parent(new_id, from)
+}
+
+/// A restored sandbox's first audit record (a fork's, an import's): `restored` from `parent`, naming the digest of the parent's
+/// `checkpointed` record and the parent's chain head right after it (the SHA-256 of that
+/// line of the parent's log); and the fork's log verifies.
+pub(super) fn names_its_parent(fork: &str, parent: &str) -> anyhow::Result<()> {
+    harness::runtime_ok(&["audit", "verify", fork])?;
+    let parent_log = &harness::runtime_ok(&["audit", "--json", parent])?.stdout;
+    let json = harness::runtime_ok(&["audit", "--json", fork])?.stdout;
     let first: serde_json::Value =
         serde_json::from_str(json.lines().next().context("an empty audit log")?)?;
-    ensure!(
-        first["kind"] == "restored" && first["data"]["from"] == from,
-        "the first record is not `restored` from {from}\n{json}"
-    );
-    let old = harness::runtime_ok(&["audit", "--json", from])?.stdout;
     let checkpointed =
-        first_record(&old, "checkpointed").context("the original has no checkpointed record")?;
+        first_record(parent_log, "checkpointed").context("the parent has no checkpointed")?;
+    let data = &first["data"];
     ensure!(
-        checkpointed["data"]["image_digest"] == first["data"]["image_digest"],
-        "the digests differ\n{old}\n{json}"
+        first["kind"] == "restored"
+            && data["from"] == parent
+            && data["image_digest"] == checkpointed["data"]["image_digest"],
+        "the fork's first record does not name its parent and the image\n{json}"
+    );
+    let seq = data["from_head"]["seq"].as_u64().context("no from_head")?;
+    ensure!(
+        seq == checkpointed["seq"],
+        "from_head is not the checkpoint's\n{json}"
+    );
+    let line = parent_log
+        .lines()
+        .nth(usize::try_from(seq)? - 1)
+        .context("the parent's log is shorter than from_head")?;
+    let sha = std::process::Command::new("sh")
+        .args(["-c", "printf %s \"$1\" | sha256sum", "sh", line])
+        .output()?;
+    let sha = String::from_utf8(sha.stdout)?;
+    ensure!(
+        data["from_head"]["head"] == sha.split_whitespace().next().unwrap_or_default(),
+        "from_head is not the hash of the parent's line {seq}\n{json}"
     );
     Ok(())
 }
@@ -492,19 +516,9 @@ fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyho
     let archive = dir.path().join("export.tar.gz");
     let flags = ["--runtime-flag", flag.as_str()];
     let (_g, from, before) = export_counting(p, &flags, true, &ws, &archive)?;
-    let archive = archive.display().to_string();
     // Into the same storage under a new name.
-    let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &new.name,
-    ]);
-    p.run_ok(&args)?;
+    let new = super::fork::import(p, &flags, &archive)?;
+    let archive = archive.display().to_string();
     let new_id = p.run_ok(&["inspect", "--format", "{{.Id}}", &new.name])?;
     let run = |a: &[&str]| p.run_ok(a);
     imported_is_a_sandbox(&run, &new.name, new_id.stdout.trim(), &from, before, &ws)?;

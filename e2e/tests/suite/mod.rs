@@ -17,6 +17,7 @@ mod egress_sni;
 mod egress_transparent;
 mod faults;
 mod find;
+mod fork;
 mod hostile;
 mod init;
 mod limits;

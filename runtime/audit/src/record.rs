@@ -311,6 +311,10 @@ pub enum Event {
         /// cover: not applied (the others are applied again, each an `approval` record).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         rules_dropped: Vec<String>,
+        /// The end of `from`'s audit chain at the checkpoint, as the image records it: the
+        /// fork's lineage (`from`'s log verifies up to it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from_head: Option<crate::log::Anchor>,
     },
     /// A cgroup limit refused the sandbox something during its life; written once, at
     /// delete, with the kernel's count.

@@ -368,12 +368,17 @@ fn details(event: &Event) -> String {
             from,
             not_carried,
             rules_dropped,
+            from_head,
         } => {
             let mut s = format!(
-                "restored from checkpoint image {} of {}; every task checked against the plan",
+                "restored from checkpoint image {} of {}",
                 esc(image_digest),
                 esc(from)
             );
+            if let Some(head) = from_head {
+                let _ = write!(s, " (its log's record {}, {})", head.seq, esc(&head.head));
+            }
+            s.push_str("; every task checked against the plan");
             if !not_carried.is_empty() {
                 let _ = write!(s, "; not carried: {}", esc_list(not_carried, ", "));
             }

@@ -113,6 +113,9 @@ impl Runtime {
                         created,
                     )
                     .map_err(LifecycleError::Changes)?;
+                    if let Some((from, to)) = c.reown {
+                        super::restore::reown_layer(&created.base.join("upper"), from, to)?;
+                    }
                 }
                 created
             }

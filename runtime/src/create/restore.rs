@@ -99,6 +99,12 @@ pub enum RestoreError {
     LiveRule(#[source] Box<crate::sidecars::allow::AllowError>),
     #[error("cannot place CRIU in the sandbox's cgroup")]
     Cgroup(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot copy the checkpoint image (docs/checkpoint.md#image)")]
+    Copy(#[source] criu_image::CriuImageError),
+    #[error("cannot give the fork its own host id block (docs/checkpoint.md#fork)")]
+    ForkIds(#[source] criu_image::CriuImageError),
+    #[error("cannot re-own the fork's copy of the workspace changes (docs/checkpoint.md#fork)")]
+    Reown(#[source] crate::host::reown::ReownError),
 }
 
 fn fail(e: RestoreError) -> LifecycleError {
@@ -148,27 +154,24 @@ impl Runtime {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
             return Err(LifecycleError::Exists { id: id.clone() });
         }
-        let manifest = Manifest::read(&opts.criu.image_path).map_err(|source| {
-            fail(RestoreError::Manifest {
-                path: opts.criu.image_path.join(criu::MANIFEST),
-                source,
-            })
-        })?;
-        if manifest.format != FORMAT {
-            return Err(fail(RestoreError::Format {
-                found: manifest.format,
-            }));
-        }
         let config = opts.create.bundle.join("config.json");
         let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
             path: config.clone(),
             source,
         })?;
         let marks = Marks::start();
+        let image = self.dirs.sandbox(id).restore_image();
+        let manifest = self
+            .private_image(id, &opts.criu.image_path, &image)
+            .inspect_err(|_| {
+                let _ = std::fs::remove_dir_all(self.dirs.sandbox(id).path());
+            })?;
+        marks.mark("image_copy");
         let mut restored_pid = None;
         let result = self.restore_inner(
             id,
             opts,
+            &image,
             spec,
             ceiling,
             &manifest,
@@ -188,12 +191,41 @@ impl Runtime {
         result
     }
 
+    /// The image's private copy at `copy`, in the sandbox's own directory (made here), and
+    /// its manifest: every later check and CRIU read the copy, which the user cannot edit.
+    fn private_image(&self, id: &ContainerId, image: &Path, copy: &Path) -> Result<Manifest> {
+        crate::enforce::mounts::mkdir_traversable(self.dirs.sandbox(id).path())?;
+        let private = copy.parent().unwrap_or(copy);
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(private)
+            .map_err(|source| {
+                fail(RestoreError::ImageDir {
+                    path: private.to_owned(),
+                    source,
+                })
+            })?;
+        criu_image::private_copy(image, copy).map_err(|e| fail(RestoreError::Copy(e)))?;
+        let manifest = Manifest::read(copy).map_err(|source| {
+            fail(RestoreError::Manifest {
+                path: image.join(criu::MANIFEST),
+                source,
+            })
+        })?;
+        if manifest.format != FORMAT {
+            return Err(fail(RestoreError::Format {
+                found: manifest.format,
+            }));
+        }
+        Ok(manifest)
+    }
+
     /// The recipe: create's phases up to the mounts, then CRIU instead of libcontainer.
     #[allow(clippy::too_many_arguments)]
     fn restore_inner(
         &self,
         id: &ContainerId,
         opts: &RestoreOpts,
+        image: &Path,
         spec: Spec,
         ceiling: &Ceiling,
         manifest: &Manifest,
@@ -209,30 +241,7 @@ impl Runtime {
             crate::pod::role(&spec, id)?,
             crate::pod::Role::Member { .. }
         );
-        let from = ContainerId::try_from(manifest.id.as_str()).unwrap_or_else(|_| id.clone());
-        if !member && !crate::state::paths::rootless()? {
-            // The image's block, if it waits for the image's sandbox or is free
-            // (`assign_ids` then finds it allocated).
-            crate::host::idmap::allocate_for_restore(
-                &self.dirs.idmap_db(),
-                &self.dirs.idmap_lock(),
-                id,
-                &from,
-                manifest.ids.host_start,
-            )?;
-        }
-        let ids = self.assign_ids(id, &spec)?;
-        if ids.member.is_some() {
-            return Err(fail(RestoreError::PodMember));
-        }
-        if ids.ids != manifest.ids {
-            return Err(fail(RestoreError::IdBlock {
-                image_start: manifest.ids.host_start,
-                image_size: manifest.ids.size,
-                start: ids.ids.host_start,
-                size: ids.ids.size,
-            }));
-        }
+        let ids = self.restore_ids(id, &spec, member, image, manifest)?;
         let annotations = spec.annotations().clone().unwrap_or_default();
         let ceiling = &ids
             .ceiling(ceiling)
@@ -243,6 +252,7 @@ impl Runtime {
         create.reuse_change = manifest.change.as_ref().map(|change| RestoredChange {
             change: change.clone(),
             from: manifest.id.clone(),
+            reown: is_fork(id, manifest).then_some((manifest.ids, ids.ids)),
         });
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
@@ -267,9 +277,10 @@ impl Runtime {
         };
         // Before CRIU reads the image: the filters it would give every thread are exactly
         // the ones the executor installs (the pre-resume check sees only their count).
-        criu_image::check_seccomp(&opts.criu.image_path, &filter_slots(&executor))
+        criu_image::check_seccomp(image, &filter_slots(&executor))
             .map_err(|e| fail(RestoreError::ImageSeccomp(e)))?;
-        let pid = self.run_criu_restore(criu, id, opts, &host, &hardened, manifest, &expected)?;
+        let pid =
+            self.run_criu_restore(criu, id, opts, image, &host, &hardened, manifest, &expected)?;
         *restored_pid = Some(pid);
         marks.mark("criu");
         if let Some(s) = supervisor {
@@ -280,6 +291,50 @@ impl Runtime {
         )?;
         marks.mark("record");
         Ok(())
+    }
+
+    /// The restoring sandbox's host id block. Restored under the image's own sandbox id, it
+    /// is the image's block (held for it since the checkpoint, or free), and nothing else
+    /// will do. Under another id (a fork: podman's `--import` with `--name`), it is a new
+    /// block from the allocator, whatever the image's block is doing, and the image copy's
+    /// id maps are moved to it (docs/checkpoint.md#fork).
+    fn restore_ids(
+        &self,
+        id: &ContainerId,
+        spec: &Spec,
+        member: bool,
+        image: &Path,
+        manifest: &Manifest,
+    ) -> Result<Ids> {
+        let fork = is_fork(id, manifest);
+        if !member && !fork && !crate::state::paths::rootless()? {
+            // The image's block, if it waits for this sandbox or is free (`assign_ids`
+            // then finds it allocated).
+            crate::host::idmap::allocate_for_restore(
+                &self.dirs.idmap_db(),
+                &self.dirs.idmap_lock(),
+                id,
+                manifest.ids.host_start,
+            )?;
+        }
+        let ids = self.assign_ids(id, spec)?;
+        if ids.member.is_some() {
+            return Err(fail(RestoreError::PodMember));
+        }
+        if fork {
+            criu_image::rebase_userns(image, manifest.ids, ids.ids)
+                .map_err(|e| fail(RestoreError::ForkIds(e)))?;
+            tracing::info!(id = %id, from = %manifest.id, start = ids.ids.host_start,
+                image_start = manifest.ids.host_start, "fork: a host id block of its own");
+        } else if ids.ids != manifest.ids {
+            return Err(fail(RestoreError::IdBlock {
+                image_start: manifest.ids.host_start,
+                image_size: manifest.ids.size,
+                start: ids.ids.host_start,
+                size: ids.ids.size,
+            }));
+        }
+        Ok(ids)
     }
 
     /// The layers the image cannot bring back: a required one refuses the restore; the
@@ -338,14 +393,15 @@ impl Runtime {
             .map_err(LifecycleError::Egress)
     }
 
-    /// CRIU restores the tree inside the sandbox's cgroup; its pre-resume hook checks every
-    /// task. Returns the restored init's host pid.
+    /// CRIU restores the tree of the image copy `image` inside the sandbox's cgroup; its
+    /// pre-resume hook checks every task. Returns the restored init's host pid.
     #[allow(clippy::too_many_arguments)]
     fn run_criu_restore(
         &self,
         criu: criu::Locating,
         id: &ContainerId,
         opts: &RestoreOpts,
+        image: &Path,
         host: &Host,
         hardened: &Hardened,
         manifest: &Manifest,
@@ -371,7 +427,7 @@ impl Runtime {
             .map_or_else(|| host.record.rootfs_mount.clone(), |r| r.path().clone());
         let mut args = vec![
             "--images-dir".to_owned(),
-            opts.criu.image_path.display().to_string(),
+            image.display().to_string(),
             "--root".to_owned(),
             root.display().to_string(),
             "--manage-cgroups=ignore".to_owned(),
@@ -392,17 +448,19 @@ impl Runtime {
         )
         .and_then(|ext| {
             args.extend(ext);
-            image_access(&opts.criu.image_path, uid, true)
+            image_access(image, uid)
         })
         .map_err(fail)
         .map(|()| {
             runner.restore_in_new_cgroupns(&args, (HOOK_ENV, &hook_env), &work, "restore.log")
         });
-        // Whatever happened: the runtime back in its own cgroup, the image private again.
+        // Whatever happened: the runtime back in its own cgroup, the copy gone (CRIU no
+        // longer needs it; on tmpfs it holds memory).
         cgroups.leave();
-        let closed = image_access(&opts.criu.image_path, uid, false).map_err(fail);
+        if let Err(e) = std::fs::remove_dir_all(image.parent().unwrap_or(image)) {
+            tracing::warn!(path = %image.display(), error = %e, "cannot remove the image copy");
+        }
         let ran = ran?;
-        closed?;
         // The check's verdict first: a refusal ends CRIU too (`restore_check`).
         let verdict = std::fs::read_to_string(dir.restore_verdict()).unwrap_or_default();
         if let Some(pid) = verdict
@@ -423,6 +481,27 @@ impl Runtime {
             },
         }))
     }
+}
+
+/// A restore under another id than the image's sandbox: a fork (docs/checkpoint.md#fork).
+fn is_fork(id: &ContainerId, manifest: &Manifest) -> bool {
+    manifest.id != id.as_str()
+}
+
+/// A fork's copy of its parent's change-set layer, re-owned from the image's block `from`
+/// to the fork's `to` before its overlay is mounted (`host::reown`).
+pub(super) fn reown_layer(
+    upper: &Path,
+    from: crate::host::idmap::IdRange,
+    to: crate::host::idmap::IdRange,
+) -> Result<()> {
+    let outside = crate::host::reown::shift_tree(upper, from, to)
+        .map_err(|e| fail(RestoreError::Reown(e)))?;
+    if outside > 0 {
+        tracing::warn!(upper = %upper.display(), owners = outside,
+            "owners outside the image's id block became the fork's nobody");
+    }
+    Ok(())
 }
 
 /// The filters the executor installs, first installed first: the sandbox's own (in either
@@ -489,17 +568,18 @@ fn is_pipe(target: &str) -> bool {
 }
 
 /// CRIU opens some image files from the restored task before its id maps exist (as host
-/// root without capabilities over the host's files): while it restores (`open`), the image
-/// files (never what a link points to) belong to the sandbox's host root id and may be read
-/// by others, the directory searched; afterwards they are private again. The directories
-/// above are the caller's (podman's are root's, 0700).
-fn image_access(dir: &Path, uid: u32, open: bool) -> std::result::Result<(), RestoreError> {
+/// root without capabilities over the host's files): the image copy's files (never what a
+/// link points to) belong to the sandbox's host root id and may be read by others, its
+/// directory searched, while CRIU restores (CRIU opens them through its descriptor of the
+/// directory); then the copy is removed. The directory above it is root's, 0700, so no
+/// other user reaches the copy (`SandboxDir::restore_image`).
+fn image_access(dir: &Path, uid: u32) -> std::result::Result<(), RestoreError> {
     use std::os::unix::fs::PermissionsExt;
     let err = |path: &Path, source| RestoreError::ImageDir {
         path: path.to_owned(),
         source,
     };
-    let (dir_mode, file_mode) = if open { (0o711, 0o644) } else { (0o700, 0o600) };
+    let (dir_mode, file_mode) = (0o711, 0o644);
     std::os::unix::fs::chown(dir, Some(uid), Some(uid)).map_err(|e| err(dir, e))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
         .map_err(|e| err(dir, e))?;
@@ -641,8 +721,11 @@ impl Runtime {
         crate::sidecars::trail::restored(
             &self.dirs,
             id,
-            &manifest.image_digest,
-            &manifest.id,
+            &crate::sidecars::trail::Lineage {
+                digest: &manifest.image_digest,
+                from: &manifest.id,
+                from_head: manifest.audit_head.as_ref(),
+            },
             lost,
             &dropped,
         )

@@ -22,9 +22,16 @@
 //! `seccomp_filter` is its first-installed filter and each `prev` leads to the one installed
 //! after it; CRIU's restorer installs them in that walk's order (`criu/seccomp.c`,
 //! `prepare_seccomp_filters`).
+//!
+//! Two more things a restore does with an image, in the same style: [`private_copy`] copies
+//! it into the sandbox's own directory (every check and CRIU read that copy, which the user
+//! can no longer edit), and [`rebase_userns`] moves a copy's id maps (`userns-N.img`) to the
+//! restoring sandbox's own host id block (a fork: docs/checkpoint.md#fork).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+
+use crate::host::idmap::IdRange;
 
 /// CRIU's `seccomp.img` in an image directory.
 pub const SECCOMP_IMG: &str = "seccomp.img";
@@ -38,6 +45,11 @@ const MODE_FILTER: u64 = 2;
 /// `SECCOMP_FILTER_FLAG_TSYNC`, which CRIU 4 records on every filter it dumps: the only flag
 /// allowed (`LOG`, `SPEC_ALLOW` and the others would change what the filter does).
 const FLAG_TSYNC: u64 = 1;
+/// The most a private copy of an image may hold, all its files together (the memory of the
+/// sandbox's processes is most of it).
+pub const MAX_IMAGE: u64 = 8 << 30;
+/// The most files an image directory may hold (CRIU writes a few per task).
+const MAX_FILES: usize = 65_536;
 
 /// Errors of reading and checking an image's seccomp filters.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +64,23 @@ pub enum CriuImageError {
     Malformed { path: PathBuf, why: String },
     #[error("thread {tid} of the image: {why}")]
     Thread { tid: String, why: String },
+    #[error("cannot copy the image into {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the image {path} is larger than {MAX_IMAGE} bytes or {MAX_FILES} files")]
+    TooLarge { path: PathBuf },
+    #[error(
+        "the image's id maps ({path}) are not the block it was taken in, {start}+{size}: {why}"
+    )]
+    Userns {
+        path: PathBuf,
+        start: u32,
+        size: u32,
+        why: String,
+    },
 }
 
 /// One filter the sandbox installs, in the order installed: what it is, for errors, and the
@@ -80,23 +109,13 @@ pub fn program_bytes(program: impl IntoIterator<Item = (u16, u8, u8, u32)>) -> V
 pub fn check_seccomp(dir: &Path, expected: &[Slot]) -> Result<(), CriuImageError> {
     let filters = read_filters(dir)?;
     let mut threads = 0;
-    let listing = std::fs::read_dir(dir).map_err(|source| CriuImageError::Read {
-        path: dir.to_owned(),
-        source,
-    })?;
-    for entry in listing {
-        let entry = entry.map_err(|source| CriuImageError::Read {
-            path: dir.to_owned(),
-            source,
-        })?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for (name, path) in entries(dir)? {
         let Some(tid) = name
             .strip_prefix("core-")
             .and_then(|n| n.strip_suffix(".img"))
         else {
             continue;
         };
-        let path = entry.path();
         let Some((mode, last)) = thread_seccomp(&path)? else {
             threads += 1;
             continue;
@@ -116,6 +135,182 @@ pub fn check_seccomp(dir: &Path, expected: &[Slot]) -> Result<(), CriuImageError
         });
     }
     Ok(())
+}
+
+/// Copies the image directory `from` into `to` (made here, mode 0700), as hostile data: only
+/// regular files, opened without following a link, named as CRIU and the runtime name them
+/// (`[A-Za-z0-9._-]`, no leading dot), at most [`MAX_IMAGE`] bytes and [`MAX_FILES`] files in
+/// all; anything else (a link, a directory, a device, a FIFO) is an error naming it. The
+/// copy's files are mode 0600.
+pub fn private_copy(from: &Path, to: &Path) -> Result<(), CriuImageError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let write = |path: &Path| {
+        let path = path.to_owned();
+        move |source| CriuImageError::Write { path, source }
+    };
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(to)
+        .map_err(write(to))?;
+    let mut left = MAX_IMAGE;
+    for (name, source) in entries(from)? {
+        // A name that is not UTF-8 came back lossy, with U+FFFD: not a name CRIU gives.
+        if !image_file_name(&name) {
+            return Err(malformed(&source, "not a name CRIU gives its files"));
+        }
+        let mut file = open_regular(&source)?;
+        let target = to.join(&name);
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&target)
+            .map_err(write(&target))?;
+        let copied =
+            std::io::copy(&mut (&mut file).take(left + 1), &mut out).map_err(write(&target))?;
+        left = left
+            .checked_sub(copied)
+            .ok_or_else(|| CriuImageError::TooLarge {
+                path: from.to_owned(),
+            })?;
+        out.flush().map_err(write(&target))?;
+    }
+    Ok(())
+}
+
+/// A file name CRIU or the runtime gives an image file: `core-1.img`, `agent-sandbox.json`,
+/// `tmpfs-dev-68.tar.gz.img`; never `..`, a hidden name or a path.
+fn image_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name.len() <= 255
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Moves the id maps of the image copy in `dir` from the block it was taken in, `from`, to
+/// `to`: its one `userns-N.img` must hold exactly `0 from.host_start from.size` as its only
+/// uid and gid extent (as the runtime writes every sandbox's maps), and nothing else; any
+/// other content, a second user namespace or none is an error. The file is replaced whole.
+pub fn rebase_userns(dir: &Path, from: IdRange, to: IdRange) -> Result<(), CriuImageError> {
+    let found: Vec<PathBuf> = entries(dir)?
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("userns-") && name.ends_with(".img"))
+        .map(|(_, path)| path)
+        .collect();
+    let refuse = |path: &Path, why: &str| CriuImageError::Userns {
+        path: path.to_owned(),
+        start: from.host_start,
+        size: from.size,
+        why: why.to_owned(),
+    };
+    let path = match found.as_slice() {
+        [one] => one.clone(),
+        [] => return Err(refuse(dir, "the image has no userns-N.img")),
+        _ => return Err(refuse(dir, "the image has more than one user namespace")),
+    };
+    let bytes = read_capped(&path)?;
+    let (body, rest) = split_entry(&path, &bytes)?;
+    if !rest.is_empty() {
+        return Err(refuse(&path, "more than one entry"));
+    }
+    userns_maps(body, from).map_err(|why| refuse(&path, &why))?;
+    let mut out = bytes.get(..8).unwrap_or_default().to_vec();
+    let new = userns_body(to);
+    out.extend_from_slice(&u32::try_from(new.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(&new);
+    let tmp = path.with_extension("img.new");
+    let write = |source| CriuImageError::Write {
+        path: path.clone(),
+        source,
+    };
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(write)?;
+        f.write_all(&out).map_err(write)?;
+    }
+    std::fs::rename(&tmp, &path).map_err(write)
+}
+
+/// Checks a `userns_entry`: `uid_map` (1) and `gid_map` (2), each one `uid_gid_extent` of
+/// `first` (1) 0, `lower_first` (2) the block's start and `count` (3) its size.
+fn userns_maps(body: &[u8], block: IdRange) -> Result<(), String> {
+    let entry = fields(body)?;
+    if let Some((n, _)) = entry.iter().find(|(n, _)| *n != 1 && *n != 2) {
+        return Err(format!("field {n} is not a map"));
+    }
+    for (n, what) in [(1, "uid_map"), (2, "gid_map")] {
+        let extent = single_bytes(&entry, n)?.ok_or(format!("no {what}"))?;
+        let e = fields(extent)?;
+        if let Some((m, _)) = e.iter().find(|(m, _)| !(1..=3).contains(m)) {
+            return Err(format!("{what}: field {m} is not of an extent"));
+        }
+        let got = (
+            single_varint(&e, 1)?.unwrap_or(0),
+            single_varint(&e, 2)?.unwrap_or(0),
+            single_varint(&e, 3)?.unwrap_or(0),
+        );
+        let want = (0, u64::from(block.host_start), u64::from(block.size));
+        if got != want {
+            return Err(format!(
+                "{what} is {} {} {}, not {} {} {}",
+                got.0, got.1, got.2, want.0, want.1, want.2
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A `userns_entry` mapping ids `0..to.size` onto the block `to`, uid and gid alike.
+fn userns_body(to: IdRange) -> Vec<u8> {
+    let mut extent = vec![0x08, 0x00, 0x10];
+    put_varint(&mut extent, u64::from(to.host_start));
+    extent.push(0x18);
+    put_varint(&mut extent, u64::from(to.size));
+    let mut body = Vec::new();
+    for key in [0x0a, 0x12] {
+        body.push(key);
+        put_varint(&mut body, u64::try_from(extent.len()).unwrap_or(0));
+        body.extend_from_slice(&extent);
+    }
+    body
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(u8::try_from(v & 0x7f).unwrap_or(0) | 0x80);
+        v >>= 7;
+    }
+    out.push(u8::try_from(v).unwrap_or(0));
+}
+
+/// The image directory's entries: names (lossy) and paths, at most [`MAX_FILES`].
+fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>, CriuImageError> {
+    let read = |source| CriuImageError::Read {
+        path: dir.to_owned(),
+        source,
+    };
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read)? {
+        if out.len() >= MAX_FILES {
+            return Err(CriuImageError::TooLarge {
+                path: dir.to_owned(),
+            });
+        }
+        let entry = entry.map_err(read)?;
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            entry.path(),
+        ));
+    }
+    Ok(out)
 }
 
 /// A thread's filters as image indexes, in the order CRIU installs them.
@@ -246,6 +441,31 @@ fn thread_seccomp(path: &Path) -> Result<ThreadSeccomp, CriuImageError> {
 /// The first entry's message of the image file at `path` (CRIU reads one from each of
 /// these files). Not a link, not a device, at most [`MAX_FILE`] bytes.
 fn entry(path: &Path) -> Result<Vec<u8>, CriuImageError> {
+    let bytes = read_capped(path)?;
+    let (body, _) = split_entry(path, &bytes)?;
+    Ok(body.to_vec())
+}
+
+/// The whole image file at `path`: not a link, not a device, at most [`MAX_FILE`] bytes.
+fn read_capped(path: &Path) -> Result<Vec<u8>, CriuImageError> {
+    let read = |source| CriuImageError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = open_regular(path)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_FILE {
+        return Err(malformed(path, "larger than 16 MiB"));
+    }
+    Ok(bytes)
+}
+
+/// `path` opened for reading if it is a regular file (never through a link, never blocking
+/// on a FIFO).
+fn open_regular(path: &Path) -> Result<std::fs::File, CriuImageError> {
     use std::os::unix::fs::OpenOptionsExt;
     let read = |source| CriuImageError::Read {
         path: path.to_owned(),
@@ -256,31 +476,33 @@ fn entry(path: &Path) -> Result<Vec<u8>, CriuImageError> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(read)?;
-    let bad = |why: &str| CriuImageError::Malformed {
+    if !file.metadata().map_err(read)?.is_file() {
+        return Err(malformed(path, "not a regular file"));
+    }
+    Ok(file)
+}
+
+fn malformed(path: &Path, why: &str) -> CriuImageError {
+    CriuImageError::Malformed {
         path: path.to_owned(),
         why: why.to_owned(),
-    };
-    if !file.metadata().map_err(read)?.is_file() {
-        return Err(bad("not a regular file"));
     }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read)?;
-    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_FILE {
-        return Err(bad("larger than 16 MiB"));
-    }
+}
+
+/// An image file's first entry's message and what follows it.
+fn split_entry<'a>(path: &Path, bytes: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), CriuImageError> {
+    let bad = |why: &str| malformed(path, why);
     let size = bytes
         .get(8..12)
         .and_then(|s| <[u8; 4]>::try_from(s).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| bad("shorter than its magic and first entry's size"))?;
     let size = usize::try_from(size).map_err(|_| bad("entry size out of range"))?;
-    bytes
-        .get(12..)
-        .and_then(|rest| rest.get(..size))
-        .map(<[u8]>::to_vec)
-        .ok_or_else(|| bad("its entry runs past the end"))
+    let rest = bytes.get(12..).unwrap_or_default();
+    if rest.len() < size {
+        return Err(bad("its entry runs past the end"));
+    }
+    Ok(rest.split_at(size))
 }
 
 /// A protobuf field's value in wire form.
@@ -611,6 +833,120 @@ mod tests {
         bytes(&mut c, 5, &tc);
         image(dir.path(), "core-7.img", &c);
         assert!(refusal(dir.path()).contains("thread 7 of the image"));
+    }
+
+    /// CRIU 4.2.1's `userns-14.img` of a sandbox in block 1065536+65536 (measured).
+    const USERNS_14: &str =
+        "1943565406494755180000000a0a080010c0844118808004120a080010c0844118808004";
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    use crate::host::idmap::{NEW_BLOCK as NEW, OLD_BLOCK as OLD};
+
+    #[test]
+    fn userns_maps_move_to_the_new_block_and_back_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("userns-14.img");
+        std::fs::write(&path, hex(USERNS_14)).unwrap();
+        rebase_userns(dir.path(), OLD, NEW).unwrap();
+        let moved = std::fs::read(&path).unwrap();
+        assert_ne!(moved, hex(USERNS_14));
+        let (body, rest) = split_entry(&path, &moved).unwrap();
+        assert!(rest.is_empty());
+        userns_maps(body, NEW).unwrap();
+        // Moved back, it is CRIU's own encoding again.
+        rebase_userns(dir.path(), NEW, OLD).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), hex(USERNS_14));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn userns_maps_other_than_the_images_block_are_refused_and_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("userns-14.img");
+        assert!(
+            rebase_userns(dir.path(), OLD, NEW)
+                .unwrap_err()
+                .to_string()
+                .contains("no userns-N.img")
+        );
+        // Root mapped to host root (the e2e edit), a second extent, a trailing entry, a
+        // second namespace.
+        let root_body = userns_body(IdRange {
+            host_start: 0,
+            size: 65_536,
+        });
+        let mut to_root = hex(USERNS_14)[..8].to_vec();
+        to_root.extend_from_slice(&u32::try_from(root_body.len()).unwrap().to_le_bytes());
+        to_root.extend_from_slice(&root_body);
+        let mut two = hex(USERNS_14);
+        let extra = [0x0a, 0x04, 0x08, 0x01, 0x18, 0x01];
+        two.extend_from_slice(&extra);
+        let len = u32::try_from(two.len() - 12).unwrap();
+        two[8..12].copy_from_slice(&len.to_le_bytes());
+        let mut trailing = hex(USERNS_14);
+        trailing.extend_from_slice(&[4, 0, 0, 0, 0x0a, 0x02, 0x08, 0x00]);
+        for (bytes, why) in [
+            (to_root, "uid_map is 0 0 65536, not 0 1065536 65536"),
+            (two, "field 1 appears more than once"),
+            (trailing, "more than one entry"),
+        ] {
+            std::fs::write(&path, &bytes).unwrap();
+            let e = rebase_userns(dir.path(), OLD, NEW).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        }
+        std::fs::write(&path, hex(USERNS_14)).unwrap();
+        std::fs::write(dir.path().join("userns-15.img"), hex(USERNS_14)).unwrap();
+        assert!(
+            rebase_userns(dir.path(), OLD, NEW)
+                .unwrap_err()
+                .to_string()
+                .contains("more than one user namespace")
+        );
+    }
+
+    #[test]
+    fn a_private_copy_takes_regular_files_only_and_names_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("image");
+        std::fs::create_dir(&image).unwrap();
+        std::fs::write(image.join("core-1.img"), b"core").unwrap();
+        std::fs::write(image.join("agent-sandbox.json"), b"{}").unwrap();
+        let copy = dir.path().join("copy");
+        private_copy(&image, &copy).unwrap();
+        assert_eq!(std::fs::read(copy.join("core-1.img")).unwrap(), b"core");
+        assert_eq!(
+            std::fs::read(copy.join("agent-sandbox.json")).unwrap(),
+            b"{}"
+        );
+        // The copy is the copy: an edit of the image after it changes nothing read later.
+        std::fs::write(image.join("core-1.img"), b"edited").unwrap();
+        assert_eq!(std::fs::read(copy.join("core-1.img")).unwrap(), b"core");
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"host file").unwrap();
+        std::os::unix::fs::symlink(&secret, image.join("pages-1.img")).unwrap();
+        let e = private_copy(&image, &dir.path().join("c2")).unwrap_err();
+        assert!(e.to_string().contains("pages-1.img"), "{e}");
+        std::fs::remove_file(image.join("pages-1.img")).unwrap();
+        std::fs::create_dir(image.join("sub")).unwrap();
+        let e = private_copy(&image, &dir.path().join("c3")).unwrap_err();
+        assert!(e.to_string().contains("sub"), "{e}");
+        std::fs::remove_dir(image.join("sub")).unwrap();
+        std::fs::write(image.join("a b.img"), b"").unwrap();
+        let e = private_copy(&image, &dir.path().join("c4")).unwrap_err();
+        assert!(format!("{e:?}").contains("not a name CRIU gives"), "{e:?}");
+        for bad in [".hidden", "a/b", "..", "core-1.img\n"] {
+            assert!(!image_file_name(bad), "{bad}");
+        }
+        // An existing target is never written through.
+        let e = private_copy(&image, &copy).unwrap_err();
+        assert!(e.to_string().contains("cannot copy the image into"), "{e}");
     }
 
     #[test]

@@ -78,6 +78,19 @@ pub struct IdRange {
     pub size: u32,
 }
 
+/// For the unit tests: a sandbox's host id block (slot 1) and another one (slot 3), an
+/// image's and a fork's.
+#[cfg(test)]
+pub(crate) const OLD_BLOCK: IdRange = IdRange {
+    host_start: 1_065_536,
+    size: 65_536,
+};
+#[cfg(test)]
+pub(crate) const NEW_BLOCK: IdRange = IdRange {
+    host_start: 1_196_608,
+    size: 65_536,
+};
+
 struct LockedDb {
     _lock: Flock<File>,
     file: File,
@@ -222,19 +235,18 @@ pub fn hold_for_checkpoint(db: &Path, lock: &Path, id: &ContainerId) -> Result<(
     Ok(())
 }
 
-/// At `restore` of `id` from an image of sandbox `from` (itself, or another after podman's
-/// `--import`): the block starting at `host_start` (the image's) when it is free or held for
-/// `from`'s checkpoint, else the first free one (and the restore then refuses the image's
-/// id maps).
+/// At `restore` of `id` from its own image (a restore under another id, a fork, gets a new
+/// block from [`allocate`]): the block starting at `host_start` (the image's) when it is
+/// free or held for `id`'s checkpoint, else the first free one (and the restore then refuses
+/// the image's id maps).
 pub fn allocate_for_restore(
     db: &Path,
     lock: &Path,
     id: &ContainerId,
-    from: &ContainerId,
     host_start: u32,
 ) -> Result<IdRange, IdMapError> {
     let mut locked = open_db(db, lock)?;
-    locked.slots.remove(&checkpoint_key(from));
+    locked.slots.remove(&checkpoint_key(id));
     let want = host_start
         .checked_sub(FIRST_HOST_ID)
         .filter(|off| off % BLOCK == 0)
@@ -495,7 +507,7 @@ mod tests {
         // Another sandbox does not get the held block.
         assert_ne!(allocate(&db, &lock, &b).unwrap(), first);
         assert_eq!(
-            allocate_for_restore(&db, &lock, &a, &a, first.host_start).unwrap(),
+            allocate_for_restore(&db, &lock, &a, first.host_start).unwrap(),
             first
         );
         // Held no longer: released with its sandbox, it is free again.

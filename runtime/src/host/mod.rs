@@ -6,5 +6,6 @@ pub mod cgroups;
 pub mod criu;
 pub mod criu_image;
 pub mod idmap;
+pub mod reown;
 pub mod rlimits;
 pub mod userns;

@@ -350,6 +350,9 @@ pub struct RestoredChange {
     pub change: String,
     /// The sandbox the image was taken of.
     pub from: String,
+    /// A fork's blocks (docs/checkpoint.md#fork): the copied layer's owners move from the
+    /// image's id block (first) to the restoring sandbox's (second).
+    pub reown: Option<(crate::host::idmap::IdRange, crate::host::idmap::IdRange)>,
 }
 
 /// Options of `exec`.

@@ -351,21 +351,30 @@ pub fn checkpointed(
     Ok(appended.anchor)
 }
 
-/// The sandbox was restored from the image of `from` with `image_digest` and its tasks
-/// passed the check; each layer in `not_carried` also gets a `layer_inactive` record.
+/// Where a restored sandbox comes from, as its image says: the image's digest, the sandbox
+/// it was taken of and that sandbox's audit chain head at the checkpoint.
+pub struct Lineage<'a> {
+    pub digest: &'a str,
+    pub from: &'a str,
+    pub from_head: Option<&'a agent_sandbox_audit::Anchor>,
+}
+
+/// The sandbox was restored from `image` (its digest, the sandbox it was taken of and that
+/// sandbox's chain head) and its tasks passed the check; each layer in `not_carried` also
+/// gets a `layer_inactive` record.
 pub fn restored(
     dirs: &StateDirs,
     id: &ContainerId,
-    image_digest: &str,
-    from: &str,
+    image: &Lineage<'_>,
     not_carried: &[(String, String)],
     rules_dropped: &[String],
 ) -> Result<(), AuditError> {
     let mut events = vec![Event::Restored {
-        image_digest: image_digest.to_owned(),
-        from: from.to_owned(),
+        image_digest: image.digest.to_owned(),
+        from: image.from.to_owned(),
         not_carried: not_carried.iter().map(|(l, _)| l.clone()).collect(),
         rules_dropped: rules_dropped.to_vec(),
+        from_head: image.from_head.cloned(),
     }];
     events.extend(
         not_carried

@@ -243,6 +243,14 @@ impl SandboxDir {
         )
     }
 
+    /// `restore-image/image/`: the restore's private copy of the checkpoint image, which every
+    /// check and CRIU read (`host::criu_image::private_copy`), in a directory only root enters
+    /// (`restore-image/`, 0700: the copy itself is opened to the sandbox's root id while CRIU
+    /// restores); removed once the restore is done — `create::restore`.
+    pub fn restore_image(&self) -> PathBuf {
+        self.file("restore-image").join("image")
+    }
+
     /// `restore-verdict`: the check's outcome, `ok PID` or the error — `create::restore`.
     pub fn restore_verdict(&self) -> PathBuf {
         self.file("restore-verdict")
