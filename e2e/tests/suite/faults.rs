@@ -243,11 +243,22 @@ fn runtime_killed_mid_create_never_runs_unconfined_and_delete_force_leaves_nothi
                 "after a runtime killed at {delay_ms} ms, start ran an unconfined init: {c}"
             );
             // The cgroup limits hold too (the agent profile: 1024 pids, 2 GiB).
-            let pids_max = fs::read_to_string(harness::pids_cgroup(pid)?.join("pids.max"))?;
-            let mem = harness::pids_cgroup(pid)?
-                .to_string_lossy()
-                .replacen("/pids/", "/memory/", 1);
-            let mem_max = fs::read_to_string(Path::new(&mem).join("memory.limit_in_bytes"))?;
+            // A cgroup without the files (the host's root cgroup) has no limits: named, not
+            // an I/O error.
+            let cgroup = harness::pids_cgroup(pid)?;
+            let limit = |path: &Path| {
+                fs::read_to_string(path).with_context(|| {
+                    format!(
+                        "after a runtime killed at {delay_ms} ms, start ran an init (pid \
+                         {pid}) whose cgroup has no {} (its cgroups: {:?}): {verdict}",
+                        path.display(),
+                        fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
+                    )
+                })
+            };
+            let pids_max = limit(&cgroup.join("pids.max"))?;
+            let mem = cgroup.to_string_lossy().replacen("/pids/", "/memory/", 1);
+            let mem_max = limit(&Path::new(&mem).join("memory.limit_in_bytes"))?;
             verdict.push_str(&format!(
                 ", pids.max {} memory {}",
                 pids_max.trim(),

@@ -80,6 +80,8 @@ impl Runtime {
             crate::report::layers::masked_secrets(spec, &hardened.plan.policy, &host.placeholders),
         )
         .map_err(LifecycleError::Layers)?;
+        // Last: `start` runs no init of a sandbox without it.
+        crate::files::write(&host.sandbox_dir.create_done(), b"")?;
         tracing::info!(
             id = %id,
             pid,

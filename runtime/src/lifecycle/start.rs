@@ -18,6 +18,12 @@ pub enum StartError {
         status: &'static str,
         wanted: &'static str,
     },
+    #[error(
+        "container {id} was not fully created (its create was interrupted before the \
+         sandbox's limits and records were in place): delete it and create it again \
+         (docs/reliability.md#a-runtime-killed-mid-create)"
+    )]
+    Incomplete { id: ContainerId },
     #[error("start failed")]
     Container(#[source] Box<libcontainer::error::LibcontainerError>),
     /// Reading the plan the wall clock comes from.
@@ -57,6 +63,9 @@ impl Runtime {
                 status: status_name(c.status()),
                 wanted: "created",
             });
+        }
+        if !self.dirs.sandbox(id).create_done().exists() {
+            return Err(StartError::Incomplete { id: id.clone() });
         }
         let init = c.pid().map(|p| p.as_raw());
         let before = init.and_then(crate::enforce::init_exec::executable);

@@ -226,6 +226,14 @@ impl SandboxDir {
         self.file("oom-watch.pid")
     }
 
+    /// `created`: written as create's very last step (`create::record`), after the cgroup
+    /// limits are verified and the records are in: `start` lets no init run without it,
+    /// since a runtime killed mid-create can leave libcontainer's state `created` with an
+    /// init outside the sandbox's cgroup (docs/reliability.md#a-runtime-killed-mid-create).
+    pub fn create_done(&self) -> PathBuf {
+        self.file("created")
+    }
+
     /// `started`: uptime when the init executed the program — `lifecycle` (`init_exec`).
     /// Replaced without a sync: an uptime is meaningless after a reboot.
     pub fn started(&self) -> PathBuf {
