@@ -440,20 +440,15 @@ impl Runtime {
         args.extend(opts.criu.criu_options());
         args.extend(inherit_stdio(&manifest.stdio));
         let uid = expected.ids.host_start;
-        let ran = external_args(
-            &manifest.externals,
-            &hardened.spec,
-            &cgroups.dirs,
-            &host.placeholders.dir,
-        )
-        .and_then(|ext| {
-            args.extend(ext);
-            image_access(image, uid)
-        })
-        .map_err(fail)
-        .map(|()| {
-            runner.restore_in_new_cgroupns(&args, (HOOK_ENV, &hook_env), &work, "restore.log")
-        });
+        let ran = external_args(&manifest.externals, &hardened.spec, &cgroups.dirs)
+            .and_then(|ext| {
+                args.extend(ext);
+                image_access(image, uid)
+            })
+            .map_err(fail)
+            .map(|()| {
+                runner.restore_in_new_cgroupns(&args, (HOOK_ENV, &hook_env), &work, "restore.log")
+            });
         // Whatever happened: the runtime back in its own cgroup, the copy gone (CRIU no
         // longer needs it; on tmpfs it holds memory).
         cgroups.leave();
@@ -596,13 +591,11 @@ fn image_access(dir: &Path, uid: u32) -> std::result::Result<(), RestoreError> {
 }
 
 /// `--ext-mount-map` pairs for the image's external mounts, from the restoring spec's binds
-/// and masked paths (over which `empty_dir`, the runtime's empty read-only directory, is
-/// bound) and the sandbox's cgroup directories (`host::criu::restore_map`).
+/// and the sandbox's cgroup directories (`host::criu::restore_map`).
 fn external_args(
     image: &[criu::External],
     spec: &Spec,
     cgroups: &std::collections::BTreeMap<String, PathBuf>,
-    empty_dir: &Path,
 ) -> std::result::Result<Vec<String>, RestoreError> {
     let binds: Vec<(String, PathBuf)> = spec
         .mounts()
@@ -626,8 +619,6 @@ fn external_args(
         &criu::Sources {
             binds: &binds,
             cgroups: &cgroups,
-            masked: &criu::masked_paths(spec),
-            empty_dir,
         },
     )?;
     Ok(map

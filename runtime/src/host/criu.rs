@@ -80,11 +80,6 @@ pub enum External {
     /// A cgroup v1 hierarchy (`/sys/fs/cgroup/CONTROLLER`), or the unified hierarchy
     /// (controller [`UNIFIED`]): at restore, the sandbox's directory in it.
     Cgroup { dest: String, controller: String },
-    /// A masked directory (the spec's `linux.maskedPaths`): an empty read-only mount the
-    /// runtime makes again, so CRIU saves no content for it (a tmpfs would cost a `tar` and
-    /// a `gzip` at dump and at restore); at restore, the runtime's empty read-only
-    /// directory.
-    Mask { dest: String },
 }
 
 impl External {
@@ -93,8 +88,7 @@ impl External {
         match self {
             External::Bind { dest }
             | External::Device { dest, .. }
-            | External::Cgroup { dest, .. }
-            | External::Mask { dest } => dest,
+            | External::Cgroup { dest, .. } => dest,
         }
     }
 }
@@ -153,10 +147,7 @@ const INTERNAL_FS: [&str; 6] = ["proc", "sysfs", "tmpfs", "devpts", "mqueue", "c
 /// the engine made from the host side (a bind, the workspace overlay, a device node, a
 /// cgroup v1 hierarchy, which a user namespace cannot mount), and every mount of a part of
 /// a filesystem whose whole is not mounted in the sandbox. The root is CRIU's `--root`.
-/// A directory at one of the spec's `masked` paths is a [`External::Mask`], whatever is
-/// mounted there (the tmpfs of `create`, the empty directory of a restore): its content is
-/// not the sandbox's to keep.
-pub fn externals(mountinfo: &str, masked: &[String]) -> Result<Vec<External>, CriuError> {
+pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
     let lines = parse_mountinfo(mountinfo);
     let whole: BTreeSet<&str> = lines
         .iter()
@@ -165,10 +156,9 @@ pub fn externals(mountinfo: &str, masked: &[String]) -> Result<Vec<External>, Cr
         .collect();
     let mut out = Vec::new();
     for l in &lines {
-        let mask = l.fstype != "devtmpfs" && masked.contains(&l.point);
         let external = l.point != "/"
             && (!INTERNAL_FS.contains(&l.fstype.as_str()) || !whole.contains(l.device.as_str()));
-        if !external && !mask {
+        if !external {
             continue;
         }
         if l.point.contains([':', '\n']) {
@@ -177,10 +167,6 @@ pub fn externals(mountinfo: &str, masked: &[String]) -> Result<Vec<External>, Cr
             });
         }
         let dest = l.point.clone();
-        if mask {
-            out.push(External::Mask { dest });
-            continue;
-        }
         out.push(match l.fstype.as_str() {
             "cgroup" => External::Cgroup {
                 controller: l.point.rsplit('/').next().unwrap_or_default().to_owned(),
@@ -202,24 +188,12 @@ pub fn externals(mountinfo: &str, masked: &[String]) -> Result<Vec<External>, Cr
     Ok(out)
 }
 
-/// The spec's masked paths (`linux.maskedPaths`): at dump and at restore, the mount points
-/// an [`External::Mask`] may name.
-pub fn masked_paths(spec: &libcontainer::oci_spec::runtime::Spec) -> Vec<String> {
-    spec.linux()
-        .as_ref()
-        .and_then(|l| l.masked_paths().clone())
-        .unwrap_or_default()
-}
-
 /// What the restoring sandbox provides for the image's external mounts.
 pub struct Sources<'a> {
     /// Bind mounts of the hardened spec: destination and (reachable) source.
     pub binds: &'a [(String, PathBuf)],
     /// The sandbox's directory in each cgroup v1 hierarchy, by controller.
     pub cgroups: &'a std::collections::BTreeMap<String, PathBuf>,
-    /// The spec's masked paths, and the empty read-only directory bound at each.
-    pub masked: &'a [String],
-    pub empty_dir: &'a Path,
 }
 
 /// CRIU's `--ext-mount-map KEY:PATH` pairs for a restore: each of the image's external
@@ -252,11 +226,6 @@ pub fn restore_map(
                     .get(controller)
                     .cloned()
                     .ok_or_else(|| unknown("cgroup"))?,
-                External::Mask { dest } => sources
-                    .masked
-                    .contains(dest)
-                    .then(|| sources.empty_dir.to_owned())
-                    .ok_or_else(|| unknown("mask"))?,
             };
             if e.dest().contains([':', '\n']) {
                 return Err(CriuError::MountName {
@@ -644,7 +613,7 @@ mod tests {
 
     #[test]
     fn externals_are_cgroups_and_parts_of_filesystems_not_mounted_whole() {
-        let got = externals(INFO, &[]).unwrap();
+        let got = externals(INFO).unwrap();
         assert_eq!(
             got,
             vec![
@@ -680,7 +649,7 @@ mod tests {
 104 65 0:41 / / ro,relatime - overlay overlay rw,lowerdir=/l
 117 104 0:27 /machine.slice/libpod-1.scope /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw
 ";
-        let image = externals(info, &[]).unwrap();
+        let image = externals(info).unwrap();
         assert_eq!(
             image,
             vec![External::Cgroup {
@@ -696,8 +665,6 @@ mod tests {
         let src = Sources {
             binds: &[],
             cgroups: &cgroups,
-            masked: &[],
-            empty_dir: Path::new("/e"),
         };
         assert_eq!(
             restore_map(&image, &src).unwrap(),
@@ -709,79 +676,10 @@ mod tests {
     }
 
     #[test]
-    fn a_masked_directory_is_external_whatever_is_mounted_there() {
-        // `create`'s empty tmpfs, and the empty directory a restore bound in its place.
-        let info = "\
-104 65 0:41 / / ro,relatime - overlay overlay rw,lowerdir=/l
-105 104 0:50 / /proc rw,nosuid - proc proc rw
-557 105 0:170 / /proc/acpi ro,relatime - tmpfs tmpfs ro,uid=1000
-558 105 254:0 /run/mnt/placeholder/dir /proc/scsi ro,relatime - ext4 /dev/vda rw
-559 105 0:6 /null /proc/kcore rw,relatime master:16 - devtmpfs devtmpfs rw
-560 104 0:171 / /tmp rw,nosuid - tmpfs tmpfs rw
-";
-        let masked: Vec<String> = ["/proc/acpi", "/proc/scsi", "/proc/kcore"]
-            .map(str::to_owned)
-            .to_vec();
-        assert_eq!(
-            externals(info, &masked).unwrap(),
-            vec![
-                External::Mask {
-                    dest: "/proc/acpi".into()
-                },
-                External::Mask {
-                    dest: "/proc/scsi".into()
-                },
-                External::Device {
-                    dest: "/proc/kcore".into(),
-                    name: "null".into()
-                },
-            ],
-            "a masked file stays /dev/null; /tmp holds data and stays in the image"
-        );
-        assert_eq!(
-            externals(info, &[]).unwrap(),
-            vec![
-                External::Bind {
-                    dest: "/proc/scsi".into()
-                },
-                External::Device {
-                    dest: "/proc/kcore".into(),
-                    name: "null".into()
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn restore_binds_the_empty_directory_only_over_a_masked_path() {
-        let (binds, cgroups) = sources();
-        let masked = vec!["/proc/acpi".to_owned()];
-        let src = Sources {
-            binds: &binds,
-            cgroups: &cgroups,
-            masked: &masked,
-            empty_dir: Path::new("/run/mnt/placeholder/dir"),
-        };
-        let mask = |dest: &str| External::Mask { dest: dest.into() };
-        assert_eq!(
-            restore_map(&[mask("/proc/acpi")], &src).unwrap(),
-            vec![(
-                "/proc/acpi".to_owned(),
-                PathBuf::from("/run/mnt/placeholder/dir")
-            )]
-        );
-        // An edited image cannot hide a path the restoring spec does not mask.
-        assert!(matches!(
-            restore_map(&[mask("/workspace")], &src),
-            Err(CriuError::UnknownExternal { kind: "mask", .. })
-        ));
-    }
-
-    #[test]
     fn a_mount_point_criu_cannot_name_is_an_error() {
         let info = "1 0 254:0 /a /x:y ro - ext4 /dev/vda rw\n";
         assert!(matches!(
-            externals(info, &[]),
+            externals(info),
             Err(CriuError::MountName { dest }) if dest == "/x:y"
         ));
     }
@@ -798,14 +696,11 @@ mod tests {
     #[test]
     fn restore_takes_each_source_from_the_restoring_sandbox() {
         let (binds, cgroups) = sources();
-        let masked = vec!["/proc/acpi".to_owned(), "/proc/kcore".to_owned()];
         let src = Sources {
             binds: &binds,
             cgroups: &cgroups,
-            masked: &masked,
-            empty_dir: Path::new("/run/mnt/placeholder/dir"),
         };
-        let got = restore_map(&externals(INFO, &[]).unwrap()[..2], &src).unwrap();
+        let got = restore_map(&externals(INFO).unwrap()[..2], &src).unwrap();
         assert_eq!(
             got,
             vec![
@@ -829,12 +724,9 @@ mod tests {
     #[test]
     fn restore_refuses_an_external_mount_the_sandbox_does_not_have() {
         let (binds, cgroups) = sources();
-        let masked = vec!["/proc/acpi".to_owned(), "/proc/kcore".to_owned()];
         let src = Sources {
             binds: &binds,
             cgroups: &cgroups,
-            masked: &masked,
-            empty_dir: Path::new("/run/mnt/placeholder/dir"),
         };
         for (edited, kind) in [
             (
@@ -863,12 +755,6 @@ mod tests {
                     controller: "memory".into(),
                 },
                 "cgroup",
-            ),
-            (
-                External::Mask {
-                    dest: "/etc".into(),
-                },
-                "mask",
             ),
         ] {
             let err = restore_map(std::slice::from_ref(&edited), &src).unwrap_err();

@@ -393,7 +393,7 @@ impl Runtime {
                 path: info_path,
                 source,
             })?;
-        let externals = criu::externals(&info, &criu::masked_paths(spec))?;
+        let externals = criu::externals(&info)?;
         let root = spec
             .root()
             .as_ref()
