@@ -98,7 +98,7 @@ impl Runtime {
     ) -> Result<Option<crate::report::changes::Created>> {
         Ok(match &opts.reuse_change {
             Some(c) if c.from == id.as_str() => {
-                self.reopened_change_set(id, spec, policy, mount_dir, &c.change)?
+                self.reopened_change_set(id, spec, policy, mount_dir, c)?
             }
             Some(c) => {
                 let created = self.new_change_set(id, spec, policy, mount_dir, rootless)?;
@@ -107,9 +107,8 @@ impl Runtime {
                         crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
                     crate::report::changes::copy_layer(
                         &store,
+                        &c.image(),
                         &self.dirs.root,
-                        &c.from,
-                        &c.change,
                         created,
                     )
                     .map_err(LifecycleError::Changes)?;
@@ -184,7 +183,7 @@ impl Runtime {
         spec: &Spec,
         policy: &agent_sandbox_policy::SandboxPolicy,
         mount_dir: &std::path::Path,
-        change: &str,
+        restored: &crate::lifecycle::RestoredChange,
     ) -> Result<Option<crate::report::changes::Created>> {
         let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
             return Ok(None);
@@ -192,9 +191,8 @@ impl Runtime {
         let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
         let created = crate::report::changes::reopen(
             &store,
-            change,
+            &restored.image(),
             &self.dirs.root,
-            id.as_str(),
             &mount_dir.join("workspace"),
         )
         .map_err(LifecycleError::Changes)?;

@@ -99,6 +99,11 @@ pub enum RestoreError {
     LiveRule(#[source] Box<crate::sidecars::allow::AllowError>),
     #[error("cannot place CRIU in the sandbox's cgroup")]
     Cgroup(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(
+        "the image's manifest names digest {named}, its files have {computed} \
+         (docs/checkpoint.md#refused)"
+    )]
+    Digest { named: String, computed: String },
     #[error("cannot copy the checkpoint image (docs/checkpoint.md#image)")]
     Copy(#[source] criu_image::CriuImageError),
     #[error("cannot give the fork its own host id block (docs/checkpoint.md#fork)")]
@@ -216,6 +221,15 @@ impl Runtime {
                 found: manifest.format,
             }));
         }
+        // Of the copy, before a fork rewrites its id maps: the digest the change set's
+        // binding is checked against, and the one the `restored` record names.
+        let computed = criu::image_digest(copy).map_err(|e| fail(e.into()))?;
+        if computed != manifest.image_digest {
+            return Err(fail(RestoreError::Digest {
+                named: manifest.image_digest,
+                computed,
+            }));
+        }
         Ok(manifest)
     }
 
@@ -252,6 +266,7 @@ impl Runtime {
         create.reuse_change = manifest.change.as_ref().map(|change| RestoredChange {
             change: change.clone(),
             from: manifest.id.clone(),
+            image_digest: manifest.image_digest.clone(),
             reown: is_fork(id, manifest).then_some((manifest.ids, ids.ids)),
         });
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;

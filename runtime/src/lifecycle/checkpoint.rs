@@ -311,6 +311,7 @@ impl Runtime {
                 .map_err(LifecycleError::Audit)?;
         let workspace: Option<crate::enforce::mounts::WorkspaceOverlay> =
             dir.workspace().read_if_present()?;
+        bind_change_set(workspace.as_ref(), &image_digest).map_err(LifecycleError::Changes)?;
         let manifest = Manifest {
             format: FORMAT,
             id: id.as_str().to_owned(),
@@ -339,6 +340,7 @@ impl Runtime {
                 &self.dirs.idmap_db(),
                 &self.dirs.idmap_lock(),
                 id,
+                &opts.criu.image_path,
             )?;
             // As runc destroys its container: CRIU ended the processes.
             self.delete(id, true, None)?;
@@ -435,6 +437,24 @@ impl Runtime {
         ran?;
         Ok(externals)
     }
+}
+
+/// The sandbox's change set, if it has one, bound to the image it was just checkpointed to
+/// (in the change set's own record, in the root-owned store): a restore reuses a change set
+/// only for an image whose digest its checkpoint bound, whatever an image's manifest names.
+fn bind_change_set(
+    workspace: Option<&crate::enforce::mounts::WorkspaceOverlay>,
+    digest: &str,
+) -> std::result::Result<(), crate::report::changes::ChangesError> {
+    let Some(ws) = workspace else {
+        return Ok(());
+    };
+    let dir = match (&ws.change_dir, &ws.change) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(change)) => crate::report::changes::Store::locate()?.dir.join(change),
+        (None, None) => return Ok(()),
+    };
+    crate::report::changes::bind_checkpoint(&dir, digest)
 }
 
 /// Creates `dir` (and its parents) if missing, mode 0700.

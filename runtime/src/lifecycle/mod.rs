@@ -350,9 +350,24 @@ pub struct RestoredChange {
     pub change: String,
     /// The sandbox the image was taken of.
     pub from: String,
+    /// The digest of the restoring runtime's own copy of the image's CRIU files: the change
+    /// set is reused only if its checkpoint bound it to this digest
+    /// (`crate::report::changes::bind_checkpoint`).
+    pub image_digest: String,
     /// A fork's blocks (docs/checkpoint.md#fork): the copied layer's owners move from the
     /// image's id block (first) to the restoring sandbox's (second).
     pub reown: Option<(crate::host::idmap::IdRange, crate::host::idmap::IdRange)>,
+}
+
+impl RestoredChange {
+    /// What the image says of its change set, with the digest the runtime computed.
+    pub fn image(&self) -> crate::report::changes::ImageRef<'_> {
+        crate::report::changes::ImageRef {
+            container: &self.from,
+            change: &self.change,
+            digest: &self.image_digest,
+        }
+    }
 }
 
 /// Options of `exec`.
