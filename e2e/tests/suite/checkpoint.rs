@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use agent_sandbox_e2e::criu_image::{
     Field, add_sys_admin, drop_seccomp, edit_thread_core, map_root_to_host_root,
-    permit_all_first_filter,
+    permit_all_first_filter, reseal_digest,
 };
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
@@ -75,6 +75,23 @@ fn running_sandbox(
     let flag = policy_flag(policy);
     let volume = format!("{}:/workspace", ws.display());
     let mut args = vec!["--init", "-v", &volume, TOOLS_IMAGE];
+    args.extend_from_slice(command);
+    let (guard, id) = p.run_detached(&["--runtime-flag", &flag], "ckpt", &args)?;
+    Ok((guard, id, flag))
+}
+
+/// A sandbox running `command` under `policy` without a workspace, as [`running_sandbox`]:
+/// its image names no change set, so an edit of its CRIU files with the manifest's digest
+/// rewritten to match ([`reseal_digest`]) reaches the checks of what the files say (an image
+/// with a change set is refused at once: its change set is bound to the unedited digest,
+/// docs/checkpoint.md#refused).
+fn bare_sandbox(
+    p: Podman,
+    policy: &Path,
+    command: &[&str],
+) -> anyhow::Result<(ContainerGuard, String, String)> {
+    let flag = policy_flag(policy);
+    let mut args = vec!["--init", TOOLS_IMAGE];
     args.extend_from_slice(command);
     let (guard, id) = p.run_detached(&["--runtime-flag", &flag], "ckpt", &args)?;
     Ok((guard, id, flag))
@@ -779,7 +796,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         "runc restored the edited init without CAP_SYS_ADMIN ({cap_eff})"
     );
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let (_dir, ws, policy) = fixture("optional")?;
+    let (_dir, _ws, policy) = fixture("optional")?;
     // The dropped filter is refused before CRIU runs (the image's filters are read), the
     // capability by the pre-resume check.
     for (edit, refusal, want) in [
@@ -794,13 +811,14 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             "CapPrm is 0000000000200000, not 0",
         ),
     ] {
-        let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
+        let (g, id, flag) = bare_sandbox(p, &policy, &["sh", "-c", COUNTER])?;
         count_reaches(p, &g.name, 2)?;
         p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
         let image = PathBuf::from(format!(
             "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
         ));
         edit_thread_core(&image.join("core-1.img"), edit)?;
+        reseal_digest(&image)?;
         let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
         ensure!(!out.success(), "the edited image was restored\n{out}");
         ensure!(
@@ -873,11 +891,12 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
     drop(g);
     // agent-sandbox refuses the same edit before CRIU runs, and leaves nothing behind.
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let (_dir, ws, policy) = fixture("optional")?;
-    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sh", "-c", PERSONALITY])?;
+    let (_dir, _ws, policy) = fixture("optional")?;
+    let (g, id, flag) = bare_sandbox(p, &policy, &["sh", "-c", PERSONALITY])?;
     personality_becomes(p, &g.name, "blocked")?;
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     permit_all_first_filter(&podman_image_dir(&id))?;
+    reseal_digest(&podman_image_dir(&id))?;
     let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
@@ -960,12 +979,13 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     drop(g);
     // agent-sandbox refuses the same edit, and leaves no sandbox behind.
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let (_dir, ws, policy) = fixture("optional")?;
+    let (_dir, _ws, policy) = fixture("optional")?;
     // A program holding no file open: the edited map leaves the sandbox's own files
     // unmapped, and CRIU would fail on an open one before the check is reached.
-    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sleep", "600"])?;
+    let (g, id, flag) = bare_sandbox(p, &policy, &["sleep", "600"])?;
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     map_root_to_host_root(&podman_image_dir(&id))?;
+    reseal_digest(&podman_image_dir(&id))?;
     let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
@@ -1201,5 +1221,64 @@ fn an_open_proxy_connection_is_refused_by_criu_or_reset_at_restore_never_left_ha
         out.contains("rc=56") && out.contains("reset"),
         "the held connection did not end with a reset\n{out}"
     );
+    Ok(())
+}
+
+/// The runtime's host id allocation under rootful podman (`R/idmap.json`: container id, or
+/// `checkpoint:ID` for a block held for a restore in place, to its slot).
+fn id_allocation() -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let text = std::fs::read_to_string("/run/agent-sandbox/idmap.json")?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+#[test]
+fn a_held_id_block_is_released_after_podman_rm_and_kept_for_a_checkpoint_still_there()
+-> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, _ws, policy) = fixture("optional")?;
+    let (kept, kept_id, flag) = bare_sandbox(p, &policy, &["sh", "-c", COUNTER])?;
+    let (removed, removed_id, _) = bare_sandbox(p, &policy, &["sleep", "600"])?;
+    let before = count_reaches(p, &kept.name, 3)?;
+    for name in [&kept.name, &removed.name] {
+        p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", name])?;
+    }
+    let held = |id: &str| -> anyhow::Result<Option<u64>> {
+        Ok(id_allocation()?
+            .get(&format!("checkpoint:{id}"))
+            .and_then(serde_json::Value::as_u64))
+    };
+    let kept_slot = held(&kept_id)?.context("no block held for the kept checkpoint")?;
+    ensure!(
+        held(&removed_id)?.is_some(),
+        "no block held for the checkpoint"
+    );
+    // podman rm of a checkpointed container calls no runtime: its image directory goes.
+    p.run_ok(&["rm", &removed.name])?;
+    // The next sandbox's allocation releases the block whose image is gone, and only it.
+    p.run_ok(&["--runtime-flag", &flag, "run", "--rm", TOOLS_IMAGE, "true"])?;
+    ensure!(
+        held(&removed_id)?.is_none(),
+        "the block of the removed checkpoint is still held: {:?}",
+        id_allocation()?
+    );
+    ensure!(
+        held(&kept_id)? == Some(kept_slot),
+        "the block of the checkpoint still there was released"
+    );
+    // The kept one restores in place under its block, and counts on.
+    p.run_ok(&["--runtime-flag", &flag, "container", "restore", &kept.name])?;
+    let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &kept.name])?;
+    let map = std::fs::read_to_string(format!("/proc/{}/uid_map", pid.stdout.trim()))?;
+    let start: u64 = map
+        .split_whitespace()
+        .nth(1)
+        .context("an empty uid_map")?
+        .parse()?;
+    ensure!(
+        start == 1_000_000 + kept_slot * 65_536,
+        "restored in host ids from {start}, not its held block (slot {kept_slot})"
+    );
+    ensure!(held(&kept_id)?.is_none(), "the hold outlived the restore");
+    count_reaches(p, &kept.name, before + 2)?;
     Ok(())
 }

@@ -10,6 +10,10 @@
 //! chain head at the checkpoint. The control: runc's forks of one image share one host id
 //! range (each maps the host's ids as they are), so what one fork's root owns, every other
 //! fork's root owns too.
+//!
+//! An image's manifest is the holder's word: an export edited to name another ended
+//! sandbox's change set of the same workspace, or to carry another digest, is refused at
+//! import, and nothing of the other sandbox's edits is copied (docs/checkpoint.md#refused).
 
 use std::path::Path;
 
@@ -209,6 +213,176 @@ fn runcs_forks_of_one_image_share_one_host_id_range() -> anyhow::Result<()> {
     ensure!(
         owner(&a.name)? == owner(&b.name)?,
         "runc's forks' files have different host owners"
+    );
+    Ok(())
+}
+
+/// The kept change sets of workspace `ws`, as `agent-sandbox changes list --json` gives
+/// them: (change id, container id).
+fn kept_changes(ws: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let list = harness::runtime_ok(&["changes", "list", "--json"])?;
+    Ok(list
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["workspace"] == ws.display().to_string().as_str())
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+            (field("change"), field("container"))
+        })
+        .collect())
+}
+
+/// A copy at `to` of the exported archive `from` whose `checkpoint/agent-sandbox.json` was
+/// changed by `edit` (an uncompressed tar, which podman's import reads as well).
+fn edited_archive(
+    from: &Path,
+    to: &Path,
+    edit: impl Fn(&mut serde_json::Value),
+) -> anyhow::Result<()> {
+    let unpacked = tempfile::tempdir()?;
+    let tar = |args: &[&std::ffi::OsStr]| -> anyhow::Result<()> {
+        let out = std::process::Command::new("tar").args(args).output()?;
+        ensure!(
+            out.status.success(),
+            "tar {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    tar(&[
+        "-xf".as_ref(),
+        from.as_os_str(),
+        "-C".as_ref(),
+        unpacked.path().as_os_str(),
+    ])?;
+    let manifest = unpacked.path().join("checkpoint/agent-sandbox.json");
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest)?)?;
+    edit(&mut json);
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&json)?)?;
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["-cf".into(), to.into(), "-C".into(), unpacked.path().into()];
+    for entry in std::fs::read_dir(unpacked.path())? {
+        args.push(entry?.file_name());
+    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    tar(&args)
+}
+
+/// The import of `archive` under a new name is refused with `want` (and the row of
+/// docs/checkpoint.md that names the refusal), and no change set is kept after it that was
+/// not kept before: nothing was copied.
+fn import_refused(
+    p: Podman,
+    flags: &[&str],
+    (archive, ws): (&Path, &Path),
+    want: &str,
+) -> anyhow::Result<()> {
+    let before = kept_changes(ws)?;
+    let fork = ContainerGuard::new(p, &unique_name("fork"));
+    let archive = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend([
+        "container",
+        "restore",
+        "--import",
+        &archive,
+        "--name",
+        &fork.name,
+    ]);
+    let out = p.run(&args)?;
+    if out.success() {
+        let ls = p.run(&["exec", &fork.name, "ls", "/workspace"])?;
+        anyhow::bail!(
+            "the edited image was imported; its workspace holds: {}\n{out}",
+            ls.stdout.trim()
+        );
+    }
+    ensure!(
+        out.stderr.contains(want) && out.stderr.contains("docs/checkpoint.md#refused"),
+        "unclear refusal (wanted {want:?})\n{out}"
+    );
+    let after = kept_changes(ws)?;
+    let new: Vec<_> = after.iter().filter(|c| !before.contains(c)).collect();
+    ensure!(
+        new.is_empty(),
+        "the refused import kept change sets: {new:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn import_refuses_an_image_edited_to_name_another_sandboxs_changes_or_digest() -> anyhow::Result<()>
+{
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, policy) = fixture("optional")?;
+    let flag = policy_flag(&policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    // B, of the same workspace directory, ends with an edit kept for its own review.
+    let (b, b_id) = p.run_detached(
+        &flags,
+        "trust-b",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    p.run_ok(&[
+        "exec",
+        &b.name,
+        "sh",
+        "-c",
+        "echo B > /workspace/b-only.txt",
+    ])?;
+    drop(b);
+    let b_change = kept_changes(&ws)?
+        .into_iter()
+        .find(|(_, c)| *c == b_id)
+        .map(|(change, _)| change)
+        .context("B's change set was not kept")?;
+    // A, checkpointed and exported.
+    let (a, _a_id) = p.run_detached(
+        &flags,
+        "trust-a",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
+    )?;
+    p.run_ok(&[
+        "exec",
+        &a.name,
+        "sh",
+        "-c",
+        "echo A > /workspace/a-only.txt",
+    ])?;
+    count_reaches(p, &a.name, 3)?;
+    let archive = dir.path().join("a.tar");
+    let archive_arg = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--export", &archive_arg, &a.name]);
+    p.run_ok(&args)?;
+    // The manifest names B and B's change set: the runtime never bound that change set to
+    // this image, so nothing of B's is copied.
+    let named_b = dir.path().join("named-b.tar");
+    edited_archive(&archive, &named_b, |m| {
+        m["id"] = b_id.as_str().into();
+        m["change"] = b_change.as_str().into();
+    })?;
+    import_refused(
+        p,
+        &flags,
+        (&named_b, &ws),
+        "was not kept by a checkpoint of image",
+    )?;
+    // The manifest carries another digest than its files have.
+    let other_digest = dir.path().join("other-digest.tar");
+    edited_archive(&archive, &other_digest, |m| {
+        m["image_digest"] = format!("sha256:{}", "0".repeat(64)).into();
+    })?;
+    import_refused(p, &flags, (&other_digest, &ws), "its files have sha256:")?;
+    // The same image unedited (through podman's export and import) is a fork with A's edit
+    // and none of B's.
+    let fork = import(p, &flags, &archive)?;
+    let seen = workspace(p, &fork.name)?;
+    ensure!(
+        seen.iter().any(|f| f == "a-only.txt") && !seen.iter().any(|f| f == "b-only.txt"),
+        "the fork's workspace: {seen:?}"
     );
     Ok(())
 }
