@@ -101,17 +101,23 @@ impl Runtime {
                 self.reopened_change_set(id, spec, policy, mount_dir, c)?
             }
             Some(c) => {
-                let created = self.new_change_set(id, spec, policy, mount_dir, rootless)?;
-                if let Some(created) = &created {
-                    let store =
-                        crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
-                    crate::report::changes::copy_layer(
-                        &store,
-                        &c.image(),
-                        &self.dirs.root,
-                        created,
-                    )
+                // The source checked before this sandbox gets a change set of its own.
+                let source = agent_sandbox_policy::harden::workspace_source(spec, policy)
+                    .map(|workspace| {
+                        let store = crate::report::changes::Store::locate()?;
+                        crate::report::changes::copy_source(
+                            &store,
+                            &c.image(),
+                            &self.dirs.root,
+                            &workspace,
+                        )
+                    })
+                    .transpose()
                     .map_err(LifecycleError::Changes)?;
+                let created = self.new_change_set(id, spec, policy, mount_dir, rootless)?;
+                if let (Some(created), Some(source)) = (&created, &source) {
+                    crate::report::changes::copy_layer(source, created)
+                        .map_err(LifecycleError::Changes)?;
                     if let Some((from, to)) = c.reown {
                         super::restore::reown_layer(&created.base.join("upper"), from, to)?;
                     }

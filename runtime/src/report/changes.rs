@@ -623,30 +623,46 @@ pub fn reopen(
     Ok(Created { entry, base })
 }
 
-/// At `restore` under a new sandbox id (podman's `--import` with `--name`): the layer of the
-/// ended change set `change` of sandbox `from` (state root `root`) copied into the
-/// new sandbox's own change set `into`, before its overlay is mounted. Only a kept, ended
-/// change set of that sandbox and of the same workspace is copied (the image names it, the
-/// store vouches for it: the change set is bound to the image's digest by its checkpoint,
-/// [`bind_checkpoint`]); it stays in the store for its own review. `cp -a` keeps owners,
-/// modes, overlay whiteouts and xattrs, and copies links as links.
-pub fn copy_layer(store: &Store, image: &ImageRef<'_>, root: &Path, into: &Created) -> Result<()> {
-    let change = image.change;
-    let entry = of_sandbox(store, root, image.container, Some(change))?;
+/// At `restore` under a new sandbox id (podman's `--import` with `--name`), before anything
+/// is made for it: the change set the image names, if it may be copied. Only a kept, ended
+/// change set of the sandbox the image names, bound to the image's digest by its checkpoint
+/// ([`bind_checkpoint`]), of the restoring sandbox's `workspace` directory, is (the image
+/// names it, the store vouches for it).
+pub fn copy_source(
+    store: &Store,
+    image: &ImageRef<'_>,
+    root: &Path,
+    workspace: &Path,
+) -> Result<Entry> {
+    let entry = of_sandbox(store, root, image.container, Some(image.change))?;
     if entry.live().is_some() || entry.record.ended.is_none() {
         return Err(ChangesError::Live {
-            change: change.to_owned(),
+            change: image.change.to_owned(),
         });
     }
     bound(&entry, image.digest)?;
-    if entry.record.workspace != into.entry.record.workspace {
-        return Err(ChangesError::OtherWorkspace {
-            change: change.to_owned(),
-            theirs: entry.record.workspace,
-            ours: into.entry.record.workspace.clone(),
-        });
+    same_workspace(&entry, workspace)?;
+    Ok(entry)
+}
+
+fn same_workspace(entry: &Entry, workspace: &Path) -> Result<()> {
+    if entry.record.workspace == workspace {
+        return Ok(());
     }
-    let source = open(&entry)?;
+    Err(ChangesError::OtherWorkspace {
+        change: entry.record.change.clone(),
+        theirs: entry.record.workspace.clone(),
+        ours: workspace.to_owned(),
+    })
+}
+
+/// The layer of `entry` ([`copy_source`]) copied into the new sandbox's own change set
+/// `into`, before its overlay is mounted, if both are of the same workspace; it stays in
+/// the store for its own review. `cp -a` keeps owners, modes, overlay whiteouts and xattrs,
+/// and copies links as links.
+pub fn copy_layer(entry: &Entry, into: &Created) -> Result<()> {
+    same_workspace(entry, &into.entry.record.workspace)?;
+    let source = open(entry)?;
     let upper = into.base.join("upper");
     std::fs::create_dir_all(&upper).map_err(|source| ChangesError::Store {
         path: upper.clone(),
@@ -1031,6 +1047,12 @@ mod tests {
 
     /// The digest of the image every test record was checkpointed to.
     const IMAGE: &str = "sha256:aaaa";
+
+    /// [`copy_source`], then [`copy_layer`], as a fork's restore does.
+    fn copy_layer(store: &Store, image: &ImageRef<'_>, root: &Path, into: &Created) -> Result<()> {
+        let source = copy_source(store, image, root, &into.entry.record.workspace)?;
+        super::copy_layer(&source, into)
+    }
 
     /// A sandbox that wrote nothing keeps its record and an empty upper dir, no layer: it is
     /// still found by its name, listed as empty, and opens as an empty change set.
