@@ -44,6 +44,17 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
 
 /// `podman container restore --import archive --name NAME` under `flags`, NAME new.
 pub(super) fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Result<ContainerGuard> {
+    let (fork, out) = try_import(p, flags, archive)?;
+    ensure!(out.success(), "the import failed\n{out}");
+    Ok(fork)
+}
+
+/// [`import`], whatever podman answers.
+fn try_import(
+    p: Podman,
+    flags: &[&str],
+    archive: &Path,
+) -> anyhow::Result<(ContainerGuard, harness::Output)> {
     let fork = ContainerGuard::new(p, &unique_name("fork"));
     let archive = archive.display().to_string();
     let mut args = flags.to_vec();
@@ -55,8 +66,8 @@ pub(super) fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Resul
         "--name",
         &fork.name,
     ]);
-    p.run_ok(&args)?;
-    Ok(fork)
+    let out = p.run(&args)?;
+    Ok((fork, out))
 }
 
 /// The workspace's entries as the sandbox `name` lists them.
@@ -279,18 +290,7 @@ fn import_refused(
     want: &str,
 ) -> anyhow::Result<()> {
     let before = kept_changes(ws)?;
-    let fork = ContainerGuard::new(p, &unique_name("fork"));
-    let archive = archive.display().to_string();
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &fork.name,
-    ]);
-    let out = p.run(&args)?;
+    let (fork, out) = try_import(p, flags, archive)?;
     if out.success() {
         let ls = p.run(&["exec", &fork.name, "ls", "/workspace"])?;
         anyhow::bail!(

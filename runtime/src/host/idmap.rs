@@ -314,7 +314,7 @@ fn sweep_holds(locked: &mut LockedDb) -> bool {
         let Ok(text) = std::fs::read(&path) else {
             continue;
         };
-        let gone = serde_json::from_slice::<Hold>(&text).map_or(false, |h| h.image_gone());
+        let gone = serde_json::from_slice::<Hold>(&text).is_ok_and(|h| h.image_gone());
         if gone {
             locked.slots.remove(&format!("checkpoint:{id}"));
             let _ = std::fs::remove_file(&path);
