@@ -63,6 +63,30 @@ pub(super) fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Resul
     Ok(fork)
 }
 
+/// Checkpoints `parent` into an archive in `dir`, imports `n` forks of it under new names,
+/// then restores the parent in place (in its own block, held for it since the checkpoint)
+/// beside them.
+fn fork_and_restore(
+    p: Podman,
+    flags: &[&str],
+    parent: &str,
+    dir: &Path,
+    n: usize,
+) -> anyhow::Result<Vec<ContainerGuard>> {
+    let archive = dir.join("golden.tar");
+    let archive_arg = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--export", &archive_arg, parent]);
+    p.run_ok(&args)?;
+    let forks = (0..n)
+        .map(|_| import(p, flags, &archive))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut args = flags.to_vec();
+    args.extend(["container", "restore", parent]);
+    p.run_ok(&args)?;
+    Ok(forks)
+}
+
 /// The workspace's entries as the sandbox `name` lists them.
 fn workspace(p: Podman, name: &str) -> anyhow::Result<Vec<String>> {
     let out = p.run_ok(&["exec", name, "ls", "/workspace"])?;
@@ -85,24 +109,7 @@ fn three_forks_of_one_image_get_their_own_id_blocks_files_and_lineage() -> anyho
     let edit = "echo edited > /workspace/notes.txt";
     p.run_ok(&["exec", &parent.name, "sh", "-c", edit])?;
     count_reaches(p, &parent.name, 5)?;
-    let archive = dir.path().join("golden.tar");
-    let archive_arg = archive.display().to_string();
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "checkpoint",
-        "--export",
-        &archive_arg,
-        &parent.name,
-    ]);
-    p.run_ok(&args)?;
-    let forks = (0..3)
-        .map(|_| import(p, &flags, &archive))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    // The parent again, in its own block (held for it since the checkpoint), beside them.
-    let mut args = flags.to_vec();
-    args.extend(["container", "restore", &parent.name]);
-    p.run_ok(&args)?;
+    let forks = fork_and_restore(p, &flags, &parent.name, dir.path(), 3)?;
     for (i, fork) in forks.iter().enumerate() {
         let write = format!("echo {i} > /workspace/fork-{i}.txt");
         p.run_ok(&["exec", &fork.name, "sh", "-c", &write])?;
@@ -401,23 +408,7 @@ fn forks_are_rekeyed_a_placeholder_and_a_ca_of_their_own() -> anyhow::Result<()>
         "before the checkpoint the cached CA or the placeholder did not work\n{before}"
     );
     let parent_ca = p.run_ok(&["exec", &parent.name, "cat", "/etc/agent-sandbox/tls/ca.pem"])?;
-    let archive = dir.path().join("golden.tar");
-    let archive_arg = archive.display().to_string();
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "checkpoint",
-        "--export",
-        &archive_arg,
-        &parent.name,
-    ]);
-    p.run_ok(&args)?;
-    let forks = (0..2)
-        .map(|_| import(p, &flags, &archive))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut args = flags.to_vec();
-    args.extend(["container", "restore", &parent.name]);
-    p.run_ok(&args)?;
+    let forks = fork_and_restore(p, &flags, &parent.name, dir.path(), 2)?;
 
     let own: Vec<String> = forks
         .iter()

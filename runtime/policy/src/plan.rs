@@ -144,6 +144,19 @@ pub fn layers_for(
 }
 
 impl SandboxPlan {
+    /// A plan of `policy` and `layers` alone: no protected binds, clamps, seccomp request or
+    /// credential placeholders (a sandbox an older runtime created without `plan.json`).
+    pub fn bare(policy: SandboxPolicy, layers: LayerPlan) -> Self {
+        Self {
+            policy,
+            layers,
+            protected: Vec::new(),
+            clamped: Vec::new(),
+            requested_seccomp: None,
+            credential_placeholders: BTreeMap::new(),
+        }
+    }
+
     /// The value the sandbox's `placeholder_env` variable `name` holds: its own placeholder,
     /// or, in a plan that has none (saved by a runtime from before the per-sandbox suffix),
     /// the fixed text that runtime's proxy expects.

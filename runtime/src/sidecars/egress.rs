@@ -745,6 +745,13 @@ fn net_record(event: &EgressEvent) -> Option<Event> {
 mod tests {
     use super::*;
 
+    fn bare(policy: &SandboxPolicy) -> SandboxPlan {
+        SandboxPlan::bare(
+            policy.clone(),
+            agent_sandbox_policy::layers::LayerPlan::default(),
+        )
+    }
+
     fn finished(outcome: Outcome) -> EgressEvent {
         EgressEvent {
             stage: Stage::Finished,
@@ -821,42 +828,31 @@ mod tests {
         SandboxPolicy::parse(&text, "test.toml").unwrap()
     }
 
-    fn plan_of(policy: &SandboxPolicy) -> SandboxPlan {
-        SandboxPlan {
-            policy: policy.clone(),
-            layers: agent_sandbox_policy::layers::LayerPlan::default(),
-            protected: Vec::new(),
-            clamped: Vec::new(),
-            requested_seccomp: None,
-            credential_placeholders: std::collections::BTreeMap::new(),
-        }
-    }
-
     #[test]
     fn credentials_are_read_on_the_host_side() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("token");
         std::fs::write(&file, "s3cret\n").unwrap();
         let p = policy_with_credential(&format!("file = {:?}", file.display().to_string()));
-        let c = load_credentials(&plan_of(&p)).unwrap();
+        let c = load_credentials(&bare(&p)).unwrap();
         let host = agent_sandbox_proxy::Host::parse("registry.test").unwrap();
         let found = c.find(&host, 8080).unwrap();
         assert_eq!(found.value, "Bearer s3cret");
 
         let missing = policy_with_credential("env = \"AGENT_SANDBOX_TEST_NO_SUCH_VAR\"");
-        let e = load_credentials(&plan_of(&missing)).unwrap_err();
+        let e = load_credentials(&bare(&missing)).unwrap_err();
         assert!(
             matches!(&e, EgressError::SecretEnv { key, .. } if key == "network.credentials[0].env"),
             "{e}"
         );
         std::fs::write(&file, "a\nInjected: 1\n").unwrap();
         assert!(matches!(
-            load_credentials(&plan_of(&p)),
+            load_credentials(&bare(&p)),
             Err(EgressError::SecretValue { .. })
         ));
         std::fs::remove_file(&file).unwrap();
         assert!(matches!(
-            load_credentials(&plan_of(&p)),
+            load_credentials(&bare(&p)),
             Err(EgressError::SecretFile { .. })
         ));
     }

@@ -251,6 +251,13 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), FileError> {
 mod tests {
     use super::*;
 
+    fn bare(policy: &SandboxPolicy) -> SandboxPlan {
+        SandboxPlan::bare(
+            policy.clone(),
+            agent_sandbox_policy::layers::LayerPlan::default(),
+        )
+    }
+
     fn policy(extra: &str) -> SandboxPolicy {
         let text = format!(
             "[network]\nmode = \"proxy\"\nallow = [\"api.example.com\"]\n\
@@ -258,17 +265,6 @@ mod tests {
              env = \"T\"\n{extra}"
         );
         SandboxPolicy::parse(&text, "test.toml").unwrap()
-    }
-
-    fn plan_of(policy: &SandboxPolicy) -> SandboxPlan {
-        SandboxPlan {
-            policy: policy.clone(),
-            layers: agent_sandbox_policy::layers::LayerPlan::default(),
-            protected: Vec::new(),
-            clamped: Vec::new(),
-            requested_seccomp: None,
-            credential_placeholders: BTreeMap::new(),
-        }
     }
 
     /// Each sandbox gets placeholders of its own; what `keep` holds for a name (a restore in
@@ -365,7 +361,7 @@ mod tests {
 
         let mut process = Process::default();
         process.set_env(Some(vec!["SSL_CERT_FILE=/mine".into(), "A=1".into()]));
-        let mut plan = plan_of(&p);
+        let mut plan = bare(&p);
         plan.credential_placeholders = placeholders(&p, &BTreeMap::new()).unwrap();
         let own = plan.credential_placeholders["API_TOKEN"].clone();
         assert!(placeholder_for("API_TOKEN", &own), "{own}");
@@ -387,7 +383,7 @@ mod tests {
         let state = sandbox_dir(dir.path());
         prepare(&mut spec, &p, "abc", &state, dir.path(), dir.path(), None).unwrap();
         assert_eq!(spec.mounts(), &before);
-        assert!(env_vars(&plan_of(&p)).is_empty());
+        assert!(env_vars(&bare(&p)).is_empty());
         assert!(!state.tls_key().exists());
     }
 }
