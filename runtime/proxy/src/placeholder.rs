@@ -220,28 +220,23 @@ mod tests {
                 .flat_map(|c| format!("\\u{:04x}", u32::from(c)).into_bytes())
                 .collect()
         }
+        /// Base64 of the text `lead`, `s` and `tail` (so `s` starts at each alignment).
+        fn b64_in(lead: &str, s: &str, tail: &str, url: bool) -> Vec<u8> {
+            let alphabet = if url {
+                crate::scrub::URL_SAFE
+            } else {
+                crate::scrub::STANDARD
+            };
+            crate::scrub::base64(format!("{lead}{s}{tail}").as_bytes(), alphabet, !url)
+        }
         fn b64(s: &str) -> Vec<u8> {
-            crate::scrub::base64(
-                s.as_bytes(),
-                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
-                true,
-            )
+            b64_in("", s, "", false)
         }
         fn b64_url_led(s: &str) -> Vec<u8> {
-            let text = format!("x{s}");
-            crate::scrub::base64(
-                text.as_bytes(),
-                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
-                false,
-            )
+            b64_in("x", s, "", true)
         }
         fn b64_led2(s: &str) -> Vec<u8> {
-            let text = format!("ab{s}\"}}");
-            crate::scrub::base64(
-                text.as_bytes(),
-                b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
-                true,
-            )
+            b64_in("ab", s, "\"}", false)
         }
         vec![
             ("plain", |s| s.as_bytes().to_vec()),

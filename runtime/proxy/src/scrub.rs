@@ -345,8 +345,10 @@ fn json_all(data: &[u8], upper: bool) -> Vec<u8> {
     out.into_bytes()
 }
 
-const STANDARD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+pub(crate) const STANDARD: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+pub(crate) const URL_SAFE: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 pub(crate) fn base64(data: &[u8], alphabet: &[u8; 64], pad: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len().div_ceil(3) * 4);
