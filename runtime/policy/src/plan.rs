@@ -11,6 +11,8 @@
 //! narrows first ([`crate::harden::effective_policy_with`]) and hands the result to
 //! [`compile_under`]; both are this same compiler, run once per sandbox.
 
+use std::collections::BTreeMap;
+
 use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +43,11 @@ pub struct SandboxPlan {
     /// and every exec (`crate::seccomp::compile_request`).
     #[serde(default)]
     pub requested_seccomp: Option<LinuxSeccomp>,
+    /// The sandbox's credential placeholders, by their `placeholder_env` name: made at create
+    /// with a random suffix of the sandbox's own, kept by a restore in place, new for a fork
+    /// (`crate::network::placeholder_value`). The proxy and every exec read them here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub credential_placeholders: BTreeMap<String, String>,
 }
 
 /// What [`compile`] makes: the plan, and the spec hardened under it (the runtime adds its
@@ -100,6 +107,7 @@ pub fn compile_under(
             protected: facts.protected.clone(),
             clamped: hardened.clamped,
             requested_seccomp,
+            credential_placeholders: BTreeMap::new(),
         },
     })
 }
@@ -136,6 +144,29 @@ pub fn layers_for(
 }
 
 impl SandboxPlan {
+    /// A plan of `policy` and `layers` alone: no protected binds, clamps, seccomp request or
+    /// credential placeholders (a sandbox an older runtime created without `plan.json`).
+    pub fn bare(policy: SandboxPolicy, layers: LayerPlan) -> Self {
+        Self {
+            policy,
+            layers,
+            protected: Vec::new(),
+            clamped: Vec::new(),
+            requested_seccomp: None,
+            credential_placeholders: BTreeMap::new(),
+        }
+    }
+
+    /// The value the sandbox's `placeholder_env` variable `name` holds: its own placeholder,
+    /// or, in a plan that has none (saved by a runtime from before the per-sandbox suffix),
+    /// the fixed text that runtime's proxy expects.
+    pub fn credential_placeholder(&self, name: &str) -> String {
+        self.credential_placeholders
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| crate::network::legacy_placeholder_value(name))
+    }
+
     /// An exec'd process clamped like the init ([`harden::harden_process`]), with the
     /// sandbox's AppArmor profile where that layer applies.
     pub fn harden_exec(&self, process: Process) -> Result<Process, HardenError> {
@@ -197,6 +228,7 @@ mod tests {
                     granted: "0".to_owned(),
                 }],
                 requested_seccomp: Some(LinuxSeccomp::default()),
+                credential_placeholders: BTreeMap::new(),
             };
             let text = serde_json::to_string(&plan).unwrap();
             let back: SandboxPlan = serde_json::from_str(&text).unwrap();
@@ -235,6 +267,7 @@ mod tests {
             protected: Vec::new(),
             clamped: Vec::new(),
             requested_seccomp: None,
+            credential_placeholders: BTreeMap::new(),
         };
         let with = plan(vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor]);
         let name = crate::apparmor::loaded_profile(&policy).name;

@@ -53,13 +53,18 @@ impl Runtime {
             plan.clamped
                 .extend(rlimits::raise(&rlimits::ThisProcess, process)?);
         }
+        // A member's are its pod's (one proxy serves the pod); a restore in place keeps its
+        // own; anything else gets new ones.
+        let keep = member.map_or(&opts.keep_placeholders, |m| &m.placeholders);
+        plan.credential_placeholders = crate::sidecars::tls_trust::placeholders(&plan.policy, keep)
+            .map_err(LifecycleError::Trust)?;
         // Saved once its clamps are complete; exec, `update`, the proxy and a pod's members
         // read it from here on.
         host.sandbox_dir.plan().write(&plan)?;
         let policy = &plan.policy;
         if let Some(process) = spec.process_mut().as_mut() {
             crate::sidecars::egress::inject_env(process, policy);
-            crate::sidecars::tls_trust::inject_env(process, policy);
+            crate::sidecars::tls_trust::inject_env(process, &plan);
         }
         let pod_mount_dir = match member {
             Some(m) => Some(crate::harden::mount_dir(&self.dirs, &m.pod)?),

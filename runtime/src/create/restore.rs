@@ -269,6 +269,7 @@ impl Runtime {
             image_digest: manifest.image_digest.clone(),
             reown: is_fork(id, manifest).then_some((manifest.ids, ids.ids)),
         });
+        create.keep_placeholders = kept_placeholders(id, manifest);
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
@@ -496,6 +497,19 @@ impl Runtime {
 /// A restore under another id than the image's sandbox: a fork (docs/checkpoint.md#fork).
 fn is_fork(id: &ContainerId, manifest: &Manifest) -> bool {
     manifest.id != id.as_str()
+}
+
+/// The credential placeholders a restore keeps: the restored processes hold the image's in
+/// their environment, so a restore in place keeps them; a fork keeps none and gets new ones,
+/// so its proxy refuses its parent's and its siblings' (docs/checkpoint.md#fork).
+fn kept_placeholders(
+    id: &ContainerId,
+    manifest: &Manifest,
+) -> std::collections::BTreeMap<String, String> {
+    if is_fork(id, manifest) {
+        return std::collections::BTreeMap::new();
+    }
+    manifest.placeholders.clone()
 }
 
 /// A fork's copy of its parent's change-set layer, re-owned from the image's block `from`
@@ -1013,6 +1027,22 @@ mod tests {
             live_rules_within(&none, &saved[..1]).1,
             ["api.example.com:443"]
         );
+    }
+
+    #[test]
+    fn a_restore_in_place_keeps_the_images_placeholders_and_a_fork_none() {
+        let own = agent_sandbox_policy::network::placeholder_value("API_TOKEN", &"7".repeat(32));
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "format": FORMAT, "id": "parent", "image_digest": "d", "plan_digest": "p",
+            "ids": {"host_start": 1_000_000, "size": 65536}, "wall_clock_used_ms": 0,
+            "audit_head": null, "externals": [], "change": null, "not_carried": [],
+            "placeholders": {"API_TOKEN": own},
+        }))
+        .unwrap();
+        let kept = kept_placeholders(&ContainerId::try_from("parent").unwrap(), &manifest);
+        assert_eq!(kept.get("API_TOKEN"), Some(&own));
+        let fork = kept_placeholders(&ContainerId::try_from("fork-1").unwrap(), &manifest);
+        assert!(fork.is_empty());
     }
 
     #[test]

@@ -169,6 +169,12 @@ pub(crate) struct Manifest {
     /// caller's own in their place, as runc does.
     #[serde(default)]
     pub stdio: Vec<String>,
+    /// The sandbox's credential placeholders (`SandboxPlan::credential_placeholders`), which
+    /// its processes hold in their environment: a restore in place keeps them, a fork gets
+    /// new ones (docs/checkpoint.md#fork). The image's word: one that is not a placeholder
+    /// of its name is replaced.
+    #[serde(default)]
+    pub placeholders: std::collections::BTreeMap<String, String>,
 }
 
 impl Manifest {
@@ -325,6 +331,11 @@ impl Runtime {
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
             live_rules: crate::sidecars::trail::live_rules(&self.dirs, id),
             stdio,
+            placeholders: dir
+                .plan()
+                .read_if_present::<agent_sandbox_policy::SandboxPlan>()?
+                .map(|p| p.credential_placeholders)
+                .unwrap_or_default(),
         };
         let path = opts.criu.image_path.join(criu::MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest)

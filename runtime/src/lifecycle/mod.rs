@@ -339,6 +339,9 @@ pub struct CreateOpts {
     /// `restore`: the ended change set the image names, whose layer the sandbox gets
     /// again instead of an empty one.
     pub reuse_change: Option<RestoredChange>,
+    /// `restore` in place: the credential placeholders the image's sandbox had, which its
+    /// restored processes hold (a fork passes none and gets new ones; docs/checkpoint.md#fork).
+    pub keep_placeholders: std::collections::BTreeMap<String, String>,
 }
 
 /// The change set a checkpoint image names: of the same sandbox id it is reopened

@@ -95,7 +95,7 @@ impl Runtime {
     /// serves the sandbox's effective allowlist on its netns until killed.
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
         let bundle = self.dirs.sandbox(id).bundle();
-        let (policy, _, _) = self.saved_policy(id, &bundle)?;
+        let (plan, _) = self.saved_plan(id, &bundle)?;
         let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
         let sandbox_dir = self.dirs.sandbox(id);
         let netns = || {
@@ -105,7 +105,7 @@ impl Runtime {
                 Ok(netns.to_path_buf())
             }
         };
-        crate::sidecars::egress::serve(netns, &policy, &log, id.as_str(), &sandbox_dir)
+        crate::sidecars::egress::serve(netns, &plan, &log, id.as_str(), &sandbox_dir)
             .map_err(LifecycleError::Egress)
     }
 
