@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::lifecycle::{LifecycleError, Runtime};
+use crate::lifecycle::Runtime;
 use crate::logging::LogFormat;
 
 mod audit;
@@ -518,7 +518,19 @@ pub enum CliError {
     #[error(transparent)]
     Id(#[from] crate::state::IdError),
     #[error(transparent)]
-    Lifecycle(#[from] crate::lifecycle::LifecycleError),
+    Paths(#[from] crate::state::paths::PathsError),
+    #[error(transparent)]
+    Lookup(#[from] crate::lifecycle::LookupError),
+    #[error(transparent)]
+    Create(#[from] crate::lifecycle::CreateError),
+    #[error(transparent)]
+    State(#[from] crate::lifecycle::StateError),
+    #[error(transparent)]
+    Workspace(#[from] crate::lifecycle::WorkspaceError),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::lifecycle::CheckpointError),
+    #[error(transparent)]
+    Sidecar(#[from] crate::lifecycle::SidecarError),
     #[error(transparent)]
     Delete(#[from] crate::lifecycle::DeleteError),
     #[error(transparent)]
@@ -745,7 +757,7 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
 
 impl Cli {
     /// The runtime on `--root`, with `--audit-dir` for the sandboxes it creates.
-    fn runtime(&self) -> Result<Runtime, LifecycleError> {
+    fn runtime(&self) -> Result<Runtime, crate::state::paths::PathsError> {
         Runtime::new(self.root.as_deref()).map(|mut r| {
             r.audit_dir = self.audit_dir.clone();
             if let Some(dir) = &self.profiles_dir {

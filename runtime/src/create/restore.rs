@@ -21,13 +21,13 @@ use agent_sandbox_policy::layers::{Layer, Requirement};
 use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::Spec;
 
-use super::{Hardened, Host, Ids, Marks, Result};
+use super::{CreateError, Hardened, Host, Ids, Marks, Result};
 use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
 use crate::host::criu_image;
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
-use crate::lifecycle::{CreateOpts, LifecycleError, RestoredChange, Runtime};
+use crate::lifecycle::{CreateOpts, RestoredChange, Runtime};
 use crate::state::ContainerId;
 
 /// Options of `restore`: runc's flags, by runc's names.
@@ -107,8 +107,8 @@ pub enum RestoreError {
     Reown(#[source] crate::host::reown::ReownError),
 }
 
-fn fail(e: RestoreError) -> LifecycleError {
-    LifecycleError::Restore(Box::new(e))
+fn fail(e: RestoreError) -> CreateError {
+    CreateError::Restore(Box::new(e))
 }
 
 impl RestoreOpts {
@@ -152,10 +152,10 @@ impl Runtime {
             return Err(fail(RestoreError::Rootless));
         }
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
-            return Err(LifecycleError::Exists { id: id.clone() });
+            return Err(CreateError::Exists { id: id.clone() });
         }
         let config = opts.create.bundle.join("config.json");
-        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        let spec = Spec::load(&config).map_err(|source| CreateError::BundleConfig {
             path: config.clone(),
             source,
         })?;
@@ -236,7 +236,7 @@ impl Runtime {
         let criu = criu::Runner::start_locating();
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
-            .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+            .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
         let member = matches!(
             crate::pod::role(&spec, id)?,
             crate::pod::Role::Member { .. }
@@ -284,7 +284,7 @@ impl Runtime {
         *restored_pid = Some(pid);
         marks.mark("criu");
         if let Some(s) = supervisor {
-            s.ready(pid).map_err(LifecycleError::SyscallAudit)?;
+            s.ready(pid).map_err(CreateError::SyscallAudit)?;
         }
         self.record_restored(
             id, opts, &ids, &host, &hardened, pid, proxy, manifest, &lost,
@@ -390,7 +390,7 @@ impl Runtime {
         self.procs()
             .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
             .map(Some)
-            .map_err(LifecycleError::Egress)
+            .map_err(CreateError::Egress)
     }
 
     /// CRIU restores the tree of the image copy `image` inside the sandbox's cgroup; its
@@ -720,11 +720,11 @@ impl Runtime {
             lost,
             &dropped,
         )
-        .map_err(LifecycleError::Audit)?;
+        .map_err(CreateError::Audit)?;
         crate::sidecars::trail::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
-            Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
+            Some(p) => Some(p.finish(id.as_str(), pid).map_err(CreateError::Egress)?),
             None => None,
         };
         if proxy_pid.is_some() {
@@ -750,7 +750,7 @@ impl Runtime {
                 &host.placeholders,
             ),
         )
-        .map_err(LifecycleError::Layers)?;
+        .map_err(CreateError::Layers)?;
         self.rearm_wall_clock(id, &hardened.plan.policy, pid, manifest.wall_clock_used_ms)?;
         tracing::info!(id = %id, pid, digest = %manifest.image_digest, "sandbox restored");
         Ok(())

@@ -13,14 +13,14 @@ use agent_sandbox_audit::layout::human;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
 use crate::harden::Ceiling;
-use crate::lifecycle::LifecycleError;
+use crate::lifecycle::WorkspaceError;
 use crate::report::find::Found;
 
 /// Errors of the `promote` command.
 #[derive(Debug, thiserror::Error)]
 pub enum PromoteCmdError {
     #[error(transparent)]
-    Lifecycle(#[from] LifecycleError),
+    Workspace(#[from] WorkspaceError),
     #[error("cannot read the workspace changes")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error(transparent)]
