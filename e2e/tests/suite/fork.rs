@@ -41,18 +41,22 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
 /// `podman container restore --import archive --name NAME` under `flags`, NAME new.
 pub(super) fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Result<ContainerGuard> {
     let fork = ContainerGuard::new(p, &unique_name("fork"));
+    restore_import(&|a| p.run_ok(a), flags, archive, &fork.name)?;
+    Ok(fork)
+}
+
+/// `container restore --import ARCHIVE --name NAME` under `flags`, run by `podman` (the
+/// suite's podman, or one on a storage of its own).
+pub(super) fn restore_import(
+    podman: &dyn Fn(&[&str]) -> anyhow::Result<harness::Output>,
+    flags: &[&str],
+    archive: &Path,
+    name: &str,
+) -> anyhow::Result<harness::Output> {
     let archive = archive.display().to_string();
     let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &fork.name,
-    ]);
-    p.run_ok(&args)?;
-    Ok(fork)
+    args.extend(["container", "restore", "--import", &archive, "--name", name]);
+    podman(&args)
 }
 
 /// The workspace's entries as the sandbox `name` lists them.
