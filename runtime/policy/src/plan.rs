@@ -41,6 +41,11 @@ pub struct SandboxPlan {
     /// and every exec (`crate::seccomp::compile_request`).
     #[serde(default)]
     pub requested_seccomp: Option<LinuxSeccomp>,
+    /// The layers a restored sandbox's restored processes run without, with the reason: the
+    /// checkpoint image could not carry them (docs/checkpoint.md#layers). `layers` still
+    /// applies them to every exec started after the restore. Empty unless restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_restored: Vec<(Layer, String)>,
 }
 
 /// What [`compile`] makes: the plan, and the spec hardened under it (the runtime adds its
@@ -100,6 +105,7 @@ pub fn compile_under(
             protected: facts.protected.clone(),
             clamped: hardened.clamped,
             requested_seccomp,
+            not_restored: Vec::new(),
         },
     })
 }
@@ -136,6 +142,21 @@ pub fn layers_for(
 }
 
 impl SandboxPlan {
+    /// Notes that the sandbox's restored processes run without `layer` (its checkpoint image
+    /// could not carry it, for `reason`) and returns the layer plan they run under: the layer
+    /// inactive with the reason, as `layers` and the audit report it. The plan itself keeps
+    /// the layer for the execs started after the restore, and names it in `not_restored`.
+    pub fn restored_without(&mut self, layer: Layer, reason: &str) -> LayerPlan {
+        self.not_restored.push((layer, reason.to_owned()));
+        let mut restored = self.layers.clone();
+        restored.apply.retain(|l| *l != layer);
+        restored.inactive.push((layer, reason.to_owned()));
+        if layer == Layer::Landlock {
+            restored.landlock = None;
+        }
+        restored
+    }
+
     /// An exec'd process clamped like the init ([`harden::harden_process`]), with the
     /// sandbox's AppArmor profile where that layer applies.
     pub fn harden_exec(&self, process: Process) -> Result<Process, HardenError> {
@@ -197,6 +218,7 @@ mod tests {
                     granted: "0".to_owned(),
                 }],
                 requested_seccomp: Some(LinuxSeccomp::default()),
+                not_restored: vec![(Layer::Landlock, "not in the image".to_owned())],
             };
             let text = serde_json::to_string(&plan).unwrap();
             let back: SandboxPlan = serde_json::from_str(&text).unwrap();
@@ -219,6 +241,43 @@ mod tests {
         assert_eq!(back.layers, layers);
         assert!(back.protected.is_empty() && back.clamped.is_empty());
         assert_eq!(back.requested_seccomp, None);
+        assert!(back.not_restored.is_empty());
+    }
+
+    /// A restore that cannot carry Landlock: the restored processes' layers say it is
+    /// inactive, and the saved plan says so too (`not_restored`) while it keeps the ruleset
+    /// every later exec is confined by.
+    #[test]
+    fn a_restored_plan_names_the_layer_its_restored_processes_lack() {
+        let policy = SandboxPolicy::builtin("agent").unwrap();
+        let facts = crate::landlock::CoverFacts::of_hardened_spec();
+        let layers = crate::layers::plan(&policy, &host(), facts).unwrap();
+        assert!(layers.apply.contains(&Layer::Landlock));
+        let mut plan = SandboxPlan {
+            policy,
+            layers: layers.clone(),
+            protected: Vec::new(),
+            clamped: Vec::new(),
+            requested_seccomp: None,
+            not_restored: Vec::new(),
+        };
+        let restored = plan.restored_without(Layer::Landlock, "not in the image");
+        assert!(!restored.apply.contains(&Layer::Landlock));
+        assert!(restored.landlock.is_none());
+        assert_eq!(
+            restored.inactive.last(),
+            Some(&(Layer::Landlock, "not in the image".to_owned()))
+        );
+        assert_eq!(plan.layers, layers, "later execs keep the layer");
+        assert_eq!(
+            plan.not_restored,
+            [(Layer::Landlock, "not in the image".to_owned())]
+        );
+        let saved: serde_json::Value = serde_json::to_value(&plan).unwrap();
+        assert_eq!(
+            saved["not_restored"],
+            serde_json::json!([["landlock", "not in the image"]])
+        );
     }
 
     #[test]
@@ -235,6 +294,7 @@ mod tests {
             protected: Vec::new(),
             clamped: Vec::new(),
             requested_seccomp: None,
+            not_restored: Vec::new(),
         };
         let with = plan(vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor]);
         let name = crate::apparmor::loaded_profile(&policy).name;

@@ -257,7 +257,7 @@ impl Runtime {
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
-        let lost = self.layers_not_restored(&mut hardened, manifest)?;
+        let lost = self.layers_not_restored(id, &mut hardened, manifest)?;
         self.install(id, &ids, &host, &hardened)?;
         marks.mark("mounts");
         let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
@@ -339,8 +339,10 @@ impl Runtime {
 
     /// The layers the image cannot bring back: a required one refuses the restore; the
     /// others leave the plan as inactive with the reason (`layers` and the audit say so).
+    /// The saved plan names Landlock as not restored and keeps it for later execs.
     fn layers_not_restored(
         &self,
+        id: &ContainerId,
         hardened: &mut Hardened,
         manifest: &Manifest,
     ) -> Result<Vec<(String, String)>> {
@@ -354,13 +356,9 @@ impl Runtime {
             lost.push((layer, reason));
         }
         if let Some((_, reason)) = lost.iter().find(|(l, _)| l == "landlock") {
-            hardened.plan.layers.apply.retain(|l| *l != Layer::Landlock);
-            hardened
-                .plan
-                .layers
-                .inactive
-                .push((Layer::Landlock, reason.clone()));
-            hardened.plan.layers.landlock = None;
+            let restored = hardened.plan.restored_without(Layer::Landlock, reason);
+            self.dirs.sandbox(id).plan().write(&hardened.plan)?;
+            hardened.plan.layers = restored;
         }
         // What the image says it lost (the denied-syscall listener) is reported too: it
         // can only add to what is reported, never take a check away.

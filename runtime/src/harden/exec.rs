@@ -39,5 +39,6 @@ fn derived_plan(dir: &SandboxDir, hardened: &Spec) -> Result<SandboxPlan, Sandbo
         protected: Vec::new(),
         clamped: Vec::new(),
         requested_seccomp: None,
+        not_restored: Vec::new(),
     })
 }
