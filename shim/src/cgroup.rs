@@ -285,9 +285,28 @@ fn oom_kill_in(text: &str) -> Option<u64> {
 
 /// Metrics of a v2 cgroup directory in containerd's cgroups v2 shape. Memory is required;
 /// cpu, pids and memory events are filled when their files exist.
-#[expect(clippy::too_many_lines)]
 fn metrics_v2(dir: &Path) -> Result<v2::Metrics, CgroupError> {
     let mut m = v2::Metrics::new();
+    m.memory = Some(memory_v2(dir)?).into();
+    if let Ok(text) = read(&dir.join("memory.events")) {
+        m.memory_events = Some(memory_events_v2(&text)).into();
+    }
+    if let Ok(text) = read(&dir.join("cpu.stat")) {
+        m.cpu = Some(cpu_v2(&text)).into();
+    }
+    if let Ok(current) = read_u64(&dir.join("pids.current")) {
+        m.pids = Some(v2::PidsStat {
+            current,
+            limit: read_limit(&dir.join("pids.max"))?,
+            ..Default::default()
+        })
+        .into();
+    }
+    Ok(m)
+}
+
+/// The v2 memory files: usage, limits, peak and `memory.stat`.
+fn memory_v2(dir: &Path) -> Result<v2::MemoryStat, CgroupError> {
     let mut ms = v2::MemoryStat {
         usage: read_u64(&dir.join("memory.current"))?,
         usage_limit: read_limit(&dir.join("memory.max"))?,
@@ -339,48 +358,43 @@ fn metrics_v2(dir: &Path) -> Result<v2::Metrics, CgroupError> {
         };
         *field = value;
     }
-    m.memory = Some(ms).into();
-    if let Ok(text) = read(&dir.join("memory.events")) {
-        let mut ev = v2::MemoryEvents::new();
-        for (key, value) in key_values(&text) {
-            match key {
-                "low" => ev.low = value,
-                "high" => ev.high = value,
-                "max" => ev.max = value,
-                "oom" => ev.oom = value,
-                "oom_kill" => ev.oom_kill = value,
-                "oom_group_kill" => ev.oom_group_kill = value,
-                _ => {}
-            }
+    Ok(ms)
+}
+
+/// `memory.events`.
+fn memory_events_v2(text: &str) -> v2::MemoryEvents {
+    let mut ev = v2::MemoryEvents::new();
+    for (key, value) in key_values(text) {
+        match key {
+            "low" => ev.low = value,
+            "high" => ev.high = value,
+            "max" => ev.max = value,
+            "oom" => ev.oom = value,
+            "oom_kill" => ev.oom_kill = value,
+            "oom_group_kill" => ev.oom_group_kill = value,
+            _ => {}
         }
-        m.memory_events = Some(ev).into();
     }
-    if let Ok(text) = read(&dir.join("cpu.stat")) {
-        let mut cpu = v2::CPUStat::new();
-        for (key, value) in key_values(&text) {
-            match key {
-                "usage_usec" => cpu.usage_usec = value,
-                "user_usec" => cpu.user_usec = value,
-                "system_usec" => cpu.system_usec = value,
-                "nr_periods" => cpu.nr_periods = value,
-                "nr_throttled" => cpu.nr_throttled = value,
-                "throttled_usec" => cpu.throttled_usec = value,
-                "nr_bursts" => cpu.nr_bursts = value,
-                "burst_usec" => cpu.burst_usec = value,
-                _ => {}
-            }
+    ev
+}
+
+/// `cpu.stat`.
+fn cpu_v2(text: &str) -> v2::CPUStat {
+    let mut cpu = v2::CPUStat::new();
+    for (key, value) in key_values(text) {
+        match key {
+            "usage_usec" => cpu.usage_usec = value,
+            "user_usec" => cpu.user_usec = value,
+            "system_usec" => cpu.system_usec = value,
+            "nr_periods" => cpu.nr_periods = value,
+            "nr_throttled" => cpu.nr_throttled = value,
+            "throttled_usec" => cpu.throttled_usec = value,
+            "nr_bursts" => cpu.nr_bursts = value,
+            "burst_usec" => cpu.burst_usec = value,
+            _ => {}
         }
-        m.cpu = Some(cpu).into();
     }
-    if let Ok(current) = read_u64(&dir.join("pids.current")) {
-        m.pids = Some(v2::PidsStat {
-            current,
-            limit: read_limit(&dir.join("pids.max"))?,
-            ..Default::default()
-        })
-        .into();
-    }
-    Ok(m)
+    cpu
 }
 
 /// A v2 limit file: a number, or "max" (unlimited, reported as 0 like containerd does).
