@@ -335,12 +335,7 @@ fn files_changed(event: &Event) -> String {
     };
     let mut s =
         format!("{added} added, {modified} modified, {deleted} deleted, {opaque_dirs} opaque dirs");
-    if !paths.is_empty() {
-        let _ = write!(s, ": {}", esc_list(paths, ", "));
-    }
-    if *truncated {
-        s.push_str(", …");
-    }
+    push_paths(&mut s, paths, *truncated);
     s
 }
 
@@ -360,12 +355,7 @@ fn promoted(event: &Event) -> String {
     if !complete {
         s.push_str(" INCOMPLETE (an apply step failed)");
     }
-    if !paths.is_empty() {
-        let _ = write!(s, ": {}", esc_list(paths, ", "));
-    }
-    if *truncated {
-        s.push_str(", …");
-    }
+    push_paths(&mut s, paths, *truncated);
     s
 }
 
@@ -474,6 +464,16 @@ fn restored(event: &Event) -> String {
         );
     }
     s
+}
+
+/// A record's list of paths, and an ellipsis when it was cut short.
+fn push_paths(s: &mut String, paths: &[String], truncated: bool) {
+    if !paths.is_empty() {
+        let _ = write!(s, ": {}", esc_list(paths, ", "));
+    }
+    if truncated {
+        s.push_str(", …");
+    }
 }
 
 /// The runtime's tool call of a connection, and the one its header claimed.
