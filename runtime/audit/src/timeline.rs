@@ -485,3 +485,38 @@ fn tool_calls(s: &mut String, id: &Option<String>, claimed: &Option<String>) {
         let _ = write!(s, "  [header claims tool call {}]", esc(t));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The texts of the two events whose path lists share a writer, as `details` wrote them
+    /// when it was one match: the list, the ellipsis of a cut list, an incomplete promotion.
+    #[test]
+    fn path_lists_read_as_before() {
+        let changed = Event::FilesChanged {
+            added: 1,
+            modified: 2,
+            deleted: 0,
+            opaque_dirs: 0,
+            paths: vec!["A /a".to_owned(), "M /b\n".to_owned()],
+            truncated: true,
+        };
+        assert_eq!(
+            details(&changed),
+            "1 added, 2 modified, 0 deleted, 0 opaque dirs: A /a, M /b\\x0a, …"
+        );
+        let promoted = Event::Promoted {
+            target: "/t".to_owned(),
+            digest: "sha256:ab".to_owned(),
+            entries: 0,
+            paths: Vec::new(),
+            truncated: false,
+            complete: false,
+        };
+        assert_eq!(
+            details(&promoted),
+            "0 entries to \"/t\" (sha256:ab) INCOMPLETE (an apply step failed)"
+        );
+    }
+}
