@@ -432,15 +432,7 @@ fn runc_export_then_import_under_a_new_name_counts_on() -> anyhow::Result<()> {
     let archive = dir.path().join("export.tar.gz");
     let (_g, _id, before) = export_counting(p, &[], false, &ws, &archive)?;
     let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
-    let archive = archive.display().to_string();
-    p.run_ok(&[
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &new.name,
-    ])?;
+    super::fork::restore_import(&|a| p.run_ok(a), &[], &archive, &new.name)?;
     counts_on(p, &new.name, before)
 }
 
@@ -535,7 +527,6 @@ fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyho
     let (_g, from, before) = export_counting(p, &flags, true, &ws, &archive)?;
     // Into the same storage under a new name.
     let new = super::fork::import(p, &flags, &archive)?;
-    let archive = archive.display().to_string();
     let new_id = p.run_ok(&["inspect", "--format", "{{.Id}}", &new.name])?;
     let run = |a: &[&str]| p.run_ok(a);
     imported_is_a_sandbox(&run, &new.name, new_id.stdout.trim(), &from, before, &ws)?;
@@ -544,16 +535,7 @@ fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyho
     // Into another podman storage: the same image makes another new sandbox.
     let other = OtherStorage::new(p)?;
     let name = unique_name("ckpt-other");
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &name,
-    ]);
-    other.run_ok(&args)?;
+    super::fork::restore_import(&|a| other.run_ok(a), &flags, &archive, &name)?;
     let id = other.run_ok(&["inspect", "--format", "{{.Id}}", &name])?;
     let run = |a: &[&str]| other.run_ok(a);
     imported_is_a_sandbox(&run, &name, id.stdout.trim(), &from, before, &ws)

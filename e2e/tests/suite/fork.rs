@@ -64,18 +64,22 @@ fn try_import(
     archive: &Path,
 ) -> anyhow::Result<(ContainerGuard, harness::Output)> {
     let fork = ContainerGuard::new(p, &unique_name("fork"));
+    let out = restore_import(&|a| p.run(a), flags, archive, &fork.name)?;
+    Ok((fork, out))
+}
+
+/// `container restore --import ARCHIVE --name NAME` under `flags`, run by `podman` (the
+/// suite's podman, or one on a storage of its own).
+pub(super) fn restore_import(
+    podman: &dyn Fn(&[&str]) -> anyhow::Result<harness::Output>,
+    flags: &[&str],
+    archive: &Path,
+    name: &str,
+) -> anyhow::Result<harness::Output> {
     let archive = archive.display().to_string();
     let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &fork.name,
-    ]);
-    let out = p.run(&args)?;
-    Ok((fork, out))
+    args.extend(["container", "restore", "--import", &archive, "--name", name]);
+    podman(&args)
 }
 
 /// Checkpoints `parent` into an archive in `dir`, imports `n` forks of it under new names,
@@ -398,6 +402,9 @@ fn import_refuses_an_image_edited_to_name_another_sandboxs_changes_or_digest() -
     ensure!(
         seen.iter().any(|f| f == "a-only.txt") && !seen.iter().any(|f| f == "b-only.txt"),
         "the fork's workspace: {seen:?}"
+    );
+    Ok(())
+}
 
 /// The variable the golden policy's placeholder lives in.
 const TOKEN_ENV: &str = "API_TOKEN";

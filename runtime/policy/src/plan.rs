@@ -48,6 +48,11 @@ pub struct SandboxPlan {
     /// (`crate::network::placeholder_value`). The proxy and every exec read them here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub credential_placeholders: BTreeMap<String, String>,
+    /// The layers a restored sandbox's restored processes run without, with the reason: the
+    /// checkpoint image could not carry them (docs/checkpoint.md#layers). `layers` still
+    /// applies them to every exec started after the restore. Empty unless restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_restored: Vec<(Layer, String)>,
 }
 
 /// What [`compile`] makes: the plan, and the spec hardened under it (the runtime adds its
@@ -108,6 +113,7 @@ pub fn compile_under(
             clamped: hardened.clamped,
             requested_seccomp,
             credential_placeholders: BTreeMap::new(),
+            not_restored: Vec::new(),
         },
     })
 }
@@ -154,6 +160,7 @@ impl SandboxPlan {
             clamped: Vec::new(),
             requested_seccomp: None,
             credential_placeholders: BTreeMap::new(),
+            not_restored: Vec::new(),
         }
     }
 
@@ -165,6 +172,21 @@ impl SandboxPlan {
             .get(name)
             .cloned()
             .unwrap_or_else(|| crate::network::legacy_placeholder_value(name))
+    }
+
+    /// Notes that the sandbox's restored processes run without `layer` (its checkpoint image
+    /// could not carry it, for `reason`) and returns the layer plan they run under: the layer
+    /// inactive with the reason, as `layers` and the audit report it. The plan itself keeps
+    /// the layer for the execs started after the restore, and names it in `not_restored`.
+    pub fn restored_without(&mut self, layer: Layer, reason: &str) -> LayerPlan {
+        self.not_restored.push((layer, reason.to_owned()));
+        let mut restored = self.layers.clone();
+        restored.apply.retain(|l| *l != layer);
+        restored.inactive.push((layer, reason.to_owned()));
+        if layer == Layer::Landlock {
+            restored.landlock = None;
+        }
+        restored
     }
 
     /// An exec'd process clamped like the init ([`harden::harden_process`]), with the
@@ -229,6 +251,7 @@ mod tests {
                 }],
                 requested_seccomp: Some(LinuxSeccomp::default()),
                 credential_placeholders: BTreeMap::new(),
+                not_restored: vec![(Layer::Landlock, "not in the image".to_owned())],
             };
             let text = serde_json::to_string(&plan).unwrap();
             let back: SandboxPlan = serde_json::from_str(&text).unwrap();
@@ -251,6 +274,36 @@ mod tests {
         assert_eq!(back.layers, layers);
         assert!(back.protected.is_empty() && back.clamped.is_empty());
         assert_eq!(back.requested_seccomp, None);
+        assert!(back.not_restored.is_empty());
+    }
+
+    /// A restore that cannot carry Landlock: the restored processes' layers say it is
+    /// inactive, and the saved plan says so too (`not_restored`) while it keeps the ruleset
+    /// every later exec is confined by.
+    #[test]
+    fn a_restored_plan_names_the_layer_its_restored_processes_lack() {
+        let policy = SandboxPolicy::builtin("agent").unwrap();
+        let facts = crate::landlock::CoverFacts::of_hardened_spec();
+        let layers = crate::layers::plan(&policy, &host(), facts).unwrap();
+        assert!(layers.apply.contains(&Layer::Landlock));
+        let mut plan = SandboxPlan::bare(policy, layers.clone());
+        let restored = plan.restored_without(Layer::Landlock, "not in the image");
+        assert!(!restored.apply.contains(&Layer::Landlock));
+        assert!(restored.landlock.is_none());
+        assert_eq!(
+            restored.inactive.last(),
+            Some(&(Layer::Landlock, "not in the image".to_owned()))
+        );
+        assert_eq!(plan.layers, layers, "later execs keep the layer");
+        assert_eq!(
+            plan.not_restored,
+            [(Layer::Landlock, "not in the image".to_owned())]
+        );
+        let saved: serde_json::Value = serde_json::to_value(&plan).unwrap();
+        assert_eq!(
+            saved["not_restored"],
+            serde_json::json!([["landlock", "not in the image"]])
+        );
     }
 
     #[test]
@@ -268,6 +321,7 @@ mod tests {
             clamped: Vec::new(),
             requested_seccomp: None,
             credential_placeholders: BTreeMap::new(),
+            not_restored: Vec::new(),
         };
         let with = plan(vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor]);
         let name = crate::apparmor::loaded_profile(&policy).name;

@@ -2,10 +2,10 @@
 
 use libcontainer::oci_spec::runtime::Spec;
 
-use super::{Host, Ids, Marks, Result};
+use super::{CreateError, Host, Ids, Marks, Result};
 use crate::enforce::mounts;
 use crate::harden::Ceiling;
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
+use crate::lifecycle::{CreateOpts, Runtime, SandboxRecord};
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -24,7 +24,7 @@ impl Runtime {
         let sandbox_dir = self.dirs.sandbox(id);
         let mount_dir = crate::harden::mount_dir(&self.dirs, id)?;
         let rootfs_src = {
-            let root = spec.root().as_ref().ok_or(LifecycleError::NoRoot {
+            let root = spec.root().as_ref().ok_or(CreateError::NoRoot {
                 bundle: opts.bundle.clone(),
             })?;
             let p = root.path();
@@ -36,7 +36,7 @@ impl Runtime {
         };
         mounts::mkdir_traversable(sandbox_dir.path())?;
         crate::sidecars::trail::init(&self.dirs, id, self.audit_dir.as_deref())
-            .map_err(LifecycleError::Audit)?;
+            .map_err(CreateError::Audit)?;
         crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
         marks.mark("audit_init");
         let record = SandboxRecord {
@@ -58,7 +58,7 @@ impl Runtime {
             let made = self
                 .procs()
                 .own_userns(&ids.ids, &policy.ucounts, &pin)
-                .map_err(LifecycleError::Userns)?;
+                .map_err(CreateError::Userns)?;
             marks.mark("userns");
             Some(made)
         } else {
@@ -113,11 +113,11 @@ impl Runtime {
                         )
                     })
                     .transpose()
-                    .map_err(LifecycleError::Changes)?;
+                    .map_err(CreateError::Changes)?;
                 let created = self.new_change_set(id, spec, policy, mount_dir, rootless)?;
                 if let (Some(created), Some(source)) = (&created, &source) {
                     crate::report::changes::copy_layer(source, created)
-                        .map_err(LifecycleError::Changes)?;
+                        .map_err(CreateError::Changes)?;
                     if let Some((from, to)) = c.reown {
                         super::restore::reown_layer(&created.base.join("upper"), from, to)?;
                     }
@@ -142,7 +142,7 @@ impl Runtime {
         let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
             return Ok(None);
         };
-        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let store = crate::report::changes::Store::locate().map_err(CreateError::Changes)?;
         let created = crate::report::changes::create(
             &store,
             &crate::report::changes::NewChangeSet {
@@ -155,7 +155,7 @@ impl Runtime {
                 rootless,
             },
         )
-        .map_err(LifecycleError::Changes)?;
+        .map_err(CreateError::Changes)?;
         self.record_change_set(id, source, &created)?;
         Ok(Some(created))
     }
@@ -194,14 +194,14 @@ impl Runtime {
         let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
             return Ok(None);
         };
-        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let store = crate::report::changes::Store::locate().map_err(CreateError::Changes)?;
         let created = crate::report::changes::reopen(
             &store,
             &restored.image(),
             &self.dirs.root,
             &mount_dir.join("workspace"),
         )
-        .map_err(LifecycleError::Changes)?;
+        .map_err(CreateError::Changes)?;
         self.record_change_set(id, source, &created)?;
         Ok(Some(created))
     }
@@ -216,5 +216,5 @@ fn effective_policy(spec: &Spec, ceiling: &Ceiling) -> Result<agent_sandbox_poli
         &ceiling.policy,
         ceiling.admin_profile(),
     )
-    .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))
+    .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))
 }

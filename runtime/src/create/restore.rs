@@ -21,13 +21,13 @@ use agent_sandbox_policy::layers::{Layer, Requirement};
 use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::Spec;
 
-use super::{Hardened, Host, Ids, Marks, Result};
+use super::{CreateError, Hardened, Host, Ids, Marks, Result};
 use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
 use crate::host::criu_image;
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
-use crate::lifecycle::{CreateOpts, LifecycleError, RestoredChange, Runtime};
+use crate::lifecycle::{CreateOpts, RestoredChange, Runtime};
 use crate::state::ContainerId;
 
 /// Options of `restore`: runc's flags, by runc's names.
@@ -112,8 +112,8 @@ pub enum RestoreError {
     Reown(#[source] crate::host::reown::ReownError),
 }
 
-fn fail(e: RestoreError) -> LifecycleError {
-    LifecycleError::Restore(Box::new(e))
+fn fail(e: RestoreError) -> CreateError {
+    CreateError::Restore(Box::new(e))
 }
 
 impl RestoreOpts {
@@ -157,10 +157,10 @@ impl Runtime {
             return Err(fail(RestoreError::Rootless));
         }
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
-            return Err(LifecycleError::Exists { id: id.clone() });
+            return Err(CreateError::Exists { id: id.clone() });
         }
         let config = opts.create.bundle.join("config.json");
-        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        let spec = Spec::load(&config).map_err(|source| CreateError::BundleConfig {
             path: config.clone(),
             source,
         })?;
@@ -250,7 +250,7 @@ impl Runtime {
         let criu = criu::Runner::start_locating();
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
-            .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+            .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
         let member = matches!(
             crate::pod::role(&spec, id)?,
             crate::pod::Role::Member { .. }
@@ -273,7 +273,7 @@ impl Runtime {
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
-        let lost = self.layers_not_restored(&mut hardened, manifest)?;
+        let lost = self.layers_not_restored(id, &mut hardened, manifest)?;
         self.install(id, &ids, &host, &hardened)?;
         marks.mark("mounts");
         let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
@@ -300,7 +300,7 @@ impl Runtime {
         *restored_pid = Some(pid);
         marks.mark("criu");
         if let Some(s) = supervisor {
-            s.ready(pid).map_err(LifecycleError::SyscallAudit)?;
+            s.ready(pid).map_err(CreateError::SyscallAudit)?;
         }
         self.record_restored(
             id, opts, &ids, &host, &hardened, pid, proxy, manifest, &lost,
@@ -355,8 +355,10 @@ impl Runtime {
 
     /// The layers the image cannot bring back: a required one refuses the restore; the
     /// others leave the plan as inactive with the reason (`layers` and the audit say so).
+    /// The saved plan names Landlock as not restored and keeps it for later execs.
     fn layers_not_restored(
         &self,
+        id: &ContainerId,
         hardened: &mut Hardened,
         manifest: &Manifest,
     ) -> Result<Vec<(String, String)>> {
@@ -370,13 +372,9 @@ impl Runtime {
             lost.push((layer, reason));
         }
         if let Some((_, reason)) = lost.iter().find(|(l, _)| l == "landlock") {
-            hardened.plan.layers.apply.retain(|l| *l != Layer::Landlock);
-            hardened
-                .plan
-                .layers
-                .inactive
-                .push((Layer::Landlock, reason.clone()));
-            hardened.plan.layers.landlock = None;
+            let restored = hardened.plan.restored_without(Layer::Landlock, reason);
+            self.dirs.sandbox(id).plan().write(&hardened.plan)?;
+            hardened.plan.layers = restored;
         }
         // What the image says it lost (the denied-syscall listener) is reported too: it
         // can only add to what is reported, never take a check away.
@@ -406,7 +404,7 @@ impl Runtime {
         self.procs()
             .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
             .map(Some)
-            .map_err(LifecycleError::Egress)
+            .map_err(CreateError::Egress)
     }
 
     /// CRIU restores the tree of the image copy `image` inside the sandbox's cgroup; its
@@ -749,11 +747,11 @@ impl Runtime {
             lost,
             &dropped,
         )
-        .map_err(LifecycleError::Audit)?;
+        .map_err(CreateError::Audit)?;
         crate::sidecars::trail::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
-            Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
+            Some(p) => Some(p.finish(id.as_str(), pid).map_err(CreateError::Egress)?),
             None => None,
         };
         if proxy_pid.is_some() {
@@ -779,7 +777,7 @@ impl Runtime {
                 &host.placeholders,
             ),
         )
-        .map_err(LifecycleError::Layers)?;
+        .map_err(CreateError::Layers)?;
         self.rearm_wall_clock(id, &hardened.plan.policy, pid, manifest.wall_clock_used_ms)?;
         tracing::info!(id = %id, pid, digest = %manifest.image_digest, "sandbox restored");
         Ok(())
