@@ -8,6 +8,12 @@
 //! verifies across `checkpointed` and `restored`. What must be refused is refused with an
 //! error naming the reason: a policy whose Landlock layer is required (CRIU cannot carry a
 //! Landlock domain), flags the runtime cannot honour, a rootless runtime, rootless podman.
+//!
+//! Restores in place pass `--ignore-static-ip`: podman otherwise asks CNI's host-local
+//! allocator for the container's old address, which sets the allocator's last reserved
+//! address back to it, so the next container made by any test running in parallel can take
+//! an address another checkpointed container waits to get back ("requested IP address ...
+//! is not available"). That is podman's behaviour under runc too, not the runtime's.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -168,7 +174,14 @@ fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() 
         "not stopped by the checkpoint\n{state}"
     );
     std::thread::sleep(Duration::from_secs(1));
-    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &name])?;
+    let out = p.run(&[
+        "--runtime-flag",
+        &flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        &name,
+    ])?;
     ensure!(out.success(), "restore failed\n{out}");
     // A program started again would count from 1: this one goes on from its memory.
     let after = count(p, &name)?;
@@ -351,7 +364,7 @@ fn restores_with_its_zombie(p: Podman, flags: &[&str], name: &str) -> anyhow::Re
         p.run_ok(&all)
     };
     run(&["container", "checkpoint", name])?;
-    run(&["container", "restore", name])?;
+    run(&["container", "restore", "--ignore-static-ip", name])?;
     let state = p.run_ok(&["inspect", "--format", "{{.State.Status}}", name])?;
     ensure!(
         state.stdout.trim() == "running",
@@ -753,7 +766,7 @@ fn runc_restored_status(edit: fn(Vec<Field>) -> Vec<Field>, field: &str) -> anyh
         "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
     ));
     edit_thread_core(&image.join("core-1.img"), edit)?;
-    p.run_ok(&["container", "restore", &g.name])?;
+    p.run_ok(&["container", "restore", "--ignore-static-ip", &g.name])?;
     let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &g.name])?;
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid.stdout.trim()))?;
     status
@@ -801,7 +814,14 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         ));
         edit_thread_core(&image.join("core-1.img"), edit)?;
         reseal_digest(&image)?;
-        let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+        let out = p.run(&[
+            "--runtime-flag",
+            &flag,
+            "container",
+            "restore",
+            "--ignore-static-ip",
+            &g.name,
+        ])?;
         ensure!(!out.success(), "the edited image was restored\n{out}");
         ensure!(
             out.stderr.contains(refusal) && out.stderr.contains(want),
@@ -863,7 +883,7 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
     let before = filters()?;
     runc.run_ok(&["container", "checkpoint", &g.name])?;
     permit_all_first_filter(&podman_image_dir(&id))?;
-    runc.run_ok(&["container", "restore", &g.name])?;
+    runc.run_ok(&["container", "restore", "--ignore-static-ip", &g.name])?;
     let after = filters()?;
     ensure!(
         after == before && before.contains("Seccomp:\t2"),
@@ -879,7 +899,14 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     permit_all_first_filter(&podman_image_dir(&id))?;
     reseal_digest(&podman_image_dir(&id))?;
-    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    let out = p.run(&[
+        "--runtime-flag",
+        &flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        &g.name,
+    ])?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
         out.stderr
@@ -946,7 +973,7 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     for d in [userdata.to_owned(), userdata.join("shm")] {
         std::os::unix::fs::chown(&d, Some(0), Some(0))?;
     }
-    let out = runc.run(&["container", "restore", &g.name])?;
+    let out = runc.run(&["container", "restore", "--ignore-static-ip", &g.name])?;
     if !out.success() {
         let log = image.with_file_name("restore.log");
         let log = std::fs::read_to_string(&log).unwrap_or_default();
@@ -968,7 +995,14 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     map_root_to_host_root(&podman_image_dir(&id))?;
     reseal_digest(&podman_image_dir(&id))?;
-    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    let out = p.run(&[
+        "--runtime-flag",
+        &flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        &g.name,
+    ])?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
         out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains("uid_map"),
@@ -1088,7 +1122,14 @@ fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> an
     // The image names a rule the ceiling does not cover: it must not come back.
     let outside_rule = format!("{COLLECTOR_HOST}:{}", outside.port());
     add_live_allow(&podman_image_dir(&id), &outside_rule)?;
-    p.run_ok(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    p.run_ok(&[
+        "--runtime-flag",
+        &flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        &g.name,
+    ])?;
     let asked = decider.questions().len();
     let got = fetch(&by_command, REGISTRY_HOST)?;
     ensure!(
@@ -1248,7 +1289,14 @@ fn a_held_id_block_is_released_after_podman_rm_and_kept_for_a_checkpoint_still_t
         "the block of the checkpoint still there was released"
     );
     // The kept one restores in place under its block, and counts on.
-    p.run_ok(&["--runtime-flag", &flag, "container", "restore", &kept.name])?;
+    p.run_ok(&[
+        "--runtime-flag",
+        &flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        &kept.name,
+    ])?;
     let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &kept.name])?;
     let map = std::fs::read_to_string(format!("/proc/{}/uid_map", pid.stdout.trim()))?;
     let start: u64 = map

@@ -101,7 +101,7 @@ fn fork_and_restore(
         .map(|_| import(p, flags, &archive))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut args = flags.to_vec();
-    args.extend(["container", "restore", parent]);
+    args.extend(["container", "restore", "--ignore-static-ip", parent]);
     p.run_ok(&args)?;
     Ok(forks)
 }
