@@ -31,6 +31,25 @@ use anyhow::{Context, bail, ensure};
 pub(super) const COUNTER: &str =
     "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
 
+/// `container restore NAME` in place under `--runtime-flag FLAG`, whatever podman answers
+/// (`--ignore-static-ip`: see the module's text).
+fn restore_in_place(p: Podman, flag: &str, name: &str) -> anyhow::Result<harness::Output> {
+    p.run(&[
+        "--runtime-flag",
+        flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        name,
+    ])
+}
+
+/// `out`, if its command succeeded.
+fn ok(out: harness::Output) -> anyhow::Result<harness::Output> {
+    ensure!(out.success(), "command failed\n{out}");
+    Ok(out)
+}
+
 /// The built-in `agent` policy with its Landlock layer `landlock` (`required`/`optional`).
 fn policy(dir: &Path, landlock: &str) -> anyhow::Result<PathBuf> {
     let agent = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/agent.toml");
@@ -174,14 +193,7 @@ fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() 
         "not stopped by the checkpoint\n{state}"
     );
     std::thread::sleep(Duration::from_secs(1));
-    let out = p.run(&[
-        "--runtime-flag",
-        &flag,
-        "container",
-        "restore",
-        "--ignore-static-ip",
-        &name,
-    ])?;
+    let out = restore_in_place(p, &flag, &name)?;
     ensure!(out.success(), "restore failed\n{out}");
     // A program started again would count from 1: this one goes on from its memory.
     let after = count(p, &name)?;
@@ -814,14 +826,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         ));
         edit_thread_core(&image.join("core-1.img"), edit)?;
         reseal_digest(&image)?;
-        let out = p.run(&[
-            "--runtime-flag",
-            &flag,
-            "container",
-            "restore",
-            "--ignore-static-ip",
-            &g.name,
-        ])?;
+        let out = restore_in_place(p, &flag, &g.name)?;
         ensure!(!out.success(), "the edited image was restored\n{out}");
         ensure!(
             out.stderr.contains(refusal) && out.stderr.contains(want),
@@ -899,14 +904,7 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     permit_all_first_filter(&podman_image_dir(&id))?;
     reseal_digest(&podman_image_dir(&id))?;
-    let out = p.run(&[
-        "--runtime-flag",
-        &flag,
-        "container",
-        "restore",
-        "--ignore-static-ip",
-        &g.name,
-    ])?;
+    let out = restore_in_place(p, &flag, &g.name)?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
         out.stderr
@@ -995,14 +993,7 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     map_root_to_host_root(&podman_image_dir(&id))?;
     reseal_digest(&podman_image_dir(&id))?;
-    let out = p.run(&[
-        "--runtime-flag",
-        &flag,
-        "container",
-        "restore",
-        "--ignore-static-ip",
-        &g.name,
-    ])?;
+    let out = restore_in_place(p, &flag, &g.name)?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
         out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains("uid_map"),
@@ -1122,14 +1113,7 @@ fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> an
     // The image names a rule the ceiling does not cover: it must not come back.
     let outside_rule = format!("{COLLECTOR_HOST}:{}", outside.port());
     add_live_allow(&podman_image_dir(&id), &outside_rule)?;
-    p.run_ok(&[
-        "--runtime-flag",
-        &flag,
-        "container",
-        "restore",
-        "--ignore-static-ip",
-        &g.name,
-    ])?;
+    ok(restore_in_place(p, &flag, &g.name)?)?;
     let asked = decider.questions().len();
     let got = fetch(&by_command, REGISTRY_HOST)?;
     ensure!(
@@ -1289,14 +1273,7 @@ fn a_held_id_block_is_released_after_podman_rm_and_kept_for_a_checkpoint_still_t
         "the block of the checkpoint still there was released"
     );
     // The kept one restores in place under its block, and counts on.
-    p.run_ok(&[
-        "--runtime-flag",
-        &flag,
-        "container",
-        "restore",
-        "--ignore-static-ip",
-        &kept.name,
-    ])?;
+    ok(restore_in_place(p, &flag, &kept.name)?)?;
     let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &kept.name])?;
     let map = std::fs::read_to_string(format!("/proc/{}/uid_map", pid.stdout.trim()))?;
     let start: u64 = map
