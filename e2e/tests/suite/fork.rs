@@ -82,6 +82,16 @@ pub(super) fn restore_import(
     podman(&args)
 }
 
+/// `podman container checkpoint --export ARCHIVE NAME` under `flags`: `name` ends, its image
+/// in `archive`.
+fn export(p: Podman, flags: &[&str], name: &str, archive: &Path) -> anyhow::Result<()> {
+    let archive = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--export", &archive, name]);
+    p.run_ok(&args)?;
+    Ok(())
+}
+
 /// Checkpoints `parent` into an archive in `dir`, imports `n` forks of it under new names,
 /// then restores the parent in place (in its own block, held for it since the checkpoint)
 /// beside them.
@@ -93,10 +103,7 @@ fn fork_and_restore(
     n: usize,
 ) -> anyhow::Result<Vec<ContainerGuard>> {
     let archive = dir.join("golden.tar");
-    let archive_arg = archive.display().to_string();
-    let mut args = flags.to_vec();
-    args.extend(["container", "checkpoint", "--export", &archive_arg, parent]);
-    p.run_ok(&args)?;
+    export(p, flags, parent, &archive)?;
     let forks = (0..n)
         .map(|_| import(p, flags, &archive))
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -212,14 +219,7 @@ fn runcs_forks_of_one_image_share_one_host_id_range() -> anyhow::Result<()> {
     let (parent, _) = p.run_detached(&[], "fork-runc", &[TOOLS_IMAGE, "sh", "-c", COUNTER])?;
     count_reaches(p, &parent.name, 3)?;
     let archive = dir.path().join("golden.tar");
-    let archive_arg = archive.display().to_string();
-    p.run_ok(&[
-        "container",
-        "checkpoint",
-        "--export",
-        &archive_arg,
-        &parent.name,
-    ])?;
+    export(p, &[], &parent.name, &archive)?;
     let a = import(p, &[], &archive)?;
     let b = import(p, &[], &archive)?;
     let (ra, rb) = (host_range(p, &a.name)?, host_range(p, &b.name)?);
@@ -372,10 +372,7 @@ fn import_refuses_an_image_edited_to_name_another_sandboxs_changes_or_digest() -
     ])?;
     count_reaches(p, &a.name, 3)?;
     let archive = dir.path().join("a.tar");
-    let archive_arg = archive.display().to_string();
-    let mut args = flags.to_vec();
-    args.extend(["container", "checkpoint", "--export", &archive_arg, &a.name]);
-    p.run_ok(&args)?;
+    export(p, &flags, &a.name, &archive)?;
     // The manifest names B and B's change set: the runtime never bound that change set to
     // this image, so nothing of B's is copied.
     let named_b = dir.path().join("named-b.tar");
