@@ -1022,6 +1022,8 @@ def section_checkpoint(args, workdir: Path, hybrid: bool) -> Section:
 
 
 FORK_PHASES = ("first", "last")
+# The --root podman gives a runtime named by path (its helpers carry it).
+PODMAN_RUNTIME_ROOT = "/run/agent-sandbox"
 
 
 class ForkCase(CheckpointCase):
@@ -1042,21 +1044,16 @@ class ForkCase(CheckpointCase):
         self.pss_kib_per_fork: list[float] = []
 
     def pss_kib(self, name: str) -> int:
-        """PSS of a fork's host processes: conmon and everything under it, and every process
-        whose command line names the container (agent-sandbox's helpers)."""
+        """PSS of a fork's host processes: conmon and everything under it, and agent-sandbox's
+        helpers (`... --root PODMAN_RUNTIME_ROOT ... ID`), as hack/bench/sandbox_pss.py counts
+        a sandbox."""
         out = subprocess.run(
             ["podman", "inspect", "--format", "{{.Id}} {{.State.ConmonPid}}", name], capture_output=True, text=True, timeout=60, check=False
         ).stdout.split()
         if len(out) != 2:
             raise CaseFailed(f"podman inspect {name}: no id and conmon pid")
         cid, conmon = out[0], int(out[1])
-        tree = sandbox_pss.children_of()
-        pids, todo = set(), [conmon]
-        while todo:
-            pid = todo.pop()
-            pids.add(pid)
-            todo.extend(tree.get(pid, []))
-        pids |= {int(e) for e in os.listdir("/proc") if e.isdigit() and cid in sandbox_pss.cmdline(int(e))}
+        pids = sandbox_pss.sandbox_processes(conmon, PODMAN_RUNTIME_ROOT, cid, sandbox_pss.children_of())
         total = 0
         for pid in pids:
             try:
