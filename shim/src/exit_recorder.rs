@@ -201,18 +201,15 @@ mod tests {
     /// A runtime binary that is a shell script: `body` runs for `exit-recorder` (stdin and
     /// stdout the shim's socket), and every run's first word goes to `calls`.
     fn fake_runtime(dir: &std::path::Path, body: &str) -> Runtime {
-        use std::os::unix::fs::PermissionsExt;
         let bin = dir.join("runtime");
         let calls = dir.join("calls");
-        std::fs::write(
+        crate::test_util::write_script(
             &bin,
-            format!(
+            &format!(
                 "#!/bin/sh\nshift 6\necho \"$1\" >>{}\n[ \"$1\" = exit-recorder ] || exit 0\n{body}\n",
                 calls.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let opts = RuntimeOptions {
             runtime: bin,
             ..RuntimeOptions::defaults("default")

@@ -16,6 +16,8 @@ mod runtime;
 mod shim;
 mod stdio;
 mod task;
+#[cfg(test)]
+mod test_util;
 
 /// containerd resolves `--runtime io.agent.sandbox` to this binary's name.
 const RUNTIME_ID: &str = "io.agent.sandbox";

@@ -5,7 +5,7 @@
 //! server; the exits of the script and of the process standing in for the init are reaped
 //! here and broadcast as the shim's own reaper does.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use containerd_shim::{ExitSignal, protos::types::task::Status};
 
 use super::TaskService;
 use crate::error::TaskError;
+use crate::test_util::write_script;
 
 /// The runtime binary: global flags first (`--root R --log L --log-format json`), then the
 /// command. Each run appends its command line, without the global flags, to `argv`. A file
@@ -163,8 +164,7 @@ impl Harness {
         start_reaper();
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("fake-runtime");
-        std::fs::write(&bin, SCRIPT).unwrap();
-        set_mode(&bin, 0o755);
+        write_script(&bin, SCRIPT);
         std::os::unix::fs::symlink("/bin/sleep", dir.path().join("fake-init")).unwrap();
         std::fs::create_dir(dir.path().join("bundle")).unwrap();
         let events = Recorded::default();
@@ -323,11 +323,6 @@ impl Drop for Harness {
     }
 }
 
-fn set_mode(path: &Path, mode: u32) {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
 /// The ttrpc code containerd gets for `e` (the one `From` impl every RPC goes through).
 fn code(e: TaskError) -> (Code, String) {
     match Error::from(e) {
@@ -382,15 +377,14 @@ async fn every_run_gets_the_root_and_the_json_log_of_the_options() {
     let mut h = Harness::new().await;
     // The whole argv, global flags included, before the script parses them.
     let bin = h.path("fake-runtime");
-    std::fs::write(
+    write_script(
         &bin,
-        SCRIPT.replacen(
+        &SCRIPT.replacen(
             "dir=$(dirname \"$0\")\n",
             "dir=$(dirname \"$0\")\necho \"$*\" >>\"$dir/global\"\n",
             1,
         ),
-    )
-    .unwrap();
+    );
     h.create().await.unwrap();
     let global = std::fs::read_to_string(h.path("global")).unwrap();
     let root = h.path("root").display().to_string();
@@ -509,7 +503,7 @@ async fn a_runtime_without_exit_records_gets_a_plain_delete() {
         "case \"$*\" in *--exit-pid*) printf '{\"level\":\"error\",\"msg\":\"flag provided but not defined: -exit-pid\"}\\n' >>\"$log\"; exit 1 ;; esac\ncase $cmd in",
         1,
     );
-    std::fs::write(&bin, refusing).unwrap();
+    write_script(&bin, &refusing);
     assert_eq!(h.delete().await.unwrap(), 137);
     let argv = h.argv();
     assert_eq!(
