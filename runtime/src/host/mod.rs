@@ -2,6 +2,7 @@
 //! changes one place.
 
 pub mod apparmor;
+pub mod console;
 pub mod cgroups;
 pub mod criu;
 pub mod criu_image;
