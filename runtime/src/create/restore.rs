@@ -437,14 +437,7 @@ impl Runtime {
         let script = criu::ActionScript::for_exe(&hook);
         let _ = std::fs::remove_file(dir.restore_verdict());
         // Held until CRIU is done: CRIU inherits its slave.
-        let terminal = match terminal(opts, manifest).map_err(fail)? {
-            Some((key, socket)) => Some((
-                key,
-                NewTerminal::make(expected.ids.host_start, socket)
-                    .map_err(|e| fail(e.into()))?,
-            )),
-            None => None,
-        };
+        let terminal = new_terminal(opts, manifest, expected.ids.host_start)?;
         let work = opts
             .criu
             .work_path
@@ -526,6 +519,20 @@ fn terminal<'a>(
         (None, Some(_)) => Err(RestoreError::NoTerminal),
         (None, None) => Ok(None),
     }
+}
+
+/// The restored sandbox's new terminal, if the image's sandbox had one: its master sent to
+/// the console socket, its slave given to `uid` (the sandbox's host root id) for CRIU.
+fn new_terminal(
+    opts: &RestoreOpts,
+    manifest: &Manifest,
+    uid: u32,
+) -> Result<Option<(TtyKey, NewTerminal)>> {
+    let Some((key, socket)) = terminal(opts, manifest).map_err(fail)? else {
+        return Ok(None);
+    };
+    let made = NewTerminal::make(uid, socket).map_err(|e| fail(e.into()))?;
+    Ok(Some((key, made)))
 }
 
 /// A restore under another id than the image's sandbox: a fork (docs/checkpoint.md#fork).
@@ -1062,7 +1069,9 @@ mod tests {
             (&with_socket, None, "had no terminal"),
             (&with_socket, Some("tty[8800:4a]:fd[0]"), "not CRIU's name"),
         ] {
-            let e = terminal(opts, &manifest(terminal_key)).unwrap_err().to_string();
+            let e = terminal(opts, &manifest(terminal_key))
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains(says) && e.contains("docs/checkpoint.md#terminals"),
                 "{e}"

@@ -66,7 +66,7 @@ impl TtyKey {
             };
             let rdev = meta.rdev();
             if std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type())
-                && PTY_SLAVE_MAJORS.contains(&u64::from(nix::sys::stat::major(rdev)))
+                && PTY_SLAVE_MAJORS.contains(&nix::sys::stat::major(rdev))
             {
                 return Ok(Some(Self {
                     rdev,
@@ -136,10 +136,8 @@ impl NewTerminal {
         )
         .map_err(|source| ConsoleError::Own { uid, source })?;
         let link = PathBuf::from(format!("/proc/self/fd/{}", pty.slave.as_raw_fd()));
-        let path = std::fs::read_link(&link).map_err(|source| ConsoleError::Stat {
-            path: link,
-            source,
-        })?;
+        let path = std::fs::read_link(&link)
+            .map_err(|source| ConsoleError::Stat { path: link, source })?;
         send_master(socket, &pty.master).map_err(|source| ConsoleError::Send {
             path: socket.to_owned(),
             source,
@@ -267,7 +265,11 @@ mod tests {
         let term = NewTerminal::make(me, &socket).unwrap();
         let (master, name) = receiver.join().unwrap();
         assert_eq!(name, b"/dev/ptmx");
-        assert!(term.path().starts_with("/dev/pts"), "{}", term.path().display());
+        assert!(
+            term.path().starts_with("/dev/pts"),
+            "{}",
+            term.path().display()
+        );
         // What the slave's holder writes, the master's holder reads.
         nix::unistd::write(&term.slave, b"hi\n").unwrap();
         let mut buf = [0u8; 16];

@@ -718,7 +718,10 @@ mod tests {
         };
         assert!(matches!(
             restore_map(&image, &src),
-            Err(CriuError::UnknownExternal { kind: "console", .. })
+            Err(CriuError::UnknownExternal {
+                kind: "console",
+                ..
+            })
         ));
         src.console = Some(Path::new("/dev/pts/7"));
         assert_eq!(
@@ -731,7 +734,10 @@ mod tests {
         }];
         assert!(matches!(
             restore_map(&moved, &src),
-            Err(CriuError::UnknownExternal { kind: "console", .. })
+            Err(CriuError::UnknownExternal {
+                kind: "console",
+                ..
+            })
         ));
     }
 

@@ -2,8 +2,8 @@
 //! changes one place.
 
 pub mod apparmor;
-pub mod console;
 pub mod cgroups;
+pub mod console;
 pub mod criu;
 pub mod criu_image;
 pub mod idmap;
