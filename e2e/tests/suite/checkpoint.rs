@@ -647,7 +647,9 @@ fn type_line(p: Podman, name: &str, line: &str) -> anyhow::Result<()> {
 /// `name`, and shows it goes on on a terminal: the count continues, its output is a
 /// terminal still, `podman logs` gets its new ticks, `podman exec` runs, what the sandbox
 /// writes to `/dev/console` reaches the log, and a line typed on the terminal reaches it.
-fn terminal_carried(p: Podman, flags: &[&str], name: &str) -> anyhow::Result<()> {
+/// Returns the restored tasks' `CapEff`, `NoNewPrivs` and `Seccomp` lines (the init and
+/// its children), read on the host.
+fn terminal_carried(p: Podman, flags: &[&str], name: &str) -> anyhow::Result<Vec<String>> {
     let before = count_reaches(p, name, 5)?;
     let mut checkpoint = flags.to_vec();
     checkpoint.extend(["container", "checkpoint", name]);
@@ -687,7 +689,33 @@ fn terminal_carried(p: Podman, flags: &[&str], name: &str) -> anyhow::Result<()>
         typed.stdout.trim() == "typed-after-restore",
         "a line typed on the terminal did not reach the program\n{typed}"
     );
-    Ok(())
+    restored_credentials(p, name)
+}
+
+/// `CapEff NoNewPrivs Seccomp` of the init of `name` and of each of its children.
+fn restored_credentials(p: Podman, name: &str) -> anyhow::Result<Vec<String>> {
+    let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", name])?;
+    let pid = pid.stdout.trim().to_owned();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))?;
+    let mut out = Vec::new();
+    for task in std::iter::once(pid.as_str()).chain(children.split_whitespace()) {
+        let status = std::fs::read_to_string(format!("/proc/{task}/status"))?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}:")))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        out.push(format!(
+            "{} {} {}",
+            field("CapEff"),
+            field("NoNewPrivs"),
+            field("Seccomp")
+        ));
+    }
+    ensure!(out.len() >= 2, "no child of the init: {out:?}");
+    Ok(out)
 }
 
 #[test]
@@ -701,7 +729,14 @@ fn a_sandbox_with_a_terminal_checkpoints_and_restores_on_a_terminal_as_under_run
         "ckpt-tty-runc",
         &["-t", TOOLS_IMAGE, "sh", "-c", TTY_COUNTER],
     )?;
-    terminal_carried(runc, &[], &g.name).context("under runc")?;
+    let runc_creds = terminal_carried(runc, &[], &g.name).context("under runc")?;
+    // runc's restored program holds podman's default capabilities, without no_new_privs.
+    ensure!(
+        runc_creds
+            .iter()
+            .any(|c| !c.starts_with("0000000000000000 ") && c.contains(" 0 ")),
+        "runc's restored tasks: {runc_creds:?}"
+    );
     drop(g);
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
     let (_dir, ws, policy) = fixture("optional")?;
@@ -721,7 +756,13 @@ fn a_sandbox_with_a_terminal_checkpoints_and_restores_on_a_terminal_as_under_run
             TTY_COUNTER,
         ],
     )?;
-    terminal_carried(p, &["--runtime-flag", &flag], &g.name)?;
+    // The new terminal is the only thing that changed: every restored task has no
+    // capability, no_new_privs and the sandbox's seccomp filter (the pre-resume check).
+    let creds = terminal_carried(p, &["--runtime-flag", &flag], &g.name)?;
+    ensure!(
+        creds.iter().all(|c| c == "0000000000000000 1 2"),
+        "restored tasks: {creds:?}"
+    );
     harness::runtime_ok(&["audit", "verify", &id])?;
     Ok(())
 }
