@@ -100,7 +100,7 @@ pub struct RestoreArgs {
     #[command(flatten)]
     pub criu: CriuArgs,
     /// path to an AF_UNIX socket which will receive a file descriptor referencing the master
-    /// end of the console's pseudoterminal (refused: docs/checkpoint.md#flags)
+    /// end of the console's pseudoterminal
     #[arg(long = "console-socket", value_name = "value")]
     pub console_socket: Option<PathBuf>,
     /// path to the root of the bundle directory

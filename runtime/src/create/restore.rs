@@ -24,6 +24,7 @@ use libcontainer::oci_spec::runtime::Spec;
 use super::{CreateError, Hardened, Host, Ids, Marks, Result};
 use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
+use crate::host::console::{NewTerminal, TtyKey};
 use crate::host::criu::{self, CriuError};
 use crate::host::criu_image;
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
@@ -110,6 +111,18 @@ pub enum RestoreError {
     ForkIds(#[source] criu_image::CriuImageError),
     #[error("cannot re-own the fork's copy of the workspace changes (docs/checkpoint.md#fork)")]
     Reown(#[source] crate::host::reown::ReownError),
+    #[error(
+        "the image's sandbox had a terminal: restore needs --console-socket, where its new \
+         terminal goes (docs/checkpoint.md#terminals)"
+    )]
+    NoConsoleSocket,
+    #[error(
+        "--console-socket was given, but the image's sandbox had no terminal \
+         (docs/checkpoint.md#terminals)"
+    )]
+    NoTerminal,
+    #[error(transparent)]
+    Terminal(#[from] crate::host::console::ConsoleError),
 }
 
 fn fail(e: RestoreError) -> CreateError {
@@ -123,11 +136,6 @@ impl RestoreOpts {
             Some((
                 "--lsm-profile",
                 "the sandbox's own AppArmor profile is applied, not one the caller names",
-            ))
-        } else if self.create.console_socket.is_some() {
-            Some((
-                "--console-socket",
-                "a sandbox with a terminal cannot be restored yet",
             ))
         } else if self
             .criu
@@ -251,6 +259,7 @@ impl Runtime {
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
             .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+        terminal(opts, manifest).map_err(fail)?;
         let member = matches!(
             crate::pod::role(&spec, id)?,
             crate::pod::Role::Member { .. }
@@ -427,6 +436,8 @@ impl Runtime {
         let (hook, hook_env) = hook(&self.dirs.root, id).map_err(fail)?;
         let script = criu::ActionScript::for_exe(&hook);
         let _ = std::fs::remove_file(dir.restore_verdict());
+        // Held until CRIU is done: CRIU inherits its slave.
+        let terminal = new_terminal(opts, manifest, expected.ids.host_start)?;
         let work = opts
             .criu
             .work_path
@@ -453,8 +464,12 @@ impl Runtime {
         ];
         args.extend(opts.criu.criu_options());
         args.extend(inherit_stdio(&manifest.stdio));
+        if let Some((key, t)) = &terminal {
+            args.extend(t.inherit_args(*key));
+        }
+        let console = terminal.as_ref().map(|(_, t)| t.path());
         let uid = expected.ids.host_start;
-        let ran = external_args(&manifest.externals, &hardened.spec, &cgroups.dirs)
+        let ran = external_args(&manifest.externals, &hardened.spec, &cgroups.dirs, console)
             .and_then(|ext| {
                 args.extend(ext);
                 image_access(image, uid)
@@ -490,6 +505,34 @@ impl Runtime {
             },
         }))
     }
+}
+
+/// The image's terminal and the console socket its new one's master goes to: both or
+/// neither (docs/checkpoint.md#terminals).
+fn terminal<'a>(
+    opts: &'a RestoreOpts,
+    manifest: &Manifest,
+) -> std::result::Result<Option<(TtyKey, &'a Path)>, RestoreError> {
+    match (&manifest.terminal, &opts.create.console_socket) {
+        (Some(key), Some(socket)) => Ok(Some((TtyKey::parse(key)?, socket.as_path()))),
+        (Some(_), None) => Err(RestoreError::NoConsoleSocket),
+        (None, Some(_)) => Err(RestoreError::NoTerminal),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The restored sandbox's new terminal, if the image's sandbox had one: its master sent to
+/// the console socket, its slave given to `uid` (the sandbox's host root id) for CRIU.
+fn new_terminal(
+    opts: &RestoreOpts,
+    manifest: &Manifest,
+    uid: u32,
+) -> Result<Option<(TtyKey, NewTerminal)>> {
+    let Some((key, socket)) = terminal(opts, manifest).map_err(fail)? else {
+        return Ok(None);
+    };
+    let made = NewTerminal::make(uid, socket).map_err(|e| fail(e.into()))?;
+    Ok(Some((key, made)))
 }
 
 /// A restore under another id than the image's sandbox: a fork (docs/checkpoint.md#fork).
@@ -617,12 +660,13 @@ fn image_access(dir: &Path, uid: u32) -> std::result::Result<(), RestoreError> {
     Ok(())
 }
 
-/// `--ext-mount-map` pairs for the image's external mounts, from the restoring spec's binds
-/// and the sandbox's cgroup directories (`host::criu::restore_map`).
+/// `--ext-mount-map` pairs for the image's external mounts, from the restoring spec's binds,
+/// the sandbox's cgroup directories and its new terminal (`host::criu::restore_map`).
 fn external_args(
     image: &[criu::External],
     spec: &Spec,
     cgroups: &std::collections::BTreeMap<String, PathBuf>,
+    console: Option<&Path>,
 ) -> std::result::Result<Vec<String>, RestoreError> {
     let binds: Vec<(String, PathBuf)> = spec
         .mounts()
@@ -646,6 +690,7 @@ fn external_args(
         &criu::Sources {
             binds: &binds,
             cgroups: &cgroups,
+            console,
         },
     )?;
     Ok(map
@@ -992,6 +1037,46 @@ mod tests {
             fine.criu.criu_options(),
             ["--tcp-established", "--file-locks"]
         );
+    }
+
+    #[test]
+    fn a_terminal_needs_a_console_socket_and_a_console_socket_a_terminal() {
+        let manifest = |terminal: Option<&str>| -> Manifest {
+            serde_json::from_value(serde_json::json!({
+                "format": FORMAT, "id": "c", "image_digest": "d", "plan_digest": "p",
+                "ids": {"host_start": 1_000_000, "size": 65536}, "wall_clock_used_ms": 0,
+                "audit_head": null, "externals": [], "change": null, "not_carried": [],
+                "terminal": terminal,
+            }))
+            .unwrap()
+        };
+        let with_socket = RestoreOpts {
+            create: CreateOpts {
+                console_socket: Some("/tmp/conmon-term.x/sock".into()),
+                ..CreateOpts::default()
+            },
+            ..RestoreOpts::default()
+        };
+        let none = RestoreOpts::default();
+        let (key, socket) = terminal(&with_socket, &manifest(Some("tty[8800:4a]")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(key.to_string(), "tty[8800:4a]");
+        assert_eq!(socket, Path::new("/tmp/conmon-term.x/sock"));
+        assert!(terminal(&none, &manifest(None)).unwrap().is_none());
+        for (opts, terminal_key, says) in [
+            (&none, Some("tty[8800:4a]"), "needs --console-socket"),
+            (&with_socket, None, "had no terminal"),
+            (&with_socket, Some("tty[8800:4a]:fd[0]"), "not CRIU's name"),
+        ] {
+            let e = terminal(opts, &manifest(terminal_key))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(says) && e.contains("docs/checkpoint.md#terminals"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

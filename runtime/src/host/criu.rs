@@ -80,6 +80,9 @@ pub enum External {
     /// A cgroup v1 hierarchy (`/sys/fs/cgroup/CONTROLLER`), or the unified hierarchy
     /// (controller [`UNIFIED`]): at restore, the sandbox's directory in it.
     Cgroup { dest: String, controller: String },
+    /// The sandbox's terminal bound over `/dev/console` (a pty slave of its devpts, whose
+    /// master is the engine's): at restore, the new terminal's slave (`host::console`).
+    Console { dest: String },
 }
 
 impl External {
@@ -88,7 +91,8 @@ impl External {
         match self {
             External::Bind { dest }
             | External::Device { dest, .. }
-            | External::Cgroup { dest, .. } => dest,
+            | External::Cgroup { dest, .. }
+            | External::Console { dest } => dest,
         }
     }
 }
@@ -156,8 +160,12 @@ pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
         .collect();
     let mut out = Vec::new();
     for l in &lines {
+        // One pty of the devpts bound alone: CRIU looks for its master in the image.
+        let pty = l.fstype == "devpts" && l.root != "/" && l.root != "/ptmx";
         let external = l.point != "/"
-            && (!INTERNAL_FS.contains(&l.fstype.as_str()) || !whole.contains(l.device.as_str()));
+            && (pty
+                || !INTERNAL_FS.contains(&l.fstype.as_str())
+                || !whole.contains(l.device.as_str()));
         if !external {
             continue;
         }
@@ -178,6 +186,7 @@ pub fn externals(mountinfo: &str) -> Result<Vec<External>, CriuError> {
                 controller: UNIFIED.to_owned(),
                 dest,
             },
+            "devpts" => External::Console { dest },
             "devtmpfs" => External::Device {
                 name: l.root.trim_start_matches('/').to_owned(),
                 dest,
@@ -194,6 +203,8 @@ pub struct Sources<'a> {
     pub binds: &'a [(String, PathBuf)],
     /// The sandbox's directory in each cgroup v1 hierarchy, by controller.
     pub cgroups: &'a std::collections::BTreeMap<String, PathBuf>,
+    /// The restored sandbox's new terminal (its slave's host path), if it has one.
+    pub console: Option<&'a Path>,
 }
 
 /// CRIU's `--ext-mount-map KEY:PATH` pairs for a restore: each of the image's external
@@ -226,6 +237,11 @@ pub fn restore_map(
                     .get(controller)
                     .cloned()
                     .ok_or_else(|| unknown("cgroup"))?,
+                External::Console { dest } => sources
+                    .console
+                    .filter(|_| dest == CONSOLE)
+                    .map(Path::to_owned)
+                    .ok_or_else(|| unknown("console"))?,
             };
             if e.dest().contains([':', '\n']) {
                 return Err(CriuError::MountName {
@@ -236,6 +252,9 @@ pub fn restore_map(
         })
         .collect()
 }
+
+/// Where a sandbox with a terminal has it bound (the OCI runtime spec's console).
+const CONSOLE: &str = "/dev/console";
 
 /// The name of the runtime's own file in an image directory.
 pub const MANIFEST: &str = "agent-sandbox.json";
@@ -665,6 +684,7 @@ mod tests {
         let src = Sources {
             binds: &[],
             cgroups: &cgroups,
+            console: None,
         };
         assert_eq!(
             restore_map(&image, &src).unwrap(),
@@ -673,6 +693,52 @@ mod tests {
                 PathBuf::from("/sys/fs/cgroup/machine.slice/libpod-2.scope")
             )]
         );
+    }
+
+    #[test]
+    fn the_terminal_bound_over_dev_console_is_external_and_only_a_new_one_restores_it() {
+        let info = "\
+104 65 0:41 / / ro,relatime - overlay overlay rw,lowerdir=/l
+110 104 0:60 / /dev/pts rw,nosuid - devpts devpts rw,newinstance,ptmxmode=0666
+111 104 0:60 /0 /dev/console rw,nosuid - devpts devpts rw,newinstance,ptmxmode=0666
+";
+        let image = externals(info).unwrap();
+        assert_eq!(
+            image,
+            vec![External::Console {
+                dest: "/dev/console".into()
+            }],
+            "the devpts itself is the sandbox's own"
+        );
+        let (binds, cgroups) = sources();
+        let mut src = Sources {
+            binds: &binds,
+            cgroups: &cgroups,
+            console: None,
+        };
+        assert!(matches!(
+            restore_map(&image, &src),
+            Err(CriuError::UnknownExternal {
+                kind: "console",
+                ..
+            })
+        ));
+        src.console = Some(Path::new("/dev/pts/7"));
+        assert_eq!(
+            restore_map(&image, &src).unwrap(),
+            vec![("/dev/console".to_owned(), PathBuf::from("/dev/pts/7"))]
+        );
+        // An image that asks for the terminal elsewhere is refused.
+        let moved = [External::Console {
+            dest: "/etc/profile".into(),
+        }];
+        assert!(matches!(
+            restore_map(&moved, &src),
+            Err(CriuError::UnknownExternal {
+                kind: "console",
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -699,6 +765,7 @@ mod tests {
         let src = Sources {
             binds: &binds,
             cgroups: &cgroups,
+            console: None,
         };
         let got = restore_map(&externals(INFO).unwrap()[..2], &src).unwrap();
         assert_eq!(
@@ -727,6 +794,7 @@ mod tests {
         let src = Sources {
             binds: &binds,
             cgroups: &cgroups,
+            console: None,
         };
         for (edited, kind) in [
             (

@@ -3,6 +3,7 @@
 
 pub mod apparmor;
 pub mod cgroups;
+pub mod console;
 pub mod criu;
 pub mod criu_image;
 pub mod idmap;

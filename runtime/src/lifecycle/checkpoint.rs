@@ -17,6 +17,7 @@ use libcontainer::oci_spec::runtime::Spec;
 use serde::{Deserialize, Serialize};
 
 use super::{LookupError, PlanError, Runtime, status_name};
+use crate::host::console::TtyKey;
 use crate::host::criu::{self, CriuError, External};
 use crate::host::idmap::IdRange;
 use crate::state::ContainerId;
@@ -125,12 +126,8 @@ pub enum CheckpointError {
          (docs/checkpoint.md#init)"
     )]
     ReaperInit,
-    #[error(
-        "a sandbox with a terminal (process.terminal, podman -t) cannot be checkpointed yet: \
-         its terminal's other end is held outside the sandbox, which the image cannot carry \
-         (docs/checkpoint.md#terminals)"
-    )]
-    Terminal,
+    #[error(transparent)]
+    Console(#[from] crate::host::console::ConsoleError),
     #[error(transparent)]
     Criu(#[from] CriuError),
     #[error("container {id} is {status}, not {wanted}")]
@@ -195,6 +192,11 @@ pub(crate) struct Manifest {
     /// caller's own in their place, as runc does.
     #[serde(default)]
     pub stdio: Vec<String>,
+    /// CRIU's name of the sandbox's terminal (`tty[RDEV:DEV]`), dumped as external: a
+    /// restore hands CRIU a new terminal under this name (`host::console`). The image's
+    /// word, checked for CRIU's form.
+    #[serde(default)]
+    pub terminal: Option<String>,
     /// The sandbox's credential placeholders (`SandboxPlan::credential_placeholders`), which
     /// its processes hold in their environment: a restore in place keeps them, a fork gets
     /// new ones (docs/checkpoint.md#fork). The image's word: one that is not a placeholder
@@ -278,7 +280,8 @@ impl CheckpointOpts {
 }
 
 /// Refuses a sandbox the image cannot carry whole: a layer its policy requires that CRIU
-/// does not save, the runtime's own reaping init, or a terminal held outside it.
+/// does not save, or the runtime's own reaping init. A terminal is carried: the dump names
+/// it external and the restore hands over a new one (`host::console`).
 fn refuse_uncarriable(
     carried: &[(String, Requirement, String)],
     policy: &SandboxPolicy,
@@ -292,9 +295,6 @@ fn refuse_uncarriable(
     }
     if crate::enforce::reaper::wanted(policy, spec) {
         return Err(CheckpointError::ReaperInit);
-    }
-    if spec.process().as_ref().and_then(|p| p.terminal()) == Some(true) {
-        return Err(CheckpointError::Terminal);
     }
     Ok(())
 }
@@ -334,7 +334,10 @@ impl Runtime {
                     .unwrap_or_default()
             })
             .collect();
-        let externals = self.dump_thawed(&mut c, id, pid, &record, &spec, opts)?;
+        let Dumped {
+            externals,
+            terminal,
+        } = self.dump_thawed(&mut c, id, pid, &record, &spec, opts)?;
         let image_digest = criu::image_digest(&opts.criu.image_path)?;
         let wall_clock_used_ms = wall_clock_used(&dir);
         let audit_head =
@@ -356,6 +359,7 @@ impl Runtime {
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
             live_rules: crate::sidecars::trail::live_rules(&self.dirs, id),
             stdio,
+            terminal: terminal.map(|k| k.to_string()),
             placeholders: dir
                 .plan()
                 .read_if_present::<agent_sandbox_policy::SandboxPlan>()?
@@ -396,7 +400,7 @@ impl Runtime {
         record: &super::SandboxRecord,
         spec: &oci_spec::runtime::Spec,
         opts: &CheckpointOpts,
-    ) -> Result<Vec<External>> {
+    ) -> Result<Dumped> {
         let was_paused = c.status() == ContainerStatus::Paused;
         if was_paused {
             c.resume()
@@ -413,14 +417,14 @@ impl Runtime {
     }
 
     /// Runs `criu dump` of the tree of `pid` into the image directory; returns the external
-    /// mounts it was told about.
+    /// mounts and terminal it was told about.
     fn dump(
         &self,
         pid: i32,
         record: &super::SandboxRecord,
         spec: &libcontainer::oci_spec::runtime::Spec,
         opts: &CheckpointOpts,
-    ) -> std::result::Result<Vec<External>, CheckpointError> {
+    ) -> std::result::Result<Dumped, CheckpointError> {
         let runner = criu::Runner::locate()?;
         private_dir(&opts.criu.image_path)?;
         if let Some(work) = &opts.criu.work_path {
@@ -453,6 +457,17 @@ impl Runtime {
             args.push("--ext-mount-map".to_owned());
             args.push(format!("{0}:{0}", e.dest()));
         }
+        // The terminal's master is the engine's, outside the sandbox: its slave is named
+        // external, and a restore hands over a new one (docs/checkpoint.md#terminals).
+        let terminal = if spec.process().as_ref().and_then(|p| p.terminal()) == Some(true) {
+            TtyKey::of_init(Path::new("/proc"), pid)?
+        } else {
+            None
+        };
+        if let Some(key) = terminal {
+            args.push("--external".to_owned());
+            args.push(key.to_string());
+        }
         // CRIU reads each process's rlimits with prlimit, which a root without
         // CAP_SYS_RESOURCE may do only as the processes' own user.
         let as_uid = criu::needs_sandbox_uid().then_some(record.ids.host_start);
@@ -472,8 +487,17 @@ impl Runtime {
             }
         }
         ran?;
-        Ok(externals)
+        Ok(Dumped {
+            externals,
+            terminal,
+        })
     }
+}
+
+/// What a dump told CRIU was outside the sandbox: its mounts and its terminal.
+struct Dumped {
+    externals: Vec<External>,
+    terminal: Option<TtyKey>,
 }
 
 /// The sandbox's change set, if it has one, bound to the image it was just checkpointed to
