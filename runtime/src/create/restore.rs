@@ -110,6 +110,15 @@ pub enum RestoreError {
     ForkIds(#[source] criu_image::CriuImageError),
     #[error("cannot re-own the fork's copy of the workspace changes (docs/checkpoint.md#fork)")]
     Reown(#[source] crate::host::reown::ReownError),
+    #[error(
+        "the restoring policy changes {key}, which the checkpoint image carries as its sandbox \
+         had it ({carried_by}): a restore or a fork may change only the keys it applies again \
+         (docs/checkpoint.md#the-policy-of-a-fork)"
+    )]
+    CarriedKey {
+        key: &'static str,
+        carried_by: &'static str,
+    },
 }
 
 fn fail(e: RestoreError) -> CreateError {
@@ -270,6 +279,7 @@ impl Runtime {
             reown: is_fork(id, manifest).then_some((manifest.ids, ids.ids)),
         });
         create.keep_placeholders = kept_placeholders(id, manifest);
+        create.image_policy = manifest.policy.clone().map(Box::new);
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
@@ -880,6 +890,22 @@ impl Runtime {
         tracing::error!(id = %id, error = %refusal, "restored sandbox refused");
         written?;
         Ok(())
+    }
+}
+
+/// The restoring sandbox's effective `policy` keeps every key whose effect the image
+/// carries as the image's sandbox had it (`image`, the manifest's word): checked before the
+/// host is prepared for the restore, so a refused restore copies and mounts nothing.
+pub(super) fn keeps_carried_keys(
+    image: &agent_sandbox_policy::SandboxPolicy,
+    policy: &agent_sandbox_policy::SandboxPolicy,
+) -> Result<()> {
+    match agent_sandbox_policy::carried::changed_carried_key(image, policy) {
+        None => Ok(()),
+        Some(k) => Err(fail(RestoreError::CarriedKey {
+            key: k.key,
+            carried_by: k.carried_by,
+        })),
     }
 }
 
