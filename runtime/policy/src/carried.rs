@@ -31,52 +31,29 @@ const CREDS: &str = "the restored tasks' credentials";
 /// again. Whether an `https` credential exists is carried (the CA's mounts), which
 /// credentials they are is not.
 pub fn changed_carried_key(image: &SandboxPolicy, restoring: &SandboxPolicy) -> Option<CarriedKey> {
-    let (a, b) = (&image.filesystem, &restoring.filesystem);
-    let checks: [(bool, &'static str, &'static str); 13] = [
-        (
-            a.readonly_rootfs == b.readonly_rootfs,
-            "filesystem.readonly_rootfs",
-            MOUNTS,
-        ),
-        (a.scratch == b.scratch, "filesystem.scratch", MOUNTS),
-        (a.workspace == b.workspace, "filesystem.workspace", MOUNTS),
-        (a.protected == b.protected, "filesystem.protected", MOUNTS),
-        (
-            a.masked_paths == b.masked_paths,
-            "filesystem.masked_paths",
-            MOUNTS,
-        ),
-        (
-            a.readonly_paths == b.readonly_paths,
-            "filesystem.readonly_paths",
-            MOUNTS,
-        ),
-        (
-            image.identity.user_namespace == restoring.identity.user_namespace,
-            "identity.user_namespace",
-            IDS,
-        ),
-        (
-            image.identity.id_range == restoring.identity.id_range,
-            "identity.id_range",
-            IDS,
-        ),
-        (
-            image.privileges.no_new_privs == restoring.privileges.no_new_privs,
-            "privileges.no_new_privs",
-            CREDS,
-        ),
-        (
-            image.privileges.capabilities == restoring.privileges.capabilities,
-            "privileges.capabilities",
-            CREDS,
-        ),
-        (image.syscalls == restoring.syscalls, "syscalls", SECCOMP),
-        (
-            image.resources.init == restoring.resources.init,
-            "resources.init",
-            "the restored process tree (its PID 1)",
-        ),
+    // Each key compared by the field it names, so a key's name cannot drift from its field.
+    macro_rules! same {
+        ($first:ident $(. $rest:ident)* => $carried_by:expr) => {
+            (
+                image.$first$(.$rest)* == restoring.$first$(.$rest)*,
+                concat!(stringify!($first) $(, ".", stringify!($rest))*),
+                $carried_by,
+            )
+        };
+    }
+    let checks = [
+        same!(filesystem.readonly_rootfs => MOUNTS),
+        same!(filesystem.scratch => MOUNTS),
+        same!(filesystem.workspace => MOUNTS),
+        same!(filesystem.protected => MOUNTS),
+        same!(filesystem.masked_paths => MOUNTS),
+        same!(filesystem.readonly_paths => MOUNTS),
+        same!(identity.user_namespace => IDS),
+        same!(identity.id_range => IDS),
+        same!(privileges.no_new_privs => CREDS),
+        same!(privileges.capabilities => CREDS),
+        same!(syscalls => SECCOMP),
+        same!(resources.init => "the restored process tree (its PID 1)"),
         (
             image.network.terminates_tls() == restoring.network.terminates_tls(),
             "network.credentials",
@@ -131,7 +108,9 @@ mod tests {
         let mut fork = agent();
         fork.filesystem.masked_paths = vec![crate::value::AbsPath::from_trusted("/proc/cpuinfo")];
         fork.privileges.capabilities.clear();
-        fork.syscalls.deny = parse("[syscalls]\ndeny = [\"personality\"]\n").syscalls.deny;
+        fork.syscalls.deny = parse("[syscalls]\ndeny = [\"personality\"]\n")
+            .syscalls
+            .deny;
         let got = changed_carried_key(&agent(), &fork).unwrap();
         assert_eq!(got.key, "filesystem.masked_paths");
         assert_eq!(got.carried_by, MOUNTS);

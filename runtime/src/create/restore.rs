@@ -119,6 +119,12 @@ pub enum RestoreError {
         key: &'static str,
         carried_by: &'static str,
     },
+    #[error(
+        "the image's manifest names no policy (an image of an older agent-sandbox, or an edited \
+         one): what the image carries of its sandbox's policy cannot be compared with the \
+         restoring one; checkpoint the sandbox again (docs/checkpoint.md#the-policy-of-a-fork)"
+    )]
+    NoPolicy,
 }
 
 fn fail(e: RestoreError) -> CreateError {
@@ -229,6 +235,9 @@ impl Runtime {
             return Err(fail(RestoreError::Format {
                 found: manifest.format,
             }));
+        }
+        if manifest.policy.is_none() {
+            return Err(fail(RestoreError::NoPolicy));
         }
         // Of the copy, before a fork rewrites its id maps: the digest the change set's
         // binding is checked against, and the one the `restored` record names.
