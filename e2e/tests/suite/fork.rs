@@ -21,11 +21,22 @@
 //! checkpoint the same cached CA and the parent's placeholder work, and the parent restored in
 //! place keeps its placeholder; the proxy's unit tests show a fixed placeholder shared by all
 //! sandboxes (as before) taking a parent's as the fork's own.
+//!
+//! And each fork runs under the policy given at fork time
+//! (docs/checkpoint.md#the-policy-of-a-fork): a narrower allowlist refuses the fork a domain its parent, restored in place, still reaches;
+//! a credential naming another secret file and header makes the fork's proxy send the fork's
+//! secret, never the parent's, while the parent's still sends its own; a claimed profile wider
+//! than the ceiling refuses the fork naming the key before anything is copied (the control:
+//! the same claim under a ceiling that allows it reaches the domain, the golden claim is
+//! refused it); and a policy that changes what the image carries (a masked path, the syscall
+//! table) is refused naming the key, as is an image whose manifest names no policy. The
+//! control there: under its parent's policy the fork's restored mount tree reads
+//! `/proc/cpuinfo`, which a sandbox created under the narrower policy cannot.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
-use agent_sandbox_e2e::net::{self, REGISTRY_HOST, REGISTRY_IP};
+use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, COLLECTOR_IP, REGISTRY_HOST, REGISTRY_IP};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, bail, ensure};
 
@@ -102,15 +113,28 @@ fn fork_and_restore(
     dir: &Path,
     n: usize,
 ) -> anyhow::Result<Vec<ContainerGuard>> {
-    let archive = dir.join("golden.tar");
-    export(p, flags, parent, &archive)?;
+    let archive = export_golden(p, flags, parent, dir)?;
     let forks = (0..n)
         .map(|_| import(p, flags, &archive))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    restore_in_place(p, flags, parent)?;
+    Ok(forks)
+}
+
+/// Checkpoints `parent` (run under `flags`) into the archive `dir/golden.tar`.
+fn export_golden(p: Podman, flags: &[&str], parent: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    let archive = dir.join("golden.tar");
+    export(p, flags, parent, &archive)?;
+    Ok(archive)
+}
+
+/// Restores the checkpointed `parent` in place under `flags` (in its own block, held for it
+/// since the checkpoint).
+fn restore_in_place(p: Podman, flags: &[&str], parent: &str) -> anyhow::Result<()> {
     let mut args = flags.to_vec();
     args.extend(["container", "restore", "--ignore-static-ip", parent]);
     p.run_ok(&args)?;
-    Ok(forks)
+    Ok(())
 }
 
 /// The workspace's entries as the sandbox `name` lists them.
@@ -299,26 +323,26 @@ fn edited_archive(
     tar(&args)
 }
 
-/// The import of `archive` under a new name is refused with `want` (and the row of
-/// docs/checkpoint.md that names the refusal), and no change set is kept after it that was
-/// not kept before: nothing was copied.
+/// The import of `archive` under a new name is refused with an error holding each of `want`
+/// (among them the section of the docs that names the refusal), and no change set is kept
+/// after it that was not kept before: nothing was copied.
 fn import_refused(
     p: Podman,
     flags: &[&str],
     (archive, ws): (&Path, &Path),
-    want: &str,
+    want: &[&str],
 ) -> anyhow::Result<()> {
     let before = kept_changes(ws)?;
     let (fork, out) = try_import(p, flags, archive)?;
     if out.success() {
         let ls = p.run(&["exec", &fork.name, "ls", "/workspace"])?;
         anyhow::bail!(
-            "the edited image was imported; its workspace holds: {}\n{out}",
+            "the import was not refused; its workspace holds: {}\n{out}",
             ls.stdout.trim()
         );
     }
     ensure!(
-        out.stderr.contains(want) && out.stderr.contains("docs/checkpoint.md#refused"),
+        want.iter().all(|w| out.stderr.contains(w)),
         "unclear refusal (wanted {want:?})\n{out}"
     );
     let after = kept_changes(ws)?;
@@ -384,14 +408,22 @@ fn import_refuses_an_image_edited_to_name_another_sandboxs_changes_or_digest() -
         p,
         &flags,
         (&named_b, &ws),
-        "was not kept by a checkpoint of image",
+        &[
+            "was not kept by a checkpoint of image",
+            "docs/checkpoint.md#refused",
+        ],
     )?;
     // The manifest carries another digest than its files have.
     let other_digest = dir.path().join("other-digest.tar");
     edited_archive(&archive, &other_digest, |m| {
         m["image_digest"] = format!("sha256:{}", "0".repeat(64)).into();
     })?;
-    import_refused(p, &flags, (&other_digest, &ws), "its files have sha256:")?;
+    import_refused(
+        p,
+        &flags,
+        (&other_digest, &ws),
+        &["its files have sha256:", "docs/checkpoint.md#refused"],
+    )?;
     // The same image unedited (through podman's export and import) is a fork with A's edit
     // and none of B's.
     let fork = import(p, &flags, &archive)?;
@@ -432,33 +464,13 @@ impl Api {
             "api-private-data",
             &format!("Bearer {token}"),
         )?;
-        let file = dir.join("api-token");
-        std::fs::write(&file, format!("{token}\n"))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
-        let port = server.port();
-        let path = net::write_policy(
-            dir,
-            &[
-                format!("{REGISTRY_HOST}:{port}"),
-                format!("{REGISTRY_IP}:{port}"),
-            ],
-            &[],
-        )?;
-        let text = std::fs::read_to_string(&path)?;
-        ensure!(
-            text.contains("\nlandlock = \"required\"\n"),
-            "profiles/agent.toml no longer says landlock = \"required\""
-        );
-        let mut text = text.replace("\nlandlock = \"required\"\n", "\nlandlock = \"optional\"\n");
-        text.push_str(&format!(
-            "\n[[network.credentials]]\ndomain = \"{REGISTRY_HOST}:{port}\"\n\
-             header = \"Authorization\"\nprefix = \"Bearer \"\nfile = {:?}\nhttps = true\n\
-             placeholder_env = \"{TOKEN_ENV}\"\nupstream_ca = {:?}\n",
-            file.display().to_string(),
-            ca.path("ca.pem").display().to_string(),
-        ));
-        std::fs::write(&path, text)?;
+        let file = secret_file(dir, "api-token", &token)?;
+        let domain = format!("{REGISTRY_HOST}:{}", server.port());
+        let credential = https_credential(&domain, ("Authorization", "Bearer "), &file, &ca)
+            + &format!("placeholder_env = \"{TOKEN_ENV}\"\n");
+        let path = golden_policy(dir, "golden", &api_rules(server.port()), |t| {
+            t + &credential
+        })?;
         Ok(Self {
             server,
             token,
@@ -662,6 +674,342 @@ fn forks_are_rekeyed_a_placeholder_and_a_ca_of_their_own() -> anyhow::Result<()>
             .count()
             >= 5,
         "the API did not get the secret on each accepted call: {seen:?}"
+    );
+    Ok(())
+}
+
+/// What profiles/agent.toml says of Landlock, and what the golden policies say instead
+/// (CRIU cannot carry Landlock: docs/checkpoint.md#layers).
+const LANDLOCK_REQUIRED: &str = "\nlandlock = \"required\"\n";
+
+/// A policy file `dir/NAME.toml`: the agent profile allowing `allow`, its Landlock layer
+/// optional, its text then changed by `edit`.
+fn golden_policy(
+    dir: &Path,
+    name: &str,
+    allow: &[String],
+    edit: impl FnOnce(String) -> String,
+) -> anyhow::Result<PathBuf> {
+    let own = dir.join(format!("{name}.d"));
+    std::fs::create_dir_all(&own)?;
+    let text = std::fs::read_to_string(net::write_policy(&own, allow, &[])?)?;
+    ensure!(
+        text.contains(LANDLOCK_REQUIRED),
+        "profiles/agent.toml no longer says landlock = \"required\""
+    );
+    let text = edit(text.replace(LANDLOCK_REQUIRED, "\nlandlock = \"optional\"\n"));
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// The allow rules of a test server on `REGISTRY_IP:port`, by name and by address.
+fn api_rules(port: u16) -> Vec<String> {
+    vec![
+        format!("{REGISTRY_HOST}:{port}"),
+        format!("{REGISTRY_IP}:{port}"),
+    ]
+}
+
+/// A secret file `dir/name` holding `secret`, only root reads it.
+fn secret_file(dir: &Path, name: &str, secret: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let file = dir.join(name);
+    std::fs::write(&file, format!("{secret}\n"))?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
+/// A `[[network.credentials]]` table: for `domain` over HTTPS (its server verified by `ca`),
+/// the header `(name, prefix)` set to the prefix and the secret in `file`.
+fn https_credential(
+    domain: &str,
+    (header, prefix): (&str, &str),
+    file: &Path,
+    ca: &net::TestCa,
+) -> String {
+    format!(
+        "\n[[network.credentials]]\ndomain = \"{domain}\"\nheader = \"{header}\"\n\
+         prefix = {prefix:?}\nfile = {:?}\nhttps = true\nupstream_ca = {:?}\n",
+        file.display().to_string(),
+        ca.path("ca.pem").display().to_string(),
+    )
+}
+
+/// `--runtime-flag policy=FILE` and, if given, `--runtime-flag profiles-dir=DIR`.
+fn runtime_flags(policy: &Path, profiles: Option<&Path>) -> Vec<String> {
+    let mut flags = vec!["--runtime-flag".to_owned(), policy_flag(policy)];
+    if let Some(dir) = profiles {
+        flags.push("--runtime-flag".to_owned());
+        flags.push(format!("profiles-dir={}", dir.display()));
+    }
+    flags
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A golden sandbox counting under `flags` (`extra` before the image: annotations, a
+/// workspace), run until its count shows, then checkpointed into `dir/golden.tar`.
+fn golden_archive(
+    p: Podman,
+    flags: &[&str],
+    extra: &[&str],
+    dir: &Path,
+) -> anyhow::Result<(ContainerGuard, PathBuf)> {
+    let mut args = vec!["--init"];
+    args.extend_from_slice(extra);
+    args.extend([TOOLS_IMAGE, "sh", "-c", COUNTER]);
+    let (parent, _) = p.run_detached(flags, "policy-parent", &args)?;
+    count_reaches(p, &parent.name, 3)?;
+    let archive = export_golden(p, flags, &parent.name, dir)?;
+    Ok((parent, archive))
+}
+
+/// A new exec's `curl -i` of `url` in the sandbox `name` (through its proxy): the response
+/// head and body, then curl's errors.
+fn fetch(p: Podman, name: &str, url: &str) -> anyhow::Result<String> {
+    let out = p.run(&["exec", name, "curl", "-sS", "-m", "20", "-i", url])?;
+    Ok(format!("{}{}", out.stdout, out.stderr))
+}
+
+fn denied_by_default(text: &str) -> bool {
+    text.contains(" 403") && text.contains(&format!("{}: default deny", net::DENIED_HEADER))
+}
+
+#[test]
+fn a_fork_under_a_narrower_allowlist_is_refused_a_domain_its_parent_still_reaches()
+-> anyhow::Result<()> {
+    net::ensure_test_hosts()?;
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = tempfile::tempdir()?;
+    let kept = net::HttpServer::start(REGISTRY_IP, "kept-domain-body")?;
+    let dropped = net::HttpServer::start(COLLECTOR_IP, "dropped-domain-body")?;
+    let mut both = api_rules(kept.port());
+    both.extend([
+        format!("{COLLECTOR_HOST}:{}", dropped.port()),
+        format!("{COLLECTOR_IP}:{}", dropped.port()),
+    ]);
+    let parent_policy = golden_policy(dir.path(), "parent", &both, |t| t)?;
+    let claim = golden_policy(dir.path(), "claim", &api_rules(kept.port()), |t| t)?;
+    let parent_flags = runtime_flags(&parent_policy, None);
+    let (parent, archive) = golden_archive(p, &strs(&parent_flags), &[], dir.path())?;
+    let fork = import(p, &strs(&runtime_flags(&claim, None)), &archive)?;
+    restore_in_place(p, &strs(&parent_flags), &parent.name)?;
+    let kept_url = format!("http://{REGISTRY_HOST}:{}/", kept.port());
+    let dropped_url = format!("http://{COLLECTOR_HOST}:{}/", dropped.port());
+    let refused = fetch(p, &fork.name, &dropped_url)?;
+    ensure!(
+        denied_by_default(&refused) && dropped.received().is_empty(),
+        "the fork reached a domain its own policy does not allow\n{refused}"
+    );
+    let allowed = fetch(p, &fork.name, &kept_url)?;
+    ensure!(
+        allowed.contains("kept-domain-body"),
+        "the fork did not reach the domain its policy allows\n{allowed}"
+    );
+    // The control: the parent, restored in place under its own policy, reaches the domain
+    // the fork is refused.
+    let control = fetch(p, &parent.name, &dropped_url)?;
+    ensure!(
+        control.contains("dropped-domain-body") && dropped.received().len() == 1,
+        "the parent restored in place did not reach the domain its policy allows\n{control}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_fork_bound_to_another_secret_and_header_sends_its_own_never_its_parents() -> anyhow::Result<()>
+{
+    net::ensure_test_hosts()?;
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let dir = tempfile::tempdir()?;
+    let ca = net::TestCa::generate(&[REGISTRY_HOST])?;
+    let server = net::PyServer::https(REGISTRY_IP, &ca, "api-data")?;
+    let domain = format!("{REGISTRY_HOST}:{}", server.port());
+    let stamp = format!("{}x{}", std::process::id(), unique_name("s"));
+    let (parent_secret, fork_secret) =
+        (format!("parentSecret{stamp}"), format!("forkSecret{stamp}"));
+    let parent_file = secret_file(dir.path(), "parent-secret", &parent_secret)?;
+    let fork_file = secret_file(dir.path(), "fork-secret", &fork_secret)?;
+    let rules = api_rules(server.port());
+    let parent_cred = https_credential(&domain, ("Authorization", "Bearer "), &parent_file, &ca);
+    let fork_cred = https_credential(&domain, ("X-Api-Key", ""), &fork_file, &ca);
+    let parent_policy = golden_policy(dir.path(), "parent", &rules, |t| t + &parent_cred)?;
+    let claim = golden_policy(dir.path(), "claim", &rules, |t| t + &fork_cred)?;
+    let parent_flags = runtime_flags(&parent_policy, None);
+    let (parent, archive) = golden_archive(p, &strs(&parent_flags), &[], dir.path())?;
+    let fork = import(p, &strs(&runtime_flags(&claim, None)), &archive)?;
+    restore_in_place(p, &strs(&parent_flags), &parent.name)?;
+    let url = format!("https://{domain}/v1/data");
+    let forks_call = fetch(p, &fork.name, &url)?;
+    let seen = server.output();
+    ensure!(
+        forks_call.contains("api-data")
+            && seen.contains(&format!("HDR X-Api-Key: {fork_secret}"))
+            && !seen.iter().any(|l| l.contains(&parent_secret)),
+        "the fork's call did not carry the fork's own secret alone\n{forks_call}\n{seen:?}"
+    );
+    // The control: the parent restored in place still sends its own.
+    let parents_call = fetch(p, &parent.name, &url)?;
+    let seen = server.output();
+    ensure!(
+        parents_call.contains("api-data")
+            && seen.contains(&format!("HDR Authorization: Bearer {parent_secret}")),
+        "the parent's call did not carry its secret\n{parents_call}\n{seen:?}"
+    );
+    ensure!(
+        seen.iter().filter(|l| l.starts_with("REQ ")).count() == 2,
+        "the API got other requests: {seen:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_fork_that_changes_what_the_image_carries_is_refused_naming_the_key() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, _) = fixture("optional")?;
+    let rules = api_rules(443);
+    let parent_policy = golden_policy(dir.path(), "parent", &rules, |t| t)?;
+    let masked_text = "masked_paths = [\"/proc/cpuinfo\"]";
+    let masked = golden_policy(dir.path(), "masked", &rules, |t| {
+        t.replace("masked_paths = []", masked_text)
+    })?;
+    ensure!(
+        std::fs::read_to_string(&masked)?.contains(masked_text),
+        "profiles/agent.toml no longer says masked_paths = []"
+    );
+    let syscalls = golden_policy(dir.path(), "syscalls", &rules, |t| {
+        t + "\n[syscalls]\ndeny = [\"personality\"]\n"
+    })?;
+    let parent_flags = runtime_flags(&parent_policy, None);
+    let volume = format!("{}:/workspace", ws.display());
+    let (_parent, archive) = golden_archive(p, &strs(&parent_flags), &["-v", &volume], dir.path())?;
+    let masked_flags = runtime_flags(&masked, None);
+    let anchor = "docs/checkpoint.md#the-policy-of-a-fork";
+    import_refused(
+        p,
+        &strs(&masked_flags),
+        (&archive, &ws),
+        &[
+            "changes filesystem.masked_paths",
+            "the restored mount tree",
+            anchor,
+        ],
+    )?;
+    import_refused(
+        p,
+        &strs(&runtime_flags(&syscalls, None)),
+        (&archive, &ws),
+        &["changes syscalls", "seccomp filters", anchor],
+    )?;
+    // An image whose manifest names no policy cannot be compared: refused too.
+    let stripped = dir.path().join("no-policy.tar");
+    edited_archive(&archive, &stripped, |m| {
+        if let Some(m) = m.as_object_mut() {
+            m.remove("policy");
+        }
+    })?;
+    import_refused(
+        p,
+        &strs(&parent_flags),
+        (&stripped, &ws),
+        &["names no policy", anchor],
+    )?;
+    // The controls: the fork under its parent's policy is made, and its restored mount tree
+    // is the image's, where /proc/cpuinfo reads; a sandbox created under the narrower policy
+    // reads nothing there. A fork accepted under that policy would claim a mask its
+    // restored tasks do not have.
+    let fork = import(p, &strs(&parent_flags), &archive)?;
+    let size = |out: harness::Output| out.stdout.trim().parse::<u64>().unwrap_or(0);
+    let restored = p.run_ok(&["exec", &fork.name, "sh", "-c", "wc -c < /proc/cpuinfo"])?;
+    ensure!(
+        size(restored) > 0,
+        "the restored mount tree masks /proc/cpuinfo"
+    );
+    let mut args = strs(&masked_flags);
+    args.extend([
+        "run",
+        "--rm",
+        TOOLS_IMAGE,
+        "sh",
+        "-c",
+        "wc -c < /proc/cpuinfo",
+    ]);
+    let fresh = p.run_ok(&args)?;
+    ensure!(
+        fresh.stdout.trim() == "0",
+        "a sandbox created under the narrower policy reads /proc/cpuinfo\n{fresh}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_fork_whose_claimed_profile_is_wider_than_the_ceiling_is_refused_naming_the_key()
+-> anyhow::Result<()> {
+    net::ensure_test_hosts()?;
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, _) = fixture("optional")?;
+    let registry = net::HttpServer::start(REGISTRY_IP, "registry-body")?;
+    let collector = net::HttpServer::start(COLLECTOR_IP, "collector-body")?;
+    let allowed = api_rules(registry.port());
+    let collector_rule = format!("{COLLECTOR_HOST}:{}", collector.port());
+    let mut wider = allowed.clone();
+    wider.extend([
+        collector_rule.clone(),
+        format!("{COLLECTOR_IP}:{}", collector.port()),
+    ]);
+    let ceiling = golden_policy(dir.path(), "ceiling", &allowed, |t| t)?;
+    let wide_ceiling = golden_policy(dir.path(), "wide-ceiling", &wider, |t| t)?;
+    // Profiles directories (root's, not writable by others), each with its `claim.toml`.
+    let profiles = |name: &str, allow: &[String]| -> anyhow::Result<PathBuf> {
+        let d = dir.path().join(name);
+        std::fs::create_dir(&d)?;
+        golden_policy(&d, "claim", allow, |t| t)?;
+        Ok(d)
+    };
+    let golden = profiles("golden-profiles", &allowed)?;
+    let wide = profiles("wide-profiles", &wider)?;
+    let volume = format!("{}:/workspace", ws.display());
+    let extra = [
+        "--annotation",
+        "io.agent.sandbox.profile=claim",
+        "-v",
+        &volume,
+    ];
+    let golden_flags = runtime_flags(&ceiling, Some(&golden));
+    let (_parent, archive) = golden_archive(p, &strs(&golden_flags), &extra, dir.path())?;
+    let rule = format!("allow rule {collector_rule} is not covered by the ceiling's allow list");
+    import_refused(
+        p,
+        &strs(&runtime_flags(&ceiling, Some(&wide))),
+        (&archive, &ws),
+        &[
+            "annotation io.agent.sandbox.profile would widen the policy",
+            &rule,
+            "docs/policy.md#keys-that-may-only-tighten",
+        ],
+    )?;
+    ensure!(collector.received().is_empty(), "the collector was reached");
+    // The controls: the same claim under a ceiling that allows it is a fork that reaches the
+    // collector, and the golden claim under the first ceiling one that is refused it.
+    let collector_url = format!("http://{collector_rule}/");
+    let claimed = import(
+        p,
+        &strs(&runtime_flags(&wide_ceiling, Some(&wide))),
+        &archive,
+    )?;
+    let reached = fetch(p, &claimed.name, &collector_url)?;
+    ensure!(
+        reached.contains("collector-body"),
+        "the fork under a ceiling that allows its claim did not reach the collector\n{reached}"
+    );
+    let plain = import(p, &strs(&golden_flags), &archive)?;
+    let refused = fetch(p, &plain.name, &collector_url)?;
+    ensure!(
+        denied_by_default(&refused) && collector.received().len() == 1,
+        "the golden claim's fork reached the collector\n{refused}"
     );
     Ok(())
 }

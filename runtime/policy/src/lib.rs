@@ -4,6 +4,7 @@
 
 pub mod apparmor;
 pub mod approvals;
+pub mod carried;
 pub mod explain;
 pub mod generated;
 pub mod harden;

@@ -145,6 +145,7 @@ pub(super) fn restore(cli: &Cli, a: RestoreArgs) -> Result<(), CliError> {
             systemd_cgroup: cli.systemd_cgroup,
             reuse_change: None,
             keep_placeholders: std::collections::BTreeMap::new(),
+            image_policy: None,
         },
         criu: a.criu.into(),
         detach: a.detach,

@@ -34,5 +34,6 @@ fn create_opts(a: CreateArgs, systemd_cgroup: bool) -> CreateOpts {
         systemd_cgroup,
         reuse_change: None,
         keep_placeholders: std::collections::BTreeMap::new(),
+        image_policy: None,
     }
 }

@@ -640,3 +640,41 @@ fn the_spec_joins_the_user_namespace_owned_by_the_sandboxs_host_root_id() {
     );
     assert_eq!(userns.caps.len(), agent.ucounts.caps().len());
 }
+
+/// A restore whose own policy changes a key the image carries (here the syscall table, whose
+/// filter CRIU restores as the image recorded it) is refused naming the key before the host
+/// is touched: no user namespace, nothing left. The same restore under the image's own policy
+/// goes on.
+#[test]
+fn a_restore_that_changes_a_carried_key_is_refused_before_the_host_is_touched() {
+    let f = Fixture::new("carried");
+    podman(&f.id).save(f.bundle().join("config.json")).unwrap();
+    let ceiling = Ceiling::load(None).unwrap();
+    let agent = agent_sandbox_policy::SandboxPolicy::builtin("agent").unwrap();
+    let text = agent_sandbox_policy::policy::builtin_text("agent").unwrap();
+    let narrower = agent_sandbox_policy::SandboxPolicy::parse(
+        &format!("{text}\n[syscalls]\ndeny = [\"personality\"]\n"),
+        "image.toml",
+    )
+    .unwrap();
+    let mut opts = super::fixture::create_opts(f.bundle());
+    opts.image_policy = Some(Box::new(narrower));
+    let err = f.runtime.create(&f.id, &opts, &ceiling).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("changes syscalls")
+            && text.contains("seccomp filters")
+            && text.contains("docs/checkpoint.md#the-policy-of-a-fork"),
+        "{text}"
+    );
+    assert!(f.procs.userns().is_none(), "the host was prepared");
+    assert_eq!(f.leftovers(), Vec::<PathBuf>::new());
+    // The control: the image's policy is the restoring one, and the create goes on to the
+    // engine (which fails here).
+    opts.image_policy = Some(Box::new(agent));
+    let err = f.runtime.create(&f.id, &opts, &ceiling).unwrap_err();
+    assert!(
+        matches!(err, CreateError::Container { op: "create", .. }),
+        "{err:?}"
+    );
+}

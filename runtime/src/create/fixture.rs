@@ -72,6 +72,7 @@ pub(crate) fn create_opts(bundle: std::path::PathBuf) -> crate::lifecycle::Creat
         systemd_cgroup: false,
         reuse_change: None,
         keep_placeholders: std::collections::BTreeMap::new(),
+        image_policy: None,
     }
 }
 

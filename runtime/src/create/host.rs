@@ -51,6 +51,9 @@ impl Runtime {
         ceiling.save(&sandbox_dir)?;
         mounts::mkdir_traversable(&mount_dir)?;
         let policy = effective_policy(spec, ceiling)?;
+        if let Some(image) = &opts.image_policy {
+            super::restore::keeps_carried_keys(image, &policy)?;
+        }
         // Before anything runs in the sandbox: a user namespace owned by its own host root
         // id, so that what it holds is never charged to host root (docs/limits.md).
         let userns = if ids.member.is_none() {

@@ -123,6 +123,21 @@ pub enum RestoreError {
     NoTerminal,
     #[error(transparent)]
     Terminal(#[from] crate::host::console::ConsoleError),
+    #[error(
+        "the restoring policy changes {key}, which the checkpoint image carries as its sandbox \
+         had it ({carried_by}): a restore or a fork may change only the keys it applies again \
+         (docs/checkpoint.md#the-policy-of-a-fork)"
+    )]
+    CarriedKey {
+        key: &'static str,
+        carried_by: &'static str,
+    },
+    #[error(
+        "the image's manifest names no policy (an image of an older agent-sandbox, or an edited \
+         one): what the image carries of its sandbox's policy cannot be compared with the \
+         restoring one; checkpoint the sandbox again (docs/checkpoint.md#the-policy-of-a-fork)"
+    )]
+    NoPolicy,
 }
 
 fn fail(e: RestoreError) -> CreateError {
@@ -229,6 +244,9 @@ impl Runtime {
                 found: manifest.format,
             }));
         }
+        if manifest.policy.is_none() {
+            return Err(fail(RestoreError::NoPolicy));
+        }
         // Of the copy, before a fork rewrites its id maps: the digest the change set's
         // binding is checked against, and the one the `restored` record names.
         let computed = criu::image_digest(copy).map_err(|e| fail(e.into()))?;
@@ -279,6 +297,7 @@ impl Runtime {
             reown: is_fork(id, manifest).then_some((manifest.ids, ids.ids)),
         });
         create.keep_placeholders = kept_placeholders(id, manifest);
+        create.image_policy = manifest.policy.clone().map(Box::new);
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
@@ -925,6 +944,22 @@ impl Runtime {
         tracing::error!(id = %id, error = %refusal, "restored sandbox refused");
         written?;
         Ok(())
+    }
+}
+
+/// The restoring sandbox's effective `policy` keeps every key whose effect the image
+/// carries as the image's sandbox had it (`image`, the manifest's word): checked before the
+/// host is prepared for the restore, so a refused restore copies and mounts nothing.
+pub(super) fn keeps_carried_keys(
+    image: &agent_sandbox_policy::SandboxPolicy,
+    policy: &agent_sandbox_policy::SandboxPolicy,
+) -> Result<()> {
+    match agent_sandbox_policy::carried::changed_carried_key(image, policy) {
+        None => Ok(()),
+        Some(k) => Err(fail(RestoreError::CarriedKey {
+            key: k.key,
+            carried_by: k.carried_by,
+        })),
     }
 }
 

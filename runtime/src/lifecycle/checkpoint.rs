@@ -203,6 +203,11 @@ pub(crate) struct Manifest {
     /// of its name is replaced.
     #[serde(default)]
     pub placeholders: std::collections::BTreeMap<String, String>,
+    /// The sandbox's effective policy: a restore whose own policy changes a key the image
+    /// carries is refused, naming it (`agent_sandbox_policy::carried`). The image's word: it
+    /// only names keys; what CRIU restores is checked on its own (docs/checkpoint.md#fork).
+    #[serde(default)]
+    pub policy: Option<SandboxPolicy>,
 }
 
 impl Manifest {
@@ -365,6 +370,7 @@ impl Runtime {
                 .read_if_present::<agent_sandbox_policy::SandboxPlan>()?
                 .map(|p| p.credential_placeholders)
                 .unwrap_or_default(),
+            policy: Some(policy),
         };
         let path = opts.criu.image_path.join(criu::MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest)

@@ -214,6 +214,9 @@ pub struct CreateOpts {
     /// `restore` in place: the credential placeholders the image's sandbox had, which its
     /// restored processes hold (a fork passes none and gets new ones; docs/checkpoint.md#fork).
     pub keep_placeholders: std::collections::BTreeMap<String, String>,
+    /// `restore`: the policy the image's sandbox ran under, as its manifest names it; the
+    /// restoring sandbox's may not change a key the image carries (docs/checkpoint.md#fork).
+    pub image_policy: Option<Box<agent_sandbox_policy::SandboxPolicy>>,
 }
 
 /// The change set a checkpoint image names: of the same sandbox id it is reopened
