@@ -469,7 +469,9 @@ fn write_records(
 
 /// The proxy process's body: binds `127.0.0.1:PORT` in `netns`, reports ready on
 /// stdout, then serves until killed. Decisions go to the audit log at `audit`.
-#[expect(clippy::too_many_lines)]
+///
+/// The steps up to the namespace run before the sandbox's init exists (`prespawn`); a step
+/// that fails tells the spawner why on the status line, in place of [`READY`].
 pub fn serve(
     netns: impl FnOnce() -> Result<std::path::PathBuf, EgressError>,
     plan: &SandboxPlan,
@@ -479,114 +481,32 @@ pub fn serve(
 ) -> Result<(), EgressError> {
     let policy = &plan.policy;
     let log = AuditLog::open(audit, id).map_err(EgressError::Audit)?;
-    let credentials = match load_credentials(plan) {
-        Ok(c) => c,
-        Err(e) => {
-            report(&chain(&e));
-            return Err(e);
-        }
-    };
-    let pid_file = sandbox_dir.proxy_pid();
-    let tls = match load_interceptor(policy, &credentials, sandbox_dir, id) {
-        Ok(t) => t,
-        Err(e) => {
-            report(&chain(&e));
-            return Err(e);
-        }
-    };
+    let credentials = reported(load_credentials(plan), |e| chain(e))?;
+    let tls = reported(
+        load_interceptor(policy, &credentials, sandbox_dir, id),
+        |e| chain(e),
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(EgressError::Runtime)?;
-    // Host-side DNS with a TTL-honouring cache; built inside the runtime it will run on.
-    let resolver = {
-        let _entered = runtime.enter();
-        match DnsResolver::from_system() {
-            Ok(r) => r,
-            Err(e) => {
-                report(&chain(&e));
-                return Err(EgressError::Resolver(e));
-            }
-        }
-    };
-    // Everything above runs before the sandbox's namespace is known (`prespawn`).
-    let netns = match netns() {
-        Ok(n) => n,
-        Err(e) => {
-            report(&chain(&e));
-            return Err(e);
-        }
-    };
-    let listener = match agent_sandbox_proxy::bind_in_netns(&netns, policy.network.proxy_port) {
-        Ok(l) => l,
-        Err(e) => {
-            report(&format!("cannot bind the proxy listener: {e}"));
-            return Err(EgressError::Listener(e));
-        }
-    };
-    let transparent = if policy.network.transparent {
-        // The proxy's port and the local ports stay reachable on loopback; everything else
-        // that leaves loopback is redirected to the proxy (docs/egress.md).
-        let mut ports = vec![policy.network.proxy_port];
-        ports.extend(policy.network.local_ports.iter().copied());
-        match agent_sandbox_proxy::transparent_in_netns(&netns, &ports) {
-            Ok(sockets) => Some(sockets),
-            Err(e) => {
-                report(&format!("cannot set up transparent egress: {}", chain(&e)));
-                return Err(EgressError::Transparent(e));
-            }
-        }
-    } else {
-        None
-    };
-    let (tx, rx) = mpsc::channel::<Written>();
-    let cap = policy.network.audit_max_bytes.bytes();
+    let resolver = host_resolver(&runtime)?;
+    let netns = reported(netns(), |e| chain(e))?;
+    let doors = Doors::bind(policy, &netns)?;
     let init = init_of(&netns);
-    let stop_at_cap = match (policy.network.audit_at_cap, init, ns_id(&netns)) {
-        (AuditAtCap::Stop, Some(init), Some(netns_id)) => Some(StopAtCap {
-            init,
-            netns: netns.clone(),
-            netns_id,
-        }),
-        _ => None,
-    };
-    let writer = std::thread::spawn(move || write_records(log, rx, cap, stop_at_cap));
-    let ender = Ender(tx.clone());
+    let (records, writer) = start_writer(log, policy, &netns, init);
+    let pid_file = sandbox_dir.proxy_pid();
+    let ender = Ender(records.clone());
     watch_sandbox_init(&netns, pid_file.clone(), ender.clone());
-    // Live allow/deny rules and the decider (docs/egress.md, "Approvals"); their changes go
-    // to the same writer.
-    let approval_tx = tx.clone();
-    let approvals = Arc::new(Approvals::new(
-        id,
-        policy.network.approvals.as_ref(),
-        Arc::new(move |record: &ApprovalRecord| {
-            let _ = approval_tx.send(Written::Approval(record.clone()));
-        }),
-    ));
-    let control = match bind_control(sandbox_dir) {
-        Ok(c) => c,
-        Err(e) => {
-            report(&chain(&e));
-            return Err(e);
-        }
-    };
-    // Only `finished` events become records: the others are not cloned, sent or woken for.
-    let sink = move |event: &EgressEvent| {
-        if event.stage == Stage::Finished {
-            let _ = tx.send(Written::Net(Box::new(event.clone())));
-        }
-    };
-    let proxy = Proxy::with_config(
-        Arc::new(policy.network.allowlist()),
-        Arc::new(resolver),
-        Arc::new(sink),
+    let approvals = live_approvals(id, policy, records.clone());
+    let control = reported(bind_control(sandbox_dir), |e| chain(e))?;
+    let proxy = build_proxy(
+        policy,
+        resolver,
+        records,
         ProxyConfig {
             credentials,
             approvals: Some(Arc::clone(&approvals)),
-            sni: match policy.network.sni_mismatch {
-                SniMismatch::Deny => SniCheck::Deny,
-                SniMismatch::Record => SniCheck::Record,
-            },
             tls,
             tool_calls: init.map(|init| {
                 Arc::new(crate::sidecars::tool_calls::ExecTags::new(
@@ -598,7 +518,131 @@ pub fn serve(
             ..ProxyConfig::default()
         },
     );
-    // Release builds abort on panic: record why before the process goes.
+    record_panics(audit, id);
+    report(READY);
+    let result = runtime.block_on(run(&proxy, approvals, control, doors));
+    // What the writer still counts goes to the log first, whatever ended the proxy.
+    ender.end();
+    drop(writer);
+    ended(result, &pid_file, audit, id)
+}
+
+/// Shows a failed step to the spawner as `line(error)` and passes the error on: every step
+/// of [`serve`] before [`READY`] ends this way.
+fn reported<T, E>(result: Result<T, E>, line: impl FnOnce(&E) -> String) -> Result<T, E> {
+    result.inspect_err(|e| report(&line(e)))
+}
+
+/// Host-side DNS with a TTL-honouring cache; built inside the runtime it will run on.
+fn host_resolver(runtime: &tokio::runtime::Runtime) -> Result<DnsResolver, EgressError> {
+    let _entered = runtime.enter();
+    reported(DnsResolver::from_system(), |e| chain(e)).map_err(EgressError::Resolver)
+}
+
+/// The sockets the sandbox's traffic arrives on, bound in its network namespace.
+struct Doors {
+    /// `127.0.0.1:PORT`, the proxy the sandbox's environment names.
+    listener: std::net::TcpListener,
+    /// With `network.transparent`, where the traffic that ignores the proxy is redirected.
+    transparent: Option<agent_sandbox_proxy::TransparentSockets>,
+}
+
+impl Doors {
+    fn bind(policy: &SandboxPolicy, netns: &Path) -> Result<Self, EgressError> {
+        let listener = reported(
+            agent_sandbox_proxy::bind_in_netns(netns, policy.network.proxy_port),
+            |e| format!("cannot bind the proxy listener: {e}"),
+        )
+        .map_err(EgressError::Listener)?;
+        let transparent = if policy.network.transparent {
+            // The proxy's port and the local ports stay reachable on loopback; everything
+            // else that leaves loopback is redirected to the proxy (docs/egress.md).
+            let mut ports = vec![policy.network.proxy_port];
+            ports.extend(policy.network.local_ports.iter().copied());
+            let sockets = reported(
+                agent_sandbox_proxy::transparent_in_netns(netns, &ports),
+                |e| format!("cannot set up transparent egress: {}", chain(e)),
+            )
+            .map_err(EgressError::Transparent)?;
+            Some(sockets)
+        } else {
+            None
+        };
+        Ok(Self {
+            listener,
+            transparent,
+        })
+    }
+}
+
+/// Starts the audit writer ([`write_records`]) of the sandbox whose namespace is `netns`:
+/// returns where its records go and its thread.
+fn start_writer(
+    log: AuditLog,
+    policy: &SandboxPolicy,
+    netns: &Path,
+    init: Option<i32>,
+) -> (mpsc::Sender<Written>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<Written>();
+    let cap = policy.network.audit_max_bytes.bytes();
+    let stop_at_cap = match (policy.network.audit_at_cap, init, ns_id(netns)) {
+        (AuditAtCap::Stop, Some(init), Some(netns_id)) => Some(StopAtCap {
+            init,
+            netns: netns.to_path_buf(),
+            netns_id,
+        }),
+        _ => None,
+    };
+    let writer = std::thread::spawn(move || write_records(log, rx, cap, stop_at_cap));
+    (tx, writer)
+}
+
+/// Live allow/deny rules and the decider (docs/egress.md, "Approvals"); their changes go to
+/// the audit writer.
+fn live_approvals(
+    id: &str,
+    policy: &SandboxPolicy,
+    records: mpsc::Sender<Written>,
+) -> Arc<Approvals> {
+    Arc::new(Approvals::new(
+        id,
+        policy.network.approvals.as_ref(),
+        Arc::new(move |record: &ApprovalRecord| {
+            let _ = records.send(Written::Approval(record.clone()));
+        }),
+    ))
+}
+
+/// The proxy of the policy's allowlist and server-name check, with `config`'s credentials,
+/// approvals, TLS and tool calls; its finished connections go to the audit writer.
+fn build_proxy(
+    policy: &SandboxPolicy,
+    resolver: DnsResolver,
+    records: mpsc::Sender<Written>,
+    config: ProxyConfig,
+) -> Proxy {
+    // Only `finished` events become records: the others are not cloned, sent or woken for.
+    let sink = move |event: &EgressEvent| {
+        if event.stage == Stage::Finished {
+            let _ = records.send(Written::Net(Box::new(event.clone())));
+        }
+    };
+    Proxy::with_config(
+        Arc::new(policy.network.allowlist()),
+        Arc::new(resolver),
+        Arc::new(sink),
+        ProxyConfig {
+            sni: match policy.network.sni_mismatch {
+                SniMismatch::Deny => SniCheck::Deny,
+                SniMismatch::Record => SniCheck::Record,
+            },
+            ..config
+        },
+    )
+}
+
+/// Release builds abort on panic: record why before the process goes.
+fn record_panics(audit: &Path, id: &str) {
     let (hook_audit, hook_id) = (audit.to_path_buf(), id.to_owned());
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -609,35 +653,48 @@ pub fn serve(
         );
         previous(info);
     }));
-    report(READY);
-    let result = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).map_err(EgressError::Runtime)?;
-        let mut int = signal(SignalKind::interrupt()).map_err(EgressError::Runtime)?;
-        let mut hup = signal(SignalKind::hangup()).map_err(EgressError::Runtime)?;
-        let control = tokio::net::UnixListener::from_std(control).map_err(EgressError::Runtime)?;
-        tokio::spawn(approvals.serve_control(control));
-        let redirected = async {
-            match transparent {
-                Some(sockets) => {
-                    proxy
-                        .serve_transparent(sockets.tcp, sockets.dns, Arc::new(StandIns::new()))
-                        .await
-                }
-                None => std::future::pending().await,
+}
+
+/// Serves the control socket, the proxy's port and the redirected traffic until one of them
+/// fails or a signal ends the proxy.
+async fn run(
+    proxy: &Proxy,
+    approvals: Arc<Approvals>,
+    control: std::os::unix::net::UnixListener,
+    doors: Doors,
+) -> Result<(), EgressError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(EgressError::Runtime)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(EgressError::Runtime)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(EgressError::Runtime)?;
+    let control = tokio::net::UnixListener::from_std(control).map_err(EgressError::Runtime)?;
+    tokio::spawn(approvals.serve_control(control));
+    let redirected = async {
+        match doors.transparent {
+            Some(sockets) => {
+                proxy
+                    .serve_transparent(sockets.tcp, sockets.dns, Arc::new(StandIns::new()))
+                    .await
             }
-        };
-        tokio::select! {
-            served = proxy.serve_std(listener) => served.map_err(EgressError::Serve),
-            served = redirected => served.map_err(EgressError::Serve),
-            _ = term.recv() => Err(EgressError::Signalled { signal: "SIGTERM" }),
-            _ = int.recv() => Err(EgressError::Signalled { signal: "SIGINT" }),
-            _ = hup.recv() => Err(EgressError::Signalled { signal: "SIGHUP" }),
+            None => std::future::pending().await,
         }
-    });
-    // What the writer still counts goes to the log first, whatever ended the proxy.
-    ender.end();
-    drop(writer);
+    };
+    tokio::select! {
+        served = proxy.serve_std(doors.listener) => served.map_err(EgressError::Serve),
+        served = redirected => served.map_err(EgressError::Serve),
+        _ = term.recv() => Err(EgressError::Signalled { signal: "SIGTERM" }),
+        _ = int.recv() => Err(EgressError::Signalled { signal: "SIGINT" }),
+        _ = hup.recv() => Err(EgressError::Signalled { signal: "SIGHUP" }),
+    }
+}
+
+/// The proxy's end: orderly when `delete` signalled it, else recorded in the audit log.
+fn ended(
+    result: Result<(), EgressError>,
+    pid_file: &Path,
+    audit: &Path,
+    id: &str,
+) -> Result<(), EgressError> {
     match &result {
         // `delete` removes the pid file before it signals: the sandbox ends, orderly.
         Err(EgressError::Signalled { .. }) if !pid_file.exists() => {
