@@ -239,63 +239,33 @@ struct Figures {
     proxy_cpu_req: f64,
 }
 
+/// What every round measures against: the servers, the two proxies (address and relay
+/// thread) and the sizes.
+struct Setup {
+    sink: SocketAddr,
+    web: SocketAddr,
+    copy: (SocketAddr, i32),
+    splice: (SocketAddr, i32),
+    bytes: u64,
+    requests: usize,
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-#[expect(clippy::too_many_lines)]
 async fn main() -> Result<()> {
     let (megabytes, requests, rounds) = args(1000)?;
-    let bytes = megabytes * 1024 * 1024;
     println!("load average at start: {}", load_average());
-
-    let sink = sink_server().await?;
-    let web = web_server().await?;
-    let (copy_addr, copy_tid) = start_proxy(false)?;
-    let (proxy_addr, splice_tid) = start_proxy(true)?;
-
-    let direct_get = format!("GET /x HTTP/1.1\r\nHost: bench.test:{}\r\n\r\n", web.port());
-    let proxied_get = format!(
-        "GET http://bench.test:{0}/x HTTP/1.1\r\nHost: bench.test:{0}\r\n\r\n",
-        web.port()
-    );
-    let mb = bytes as f64 / (1024.0 * 1024.0);
-    let per_req = |d: Duration| d.as_secs_f64() * 1000.0 / requests as f64;
-
+    let setup = Setup {
+        sink: sink_server().await?,
+        web: web_server().await?,
+        copy: start_proxy(false)?,
+        splice: start_proxy(true)?,
+        bytes: megabytes * 1024 * 1024,
+        requests,
+    };
     // fig[round][mode]
     let mut fig: Vec<[Figures; 3]> = Vec::new();
     for round in 1..=rounds {
-        // The order of the modes rotates from round to round, so that no mode always runs
-        // right after another (a warm cache, a burst of other load) and drift hits all alike.
-        let mut order = [0usize, 1, 2];
-        order.rotate_left(usize::try_from(round - 1)? % 3);
-        let mut this = [Figures::default(); 3];
-        for mode in order {
-            let (proxy, tid) = match mode {
-                0 => (None, 0),
-                1 => (Some(copy_addr), copy_tid),
-                _ => (Some(proxy_addr), splice_tid),
-            };
-            let thread_cpu = |tid| if tid > 0 { thread_cpu_ms(tid) } else { Ok(0.0) };
-            // Both paths are measured by the same client code; the proxied one's CONNECT
-            // handshake happens before the clock starts (it is not bulk transfer).
-            let stream = match proxy {
-                None => TcpStream::connect(sink).await?,
-                Some(p) => tunnel(p, sink.port()).await?,
-            };
-            let (cpu0, all0) = (thread_cpu(tid)?, process_cpu_ms()?);
-            let b = bulk(stream, bytes).await?;
-            let (cpu1, all1) = (thread_cpu(tid)?, process_cpu_ms()?);
-            let sm = match proxy {
-                None => small(web, direct_get.as_bytes(), requests).await?,
-                Some(p) => small(p, proxied_get.as_bytes(), requests).await?,
-            };
-            let cpu2 = thread_cpu(tid)?;
-            this[mode] = Figures {
-                mb_s: mb / b.as_secs_f64(),
-                ms_req: per_req(sm),
-                cpu_mb: (all1 - all0) / mb,
-                proxy_cpu_mb: (cpu1 - cpu0) / mb,
-                proxy_cpu_req: (cpu2 - cpu1) / requests as f64,
-            };
-        }
+        let this = measure_round(&setup, round).await?;
         let mut line = format!("round {round} (load {}):", load_average());
         for (mode, name) in NAMES.iter().enumerate() {
             line.push_str(&format!(
@@ -306,7 +276,65 @@ async fn main() -> Result<()> {
         println!("{line}");
         fig.push(this);
     }
-    // Memory: many open, mostly idle tunnels (each has carried one small message).
+    measure_idle_tunnels(setup.splice.0).await?;
+    println!("load average at end: {}", load_average());
+    summarise(&fig, megabytes, requests, rounds);
+    Ok(())
+}
+
+/// One round: direct, copy relay and splice relay, in an order that rotates from round to
+/// round, so that no mode always runs right after another (a warm cache, a burst of other
+/// load) and drift hits all alike.
+async fn measure_round(setup: &Setup, round: u64) -> Result<[Figures; 3]> {
+    let direct_get = format!(
+        "GET /x HTTP/1.1\r\nHost: bench.test:{}\r\n\r\n",
+        setup.web.port()
+    );
+    let proxied_get = format!(
+        "GET http://bench.test:{0}/x HTTP/1.1\r\nHost: bench.test:{0}\r\n\r\n",
+        setup.web.port()
+    );
+    let mb = setup.bytes as f64 / (1024.0 * 1024.0);
+    let requests = setup.requests;
+    let per_req = |d: Duration| d.as_secs_f64() * 1000.0 / requests as f64;
+    let mut order = [0usize, 1, 2];
+    order.rotate_left(usize::try_from(round - 1)? % 3);
+    let mut this = [Figures::default(); 3];
+    for mode in order {
+        let (proxy, tid) = match mode {
+            0 => (None, 0),
+            1 => (Some(setup.copy.0), setup.copy.1),
+            _ => (Some(setup.splice.0), setup.splice.1),
+        };
+        let thread_cpu = |tid| if tid > 0 { thread_cpu_ms(tid) } else { Ok(0.0) };
+        // Both paths are measured by the same client code; the proxied one's CONNECT
+        // handshake happens before the clock starts (it is not bulk transfer).
+        let stream = match proxy {
+            None => TcpStream::connect(setup.sink).await?,
+            Some(p) => tunnel(p, setup.sink.port()).await?,
+        };
+        let (cpu0, all0) = (thread_cpu(tid)?, process_cpu_ms()?);
+        let b = bulk(stream, setup.bytes).await?;
+        let (cpu1, all1) = (thread_cpu(tid)?, process_cpu_ms()?);
+        let sm = match proxy {
+            None => small(setup.web, direct_get.as_bytes(), requests).await?,
+            Some(p) => small(p, proxied_get.as_bytes(), requests).await?,
+        };
+        let cpu2 = thread_cpu(tid)?;
+        this[mode] = Figures {
+            mb_s: mb / b.as_secs_f64(),
+            ms_req: per_req(sm),
+            cpu_mb: (all1 - all0) / mb,
+            proxy_cpu_mb: (cpu1 - cpu0) / mb,
+            proxy_cpu_req: (cpu2 - cpu1) / requests as f64,
+        };
+    }
+    Ok(this)
+}
+
+/// Memory: many open, mostly idle tunnels through the proxy at `proxy_addr` (each has
+/// carried one small message).
+async fn measure_idle_tunnels(proxy_addr: SocketAddr) -> Result<()> {
     let hold = hold_server().await?;
     let rss_before = rss_kib()?;
     let mut tunnels = Vec::new();
@@ -327,11 +355,12 @@ async fn main() -> Result<()> {
         rss_after.saturating_sub(rss_before) as f64 / IDLE_TUNNELS as f64
     );
     drop(tunnels);
+    Ok(())
+}
 
-    println!("load average at end: {}", load_average());
-
-    // Ratios are taken per round (direct and proxied measured minutes apart at most), then
-    // the median over rounds.
+/// Prints each relay's figures against direct. Ratios are taken per round (direct and
+/// proxied measured minutes apart at most), then the median over rounds.
+fn summarise(fig: &[[Figures; 3]], megabytes: u64, requests: usize, rounds: u64) {
     let direct = |f: &[Figures; 3]| f[0];
     for mode in [1usize, 2] {
         let per_round = |g: &dyn Fn(&[Figures; 3]) -> f64| median(fig.iter().map(g).collect());
@@ -372,5 +401,4 @@ async fn main() -> Result<()> {
             );
         }
     }
-    Ok(())
 }

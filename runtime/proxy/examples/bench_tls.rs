@@ -287,13 +287,54 @@ async fn download(
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-#[expect(clippy::too_many_lines)]
 async fn main() -> Result<()> {
     let (megabytes, requests, rounds) = args(300)?;
     let bytes = megabytes * 1024 * 1024;
     println!("load average at start: {}", load_average());
+    let dir = tempfile::tempdir()?;
+    let internet = start_internet(&dir.path().join("internet-ca.pem")).await?;
+    let (proxy_addr, sandbox_pem) = start_proxy(internet.ca_file)?;
+    let clients = [connector(&internet.ca_pem)?, connector(&sandbox_pem)?];
+    // fig[round][mode] = (ms per request, MB/s)
+    let mut fig: Vec<Round> = Vec::new();
+    for round in 1..=rounds {
+        let mut this = [(0.0, 0.0, 0.0); 2];
+        let order = if round % 2 == 1 { [0usize, 1] } else { [1, 0] };
+        for mode in order {
+            let name = if mode == 0 { PLAIN } else { BOUND };
+            let to = (proxy_addr, name, internet.server.port());
+            this[mode] = measure(to, &clients[mode], requests, bytes).await?;
+        }
+        println!(
+            "round {round} (load {}): {} {:.3} ms/req up {:.0} MB/s down {:.0} MB/s; {} {:.3} ms/req up {:.0} MB/s down {:.0} MB/s",
+            load_average(),
+            NAMES[0],
+            this[0].0,
+            this[0].1,
+            this[0].2,
+            NAMES[1],
+            this[1].0,
+            this[1].1,
+            this[1].2
+        );
+        fig.push(this);
+    }
+    println!("load average at end: {}", load_average());
+    summarise(&fig, megabytes, requests, rounds);
+    Ok(())
+}
 
-    // The bench's "internet": a CA and the server's certificate for both names.
+const NAMES: [&str; 2] = ["tunnel", "tls-terminating"];
+
+/// The bench's "internet": its CA (also written to a file, for the proxy's upstream trust)
+/// and the HTTPS server with a certificate for both names.
+struct Internet {
+    server: SocketAddr,
+    ca_pem: String,
+    ca_file: std::path::PathBuf,
+}
+
+async fn start_internet(ca_file: &std::path::Path) -> Result<Internet> {
     let any = [DomainRule::parse(BOUND)?, DomainRule::parse(PLAIN)?];
     let (internet, internet_pem) = SandboxCa::ephemeral("bench internet", &any)?;
     let leaf = internet.leaf(BOUND)?;
@@ -309,11 +350,17 @@ async fn main() -> Result<()> {
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(sni));
     let server = https_server(server_config).await?;
-    let dir = tempfile::tempdir()?;
-    let internet_file = dir.path().join("internet-ca.pem");
-    std::fs::write(&internet_file, &internet_pem)?;
+    std::fs::write(ca_file, &internet_pem)?;
+    Ok(Internet {
+        server,
+        ca_pem: internet_pem,
+        ca_file: ca_file.to_owned(),
+    })
+}
 
-    // The proxy, with an https credential for BOUND verified against the internet CA.
+/// The proxy, on a thread of its own, with an https credential for BOUND verified against
+/// the internet CA in `internet_file`: returns its address and the sandbox CA it signs with.
+fn start_proxy(internet_file: std::path::PathBuf) -> Result<(SocketAddr, String)> {
     let bound_rule = DomainRule::parse(BOUND)?;
     let credentials = Credentials::new(vec![InjectedHeader {
         domain: bound_rule.clone(),
@@ -352,47 +399,31 @@ async fn main() -> Result<()> {
     std::thread::Builder::new()
         .name("proxy".into())
         .spawn(move || runtime.block_on(proxy.serve_std(listener)))?;
+    Ok((proxy_addr, sandbox_pem))
+}
 
-    let tunnel_client = connector(&internet_pem)?;
-    let bound_client = connector(&sandbox_pem)?;
-    let port = server.port();
+/// One mode's figures in a round: ms per request, upload MB/s, download MB/s, through the
+/// proxy at `to.0` to the name `to.1` on port `to.2`.
+async fn measure(
+    to: (SocketAddr, &str, u16),
+    client: &tokio_rustls::TlsConnector,
+    requests: usize,
+    bytes: u64,
+) -> Result<(f64, f64, f64)> {
+    let (proxy_addr, name, port) = to;
     let mb = bytes as f64 / (1024.0 * 1024.0);
-    const NAMES: [&str; 2] = ["tunnel", "tls-terminating"];
-    // fig[round][mode] = (ms per request, MB/s)
-    let mut fig: Vec<Round> = Vec::new();
-    for round in 1..=rounds {
-        let mut this = [(0.0, 0.0, 0.0); 2];
-        let order = if round % 2 == 1 { [0usize, 1] } else { [1, 0] };
-        for mode in order {
-            let (name, client) = if mode == 0 {
-                (PLAIN, &tunnel_client)
-            } else {
-                (BOUND, &bound_client)
-            };
-            let l = latency(proxy_addr, name, port, client, requests).await?;
-            let b = bulk(proxy_addr, name, port, client, bytes).await?;
-            let d = download(proxy_addr, name, port, client, bytes).await?;
-            this[mode] = (
-                l.as_secs_f64() * 1000.0 / requests as f64,
-                mb / b.as_secs_f64(),
-                mb / d.as_secs_f64(),
-            );
-        }
-        println!(
-            "round {round} (load {}): {} {:.3} ms/req up {:.0} MB/s down {:.0} MB/s; {} {:.3} ms/req up {:.0} MB/s down {:.0} MB/s",
-            load_average(),
-            NAMES[0],
-            this[0].0,
-            this[0].1,
-            this[0].2,
-            NAMES[1],
-            this[1].0,
-            this[1].1,
-            this[1].2
-        );
-        fig.push(this);
-    }
-    println!("load average at end: {}", load_average());
+    let l = latency(proxy_addr, name, port, client, requests).await?;
+    let b = bulk(proxy_addr, name, port, client, bytes).await?;
+    let d = download(proxy_addr, name, port, client, bytes).await?;
+    Ok((
+        l.as_secs_f64() * 1000.0 / requests as f64,
+        mb / b.as_secs_f64(),
+        mb / d.as_secs_f64(),
+    ))
+}
+
+/// Prints the medians over rounds of each figure and of the ratios taken within a round.
+fn summarise(fig: &[Round], megabytes: u64, requests: usize, rounds: u64) {
     let per_round = |g: &dyn Fn(&Round) -> f64| median(fig.iter().map(g).collect());
     println!(
         "latency per new HTTPS connection + request (median of {rounds} rounds, {requests} requests): tunnel {:.3} ms, tls-terminating {:.3} ms, added {:.3} ms, ratio {:.2}",
@@ -413,5 +444,4 @@ async fn main() -> Result<()> {
         per_round(&|f| f[1].2),
         per_round(&|f| f[1].2 / f[0].2),
     );
-    Ok(())
 }

@@ -393,7 +393,6 @@ impl Approvals {
 
     /// Decides a connection: the policy's deny rules, then the live rules (latest first),
     /// then the policy's allow rules, then, for a host within the ceiling, the decider.
-    #[expect(clippy::too_many_lines)]
     pub async fn decide(
         &self,
         rules: &dyn EgressRules,
@@ -403,88 +402,116 @@ impl Approvals {
         tool_call: ToolCall<'_>,
     ) -> Decided<'_> {
         let verdict = rules.decide(host, port);
-        let fixed = |verdict| Decided {
-            verdict,
-            approved_by: None,
-        };
         if !verdict.allowed && verdict.rule != DEFAULT_DENY {
             // A deny rule of the policy (or an invalid host): nothing overrides it.
-            return fixed(verdict);
+            return Decided::fixed(verdict);
         }
         let name = host.to_string();
         if let Some(live) = self.live_match(&name, port) {
-            let rule = format!(
-                "{} {} ({})",
-                if live.allow { "allow" } else { "deny" },
-                live.rule,
-                live.by
-            );
-            return if live.allow {
-                Decided {
-                    verdict: Verdict::allow(rule),
-                    approved_by: Some(self),
-                }
-            } else {
-                fixed(Verdict::deny(rule))
-            };
+            return self.by_live_rule(&live);
         }
         if verdict.allowed {
-            return fixed(verdict);
+            return Decided::fixed(verdict);
         }
         let (Some(policy), Some(endpoint)) = (&self.policy, &self.endpoint) else {
-            return fixed(verdict);
+            return Decided::fixed(verdict);
         };
         if !policy.ceiling_covers_host(&name, port) {
-            return fixed(verdict);
+            return Decided::fixed(verdict);
         }
         let question = Question {
             sandbox: &self.sandbox,
-            host: name.clone(),
+            host: name,
             port,
             protocol,
             tool_call_id: tool_call.id,
             tool_call_claimed: tool_call.claimed,
         };
+        let answered = self.ask_within(policy, endpoint, &question).await;
+        let target = format!("{}:{port}", question.host);
+        self.record_answer(&question, &target, &answered);
+        self.by_answer(&target, answered)
+    }
+
+    /// The verdict of the latest live rule that names the connection's host.
+    fn by_live_rule(&self, live: &LiveRule) -> Decided<'_> {
+        let rule = format!(
+            "{} {} ({})",
+            if live.allow { "allow" } else { "deny" },
+            live.rule,
+            live.by
+        );
+        if live.allow {
+            Decided {
+                verdict: Verdict::allow(rule),
+                approved_by: Some(self),
+            }
+        } else {
+            Decided::fixed(Verdict::deny(rule))
+        }
+    }
+
+    /// Asks the decider within the policy's timeout (waiting for a place among the questions
+    /// in flight counts in it); without a reply in time, the policy's default answers.
+    async fn ask_within(
+        &self,
+        policy: &Policy,
+        endpoint: &Endpoint,
+        question: &Question<'_>,
+    ) -> Answered {
         let wait = policy.timeout.as_duration();
         let asked = timeout(wait, async {
             // The permit bounds the questions in flight; waiting for it counts in the timeout.
             let _permit = self.pending.acquire().await;
-            ask(endpoint, &question).await
+            ask(endpoint, question).await
         })
         .await;
-        let (answer, by, reason) = match asked {
-            Ok(Ok(reply)) => (reply.answer, AnsweredBy::Decider, reply.reason),
-            Ok(Err(e)) => (
-                default_answer(policy.default),
-                AnsweredBy::Default,
-                Some(chain(&e)),
-            ),
-            Err(_) => (
-                default_answer(policy.default),
-                AnsweredBy::Default,
-                Some(format!("decider did not answer within {}s", wait.as_secs())),
-            ),
-        };
-        let target = format!("{name}:{port}");
+        match asked {
+            Ok(Ok(reply)) => Answered {
+                answer: reply.answer,
+                by: AnsweredBy::Decider,
+                reason: reply.reason,
+            },
+            Ok(Err(e)) => Answered {
+                answer: default_answer(policy.default),
+                by: AnsweredBy::Default,
+                reason: Some(chain(&e)),
+            },
+            Err(_) => Answered {
+                answer: default_answer(policy.default),
+                by: AnsweredBy::Default,
+                reason: Some(format!("decider did not answer within {}s", wait.as_secs())),
+            },
+        }
+    }
+
+    /// Logs the answer to `question` and hands its record to the sink.
+    fn record_answer(&self, question: &Question<'_>, target: &str, answered: &Answered) {
+        let Answered { answer, by, reason } = answered;
         tracing::info!(
             target: "agent_sandbox::egress",
-            host = %name,
-            port,
+            host = %question.host,
+            port = question.port,
             answer = answer.name(),
             by = ?by,
             reason = reason.as_deref().unwrap_or(""),
-            tool_call_id = tool_call.id.unwrap_or(""),
-            tool_call_claimed = tool_call.claimed.unwrap_or(""),
+            tool_call_id = question.tool_call_id.unwrap_or(""),
+            tool_call_claimed = question.tool_call_claimed.unwrap_or(""),
             "egress approval"
         );
         (self.sink)(&ApprovalRecord {
-            answer,
-            target: target.clone(),
-            by,
+            answer: *answer,
+            target: target.to_owned(),
+            by: *by,
             reason: reason.clone(),
-            tool_call_id: tool_call.id.map(str::to_owned),
-            tool_call_claimed: tool_call.claimed.map(str::to_owned),
+            tool_call_id: question.tool_call_id.map(str::to_owned),
+            tool_call_claimed: question.tool_call_claimed.map(str::to_owned),
         });
+    }
+
+    /// The verdict of an answer about `target`; "allow always" adds a live rule for it.
+    fn by_answer(&self, target: &str, answered: Answered) -> Decided<'_> {
+        let Answered { answer, by, reason } = answered;
         let who = match by {
             AnsweredBy::Default => "default answer",
             _ => "decider",
@@ -494,13 +521,13 @@ impl Approvals {
             _ => text,
         };
         match answer {
-            Answer::Deny => fixed(Verdict::deny(with_reason(format!("denied by {who}")))),
+            Answer::Deny => Decided::fixed(Verdict::deny(with_reason(format!("denied by {who}")))),
             Answer::AllowOnce => Decided {
                 verdict: Verdict::allow(with_reason(format!("allowed once by {who}"))),
                 approved_by: Some(self),
             },
             Answer::AllowAlways => {
-                if let Ok(rule) = DomainRule::parse(&target) {
+                if let Ok(rule) = DomainRule::parse(target) {
                     self.push_live(LiveRule {
                         allow: true,
                         rule,
@@ -613,6 +640,13 @@ impl Approvals {
         }
         let _ = stream.shutdown().await;
     }
+}
+
+/// The answer to a question, who gave it and why.
+struct Answered {
+    answer: Answer,
+    by: AnsweredBy,
+    reason: Option<String>,
 }
 
 fn default_answer(d: DefaultAnswer) -> Answer {

@@ -577,7 +577,8 @@ impl Inner {
         }
     }
 
-    #[expect(clippy::too_many_lines)]
+    /// Serves a client that speaks HTTP to the proxy: a CONNECT tunnel or one plain request in
+    /// absolute form, each opened only if the policy allows its host.
     async fn serve_http(
         &self,
         stream: &mut TcpStream,
@@ -585,88 +586,11 @@ impl Inner {
         counters: &Counters,
     ) -> Outcome {
         rec.protocol = Protocol::HttpForward;
-        let read = timeout(
-            self.config.handshake_timeout,
-            http::read_request(stream, self.config.max_head_bytes),
-        )
-        .await;
-        let request = match read {
-            Err(_) => {
-                let reason = "request head not complete within the handshake timeout";
-                let _ = stream
-                    .write_all(&http::response(
-                        408,
-                        "Request Timeout",
-                        (ERROR_HEADER, "timeout"),
-                        reason,
-                    ))
-                    .await;
-                return client_error(reason);
-            }
-            Ok(Err(e @ (HttpError::Truncated | HttpError::Read(_)))) => {
-                return client_error(&chain(&e));
-            }
-            Ok(Err(e @ HttpError::HostMismatch { .. })) => {
-                // A Host header naming another site is domain fronting: a policy refusal (403),
-                // not a malformed request.
-                let reason = chain(&e);
-                tracing::warn!(connection = rec.id, %reason, "egress host header mismatch");
-                let _ = stream
-                    .write_all(&http::response(
-                        403,
-                        DENIED_REASON,
-                        (DENIED_HEADER, HOST_MISMATCH_RULE),
-                        &format!("agent-sandbox: request refused by policy: {reason}"),
-                    ))
-                    .await;
-                rec.rule = Some(HOST_MISMATCH_RULE.to_owned());
-                return Outcome::Denied;
-            }
-            Ok(Err(e)) => {
-                let reason = chain(&e);
-                let _ = stream
-                    .write_all(&http::response(
-                        400,
-                        "Bad Request",
-                        (ERROR_HEADER, "bad-request"),
-                        &format!("agent-sandbox: bad proxy request: {reason}"),
-                    ))
-                    .await;
-                return Outcome::BadRequest { reason };
-            }
-            Ok(Ok(request)) => request,
+        let request = match self.read_http_request(stream, rec).await {
+            Ok(request) => request,
+            Err(answered) => return answered,
         };
-        let (host, port, early, forward) = match request {
-            Request::Connect {
-                host,
-                port,
-                early,
-                tool_call,
-            } => {
-                rec.tool_call = tool_call;
-                (host, port, early, None)
-            }
-            Request::Forward {
-                host,
-                port,
-                head,
-                tool_call,
-            } => {
-                rec.tool_call = tool_call;
-                (host, port, Vec::new(), Some(head))
-            }
-        };
-        let is_connect = forward.is_none();
-        if is_connect {
-            rec.protocol = Protocol::HttpConnect;
-        }
-        rec.host = Some(host.clone());
-        rec.port = Some(port);
-        if let Some(head) = &forward {
-            let (method, path) = head.method_and_path();
-            rec.method = Some(method);
-            rec.path = Some(path);
-        }
+        let (host, port, early, forward) = note_request(request, rec);
         let mut upstream = match self.open(&host, port, rec).await {
             Ok(upstream) => upstream,
             Err(refusal) => {
@@ -674,7 +598,9 @@ impl Inner {
                 return refusal.outcome();
             }
         };
-        if is_connect && let Err(e) = stream.write_all(http::CONNECT_OK).await {
+        if forward.is_none()
+            && let Err(e) = stream.write_all(http::CONNECT_OK).await
+        {
             return client_error(&e.to_string());
         }
         let Some(head) = &forward else {
@@ -692,6 +618,66 @@ impl Inner {
             return outcome;
         }
         self.relay(stream, upstream, rec, counters).await
+    }
+
+    /// Reads the client's request head within the handshake timeout; a head that does not
+    /// come, or that cannot be served, is answered here and ends the connection.
+    async fn read_http_request(
+        &self,
+        stream: &mut TcpStream,
+        rec: &mut Record,
+    ) -> Result<Request, Outcome> {
+        let read = timeout(
+            self.config.handshake_timeout,
+            http::read_request(stream, self.config.max_head_bytes),
+        )
+        .await;
+        match read {
+            Err(_) => {
+                let reason = "request head not complete within the handshake timeout";
+                let _ = stream
+                    .write_all(&http::response(
+                        408,
+                        "Request Timeout",
+                        (ERROR_HEADER, "timeout"),
+                        reason,
+                    ))
+                    .await;
+                Err(client_error(reason))
+            }
+            Ok(Err(e @ (HttpError::Truncated | HttpError::Read(_)))) => {
+                Err(client_error(&chain(&e)))
+            }
+            Ok(Err(e @ HttpError::HostMismatch { .. })) => {
+                // A Host header naming another site is domain fronting: a policy refusal (403),
+                // not a malformed request.
+                let reason = chain(&e);
+                tracing::warn!(connection = rec.id, %reason, "egress host header mismatch");
+                let _ = stream
+                    .write_all(&http::response(
+                        403,
+                        DENIED_REASON,
+                        (DENIED_HEADER, HOST_MISMATCH_RULE),
+                        &format!("agent-sandbox: request refused by policy: {reason}"),
+                    ))
+                    .await;
+                rec.rule = Some(HOST_MISMATCH_RULE.to_owned());
+                Err(Outcome::Denied)
+            }
+            Ok(Err(e)) => {
+                let reason = chain(&e);
+                let _ = stream
+                    .write_all(&http::response(
+                        400,
+                        "Bad Request",
+                        (ERROR_HEADER, "bad-request"),
+                        &format!("agent-sandbox: bad proxy request: {reason}"),
+                    ))
+                    .await;
+                Err(Outcome::BadRequest { reason })
+            }
+            Ok(Ok(request)) => Ok(request),
+        }
     }
 
     /// Serves an opened tunnel to `host:port` whose client has been told it is open: through
@@ -942,23 +928,41 @@ impl Inner {
 
     /// Decides, resolves once, checks every address and dials the first checked one that
     /// answers. The returned stream is connected to an address that passed the checks.
-    #[expect(clippy::too_many_lines)]
     async fn open(&self, host: &Host, port: u16, rec: &mut Record) -> Result<TcpStream, Refusal> {
-        if rec.origin.is_none() {
-            // While the client waits for this answer its socket is still open, so the
-            // process holding it can be found.
-            let found = match &self.config.tool_calls {
-                Some(t) => {
-                    let (t, client) = (Arc::clone(t), rec.client);
-                    tokio::task::spawn_blocking(move || t.of(client))
-                        .await
-                        .unwrap_or_default()
-                }
-                None => Origin::default(),
-            };
-            rec.origin = Some(found);
+        self.find_origin(rec).await;
+        let decided = self.decide(host, port, rec).await;
+        let verdict = decided.verdict.clone();
+        rec.rule = Some(verdict.rule.clone());
+        if !verdict.allowed {
+            return Err(Refusal::Denied { rule: verdict.rule });
         }
-        let decided = match &self.config.approvals {
+        let addrs = self.resolve(host).await?;
+        let checked = self.check_addresses(host, port, addrs, &decided, rec)?;
+        self.dial(checked, port, rec).await
+    }
+
+    /// Looks up who opened the connection, once: while the client waits for the proxy's
+    /// answer its socket is still open, so the process holding it can be found.
+    async fn find_origin(&self, rec: &mut Record) {
+        if rec.origin.is_some() {
+            return;
+        }
+        let found = match &self.config.tool_calls {
+            Some(t) => {
+                let (t, client) = (Arc::clone(t), rec.client);
+                tokio::task::spawn_blocking(move || t.of(client))
+                    .await
+                    .unwrap_or_default()
+            }
+            None => Origin::default(),
+        };
+        rec.origin = Some(found);
+    }
+
+    /// The verdict on `host:port`: the static rules, or with approvals the live rules and
+    /// the decider as well.
+    async fn decide(&self, host: &Host, port: u16, rec: &Record) -> crate::approval::Decided<'_> {
+        match &self.config.approvals {
             Some(approvals) => {
                 let tool_call = crate::approval::ToolCall {
                     id: rec.origin.as_ref().and_then(|o| o.tool_call_id.as_deref()),
@@ -969,36 +973,39 @@ impl Inner {
                     .await
             }
             None => crate::approval::Decided::fixed(self.rules.decide(host, port)),
-        };
-        let verdict = decided.verdict.clone();
-        rec.rule = Some(verdict.rule.clone());
-        if !verdict.allowed {
-            return Err(Refusal::Denied { rule: verdict.rule });
         }
-        let addrs = match host {
-            Host::Ip(ip) => vec![*ip],
-            Host::Domain(name) => {
-                match timeout(self.config.resolve_timeout, self.resolver.resolve(name)).await {
-                    Err(_) => {
-                        return Err(Refusal::Resolve {
-                            reason: "lookup timed out".into(),
-                        });
-                    }
-                    Ok(Err(e)) => {
-                        return Err(Refusal::Resolve {
-                            reason: e.to_string(),
-                        });
-                    }
-                    Ok(Ok(addrs)) if addrs.is_empty() => {
-                        return Err(Refusal::Resolve {
-                            reason: "no addresses".into(),
-                        });
-                    }
-                    Ok(Ok(addrs)) => addrs,
-                }
-            }
-        };
+    }
 
+    /// The addresses of `host`, resolved once within the resolve timeout (an IP is its own).
+    async fn resolve(&self, host: &Host) -> Result<Vec<IpAddr>, Refusal> {
+        let name = match host {
+            Host::Ip(ip) => return Ok(vec![*ip]),
+            Host::Domain(name) => name,
+        };
+        match timeout(self.config.resolve_timeout, self.resolver.resolve(name)).await {
+            Err(_) => Err(Refusal::Resolve {
+                reason: "lookup timed out".into(),
+            }),
+            Ok(Err(e)) => Err(Refusal::Resolve {
+                reason: e.to_string(),
+            }),
+            Ok(Ok(addrs)) if addrs.is_empty() => Err(Refusal::Resolve {
+                reason: "no addresses".into(),
+            }),
+            Ok(Ok(addrs)) => Ok(addrs),
+        }
+    }
+
+    /// The addresses that may be dialled, each with the rule that let a special address
+    /// through; refused if none may (naming the first special address refused).
+    fn check_addresses(
+        &self,
+        host: &Host,
+        port: u16,
+        addrs: Vec<IpAddr>,
+        decided: &crate::approval::Decided<'_>,
+        rec: &Record,
+    ) -> Result<Vec<(IpAddr, Option<String>)>, Refusal> {
         let mut refused: Option<(IpAddr, SpecialRange)> = None;
         let mut checked = Vec::with_capacity(addrs.len());
         for addr in addrs {
@@ -1026,7 +1033,17 @@ impl Inner {
             })?;
             return Err(Refusal::Special { addr, range });
         }
+        Ok(checked)
+    }
 
+    /// Dials the checked addresses in turn, each within the connect timeout; the first that
+    /// answers is the upstream.
+    async fn dial(
+        &self,
+        checked: Vec<(IpAddr, Option<String>)>,
+        port: u16,
+        rec: &mut Record,
+    ) -> Result<TcpStream, Refusal> {
         let mut last = Refusal::Upstream {
             reason: "no address answered".into(),
             kind: io::ErrorKind::Other,
@@ -1166,6 +1183,39 @@ async fn close_gracefully(stream: &mut TcpStream) {
         }
     };
     let _ = timeout(Duration::from_millis(500), drain).await;
+}
+
+/// Records what an HTTP request asks for (its tool call, CONNECT or forward, the target and
+/// a forwarded request's method and path) and returns the target, the bytes a CONNECT client
+/// sent after its head, and a forwarded request's head.
+fn note_request(request: Request, rec: &mut Record) -> (Host, u16, Vec<u8>, Option<ForwardHead>) {
+    let (host, port, early, forward) = match request {
+        Request::Connect {
+            host,
+            port,
+            early,
+            tool_call,
+        } => {
+            rec.tool_call = tool_call;
+            rec.protocol = Protocol::HttpConnect;
+            (host, port, early, None)
+        }
+        Request::Forward {
+            host,
+            port,
+            head,
+            tool_call,
+        } => {
+            rec.tool_call = tool_call;
+            let (method, path) = head.method_and_path();
+            rec.method = Some(method);
+            rec.path = Some(path);
+            (host, port, Vec::new(), Some(head))
+        }
+    };
+    rec.host = Some(host.clone());
+    rec.port = Some(port);
+    (host, port, early, forward)
 }
 
 fn client_error(reason: &str) -> Outcome {

@@ -498,7 +498,6 @@ pub(crate) async fn serve_plain(
 
 /// Reads, checks and sends the client's requests until it stops, one is refused, or the
 /// connection fails.
-#[expect(clippy::too_many_lines)]
 async fn send_requests<R, W>(
     job: &Intercept<'_>,
     cr: &mut R,
@@ -512,106 +511,25 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let idle = job.idle_timeout;
     let mut buf = Vec::with_capacity(4096);
-    let refuse = |refusal: Refusal| {
-        let _ = queue.send(Pending::Refused(refusal));
-    };
     loop {
         if limit.is_some_and(|l| *requests >= l) {
             return Ok(());
         }
-        let len = match read_head(cr, &mut buf, job.max_head_bytes, idle).await {
-            Ok(Some(len)) => len,
+        let sent = match read_head(cr, &mut buf, job.max_head_bytes, job.idle_timeout).await {
+            Ok(Some(len)) => send_request(job, cr, uw, queue, up_bytes, &mut buf, len).await,
             Ok(None) => return Ok(()),
-            Err(InterceptError::Request { reason, .. }) => {
-                refuse(Refusal::bad(reason));
+            Err(InterceptError::Request { reason, .. }) => Err(Cut::Refused(Refusal::bad(reason))),
+            Err(e) => Err(Cut::Failed(e)),
+        };
+        match sent {
+            Ok(()) => {}
+            Err(Cut::Refused(refusal)) => {
+                let _ = queue.send(Pending::Refused(refusal));
                 return Ok(());
             }
-            Err(e) => return Err(e),
-        };
-        let rewritten = match rewrite(job, buf.get(..len).unwrap_or_default()) {
-            Ok(r) => r,
-            Err(refusal) => {
-                refuse(refusal);
-                return Ok(());
-            }
-        };
-        buf.drain(..len);
-        let response = Pending::Response {
-            head: rewritten.head_method,
-            http11: rewritten.http11,
-        };
-        let Some(mut watch) = BodyWatch::new(job) else {
-            refuse(Refusal::bad("cannot search the body for placeholders"));
-            return Ok(());
-        };
-        match rewritten.body {
-            Body::None => {
-                let _ = queue.send(response);
-                write_counted(uw, &rewritten.bytes, up_bytes).await?;
-            }
-            Body::Length(n) if n <= SCANNED_BODY && !rewritten.expect_continue => {
-                // Read whole and searched before the request leaves, so a refusal is clean.
-                let mut body = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-                let scratch = AtomicU64::new(0);
-                copy_exact(cr, &mut buf, &mut body, n, idle, &scratch).await?;
-                if let Err(refusal) = watch.whole(&body, "the request body") {
-                    refuse(refusal);
-                    return Ok(());
-                }
-                let _ = queue.send(response);
-                let mut bytes = rewritten.bytes;
-                bytes.extend_from_slice(&body);
-                write_counted(uw, &bytes, up_bytes).await?;
-            }
-            framing => {
-                // Streamed: the bytes that could begin the placeholder are held back, so if it
-                // comes, the server gets a cut request (then the end of the connection), never
-                // the placeholder.
-                let _ = queue.send(response);
-                write_counted(uw, &rewritten.bytes, up_bytes).await?;
-                let chunked = framing == Body::Chunked;
-                let mut body = BodyReader::new(match framing {
-                    Body::Length(n) => Framing::Length(n),
-                    _ => Framing::Chunked,
-                });
-                loop {
-                    let piece = body.next(cr, &mut buf, idle).await?;
-                    let safe = match &piece {
-                        Some(data) => watch.push(data),
-                        None => watch.finish(),
-                    };
-                    let safe = match safe {
-                        Ok(safe) => safe,
-                        Err(refusal) => {
-                            refuse(refusal);
-                            return Ok(());
-                        }
-                    };
-                    if !safe.is_empty() {
-                        let bytes = if chunked { exchange_chunk(&safe) } else { safe };
-                        write_counted(uw, &bytes, up_bytes).await?;
-                    }
-                    if piece.is_none() {
-                        break;
-                    }
-                }
-                if chunked {
-                    if let Err(refusal) =
-                        watch.whole(&body.trailers, "a trailer of the request body")
-                    {
-                        refuse(refusal);
-                        return Ok(());
-                    }
-                    let mut end = b"0\r\n".to_vec();
-                    end.extend_from_slice(&body.trailers);
-                    end.extend_from_slice(b"\r\n");
-                    write_counted(uw, &end, up_bytes).await?;
-                }
-            }
+            Err(Cut::Failed(e)) => return Err(e),
         }
-        uw.flush().await.map_err(InterceptError::Io)?;
         *requests += 1;
         tracing::info!(
             target: "agent_sandbox::egress",
@@ -623,6 +541,133 @@ where
             "credential header injected"
         );
     }
+}
+
+/// Why a request was not sent whole.
+enum Cut {
+    /// It is refused: the refusal is answered after the responses before it, and the
+    /// requests end.
+    Refused(Refusal),
+    /// The connection failed.
+    Failed(InterceptError),
+}
+
+impl From<Refusal> for Cut {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
+}
+
+impl From<InterceptError> for Cut {
+    fn from(e: InterceptError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// Checks, rewrites and sends the request whose head is `buf[..len]`, then its body; the
+/// response side learns which answer to expect before the request leaves.
+async fn send_request<R, W>(
+    job: &Intercept<'_>,
+    cr: &mut R,
+    uw: &mut W,
+    queue: &mpsc::UnboundedSender<Pending>,
+    up_bytes: &AtomicU64,
+    buf: &mut Vec<u8>,
+    len: usize,
+) -> Result<(), Cut>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let rewritten = rewrite(job, buf.get(..len).unwrap_or_default())?;
+    buf.drain(..len);
+    let response = Pending::Response {
+        head: rewritten.head_method,
+        http11: rewritten.http11,
+    };
+    let Some(mut watch) = BodyWatch::new(job) else {
+        return Err(Cut::Refused(Refusal::bad(
+            "cannot search the body for placeholders",
+        )));
+    };
+    match rewritten.body {
+        Body::None => {
+            let _ = queue.send(response);
+            write_counted(uw, &rewritten.bytes, up_bytes).await?;
+        }
+        Body::Length(n) if n <= SCANNED_BODY && !rewritten.expect_continue => {
+            // Read whole and searched before the request leaves, so a refusal is clean.
+            let mut body = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+            let scratch = AtomicU64::new(0);
+            copy_exact(cr, buf, &mut body, n, job.idle_timeout, &scratch).await?;
+            watch.whole(&body, "the request body")?;
+            let _ = queue.send(response);
+            let mut bytes = rewritten.bytes;
+            bytes.extend_from_slice(&body);
+            write_counted(uw, &bytes, up_bytes).await?;
+        }
+        framing => {
+            let _ = queue.send(response);
+            write_counted(uw, &rewritten.bytes, up_bytes).await?;
+            stream_body(
+                cr,
+                uw,
+                buf,
+                &mut watch,
+                &framing,
+                job.idle_timeout,
+                up_bytes,
+            )
+            .await?;
+        }
+    }
+    uw.flush().await.map_err(InterceptError::Io)?;
+    Ok(())
+}
+
+/// Sends a body that is streamed (chunked, too large to hold, or awaited after `100
+/// Continue`): the bytes that could begin the placeholder are held back, so if it comes, the
+/// server gets a cut request (then the end of the connection), never the placeholder.
+async fn stream_body<R, W>(
+    cr: &mut R,
+    uw: &mut W,
+    buf: &mut Vec<u8>,
+    watch: &mut BodyWatch,
+    framing: &Body,
+    idle: Duration,
+    up_bytes: &AtomicU64,
+) -> Result<(), Cut>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let chunked = *framing == Body::Chunked;
+    let mut body = BodyReader::new(match framing {
+        Body::Length(n) => Framing::Length(*n),
+        _ => Framing::Chunked,
+    });
+    loop {
+        let piece = body.next(cr, buf, idle).await?;
+        let safe = match &piece {
+            Some(data) => watch.push(data),
+            None => watch.finish(),
+        }?;
+        if !safe.is_empty() {
+            let bytes = if chunked { exchange_chunk(&safe) } else { safe };
+            write_counted(uw, &bytes, up_bytes).await?;
+        }
+        if piece.is_none() {
+            break;
+        }
+    }
+    if chunked {
+        watch.whole(&body.trailers, "a trailer of the request body")?;
+        let mut end = b"0\r\n".to_vec();
+        end.extend_from_slice(&body.trailers);
+        end.extend_from_slice(b"\r\n");
+        write_counted(uw, &end, up_bytes).await?;
+    }
+    Ok(())
 }
 
 fn exchange_chunk(data: &[u8]) -> Vec<u8> {

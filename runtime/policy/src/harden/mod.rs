@@ -16,10 +16,11 @@
 //!   default), `no_new_privs`, the policy's seccomp filter;
 //! - cgroup limits at most the policy's, and only the standard safe devices.
 //!
-//! [`harden_spec_under`] is the recipe; one module per concern does each step: the
-//! effective policy (`annotations`), the process (`process`), the mounts (`mounts`),
-//! namespaces and identity (`namespaces`), the host-reaching `linux` keys (`host_keys`),
-//! cgroup limits (`resources`) and `HOME` (`home`).
+//! `harden_spec_under` (the spec step of [`crate::plan::compile`], behind [`harden_spec`]
+//! too) is the recipe; one module per concern does each step: the effective policy
+//! (`annotations`), the process (`process`), the mounts (`mounts`), namespaces and identity
+//! (`namespaces`), the host-reaching `linux` keys (`host_keys`), cgroup limits (`resources`)
+//! and `HOME` (`home`).
 
 use std::path::{Path, PathBuf};
 
@@ -328,7 +329,9 @@ pub struct PodNamespaces {
 
 /// The spec step of [`crate::plan::compile`]: the hardened spec and the effective (possibly
 /// narrowed) policy that produced it. The runtime reads neither from here: it takes the
-/// compiled [`crate::SandboxPlan`], whose `policy` is this one.
+/// compiled [`crate::SandboxPlan`], whose `policy` is this one. It stays public as the result
+/// of [`harden_spec`], the spec step alone, which the policy's tests, the `harden_spec` fuzz
+/// target and the policy bench drive without a host's layer plan.
 #[derive(Debug, Clone)]
 pub struct HardenedSpec {
     pub spec: Spec,
@@ -523,7 +526,9 @@ pub fn harden_spec(
 
 /// [`harden_spec`] with the sandbox's effective policy already compiled from the ceiling
 /// and the spec's annotations ([`effective_policy_with`]), so that create derives it once.
-pub fn harden_spec_under(
+/// Only [`crate::plan::compile_under`] calls it: outside this crate, a sandbox's hardened
+/// spec comes with its plan, in [`crate::plan::Compiled`].
+pub(crate) fn harden_spec_under(
     mut spec: Spec,
     policy: SandboxPolicy,
     ctx: &HostFacts,
