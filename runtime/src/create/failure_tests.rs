@@ -173,6 +173,10 @@ const SPAWN: [Step; 3] = [
     Step::PrespawnProxy,
 ];
 
+/// The step of phase 5 right after libcontainer's create: HOME's guards placed in the
+/// container (`split_home_guards`).
+const BUILT: [Step; 1] = [Step::HomeGuards];
+
 /// The steps of phase 5 after the build for a sandbox of its own (not a pod's): `lo` up,
 /// the proxy bound in the init's namespace, the supervisor's ready line.
 const ATTACH: [Step; 3] = [Step::LoopbackUp, Step::FinishProxy, Step::SupervisorReady];
@@ -416,12 +420,26 @@ fn cases_before_build() -> Vec<Case> {
 /// the record. Clean-up deletes the container too.
 fn cases_after_build() -> Vec<Case> {
     vec![
+        // HOME's guards cannot be placed in the built container: it is deleted, and the
+        // sidecars that started beside it are stopped.
+        Case {
+            name: "guards",
+            fail: &[Step::HomeGuards],
+            error: |e, _| {
+                matches!(
+                    e,
+                    LifecycleError::Mount(crate::enforce::mounts::MountError::GuardOption { .. })
+                )
+            },
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..]].concat(),
+            ..base(true)
+        },
         // `lo` cannot be brought up in the init's namespace.
         Case {
             name: "lo",
             fail: &[Step::LoopbackUp],
             error: |e, _| matches!(e, LifecycleError::Loopback(_)),
-            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..1]].concat(),
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..1]].concat(),
             ..base(true)
         },
         // A pod's sandbox container whose namespaces cannot be pinned for its members.
@@ -430,7 +448,13 @@ fn cases_after_build() -> Vec<Case> {
             spec: pod_sandbox,
             fail: &[Step::PinPod],
             error: |e, _| matches!(e, LifecycleError::Pod(crate::pod::PodError::Pin { .. })),
-            taken: [&INSTALL[..], &SPAWN[..], &[Step::LoopbackUp, Step::PinPod]].concat(),
+            taken: [
+                &INSTALL[..],
+                &SPAWN[..],
+                &BUILT[..],
+                &[Step::LoopbackUp, Step::PinPod],
+            ]
+            .concat(),
             ..base(true)
         },
         // The proxy cannot bind in the init's namespace; still running (its pid file was
@@ -439,7 +463,7 @@ fn cases_after_build() -> Vec<Case> {
             name: "bind",
             fail: &[Step::FinishProxy],
             error: |e, _| matches!(e, LifecycleError::Egress(EgressError::NotReady { .. })),
-            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..2]].concat(),
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..2]].concat(),
             ..base(true)
         },
         // The supervisor never says it is ready: a sandbox whose denials nobody answers is
@@ -453,7 +477,7 @@ fn cases_after_build() -> Vec<Case> {
                     LifecycleError::SyscallAudit(SyscallAuditError::NotReady { .. })
                 )
             },
-            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..]].concat(),
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..]].concat(),
             ..base(true)
         },
         // Phase 6 (record): the limits read back are not those asked for. Every sidecar
@@ -466,6 +490,7 @@ fn cases_after_build() -> Vec<Case> {
             taken: [
                 &INSTALL[..],
                 &SPAWN[..],
+                &BUILT[..],
                 &ATTACH[..],
                 &[Step::WatchOom, Step::VerifyLimits],
             ]
@@ -482,6 +507,7 @@ fn cases_after_build() -> Vec<Case> {
             taken: [
                 &INSTALL[..],
                 &SPAWN[..],
+                &BUILT[..],
                 &ATTACH[..],
                 &[Step::WatchOom, Step::StopOomWatch, Step::VerifyLimits],
             ]

@@ -98,6 +98,13 @@ pub trait HostProcs: Send + Sync {
     fn release_apparmor(&self, sandbox_dir: &SandboxDir);
     /// Makes the spec's mount points in the image rootfs (`mounts::ensure_mount_points`).
     fn make_mount_points(&self, rootfs: &Path, spec: &Spec) -> Result<(), MountError>;
+    /// Places HOME's guards in the created container of `pid`
+    /// (`crate::enforce::home_guards::place`).
+    fn place_home_guards(
+        &self,
+        pid: i32,
+        guards: &[libcontainer::oci_spec::runtime::Mount],
+    ) -> Result<(), MountError>;
     /// Binds the image rootfs read-only at the sandbox's rootfs mount.
     fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError>;
     /// Mounts the workspace overlay (`mounts::mount_overlay`).
@@ -250,6 +257,14 @@ impl HostProcs for RealProcs {
         mounts::ensure_mount_points(rootfs, spec)
     }
 
+    fn place_home_guards(
+        &self,
+        pid: i32,
+        guards: &[libcontainer::oci_spec::runtime::Mount],
+    ) -> Result<(), MountError> {
+        crate::enforce::home_guards::place(pid, guards)
+    }
+
     fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError> {
         mounts::bind_readonly(rootfs, at)
     }
@@ -361,6 +376,7 @@ pub mod fake {
         LoadApparmor,
         ReleaseApparmor,
         MountPoints,
+        HomeGuards,
         BindRootfs,
         MountOverlay,
         SaveCgroups,
@@ -676,6 +692,24 @@ pub mod fake {
                 return Err(MountError::MountPoint {
                     path: rootfs.to_owned(),
                     source,
+                });
+            }
+            Ok(())
+        }
+
+        /// The guards go into the container's own mount namespace: nothing to detach.
+        fn place_home_guards(
+            &self,
+            _pid: i32,
+            guards: &[libcontainer::oci_spec::runtime::Mount],
+        ) -> Result<(), MountError> {
+            if self.take(Step::HomeGuards) {
+                return Err(MountError::GuardOption {
+                    dest: guards
+                        .first()
+                        .map(|m| m.destination().clone())
+                        .unwrap_or_default(),
+                    option: "the fake's".to_owned(),
                 });
             }
             Ok(())
