@@ -69,46 +69,43 @@ impl Runtime {
     /// libcontainer's create of the init from `bundle`, which then waits for `start`, and
     /// HOME's guards placed in it. Returns the init's host pid.
     ///
-    /// Where `split_home_guards` allows, libcontainer gets the spec without HOME's guards
-    /// (its checked mount path costs about 80 system calls a bind, three quarters of the
-    /// init's) and the runtime places them itself once the container exists, before anything
-    /// of the sandbox runs; `bundle/config.json` holds the whole hardened spec again
-    /// afterwards, for every later command.
+    /// Where `split_home_guards` allows, libcontainer creates the container from the spec
+    /// without HOME's guards, in `bundle/engine/` (its checked mount path costs about 80
+    /// system calls a bind, three quarters of the init's), and the runtime places them
+    /// itself once the container exists, before anything of the sandbox runs. The sidecars
+    /// read `bundle/config.json`, the whole hardened spec, throughout; `bundle/engine/`'s is
+    /// replaced by it before anything else reads it there.
     pub(super) fn build(
         &self,
         id: &ContainerId,
         opts: &CreateOpts,
         hardened: &Hardened,
-        placeholders: &agent_sandbox_policy::harden::Placeholders,
+        host: &Host,
         executor: SandboxExecutor,
         bundle: &std::path::Path,
     ) -> Result<i32> {
         let spec = &hardened.spec;
-        let split = agent_sandbox_policy::harden::split_home_guards(
+        let Some((engine_spec, guards)) = agent_sandbox_policy::harden::split_home_guards(
             spec,
             &hardened.plan.policy,
-            placeholders,
-        );
-        let config = bundle.join("config.json");
-        let save = |s: &libcontainer::oci_spec::runtime::Spec| {
-            s.save(&config)
-                .map_err(|source| LifecycleError::BundleConfig {
-                    path: config.clone(),
-                    source,
-                })
+            &host.placeholders,
+        ) else {
+            return self.build_init(id, opts, hardened, executor, bundle);
         };
-        if let Some((engine_spec, _)) = &split {
-            save(engine_spec)?;
-        }
-        let built = self.build_init(id, opts, hardened, executor, bundle);
-        if split.is_some() {
-            save(spec)?;
-        }
-        let pid = built?;
-        if let Some((_, guards)) = &split {
-            // Before `start`: nothing of the sandbox has run yet.
-            self.procs().place_home_guards(pid, guards)?;
-        }
+        let engine = host.sandbox_dir.engine_bundle();
+        let config = engine.join("config.json");
+        let write = |s: &libcontainer::oci_spec::runtime::Spec| {
+            let bytes =
+                serde_json::to_vec(s).map_err(|e| crate::files::FileError::encode(&config, e))?;
+            agent_sandbox_sys::atomic_file::write_atomic(&config, bytes)
+                .map_err(|e| crate::files::FileError::write(&config, e))
+        };
+        std::fs::create_dir_all(&engine).map_err(|e| crate::files::FileError::write(&engine, e))?;
+        write(&engine_spec)?;
+        let pid = self.build_init(id, opts, hardened, executor, &engine)?;
+        write(spec)?;
+        // Before `start`: nothing of the sandbox has run yet.
+        self.procs().place_home_guards(pid, &guards)?;
         Ok(pid)
     }
 

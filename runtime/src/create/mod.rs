@@ -160,7 +160,7 @@ impl Runtime {
         marks.mark("mounts");
         let sidecars = self.spawn_sidecars(id, &ids, &host, &hardened, &mut executor)?;
         marks.mark("supervisor");
-        let pid = self.build(id, opts, &hardened, &host.placeholders, executor, &bundle)?;
+        let pid = self.build(id, opts, &hardened, &host, executor, &bundle)?;
         marks.mark("libcontainer");
         let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, marks)?;
         // Before the program runs, so an OOM kill in its first moment is seen.

@@ -7,13 +7,16 @@
 //! Here the binds' sources are the runtime's own placeholders, cloned on the host side
 //! (`open_tree(OPEN_TREE_CLONE)` and `mount_setattr`), and a forked child joins the init's
 //! user and mount namespaces (`setns` through a pidfd, then ids 0 there, as the init is while
-//! it mounts) and places each one: the destination's parent resolved beneath the init's root
-//! with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` once, the
-//! mount point made with `O_NOFOLLOW`/`O_EXCL`, the mount attached with `move_mount` from a
-//! descriptor. No path is walked twice and none through a symlink, so a link planted in the
-//! image cannot redirect a guard; nothing of the sandbox runs yet (its init waits for
-//! `start`). The mounts are what libcontainer would have made: same types, flags, options,
-//! owners and modes, tmpfs superblocks of the sandbox's user namespace.
+//! it mounts) and places each one. The path to the scratch area holding HOME is opened once,
+//! beneath the init's root (`openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`, a link of
+//! the image resolved inside it as libcontainer resolved it when it mounted the scratch
+//! area); from there on every directory is a descriptor: each mount point is made in its
+//! parent's descriptor with `O_NOFOLLOW` (and `O_EXCL` for a file), each tmpfs's children go
+//! into the descriptor of its new mount, and each mount is attached with `move_mount` from
+//! one descriptor to another. No name is looked up twice and none through a link, so
+//! nothing planted can redirect a guard; nothing of the sandbox runs yet either (its init
+//! waits for `start`). The mounts are what libcontainer would have made: same types, flags,
+//! options, owners and modes, tmpfs superblocks of the sandbox's user namespace.
 
 use std::ffi::CString;
 use std::io::{self, Read};
@@ -94,7 +97,6 @@ const FSMOUNT_CLOEXEC: libc::c_uint = 0x1;
 const FSCONFIG_SET_STRING: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 const RESOLVE_IN_ROOT: u64 = 0x10;
 
 /// `struct open_how` of openat2(2) (libc's is non-exhaustive).
@@ -444,12 +446,15 @@ fn child(
 }
 
 /// The directory at `walk` beneath `root`, each component made (0755) where missing, as
-/// libcontainer makes a mount point's parents; a link anywhere on the way is refused.
+/// libcontainer makes a mount point's parents. A symbolic link of the image on the way is
+/// resolved as libcontainer resolved it when it mounted the scratch area there: beneath the
+/// root (`RESOLVE_IN_ROOT`: `..` and absolute targets stop at it), never through a magic
+/// link of /proc.
 fn resolve(root: RawFd, walk: &[CString]) -> RawFd {
     let how = OpenHow {
         flags: u64::try_from(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC).unwrap_or(0),
         mode: 0,
-        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
     };
     let open = |dir: RawFd, name: &CString| {
         // SAFETY: openat2(2) with an open directory, a NUL-terminated name and a valid
