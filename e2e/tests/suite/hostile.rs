@@ -1162,8 +1162,9 @@ fn install_script_writes_outside_its_directory(e: &dyn EntryPoint) -> anyhow::Re
 /// git or agent runs them: HOME is writable scratch (a tmpfs at `/home` when the image's
 /// home is on the read-only root), and the busybox image has none of these files. Each
 /// protected name is refused whether or not the image had it, also after renaming its
-/// directory away or removing it first, and also from a process exec'd later; runc's
-/// writable rootfs takes every one.
+/// directory away or removing it first, with a file renamed or hard-linked over it, a
+/// symbolic link in its place or its guard unmounted first, and also from a process
+/// exec'd later; runc's writable rootfs takes every one.
 fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
     e.require()?;
     const NAMES: &[&str] = &[
@@ -1176,6 +1177,17 @@ fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
         ".envrc",
         ".ssh/authorized_keys",
     ];
+    // Ways around a refused write: its directory renamed away, the name removed first, a
+    // file renamed or hard-linked over it, a symbolic link put in its place, the guard
+    // unmounted first.
+    const TRICKS: &[&str] = &[
+        "renamed",
+        "replaced",
+        "renamed-over",
+        "linked-over",
+        "symlinked",
+        "unmounted",
+    ];
     let script = format!(
         "mkdir -p \"$HOME\" 2>/dev/null\n\
          for n in {names}; do\n\
@@ -1185,6 +1197,12 @@ fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
          if mv \"$HOME/.config\" \"$HOME/.config-away\" 2>/dev/null && mkdir -p \"$HOME/.config/git\" \\\n\
             && echo evil > \"$HOME/.config/git/config\"; then echo 'wrote renamed'; else echo 'refused renamed'; fi\n\
          if rm -f \"$HOME/.bashrc\" 2>/dev/null && echo evil > \"$HOME/.bashrc\"; then echo 'wrote replaced'; else echo 'refused replaced'; fi\n\
+         echo evil > \"$HOME/.planted\"\n\
+         if mv -f \"$HOME/.planted\" \"$HOME/.profile\" 2>/dev/null; then echo 'wrote renamed-over'; else echo 'refused renamed-over'; fi\n\
+         if ln -f \"$HOME/.planted\" \"$HOME/.gitconfig\" 2>/dev/null; then echo 'wrote linked-over'; else echo 'refused linked-over'; fi\n\
+         if ln -sf /tmp/evil \"$HOME/.bash_profile\" 2>/dev/null; then echo 'wrote symlinked'; else echo 'refused symlinked'; fi\n\
+         umount \"$HOME/.envrc\" 2>/dev/null; umount -l \"$HOME/.envrc\" 2>/dev/null\n\
+         if echo evil >> \"$HOME/.envrc\" 2>/dev/null; then echo 'wrote unmounted'; else echo 'refused unmounted'; fi\n\
          touch \"$HOME/notes\" && echo 'home writable'\n\
          echo \"home=$HOME\"\n",
         names = NAMES.join(" ")
@@ -1197,10 +1215,12 @@ fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
             "runc baseline: {n} was not written\n{base}"
         );
     }
-    ensure!(
-        base.stdout.contains("wrote renamed") && base.stdout.contains("wrote replaced"),
-        "runc baseline\n{base}"
-    );
+    for trick in TRICKS {
+        ensure!(
+            base.stdout.contains(&format!("wrote {trick}\n")),
+            "runc baseline: {trick} did not get through\n{base}"
+        );
+    }
     let ours = e.run(Side::Sandbox, &job)?;
     ensure!(
         ours.stdout.contains("home writable"),
@@ -1212,9 +1232,9 @@ fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
             "the sandbox let a tool write $HOME/{n}\n{ours}"
         );
     }
-    for trick in ["renamed", "replaced"] {
+    for trick in TRICKS {
         ensure!(
-            ours.stdout.contains(&format!("refused {trick}")),
+            ours.stdout.contains(&format!("refused {trick}\n")),
             "the sandbox let a tool write a protected name of HOME once {trick}\n{ours}"
         );
     }

@@ -44,7 +44,12 @@ pub fn guard(m: &Mount) -> Result<Guard, MountError> {
         (Some("bind"), Some(source)) => GuardKind::Bind {
             source: source.clone(),
         },
-        (Some("tmpfs"), _) => GuardKind::Tmpfs { options: data },
+        (Some("tmpfs"), source) => GuardKind::Tmpfs {
+            source: source
+                .as_ref()
+                .map_or_else(|| "tmpfs".to_owned(), |s| s.display().to_string()),
+            options: data,
+        },
         (typ, _) => return Err(unknown(&format!("type {}", typ.unwrap_or("none")))),
     };
     Ok(Guard {

@@ -70,8 +70,12 @@ pub struct GuardMount {
 /// What a guard mount is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuardKind {
-    /// A new tmpfs with these `key=value` options (`mode`, `uid`, `gid`, `size`).
-    Tmpfs { options: Vec<(String, String)> },
+    /// A new tmpfs named `source` with these `key=value` options (`mode`, `uid`, `gid`,
+    /// `size`).
+    Tmpfs {
+        source: String,
+        options: Vec<(String, String)>,
+    },
     /// A clone of the host mount at `source` (a file or a directory), not recursive.
     Bind { source: PathBuf },
 }
@@ -260,9 +264,9 @@ fn plan(guards: &[Guard]) -> Result<Plan, GuardMountError> {
             }
         };
         let what = match &g.mount.kind {
-            GuardKind::Tmpfs { options } => What::Tmpfs {
-                options: options
-                    .iter()
+            GuardKind::Tmpfs { source, options } => What::Tmpfs {
+                options: std::iter::once(("source", source))
+                    .chain(options.iter().map(|(k, v)| (k.as_str(), v)))
                     .map(|(k, v)| Ok((cstring(dest, k.as_bytes())?, cstring(dest, v.as_bytes())?)))
                     .collect::<Result<_, GuardMountError>>()?,
                 attrs: g.attrs,
@@ -302,7 +306,9 @@ fn clone_err(path: &Path, source: io::Error) -> GuardMountError {
     }
 }
 
-/// A detached clone of the mount of `fd` with `attrs` set.
+/// A detached clone of the mount of `fd` with `attrs` set, a slave of the mount's peer
+/// group as libcontainer's clone from the container's copy of the host's mounts is (a
+/// clone of a shared host mount would otherwise join its peer group).
 fn clone_tree(fd: &OwnedFd, attrs: u64) -> io::Result<OwnedFd> {
     let flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as u32;
     // SAFETY: `fd` is an open descriptor, the empty C string outlives the call and
@@ -321,16 +327,16 @@ fn clone_tree(fd: &OwnedFd, attrs: u64) -> io::Result<OwnedFd> {
     }
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     let tree = unsafe { OwnedFd::from_raw_fd(raw) };
-    setattr(tree.as_raw_fd(), attrs)?;
+    setattr(tree.as_raw_fd(), attrs, libc::MS_SLAVE)?;
     Ok(tree)
 }
 
-/// `mount_setattr` of the detached or new mount `fd`: sets `attrs`.
-fn setattr(fd: RawFd, attrs: u64) -> io::Result<()> {
+/// `mount_setattr` of the detached mount `fd`: sets `attrs` and `propagation`.
+fn setattr(fd: RawFd, attrs: u64, propagation: libc::c_ulong) -> io::Result<()> {
     let attr = libc::mount_attr {
         attr_set: attrs,
         attr_clr: 0,
-        propagation: 0,
+        propagation: u64::from(propagation),
         userns_fd: 0,
     };
     // SAFETY: `fd` is an open mount descriptor named by the empty path with AT_EMPTY_PATH,
@@ -622,7 +628,10 @@ mod tests {
         Guard {
             mount: GuardMount {
                 dest: PathBuf::from(dest),
-                kind: GuardKind::Tmpfs { options: vec![] },
+                kind: GuardKind::Tmpfs {
+                    source: "tmpfs".to_owned(),
+                    options: vec![],
+                },
             },
             attrs: ATTR_NOSUID | ATTR_NODEV,
         }
