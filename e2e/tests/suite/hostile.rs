@@ -1197,9 +1197,9 @@ fn home_dotfiles(e: &dyn EntryPoint) -> anyhow::Result<()> {
          if mv \"$HOME/.config\" \"$HOME/.config-away\" 2>/dev/null && mkdir -p \"$HOME/.config/git\" \\\n\
             && echo evil > \"$HOME/.config/git/config\"; then echo 'wrote renamed'; else echo 'refused renamed'; fi\n\
          if rm -f \"$HOME/.bashrc\" 2>/dev/null && echo evil > \"$HOME/.bashrc\"; then echo 'wrote replaced'; else echo 'refused replaced'; fi\n\
-         echo evil > \"$HOME/.planted\"\n\
+         echo evil > \"$HOME/.planted\"; echo evil > \"$HOME/.planted-link\"\n\
          if mv -f \"$HOME/.planted\" \"$HOME/.profile\" 2>/dev/null; then echo 'wrote renamed-over'; else echo 'refused renamed-over'; fi\n\
-         if ln -f \"$HOME/.planted\" \"$HOME/.gitconfig\" 2>/dev/null; then echo 'wrote linked-over'; else echo 'refused linked-over'; fi\n\
+         if ln -f \"$HOME/.planted-link\" \"$HOME/.gitconfig\" 2>/dev/null; then echo 'wrote linked-over'; else echo 'refused linked-over'; fi\n\
          if ln -sf /tmp/evil \"$HOME/.bash_profile\" 2>/dev/null; then echo 'wrote symlinked'; else echo 'refused symlinked'; fi\n\
          umount \"$HOME/.envrc\" 2>/dev/null; umount -l \"$HOME/.envrc\" 2>/dev/null\n\
          if echo evil >> \"$HOME/.envrc\" 2>/dev/null; then echo 'wrote unmounted'; else echo 'refused unmounted'; fi\n\
