@@ -1,6 +1,8 @@
 //! Phase 4: the hardened spec made real on the host, then libcontainer's create.
 
 use std::path::PathBuf;
+
+use libcontainer::oci_spec::runtime::Mount;
 use std::sync::Arc;
 
 use super::{Hardened, Host, Ids, Result};
@@ -66,15 +68,14 @@ impl Runtime {
         Ok(bundle)
     }
 
-    /// libcontainer's create of the init from `bundle`, which then waits for `start`, and
-    /// HOME's guards placed in it. Returns the init's host pid.
+    /// libcontainer's create of the init from `bundle`, which then waits for `start`.
+    /// Returns the init's host pid, and HOME's guards for [`Runtime::place_home_guards`].
     ///
     /// Where `split_home_guards` allows, libcontainer creates the container from the spec
     /// without HOME's guards, in `bundle/engine/` (its checked mount path costs about 80
     /// system calls a bind, three quarters of the init's), and the runtime places them
-    /// itself once the container exists, before anything of the sandbox runs. The sidecars
-    /// read `bundle/config.json`, the whole hardened spec, throughout; `bundle/engine/`'s is
-    /// replaced by it before anything else reads it there.
+    /// itself right after. The sidecars read `bundle/config.json`, the whole hardened spec,
+    /// throughout; `bundle/engine/`'s is replaced by it before anything else reads it there.
     pub(super) fn build(
         &self,
         id: &ContainerId,
@@ -83,14 +84,15 @@ impl Runtime {
         host: &Host,
         executor: SandboxExecutor,
         bundle: &std::path::Path,
-    ) -> Result<i32> {
+    ) -> Result<(i32, Vec<Mount>)> {
         let spec = &hardened.spec;
         let Some((engine_spec, guards)) = agent_sandbox_policy::harden::split_home_guards(
             spec,
             &hardened.plan.policy,
             &host.placeholders,
         ) else {
-            return self.build_init(id, opts, hardened, executor, bundle);
+            let pid = self.build_init(id, opts, hardened, executor, bundle)?;
+            return Ok((pid, Vec::new()));
         };
         let engine = host.sandbox_dir.engine_bundle();
         let config = engine.join("config.json");
@@ -104,9 +106,16 @@ impl Runtime {
         write(&engine_spec)?;
         let pid = self.build_init(id, opts, hardened, executor, &engine)?;
         write(spec)?;
-        // Before `start`: nothing of the sandbox has run yet.
-        self.procs().place_home_guards(pid, &guards)?;
-        Ok(pid)
+        Ok((pid, guards))
+    }
+
+    /// HOME's guards that [`Runtime::build`] left to the runtime, placed in the created
+    /// container of `pid`. Before `start`: nothing of the sandbox has run yet.
+    pub(super) fn place_home_guards(&self, pid: i32, guards: &[Mount]) -> Result<()> {
+        if guards.is_empty() {
+            return Ok(());
+        }
+        Ok(self.procs().place_home_guards(pid, guards)?)
     }
 
     /// libcontainer's create of the init from the spec in `bundle`.

@@ -9,8 +9,10 @@
 //!    profile, mount points, read-only rootfs, workspace overlay, the bundle libcontainer
 //!    reads).
 //! 5. [`spawn_sidecars`](Runtime::spawn_sidecars), [`build`](Runtime::build),
+//!    [`place_home_guards`](Runtime::place_home_guards),
 //!    [`attach_sidecars`](Runtime::attach_sidecars): the denied-syscall supervisor and the
 //!    egress proxy start beside libcontainer's create and are tied to the init after it;
+//!    HOME's guards are placed in the container libcontainer made without them;
 //!    for podman, the OOM watcher of `sidecars::podman_oom` is registered.
 //! 6. [`record`](Runtime::record_created): the audit records, the limits read back, the layers.
 //!
@@ -160,8 +162,10 @@ impl Runtime {
         marks.mark("mounts");
         let sidecars = self.spawn_sidecars(id, &ids, &host, &hardened, &mut executor)?;
         marks.mark("supervisor");
-        let pid = self.build(id, opts, &hardened, &host, executor, &bundle)?;
+        let (pid, guards) = self.build(id, opts, &hardened, &host, executor, &bundle)?;
         marks.mark("libcontainer");
+        self.place_home_guards(pid, &guards)?;
+        marks.mark("home_guards");
         let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, marks)?;
         // Before the program runs, so an OOM kill in its first moment is seen.
         self.watch_oom_for_podman(id, &hardened.spec, &opts.bundle, pid);

@@ -87,6 +87,7 @@ mod tests {
         assert_eq!(
             t.mount.kind,
             GuardKind::Tmpfs {
+                source: "tmpfs".to_owned(),
                 options: [
                     ("mode", "0755"),
                     ("uid", "0"),
