@@ -332,11 +332,11 @@ fn clone_tree(fd: &OwnedFd, attrs: u64) -> io::Result<OwnedFd> {
 }
 
 /// `mount_setattr` of the detached mount `fd`: sets `attrs` and `propagation`.
-fn setattr(fd: RawFd, attrs: u64, propagation: libc::c_ulong) -> io::Result<()> {
+fn setattr(fd: RawFd, attrs: u64, propagation: u64) -> io::Result<()> {
     let attr = libc::mount_attr {
         attr_set: attrs,
         attr_clr: 0,
-        propagation: u64::from(propagation),
+        propagation,
         userns_fd: 0,
     };
     // SAFETY: `fd` is an open mount descriptor named by the empty path with AT_EMPTY_PATH,
