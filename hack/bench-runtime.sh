@@ -20,16 +20,21 @@
 #      entry point under agent-sandbox and runc (BENCH_TASK_ROUNDS, BENCH_TASK_ENTRIES);
 #   9. checkpoint: podman checkpoint, restore in place, checkpoint --export and restore
 #      --import of one python3 holding 50 MiB, agent-sandbox vs runc + CRIU interleaved,
-#      p50/p95 per phase and ratios (BENCH_CHECKPOINT_ROUNDS; needs CRIU, hack/criu.sh).
+#      p50/p95 per phase and ratios (BENCH_CHECKPOINT_ROUNDS; needs CRIU, hack/criu.sh);
+#  10. fork: one golden checkpoint (the same python3) imported --fork-batch times per round
+#      under new names with every fork left running; the last (Nth) import is the sample,
+#      and the host memory each idle fork costs is reported (BENCH_FORK_BATCH, 10;
+#      BENCH_FORK_ROUNDS, 5), agent-sandbox vs runc + CRIU.
 # Prints medians, p90 and ratios, writes JSON (default target/bench/runtime.json) and a PNG
 # chart beside it.
 #
-# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion,task,checkpoint]
+# Usage: hack/bench-runtime.sh [--sections all | runtime,podman,ctr,exec,proxy,cri,density,criterion,task,checkpoint,fork]
 #                              [--rounds N] [--podman-rounds N] [--ctr-rounds N] [--shims N]
 #                              [--agent-sandbox PATH] [--baseline PATH] [--shim PATH] [--out FILE]
 #                              [--max-seconds S]
 #                              [--density-max N] [--proxy-mb MB] [--chart PNG]
 #                              [--checkpoint-rounds N] [--checkpoint-image IMAGE]
+#                              [--fork-batch N] [--fork-rounds N]
 # Environment: BENCH_ROUNDS (default 30), BENCH_PODMAN_ROUNDS, BENCH_CTR_ROUNDS,
 # BENCH_SHIMS (3), BENCH_MAX_SECONDS (300), AGENT_SANDBOX_BIN (default
 # /usr/local/bin/agent-sandbox).

@@ -176,7 +176,6 @@ fn round(cri: &Cri, handler: &str, args: &Args, samples: &mut Samples) -> anyhow
     Ok(())
 }
 
-#[expect(clippy::too_many_lines)]
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(args.rounds > 0, "--rounds must be at least 1");
@@ -191,6 +190,33 @@ fn main() -> anyhow::Result<()> {
         None => cri::sandbox_handler()?,
     };
     let handlers = [handler.clone(), args.baseline.clone()];
+    let samples = measure(&cri, &args, &handlers)?;
+    let (results, ratios) = summarise(&samples, &handler, &args.baseline);
+    let report = Report {
+        rounds: args.rounds,
+        warmup: args.warmup,
+        execs_per_pod: args.execs,
+        image: args.image.clone(),
+        handler: handler.clone(),
+        baseline: args.baseline.clone(),
+        results,
+        ratios,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    print_report(&report, &handlers);
+    Ok(())
+}
+
+/// The rounds (warm-up ones not kept), each handler's pod in turn: the samples of each
+/// handler's phases.
+fn measure(
+    cri: &Cri,
+    args: &Args,
+    handlers: &[String; 2],
+) -> anyhow::Result<BTreeMap<String, Samples>> {
     let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
     for i in 0..args.warmup + args.rounds {
         let measured = i >= args.warmup;
@@ -202,7 +228,7 @@ fn main() -> anyhow::Result<()> {
         };
         for h in order {
             let mut scratch = Samples::new();
-            round(&cri, h, &args, &mut scratch)
+            round(cri, h, args, &mut scratch)
                 .with_context(|| format!("round {i} with handler {h}"))?;
             if measured {
                 let into = samples.entry(h.clone()).or_default();
@@ -219,8 +245,20 @@ fn main() -> anyhow::Result<()> {
         eprintln!();
     }
 
+    Ok(samples)
+}
+
+type Results = BTreeMap<String, BTreeMap<String, Summary>>;
+
+/// Each handler's summary per phase, and each phase's ratio of `handler`'s median to the
+/// `baseline`'s.
+fn summarise(
+    samples: &BTreeMap<String, Samples>,
+    handler: &str,
+    baseline: &str,
+) -> (Results, BTreeMap<String, f64>) {
     let mut results = BTreeMap::new();
-    for (h, phases) in &samples {
+    for (h, phases) in samples {
         let per: BTreeMap<String, Summary> = phases
             .iter()
             .map(|(p, v)| ((*p).to_owned(), Summary::of(v)))
@@ -235,24 +273,15 @@ fn main() -> anyhow::Result<()> {
                 .and_then(|r| r.get(phase))
                 .map(|s| s.median_ms)
         };
-        if let (Some(ours), Some(base)) = (median(&handler), median(&args.baseline)) {
+        if let (Some(ours), Some(base)) = (median(handler), median(baseline)) {
             ratios.insert(phase.to_owned(), ours / base);
         }
     }
-    let report = Report {
-        rounds: args.rounds,
-        warmup: args.warmup,
-        execs_per_pod: args.execs,
-        image: args.image.clone(),
-        handler: handler.clone(),
-        baseline: args.baseline.clone(),
-        results,
-        ratios,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
+    (results, ratios)
+}
+
+/// The table and the ratios, for a person.
+fn print_report(report: &Report, handlers: &[String; 2]) {
     println!(
         "CRI benchmark: {} rounds (+{} warm-up), interleaved, image {}, {} ExecSync per pod and command",
         report.rounds, report.warmup, report.image, report.execs_per_pod
@@ -262,7 +291,7 @@ fn main() -> anyhow::Result<()> {
         "phase", "handler", "median ms", "p90 ms", "p95 ms", "min ms", "n"
     );
     for phase in PHASES {
-        for h in &handlers {
+        for h in handlers {
             if let Some(s) = report.results.get(h).and_then(|r| r.get(phase)) {
                 println!(
                     "{phase:<16} {h:<24} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>5}",
@@ -273,11 +302,10 @@ fn main() -> anyhow::Result<()> {
     }
     for (phase, ratio) in &report.ratios {
         println!(
-            "ratio {phase:<16} {handler} / {}: {ratio:.2}",
-            report.baseline
+            "ratio {phase:<16} {} / {}: {ratio:.2}",
+            report.handler, report.baseline
         );
     }
-    Ok(())
 }
 
 #[cfg(test)]

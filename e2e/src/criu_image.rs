@@ -241,3 +241,49 @@ pub fn permit_all_first_filter(image: &Path) -> anyhow::Result<()> {
     std::fs::write(&path, out)?;
     Ok(())
 }
+
+/// Writes into the image's `agent-sandbox.json` the digest of its CRIU files as they are now
+/// (the runtime's `image_digest`: each `*.img` by name order, as name, a zero byte, the
+/// length as 8 little-endian bytes and the bytes, through SHA-256), as a user who edited
+/// the files would, so that a restore gets past the digest to the checks of what the files
+/// say. Hashed by `sha256sum`, the suite's own stand-in for the runtime's code.
+pub fn reseal_digest(image: &Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    let mut names: Vec<String> = std::fs::read_dir(image)?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".img"))
+        .collect();
+    names.sort();
+    let mut stream = Vec::new();
+    for name in &names {
+        let bytes = std::fs::read(image.join(name))?;
+        stream.extend_from_slice(name.as_bytes());
+        stream.push(0);
+        stream.extend_from_slice(&u64::try_from(bytes.len())?.to_le_bytes());
+        stream.extend_from_slice(&bytes);
+    }
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run sha256sum")?;
+    child
+        .stdin
+        .take()
+        .context("no stdin for sha256sum")?
+        .write_all(&stream)?;
+    let out = child.wait_with_output()?;
+    ensure!(out.status.success(), "sha256sum failed");
+    let hex = String::from_utf8(out.stdout)?;
+    let digest = format!(
+        "sha256:{}",
+        hex.split_whitespace().next().unwrap_or_default()
+    );
+    let path = image.join("agent-sandbox.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    manifest["image_digest"] = serde_json::Value::String(digest.clone());
+    std::fs::write(&path, serde_json::to_vec_pretty(&manifest)?)?;
+    Ok(digest)
+}

@@ -183,7 +183,6 @@ pub struct TestCa {
 
 impl TestCa {
     /// A fresh CA (P-256, valid two days) and a certificate signed by it for `names`.
-    #[expect(clippy::too_many_lines)]
     pub fn generate(names: &[&str]) -> anyhow::Result<Self> {
         harness::require_tool("openssl")?;
         let dir = tempfile::Builder::new()
@@ -191,58 +190,90 @@ impl TestCa {
             .tempdir()
             .context("cannot create the CA directory")?;
         let p = dir.path();
-        let sans = names
-            .iter()
-            .map(|n| format!("DNS:{n}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        fs::write(
-            p.join("server.ext"),
-            format!(
-                "subjectAltName={sans}\nbasicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\n"
-            ),
-        )?;
-        let openssl = |args: &[&str]| -> anyhow::Result<()> {
-            let mut cmd = std::process::Command::new("openssl");
-            cmd.current_dir(p).args(args);
-            harness::run_ok(&mut cmd, DEFAULT_TIMEOUT).map(|_| ())
-        };
-        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
-        openssl(
+        make_ca(p)?;
+        sign_server(p, names)?;
+        share_ca(p)?;
+        Ok(Self { dir })
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    /// The directory holding only `ca.pem`, for a read-only bind mount.
+    pub fn trust_dir(&self) -> PathBuf {
+        self.dir.path().join("trust")
+    }
+}
+
+/// The key pair of the EC P-256 curve, as `openssl req` takes it.
+const EC: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+
+/// `openssl ARGS` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.current_dir(dir).args(args);
+    harness::run_ok(&mut cmd, DEFAULT_TIMEOUT).map(|_| ())
+}
+
+/// The CA's key and self-signed certificate (`ca.key`, `ca.pem`) in `p`.
+fn make_ca(p: &Path) -> anyhow::Result<()> {
+    openssl(
+        p,
+        &[
+            &["req", "-x509", "-nodes", "-days", "2"][..],
+            &EC,
             &[
-                &["req", "-x509", "-nodes", "-days", "2"][..],
-                &ec,
-                &[
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.pem",
-                    "-subj",
-                    "/CN=agent-sandbox e2e test CA",
-                    "-addext",
-                    "basicConstraints=critical,CA:TRUE",
-                    "-addext",
-                    "keyUsage=critical,keyCertSign,cRLSign",
-                ],
-            ]
-            .concat(),
-        )?;
-        openssl(
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-subj",
+                "/CN=agent-sandbox e2e test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat(),
+    )?;
+    Ok(())
+}
+
+/// The server's key and its certificate for `names`, signed by the CA (`server.key`,
+/// `server.pem`) in `p`.
+fn sign_server(p: &Path, names: &[&str]) -> anyhow::Result<()> {
+    let sans = names
+        .iter()
+        .map(|n| format!("DNS:{n}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    fs::write(
+        p.join("server.ext"),
+        format!(
+            "subjectAltName={sans}\nbasicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\n"
+        ),
+    )?;
+    openssl(
+        p,
+        &[
+            &["req", "-nodes"][..],
+            &EC,
             &[
-                &["req", "-nodes"][..],
-                &ec,
-                &[
-                    "-keyout",
-                    "server.key",
-                    "-out",
-                    "server.csr",
-                    "-subj",
-                    &format!("/CN={}", names.first().copied().unwrap_or("localhost")),
-                ],
-            ]
-            .concat(),
-        )?;
-        openssl(&[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                &format!("/CN={}", names.first().copied().unwrap_or("localhost")),
+            ],
+        ]
+        .concat(),
+    )?;
+    openssl(
+        p,
+        &[
             "x509",
             "-req",
             "-in",
@@ -258,30 +289,26 @@ impl TestCa {
             "server.pem",
             "-extfile",
             "server.ext",
-        ])?;
-        // The sandbox's root is an unprivileged id on the host: the directory and the CA
-        // certificate must be world-readable (the keys never leave the host side).
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
-        fs::set_permissions(p.join("ca.pem"), fs::Permissions::from_mode(0o644))?;
-        for key in ["ca.key", "server.key"] {
-            fs::set_permissions(p.join(key), fs::Permissions::from_mode(0o600))?;
-        }
-        // Only the CA certificate is given to sandboxes: a directory of its own to mount.
-        fs::create_dir(p.join("trust"))?;
-        fs::copy(p.join("ca.pem"), p.join("trust/ca.pem"))?;
-        fs::set_permissions(p.join("trust"), fs::Permissions::from_mode(0o755))?;
-        Ok(Self { dir })
-    }
+        ],
+    )?;
+    Ok(())
+}
 
-    pub fn path(&self, file: &str) -> PathBuf {
-        self.dir.path().join(file)
+/// The modes a sandbox needs to read the CA certificate, and a directory holding only it.
+fn share_ca(p: &Path) -> anyhow::Result<()> {
+    // The sandbox's root is an unprivileged id on the host: the directory and the CA
+    // certificate must be world-readable (the keys never leave the host side).
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+    fs::set_permissions(p.join("ca.pem"), fs::Permissions::from_mode(0o644))?;
+    for key in ["ca.key", "server.key"] {
+        fs::set_permissions(p.join(key), fs::Permissions::from_mode(0o600))?;
     }
-
-    /// The directory holding only `ca.pem`, for a read-only bind mount.
-    pub fn trust_dir(&self) -> PathBuf {
-        self.dir.path().join("trust")
-    }
+    // Only the CA certificate is given to sandboxes: a directory of its own to mount.
+    fs::create_dir(p.join("trust"))?;
+    fs::copy(p.join("ca.pem"), p.join("trust/ca.pem"))?;
+    fs::set_permissions(p.join("trust"), fs::Permissions::from_mode(0o755))?;
+    Ok(())
 }
 
 /// A small HTTP(S) server run by the host's `python3` (the standard library's `http.server`

@@ -52,6 +52,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extra as bench_extra  # noqa: E402  (hack/bench/extra.py: proxy, CRI, density, criterion, chart)
+import sandbox_pss  # noqa: E402  (hack/bench/sandbox_pss.py: PSS of a sandbox's processes)
 
 # --- Linux primitives (ctypes; Python 3.11 has no os.setns) -------------------------
 
@@ -1020,7 +1021,126 @@ def section_checkpoint(args, workdir: Path, hybrid: bool) -> Section:
     )
 
 
-SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr, "exec": section_exec, "checkpoint": section_checkpoint}
+FORK_PHASES = ("first", "last")
+
+
+class ForkCase(CheckpointCase):
+    """Forks of one golden sandbox: a python3 holding 50 MiB is checkpointed once with
+    `--export` (untimed, before the first round); each round then imports that archive
+    `--fork-batch` times under new names, one after another, with every fork left running.
+    The sample is the last fork's import (the Nth fork, with N-1 siblings running); the
+    phases are the first and the last. After a batch the host's MemAvailable, against its
+    value before the batch, gives the memory each idle fork costs; the forks are then
+    removed untimed."""
+
+    def __init__(self, name: str, runtime: str | None, image: str, workdir: Path, runtime_flags: list[str], run_flags: list[str], batch: int) -> None:
+        super().__init__(name, runtime, image, workdir, runtime_flags, run_flags)
+        self.batch = batch
+        self.archive = workdir / f"{self.slug}-golden.tar"
+        self.golden = ""
+        self.kib_per_fork: list[float] = []
+        self.pss_kib_per_fork: list[float] = []
+
+    def pss_kib(self, name: str) -> int:
+        """PSS of a fork's host processes: conmon and everything under it, and every process
+        whose command line names the container (agent-sandbox's helpers)."""
+        out = subprocess.run(
+            ["podman", "inspect", "--format", "{{.Id}} {{.State.ConmonPid}}", name], capture_output=True, text=True, timeout=60, check=False
+        ).stdout.split()
+        if len(out) != 2:
+            raise CaseFailed(f"podman inspect {name}: no id and conmon pid")
+        cid, conmon = out[0], int(out[1])
+        tree = sandbox_pss.children_of()
+        pids, todo = set(), [conmon]
+        while todo:
+            pid = todo.pop()
+            pids.add(pid)
+            todo.extend(tree.get(pid, []))
+        pids |= {int(e) for e in os.listdir("/proc") if e.isdigit() and cid in sandbox_pss.cmdline(int(e))}
+        total = 0
+        for pid in pids:
+            try:
+                total += sandbox_pss.pss_kib(pid)
+            except OSError:
+                pass
+        return total
+
+    def make_golden(self) -> None:
+        self.golden = self.fresh_name()
+        self.run(self.podman("run", "-d", "--name", self.golden, *self.run_flags, self.image, "python3", "-c", HOLDER))
+        self.ready(self.golden)
+        self.run(self.podman("container", "checkpoint", "--export", str(self.archive), self.golden))
+
+    def run_once(self, tag: str) -> Sample:
+        if not self.golden:
+            self.make_golden()
+        forks = []
+        times = []
+        before = bench_extra._meminfo_kib("MemAvailable")
+        try:
+            for _ in range(self.batch):
+                name = self.fresh_name()
+                t0 = time.perf_counter_ns()
+                self.run(self.podman("container", "restore", "--import", str(self.archive), "--name", name))
+                times.append(time.perf_counter_ns() - t0)
+                forks.append(name)
+            time.sleep(1)
+            after = bench_extra._meminfo_kib("MemAvailable")
+            self.kib_per_fork.append((before - after) / self.batch)
+            self.pss_kib_per_fork.append(sum(self.pss_kib(name) for name in forks) / self.batch)
+        finally:
+            for name in forks:
+                subprocess.run(["podman", "rm", "--force", "--ignore", name], capture_output=True, timeout=120, check=False)
+                self.names.remove(name)
+            reap_children()
+        return Sample(times[-1], phases_ns={"first": times[0], "last": times[-1]})
+
+    def cleanup(self) -> None:
+        super().cleanup()
+        self.golden = ""
+        self.archive.unlink(missing_ok=True)
+
+
+def section_fork(args, workdir: Path, hybrid: bool) -> Section:
+    policy = checkpoint_policy(workdir)
+    batch = args.fork_batch
+    cases: list[ForkCase] = [
+        ForkCase("agent-sandbox", args.agent_sandbox, args.checkpoint_image, workdir, ["--runtime-flag", f"policy={policy}"], ["--init"], batch),
+        ForkCase("runc", which("runc"), args.checkpoint_image, workdir, [], [], batch),
+    ]
+
+    def memory() -> dict:
+        return {
+            c.name: {
+                "batches": len(c.kib_per_fork),
+                "mib_per_fork": [round(k / 1024, 2) for k in c.kib_per_fork],
+                "pss_mib_per_fork": [round(k / 1024, 2) for k in c.pss_kib_per_fork],
+            }
+            for c in cases
+            if c.kib_per_fork
+        }
+
+    return Section(
+        key="fork",
+        title=f"podman restore --import of one golden checkpoint (python3 holding 50 MiB, {args.checkpoint_image}) {batch} times, forks left running",
+        cases=list(cases),
+        rounds=args.fork_rounds,
+        warmup=0,
+        subreaper=False,
+        ratios=[("agent-sandbox", "runc")],
+        target=("agent-sandbox", "runc", 1.0, "issue 37: the Nth fork no slower than runc + CRIU restoring the same image (and <= 50 ms p95)"),
+        notes=[
+            f"each round imports the golden archive {batch} times (--fork-batch); the sample is the last import, with {batch - 1} forks running",
+            "agent-sandbox runs with podman's --init and the agent policy with Landlock optional, as in the checkpoint section",
+            "memory per idle fork: MemAvailable before a batch minus after it (1 s settle), over the batch; and the PSS of each"
+            " fork's conmon, everything under it and every process naming the container, averaged over the batch",
+        ],
+        extra=memory,
+        extra_key="fork_memory",
+    )
+
+
+SECTIONS = {"runtime": section_runtime, "podman": section_podman, "ctr": section_ctr, "exec": section_exec, "checkpoint": section_checkpoint, "fork": section_fork}
 # Sections that are not interleaved rounds of one command (hack/bench/extra.py).
 EXTERNAL = ("proxy", "cri", "density", "criterion", "task")
 
@@ -1172,7 +1292,7 @@ def section_result(section: Section) -> dict:
 def print_section(res: dict) -> None:
     print(f"\n{res['title']}")
     print(f"  {res['rounds']} rounds, interleaved (order rotated each round), {res['warmup']} warm-up runs per case not counted")
-    order = ["create", "start", "wait", "delete", *CHECKPOINT_PHASES]
+    order = ["create", "start", "wait", "delete", *CHECKPOINT_PHASES, *FORK_PHASES]
     phases = sorted({p for row in res["rows"] for p in row.get("phase_median_ms", {})}, key=order.index)
     cpu = any("cpu_stats_ms" in row for row in res["rows"])
     head = f"  {'case':<17} {'view':<5} {'median':>9} {'p90':>9} {'min':>9} {'n':>4}"
@@ -1326,6 +1446,8 @@ def main() -> int:
     p.add_argument(
         "--checkpoint-rounds", type=int, default=int(os.environ.get("BENCH_CHECKPOINT_ROUNDS", 10)), help="rounds of the checkpoint section (env BENCH_CHECKPOINT_ROUNDS)"
     )
+    p.add_argument("--fork-batch", type=int, default=int(os.environ.get("BENCH_FORK_BATCH", 10)), help="fork section: forks imported per round (env BENCH_FORK_BATCH)")
+    p.add_argument("--fork-rounds", type=int, default=int(os.environ.get("BENCH_FORK_ROUNDS", 5)), help="rounds (batches) of the fork section (env BENCH_FORK_ROUNDS)")
     p.add_argument("--busybox", default="/bin/busybox", help="static busybox for the bundle's rootfs")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "target" / "bench" / "runtime.json"))
     args = p.parse_args()
@@ -1335,6 +1457,8 @@ def main() -> int:
         args.ctr_rounds = args.rounds
     if args.rounds < 1 or args.podman_rounds < 1 or args.ctr_rounds < 1:
         p.error("--rounds, --podman-rounds and --ctr-rounds must be at least 1")
+    if args.fork_batch < 1 or args.fork_rounds < 1:
+        p.error("--fork-batch and --fork-rounds must be at least 1")
     if args.shims < 0:
         p.error("--shims must be 0 or more")
     if args.shim and not (os.path.isabs(args.shim) and os.access(args.shim, os.X_OK)):
@@ -1398,6 +1522,12 @@ def main() -> int:
             print_section(res)
             if "shim_memory" in res:
                 print_shim_memory(res["shim_memory"])
+            if "fork_memory" in res:
+                for name, mem in res["fork_memory"].items():
+                    print(
+                        f"  {name}: host memory per idle fork, MiB per batch: MemAvailable {', '.join(map(str, mem['mib_per_fork']))};"
+                        f" PSS {', '.join(map(str, mem['pss_mib_per_fork']))}"
+                    )
     result["loadavg_at_end"] = read("/proc/loadavg").split()[:3]
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = Path(args.out)

@@ -242,6 +242,9 @@ pub struct Member {
     pub ceiling: Ceiling,
     /// The pod's effective policy (its ceiling narrowed by the pod's annotations).
     pub policy: SandboxPolicy,
+    /// The pod's credential placeholders: its proxy serves every member, so they are the
+    /// members' too.
+    pub placeholders: std::collections::BTreeMap<String, String>,
     /// The annotations of the pod's hardened spec.
     annotations: std::collections::HashMap<String, String>,
 }
@@ -311,19 +314,20 @@ impl Member {
             path: config.clone(),
             source: Box::new(source),
         })?;
-        let policy = crate::harden::saved_plan(&pod_dir, &hardened)
-            .map_err(|source| PodError::PodPolicy {
+        let plan = crate::harden::saved_plan(&pod_dir, &hardened).map_err(|source| {
+            PodError::PodPolicy {
                 pod: pod.as_str().to_owned(),
                 source: Box::new(source),
-            })?
-            .policy;
+            }
+        })?;
         let ids = idmap::join(&dirs.idmap_db(), &dirs.idmap_lock(), id, pod)?;
         Ok(Self {
             pod: pod.clone(),
             ids,
             namespaces,
             ceiling,
-            policy,
+            policy: plan.policy,
+            placeholders: plan.credential_placeholders,
             annotations: hardened.annotations().clone().unwrap_or_default(),
         })
     }
@@ -541,6 +545,7 @@ mod tests {
             namespaces: ns,
             ceiling: Ceiling::load(None).unwrap(),
             policy: SandboxPolicy::builtin("agent").unwrap(),
+            placeholders: Default::default(),
             annotations: Default::default(),
         }
     }

@@ -9,14 +9,14 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::harden::Ceiling;
-use crate::lifecycle::{CreateOpts, DeleteError, LifecycleError, LookupError, ReapedInit, Runtime};
+use crate::lifecycle::{CreateError, CreateOpts, DeleteError, LookupError, ReapedInit, Runtime};
 use crate::state::ContainerId;
 
 /// Why `run` failed before the container's status was known.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Lifecycle(#[from] LifecycleError),
+    Create(#[from] CreateError),
     #[error(transparent)]
     Lookup(#[from] LookupError),
     #[error(transparent)]
@@ -27,6 +27,8 @@ pub enum RunError {
         "run: process.terminal needs --console-socket (agent-sandbox does not relay a terminal itself)"
     )]
     TerminalWithoutSocket,
+    #[error("container not running")]
+    NotRunning,
     #[error("run: cannot {what}")]
     Wait {
         what: &'static str,
@@ -80,7 +82,7 @@ pub fn run(
     if detach {
         return Ok(0);
     }
-    let pid = pid.ok_or(LifecycleError::NotRunning)?;
+    let pid = pid.ok_or(RunError::NotRunning)?;
     let status = wait_forwarding(pid)?;
     rt.delete(
         id,
@@ -130,5 +132,17 @@ fn wait_forwarding(pid: Pid) -> Result<agent_sandbox_audit::ExitStatus, RunError
         if sig != Signal::SIGCHLD {
             let _ = nix::sys::signal::kill(pid, sig);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The text `LifecycleError::NotRunning` printed for `run` before it had its own type.
+    #[test]
+    fn not_running_keeps_its_text() {
+        assert_eq!(
+            super::RunError::NotRunning.to_string(),
+            "container not running"
+        );
     }
 }

@@ -130,112 +130,15 @@ impl Cgroups {
 
     /// Metrics in containerd's cgroups v1 shape. Memory is required; cpu and pids are filled
     /// when their controllers are present.
-    #[expect(clippy::too_many_lines)]
     fn metrics_v1(&self) -> Result<Metrics, CgroupError> {
         let mut m = Metrics::new();
         let mem = self.dir("memory")?;
-        let entry = |prefix: &str| -> Result<MemoryEntry, CgroupError> {
-            Ok(MemoryEntry {
-                usage: read_u64(&mem.join(format!("{prefix}usage_in_bytes")))?,
-                limit: read_u64(&mem.join(format!("{prefix}limit_in_bytes")))?,
-                max: read_u64(&mem.join(format!("{prefix}max_usage_in_bytes")))?,
-                failcnt: read_u64(&mem.join(format!("{prefix}failcnt")))?,
-                ..Default::default()
-            })
-        };
-        let mut ms = MemoryStat {
-            usage: Some(entry("memory.")?).into(),
-            kernel: entry("memory.kmem.").ok().into(),
-            kernel_tcp: entry("memory.kmem.tcp.").ok().into(),
-            swap: entry("memory.memsw.").ok().into(),
-            ..Default::default()
-        };
-        let stat = read(&mem.join("memory.stat"))?;
-        for (key, value) in key_values(&stat) {
-            let field = match key {
-                "cache" => &mut ms.cache,
-                "rss" => &mut ms.rss,
-                "rss_huge" => &mut ms.rss_huge,
-                "mapped_file" => &mut ms.mapped_file,
-                "dirty" => &mut ms.dirty,
-                "writeback" => &mut ms.writeback,
-                "pgpgin" => &mut ms.pg_pg_in,
-                "pgpgout" => &mut ms.pg_pg_out,
-                "pgfault" => &mut ms.pg_fault,
-                "pgmajfault" => &mut ms.pg_maj_fault,
-                "inactive_anon" => &mut ms.inactive_anon,
-                "active_anon" => &mut ms.active_anon,
-                "inactive_file" => &mut ms.inactive_file,
-                "active_file" => &mut ms.active_file,
-                "unevictable" => &mut ms.unevictable,
-                "hierarchical_memory_limit" => &mut ms.hierarchical_memory_limit,
-                "hierarchical_memsw_limit" => &mut ms.hierarchical_swap_limit,
-                "total_cache" => &mut ms.total_cache,
-                "total_rss" => &mut ms.total_rss,
-                "total_rss_huge" => &mut ms.total_rss_huge,
-                "total_mapped_file" => &mut ms.total_mapped_file,
-                "total_dirty" => &mut ms.total_dirty,
-                "total_writeback" => &mut ms.total_writeback,
-                "total_pgpgin" => &mut ms.total_pg_pg_in,
-                "total_pgpgout" => &mut ms.total_pg_pg_out,
-                "total_pgfault" => &mut ms.total_pg_fault,
-                "total_pgmajfault" => &mut ms.total_pg_maj_fault,
-                "total_inactive_anon" => &mut ms.total_inactive_anon,
-                "total_active_anon" => &mut ms.total_active_anon,
-                "total_inactive_file" => &mut ms.total_inactive_file,
-                "total_active_file" => &mut ms.total_active_file,
-                "total_unevictable" => &mut ms.total_unevictable,
-                _ => continue,
-            };
-            *field = value;
-        }
-        m.memory = Some(ms).into();
-        let oom = read(&mem.join("memory.oom_control"))?;
-        let mut oc = MemoryOomControl::new();
-        for (key, value) in key_values(&oom) {
-            match key {
-                "oom_kill_disable" => oc.oom_kill_disable = value,
-                "under_oom" => oc.under_oom = value,
-                "oom_kill" => oc.oom_kill = value,
-                _ => {}
-            }
-        }
-        m.memory_oom_control = Some(oc).into();
-
+        m.memory = Some(memory_v1(mem)?).into();
+        m.memory_oom_control = Some(oom_control_v1(mem)?).into();
         if let Ok(acct) = self.dir("cpuacct") {
-            let mut usage = CPUUsage {
-                total: read_u64(&acct.join("cpuacct.usage"))?,
-                per_cpu: read(&acct.join("cpuacct.usage_percpu"))?
-                    .split_whitespace()
-                    .filter_map(|v| v.parse().ok())
-                    .collect(),
-                ..Default::default()
-            };
-            // cpuacct.stat counts USER_HZ ticks (100 per second on Linux); metrics want ns.
-            for (key, ticks) in key_values(&read(&acct.join("cpuacct.stat"))?) {
-                let ns = ticks.saturating_mul(10_000_000);
-                match key {
-                    "user" => usage.user = ns,
-                    "system" => usage.kernel = ns,
-                    _ => {}
-                }
-            }
-            let mut throttle = Throttle::new();
-            if let Ok(cpu) = self.dir("cpu")
-                && let Ok(text) = read(&cpu.join("cpu.stat"))
-            {
-                for (key, value) in key_values(&text) {
-                    match key {
-                        "nr_periods" => throttle.periods = value,
-                        "nr_throttled" => throttle.throttled_periods = value,
-                        "throttled_time" => throttle.throttled_time = value,
-                        _ => {}
-                    }
-                }
-            }
             m.cpu = Some(CPUStat {
-                usage: Some(usage).into(),
-                throttling: Some(throttle).into(),
+                usage: Some(cpu_usage_v1(acct)?).into(),
+                throttling: Some(self.throttling_v1()).into(),
                 ..Default::default()
             })
             .into();
@@ -251,6 +154,24 @@ impl Cgroups {
             .into();
         }
         Ok(m)
+    }
+
+    /// The cpu controller's throttling counters (zero where it or its file is missing).
+    fn throttling_v1(&self) -> Throttle {
+        let mut throttle = Throttle::new();
+        if let Ok(cpu) = self.dir("cpu")
+            && let Ok(text) = read(&cpu.join("cpu.stat"))
+        {
+            for (key, value) in key_values(&text) {
+                match key {
+                    "nr_periods" => throttle.periods = value,
+                    "nr_throttled" => throttle.throttled_periods = value,
+                    "throttled_time" => throttle.throttled_time = value,
+                    _ => {}
+                }
+            }
+        }
+        throttle
     }
 
     /// The memory cgroup's `oom_kill` counter: v1 `memory.oom_control` (kernels from 4.13
@@ -364,9 +285,28 @@ fn oom_kill_in(text: &str) -> Option<u64> {
 
 /// Metrics of a v2 cgroup directory in containerd's cgroups v2 shape. Memory is required;
 /// cpu, pids and memory events are filled when their files exist.
-#[expect(clippy::too_many_lines)]
 fn metrics_v2(dir: &Path) -> Result<v2::Metrics, CgroupError> {
     let mut m = v2::Metrics::new();
+    m.memory = Some(memory_v2(dir)?).into();
+    if let Ok(text) = read(&dir.join("memory.events")) {
+        m.memory_events = Some(memory_events_v2(&text)).into();
+    }
+    if let Ok(text) = read(&dir.join("cpu.stat")) {
+        m.cpu = Some(cpu_v2(&text)).into();
+    }
+    if let Ok(current) = read_u64(&dir.join("pids.current")) {
+        m.pids = Some(v2::PidsStat {
+            current,
+            limit: read_limit(&dir.join("pids.max"))?,
+            ..Default::default()
+        })
+        .into();
+    }
+    Ok(m)
+}
+
+/// The v2 memory files: usage, limits, peak and `memory.stat`.
+fn memory_v2(dir: &Path) -> Result<v2::MemoryStat, CgroupError> {
     let mut ms = v2::MemoryStat {
         usage: read_u64(&dir.join("memory.current"))?,
         usage_limit: read_limit(&dir.join("memory.max"))?,
@@ -418,48 +358,43 @@ fn metrics_v2(dir: &Path) -> Result<v2::Metrics, CgroupError> {
         };
         *field = value;
     }
-    m.memory = Some(ms).into();
-    if let Ok(text) = read(&dir.join("memory.events")) {
-        let mut ev = v2::MemoryEvents::new();
-        for (key, value) in key_values(&text) {
-            match key {
-                "low" => ev.low = value,
-                "high" => ev.high = value,
-                "max" => ev.max = value,
-                "oom" => ev.oom = value,
-                "oom_kill" => ev.oom_kill = value,
-                "oom_group_kill" => ev.oom_group_kill = value,
-                _ => {}
-            }
+    Ok(ms)
+}
+
+/// `memory.events`.
+fn memory_events_v2(text: &str) -> v2::MemoryEvents {
+    let mut ev = v2::MemoryEvents::new();
+    for (key, value) in key_values(text) {
+        match key {
+            "low" => ev.low = value,
+            "high" => ev.high = value,
+            "max" => ev.max = value,
+            "oom" => ev.oom = value,
+            "oom_kill" => ev.oom_kill = value,
+            "oom_group_kill" => ev.oom_group_kill = value,
+            _ => {}
         }
-        m.memory_events = Some(ev).into();
     }
-    if let Ok(text) = read(&dir.join("cpu.stat")) {
-        let mut cpu = v2::CPUStat::new();
-        for (key, value) in key_values(&text) {
-            match key {
-                "usage_usec" => cpu.usage_usec = value,
-                "user_usec" => cpu.user_usec = value,
-                "system_usec" => cpu.system_usec = value,
-                "nr_periods" => cpu.nr_periods = value,
-                "nr_throttled" => cpu.nr_throttled = value,
-                "throttled_usec" => cpu.throttled_usec = value,
-                "nr_bursts" => cpu.nr_bursts = value,
-                "burst_usec" => cpu.burst_usec = value,
-                _ => {}
-            }
+    ev
+}
+
+/// `cpu.stat`.
+fn cpu_v2(text: &str) -> v2::CPUStat {
+    let mut cpu = v2::CPUStat::new();
+    for (key, value) in key_values(text) {
+        match key {
+            "usage_usec" => cpu.usage_usec = value,
+            "user_usec" => cpu.user_usec = value,
+            "system_usec" => cpu.system_usec = value,
+            "nr_periods" => cpu.nr_periods = value,
+            "nr_throttled" => cpu.nr_throttled = value,
+            "throttled_usec" => cpu.throttled_usec = value,
+            "nr_bursts" => cpu.nr_bursts = value,
+            "burst_usec" => cpu.burst_usec = value,
+            _ => {}
         }
-        m.cpu = Some(cpu).into();
     }
-    if let Ok(current) = read_u64(&dir.join("pids.current")) {
-        m.pids = Some(v2::PidsStat {
-            current,
-            limit: read_limit(&dir.join("pids.max"))?,
-            ..Default::default()
-        })
-        .into();
-    }
-    Ok(m)
+    cpu
 }
 
 /// A v2 limit file: a number, or "max" (unlimited, reported as 0 like containerd does).
@@ -483,6 +418,103 @@ fn key_values(text: &str) -> impl Iterator<Item = (&str, u64)> {
         let (k, v) = l.split_once(' ')?;
         Some((k, v.trim().parse().ok()?))
     })
+}
+
+/// The v1 memory controller's usage entries and `memory.stat`.
+fn memory_v1(mem: &Path) -> Result<MemoryStat, CgroupError> {
+    let entry = |prefix: &str| -> Result<MemoryEntry, CgroupError> {
+        Ok(MemoryEntry {
+            usage: read_u64(&mem.join(format!("{prefix}usage_in_bytes")))?,
+            limit: read_u64(&mem.join(format!("{prefix}limit_in_bytes")))?,
+            max: read_u64(&mem.join(format!("{prefix}max_usage_in_bytes")))?,
+            failcnt: read_u64(&mem.join(format!("{prefix}failcnt")))?,
+            ..Default::default()
+        })
+    };
+    let mut ms = MemoryStat {
+        usage: Some(entry("memory.")?).into(),
+        kernel: entry("memory.kmem.").ok().into(),
+        kernel_tcp: entry("memory.kmem.tcp.").ok().into(),
+        swap: entry("memory.memsw.").ok().into(),
+        ..Default::default()
+    };
+    let stat = read(&mem.join("memory.stat"))?;
+    for (key, value) in key_values(&stat) {
+        let field = match key {
+            "cache" => &mut ms.cache,
+            "rss" => &mut ms.rss,
+            "rss_huge" => &mut ms.rss_huge,
+            "mapped_file" => &mut ms.mapped_file,
+            "dirty" => &mut ms.dirty,
+            "writeback" => &mut ms.writeback,
+            "pgpgin" => &mut ms.pg_pg_in,
+            "pgpgout" => &mut ms.pg_pg_out,
+            "pgfault" => &mut ms.pg_fault,
+            "pgmajfault" => &mut ms.pg_maj_fault,
+            "inactive_anon" => &mut ms.inactive_anon,
+            "active_anon" => &mut ms.active_anon,
+            "inactive_file" => &mut ms.inactive_file,
+            "active_file" => &mut ms.active_file,
+            "unevictable" => &mut ms.unevictable,
+            "hierarchical_memory_limit" => &mut ms.hierarchical_memory_limit,
+            "hierarchical_memsw_limit" => &mut ms.hierarchical_swap_limit,
+            "total_cache" => &mut ms.total_cache,
+            "total_rss" => &mut ms.total_rss,
+            "total_rss_huge" => &mut ms.total_rss_huge,
+            "total_mapped_file" => &mut ms.total_mapped_file,
+            "total_dirty" => &mut ms.total_dirty,
+            "total_writeback" => &mut ms.total_writeback,
+            "total_pgpgin" => &mut ms.total_pg_pg_in,
+            "total_pgpgout" => &mut ms.total_pg_pg_out,
+            "total_pgfault" => &mut ms.total_pg_fault,
+            "total_pgmajfault" => &mut ms.total_pg_maj_fault,
+            "total_inactive_anon" => &mut ms.total_inactive_anon,
+            "total_active_anon" => &mut ms.total_active_anon,
+            "total_inactive_file" => &mut ms.total_inactive_file,
+            "total_active_file" => &mut ms.total_active_file,
+            "total_unevictable" => &mut ms.total_unevictable,
+            _ => continue,
+        };
+        *field = value;
+    }
+    Ok(ms)
+}
+
+/// The v1 memory controller's `memory.oom_control`.
+fn oom_control_v1(mem: &Path) -> Result<MemoryOomControl, CgroupError> {
+    let oom = read(&mem.join("memory.oom_control"))?;
+    let mut oc = MemoryOomControl::new();
+    for (key, value) in key_values(&oom) {
+        match key {
+            "oom_kill_disable" => oc.oom_kill_disable = value,
+            "under_oom" => oc.under_oom = value,
+            "oom_kill" => oc.oom_kill = value,
+            _ => {}
+        }
+    }
+    Ok(oc)
+}
+
+/// The v1 cpuacct controller's usage, total, per cpu, user and kernel.
+fn cpu_usage_v1(acct: &Path) -> Result<CPUUsage, CgroupError> {
+    let mut usage = CPUUsage {
+        total: read_u64(&acct.join("cpuacct.usage"))?,
+        per_cpu: read(&acct.join("cpuacct.usage_percpu"))?
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect(),
+        ..Default::default()
+    };
+    // cpuacct.stat counts USER_HZ ticks (100 per second on Linux); metrics want ns.
+    for (key, ticks) in key_values(&read(&acct.join("cpuacct.stat"))?) {
+        let ns = ticks.saturating_mul(10_000_000);
+        match key {
+            "user" => usage.user = ns,
+            "system" => usage.kernel = ns,
+            _ => {}
+        }
+    }
+    Ok(usage)
 }
 
 #[cfg(test)]

@@ -466,7 +466,6 @@ impl Runtime {
 
     /// Runs one command to completion; returns its stdout when `capture` is set. Output goes
     /// to anonymous temporary files rather than pipes: nothing to drain while waiting.
-    #[expect(clippy::too_many_lines)]
     async fn run(
         &self,
         command: &'static str,
@@ -474,36 +473,40 @@ impl Runtime {
         stdio: Option<Stdio3>,
         capture: bool,
     ) -> Result<Vec<u8>, RuntimeError> {
-        let capture_err = |source| RuntimeError::Capture {
-            binary: self.binary.clone(),
-            command,
-            source,
-        };
         let log_offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         let mut cmd = self.command(args);
-        let mut out_file = None;
-        let mut err_file = None;
-        match stdio {
-            Some(stdio) => {
-                cmd.stdin(stdio.stdin)
-                    .stdout(stdio.stdout)
-                    .stderr(stdio.stderr);
-            }
-            None => {
-                cmd.stdin(Stdio::null());
-                if capture {
-                    let f = tempfile::tempfile().map_err(capture_err)?;
-                    cmd.stdout(f.try_clone().map_err(capture_err)?);
-                    out_file = Some(f);
-                } else {
-                    cmd.stdout(Stdio::null());
-                }
-                let f = tempfile::tempfile().map_err(capture_err)?;
-                cmd.stderr(f.try_clone().map_err(capture_err)?);
-                err_file = Some(f);
-            }
+        let (out_file, err_file) =
+            wire_stdio(&mut cmd, stdio, capture).map_err(|source| RuntimeError::Capture {
+                binary: self.binary.clone(),
+                command,
+                source,
+            })?;
+        let code = self.spawn_and_wait(cmd, command).await?;
+        if code != 0 {
+            let stderr = err_file.map(read_all).unwrap_or_default();
+            let message = log_error(&self.log, log_offset)
+                .or_else(|| {
+                    let text = String::from_utf8_lossy(&stderr).trim().to_owned();
+                    (!text.is_empty()).then_some(text)
+                })
+                .unwrap_or_else(|| "no error message".to_owned());
+            return Err(RuntimeError::Failed {
+                binary: self.binary.clone(),
+                command,
+                code,
+                message,
+            });
         }
+        Ok(out_file.map(read_all).unwrap_or_default())
+    }
 
+    /// Spawns `cmd` and waits for the reaper to see it exit; its exit code.
+    async fn spawn_and_wait(
+        &self,
+        cmd: Command,
+        command: &'static str,
+    ) -> Result<i32, RuntimeError> {
+        let mut cmd = cmd;
         let mut exits = monitor_subscribe(Topic::Pid)
             .await
             .map_err(RuntimeError::Monitor)?;
@@ -535,29 +538,38 @@ impl Runtime {
             }
         };
         let _ = monitor_unsubscribe(exits.id).await;
-        let Some(code) = code else {
-            return Err(RuntimeError::MonitorClosed {
-                binary: self.binary.clone(),
-                command,
-            });
-        };
-        if code != 0 {
-            let stderr = err_file.map(read_all).unwrap_or_default();
-            let message = log_error(&self.log, log_offset)
-                .or_else(|| {
-                    let text = String::from_utf8_lossy(&stderr).trim().to_owned();
-                    (!text.is_empty()).then_some(text)
-                })
-                .unwrap_or_else(|| "no error message".to_owned());
-            return Err(RuntimeError::Failed {
-                binary: self.binary.clone(),
-                command,
-                code,
-                message,
-            });
-        }
-        Ok(out_file.map(read_all).unwrap_or_default())
+        code.ok_or_else(|| RuntimeError::MonitorClosed {
+            binary: self.binary.clone(),
+            command,
+        })
     }
+}
+
+/// Gives `cmd` the caller's stdio; without one, no stdin, and stdout (when `capture`) and
+/// stderr to anonymous temporary files, returned to be read after the exit.
+fn wire_stdio(
+    cmd: &mut Command,
+    stdio: Option<Stdio3>,
+    capture: bool,
+) -> std::io::Result<(Option<File>, Option<File>)> {
+    let Some(stdio) = stdio else {
+        cmd.stdin(Stdio::null());
+        let out_file = if capture {
+            let f = tempfile::tempfile()?;
+            cmd.stdout(f.try_clone()?);
+            Some(f)
+        } else {
+            cmd.stdout(Stdio::null());
+            None
+        };
+        let f = tempfile::tempfile()?;
+        cmd.stderr(f.try_clone()?);
+        return Ok((out_file, Some(f)));
+    };
+    cmd.stdin(stdio.stdin)
+        .stdout(stdio.stdout)
+        .stderr(stdio.stderr);
+    Ok((None, None))
 }
 
 fn read_all(mut f: File) -> Vec<u8> {

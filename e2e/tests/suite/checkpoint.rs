@@ -8,13 +8,19 @@
 //! verifies across `checkpointed` and `restored`. What must be refused is refused with an
 //! error naming the reason: a policy whose Landlock layer is required (CRIU cannot carry a
 //! Landlock domain), flags the runtime cannot honour, a rootless runtime, rootless podman.
+//!
+//! Restores in place pass `--ignore-static-ip`: podman otherwise asks CNI's host-local
+//! allocator for the container's old address, which sets the allocator's last reserved
+//! address back to it, so the next container made by any test running in parallel can take
+//! an address another checkpointed container waits to get back ("requested IP address ...
+//! is not available"). That is podman's behaviour under runc too, not the runtime's.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_e2e::criu_image::{
     Field, add_sys_admin, drop_seccomp, edit_thread_core, map_root_to_host_root,
-    permit_all_first_filter,
+    permit_all_first_filter, reseal_digest,
 };
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
@@ -24,6 +30,25 @@ use anyhow::{Context, bail, ensure};
 /// which CRIU carries with the sandbox's mounts).
 pub(super) const COUNTER: &str =
     "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+
+/// `container restore NAME` in place under `--runtime-flag FLAG`, whatever podman answers
+/// (`--ignore-static-ip`: see the module's text).
+fn restore_in_place(p: Podman, flag: &str, name: &str) -> anyhow::Result<harness::Output> {
+    p.run(&[
+        "--runtime-flag",
+        flag,
+        "container",
+        "restore",
+        "--ignore-static-ip",
+        name,
+    ])
+}
+
+/// `out`, if its command succeeded.
+fn ok(out: harness::Output) -> anyhow::Result<harness::Output> {
+    ensure!(out.success(), "command failed\n{out}");
+    Ok(out)
+}
 
 /// The built-in `agent` policy with its Landlock layer `landlock` (`required`/`optional`).
 fn policy(dir: &Path, landlock: &str) -> anyhow::Result<PathBuf> {
@@ -75,6 +100,23 @@ fn running_sandbox(
     let flag = policy_flag(policy);
     let volume = format!("{}:/workspace", ws.display());
     let mut args = vec!["--init", "-v", &volume, TOOLS_IMAGE];
+    args.extend_from_slice(command);
+    let (guard, id) = p.run_detached(&["--runtime-flag", &flag], "ckpt", &args)?;
+    Ok((guard, id, flag))
+}
+
+/// A sandbox running `command` under `policy` without a workspace, as [`running_sandbox`]:
+/// its image names no change set, so an edit of its CRIU files with the manifest's digest
+/// rewritten to match ([`reseal_digest`]) reaches the checks of what the files say (an image
+/// with a change set is refused at once: its change set is bound to the unedited digest,
+/// docs/checkpoint.md#refused).
+fn bare_sandbox(
+    p: Podman,
+    policy: &Path,
+    command: &[&str],
+) -> anyhow::Result<(ContainerGuard, String, String)> {
+    let flag = policy_flag(policy);
+    let mut args = vec!["--init", TOOLS_IMAGE];
     args.extend_from_slice(command);
     let (guard, id) = p.run_detached(&["--runtime-flag", &flag], "ckpt", &args)?;
     Ok((guard, id, flag))
@@ -151,7 +193,7 @@ fn podman_restore_goes_on_counting_keeps_the_edit_the_allowlist_and_the_chain() 
         "not stopped by the checkpoint\n{state}"
     );
     std::thread::sleep(Duration::from_secs(1));
-    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &name])?;
+    let out = restore_in_place(p, &flag, &name)?;
     ensure!(out.success(), "restore failed\n{out}");
     // A program started again would count from 1: this one goes on from its memory.
     let after = count(p, &name)?;
@@ -334,7 +376,7 @@ fn restores_with_its_zombie(p: Podman, flags: &[&str], name: &str) -> anyhow::Re
         p.run_ok(&all)
     };
     run(&["container", "checkpoint", name])?;
-    run(&["container", "restore", name])?;
+    run(&["container", "restore", "--ignore-static-ip", name])?;
     let state = p.run_ok(&["inspect", "--format", "{{.State.Status}}", name])?;
     ensure!(
         state.stdout.trim() == "running",
@@ -415,15 +457,7 @@ fn runc_export_then_import_under_a_new_name_counts_on() -> anyhow::Result<()> {
     let archive = dir.path().join("export.tar.gz");
     let (_g, _id, before) = export_counting(p, &[], false, &ws, &archive)?;
     let new = ContainerGuard::new(p, &unique_name("ckpt-imp"));
-    let archive = archive.display().to_string();
-    p.run_ok(&[
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &new.name,
-    ])?;
+    super::fork::restore_import(&|a| p.run_ok(a), &[], &archive, &new.name)?;
     counts_on(p, &new.name, before)
 }
 
@@ -518,7 +552,6 @@ fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyho
     let (_g, from, before) = export_counting(p, &flags, true, &ws, &archive)?;
     // Into the same storage under a new name.
     let new = super::fork::import(p, &flags, &archive)?;
-    let archive = archive.display().to_string();
     let new_id = p.run_ok(&["inspect", "--format", "{{.Id}}", &new.name])?;
     let run = |a: &[&str]| p.run_ok(a);
     imported_is_a_sandbox(&run, &new.name, new_id.stdout.trim(), &from, before, &ws)?;
@@ -527,16 +560,7 @@ fn podman_export_then_import_into_a_new_container_and_another_storage() -> anyho
     // Into another podman storage: the same image makes another new sandbox.
     let other = OtherStorage::new(p)?;
     let name = unique_name("ckpt-other");
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &name,
-    ]);
-    other.run_ok(&args)?;
+    super::fork::restore_import(&|a| other.run_ok(a), &flags, &archive, &name)?;
     let id = other.run_ok(&["inspect", "--format", "{{.Id}}", &name])?;
     let run = |a: &[&str]| other.run_ok(a);
     imported_is_a_sandbox(&run, &name, id.stdout.trim(), &from, before, &ws)
@@ -754,7 +778,7 @@ fn runc_restored_status(edit: fn(Vec<Field>) -> Vec<Field>, field: &str) -> anyh
         "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
     ));
     edit_thread_core(&image.join("core-1.img"), edit)?;
-    p.run_ok(&["container", "restore", &g.name])?;
+    p.run_ok(&["container", "restore", "--ignore-static-ip", &g.name])?;
     let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &g.name])?;
     let status = std::fs::read_to_string(format!("/proc/{}/status", pid.stdout.trim()))?;
     status
@@ -779,7 +803,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
         "runc restored the edited init without CAP_SYS_ADMIN ({cap_eff})"
     );
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let (_dir, ws, policy) = fixture("optional")?;
+    let (_dir, _ws, policy) = fixture("optional")?;
     // The dropped filter is refused before CRIU runs (the image's filters are read), the
     // capability by the pre-resume check.
     for (edit, refusal, want) in [
@@ -794,14 +818,15 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             "CapPrm is 0000000000200000, not 0",
         ),
     ] {
-        let (g, id, flag) = counting_sandbox(p, &policy, &ws)?;
+        let (g, id, flag) = bare_sandbox(p, &policy, &["sh", "-c", COUNTER])?;
         count_reaches(p, &g.name, 2)?;
         p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
         let image = PathBuf::from(format!(
             "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
         ));
         edit_thread_core(&image.join("core-1.img"), edit)?;
-        let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+        reseal_digest(&image)?;
+        let out = restore_in_place(p, &flag, &g.name)?;
         ensure!(!out.success(), "the edited image was restored\n{out}");
         ensure!(
             out.stderr.contains(refusal) && out.stderr.contains(want),
@@ -863,7 +888,7 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
     let before = filters()?;
     runc.run_ok(&["container", "checkpoint", &g.name])?;
     permit_all_first_filter(&podman_image_dir(&id))?;
-    runc.run_ok(&["container", "restore", &g.name])?;
+    runc.run_ok(&["container", "restore", "--ignore-static-ip", &g.name])?;
     let after = filters()?;
     ensure!(
         after == before && before.contains("Seccomp:\t2"),
@@ -873,12 +898,13 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
     drop(g);
     // agent-sandbox refuses the same edit before CRIU runs, and leaves nothing behind.
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let (_dir, ws, policy) = fixture("optional")?;
-    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sh", "-c", PERSONALITY])?;
+    let (_dir, _ws, policy) = fixture("optional")?;
+    let (g, id, flag) = bare_sandbox(p, &policy, &["sh", "-c", PERSONALITY])?;
     personality_becomes(p, &g.name, "blocked")?;
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     permit_all_first_filter(&podman_image_dir(&id))?;
-    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    reseal_digest(&podman_image_dir(&id))?;
+    let out = restore_in_place(p, &flag, &g.name)?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
         out.stderr
@@ -945,7 +971,7 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     for d in [userdata.to_owned(), userdata.join("shm")] {
         std::os::unix::fs::chown(&d, Some(0), Some(0))?;
     }
-    let out = runc.run(&["container", "restore", &g.name])?;
+    let out = runc.run(&["container", "restore", "--ignore-static-ip", &g.name])?;
     if !out.success() {
         let log = image.with_file_name("restore.log");
         let log = std::fs::read_to_string(&log).unwrap_or_default();
@@ -960,13 +986,14 @@ fn restore_refuses_an_image_edited_to_map_root_to_host_root_that_runc_runs() -> 
     drop(g);
     // agent-sandbox refuses the same edit, and leaves no sandbox behind.
     let p = Podman::new(User::Root, Runtime::AgentSandbox);
-    let (_dir, ws, policy) = fixture("optional")?;
+    let (_dir, _ws, policy) = fixture("optional")?;
     // A program holding no file open: the edited map leaves the sandbox's own files
     // unmapped, and CRIU would fail on an open one before the check is reached.
-    let (g, id, flag) = running_sandbox(p, &policy, &ws, &["sleep", "600"])?;
+    let (g, id, flag) = bare_sandbox(p, &policy, &["sleep", "600"])?;
     p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
     map_root_to_host_root(&podman_image_dir(&id))?;
-    let out = p.run(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    reseal_digest(&podman_image_dir(&id))?;
+    let out = restore_in_place(p, &flag, &g.name)?;
     ensure!(!out.success(), "the edited image was restored\n{out}");
     ensure!(
         out.stderr.contains("does not match the sandbox's plan") && out.stderr.contains("uid_map"),
@@ -1086,7 +1113,7 @@ fn live_allow_and_approval_for_life_survive_a_restore_within_the_ceiling() -> an
     // The image names a rule the ceiling does not cover: it must not come back.
     let outside_rule = format!("{COLLECTOR_HOST}:{}", outside.port());
     add_live_allow(&podman_image_dir(&id), &outside_rule)?;
-    p.run_ok(&["--runtime-flag", &flag, "container", "restore", &g.name])?;
+    ok(restore_in_place(p, &flag, &g.name)?)?;
     let asked = decider.questions().len();
     let got = fetch(&by_command, REGISTRY_HOST)?;
     ensure!(
@@ -1201,5 +1228,64 @@ fn an_open_proxy_connection_is_refused_by_criu_or_reset_at_restore_never_left_ha
         out.contains("rc=56") && out.contains("reset"),
         "the held connection did not end with a reset\n{out}"
     );
+    Ok(())
+}
+
+/// The runtime's host id allocation under rootful podman (`R/idmap.json`: container id, or
+/// `checkpoint:ID` for a block held for a restore in place, to its slot).
+fn id_allocation() -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let text = std::fs::read_to_string("/run/agent-sandbox/idmap.json")?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+#[test]
+fn a_held_id_block_is_released_after_podman_rm_and_kept_for_a_checkpoint_still_there()
+-> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, _ws, policy) = fixture("optional")?;
+    let (kept, kept_id, flag) = bare_sandbox(p, &policy, &["sh", "-c", COUNTER])?;
+    let (removed, removed_id, _) = bare_sandbox(p, &policy, &["sleep", "600"])?;
+    let before = count_reaches(p, &kept.name, 3)?;
+    for name in [&kept.name, &removed.name] {
+        p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", name])?;
+    }
+    let held = |id: &str| -> anyhow::Result<Option<u64>> {
+        Ok(id_allocation()?
+            .get(&format!("checkpoint:{id}"))
+            .and_then(serde_json::Value::as_u64))
+    };
+    let kept_slot = held(&kept_id)?.context("no block held for the kept checkpoint")?;
+    ensure!(
+        held(&removed_id)?.is_some(),
+        "no block held for the checkpoint"
+    );
+    // podman rm of a checkpointed container calls no runtime: its image directory goes.
+    p.run_ok(&["rm", &removed.name])?;
+    // The next sandbox's allocation releases the block whose image is gone, and only it.
+    p.run_ok(&["--runtime-flag", &flag, "run", "--rm", TOOLS_IMAGE, "true"])?;
+    ensure!(
+        held(&removed_id)?.is_none(),
+        "the block of the removed checkpoint is still held: {:?}",
+        id_allocation()?
+    );
+    ensure!(
+        held(&kept_id)? == Some(kept_slot),
+        "the block of the checkpoint still there was released"
+    );
+    // The kept one restores in place under its block, and counts on.
+    ok(restore_in_place(p, &flag, &kept.name)?)?;
+    let pid = p.run_ok(&["inspect", "--format", "{{.State.Pid}}", &kept.name])?;
+    let map = std::fs::read_to_string(format!("/proc/{}/uid_map", pid.stdout.trim()))?;
+    let start: u64 = map
+        .split_whitespace()
+        .nth(1)
+        .context("an empty uid_map")?
+        .parse()?;
+    ensure!(
+        start == 1_000_000 + kept_slot * 65_536,
+        "restored in host ids from {start}, not its held block (slot {kept_slot})"
+    );
+    ensure!(held(&kept_id)?.is_none(), "the hold outlived the restore");
+    count_reaches(p, &kept.name, before + 2)?;
     Ok(())
 }

@@ -22,7 +22,8 @@ use anyhow::{Context, bail};
 const TEST_CA_DIR: &str = "/etc/agent-sandbox-test";
 /// The variable the policy's placeholder lives in.
 const TOKEN_ENV: &str = "API_TOKEN";
-const PLACEHOLDER: &str = "agent-sandbox-placeholder-API_TOKEN";
+/// How the sandbox's own placeholder for [`TOKEN_ENV`] begins (a random suffix follows).
+const PLACEHOLDER_START: &str = "agent-sandbox-placeholder-API_TOKEN-";
 
 /// The echoing API (the standard library's `http.server` and `ssl`). Prints its port, then
 /// `REQ METHOD PATH upgrade=VALUE` per request.
@@ -205,6 +206,7 @@ impl World {
             )
         };
         let mut cases = vec![
+            ("own", format!("printf '%s\\n' \"${TOKEN_ENV}\"")),
             ("echo", curl("", "/echo")),
             ("trace", curl("-X TRACE", "/trace")),
             (
@@ -412,16 +414,28 @@ fn check_sandbox(w: &World, out: &harness::Output, full: bool, c: &mut Checks) {
             format!("an echoed value decodes to the secret: {value}")
         });
     }
+    // The sandbox's own placeholder, which the secret is replaced with on the way back.
+    let own = get("own")
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    c.check(
+        own.strip_prefix(PLACEHOLDER_START)
+            .is_some_and(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())),
+        || format!("the sandbox's placeholder is not its own: {own:?}"),
+    );
     let echo = get("echo");
     c.check(
-        echo.contains(&format!("\"authorization\": \"Bearer {PLACEHOLDER}\""))
-            && echo.contains(&format!("X-Request-Id: Bearer {PLACEHOLDER}")),
+        echo.contains(&format!("\"authorization\": \"Bearer {own}\""))
+            && echo.contains(&format!("X-Request-Id: Bearer {own}")),
         || format!("the echo did not come back with the placeholder: {echo}"),
     );
     c.check(
         decoded(&echo)
             .iter()
-            .any(|(_, b)| contains(b, PLACEHOLDER.as_bytes())),
+            .any(|(_, b)| contains(b, own.as_bytes())),
         || "the base64 echo does not decode to the placeholder".into(),
     );
     for (name, rule) in [
@@ -445,7 +459,7 @@ fn check_sandbox(w: &World, out: &harness::Output, full: bool, c: &mut Checks) {
     for name in ["chunked", "big", "python"] {
         let text = get(name);
         c.check(
-            text.contains(&format!("\"authorization\": \"Bearer {PLACEHOLDER}\"")),
+            text.contains(&format!("\"authorization\": \"Bearer {own}\"")),
             || format!("{name}: the echo did not come back with the placeholder: {text}"),
         );
     }

@@ -10,12 +10,24 @@
 //! chain head at the checkpoint. The control: runc's forks of one image share one host id
 //! range (each maps the host's ids as they are), so what one fork's root owns, every other
 //! fork's root owns too.
+//!
+//! An image's manifest is the holder's word: an export edited to name another ended
+//! sandbox's change set of the same workspace, or to carry another digest, is refused at
+//! import, and nothing of the other sandbox's edits is copied (docs/checkpoint.md#refused).
+//!
+//! And each fork is re-keyed: a credential placeholder of its own (its parent's and its
+//! siblings' are refused by its proxy, and audited), a CA of its own (a restored tool that
+//! cached the parent's CA fails TLS, a new exec trusts the fork's). The controls: before the
+//! checkpoint the same cached CA and the parent's placeholder work, and the parent restored in
+//! place keeps its placeholder; the proxy's unit tests show a fixed placeholder shared by all
+//! sandboxes (as before) taking a parent's as the fork's own.
 
 use std::path::Path;
 
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
+use agent_sandbox_e2e::net::{self, REGISTRY_HOST, REGISTRY_IP};
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
-use anyhow::{Context, ensure};
+use anyhow::{Context, bail, ensure};
 
 use super::checkpoint::{COUNTER, count_reaches, fixture, names_its_parent};
 
@@ -40,19 +52,58 @@ fn overlap(a: (u64, u64), b: (u64, u64)) -> bool {
 
 /// `podman container restore --import archive --name NAME` under `flags`, NAME new.
 pub(super) fn import(p: Podman, flags: &[&str], archive: &Path) -> anyhow::Result<ContainerGuard> {
+    let (fork, out) = try_import(p, flags, archive)?;
+    ensure!(out.success(), "the import failed\n{out}");
+    Ok(fork)
+}
+
+/// [`import`], whatever podman answers.
+fn try_import(
+    p: Podman,
+    flags: &[&str],
+    archive: &Path,
+) -> anyhow::Result<(ContainerGuard, harness::Output)> {
     let fork = ContainerGuard::new(p, &unique_name("fork"));
+    let out = restore_import(&|a| p.run(a), flags, archive, &fork.name)?;
+    Ok((fork, out))
+}
+
+/// `container restore --import ARCHIVE --name NAME` under `flags`, run by `podman` (the
+/// suite's podman, or one on a storage of its own).
+pub(super) fn restore_import(
+    podman: &dyn Fn(&[&str]) -> anyhow::Result<harness::Output>,
+    flags: &[&str],
+    archive: &Path,
+    name: &str,
+) -> anyhow::Result<harness::Output> {
     let archive = archive.display().to_string();
     let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "restore",
-        "--import",
-        &archive,
-        "--name",
-        &fork.name,
-    ]);
+    args.extend(["container", "restore", "--import", &archive, "--name", name]);
+    podman(&args)
+}
+
+/// Checkpoints `parent` into an archive in `dir`, imports `n` forks of it under new names,
+/// then restores the parent in place (in its own block, held for it since the checkpoint)
+/// beside them.
+fn fork_and_restore(
+    p: Podman,
+    flags: &[&str],
+    parent: &str,
+    dir: &Path,
+    n: usize,
+) -> anyhow::Result<Vec<ContainerGuard>> {
+    let archive = dir.join("golden.tar");
+    let archive_arg = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--export", &archive_arg, parent]);
     p.run_ok(&args)?;
-    Ok(fork)
+    let forks = (0..n)
+        .map(|_| import(p, flags, &archive))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut args = flags.to_vec();
+    args.extend(["container", "restore", "--ignore-static-ip", parent]);
+    p.run_ok(&args)?;
+    Ok(forks)
 }
 
 /// The workspace's entries as the sandbox `name` lists them.
@@ -77,24 +128,7 @@ fn three_forks_of_one_image_get_their_own_id_blocks_files_and_lineage() -> anyho
     let edit = "echo edited > /workspace/notes.txt";
     p.run_ok(&["exec", &parent.name, "sh", "-c", edit])?;
     count_reaches(p, &parent.name, 5)?;
-    let archive = dir.path().join("golden.tar");
-    let archive_arg = archive.display().to_string();
-    let mut args = flags.to_vec();
-    args.extend([
-        "container",
-        "checkpoint",
-        "--export",
-        &archive_arg,
-        &parent.name,
-    ]);
-    p.run_ok(&args)?;
-    let forks = (0..3)
-        .map(|_| import(p, &flags, &archive))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    // The parent again, in its own block (held for it since the checkpoint), beside them.
-    let mut args = flags.to_vec();
-    args.extend(["container", "restore", &parent.name]);
-    p.run_ok(&args)?;
+    let forks = fork_and_restore(p, &flags, &parent.name, dir.path(), 3)?;
     for (i, fork) in forks.iter().enumerate() {
         let write = format!("echo {i} > /workspace/fork-{i}.txt");
         p.run_ok(&["exec", &fork.name, "sh", "-c", &write])?;
@@ -209,6 +243,428 @@ fn runcs_forks_of_one_image_share_one_host_id_range() -> anyhow::Result<()> {
     ensure!(
         owner(&a.name)? == owner(&b.name)?,
         "runc's forks' files have different host owners"
+    );
+    Ok(())
+}
+
+/// The kept change sets of workspace `ws`, as `agent-sandbox changes list --json` gives
+/// them: (change id, container id).
+fn kept_changes(ws: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let list = harness::runtime_ok(&["changes", "list", "--json"])?;
+    Ok(list
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["workspace"] == ws.display().to_string().as_str())
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+            (field("change"), field("container"))
+        })
+        .collect())
+}
+
+/// A copy at `to` of the exported archive `from` whose `checkpoint/agent-sandbox.json` was
+/// changed by `edit` (an uncompressed tar, which podman's import reads as well).
+fn edited_archive(
+    from: &Path,
+    to: &Path,
+    edit: impl Fn(&mut serde_json::Value),
+) -> anyhow::Result<()> {
+    let unpacked = tempfile::tempdir()?;
+    let tar = |args: &[&std::ffi::OsStr]| -> anyhow::Result<()> {
+        let out = std::process::Command::new("tar").args(args).output()?;
+        ensure!(
+            out.status.success(),
+            "tar {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    tar(&[
+        "-xf".as_ref(),
+        from.as_os_str(),
+        "-C".as_ref(),
+        unpacked.path().as_os_str(),
+    ])?;
+    let manifest = unpacked.path().join("checkpoint/agent-sandbox.json");
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest)?)?;
+    edit(&mut json);
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&json)?)?;
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["-cf".into(), to.into(), "-C".into(), unpacked.path().into()];
+    for entry in std::fs::read_dir(unpacked.path())? {
+        args.push(entry?.file_name());
+    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+    tar(&args)
+}
+
+/// The import of `archive` under a new name is refused with `want` (and the row of
+/// docs/checkpoint.md that names the refusal), and no change set is kept after it that was
+/// not kept before: nothing was copied.
+fn import_refused(
+    p: Podman,
+    flags: &[&str],
+    (archive, ws): (&Path, &Path),
+    want: &str,
+) -> anyhow::Result<()> {
+    let before = kept_changes(ws)?;
+    let (fork, out) = try_import(p, flags, archive)?;
+    if out.success() {
+        let ls = p.run(&["exec", &fork.name, "ls", "/workspace"])?;
+        anyhow::bail!(
+            "the edited image was imported; its workspace holds: {}\n{out}",
+            ls.stdout.trim()
+        );
+    }
+    ensure!(
+        out.stderr.contains(want) && out.stderr.contains("docs/checkpoint.md#refused"),
+        "unclear refusal (wanted {want:?})\n{out}"
+    );
+    let after = kept_changes(ws)?;
+    let new: Vec<_> = after.iter().filter(|c| !before.contains(c)).collect();
+    ensure!(
+        new.is_empty(),
+        "the refused import kept change sets: {new:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn import_refuses_an_image_edited_to_name_another_sandboxs_changes_or_digest() -> anyhow::Result<()>
+{
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, policy) = fixture("optional")?;
+    let flag = policy_flag(&policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    // B, of the same workspace directory, ends with an edit kept for its own review.
+    let (b, b_id) = p.run_detached(
+        &flags,
+        "trust-b",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sleep", "600"],
+    )?;
+    p.run_ok(&[
+        "exec",
+        &b.name,
+        "sh",
+        "-c",
+        "echo B > /workspace/b-only.txt",
+    ])?;
+    drop(b);
+    let b_change = kept_changes(&ws)?
+        .into_iter()
+        .find(|(_, c)| *c == b_id)
+        .map(|(change, _)| change)
+        .context("B's change set was not kept")?;
+    // A, checkpointed and exported.
+    let (a, _a_id) = p.run_detached(
+        &flags,
+        "trust-a",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
+    )?;
+    p.run_ok(&[
+        "exec",
+        &a.name,
+        "sh",
+        "-c",
+        "echo A > /workspace/a-only.txt",
+    ])?;
+    count_reaches(p, &a.name, 3)?;
+    let archive = dir.path().join("a.tar");
+    let archive_arg = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--export", &archive_arg, &a.name]);
+    p.run_ok(&args)?;
+    // The manifest names B and B's change set: the runtime never bound that change set to
+    // this image, so nothing of B's is copied.
+    let named_b = dir.path().join("named-b.tar");
+    edited_archive(&archive, &named_b, |m| {
+        m["id"] = b_id.as_str().into();
+        m["change"] = b_change.as_str().into();
+    })?;
+    import_refused(
+        p,
+        &flags,
+        (&named_b, &ws),
+        "was not kept by a checkpoint of image",
+    )?;
+    // The manifest carries another digest than its files have.
+    let other_digest = dir.path().join("other-digest.tar");
+    edited_archive(&archive, &other_digest, |m| {
+        m["image_digest"] = format!("sha256:{}", "0".repeat(64)).into();
+    })?;
+    import_refused(p, &flags, (&other_digest, &ws), "its files have sha256:")?;
+    // The same image unedited (through podman's export and import) is a fork with A's edit
+    // and none of B's.
+    let fork = import(p, &flags, &archive)?;
+    let seen = workspace(p, &fork.name)?;
+    ensure!(
+        seen.iter().any(|f| f == "a-only.txt") && !seen.iter().any(|f| f == "b-only.txt"),
+        "the fork's workspace: {seen:?}"
+    );
+    Ok(())
+}
+
+/// The variable the golden policy's placeholder lives in.
+const TOKEN_ENV: &str = "API_TOKEN";
+/// The proxy's rule for a placeholder that is not the sandbox's own.
+const FOREIGN: &str = "stale or foreign placeholder";
+
+/// A bearer-token API on loopback with its own CA (the test's internet), its token in a file
+/// only root reads, and the golden policy: the agent profile allowing the API, Landlock
+/// optional (CRIU cannot carry it), and an `https` credential with a placeholder.
+struct Api {
+    server: net::PyServer,
+    token: String,
+    policy: std::path::PathBuf,
+    _ca: net::TestCa,
+}
+
+impl Api {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        net::ensure_test_hosts()?;
+        let ca = net::TestCa::generate(&[REGISTRY_HOST])?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .subsec_nanos();
+        let token = format!("forkTok{}q{nanos}", std::process::id());
+        let server = net::PyServer::https_requiring(
+            REGISTRY_IP,
+            &ca,
+            "api-private-data",
+            &format!("Bearer {token}"),
+        )?;
+        let file = dir.join("api-token");
+        std::fs::write(&file, format!("{token}\n"))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+        let port = server.port();
+        let path = net::write_policy(
+            dir,
+            &[
+                format!("{REGISTRY_HOST}:{port}"),
+                format!("{REGISTRY_IP}:{port}"),
+            ],
+            &[],
+        )?;
+        let text = std::fs::read_to_string(&path)?;
+        ensure!(
+            text.contains("\nlandlock = \"required\"\n"),
+            "profiles/agent.toml no longer says landlock = \"required\""
+        );
+        let mut text = text.replace("\nlandlock = \"required\"\n", "\nlandlock = \"optional\"\n");
+        text.push_str(&format!(
+            "\n[[network.credentials]]\ndomain = \"{REGISTRY_HOST}:{port}\"\n\
+             header = \"Authorization\"\nprefix = \"Bearer \"\nfile = {:?}\nhttps = true\n\
+             placeholder_env = \"{TOKEN_ENV}\"\nupstream_ca = {:?}\n",
+            file.display().to_string(),
+            ca.path("ca.pem").display().to_string(),
+        ));
+        std::fs::write(&path, text)?;
+        Ok(Self {
+            server,
+            token,
+            policy: path,
+            _ca: ca,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://{REGISTRY_HOST}:{}{path}", self.server.port())
+    }
+
+    /// The golden sandbox's program: it caches the sandbox's CA certificate in its own memory
+    /// at start (as tools keep a trust store), counts, and on each `/tmp/go` calls the API
+    /// twice from that restored memory: trusting only the cached CA, then with the
+    /// placeholder its environment holds (trusting the bundle file, read again); it writes
+    /// both outcomes and that placeholder to `/tmp/out`.
+    fn golden_program(&self) -> String {
+        format!(
+            "CA=$(cat /etc/agent-sandbox/tls/ca.pem); i=0; while :; do i=$((i+1)); echo $i > /tmp/count; \
+             if [ -e /tmp/go ]; then rm -f /tmp/go /tmp/out; printf '%s\\n' \"$CA\" > /tmp/cached.pem; \
+             curl -sS -m 20 --cacert /tmp/cached.pem -o /dev/null -w 'cached=%{{http_code}}\\n' {} > /tmp/part 2>&1; \
+             curl -sS -m 20 -o /dev/null -D - -w 'env-call=%{{http_code}}\\n' -H \"Authorization: Bearer ${TOKEN_ENV}\" {} >> /tmp/part 2>&1; \
+             echo \"env={TOKEN_ENV}=${TOKEN_ENV}\" >> /tmp/part; mv /tmp/part /tmp/out; fi; sleep 0.2; done",
+            self.url("/v1/cached-ca"),
+            self.url("/v1/restored-env"),
+        )
+    }
+}
+
+/// What the golden program's restored memory got (see [`Api::golden_program`]).
+fn restored_calls(p: Podman, name: &str) -> anyhow::Result<String> {
+    p.run_ok(&["exec", name, "sh", "-c", "rm -f /tmp/out; touch /tmp/go"])?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let out = p.run(&["exec", name, "cat", "/tmp/out"])?;
+        if out.code == Some(0) && out.stdout.contains("env=") {
+            return Ok(out.stdout);
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!("{name}: the restored program never answered\n{out}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+}
+
+/// The sandbox's own placeholder as a new exec sees it (checked well formed).
+fn own_placeholder(p: Podman, name: &str) -> anyhow::Result<String> {
+    let out = p.run_ok(&["exec", name, "sh", "-c", &format!("echo \"${TOKEN_ENV}\"")])?;
+    let own = out.stdout.trim().to_owned();
+    let start = format!("agent-sandbox-placeholder-{TOKEN_ENV}-");
+    ensure!(
+        own.strip_prefix(&start)
+            .is_some_and(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{name}'s placeholder is not the prefix, the name and a suffix of its own: {own:?}"
+    );
+    Ok(own)
+}
+
+/// A new exec's call of the API sending `placeholder` (trusting the sandbox's CA through the
+/// variables the runtime sets): the response head and `status=CODE`.
+fn call_with(p: Podman, name: &str, api: &Api, placeholder: &str) -> anyhow::Result<String> {
+    let out = p.run(&[
+        "exec",
+        name,
+        "curl",
+        "-sS",
+        "-m",
+        "20",
+        "-D",
+        "-",
+        "-w",
+        "\nstatus=%{http_code}\n",
+        "-H",
+        &format!("Authorization: Bearer {placeholder}"),
+        &api.url("/v1/exec"),
+    ])?;
+    Ok(format!("{}{}", out.stdout, out.stderr))
+}
+
+fn refused_as_foreign(text: &str) -> bool {
+    text.contains("status=403") && text.contains(&format!("X-Agent-Sandbox-Denied: {FOREIGN}"))
+}
+
+/// The `net` records of `id`'s audit log that refused a foreign placeholder naming `token`.
+fn audited_foreign(id: &str, token: &str) -> anyhow::Result<usize> {
+    let json = harness::runtime_ok(&["audit", "--json", id])?.stdout;
+    Ok(json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| {
+            r["kind"] == "net"
+                && r["data"]["verdict"] == "deny"
+                && r["data"]["rule"].as_str() == Some(&format!("{FOREIGN}: {token}"))
+        })
+        .count())
+}
+
+#[test]
+fn forks_are_rekeyed_a_placeholder_and_a_ca_of_their_own() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, _) = fixture("optional")?;
+    let api = Api::start(dir.path())?;
+    let flag = policy_flag(&api.policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    let program = api.golden_program();
+    let (parent, parent_id) = p.run_detached(
+        &flags,
+        "rekey-parent",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", &program],
+    )?;
+    count_reaches(p, &parent.name, 3)?;
+    // The controls, before the checkpoint: the cached CA is the one the proxy signs with,
+    // and the parent's placeholder is the one its proxy takes.
+    let parent_ph = own_placeholder(p, &parent.name)?;
+    let before = restored_calls(p, &parent.name)?;
+    ensure!(
+        before.contains("cached=200")
+            && before.contains("env-call=200")
+            && before.contains(&format!("env={TOKEN_ENV}={parent_ph}")),
+        "before the checkpoint the cached CA or the placeholder did not work\n{before}"
+    );
+    let parent_ca = p.run_ok(&["exec", &parent.name, "cat", "/etc/agent-sandbox/tls/ca.pem"])?;
+    let forks = fork_and_restore(p, &flags, &parent.name, dir.path(), 2)?;
+
+    let own: Vec<String> = forks
+        .iter()
+        .map(|f| own_placeholder(p, &f.name))
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(
+        own[0] != own[1] && !own.contains(&parent_ph),
+        "the forks' placeholders are not their own: parent {parent_ph}, forks {own:?}"
+    );
+    for (i, fork) in forks.iter().enumerate() {
+        let sibling = &own[1 - i];
+        let id = p.run_ok(&["inspect", "--format", "{{.Id}}", &fork.name])?;
+        let id = id.stdout.trim();
+        // The restored program: the parent's CA fails TLS through the fork's proxy, and the
+        // parent's placeholder its environment holds is refused.
+        let restored = restored_calls(p, &fork.name)?;
+        ensure!(
+            !restored.contains("cached=200")
+                && restored.contains("cached=000")
+                && restored.contains(&format!("env={TOKEN_ENV}={parent_ph}"))
+                && refused_as_foreign(&restored.replace("env-call=", "status=")),
+            "fork {i}: a restored tool acted with the parent's CA or placeholder\n{restored}"
+        );
+        // A new exec: its own placeholder works, over the fork's own CA.
+        let fork_ca = p.run_ok(&["exec", &fork.name, "cat", "/etc/agent-sandbox/tls/ca.pem"])?;
+        ensure!(
+            fork_ca.stdout.contains("BEGIN CERTIFICATE") && fork_ca.stdout != parent_ca.stdout,
+            "fork {i} kept the parent's CA"
+        );
+        let mine = call_with(p, &fork.name, &api, &own[i])?;
+        ensure!(
+            mine.contains("status=200") && mine.contains("api-private-data"),
+            "fork {i}: its own placeholder did not get the secret injected\n{mine}"
+        );
+        for (whose, other) in [("the parent's", &parent_ph), ("a sibling's", sibling)] {
+            let text = call_with(p, &fork.name, &api, other)?;
+            ensure!(
+                refused_as_foreign(&text) && !text.contains("api-private-data"),
+                "fork {i}: {whose} placeholder was not refused\n{text}"
+            );
+        }
+        ensure!(
+            audited_foreign(id, &parent_ph)? >= 2 && audited_foreign(id, sibling)? >= 1,
+            "fork {i}'s audit does not name the refused placeholders\n{}",
+            harness::runtime_ok(&["audit", "--json", id])?.stdout
+        );
+        names_its_parent(id, &parent_id)?;
+    }
+    // The parent restored in place keeps its placeholder: its restored program's works, and
+    // a fork's is refused there too. Its CA is new as well (docs/checkpoint.md#fork).
+    ensure!(
+        own_placeholder(p, &parent.name)? == parent_ph,
+        "the parent's placeholder changed at a restore in place"
+    );
+    let again = restored_calls(p, &parent.name)?;
+    ensure!(
+        again.contains("env-call=200") && again.contains("cached=000"),
+        "the parent restored in place: its restored placeholder was refused, or its old CA still \
+         signs\n{again}"
+    );
+    let text = call_with(p, &parent.name, &api, &own[0])?;
+    ensure!(
+        refused_as_foreign(&text),
+        "the parent took a fork's placeholder\n{text}"
+    );
+    // Nothing placeholder-shaped reached the API: the refused requests never left, and the
+    // accepted ones carried the secret instead.
+    let seen = api.server.output();
+    ensure!(
+        !seen.iter().any(|l| l.contains("agent-sandbox-placeholder")),
+        "a placeholder reached the API: {seen:?}"
+    );
+    ensure!(
+        seen.iter()
+            .filter(|l| **l == format!("HDR Authorization: Bearer {}", api.token))
+            .count()
+            >= 5,
+        "the API did not get the secret on each accepted call: {seen:?}"
     );
     Ok(())
 }

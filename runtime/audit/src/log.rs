@@ -842,7 +842,6 @@ pub fn verify_with_anchor(path: &Path, anchor: &Anchor) -> Result<VerifyReport, 
     verify_inner(path, Some(anchor))
 }
 
-#[expect(clippy::too_many_lines)]
 fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, AuditError> {
     let broken = |line: u64, problem| AuditError::Broken {
         path: path.to_owned(),
@@ -851,100 +850,18 @@ fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, Au
         problem,
     };
     let mut lines = Lines::open(path)?;
-    let mut expected_prev: Option<String> = None;
-    let mut sandbox: Option<String> = None;
+    let mut chain = Chain::default();
     let mut n: u64 = 0;
     let mut truncated = None;
     while let Some(line) = lines.next_line()? {
         let line_no = n + 1;
-        let line = match line {
-            Line::Complete(l) => l,
-            Line::Torn(bytes) => return Err(broken(line_no, Broken::TornLine { bytes })),
-            Line::TooLong => {
-                return Err(broken(
-                    line_no,
-                    Broken::Malformed {
-                        reason: format!("line longer than {MAX_LINE} bytes"),
-                    },
-                ));
-            }
-        };
-        let (hashed, stored) =
-            split_hash(&line).map_err(|reason| broken(line_no, Broken::Malformed { reason }))?;
-        let computed = sha256_hex(&hashed);
-        if computed != stored {
-            return Err(broken(
-                line_no,
-                Broken::HashMismatch {
-                    stored: stored.to_owned(),
-                    computed,
-                },
-            ));
-        }
-        let rec: Record = serde_json::from_slice(&line).map_err(|e| {
-            broken(
-                line_no,
-                Broken::Malformed {
-                    reason: e.to_string(),
-                },
-            )
-        })?;
-        if rec.v != FORMAT_VERSION {
-            return Err(broken(
-                line_no,
-                Broken::Malformed {
-                    reason: format!("unsupported format version {}", rec.v),
-                },
-            ));
-        }
-        let first_sandbox = sandbox.get_or_insert_with(|| rec.sandbox.clone());
-        if *first_sandbox != rec.sandbox {
-            return Err(broken(
-                line_no,
-                Broken::SandboxMismatch {
-                    expected: first_sandbox.clone(),
-                    found: rec.sandbox,
-                },
-            ));
-        }
-        if rec.seq != line_no {
-            return Err(broken(
-                line_no,
-                Broken::SeqMismatch {
-                    expected: line_no,
-                    found: rec.seq,
-                },
-            ));
-        }
-        let want_prev = expected_prev
-            .take()
-            .unwrap_or_else(|| genesis(&rec.sandbox));
-        if rec.prev != want_prev {
-            return Err(broken(
-                line_no,
-                Broken::PrevMismatch {
-                    expected: want_prev,
-                    found: rec.prev,
-                },
-            ));
-        }
-        let line_hash = sha256_hex(&line);
-        if let Some(a) = anchor
-            && a.seq == line_no
-            && a.head != line_hash
-        {
-            return Err(broken(
-                line_no,
-                Broken::AnchorMismatch {
-                    expected: a.head.clone(),
-                    found: line_hash,
-                },
-            ));
-        }
+        let line = line.complete().map_err(|p| broken(line_no, p))?;
+        let rec = chain
+            .check(&line, line_no, anchor)
+            .map_err(|p| broken(line_no, p))?;
         if truncated.is_none() && matches!(rec.event, Event::Truncated { .. }) {
             truncated = Some(line_no);
         }
-        expected_prev = Some(line_hash);
         n = line_no;
     }
     if let Some(a) = anchor
@@ -958,7 +875,7 @@ fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, Au
             },
         ));
     }
-    let head = match (expected_prev, &sandbox) {
+    let head = match (chain.prev, &chain.sandbox) {
         (Some(h), _) => h,
         (None, Some(s)) => genesis(s),
         (None, None) => String::new(),
@@ -968,6 +885,87 @@ fn verify_inner(path: &Path, anchor: Option<&Anchor>) -> Result<VerifyReport, Au
         head,
         truncated,
     })
+}
+
+impl Line {
+    /// The line, if it is a complete one of at most [`MAX_LINE`] bytes.
+    fn complete(self) -> Result<Vec<u8>, Broken> {
+        match self {
+            Line::Complete(l) => Ok(l),
+            Line::Torn(bytes) => Err(Broken::TornLine { bytes }),
+            Line::TooLong => Err(Broken::Malformed {
+                reason: format!("line longer than {MAX_LINE} bytes"),
+            }),
+        }
+    }
+}
+
+/// The chain as far as [`verify`] has checked it: the hash the next line's `prev` must
+/// name, and the one sandbox id of the log.
+#[derive(Default)]
+struct Chain {
+    prev: Option<String>,
+    sandbox: Option<String>,
+}
+
+impl Chain {
+    /// Checks line `line_no`: its own hash, its format version, its sandbox id, its `seq`,
+    /// its `prev`, and the anchor when it names this line; then moves the chain on to it.
+    fn check(
+        &mut self,
+        line: &[u8],
+        line_no: u64,
+        anchor: Option<&Anchor>,
+    ) -> Result<Record, Broken> {
+        let (hashed, stored) = split_hash(line).map_err(|reason| Broken::Malformed { reason })?;
+        let computed = sha256_hex(&hashed);
+        if computed != stored {
+            return Err(Broken::HashMismatch {
+                stored: stored.to_owned(),
+                computed,
+            });
+        }
+        let rec: Record = serde_json::from_slice(line).map_err(|e| Broken::Malformed {
+            reason: e.to_string(),
+        })?;
+        if rec.v != FORMAT_VERSION {
+            return Err(Broken::Malformed {
+                reason: format!("unsupported format version {}", rec.v),
+            });
+        }
+        let first_sandbox = self.sandbox.get_or_insert_with(|| rec.sandbox.clone());
+        if *first_sandbox != rec.sandbox {
+            return Err(Broken::SandboxMismatch {
+                expected: first_sandbox.clone(),
+                found: rec.sandbox,
+            });
+        }
+        if rec.seq != line_no {
+            return Err(Broken::SeqMismatch {
+                expected: line_no,
+                found: rec.seq,
+            });
+        }
+        let want_prev = self.prev.take().unwrap_or_else(|| genesis(&rec.sandbox));
+        if rec.prev != want_prev {
+            return Err(Broken::PrevMismatch {
+                expected: want_prev,
+                found: rec.prev,
+            });
+        }
+        let line_hash = sha256_hex(line);
+        if let Some(a) = anchor
+            && a.seq == line_no
+            && a.head != line_hash
+        {
+            return Err(Broken::AnchorMismatch {
+                expected: a.head.clone(),
+                found: line_hash,
+            });
+        }
+        self.prev = Some(line_hash);
+        Ok(rec)
+    }
 }
 
 /// Parses every complete line of the log (no chain checks: use [`verify`] for that). A torn

@@ -303,8 +303,8 @@ pub struct Credential {
     /// Terminate TLS to `domain` (with the sandbox's CA) to add the header inside HTTPS.
     #[serde(default, skip_serializing_if = "is_false")]
     pub https: bool,
-    /// A variable set in the sandbox to a placeholder (`agent-sandbox-placeholder-NAME`) for
-    /// tools that want a token to send: the proxy sets `header` itself and refuses a request to
+    /// A variable set in the sandbox to a placeholder (`agent-sandbox-placeholder-NAME-`
+    /// and a random suffix of the sandbox's own) for tools that want a token to send: the proxy sets `header` itself and refuses a request to
     /// `domain` that carries the placeholder anywhere else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placeholder_env: Option<String>,
@@ -318,9 +318,41 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// The value a sandbox sees in a credential's `placeholder_env` variable.
-pub fn placeholder_value(name: &str) -> String {
-    format!("agent-sandbox-placeholder-{name}")
+/// How every credential placeholder begins. A sandbox's own placeholders go on with the
+/// variable's name and a random suffix of its own ([`placeholder_value`]); the proxy refuses a
+/// request that carries any other text beginning so (a forked sandbox's parent's, a sibling's,
+/// a guessed one: docs/egress.md#placeholders).
+pub const PLACEHOLDER_PREFIX: &str = "agent-sandbox-placeholder-";
+
+/// Hex digits of a placeholder's per-sandbox suffix (128 random bits).
+pub const PLACEHOLDER_SUFFIX_HEX: usize = 32;
+
+/// The value a sandbox sees in a credential's `placeholder_env` variable `name`, with the
+/// sandbox's random `suffix` (made at create, [`PLACEHOLDER_SUFFIX_HEX`] lower-case hex
+/// digits): `agent-sandbox-placeholder-NAME-SUFFIX`.
+pub fn placeholder_value(name: &str, suffix: &str) -> String {
+    format!("{PLACEHOLDER_PREFIX}{name}-{suffix}")
+}
+
+/// The value a sandbox created before placeholders had a suffix saw (the same in every
+/// sandbox): what an exec of such a sandbox still gets, since its proxy expects it.
+pub fn legacy_placeholder_value(name: &str) -> String {
+    format!("{PLACEHOLDER_PREFIX}{name}")
+}
+
+/// Whether `value` is a placeholder [`placeholder_value`] makes for variable `name`: the
+/// prefix, the name, `-`, then exactly [`PLACEHOLDER_SUFFIX_HEX`] lower-case hex digits.
+pub fn placeholder_for(name: &str, value: &str) -> bool {
+    value
+        .strip_prefix(PLACEHOLDER_PREFIX)
+        .and_then(|rest| rest.strip_prefix(name))
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|suffix| {
+            suffix.len() == PLACEHOLDER_SUFFIX_HEX
+                && suffix
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
 }
 
 /// Whether `name` can be a placeholder variable: a portable shell name (`[A-Za-z_][A-Za-z0-9_]*`)
@@ -599,6 +631,24 @@ mod tests {
             assert!(!placeholder_env_ok(bad), "{bad}");
         }
         assert!(rule("*.example.com:80").matches_host("API.example.com.", 80));
+    }
+
+    #[test]
+    fn placeholders_are_the_prefix_the_name_and_a_suffix() {
+        let suffix = "0123456789abcdef0123456789abcdef";
+        let v = placeholder_value("API_TOKEN", suffix);
+        assert_eq!(v, format!("agent-sandbox-placeholder-API_TOKEN-{suffix}"));
+        assert!(placeholder_for("API_TOKEN", &v));
+        for bad in [
+            legacy_placeholder_value("API_TOKEN"),
+            placeholder_value("API", suffix),
+            placeholder_value("API_TOKEN", &suffix[1..]),
+            placeholder_value("API_TOKEN", &suffix.to_uppercase()),
+            format!("{v}0"),
+            placeholder_value("API_TOKEN", "0123456789abcdef0123456789abcdeg"),
+        ] {
+            assert!(!placeholder_for("API_TOKEN", &bad), "{bad}");
+        }
         assert!(!rule("*.example.com:80").matches_host("example.com", 80));
     }
 

@@ -11,6 +11,8 @@
 //! narrows first ([`crate::harden::effective_policy_with`]) and hands the result to
 //! [`compile_under`]; both are this same compiler, run once per sandbox.
 
+use std::collections::BTreeMap;
+
 use oci_spec::runtime::{LinuxSeccomp, Process, Spec};
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +43,16 @@ pub struct SandboxPlan {
     /// and every exec (`crate::seccomp::compile_request`).
     #[serde(default)]
     pub requested_seccomp: Option<LinuxSeccomp>,
+    /// The sandbox's credential placeholders, by their `placeholder_env` name: made at create
+    /// with a random suffix of the sandbox's own, kept by a restore in place, new for a fork
+    /// (`crate::network::placeholder_value`). The proxy and every exec read them here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub credential_placeholders: BTreeMap<String, String>,
+    /// The layers a restored sandbox's restored processes run without, with the reason: the
+    /// checkpoint image could not carry them (docs/checkpoint.md#layers). `layers` still
+    /// applies them to every exec started after the restore. Empty unless restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_restored: Vec<(Layer, String)>,
 }
 
 /// What [`compile`] makes: the plan, and the spec hardened under it (the runtime adds its
@@ -100,6 +112,8 @@ pub fn compile_under(
             protected: facts.protected.clone(),
             clamped: hardened.clamped,
             requested_seccomp,
+            credential_placeholders: BTreeMap::new(),
+            not_restored: Vec::new(),
         },
     })
 }
@@ -136,6 +150,45 @@ pub fn layers_for(
 }
 
 impl SandboxPlan {
+    /// A plan of `policy` and `layers` alone: no protected binds, clamps, seccomp request or
+    /// credential placeholders (a sandbox an older runtime created without `plan.json`).
+    pub fn bare(policy: SandboxPolicy, layers: LayerPlan) -> Self {
+        Self {
+            policy,
+            layers,
+            protected: Vec::new(),
+            clamped: Vec::new(),
+            requested_seccomp: None,
+            credential_placeholders: BTreeMap::new(),
+            not_restored: Vec::new(),
+        }
+    }
+
+    /// The value the sandbox's `placeholder_env` variable `name` holds: its own placeholder,
+    /// or, in a plan that has none (saved by a runtime from before the per-sandbox suffix),
+    /// the fixed text that runtime's proxy expects.
+    pub fn credential_placeholder(&self, name: &str) -> String {
+        self.credential_placeholders
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| crate::network::legacy_placeholder_value(name))
+    }
+
+    /// Notes that the sandbox's restored processes run without `layer` (its checkpoint image
+    /// could not carry it, for `reason`) and returns the layer plan they run under: the layer
+    /// inactive with the reason, as `layers` and the audit report it. The plan itself keeps
+    /// the layer for the execs started after the restore, and names it in `not_restored`.
+    pub fn restored_without(&mut self, layer: Layer, reason: &str) -> LayerPlan {
+        self.not_restored.push((layer, reason.to_owned()));
+        let mut restored = self.layers.clone();
+        restored.apply.retain(|l| *l != layer);
+        restored.inactive.push((layer, reason.to_owned()));
+        if layer == Layer::Landlock {
+            restored.landlock = None;
+        }
+        restored
+    }
+
     /// An exec'd process clamped like the init ([`harden::harden_process`]), with the
     /// sandbox's AppArmor profile where that layer applies.
     pub fn harden_exec(&self, process: Process) -> Result<Process, HardenError> {
@@ -197,6 +250,8 @@ mod tests {
                     granted: "0".to_owned(),
                 }],
                 requested_seccomp: Some(LinuxSeccomp::default()),
+                credential_placeholders: BTreeMap::new(),
+                not_restored: vec![(Layer::Landlock, "not in the image".to_owned())],
             };
             let text = serde_json::to_string(&plan).unwrap();
             let back: SandboxPlan = serde_json::from_str(&text).unwrap();
@@ -219,6 +274,36 @@ mod tests {
         assert_eq!(back.layers, layers);
         assert!(back.protected.is_empty() && back.clamped.is_empty());
         assert_eq!(back.requested_seccomp, None);
+        assert!(back.not_restored.is_empty());
+    }
+
+    /// A restore that cannot carry Landlock: the restored processes' layers say it is
+    /// inactive, and the saved plan says so too (`not_restored`) while it keeps the ruleset
+    /// every later exec is confined by.
+    #[test]
+    fn a_restored_plan_names_the_layer_its_restored_processes_lack() {
+        let policy = SandboxPolicy::builtin("agent").unwrap();
+        let facts = crate::landlock::CoverFacts::of_hardened_spec();
+        let layers = crate::layers::plan(&policy, &host(), facts).unwrap();
+        assert!(layers.apply.contains(&Layer::Landlock));
+        let mut plan = SandboxPlan::bare(policy, layers.clone());
+        let restored = plan.restored_without(Layer::Landlock, "not in the image");
+        assert!(!restored.apply.contains(&Layer::Landlock));
+        assert!(restored.landlock.is_none());
+        assert_eq!(
+            restored.inactive.last(),
+            Some(&(Layer::Landlock, "not in the image".to_owned()))
+        );
+        assert_eq!(plan.layers, layers, "later execs keep the layer");
+        assert_eq!(
+            plan.not_restored,
+            [(Layer::Landlock, "not in the image".to_owned())]
+        );
+        let saved: serde_json::Value = serde_json::to_value(&plan).unwrap();
+        assert_eq!(
+            saved["not_restored"],
+            serde_json::json!([["landlock", "not in the image"]])
+        );
     }
 
     #[test]
@@ -235,6 +320,8 @@ mod tests {
             protected: Vec::new(),
             clamped: Vec::new(),
             requested_seccomp: None,
+            credential_placeholders: BTreeMap::new(),
+            not_restored: Vec::new(),
         };
         let with = plan(vec![Layer::Seccomp, Layer::Landlock, Layer::Apparmor]);
         let name = crate::apparmor::loaded_profile(&policy).name;

@@ -321,7 +321,9 @@ async fn main() -> Result<()> {
         value: "Bearer bench-secret".into(),
         secret: "bench-secret".into(),
         https: true,
-        placeholder: Some("agent-sandbox-placeholder-BENCH".into()),
+        placeholder: Some(
+            "agent-sandbox-placeholder-BENCH-0123456789abcdef0123456789abcdef".into(),
+        ),
         upstream_ca: Some(internet_file),
     }]);
     let (sandbox_ca, sandbox_pem) = SandboxCa::ephemeral("bench sandbox", &[bound_rule])?;

@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use agent_sandbox_policy::network::DomainRule;
 
+use crate::placeholder::Guard;
 use crate::rules::Host;
 use crate::scrub::Scrubber;
 
@@ -55,13 +56,34 @@ pub struct Credentials {
     /// Per entry, the search for its secret in responses: built on first use, then shared by
     /// every connection (building it costs about a TLS handshake).
     scrubbers: Vec<OnceLock<Option<Arc<Scrubber>>>>,
+    /// The search for placeholders that are not this sandbox's, built on first use.
+    guard: OnceLock<Option<Arc<Guard>>>,
 }
 
 impl Credentials {
     /// A table from entries (validated by the policy: header names and values are safe).
     pub fn new(entries: Vec<InjectedHeader>) -> Self {
         let scrubbers = entries.iter().map(|_| OnceLock::new()).collect();
-        Self { entries, scrubbers }
+        Self {
+            entries,
+            scrubbers,
+            guard: OnceLock::new(),
+        }
+    }
+
+    /// The search for placeholder-shaped tokens other than the entries' own placeholders
+    /// (`crate::placeholder`), or `None` if it cannot be built.
+    pub(crate) fn guard(&self) -> Option<Arc<Guard>> {
+        self.guard
+            .get_or_init(|| {
+                let own: Vec<&str> = self
+                    .entries
+                    .iter()
+                    .filter_map(|e| e.placeholder.as_deref())
+                    .collect();
+                Guard::new(&own).map(Arc::new)
+            })
+            .clone()
     }
 
     /// The scrubber of `entry` (one of this table's), or `None` if its search cannot be built.

@@ -66,6 +66,8 @@ pub(crate) struct Refusal {
     pub(crate) rule: Option<&'static str>,
     /// Why, for the client.
     pub(crate) reason: String,
+    /// What the audit record names after the rule (a stale or foreign placeholder).
+    pub(crate) named: Option<String>,
 }
 
 impl Refusal {
@@ -74,6 +76,7 @@ impl Refusal {
             status: 400,
             rule: None,
             reason: reason.into(),
+            named: None,
         }
     }
 
@@ -82,6 +85,7 @@ impl Refusal {
             status: 403,
             rule: Some(rule),
             reason: reason.into(),
+            named: None,
         }
     }
 
@@ -108,6 +112,7 @@ impl Refusal {
         InterceptError::Request {
             reason: self.reason,
             rule: self.rule,
+            named: self.named,
         }
     }
 }
@@ -675,7 +680,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     const SECRET: &str = "s3cret-Token-0123456789";
-    const PH: &str = "agent-sandbox-placeholder-API_TOKEN";
+    const PH: &str = "agent-sandbox-placeholder-API_TOKEN-0123456789abcdef0123456789abcdef";
 
     /// Relays `server` (read `step` bytes at a time) as the answers to `pending`: what the
     /// client got, and how the relay ended.

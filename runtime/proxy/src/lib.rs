@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod guard;
 mod http;
 pub mod listener;
+pub mod placeholder;
 mod policy;
 mod proxy;
 mod pump;

@@ -835,9 +835,13 @@ impl Inner {
         let Some(scrubber) = self.config.credentials.scrubber(binding.entry) else {
             return client_error("cannot build the search for the credential");
         };
+        let Some(guard) = self.config.credentials.guard() else {
+            return client_error("cannot build the search for placeholders");
+        };
         let job = tls_inject::Intercept {
             tls: Some(binding.tls),
             scrubber,
+            guard,
             entry: binding.entry,
             index: binding.index,
             host: &host,
@@ -876,9 +880,13 @@ impl Inner {
         let Some(scrubber) = self.config.credentials.scrubber(entry) else {
             return client_error("cannot build the search for the credential");
         };
+        let Some(guard) = self.config.credentials.guard() else {
+            return client_error("cannot build the search for placeholders");
+        };
         let job = tls_inject::Intercept {
             tls: None,
             scrubber,
+            guard,
             entry,
             index: 0,
             host,
@@ -1104,7 +1112,7 @@ fn intercepted_outcome(done: tls_inject::Intercepted, rec: &mut Record) -> Outco
     let reason = chain(&error);
     tracing::debug!(connection = rec.id, %reason, "intercepted connection ended early");
     if let Some(rule) = done.denied {
-        rec.rule = Some(rule.to_owned());
+        rec.rule = Some(rule);
         return Outcome::Denied;
     }
     match error {

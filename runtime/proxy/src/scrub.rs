@@ -190,7 +190,15 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// Every form of `secret` searched for, each with the same form of `with`.
+/// Every form of `secret` searched for, each with the same form of `with`: for one `secret`
+/// the pairs come in the same order whatever `with` is (`crate::placeholder` relies on it).
+pub(crate) fn pairs_of_forms(secret: &[u8], with: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut out = Vec::new();
+    forms(secret, with, &mut out);
+    out
+}
+
+/// See [`pairs_of_forms`].
 fn forms(secret: &[u8], with: &[u8], out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
     out.push((secret.to_vec(), with.to_vec()));
     for upper in [true, false] {
@@ -337,8 +345,10 @@ fn json_all(data: &[u8], upper: bool) -> Vec<u8> {
     out.into_bytes()
 }
 
-const STANDARD: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-const URL_SAFE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+pub(crate) const STANDARD: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+pub(crate) const URL_SAFE: &[u8; 64] =
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 pub(crate) fn base64(data: &[u8], alphabet: &[u8; 64], pad: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len().div_ceil(3) * 4);
@@ -404,7 +414,7 @@ mod tests {
     use proptest::prelude::*;
 
     const SECRET: &str = "tok_9f/Zq+3Kx:Lm7é";
-    const PH: &str = "agent-sandbox-placeholder-API_TOKEN";
+    const PH: &str = "agent-sandbox-placeholder-API_TOKEN-0f1e2d3c4b5a69788796a5b4c3d2e1f0";
 
     fn scrubber() -> Scrubber {
         Scrubber::new(SECRET, "Bearer ", Some(PH)).unwrap()

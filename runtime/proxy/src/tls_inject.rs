@@ -40,6 +40,7 @@ use crate::ca::{CaError, SandboxCa};
 use crate::credentials::{Credentials, InjectedHeader};
 use crate::error_text::chain;
 use crate::exchange::{BodyReader, Downstream, Framing, Pending, Refusal, relay_responses};
+use crate::placeholder::{Foreign, Guard, GuardStream};
 use crate::rules::Host;
 use crate::scrub::{Scrubber, Watch};
 
@@ -48,9 +49,6 @@ const ALPN_HTTP1: &[u8] = b"http/1.1";
 
 /// Most headers a request may have.
 const MAX_HEADERS: usize = 100;
-
-/// Longest chunk-size or trailer line accepted in a chunked body.
-const MAX_CHUNK_LINE: usize = 4096;
 
 /// Why TLS interception could not be set up when the proxy started.
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +201,9 @@ pub enum InterceptError {
         reason: String,
         /// The policy rule a `403` named (none: a `400`).
         rule: Option<&'static str>,
+        /// What the refused request carried that the audit record names with the rule (a
+        /// stale or foreign placeholder, escaped).
+        named: Option<String>,
     },
     /// A response the proxy could not search for the credential (answered with a `502`).
     #[error("response refused: {reason}")]
@@ -222,6 +223,8 @@ pub(crate) struct Intercept<'a> {
     pub(crate) tls: Option<&'a TlsInterceptor>,
     /// The search for `entry`'s secret in responses (`Credentials::scrubber`).
     pub(crate) scrubber: Arc<Scrubber>,
+    /// The search for placeholders that are not the sandbox's (`Credentials::guard`).
+    pub(crate) guard: Arc<Guard>,
     pub(crate) entry: &'a InjectedHeader,
     pub(crate) index: usize,
     pub(crate) host: &'a Host,
@@ -239,9 +242,19 @@ pub struct Intercepted {
     pub(crate) requests: u64,
     /// Why it ended early (none: both sides closed normally).
     pub(crate) error: Option<InterceptError>,
-    /// The rule of a policy refusal (`403`): the request went to another host than the
-    /// tunnel's, or could have brought the secret back.
-    pub(crate) denied: Option<&'static str>,
+    /// The rule of a policy refusal (`403`), as the audit record has it: the request went to
+    /// another host than the tunnel's, could have brought the secret back, or carried a
+    /// placeholder that is not the sandbox's (then named after the rule).
+    pub(crate) denied: Option<String>,
+}
+
+/// The audit text of a refusal's rule: the rule, then what it names, if anything.
+fn audit_rule(rule: Option<&'static str>, named: Option<&str>) -> Option<String> {
+    let rule = rule?;
+    Some(match named {
+        Some(n) => format!("{rule}: {n}"),
+        None => rule.to_owned(),
+    })
 }
 
 /// Serves one tunnel to a bound domain: TLS with the client (`early` holds bytes it sent with
@@ -267,7 +280,7 @@ pub(crate) async fn serve(
     .await
     .err();
     let denied = match &error {
-        Some(InterceptError::Request { rule, .. }) => *rule,
+        Some(InterceptError::Request { rule, named, .. }) => audit_rule(*rule, named.as_deref()),
         _ => None,
     };
     Intercepted {
@@ -281,6 +294,10 @@ const HOST_MISMATCH: &str = crate::proxy::HOST_MISMATCH_RULE;
 
 /// The rule of a request that carries the placeholder anywhere but the credential's header.
 pub const PLACEHOLDER_RULE: &str = "placeholder outside the credential header";
+/// The rule of a request that carries a placeholder-shaped token other than the sandbox's
+/// own placeholders: a stale one (the parent's, in a fork), another sandbox's, a guess
+/// (`crate::placeholder`). Its audit record names the token after the rule.
+pub const FOREIGN_PLACEHOLDER_RULE: &str = "stale or foreign placeholder";
 /// The rule of a `TRACE`/`TRACK` request (the server would echo the credential).
 pub const TRACE_RULE: &str = "trace on a credential-bound host";
 /// The rule of a request asking to switch protocols (the proxy could not scrub the stream).
@@ -307,6 +324,7 @@ async fn run(
         return Err(InterceptError::Request {
             reason: "no TLS configuration for this credential".into(),
             rule: None,
+            named: None,
         });
     };
     let server = tls.server_config(&host)?;
@@ -324,6 +342,7 @@ async fn run(
         return Err(InterceptError::Request {
             reason: "no TLS client configuration for this credential".into(),
             rule: None,
+            named: None,
         });
     };
     let name = match job.host {
@@ -467,7 +486,7 @@ pub(crate) async fn serve_plain(
     .await
     .err();
     let denied = match &error {
-        Some(InterceptError::Request { rule, .. }) => *rule,
+        Some(InterceptError::Request { rule, named, .. }) => audit_rule(*rule, named.as_deref()),
         _ => None,
     };
     Intercepted {
@@ -523,38 +542,22 @@ where
             head: rewritten.head_method,
             http11: rewritten.http11,
         };
-        let watch = match job.entry.placeholder.as_deref() {
-            Some(p) => match Watch::new(p) {
-                Some(w) => Some(w),
-                None => {
-                    refuse(Refusal::bad("cannot search the body for the placeholder"));
-                    return Ok(());
-                }
-            },
-            None => None,
+        let Some(mut watch) = BodyWatch::new(job) else {
+            refuse(Refusal::bad("cannot search the body for placeholders"));
+            return Ok(());
         };
-        match (rewritten.body, watch) {
-            (Body::None, _) => {
+        match rewritten.body {
+            Body::None => {
                 let _ = queue.send(response);
                 write_counted(uw, &rewritten.bytes, up_bytes).await?;
             }
-            (Body::Length(n), None) => {
-                let _ = queue.send(response);
-                write_counted(uw, &rewritten.bytes, up_bytes).await?;
-                copy_exact(cr, &mut buf, uw, n, idle, up_bytes).await?;
-            }
-            (Body::Chunked, None) => {
-                let _ = queue.send(response);
-                write_counted(uw, &rewritten.bytes, up_bytes).await?;
-                copy_chunked(cr, &mut buf, uw, idle, up_bytes).await?;
-            }
-            (Body::Length(n), Some(watch)) if n <= SCANNED_BODY && !rewritten.expect_continue => {
+            Body::Length(n) if n <= SCANNED_BODY && !rewritten.expect_continue => {
                 // Read whole and searched before the request leaves, so a refusal is clean.
                 let mut body = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
                 let scratch = AtomicU64::new(0);
                 copy_exact(cr, &mut buf, &mut body, n, idle, &scratch).await?;
-                if watch.found_in(&body) {
-                    refuse(placeholder_in("the request body"));
+                if let Err(refusal) = watch.whole(&body, "the request body") {
+                    refuse(refusal);
                     return Ok(());
                 }
                 let _ = queue.send(response);
@@ -562,7 +565,7 @@ where
                 bytes.extend_from_slice(&body);
                 write_counted(uw, &bytes, up_bytes).await?;
             }
-            (framing, Some(mut watch)) => {
+            framing => {
                 // Streamed: the bytes that could begin the placeholder are held back, so if it
                 // comes, the server gets a cut request (then the end of the connection), never
                 // the placeholder.
@@ -577,11 +580,14 @@ where
                     let piece = body.next(cr, &mut buf, idle).await?;
                     let safe = match &piece {
                         Some(data) => watch.push(data),
-                        None => Some(watch.finish()),
+                        None => watch.finish(),
                     };
-                    let Some(safe) = safe else {
-                        refuse(placeholder_in("the request body"));
-                        return Ok(());
+                    let safe = match safe {
+                        Ok(safe) => safe,
+                        Err(refusal) => {
+                            refuse(refusal);
+                            return Ok(());
+                        }
                     };
                     if !safe.is_empty() {
                         let bytes = if chunked { exchange_chunk(&safe) } else { safe };
@@ -592,8 +598,10 @@ where
                     }
                 }
                 if chunked {
-                    if watch.found_in(&body.trailers) {
-                        refuse(placeholder_in("a trailer of the request body"));
+                    if let Err(refusal) =
+                        watch.whole(&body.trailers, "a trailer of the request body")
+                    {
+                        refuse(refusal);
                         return Ok(());
                     }
                     let mut end = b"0\r\n".to_vec();
@@ -622,6 +630,84 @@ fn exchange_chunk(data: &[u8]) -> Vec<u8> {
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
     out
+}
+
+/// A request body searched for the credential's own placeholder (it belongs in the header
+/// only) and for placeholders that are not the sandbox's, as it streams (each search holds
+/// back what could begin its needle; the guard's released bytes go on to the own search).
+struct BodyWatch {
+    own: Option<Watch>,
+    guard: Arc<Guard>,
+    stream: GuardStream,
+}
+
+impl BodyWatch {
+    fn new(job: &Intercept<'_>) -> Option<Self> {
+        let own = match job.entry.placeholder.as_deref() {
+            Some(p) => Some(Watch::new(p)?),
+            None => None,
+        };
+        Some(Self {
+            own,
+            guard: Arc::clone(&job.guard),
+            stream: GuardStream::default(),
+        })
+    }
+
+    /// Checks a whole text (a short body, the trailers) found in `place`.
+    fn whole(&self, data: &[u8], place: &str) -> Result<(), Refusal> {
+        self.guard
+            .check(data)
+            .map_err(|f| foreign_placeholder_in(place, f))?;
+        if self.own.as_ref().is_some_and(|w| w.found_in(data)) {
+            return Err(placeholder_in(place));
+        }
+        Ok(())
+    }
+
+    /// Adds a piece of the body: the bytes now safe to forward.
+    fn push(&mut self, data: &[u8]) -> Result<Vec<u8>, Refusal> {
+        let released = self
+            .stream
+            .push(&self.guard, data)
+            .map_err(|f| foreign_placeholder_in("the request body", f))?;
+        self.own_push(&released)
+    }
+
+    /// The end of the body: what was held back.
+    fn finish(&mut self) -> Result<Vec<u8>, Refusal> {
+        let released = self
+            .stream
+            .finish(&self.guard)
+            .map_err(|f| foreign_placeholder_in("the request body", f))?;
+        let mut out = self.own_push(&released)?;
+        if let Some(w) = &mut self.own {
+            out.extend(w.finish());
+        }
+        Ok(out)
+    }
+
+    fn own_push(&mut self, data: &[u8]) -> Result<Vec<u8>, Refusal> {
+        match &mut self.own {
+            Some(w) => w
+                .push(data)
+                .ok_or_else(|| placeholder_in("the request body")),
+            None => Ok(data.to_vec()),
+        }
+    }
+}
+
+fn foreign_placeholder_in(place: &str, found: Foreign) -> Refusal {
+    let mut refusal = Refusal::denied(
+        FOREIGN_PLACEHOLDER_RULE,
+        format!(
+            "{place} carries a credential placeholder that is not this sandbox's ({}): a \
+             forked sandbox's tools must read theirs again ({DOCS})",
+            found.0
+        ),
+    );
+    refusal.named = Some(found.0);
+    refusal
 }
 
 fn placeholder_in(place: &str) -> Refusal {
@@ -669,6 +755,7 @@ async fn read_head<R: AsyncRead + Unpin>(
                 return Err(InterceptError::Request {
                     reason: format!("request head is larger than {limit} bytes"),
                     rule: None,
+                    named: None,
                 });
             }
             return Ok(Some(end));
@@ -677,6 +764,7 @@ async fn read_head<R: AsyncRead + Unpin>(
             return Err(InterceptError::Request {
                 reason: format!("request head is larger than {limit} bytes"),
                 rule: None,
+                named: None,
             });
         }
         let n = fill(reader, buf, idle).await?;
@@ -816,18 +904,24 @@ impl HeadFacts {
     }
 }
 
-/// The request target: never carrying the placeholder (plain or percent-encoded), and in
+/// The request target: never carrying the placeholder (plain or percent-encoded) nor one that
+/// is not the sandbox's (in any form, also once percent-decoded), and in
 /// absolute form only for the intercepted host.
 fn check_target(
     job: &Intercept<'_>,
     target: &str,
     placeholder: Option<&[u8]>,
 ) -> Result<(), Refusal> {
-    if let Some(p) = placeholder {
-        let decoded = percent_decode(target.as_bytes());
-        if contains(target.as_bytes(), p) || contains(&decoded, p) {
-            return Err(placeholder_in("the request target (URL)"));
-        }
+    let decoded = percent_decode(target.as_bytes());
+    for text in [target.as_bytes(), &decoded] {
+        job.guard
+            .check(text)
+            .map_err(|f| foreign_placeholder_in("the request target (URL)", f))?;
+    }
+    if let Some(p) = placeholder
+        && (contains(target.as_bytes(), p) || contains(&decoded, p))
+    {
+        return Err(placeholder_in("the request target (URL)"));
     }
     if !target.starts_with('/') && target != "*" {
         let uri: http::Uri = target
@@ -846,7 +940,8 @@ fn check_target(
     Ok(())
 }
 
-/// Checks every header (the placeholder in none but the credential's own, one Host and it
+/// Checks every header (no placeholder that is not the sandbox's in any, the credential's own
+/// placeholder in none but the credential's header, one Host and it
 /// the intercepted host, no Upgrade, no method override that echoes) and notes the body's
 /// framing.
 fn scan_headers(
@@ -859,6 +954,13 @@ fn scan_headers(
     for h in req.headers.iter() {
         let value = std::str::from_utf8(h.value).unwrap_or("").trim();
         let named = h.name.eq_ignore_ascii_case(&entry.name);
+        // The credential's own header too: the proxy replaces it, but a stale placeholder
+        // there is a tool acting with another sandbox's state.
+        for text in [h.name.as_bytes(), h.value] {
+            job.guard
+                .check(text)
+                .map_err(|f| foreign_placeholder_in(&format!("the {} header", h.name), f))?;
+        }
         if let Some(p) = placeholder
             && !named
             && (contains(h.value, p) || contains(h.name.as_bytes(), p))
@@ -987,67 +1089,6 @@ async fn copy_exact<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Reads one CRLF-terminated line (bounded) from `buf`/`r`, removes it from `buf`, returns it.
-async fn take_line<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-    idle: Duration,
-) -> Result<Vec<u8>, InterceptError> {
-    loop {
-        if let Some(p) = buf.windows(2).position(|w| w == b"\r\n") {
-            return Ok(buf.drain(..p + 2).collect());
-        }
-        if buf.len() > MAX_CHUNK_LINE {
-            return Err(InterceptError::Request {
-                reason: "chunk line too long".into(),
-                rule: None,
-            });
-        }
-        if fill(r, buf, idle).await? == 0 {
-            return Err(InterceptError::Io(io::ErrorKind::UnexpectedEof.into()));
-        }
-    }
-}
-
-/// Relays a chunked body unchanged, chunk by chunk, through its trailer.
-async fn copy_chunked<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-    w: &mut W,
-    idle: Duration,
-    counter: &AtomicU64,
-) -> Result<(), InterceptError> {
-    loop {
-        let line = take_line(r, buf, idle).await?;
-        let text = std::str::from_utf8(&line).unwrap_or("");
-        let size_text = text.split(';').next().unwrap_or("").trim();
-        let size = u64::from_str_radix(size_text, 16).map_err(|_| InterceptError::Request {
-            reason: format!("bad chunk size {size_text:?}"),
-            rule: None,
-        })?;
-        write_counted(w, &line, counter).await?;
-        if size == 0 {
-            // Trailer lines, then the empty line that ends the body.
-            loop {
-                let line = take_line(r, buf, idle).await?;
-                write_counted(w, &line, counter).await?;
-                if line == b"\r\n" {
-                    return Ok(());
-                }
-            }
-        }
-        copy_exact(r, buf, w, size, idle, counter).await?;
-        let end = take_line(r, buf, idle).await?;
-        if end != b"\r\n" {
-            return Err(InterceptError::Request {
-                reason: "chunk data longer than its size".into(),
-                rule: None,
-            });
-        }
-        write_counted(w, &end, counter).await?;
-    }
-}
-
 /// A stream that first yields `prefix` (bytes read before the TLS handshake began).
 struct Prefixed<'a> {
     prefix: Vec<u8>,
@@ -1122,6 +1163,9 @@ mod tests {
             scrubber: Arc::new(
                 Scrubber::new(&e.secret, "Bearer ", e.placeholder.as_deref()).unwrap(),
             ),
+            guard: Arc::new(
+                Guard::new(&e.placeholder.as_deref().into_iter().collect::<Vec<_>>()).unwrap(),
+            ),
             entry: e,
             index: 0,
             host: &host,
@@ -1138,7 +1182,7 @@ mod tests {
         String::from_utf8(r.bytes.clone()).unwrap()
     }
 
-    const PH: &str = "agent-sandbox-placeholder-TOKEN";
+    const PH: &str = "agent-sandbox-placeholder-TOKEN-0123456789abcdef0123456789abcdef";
 
     #[test]
     fn the_header_is_set_identity_asked_and_the_placeholder_nowhere_else() {
@@ -1175,7 +1219,7 @@ mod tests {
                 (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nOrigin: https://{PH}.x\r\n\r\n"), PLACEHOLDER_RULE, "Origin header"),
                 (format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nX-{PH}: 1\r\n\r\n"), PLACEHOLDER_RULE, "header"),
                 (format!("GET /?t={PH} HTTP/1.1\r\nHost: api.example.com\r\n\r\n"), PLACEHOLDER_RULE, "request target"),
-                ("GET /?t=agent-sandbox-placeholder%2dTOKEN HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), PLACEHOLDER_RULE, "request target"),
+                (format!("GET /?t={} HTTP/1.1\r\nHost: api.example.com\r\n\r\n", PH.replacen("placeholder-", "placeholder%2d", 1)), PLACEHOLDER_RULE, "request target"),
                 ("TRACE / HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), TRACE_RULE, "TRACE"),
                 ("track / HTTP/1.1\r\nHost: api.example.com\r\n\r\n".into(), TRACE_RULE, "track"),
                 ("POST / HTTP/1.1\r\nHost: api.example.com\r\nX-HTTP-Method-Override: TRACE\r\n\r\n".into(), TRACE_RULE, "Override"),
@@ -1189,6 +1233,123 @@ mod tests {
                 assert!(response.contains(&format!("X-Agent-Sandbox-Denied: {rule}\r\n")), "{response}");
                 assert!(response.contains("docs/egress.md"), "{response}");
             }
+        });
+    }
+
+    /// A fork's parent's placeholder (or a sibling's, or the fixed text of older runtimes) in
+    /// any place and form a request can carry it, the credential's own header included, is
+    /// refused with a 403 whose audit text names it; the sandbox's own passes in the header.
+    #[test]
+    fn placeholders_that_are_not_the_sandboxs_are_refused_everywhere() {
+        use agent_sandbox_policy::network::{legacy_placeholder_value, placeholder_value};
+        let parent = placeholder_value("TOKEN", "fedcba9876543210fedcba9876543210");
+        let e = entry(Some(PH));
+        with_job(&e, |job| {
+            let hex: String = parent.bytes().map(|b| format!("{b:02x}")).collect();
+            let percent: String = parent.bytes().map(|b| format!("%{b:02X}")).collect();
+            let json: String = parent
+                .chars()
+                .map(|c| format!("\\u{:04x}", u32::from(c)))
+                .collect();
+            for (head, why) in [
+                (
+                    format!(
+                        "GET / HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer {parent}\r\n\r\n"
+                    ),
+                    "Authorization header",
+                ),
+                (
+                    format!(
+                        "GET / HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer {}\r\n\r\n",
+                        legacy_placeholder_value("TOKEN")
+                    ),
+                    "Authorization header",
+                ),
+                (
+                    format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nX-Key: {hex}\r\n\r\n"),
+                    "X-Key header",
+                ),
+                (
+                    format!(
+                        "GET / HTTP/1.1\r\nHost: api.example.com\r\nX-Json: {{\"k\":\"{json}\"}}\r\n\r\n"
+                    ),
+                    "X-Json header",
+                ),
+                (
+                    format!("GET /?t={percent} HTTP/1.1\r\nHost: api.example.com\r\n\r\n"),
+                    "request target",
+                ),
+                (
+                    format!(
+                        "GET /?t={} HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                        parent.replacen("placeholder-", "placeholder%2d", 1)
+                    ),
+                    "request target",
+                ),
+            ] {
+                let refusal = rewrite(job, head.as_bytes()).unwrap_err();
+                assert_eq!(
+                    (refusal.status, refusal.rule),
+                    (403, Some(FOREIGN_PLACEHOLDER_RULE)),
+                    "{head:?}"
+                );
+                assert!(refusal.reason.contains(why), "{head:?}: {}", refusal.reason);
+                let named = refusal.named.clone().unwrap();
+                assert!(
+                    named.starts_with("agent-sandbox-placeholder")
+                        || named.starts_with("6167")
+                        || named.starts_with("%61")
+                        || named.starts_with("\\\\u0061"),
+                    "{named}"
+                );
+                let response = String::from_utf8(refusal.response()).unwrap();
+                assert!(
+                    response.contains(&format!(
+                        "X-Agent-Sandbox-Denied: {FOREIGN_PLACEHOLDER_RULE}\r\n"
+                    )),
+                    "{response}"
+                );
+            }
+            let r = rewrite(
+                job,
+                format!(
+                    "GET / HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer {PH}\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            assert!(
+                text(&r).contains("Authorization: Bearer s3cret\r\n"),
+                "{}",
+                text(&r)
+            );
+        });
+    }
+
+    /// The control: as the runtime configured every sandbox before placeholders had a suffix
+    /// (one fixed text for all), a fork's proxy took its parent's placeholder as its own and
+    /// added the secret; with per-sandbox placeholders the same request is refused.
+    #[test]
+    fn a_shared_fixed_placeholder_let_a_parents_through_where_a_per_sandbox_one_does_not() {
+        use agent_sandbox_policy::network::{legacy_placeholder_value, placeholder_value};
+        let request = |ph: &str| {
+            format!("GET / HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer {ph}\r\n\r\n")
+        };
+        let fixed = legacy_placeholder_value("TOKEN");
+        let naive = entry(Some(&fixed));
+        with_job(&naive, |job| {
+            let r = rewrite(job, request(&fixed).as_bytes()).unwrap();
+            assert!(text(&r).contains("Authorization: Bearer s3cret\r\n"));
+        });
+        let parent = placeholder_value("TOKEN", "fedcba9876543210fedcba9876543210");
+        let fork = placeholder_value("TOKEN", "00112233445566778899aabbccddeeff");
+        let forked = entry(Some(&fork));
+        with_job(&forked, |job| {
+            let refusal = rewrite(job, request(&parent).as_bytes()).unwrap_err();
+            assert_eq!(refusal.rule, Some(FOREIGN_PLACEHOLDER_RULE));
+            assert_eq!(refusal.named.as_deref(), Some(parent.as_str()));
+            let r = rewrite(job, request(&fork).as_bytes()).unwrap();
+            assert!(text(&r).contains("Authorization: Bearer s3cret\r\n"));
         });
     }
 
@@ -1236,29 +1397,6 @@ mod tests {
             }
         });
     }
-
-    #[tokio::test]
-    async fn chunked_bodies_are_relayed_exactly() {
-        let body = b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT";
-        let mut buf = body[..7].to_vec();
-        let mut rest: &[u8] = &body[7..];
-        let mut out = Vec::new();
-        let counter = AtomicU64::new(0);
-        copy_chunked(
-            &mut rest,
-            &mut buf,
-            &mut out,
-            Duration::from_secs(1),
-            &counter,
-        )
-        .await
-        .unwrap();
-        assert_eq!(out, &body[..body.len() - 4]);
-        // What follows the body stays for the next request.
-        let mut left = buf;
-        left.extend_from_slice(rest);
-        assert_eq!(left, b"NEXT");
-    }
 }
 
 #[cfg(test)]
@@ -1267,7 +1405,7 @@ mod body_tests {
     use crate::exchange::test_io::Trickle;
     use agent_sandbox_policy::network::DomainRule;
 
-    const PH: &str = "agent-sandbox-placeholder-TOKEN";
+    const PH: &str = "agent-sandbox-placeholder-TOKEN-0123456789abcdef0123456789abcdef";
 
     /// Runs the request side over `client` (read `step` bytes at a time): what reached the
     /// server, and what the response side was told.
@@ -1293,6 +1431,9 @@ mod body_tests {
             tls: Some(&tls),
             scrubber: Arc::new(
                 Scrubber::new(&e.secret, "Bearer ", e.placeholder.as_deref()).unwrap(),
+            ),
+            guard: Arc::new(
+                Guard::new(&e.placeholder.as_deref().into_iter().collect::<Vec<_>>()).unwrap(),
             ),
             entry: &e,
             index: 0,
@@ -1384,8 +1525,37 @@ mod body_tests {
         );
         let (up, told) = requests(raw.as_bytes(), 65536).await;
         assert!(!String::from_utf8_lossy(&up).contains(PH));
-        assert!(up.len() > long.len() - PH.len(), "the body did not stream");
+        // All but what the searches hold back (at most a few hundred bytes) went out.
+        assert!(up.len() > long.len() - 1024, "the body did not stream");
         assert_eq!(refused(&told).unwrap().rule, Some(PLACEHOLDER_RULE));
+    }
+
+    /// Another sandbox's placeholder in a body, short or streamed and split over reads, is
+    /// refused before it leaves; the refusal's audit text names it.
+    #[tokio::test]
+    async fn a_foreign_placeholder_in_a_body_never_leaves() {
+        let other = PH.replace("0123456789abcdef", "fedcba9876543210");
+        let body = format!("{{\"echo\": \"{other}\"}}");
+        let short = format!(
+            "POST /x HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (a, b) = other.split_at(30);
+        let chunked = format!(
+            "POST /s HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        );
+        for raw in [short, chunked] {
+            for step in [1, 5, 4096] {
+                let (up, told) = requests(raw.as_bytes(), step).await;
+                let up = String::from_utf8_lossy(&up);
+                assert!(!up.contains(&other[..30]), "{up}");
+                let r = refused(&told).unwrap();
+                assert_eq!(r.rule, Some(FOREIGN_PLACEHOLDER_RULE));
+                assert_eq!(r.named.as_deref(), Some(other.as_str()));
+            }
+        }
     }
 
     #[tokio::test]

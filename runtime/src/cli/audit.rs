@@ -107,7 +107,7 @@ pub(super) fn audit_exit(
     let id = ContainerId::try_from(id)?;
     let runtime = cli.runtime()?;
     if !runtime.dirs.sandbox(&id).exists() {
-        return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
+        return Err(crate::lifecycle::LookupError::NotExist { id }.into());
     }
     crate::sidecars::trail::exited(
         &runtime.dirs,

@@ -144,6 +144,7 @@ pub(super) fn restore(cli: &Cli, a: RestoreArgs) -> Result<(), CliError> {
             preserve_fds: 0,
             systemd_cgroup: cli.systemd_cgroup,
             reuse_change: None,
+            keep_placeholders: std::collections::BTreeMap::new(),
         },
         criu: a.criu.into(),
         detach: a.detach,

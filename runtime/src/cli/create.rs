@@ -33,5 +33,6 @@ fn create_opts(a: CreateArgs, systemd_cgroup: bool) -> CreateOpts {
         preserve_fds: a.preserve_fds,
         systemd_cgroup,
         reuse_change: None,
+        keep_placeholders: std::collections::BTreeMap::new(),
     }
 }

@@ -59,7 +59,7 @@ pub(super) fn exit_recorder(cli: &Cli, id: &str, idle_seconds: u64) -> Result<()
     let id = ContainerId::try_from(id)?;
     let runtime = cli.runtime()?;
     if !runtime.dirs.sandbox(&id).exists() {
-        return Err(crate::lifecycle::LifecycleError::NotExist { id }.into());
+        return Err(crate::lifecycle::LookupError::NotExist { id }.into());
     }
     let input = std::io::stdin().as_fd().try_clone_to_owned();
     let output = std::io::stdout().as_fd().try_clone_to_owned();

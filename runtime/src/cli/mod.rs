@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::lifecycle::{LifecycleError, Runtime};
+use crate::lifecycle::Runtime;
 use crate::logging::LogFormat;
 
 mod audit;
@@ -332,28 +332,7 @@ pub enum Command {
     },
     /// Apply a sandbox's workspace changes to a directory, refusing anything that could act
     /// on the host (links out of the tree, protected names, .git internals; docs/promote.md)
-    Promote {
-        /// The directory to apply the changes to (e.g. the checkout the workspace came from)
-        #[arg(long = "to")]
-        to: PathBuf,
-        /// Print the plan (and what would be refused) without changing anything
-        #[arg(long = "dry-run")]
-        dry_run: bool,
-        /// Apply only if the change set still has this digest (`sha256:…`, as the dry run
-        /// printed it): what was reviewed is what is applied
-        #[arg(long)]
-        digest: Option<String>,
-        /// Also fast-forward the target's current branch to the sandbox's commit for it,
-        /// refusing if that branch moved (docs/promote.md#advance)
-        #[arg(long)]
-        advance: bool,
-        /// Also promote the files the checkout's .gitignore ignores (`__pycache__`, build
-        /// output), which are left out by default (docs/promote.md#ignored)
-        #[arg(long = "include-ignored")]
-        include_ignored: bool,
-        #[arg(value_name = "ID", help = REVIEW_ID_HELP)]
-        id: String,
-    },
+    Promote(PromoteArgs),
     /// Kept workspace change sets (docs/workspace.md): list them (`changes`), drop one
     /// (`changes discard ID`), or apply the retention limits now (`changes prune`)
     Changes {
@@ -438,6 +417,31 @@ pub enum PolicyAction {
     },
 }
 
+// `promote`'s arguments (no doc comment: clap would take it for the command's about).
+#[derive(Debug, Args)]
+pub struct PromoteArgs {
+    /// The directory to apply the changes to (e.g. the checkout the workspace came from)
+    #[arg(long = "to")]
+    pub to: PathBuf,
+    /// Print the plan (and what would be refused) without changing anything
+    #[arg(long = "dry-run")]
+    pub dry_run: bool,
+    /// Apply only if the change set still has this digest (`sha256:…`, as the dry run
+    /// printed it): what was reviewed is what is applied
+    #[arg(long)]
+    pub digest: Option<String>,
+    /// Also fast-forward the target's current branch to the sandbox's commit for it,
+    /// refusing if that branch moved (docs/promote.md#advance)
+    #[arg(long)]
+    pub advance: bool,
+    /// Also promote the files the checkout's .gitignore ignores (`__pycache__`, build
+    /// output), which are left out by default (docs/promote.md#ignored)
+    #[arg(long = "include-ignored")]
+    pub include_ignored: bool,
+    #[arg(value_name = "ID", help = REVIEW_ID_HELP)]
+    pub id: String,
+}
+
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     #[arg(short, long, default_value = ".")]
@@ -518,7 +522,19 @@ pub enum CliError {
     #[error(transparent)]
     Id(#[from] crate::state::IdError),
     #[error(transparent)]
-    Lifecycle(#[from] crate::lifecycle::LifecycleError),
+    Paths(#[from] crate::state::paths::PathsError),
+    #[error(transparent)]
+    Lookup(#[from] crate::lifecycle::LookupError),
+    #[error(transparent)]
+    Create(#[from] crate::lifecycle::CreateError),
+    #[error(transparent)]
+    State(#[from] crate::lifecycle::StateError),
+    #[error(transparent)]
+    Workspace(#[from] crate::lifecycle::WorkspaceError),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::lifecycle::CheckpointError),
+    #[error(transparent)]
+    Sidecar(#[from] crate::lifecycle::SidecarError),
     #[error(transparent)]
     Delete(#[from] crate::lifecycle::DeleteError),
     #[error(transparent)]
@@ -648,7 +664,6 @@ pub fn may_need_sealed_binary(args: &[std::ffi::OsString]) -> bool {
 }
 
 /// Runs one command.
-#[expect(clippy::too_many_lines)]
 pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
     if cli.version {
         print!("{}", version_text());
@@ -707,24 +722,7 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
             id,
         } => workspace::diff(cli, &id, patch, stat, ignored)?,
         Command::Export { to_dir, to_tar, id } => workspace::export(cli, &id, to_dir, to_tar)?,
-        Command::Promote {
-            to,
-            dry_run,
-            digest,
-            advance,
-            include_ignored,
-            id,
-        } => workspace::promote(
-            cli,
-            &id,
-            to,
-            workspace::PromoteFlags {
-                dry_run,
-                digest: digest.as_deref(),
-                advance,
-                include_ignored,
-            },
-        )?,
+        Command::Promote(a) => workspace::promote(cli, a)?,
         Command::Changes { action } => workspace::changes(cli, action)?,
         Command::ExecExit { exec_id, pid, id } => internal::exec_exit(cli, &id, &exec_id, pid)?,
         Command::ExitRecorder { idle_seconds, id } => {
@@ -745,7 +743,7 @@ pub fn run(mut cli: Cli) -> Result<Outcome, CliError> {
 
 impl Cli {
     /// The runtime on `--root`, with `--audit-dir` for the sandboxes it creates.
-    fn runtime(&self) -> Result<Runtime, LifecycleError> {
+    fn runtime(&self) -> Result<Runtime, crate::state::paths::PathsError> {
         Runtime::new(self.root.as_deref()).map(|mut r| {
             r.audit_dir = self.audit_dir.clone();
             if let Some(dir) = &self.profiles_dir {

@@ -66,39 +66,20 @@ pub(super) fn export(
     Ok(())
 }
 
-/// `promote`'s flags.
-pub(super) struct PromoteFlags<'a> {
-    pub dry_run: bool,
-    pub digest: Option<&'a str>,
-    pub advance: bool,
-    pub include_ignored: bool,
-}
-
 /// `promote ID --to DIR [--dry-run] [--digest D] [--advance] [--include-ignored]`.
-pub(super) fn promote(
-    cli: &Cli,
-    id: &str,
-    to: PathBuf,
-    flags: PromoteFlags<'_>,
-) -> Result<(), CliError> {
-    let PromoteFlags {
-        dry_run,
-        digest,
-        advance,
-        include_ignored,
-    } = flags;
-    let found = found(cli, id)?;
+pub(super) fn promote(cli: &Cli, a: super::PromoteArgs) -> Result<(), CliError> {
+    let found = found(cli, &a.id)?;
     // Absolute, so the audit record names the directory whatever the caller's cwd.
-    let to = std::path::absolute(&to).unwrap_or(to);
+    let to = std::path::absolute(&a.to).unwrap_or(a.to);
     let req = crate::report::promote::Request {
         found: &found,
         to: &to,
-        dry_run,
-        digest,
+        dry_run: a.dry_run,
+        digest: a.digest.as_deref(),
         policy: cli.policy.as_deref(),
         audit_dir: cli.audit_dir.as_deref(),
-        advance,
-        include_ignored,
+        advance: a.advance,
+        include_ignored: a.include_ignored,
     };
     crate::report::promote::run(&req, &mut std::io::stdout().lock())?;
     Ok(())

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use libcontainer::oci_spec::runtime::Mount;
 use std::sync::Arc;
 
-use super::{Hardened, Host, Ids, Result};
+use super::{CreateError, Hardened, Host, Ids, Result};
 use crate::enforce::executor::SandboxExecutor;
-use crate::lifecycle::{self, CreateOpts, LifecycleError, Runtime};
+use crate::lifecycle::{self, CreateOpts, Runtime};
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -34,7 +34,7 @@ impl Runtime {
                     &host.sandbox_dir,
                     &agent_sandbox_policy::apparmor::loaded_profile(&hardened.plan.policy),
                 )
-                .map_err(LifecycleError::AppArmor)?;
+                .map_err(CreateError::AppArmor)?;
         }
         if let Some(m) = &ids.member {
             m.record(&host.sandbox_dir)?;
@@ -61,7 +61,7 @@ impl Runtime {
         std::fs::create_dir_all(&bundle).map_err(|e| crate::files::FileError::write(&bundle, e))?;
         let config = bundle.join("config.json");
         spec.save(&config)
-            .map_err(|source| LifecycleError::BundleConfig {
+            .map_err(|source| CreateError::BundleConfig {
                 path: config.clone(),
                 source,
             })?;

@@ -11,10 +11,11 @@ use std::sync::Arc;
 
 use libcontainer::oci_spec::runtime::Spec;
 
+use super::CreateError;
 use super::engine::fake::{Call, FakeEngine};
 use super::host_procs::fake::{FakeProcs, Step};
 use crate::harden::Ceiling;
-use crate::lifecycle::{LifecycleError, Runtime};
+use crate::lifecycle::Runtime;
 use crate::sidecars::egress::EgressError;
 use crate::sidecars::syscall_audit::SyscallAuditError;
 use crate::state::ContainerId;
@@ -73,7 +74,7 @@ impl Fixture {
     }
 
     /// `create` of `spec` under the built-in ceiling.
-    fn create(&self, spec: &Spec) -> Result<(), LifecycleError> {
+    fn create(&self, spec: &Spec) -> Result<(), CreateError> {
         spec.save(self.bundle().join("config.json")).unwrap();
         let ceiling = Ceiling::load(None).unwrap();
         self.runtime.create(
@@ -83,7 +84,7 @@ impl Fixture {
         )
     }
 
-    fn create_failing(&self, spec: &Spec) -> LifecycleError {
+    fn create_failing(&self, spec: &Spec) -> CreateError {
         self.create(spec).expect_err("the create should fail")
     }
 
@@ -201,7 +202,7 @@ struct Case {
     /// Whether libcontainer's create makes a container (else it refuses).
     builds: bool,
     /// The error the create must return.
-    error: fn(&LifecycleError, &Fixture) -> bool,
+    error: fn(&CreateError, &Fixture) -> bool,
     /// Whether the failure came after the sandbox's record (and its audit log) was
     /// written: clean-up then also detaches the rootfs mount it names.
     recorded: bool,
@@ -229,9 +230,9 @@ fn pod_sandbox(id: &ContainerId) -> Spec {
     ])
 }
 
-fn harden_error(err: &LifecycleError) -> Option<&agent_sandbox_policy::harden::HardenError> {
+fn harden_error(err: &CreateError) -> Option<&agent_sandbox_policy::harden::HardenError> {
     match err {
-        LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)) => Some(e),
+        CreateError::Sandbox(crate::harden::SandboxError::Harden(e)) => Some(e),
         _ => None,
     }
 }
@@ -268,7 +269,7 @@ fn cases_before_install() -> Vec<Case> {
             spec: |_| {
                 spec_with_annotations(&[(crate::pod::CONTAINER_TYPE_ANNOTATION, "container")])
             },
-            error: |e, _| matches!(e, LifecycleError::Pod(_)),
+            error: |e, _| matches!(e, CreateError::Pod(_)),
             recorded: false,
             userns: false,
             ..base(false)
@@ -282,7 +283,7 @@ fn cases_before_install() -> Vec<Case> {
                 spec.set_root(None);
                 spec
             },
-            error: |e, f| matches!(e, LifecycleError::NoRoot { bundle } if bundle == &f.bundle()),
+            error: |e, f| matches!(e, CreateError::NoRoot { bundle } if bundle == &f.bundle()),
             recorded: false,
             userns: false,
             ..base(false)
@@ -313,7 +314,7 @@ fn cases_before_install() -> Vec<Case> {
             error: |e, _| {
                 matches!(
                     e,
-                    LifecycleError::Userns(crate::host::userns::UsernsError::Create { .. })
+                    CreateError::Userns(crate::host::userns::UsernsError::Create { .. })
                 )
             },
             ..base(false)
@@ -342,9 +343,7 @@ fn cases_before_build() -> Vec<Case> {
             error: |e, _| {
                 matches!(
                     e,
-                    LifecycleError::AppArmor(
-                        crate::host::apparmor::AppArmorError::NotLoaded { .. }
-                    )
+                    CreateError::AppArmor(crate::host::apparmor::AppArmorError::NotLoaded { .. })
                 )
             },
             taken: [&INSTALL[..1]].concat(),
@@ -353,14 +352,14 @@ fn cases_before_build() -> Vec<Case> {
         Case {
             name: "mountpoints",
             fail: &[Step::MountPoints],
-            error: |e, f| matches!(e, LifecycleError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. }) if path == &f.bundle().join("rootfs")),
+            error: |e, f| matches!(e, CreateError::Mount(crate::enforce::mounts::MountError::MountPoint { path, .. }) if path == &f.bundle().join("rootfs")),
             taken: [&INSTALL[..2]].concat(),
             ..base(false)
         },
         Case {
             name: "bindroot",
             fail: &[Step::BindRootfs],
-            error: |e, f| matches!(e, LifecycleError::Mount(crate::enforce::mounts::MountError::Bind { src, .. }) if src == &f.bundle().join("rootfs")),
+            error: |e, f| matches!(e, CreateError::Mount(crate::enforce::mounts::MountError::Bind { src, .. }) if src == &f.bundle().join("rootfs")),
             taken: [&INSTALL[..3]].concat(),
             ..base(false)
         },
@@ -370,7 +369,7 @@ fn cases_before_build() -> Vec<Case> {
             error: |e, _| {
                 matches!(
                     e,
-                    LifecycleError::Cgroups(crate::host::cgroups::CgroupsError::File(_))
+                    CreateError::Cgroups(crate::host::cgroups::CgroupsError::File(_))
                 )
             },
             taken: [&INSTALL[..]].concat(),
@@ -380,7 +379,7 @@ fn cases_before_build() -> Vec<Case> {
         Case {
             name: "supstart",
             fail: &[Step::StartSupervisor],
-            error: |e, _| matches!(e, LifecycleError::SyscallAudit(SyscallAuditError::Spawn(_))),
+            error: |e, _| matches!(e, CreateError::SyscallAudit(SyscallAuditError::Spawn(_))),
             taken: [&INSTALL[..], &SPAWN[..1]].concat(),
             ..base(false)
         },
@@ -391,7 +390,7 @@ fn cases_before_build() -> Vec<Case> {
             error: |e, _| {
                 matches!(
                     e,
-                    LifecycleError::SyscallAudit(SyscallAuditError::Connect { .. })
+                    CreateError::SyscallAudit(SyscallAuditError::Connect { .. })
                 )
             },
             taken: [&INSTALL[..], &SPAWN[..2]].concat(),
@@ -401,14 +400,14 @@ fn cases_before_build() -> Vec<Case> {
         Case {
             name: "proxystart",
             fail: &[Step::PrespawnProxy],
-            error: |e, _| matches!(e, LifecycleError::Egress(EgressError::Spawn(_))),
+            error: |e, _| matches!(e, CreateError::Egress(EgressError::Spawn(_))),
             taken: [&INSTALL[..], &SPAWN[..]].concat(),
             ..base(false)
         },
         // Phase 5 (build): libcontainer's create fails after both sidecars started.
         Case {
             name: "build",
-            error: |e, _| matches!(e, LifecycleError::Container { op: "create", .. }),
+            error: |e, _| matches!(e, CreateError::Container { op: "create", .. }),
             taken: [&INSTALL[..], &SPAWN[..]].concat(),
             engine: Engine::Refused,
             ..base(false)
@@ -428,7 +427,7 @@ fn cases_after_build() -> Vec<Case> {
             error: |e, _| {
                 matches!(
                     e,
-                    LifecycleError::Mount(crate::enforce::mounts::MountError::GuardOption { .. })
+                    CreateError::Mount(crate::enforce::mounts::MountError::GuardOption { .. })
                 )
             },
             taken: [&INSTALL[..], &SPAWN[..], &BUILT[..]].concat(),
@@ -438,7 +437,7 @@ fn cases_after_build() -> Vec<Case> {
         Case {
             name: "lo",
             fail: &[Step::LoopbackUp],
-            error: |e, _| matches!(e, LifecycleError::Loopback(_)),
+            error: |e, _| matches!(e, CreateError::Loopback(_)),
             taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..1]].concat(),
             ..base(true)
         },
@@ -447,7 +446,7 @@ fn cases_after_build() -> Vec<Case> {
             name: "pin",
             spec: pod_sandbox,
             fail: &[Step::PinPod],
-            error: |e, _| matches!(e, LifecycleError::Pod(crate::pod::PodError::Pin { .. })),
+            error: |e, _| matches!(e, CreateError::Pod(crate::pod::PodError::Pin { .. })),
             taken: [
                 &INSTALL[..],
                 &SPAWN[..],
@@ -462,7 +461,7 @@ fn cases_after_build() -> Vec<Case> {
         Case {
             name: "bind",
             fail: &[Step::FinishProxy],
-            error: |e, _| matches!(e, LifecycleError::Egress(EgressError::NotReady { .. })),
+            error: |e, _| matches!(e, CreateError::Egress(EgressError::NotReady { .. })),
             taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..2]].concat(),
             ..base(true)
         },
@@ -474,7 +473,7 @@ fn cases_after_build() -> Vec<Case> {
             error: |e, _| {
                 matches!(
                     e,
-                    LifecycleError::SyscallAudit(SyscallAuditError::NotReady { .. })
+                    CreateError::SyscallAudit(SyscallAuditError::NotReady { .. })
                 )
             },
             taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..]].concat(),
@@ -486,7 +485,7 @@ fn cases_after_build() -> Vec<Case> {
             name: "record",
             spec: podman,
             fail: &[Step::VerifyLimits],
-            error: |e, _| matches!(e, LifecycleError::Cgroups(_)),
+            error: |e, _| matches!(e, CreateError::Cgroups(_)),
             taken: [
                 &INSTALL[..],
                 &SPAWN[..],
@@ -503,7 +502,7 @@ fn cases_after_build() -> Vec<Case> {
             name: "oom",
             spec: podman,
             fail: &[Step::WatchOom, Step::VerifyLimits],
-            error: |e, _| matches!(e, LifecycleError::Cgroups(_)),
+            error: |e, _| matches!(e, CreateError::Cgroups(_)),
             taken: [
                 &INSTALL[..],
                 &SPAWN[..],
@@ -650,7 +649,7 @@ fn the_spec_joins_the_user_namespace_owned_by_the_sandboxs_host_root_id() {
     // The fake engine refuses to build: hardening, with `verify_in_userns`, passed.
     let err = f.create_failing(&Spec::default());
     assert!(
-        matches!(err, LifecycleError::Container { op: "create", .. }),
+        matches!(err, CreateError::Container { op: "create", .. }),
         "{err:?}"
     );
     let userns = f.procs.userns().expect("the user namespace was asked for");

@@ -71,6 +71,7 @@ pub(crate) fn create_opts(bundle: std::path::PathBuf) -> crate::lifecycle::Creat
         preserve_fds: 0,
         systemd_cgroup: false,
         reuse_change: None,
+        keep_placeholders: std::collections::BTreeMap::new(),
     }
 }
 

@@ -9,13 +9,13 @@ use agent_sandbox_policy::Compiled;
 use agent_sandbox_policy::harden::HostFacts;
 use libcontainer::oci_spec::runtime::Spec;
 
-use super::{Hardened, Host, Ids, Result};
+use super::{CreateError, Hardened, Host, Ids, Result};
 use crate::enforce;
 use crate::enforce::executor::SandboxExecutor;
 use crate::enforce::mounts;
 use crate::harden::Ceiling;
 use crate::host::{idmap, rlimits};
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime};
+use crate::lifecycle::{CreateOpts, Runtime};
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -53,13 +53,18 @@ impl Runtime {
             plan.clamped
                 .extend(rlimits::raise(&rlimits::ThisProcess, process)?);
         }
+        // A member's are its pod's (one proxy serves the pod); a restore in place keeps its
+        // own; anything else gets new ones.
+        let keep = member.map_or(&opts.keep_placeholders, |m| &m.placeholders);
+        plan.credential_placeholders = crate::sidecars::tls_trust::placeholders(&plan.policy, keep)
+            .map_err(CreateError::Trust)?;
         // Saved once its clamps are complete; exec, `update`, the proxy and a pod's members
         // read it from here on.
         host.sandbox_dir.plan().write(&plan)?;
         let policy = &plan.policy;
         if let Some(process) = spec.process_mut().as_mut() {
             crate::sidecars::egress::inject_env(process, policy);
-            crate::sidecars::tls_trust::inject_env(process, policy);
+            crate::sidecars::tls_trust::inject_env(process, &plan);
         }
         let pod_mount_dir = match member {
             Some(m) => Some(crate::harden::mount_dir(&self.dirs, &m.pod)?),
@@ -75,7 +80,7 @@ impl Runtime {
             &host.rootfs_src,
             pod_mount_dir.as_deref(),
         )
-        .map_err(LifecycleError::Trust)?;
+        .map_err(CreateError::Trust)?;
         enforce::apply_runtime_facts(&mut spec, &host.record.rootfs_mount)?;
         let cgroups = crate::host::cgroups::place(
             &crate::host::cgroups::RealHost,
@@ -88,7 +93,7 @@ impl Runtime {
         // Saves the `poststop` hooks for delete.
         let start_hooks =
             crate::enforce::hooks::prepare(&mut spec, &opts.bundle, &host.sandbox_dir)
-                .map_err(LifecycleError::Hook)?;
+                .map_err(CreateError::Hook)?;
         // Keep this as the last step: the spec is checked as libcontainer will get it.
         match (member, &host.userns) {
             (Some(m), _) => crate::pod::verify_member(&spec, m)?,

@@ -2,10 +2,10 @@
 
 use libcontainer::oci_spec::runtime::Spec;
 
-use super::{Host, Ids, Marks, Result};
+use super::{CreateError, Host, Ids, Marks, Result};
 use crate::enforce::mounts;
 use crate::harden::Ceiling;
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
+use crate::lifecycle::{CreateOpts, Runtime, SandboxRecord};
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -24,7 +24,7 @@ impl Runtime {
         let sandbox_dir = self.dirs.sandbox(id);
         let mount_dir = crate::harden::mount_dir(&self.dirs, id)?;
         let rootfs_src = {
-            let root = spec.root().as_ref().ok_or(LifecycleError::NoRoot {
+            let root = spec.root().as_ref().ok_or(CreateError::NoRoot {
                 bundle: opts.bundle.clone(),
             })?;
             let p = root.path();
@@ -36,7 +36,7 @@ impl Runtime {
         };
         mounts::mkdir_traversable(sandbox_dir.path())?;
         crate::sidecars::trail::init(&self.dirs, id, self.audit_dir.as_deref())
-            .map_err(LifecycleError::Audit)?;
+            .map_err(CreateError::Audit)?;
         crate::report::find::remember(&self.dirs, id, spec.annotations().as_ref());
         marks.mark("audit_init");
         let record = SandboxRecord {
@@ -58,7 +58,7 @@ impl Runtime {
             let made = self
                 .procs()
                 .own_userns(&ids.ids, &policy.ucounts, &pin)
-                .map_err(LifecycleError::Userns)?;
+                .map_err(CreateError::Userns)?;
             marks.mark("userns");
             Some(made)
         } else {
@@ -98,21 +98,26 @@ impl Runtime {
     ) -> Result<Option<crate::report::changes::Created>> {
         Ok(match &opts.reuse_change {
             Some(c) if c.from == id.as_str() => {
-                self.reopened_change_set(id, spec, policy, mount_dir, &c.change)?
+                self.reopened_change_set(id, spec, policy, mount_dir, c)?
             }
             Some(c) => {
+                // The source checked before this sandbox gets a change set of its own.
+                let source = agent_sandbox_policy::harden::workspace_source(spec, policy)
+                    .map(|workspace| {
+                        let store = crate::report::changes::Store::locate()?;
+                        crate::report::changes::copy_source(
+                            &store,
+                            &c.image(),
+                            &self.dirs.root,
+                            &workspace,
+                        )
+                    })
+                    .transpose()
+                    .map_err(CreateError::Changes)?;
                 let created = self.new_change_set(id, spec, policy, mount_dir, rootless)?;
-                if let Some(created) = &created {
-                    let store =
-                        crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
-                    crate::report::changes::copy_layer(
-                        &store,
-                        &self.dirs.root,
-                        &c.from,
-                        &c.change,
-                        created,
-                    )
-                    .map_err(LifecycleError::Changes)?;
+                if let (Some(created), Some(source)) = (&created, &source) {
+                    crate::report::changes::copy_layer(source, created)
+                        .map_err(CreateError::Changes)?;
                     if let Some((from, to)) = c.reown {
                         super::restore::reown_layer(&created.base.join("upper"), from, to)?;
                     }
@@ -137,7 +142,7 @@ impl Runtime {
         let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
             return Ok(None);
         };
-        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let store = crate::report::changes::Store::locate().map_err(CreateError::Changes)?;
         let created = crate::report::changes::create(
             &store,
             &crate::report::changes::NewChangeSet {
@@ -150,7 +155,7 @@ impl Runtime {
                 rootless,
             },
         )
-        .map_err(LifecycleError::Changes)?;
+        .map_err(CreateError::Changes)?;
         self.record_change_set(id, source, &created)?;
         Ok(Some(created))
     }
@@ -184,20 +189,19 @@ impl Runtime {
         spec: &Spec,
         policy: &agent_sandbox_policy::SandboxPolicy,
         mount_dir: &std::path::Path,
-        change: &str,
+        restored: &crate::lifecycle::RestoredChange,
     ) -> Result<Option<crate::report::changes::Created>> {
         let Some(source) = agent_sandbox_policy::harden::workspace_source(spec, policy) else {
             return Ok(None);
         };
-        let store = crate::report::changes::Store::locate().map_err(LifecycleError::Changes)?;
+        let store = crate::report::changes::Store::locate().map_err(CreateError::Changes)?;
         let created = crate::report::changes::reopen(
             &store,
-            change,
+            &restored.image(),
             &self.dirs.root,
-            id.as_str(),
             &mount_dir.join("workspace"),
         )
-        .map_err(LifecycleError::Changes)?;
+        .map_err(CreateError::Changes)?;
         self.record_change_set(id, source, &created)?;
         Ok(Some(created))
     }
@@ -212,5 +216,5 @@ fn effective_policy(spec: &Spec, ceiling: &Ceiling) -> Result<agent_sandbox_poli
         &ceiling.policy,
         ceiling.admin_profile(),
     )
-    .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))
+    .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))
 }

@@ -41,13 +41,93 @@ use libcontainer::oci_spec::runtime::Spec;
 
 use crate::harden::Ceiling;
 use crate::host::idmap::IdRange;
-use crate::lifecycle::{CreateOpts, LifecycleError, Runtime, SandboxRecord};
+use crate::lifecycle::{
+    BuildError, CreateOpts, LookupError, PlanError, Runtime, SandboxRecord, WatchdogError,
+};
 use crate::state::ContainerId;
 use marks::Marks;
 
 pub use restore::RestoreOpts;
 
-type Result<T> = std::result::Result<T, LifecycleError>;
+/// Errors of `create` and of `restore` (a create from a checkpoint image: what only restore
+/// does is its [`Restore`](CreateError::Restore) variant). The other operations have one type
+/// each (`crate::lifecycle`). Messages read like runc's where callers match on them
+/// ("container with id ... already exists").
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("container with id {id} already exists")]
+    Exists { id: ContainerId },
+    #[error("cannot read bundle config {path}")]
+    BundleConfig {
+        path: PathBuf,
+        #[source]
+        source: libcontainer::oci_spec::OciSpecError,
+    },
+    #[error("bundle {bundle} has no root.path in config.json")]
+    NoRoot { bundle: PathBuf },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error(transparent)]
+    Watchdog(#[from] WatchdogError),
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    #[error(transparent)]
+    Paths(#[from] crate::state::paths::PathsError),
+    #[error(transparent)]
+    IdMap(#[from] crate::host::idmap::IdMapError),
+    #[error(transparent)]
+    Mount(#[from] crate::enforce::mounts::MountError),
+    #[error(transparent)]
+    Enforce(#[from] crate::enforce::EnforceError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::harden::SandboxError),
+    #[error(transparent)]
+    Pod(#[from] crate::pod::PodError),
+    #[error("network layer: the egress proxy")]
+    Egress(#[source] crate::sidecars::egress::EgressError),
+    #[error("cannot set up the sandbox's CA for https credential injection")]
+    Trust(#[source] crate::sidecars::tls_trust::TrustError),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("layers record")]
+    Layers(#[source] crate::report::layers::LayersError),
+    #[error("apparmor layer")]
+    AppArmor(#[source] crate::host::apparmor::AppArmorError),
+    #[error("hooks")]
+    Hook(#[source] crate::enforce::hooks::HookError),
+    #[error("denied-syscall audit")]
+    SyscallAudit(#[from] crate::sidecars::syscall_audit::SyscallAuditError),
+    #[error("workspace changes")]
+    Changes(#[source] crate::report::changes::ChangesError),
+    #[error("cannot bring lo up in the sandbox network namespace")]
+    Loopback(#[source] agent_sandbox_sys::LoopbackError),
+    #[error("cgroups layer")]
+    Cgroups(#[from] crate::host::cgroups::CgroupsError),
+    #[error(transparent)]
+    Rlimit(#[from] crate::host::rlimits::RlimitError),
+    #[error("per-user kernel counts: the sandbox's own user namespace")]
+    Userns(#[source] crate::host::userns::UsernsError),
+    #[error("{op} failed")]
+    Container {
+        op: &'static str,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+    #[error("create failed: cannot set sysctl {settings} in the sandbox")]
+    Sysctl {
+        settings: String,
+        #[source]
+        source: Box<libcontainer::error::LibcontainerError>,
+    },
+    #[error(transparent)]
+    Restore(Box<restore::RestoreError>),
+}
+
+type Result<T> = std::result::Result<T, CreateError>;
 
 /// Phase 1: who the sandbox is among its pod, and its host ids.
 struct Ids {
@@ -115,12 +195,12 @@ impl Runtime {
     /// `create`: prepares the sandbox and leaves its init waiting for `start`.
     pub fn create(&self, id: &ContainerId, opts: &CreateOpts, ceiling: &Ceiling) -> Result<()> {
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
-            return Err(LifecycleError::Exists { id: id.clone() });
+            return Err(CreateError::Exists { id: id.clone() });
         }
         let marks = Marks::start();
         crate::host::cgroups::warm::start();
         let config = opts.bundle.join("config.json");
-        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        let spec = Spec::load(&config).map_err(|source| CreateError::BundleConfig {
             path: config.clone(),
             source,
         })?;
@@ -145,7 +225,7 @@ impl Runtime {
     ) -> Result<()> {
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
-            .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+            .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
         let ids = self.assign_ids(id, &spec)?;
         // Before anything is set up for the sandbox: the admin's profile its annotation
         // names, read once; exec and a pod's members use the copy saved with the ceiling.

@@ -3,8 +3,8 @@
 
 use std::borrow::Cow;
 
-use super::{Hardened, Host, Ids, Marks, Result};
-use crate::lifecycle::{LifecycleError, Runtime};
+use super::{CreateError, Hardened, Host, Ids, Marks, Result};
+use crate::lifecycle::Runtime;
 use crate::state::ContainerId;
 
 impl Runtime {
@@ -27,11 +27,11 @@ impl Runtime {
             &hardened.plan.layers,
             &hardened.plan.clamped,
         )
-        .map_err(LifecycleError::Audit)?;
+        .map_err(CreateError::Audit)?;
         if let Some(process) = spec.process() {
             let init = crate::sidecars::trail::ProcessName::init();
             crate::sidecars::trail::exec(&self.dirs, id, process, spec, &init)
-                .map_err(LifecycleError::Audit)?;
+                .map_err(CreateError::Audit)?;
             crate::sidecars::trail::tag_exec(&self.dirs, id, pid, process, spec, &init);
         }
         marks.mark("audit");
@@ -79,7 +79,7 @@ impl Runtime {
             ucounts_pod,
             crate::report::layers::masked_secrets(spec, &hardened.plan.policy, &host.placeholders),
         )
-        .map_err(LifecycleError::Layers)?;
+        .map_err(CreateError::Layers)?;
         // Last: `start` runs no init of a sandbox without it.
         crate::files::write(&host.sandbox_dir.create_done(), b"")?;
         tracing::info!(

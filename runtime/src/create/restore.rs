@@ -21,13 +21,13 @@ use agent_sandbox_policy::layers::{Layer, Requirement};
 use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::Spec;
 
-use super::{Hardened, Host, Ids, Marks, Result};
+use super::{CreateError, Hardened, Host, Ids, Marks, Result};
 use crate::enforce::restored::{self, Expected};
 use crate::harden::Ceiling;
 use crate::host::criu::{self, CriuError};
 use crate::host::criu_image;
 use crate::lifecycle::checkpoint::{CriuFlags, FORMAT, Manifest, not_carried};
-use crate::lifecycle::{CreateOpts, LifecycleError, RestoredChange, Runtime};
+use crate::lifecycle::{CreateOpts, RestoredChange, Runtime};
 use crate::state::ContainerId;
 
 /// Options of `restore`: runc's flags, by runc's names.
@@ -99,6 +99,11 @@ pub enum RestoreError {
     LiveRule(#[source] Box<crate::sidecars::allow::AllowError>),
     #[error("cannot place CRIU in the sandbox's cgroup")]
     Cgroup(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error(
+        "the image's manifest names digest {named}, its files have {computed} \
+         (docs/checkpoint.md#refused)"
+    )]
+    Digest { named: String, computed: String },
     #[error("cannot copy the checkpoint image (docs/checkpoint.md#image)")]
     Copy(#[source] criu_image::CriuImageError),
     #[error("cannot give the fork its own host id block (docs/checkpoint.md#fork)")]
@@ -107,8 +112,8 @@ pub enum RestoreError {
     Reown(#[source] crate::host::reown::ReownError),
 }
 
-fn fail(e: RestoreError) -> LifecycleError {
-    LifecycleError::Restore(Box::new(e))
+fn fail(e: RestoreError) -> CreateError {
+    CreateError::Restore(Box::new(e))
 }
 
 impl RestoreOpts {
@@ -152,10 +157,10 @@ impl Runtime {
             return Err(fail(RestoreError::Rootless));
         }
         if self.dirs.container(id).exists() || self.dirs.sandbox(id).exists() {
-            return Err(LifecycleError::Exists { id: id.clone() });
+            return Err(CreateError::Exists { id: id.clone() });
         }
         let config = opts.create.bundle.join("config.json");
-        let spec = Spec::load(&config).map_err(|source| LifecycleError::BundleConfig {
+        let spec = Spec::load(&config).map_err(|source| CreateError::BundleConfig {
             path: config.clone(),
             source,
         })?;
@@ -216,6 +221,15 @@ impl Runtime {
                 found: manifest.format,
             }));
         }
+        // Of the copy, before a fork rewrites its id maps: the digest the change set's
+        // binding is checked against, and the one the `restored` record names.
+        let computed = criu::image_digest(copy).map_err(|e| fail(e.into()))?;
+        if computed != manifest.image_digest {
+            return Err(fail(RestoreError::Digest {
+                named: manifest.image_digest,
+                computed,
+            }));
+        }
         Ok(manifest)
     }
 
@@ -236,7 +250,7 @@ impl Runtime {
         let criu = criu::Runner::start_locating();
         let mut spec = spec;
         agent_sandbox_policy::profiles::annotation_from_env(&mut spec)
-            .map_err(|e| LifecycleError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
+            .map_err(|e| CreateError::Sandbox(crate::harden::SandboxError::Harden(e)))?;
         let member = matches!(
             crate::pod::role(&spec, id)?,
             crate::pod::Role::Member { .. }
@@ -252,12 +266,14 @@ impl Runtime {
         create.reuse_change = manifest.change.as_ref().map(|change| RestoredChange {
             change: change.clone(),
             from: manifest.id.clone(),
+            image_digest: manifest.image_digest.clone(),
             reown: is_fork(id, manifest).then_some((manifest.ids, ids.ids)),
         });
+        create.keep_placeholders = kept_placeholders(id, manifest);
         let mut host = self.prepare_host(id, &create, &spec, &ids, ceiling, marks)?;
         let (mut hardened, mut executor) =
             self.harden(id, &create, spec, &ids, ceiling, &mut host)?;
-        let lost = self.layers_not_restored(&mut hardened, manifest)?;
+        let lost = self.layers_not_restored(id, &mut hardened, manifest)?;
         self.install(id, &ids, &host, &hardened)?;
         marks.mark("mounts");
         let proxy = self.prespawn_restored_proxy(id, &host, &hardened)?;
@@ -284,7 +300,7 @@ impl Runtime {
         *restored_pid = Some(pid);
         marks.mark("criu");
         if let Some(s) = supervisor {
-            s.ready(pid).map_err(LifecycleError::SyscallAudit)?;
+            s.ready(pid).map_err(CreateError::SyscallAudit)?;
         }
         self.record_restored(
             id, opts, &ids, &host, &hardened, pid, proxy, manifest, &lost,
@@ -339,8 +355,10 @@ impl Runtime {
 
     /// The layers the image cannot bring back: a required one refuses the restore; the
     /// others leave the plan as inactive with the reason (`layers` and the audit say so).
+    /// The saved plan names Landlock as not restored and keeps it for later execs.
     fn layers_not_restored(
         &self,
+        id: &ContainerId,
         hardened: &mut Hardened,
         manifest: &Manifest,
     ) -> Result<Vec<(String, String)>> {
@@ -354,13 +372,9 @@ impl Runtime {
             lost.push((layer, reason));
         }
         if let Some((_, reason)) = lost.iter().find(|(l, _)| l == "landlock") {
-            hardened.plan.layers.apply.retain(|l| *l != Layer::Landlock);
-            hardened
-                .plan
-                .layers
-                .inactive
-                .push((Layer::Landlock, reason.clone()));
-            hardened.plan.layers.landlock = None;
+            let restored = hardened.plan.restored_without(Layer::Landlock, reason);
+            self.dirs.sandbox(id).plan().write(&hardened.plan)?;
+            hardened.plan.layers = restored;
         }
         // What the image says it lost (the denied-syscall listener) is reported too: it
         // can only add to what is reported, never take a check away.
@@ -390,7 +404,7 @@ impl Runtime {
         self.procs()
             .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
             .map(Some)
-            .map_err(LifecycleError::Egress)
+            .map_err(CreateError::Egress)
     }
 
     /// CRIU restores the tree of the image copy `image` inside the sandbox's cgroup; its
@@ -481,6 +495,19 @@ impl Runtime {
 /// A restore under another id than the image's sandbox: a fork (docs/checkpoint.md#fork).
 fn is_fork(id: &ContainerId, manifest: &Manifest) -> bool {
     manifest.id != id.as_str()
+}
+
+/// The credential placeholders a restore keeps: the restored processes hold the image's in
+/// their environment, so a restore in place keeps them; a fork keeps none and gets new ones,
+/// so its proxy refuses its parent's and its siblings' (docs/checkpoint.md#fork).
+fn kept_placeholders(
+    id: &ContainerId,
+    manifest: &Manifest,
+) -> std::collections::BTreeMap<String, String> {
+    if is_fork(id, manifest) {
+        return std::collections::BTreeMap::new();
+    }
+    manifest.placeholders.clone()
 }
 
 /// A fork's copy of its parent's change-set layer, re-owned from the image's block `from`
@@ -720,11 +747,11 @@ impl Runtime {
             lost,
             &dropped,
         )
-        .map_err(LifecycleError::Audit)?;
+        .map_err(CreateError::Audit)?;
         crate::sidecars::trail::track_init(&self.dirs, id, pid);
         self.save_restored_state(id, &hardened.spec, hardened.cgroups.systemd(), pid)?;
         let proxy_pid = match proxy {
-            Some(p) => Some(p.finish(id.as_str(), pid).map_err(LifecycleError::Egress)?),
+            Some(p) => Some(p.finish(id.as_str(), pid).map_err(CreateError::Egress)?),
             None => None,
         };
         if proxy_pid.is_some() {
@@ -750,7 +777,7 @@ impl Runtime {
                 &host.placeholders,
             ),
         )
-        .map_err(LifecycleError::Layers)?;
+        .map_err(CreateError::Layers)?;
         self.rearm_wall_clock(id, &hardened.plan.policy, pid, manifest.wall_clock_used_ms)?;
         tracing::info!(id = %id, pid, digest = %manifest.image_digest, "sandbox restored");
         Ok(())
@@ -998,6 +1025,22 @@ mod tests {
             live_rules_within(&none, &saved[..1]).1,
             ["api.example.com:443"]
         );
+    }
+
+    #[test]
+    fn a_restore_in_place_keeps_the_images_placeholders_and_a_fork_none() {
+        let own = agent_sandbox_policy::network::placeholder_value("API_TOKEN", &"7".repeat(32));
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "format": FORMAT, "id": "parent", "image_digest": "d", "plan_digest": "p",
+            "ids": {"host_start": 1_000_000, "size": 65536}, "wall_clock_used_ms": 0,
+            "audit_head": null, "externals": [], "change": null, "not_carried": [],
+            "placeholders": {"API_TOKEN": own},
+        }))
+        .unwrap();
+        let kept = kept_placeholders(&ContainerId::try_from("parent").unwrap(), &manifest);
+        assert_eq!(kept.get("API_TOKEN"), Some(&own));
+        let fork = kept_placeholders(&ContainerId::try_from("fork-1").unwrap(), &manifest);
+        assert!(fork.is_empty());
     }
 
     #[test]

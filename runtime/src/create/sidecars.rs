@@ -2,9 +2,9 @@
 //! before libcontainer's create (they load meanwhile) and are tied to the init after it.
 
 use super::host_procs::OomWatch;
-use super::{Hardened, Host, Ids, Marks, Result, Sidecars};
+use super::{CreateError, Hardened, Host, Ids, Marks, Result, Sidecars};
 use crate::enforce::executor::SandboxExecutor;
-use crate::lifecycle::{LifecycleError, Runtime};
+use crate::lifecycle::Runtime;
 use crate::state::ContainerId;
 use libcontainer::oci_spec::runtime::Spec;
 use std::path::Path;
@@ -31,7 +31,7 @@ impl Runtime {
                 Some(
                     self.procs()
                         .prespawn_proxy(&self.dirs.root, &host.sandbox_dir, id.as_str())
-                        .map_err(LifecycleError::Egress)?,
+                        .map_err(CreateError::Egress)?,
                 )
             } else {
                 None
@@ -58,7 +58,7 @@ impl Runtime {
         if ids.member.is_none() {
             self.procs()
                 .loopback_up(pid)
-                .map_err(LifecycleError::Loopback)?;
+                .map_err(CreateError::Loopback)?;
             if ids.role == crate::pod::Role::Sandbox {
                 self.procs()
                     .pin_pod(&host.sandbox_dir, &host.mount_dir, pid)?;
@@ -67,14 +67,14 @@ impl Runtime {
                 proxy_pid = Some(
                     pending
                         .finish(id.as_str(), pid)
-                        .map_err(LifecycleError::Egress)?,
+                        .map_err(CreateError::Egress)?,
                 );
             }
         }
         marks.mark("net");
         // A sandbox whose denials nobody answers or records is not handed out.
         if let Some(s) = sidecars.supervisor {
-            s.ready(pid).map_err(LifecycleError::SyscallAudit)?;
+            s.ready(pid).map_err(CreateError::SyscallAudit)?;
         }
         marks.mark("supervisor_ready");
         Ok(proxy_pid)

@@ -242,6 +242,8 @@ fn update_is_held_to_the_saved_plan() {
             protected: Vec::new(),
             clamped: Vec::new(),
             requested_seccomp: None,
+            credential_placeholders: std::collections::BTreeMap::new(),
+            not_restored: Vec::new(),
         })
         .unwrap();
     let err = f.runtime.update(&f.id, &memory(512 * mib)).unwrap_err();

@@ -122,11 +122,19 @@ pub fn check(proc: &Path, root: i32, expected: &Expected) -> Result<Vec<i32>, Re
     for &pid in &pids {
         let differs = |what: String| RestoredError::Differs { pid, what };
         let dir = proc.join(pid.to_string());
-        if is_zombie(&read(dir.join("status"))?) {
+        // The process's status is its leader thread's (`task/PID/status`), read once.
+        let leader = read(dir.join("status"))?;
+        if is_zombie(&leader) {
             continue;
         }
         for tid in threads(proc, pid)? {
-            let status = read(dir.join("task").join(tid.to_string()).join("status"))?;
+            let status = if tid == pid {
+                std::borrow::Cow::Borrowed(leader.as_str())
+            } else {
+                std::borrow::Cow::Owned(read(
+                    dir.join("task").join(tid.to_string()).join("status"),
+                )?)
+            };
             status_matches(&status, expected).map_err(|w| differs(format!("thread {tid}: {w}")))?;
         }
         let want = format!("0 {} {}", expected.ids.host_start, expected.ids.size);
@@ -224,7 +232,7 @@ NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t4\n";
             for (i, tid) in tids.iter().enumerate() {
                 let t = dir.join("task").join(tid.to_string());
                 std::fs::create_dir_all(&t).unwrap();
-                std::fs::write(t.join("status"), GOOD).unwrap();
+                std::fs::write(t.join("status"), format!("State:\tS (sleeping)\n{GOOD}")).unwrap();
                 let kids: Vec<String> = if i == 0 {
                     children.iter().map(ToString::to_string).collect()
                 } else {
@@ -247,16 +255,16 @@ NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t4\n";
             std::os::unix::fs::symlink(target, link).unwrap();
         }
 
+        /// Edits thread `tid`'s status; the leader's is the process's own.
         fn status(&self, pid: i32, tid: i32, from: &str, to: &str) {
-            let p = self
-                .path()
-                .join(pid.to_string())
-                .join("task")
-                .join(tid.to_string())
-                .join("status");
-            let text = std::fs::read_to_string(&p).unwrap();
-            assert!(text.contains(from), "{from}");
-            std::fs::write(p, text.replace(from, to)).unwrap();
+            let dir = self.path().join(pid.to_string());
+            let thread = dir.join("task").join(tid.to_string()).join("status");
+            let leader = (tid == pid).then(|| dir.join("status"));
+            for p in [Some(thread), leader].into_iter().flatten() {
+                let text = std::fs::read_to_string(&p).unwrap();
+                assert!(text.contains(from), "{from}");
+                std::fs::write(p, text.replace(from, to)).unwrap();
+            }
         }
 
         fn expected(&self) -> Expected {
@@ -373,23 +381,11 @@ NoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t4\n";
             "CapEff:	000001ffffffffff",
         );
         f.status(200, 200, "Seccomp:	2", "Seccomp:	0");
-        let status = f.path().join("200/status");
-        std::fs::write(
-            &status,
-            "State:	S (sleeping)
-",
-        )
-        .unwrap();
         assert!(refused(&f).contains("task 200 "));
-        std::fs::write(
-            &status,
-            "State:	Z (zombie)
-",
-        )
-        .unwrap();
+        f.status(200, 200, "State:	S (sleeping)", "State:	Z (zombie)");
         std::fs::remove_dir_all(f.path().join("200/ns")).unwrap();
         assert_eq!(check(f.path(), 100, &f.expected()).unwrap(), [100, 200]);
-        // The state comes from the task's own status: a live init is always checked.
+        // A live process's other threads are checked from their own status.
         let f = FakeProc::new();
         f.status(100, 101, "NoNewPrivs:	1", "NoNewPrivs:	0");
         assert!(refused(&f).contains("thread 101: NoNewPrivs is 0"));

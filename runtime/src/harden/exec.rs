@@ -33,11 +33,5 @@ fn derived_plan(dir: &SandboxDir, hardened: &Spec) -> Result<SandboxPlan, Sandbo
             .map_err(SandboxError::Harden)?;
     let layers = agent_sandbox_policy::plan::layers_for(&policy, hardened, &super::host_support())
         .map_err(SandboxError::Layer)?;
-    Ok(SandboxPlan {
-        policy,
-        layers,
-        protected: Vec::new(),
-        clamped: Vec::new(),
-        requested_seccomp: None,
-    })
+    Ok(SandboxPlan::bare(policy, layers))
 }

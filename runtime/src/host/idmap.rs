@@ -4,7 +4,10 @@
 //! 1_000_000 and stepping by 65536 (slot `n` is `1_000_000 + n * 65536`), so no
 //! two sandboxes share an owner and none maps host root. The allocation lives in
 //! `R/idmap.json` (container id -> slot), read-modify-written under an exclusive
-//! `flock` on `R/idmap.lock`; `delete` releases the slot.
+//! `flock` on `R/idmap.lock`; `delete` releases the slot. A sandbox checkpointed without
+//! `--leave-running` keeps its slot held for its restore in place, with the image directory
+//! it was written to in `R/idmap-holds/ID.json`; the next allocation that needs a new slot
+//! releases every held slot whose image directory is gone ([`hold_for_checkpoint`]).
 //!
 //! Inside podman's rootless user namespace the runtime only owns the ids of that
 //! namespace (0 = the invoking user, 1.. = its subordinate ids). The sandbox then
@@ -182,6 +185,7 @@ pub fn allocate(db: &Path, lock: &Path, id: &ContainerId) -> Result<IdRange, IdM
     let slot = match locked.slots.get(id.as_str()) {
         Some(slot) => *slot,
         None => {
+            sweep_holds(&mut locked);
             let slot = first_free(locked.slots.values().copied()).ok_or(IdMapError::Exhausted)?;
             locked.slots.insert(id.as_str().to_owned(), slot);
             slot
@@ -224,15 +228,108 @@ fn checkpoint_key(id: &ContainerId) -> String {
     format!("checkpoint:{id}")
 }
 
+/// Where the held blocks' image directories are recorded, beside the allocation file.
+fn holds_dir(db: &Path) -> PathBuf {
+    db.with_file_name("idmap-holds")
+}
+
+/// What a held block waits for: the image directory its checkpoint wrote, as it was then
+/// (device and inode: a directory made again at the same path is another one).
+#[derive(Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Hold {
+    image: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Hold {
+    fn of(image: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::symlink_metadata(image)?;
+        Ok(Self {
+            image: image.to_owned(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+
+    /// The image can no longer be restored in place: its directory is gone or another one
+    /// (podman removes a container's checkpoint directory with the container, and calls no
+    /// runtime for a checkpointed one). Anything else, an unreadable directory included,
+    /// keeps the block held.
+    fn image_gone(&self) -> bool {
+        match Self::of(&self.image) {
+            Ok(now) => now.dev != self.dev || now.ino != self.ino,
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+    }
+}
+
 /// At `checkpoint` of `id` (which then ends): its block stays taken after its delete, for
-/// the restore, whose image holds id maps of that block.
-pub fn hold_for_checkpoint(db: &Path, lock: &Path, id: &ContainerId) -> Result<(), IdMapError> {
+/// the restore in place, whose image (in `image`) holds id maps of that block. Released by
+/// that restore, or by [`sweep_holds`] once `image` is gone.
+pub fn hold_for_checkpoint(
+    db: &Path,
+    lock: &Path,
+    id: &ContainerId,
+    image: &Path,
+) -> Result<(), IdMapError> {
     let mut locked = open_db(db, lock)?;
     if let Some(slot) = locked.slots.get(id.as_str()).copied() {
+        let hold = Hold::of(image).map_err(|source| IdMapError::Io {
+            path: image.to_owned(),
+            source,
+        })?;
+        let dir = holds_dir(db);
+        let path = dir.join(format!("{id}.json"));
+        let io = |source| IdMapError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let text = serde_json::to_vec(&hold).map_err(|source| IdMapError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        crate::state::paths::write_atomic(&path, &text).map_err(io)?;
         locked.slots.insert(checkpoint_key(id), slot);
         locked.save()?;
     }
     Ok(())
+}
+
+/// Releases, in `locked`, every checkpoint hold whose image directory is gone (a hold with
+/// no record, from a runtime before the records, stays). Returns whether one was released.
+fn sweep_holds(locked: &mut LockedDb) -> bool {
+    let dir = holds_dir(&locked.path);
+    let held: Vec<String> = locked
+        .slots
+        .keys()
+        .filter_map(|k| k.strip_prefix("checkpoint:"))
+        .map(str::to_owned)
+        .collect();
+    let mut released = false;
+    for id in held {
+        let path = dir.join(format!("{id}.json"));
+        let Ok(text) = std::fs::read(&path) else {
+            continue;
+        };
+        let gone = serde_json::from_slice::<Hold>(&text).is_ok_and(|h| h.image_gone());
+        if gone {
+            locked.slots.remove(&format!("checkpoint:{id}"));
+            let _ = std::fs::remove_file(&path);
+            tracing::info!(id = %id, "checkpoint image gone: its held host id block released");
+            released = true;
+        }
+    }
+    released
+}
+
+/// The hold of `id`'s checkpoint, dropped (its restore in place took the block back).
+fn drop_hold(locked: &mut LockedDb, id: &ContainerId) {
+    if locked.slots.remove(&checkpoint_key(id)).is_some() {
+        let _ = std::fs::remove_file(holds_dir(&locked.path).join(format!("{id}.json")));
+    }
 }
 
 /// At `restore` of `id` from its own image (a restore under another id, a fork, gets a new
@@ -246,7 +343,7 @@ pub fn allocate_for_restore(
     host_start: u32,
 ) -> Result<IdRange, IdMapError> {
     let mut locked = open_db(db, lock)?;
-    locked.slots.remove(&checkpoint_key(id));
+    drop_hold(&mut locked, id);
     let want = host_start
         .checked_sub(FIRST_HOST_ID)
         .filter(|off| off % BLOCK == 0)
@@ -502,7 +599,7 @@ mod tests {
         let a = ContainerId::try_from("a").unwrap();
         let b = ContainerId::try_from("b").unwrap();
         let first = allocate(&db, &lock, &a).unwrap();
-        hold_for_checkpoint(&db, &lock, &a).unwrap();
+        hold_for_checkpoint(&db, &lock, &a, dir.path()).unwrap();
         release(&db, &lock, &a).unwrap();
         // Another sandbox does not get the held block.
         assert_ne!(allocate(&db, &lock, &b).unwrap(), first);
@@ -514,5 +611,60 @@ mod tests {
         release(&db, &lock, &a).unwrap();
         let c = ContainerId::try_from("c").unwrap();
         assert_eq!(allocate(&db, &lock, &c).unwrap(), first);
+    }
+
+    /// A held block whose image directory is gone (podman removed the checkpointed
+    /// container) is released by the next allocation; one whose image is still there, or
+    /// was made again as another directory at its path, is kept or released accordingly.
+    #[test]
+    fn a_held_block_is_released_once_its_image_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, lock) = (dir.path().join("idmap.json"), dir.path().join("idmap.lock"));
+        let id = |s: &str| ContainerId::try_from(s).unwrap();
+        let image = |s: &str| {
+            let p = dir.path().join(s);
+            std::fs::create_dir(&p).unwrap();
+            p
+        };
+        let (kept_image, removed_image) = (image("kept"), image("removed"));
+        let kept = allocate(&db, &lock, &id("kept")).unwrap();
+        let removed = allocate(&db, &lock, &id("removed")).unwrap();
+        hold_for_checkpoint(&db, &lock, &id("kept"), &kept_image).unwrap();
+        hold_for_checkpoint(&db, &lock, &id("removed"), &removed_image).unwrap();
+        release(&db, &lock, &id("kept")).unwrap();
+        release(&db, &lock, &id("removed")).unwrap();
+        let holds = |want: &[&str]| {
+            let text = std::fs::read_to_string(&db).unwrap();
+            let slots: BTreeMap<String, u32> = serde_json::from_str(&text).unwrap();
+            let got: Vec<&str> = slots
+                .keys()
+                .filter_map(|k| k.strip_prefix("checkpoint:"))
+                .collect();
+            assert_eq!(got, want, "{text}");
+        };
+        // Both images there: a new sandbox gets neither block.
+        let other = allocate(&db, &lock, &id("other")).unwrap();
+        assert!(other != kept && other != removed);
+        holds(&["kept", "removed"]);
+        // One removed (podman rm): the next allocation releases its block, and gets it.
+        std::fs::remove_dir(&removed_image).unwrap();
+        assert_eq!(allocate(&db, &lock, &id("next")).unwrap(), removed);
+        holds(&["kept"]);
+        assert!(!holds_dir(&db).join("removed.json").exists());
+        // The kept one restores in place under its block, and its hold is gone.
+        assert_eq!(
+            allocate_for_restore(&db, &lock, &id("kept"), kept.host_start).unwrap(),
+            kept
+        );
+        holds(&[]);
+        assert!(!holds_dir(&db).join("kept.json").exists());
+        // A directory made again at the image's path is not the image (the old one moved
+        // away, so the new one cannot get its inode).
+        hold_for_checkpoint(&db, &lock, &id("kept"), &kept_image).unwrap();
+        release(&db, &lock, &id("kept")).unwrap();
+        std::fs::rename(&kept_image, dir.path().join("moved")).unwrap();
+        std::fs::create_dir(&kept_image).unwrap();
+        allocate(&db, &lock, &id("last")).unwrap();
+        holds(&[]);
     }
 }

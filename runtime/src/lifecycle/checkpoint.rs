@@ -16,7 +16,7 @@ use libcontainer::container::ContainerStatus;
 use libcontainer::oci_spec::runtime::Spec;
 use serde::{Deserialize, Serialize};
 
-use super::{LifecycleError, Result, Runtime, container_err, status_name};
+use super::{LookupError, PlanError, Runtime, status_name};
 use crate::host::criu::{self, CriuError, External};
 use crate::host::idmap::IdRange;
 use crate::state::ContainerId;
@@ -133,7 +133,33 @@ pub enum CheckpointError {
     Terminal,
     #[error(transparent)]
     Criu(#[from] CriuError),
+    #[error("container {id} is {status}, not {wanted}")]
+    WrongState {
+        id: ContainerId,
+        status: &'static str,
+        wanted: &'static str,
+    },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("resume failed")]
+    Resume(#[source] Box<libcontainer::error::LibcontainerError>),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error(transparent)]
+    Paths(#[from] crate::state::paths::PathsError),
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    #[error(transparent)]
+    IdMap(#[from] crate::host::idmap::IdMapError),
+    #[error(transparent)]
+    Delete(#[from] super::DeleteError),
+    #[error("workspace changes")]
+    Changes(#[source] crate::report::changes::ChangesError),
 }
+
+type Result<T> = std::result::Result<T, CheckpointError>;
 
 /// What the sandbox needs beyond CRIU's files, kept in the image as `agent-sandbox.json`.
 /// It is the image's word, not the host's: `restore` takes the policy, the id block and the
@@ -169,6 +195,12 @@ pub(crate) struct Manifest {
     /// caller's own in their place, as runc does.
     #[serde(default)]
     pub stdio: Vec<String>,
+    /// The sandbox's credential placeholders (`SandboxPlan::credential_placeholders`), which
+    /// its processes hold in their environment: a restore in place keeps them, a fork gets
+    /// new ones (docs/checkpoint.md#fork). The image's word: one that is not a placeholder
+    /// of its name is replaced.
+    #[serde(default)]
+    pub placeholders: std::collections::BTreeMap<String, String>,
 }
 
 impl Manifest {
@@ -273,10 +305,9 @@ const INCREMENTAL: &str = "incremental images are not checked as a whole at rest
 impl Runtime {
     /// `checkpoint`: see the module docs.
     pub fn checkpoint(&self, id: &ContainerId, opts: &CheckpointOpts) -> Result<()> {
-        let fail = |e: CheckpointError| LifecycleError::Checkpoint(Box::new(e));
-        opts.refuse_unsupported().map_err(fail)?;
+        opts.refuse_unsupported()?;
         if crate::state::paths::rootless()? {
-            return Err(fail(CheckpointError::Rootless));
+            return Err(CheckpointError::Rootless);
         }
         let lock = self.state_lock(id)?;
         let mut c = self.load(id)?;
@@ -284,17 +315,17 @@ impl Runtime {
             c.status(),
             ContainerStatus::Running | ContainerStatus::Paused
         ) {
-            return Err(LifecycleError::WrongState {
+            return Err(CheckpointError::WrongState {
                 id: id.clone(),
                 status: status_name(c.status()),
                 wanted: "running",
             });
         }
-        let pid = c.pid().ok_or(fail(CheckpointError::NoInit))?.as_raw();
+        let pid = c.pid().ok_or(CheckpointError::NoInit)?.as_raw();
         let (policy, plan, spec) = self.saved_policy(id, c.bundle())?;
         let dir = self.dirs.sandbox(id);
         let carried = not_carried(&policy, &plan, dir.supervisor_pid().exists());
-        refuse_uncarriable(&carried, &policy, &spec).map_err(fail)?;
+        refuse_uncarriable(&carried, &policy, &spec)?;
         let record = self.record(id)?;
         let stdio = (0..3)
             .map(|fd| {
@@ -304,13 +335,14 @@ impl Runtime {
             })
             .collect();
         let externals = self.dump_thawed(&mut c, id, pid, &record, &spec, opts)?;
-        let image_digest = criu::image_digest(&opts.criu.image_path).map_err(|e| fail(e.into()))?;
+        let image_digest = criu::image_digest(&opts.criu.image_path)?;
         let wall_clock_used_ms = wall_clock_used(&dir);
         let audit_head =
             crate::sidecars::trail::checkpointed(&self.dirs, id, &image_digest, opts.leave_running)
-                .map_err(LifecycleError::Audit)?;
+                .map_err(CheckpointError::Audit)?;
         let workspace: Option<crate::enforce::mounts::WorkspaceOverlay> =
             dir.workspace().read_if_present()?;
+        bind_change_set(workspace.as_ref(), &image_digest).map_err(CheckpointError::Changes)?;
         let manifest = Manifest {
             format: FORMAT,
             id: id.as_str().to_owned(),
@@ -324,6 +356,11 @@ impl Runtime {
             not_carried: carried.into_iter().map(|(l, _, r)| (l, r)).collect(),
             live_rules: crate::sidecars::trail::live_rules(&self.dirs, id),
             stdio,
+            placeholders: dir
+                .plan()
+                .read_if_present::<agent_sandbox_policy::SandboxPlan>()?
+                .map(|p| p.credential_placeholders)
+                .unwrap_or_default(),
         };
         let path = opts.criu.image_path.join(criu::MANIFEST);
         let json = serde_json::to_vec_pretty(&manifest)
@@ -339,6 +376,7 @@ impl Runtime {
                 &self.dirs.idmap_db(),
                 &self.dirs.idmap_lock(),
                 id,
+                &opts.criu.image_path,
             )?;
             // As runc destroys its container: CRIU ended the processes.
             self.delete(id, true, None)?;
@@ -361,7 +399,8 @@ impl Runtime {
     ) -> Result<Vec<External>> {
         let was_paused = c.status() == ContainerStatus::Paused;
         if was_paused {
-            c.resume().map_err(container_err("resume"))?;
+            c.resume()
+                .map_err(|e| CheckpointError::Resume(Box::new(e)))?;
         }
         let dumped = self.dump(pid, record, spec, opts);
         if was_paused
@@ -370,7 +409,7 @@ impl Runtime {
         {
             tracing::warn!(id = %id, error = %e, "cannot freeze the sandbox again after its dump");
         }
-        dumped.map_err(|e| LifecycleError::Checkpoint(Box::new(e)))
+        dumped
     }
 
     /// Runs `criu dump` of the tree of `pid` into the image directory; returns the external
@@ -435,6 +474,24 @@ impl Runtime {
         ran?;
         Ok(externals)
     }
+}
+
+/// The sandbox's change set, if it has one, bound to the image it was just checkpointed to
+/// (in the change set's own record, in the root-owned store): a restore reuses a change set
+/// only for an image whose digest its checkpoint bound, whatever an image's manifest names.
+fn bind_change_set(
+    workspace: Option<&crate::enforce::mounts::WorkspaceOverlay>,
+    digest: &str,
+) -> std::result::Result<(), crate::report::changes::ChangesError> {
+    let Some(ws) = workspace else {
+        return Ok(());
+    };
+    let dir = match (&ws.change_dir, &ws.change) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(change)) => crate::report::changes::Store::locate()?.dir.join(change),
+        (None, None) => return Ok(()),
+    };
+    crate::report::changes::bind_checkpoint(&dir, digest)
 }
 
 /// Creates `dir` (and its parents) if missing, mode 0700.

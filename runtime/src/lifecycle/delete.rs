@@ -42,7 +42,6 @@ impl Runtime {
         result
     }
 
-    #[expect(clippy::too_many_lines)]
     fn delete_locked(
         &self,
         id: &ContainerId,
@@ -50,93 +49,8 @@ impl Runtime {
         reaped: Option<ReapedInit>,
     ) -> Result<()> {
         match self.load(id) {
-            Ok(mut c) => {
-                // As with `audit-exit` and the closing records, a record that cannot be
-                // written is logged and the delete goes on: the container must still go.
-                if let Some(r) = reaped
-                    && c.status() == ContainerStatus::Stopped
-                    && let Err(e) = crate::sidecars::trail::exited(
-                        &self.dirs,
-                        id,
-                        &crate::sidecars::trail::ExitReport {
-                            process: "init".to_owned(),
-                            pid: r.pid,
-                            status: r.status,
-                            reaped_by: None,
-                        },
-                    )
-                {
-                    tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
-                }
-                self.audit_init_exit(id, &c, force);
-                if !force
-                    && !matches!(
-                        c.status(),
-                        ContainerStatus::Stopped | ContainerStatus::Created
-                    )
-                {
-                    return Err(DeleteError::NotStopped {
-                        id: id.clone(),
-                        status: status_name(c.status()),
-                    });
-                }
-                let poststop_state = {
-                    let bundle = self
-                        .record(id)
-                        .map(|r| r.bundle)
-                        .unwrap_or_else(|_| c.bundle().clone());
-                    let annotations = c.state.annotations.clone().unwrap_or_default();
-                    let pid = c.pid().map(|p| p.as_raw());
-                    crate::enforce::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
-                };
-                let mut result = self.engine.delete(&mut c, force);
-                // Processes SIGKILLed by a forced delete may still be exiting, and
-                // a v1 cgroup cannot be removed until they are gone: retry for up
-                // to two seconds before reporting the failure.
-                let mut tries = 0;
-                while result.is_err() && force && tries < 20 {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                    result = match self.load(id) {
-                        Ok(mut again) => self.engine.delete(&mut again, true),
-                        Err(LookupError::NotExist { .. }) => Ok(()),
-                        Err(_) => continue,
-                    };
-                }
-                if force {
-                    // A create killed after it saved the state but before it recorded the
-                    // init's pid leaves the intermediate or init process in the container's
-                    // cgroups, where libcontainer's delete does not look.
-                    self.remove_orphan_cgroups(id);
-                }
-                if let Err(source) = result {
-                    if force {
-                        self.cleanup_sandbox(id);
-                    }
-                    return Err(DeleteError::Container(Box::new(source)));
-                }
-                self.run_poststop(id, &poststop_state);
-                self.cleanup_sandbox(id);
-                Ok(())
-            }
-            Err(LookupError::NotExist { .. }) => {
-                let leftovers = self.dirs.sandbox(id).exists();
-                if force {
-                    self.remove_orphan_cgroups(id);
-                }
-                if leftovers {
-                    self.cleanup_sandbox(id);
-                } else if force && !paths::rootless().unwrap_or(true) {
-                    // A create killed between allocating the id block and making the
-                    // sandbox directory left only the block behind.
-                    let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
-                }
-                if force || leftovers {
-                    Ok(())
-                } else {
-                    Err(LookupError::NotExist { id: id.clone() }.into())
-                }
-            }
+            Ok(c) => self.delete_loaded(id, c, force, reaped),
+            Err(LookupError::NotExist { .. }) => self.delete_leftovers(id, force),
             Err(e) => {
                 if force {
                     self.remove_orphan_cgroups(id);
@@ -146,6 +60,116 @@ impl Runtime {
                     Err(e.into())
                 }
             }
+        }
+    }
+
+    /// The delete of a container libcontainer knows: its closing records, its own delete
+    /// (retried under `force`), the poststop hooks and the sandbox's clean-up.
+    fn delete_loaded(
+        &self,
+        id: &ContainerId,
+        mut c: libcontainer::container::Container,
+        force: bool,
+        reaped: Option<ReapedInit>,
+    ) -> Result<()> {
+        // As with `audit-exit` and the closing records, a record that cannot be
+        // written is logged and the delete goes on: the container must still go.
+        if let Some(r) = reaped
+            && c.status() == ContainerStatus::Stopped
+            && let Err(e) = crate::sidecars::trail::exited(
+                &self.dirs,
+                id,
+                &crate::sidecars::trail::ExitReport {
+                    process: "init".to_owned(),
+                    pid: r.pid,
+                    status: r.status,
+                    reaped_by: None,
+                },
+            )
+        {
+            tracing::error!(id = %id, error = %e, "cannot write the init's exit record");
+        }
+        self.audit_init_exit(id, &c, force);
+        if !force
+            && !matches!(
+                c.status(),
+                ContainerStatus::Stopped | ContainerStatus::Created
+            )
+        {
+            return Err(DeleteError::NotStopped {
+                id: id.clone(),
+                status: status_name(c.status()),
+            });
+        }
+        let poststop_state = {
+            let bundle = self
+                .record(id)
+                .map(|r| r.bundle)
+                .unwrap_or_else(|_| c.bundle().clone());
+            let annotations = c.state.annotations.clone().unwrap_or_default();
+            let pid = c.pid().map(|p| p.as_raw());
+            crate::enforce::hooks::state(id.as_str(), "stopped", pid, &bundle, &annotations)
+        };
+        let result = self.engine_delete(id, &mut c, force);
+        if force {
+            // A create killed after it saved the state but before it recorded the
+            // init's pid leaves the intermediate or init process in the container's
+            // cgroups, where libcontainer's delete does not look.
+            self.remove_orphan_cgroups(id);
+        }
+        if let Err(source) = result {
+            if force {
+                self.cleanup_sandbox(id);
+            }
+            return Err(DeleteError::Container(Box::new(source)));
+        }
+        self.run_poststop(id, &poststop_state);
+        self.cleanup_sandbox(id);
+        Ok(())
+    }
+
+    /// libcontainer's delete. Processes SIGKILLed by a forced delete may still be exiting,
+    /// and a v1 cgroup cannot be removed until they are gone: under `force` it is retried
+    /// for up to two seconds before the failure is reported.
+    fn engine_delete(
+        &self,
+        id: &ContainerId,
+        c: &mut libcontainer::container::Container,
+        force: bool,
+    ) -> std::result::Result<(), libcontainer::error::LibcontainerError> {
+        let mut result = self.engine.delete(c, force);
+        let mut tries = 0;
+        while result.is_err() && force && tries < 20 {
+            tries += 1;
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            result = match self.load(id) {
+                Ok(mut again) => self.engine.delete(&mut again, true),
+                Err(LookupError::NotExist { .. }) => Ok(()),
+                Err(_) => continue,
+            };
+        }
+        result
+    }
+
+    /// The delete of an id libcontainer has no state for: what a failed or killed create
+    /// left (the sandbox's directory, its cgroups, its id block) goes; with nothing left and
+    /// no `force`, the id does not exist.
+    fn delete_leftovers(&self, id: &ContainerId, force: bool) -> Result<()> {
+        let leftovers = self.dirs.sandbox(id).exists();
+        if force {
+            self.remove_orphan_cgroups(id);
+        }
+        if leftovers {
+            self.cleanup_sandbox(id);
+        } else if force && !paths::rootless().unwrap_or(true) {
+            // A create killed between allocating the id block and making the
+            // sandbox directory left only the block behind.
+            let _ = idmap::release(&self.dirs.idmap_db(), &self.dirs.idmap_lock(), id);
+        }
+        if force || leftovers {
+            Ok(())
+        } else {
+            Err(LookupError::NotExist { id: id.clone() }.into())
         }
     }
 

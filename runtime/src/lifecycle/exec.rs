@@ -85,7 +85,7 @@ impl Runtime {
             crate::host::rlimits::raise(&crate::host::rlimits::ThisProcess, &mut process)?;
         agent_sandbox_policy::harden::writable_home(&mut process, policy, &hardened);
         crate::sidecars::egress::inject_env(&mut process, policy);
-        crate::sidecars::tls_trust::inject_env(&mut process, policy);
+        crate::sidecars::tls_trust::inject_env(&mut process, &plan);
         crate::sidecars::trail::exec(&self.dirs, id, &process, &hardened, &name)
             .map_err(ExecError::Audit)?;
         crate::sidecars::trail::clamped(&self.dirs, id, &rlimit_clamps)

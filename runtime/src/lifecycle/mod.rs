@@ -17,20 +17,23 @@ use serde::{Deserialize, Serialize};
 use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::layers::LayerPlan;
 
-use crate::enforce::EnforceError;
-use crate::enforce::mounts::{self, MountError};
-use crate::host::idmap::{IdMapError, IdRange};
+use crate::enforce::mounts;
+use crate::host::idmap::IdRange;
 use crate::state::ContainerId;
 use crate::state::paths::{self, PathsError, StateDirs};
 
+pub use crate::create::CreateError;
 pub use checkpoint::{CheckpointError, CheckpointOpts, CriuFlags};
 pub use delete::DeleteError;
 pub use exec::ExecError;
 pub use kill::KillError;
 pub use pause::PauseError;
 pub use ps::PsError;
+pub use sidecars::SidecarError;
 pub use start::{StartError, WatchdogError};
+pub use state::StateError;
 pub use update::UpdateError;
+pub use workspace::WorkspaceError;
 
 pub(crate) mod checkpoint;
 mod delete;
@@ -44,106 +47,8 @@ mod state;
 mod update;
 mod workspace;
 
-/// Errors of `create` and `restore`, `checkpoint`, `state`, the workspace commands and the
-/// hidden sidecar commands; the other operations have one type each ([`StartError`],
-/// [`ExecError`], [`UpdateError`], [`PauseError`], [`PsError`], [`KillError`],
-/// [`DeleteError`]). Messages read like runc's where callers match on them ("container ...
-/// does not exist").
-#[derive(Debug, thiserror::Error)]
-pub enum LifecycleError {
-    #[error("container {id} does not exist")]
-    NotExist { id: ContainerId },
-    #[error("container with id {id} already exists")]
-    Exists { id: ContainerId },
-    #[error("cannot read bundle config {path}")]
-    BundleConfig {
-        path: PathBuf,
-        #[source]
-        source: libcontainer::oci_spec::OciSpecError,
-    },
-    #[error("cannot start the wall-clock watchdog")]
-    Watchdog(#[source] std::io::Error),
-    #[error("bundle {bundle} has no root.path in config.json")]
-    NoRoot { bundle: PathBuf },
-    #[error("container {id} is {status}, not {wanted}")]
-    WrongState {
-        id: ContainerId,
-        status: &'static str,
-        wanted: &'static str,
-    },
-    #[error("container not running")]
-    NotRunning,
-    #[error(transparent)]
-    StateLock(#[from] crate::state::lock::StateLockError),
-    #[error(transparent)]
-    File(#[from] crate::files::FileError),
-    #[error(transparent)]
-    Paths(#[from] PathsError),
-    #[error(transparent)]
-    IdMap(#[from] IdMapError),
-    #[error(transparent)]
-    Mount(#[from] MountError),
-    #[error(transparent)]
-    Enforce(#[from] EnforceError),
-    #[error(transparent)]
-    Sandbox(#[from] crate::harden::SandboxError),
-    #[error(transparent)]
-    Pod(#[from] crate::pod::PodError),
-    #[error("network layer: the egress proxy")]
-    Egress(#[source] crate::sidecars::egress::EgressError),
-    #[error("cannot set up the sandbox's CA for https credential injection")]
-    Trust(#[source] crate::sidecars::tls_trust::TrustError),
-    #[error("audit trail")]
-    Audit(#[source] agent_sandbox_audit::AuditError),
-    #[error("layers record")]
-    Layers(#[source] crate::report::layers::LayersError),
-    #[error("apparmor layer")]
-    AppArmor(#[source] crate::host::apparmor::AppArmorError),
-    #[error("hooks")]
-    Hook(#[source] crate::enforce::hooks::HookError),
-    #[error("denied-syscall audit")]
-    SyscallAudit(#[from] crate::sidecars::syscall_audit::SyscallAuditError),
-    #[error("container {id} has no workspace overlay")]
-    NoWorkspace { id: ContainerId },
-    #[error("workspace changes")]
-    Changes(#[source] crate::report::changes::ChangesError),
-    #[error("cannot bring lo up in the sandbox network namespace")]
-    Loopback(#[source] agent_sandbox_sys::LoopbackError),
-    #[error("cgroups layer")]
-    Cgroups(#[from] crate::host::cgroups::CgroupsError),
-    #[error(transparent)]
-    Rlimit(#[from] crate::host::rlimits::RlimitError),
-    #[error("per-user kernel counts: the sandbox's own user namespace")]
-    Userns(#[source] crate::host::userns::UsernsError),
-    #[error("{op} failed")]
-    Container {
-        op: &'static str,
-        #[source]
-        source: Box<libcontainer::error::LibcontainerError>,
-    },
-    #[error("create failed: cannot set sysctl {settings} in the sandbox")]
-    Sysctl {
-        settings: String,
-        #[source]
-        source: Box<libcontainer::error::LibcontainerError>,
-    },
-    #[error(transparent)]
-    Checkpoint(Box<checkpoint::CheckpointError>),
-    #[error(transparent)]
-    Restore(Box<crate::create::restore::RestoreError>),
-    #[error("cannot {what} the working directory around libcontainer's build")]
-    WorkingDir {
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Delete(#[from] DeleteError),
-}
-
 /// Finding a container: its state lock and libcontainer's view of it, the first step of
-/// every operation on an existing container. The texts are those of [`LifecycleError`]'s
-/// variants of the same names, which it becomes inside the other operations.
+/// every operation on an existing container; each operation's error type holds it.
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
     #[error("container {id} does not exist")]
@@ -158,19 +63,8 @@ pub enum LookupError {
     },
 }
 
-impl From<LookupError> for LifecycleError {
-    fn from(e: LookupError) -> Self {
-        match e {
-            LookupError::NotExist { id } => Self::NotExist { id },
-            LookupError::StateLock(e) => Self::StateLock(e),
-            LookupError::Container { op, source } => Self::Container { op, source },
-        }
-    }
-}
-
 /// Reading what create saved for a sandbox: its hardened spec (the bundle's `config.json`)
 /// and its plan, the step every operation on a created sandbox that needs its policy takes.
-/// The texts are those of [`LifecycleError`]'s variants of the same names.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error("cannot read bundle config {path}")]
@@ -183,18 +77,8 @@ pub enum PlanError {
     Sandbox(#[from] crate::harden::SandboxError),
 }
 
-impl From<PlanError> for LifecycleError {
-    fn from(e: PlanError) -> Self {
-        match e {
-            PlanError::BundleConfig { path, source } => Self::BundleConfig { path, source },
-            PlanError::Sandbox(e) => Self::Sandbox(e),
-        }
-    }
-}
-
 /// Setting up a libcontainer build (create's and exec's): the builder on the state root, and
-/// the working directory around the build ([`in_root_dir`]). The texts are those of
-/// [`LifecycleError`]'s variants of the same names.
+/// the working directory around the build ([`in_root_dir`]).
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error(transparent)]
@@ -213,23 +97,11 @@ pub enum BuildError {
     },
 }
 
-impl From<BuildError> for LifecycleError {
-    fn from(e: BuildError) -> Self {
-        match e {
-            BuildError::Paths(e) => Self::Paths(e),
-            BuildError::Container { op, source } => Self::Container { op, source },
-            BuildError::WorkingDir { what, source } => Self::WorkingDir { what, source },
-        }
-    }
-}
-
-type Result<T> = std::result::Result<T, LifecycleError>;
-
-/// Maps libcontainer's error of operation `op` (boxed: it is large).
+/// Maps libcontainer's error of create's or restore's step `op` (boxed: it is large).
 pub(crate) fn container_err(
     op: &'static str,
-) -> impl FnOnce(libcontainer::error::LibcontainerError) -> LifecycleError {
-    move |source| LifecycleError::Container {
+) -> impl FnOnce(libcontainer::error::LibcontainerError) -> CreateError {
+    move |source| CreateError::Container {
         op,
         source: Box::new(source),
     }
@@ -250,7 +122,7 @@ fn lookup_err(
 pub(crate) fn create_err(
     source: libcontainer::error::LibcontainerError,
     spec: &Spec,
-) -> LifecycleError {
+) -> CreateError {
     let mut chain = String::new();
     let mut cause: Option<&dyn std::error::Error> = Some(&source);
     while let Some(e) = cause {
@@ -269,7 +141,7 @@ pub(crate) fn create_err(
         return container_err("create")(source);
     }
     settings.sort();
-    LifecycleError::Sysctl {
+    CreateError::Sysctl {
         settings: settings.join(", "),
         source: Box::new(source),
     }
@@ -339,6 +211,9 @@ pub struct CreateOpts {
     /// `restore`: the ended change set the image names, whose layer the sandbox gets
     /// again instead of an empty one.
     pub reuse_change: Option<RestoredChange>,
+    /// `restore` in place: the credential placeholders the image's sandbox had, which its
+    /// restored processes hold (a fork passes none and gets new ones; docs/checkpoint.md#fork).
+    pub keep_placeholders: std::collections::BTreeMap<String, String>,
 }
 
 /// The change set a checkpoint image names: of the same sandbox id it is reopened
@@ -350,9 +225,24 @@ pub struct RestoredChange {
     pub change: String,
     /// The sandbox the image was taken of.
     pub from: String,
+    /// The digest of the restoring runtime's own copy of the image's CRIU files: the change
+    /// set is reused only if its checkpoint bound it to this digest
+    /// (`crate::report::changes::bind_checkpoint`).
+    pub image_digest: String,
     /// A fork's blocks (docs/checkpoint.md#fork): the copied layer's owners move from the
     /// image's id block (first) to the restoring sandbox's (second).
     pub reown: Option<(crate::host::idmap::IdRange, crate::host::idmap::IdRange)>,
+}
+
+impl RestoredChange {
+    /// What the image says of its change set, with the digest the runtime computed.
+    pub fn image(&self) -> crate::report::changes::ImageRef<'_> {
+        crate::report::changes::ImageRef {
+            container: &self.from,
+            change: &self.change,
+            digest: &self.image_digest,
+        }
+    }
 }
 
 /// Options of `exec`.
@@ -423,7 +313,7 @@ fn status_name(s: ContainerStatus) -> &'static str {
 }
 
 impl Runtime {
-    pub fn new(root: Option<&Path>) -> Result<Self> {
+    pub fn new(root: Option<&Path>) -> std::result::Result<Self, PathsError> {
         let dirs = StateDirs::new(paths::state_root(root)?);
         Ok(Self {
             dirs,
@@ -439,7 +329,7 @@ impl Runtime {
     pub(crate) fn with_engine(
         root: &Path,
         engine: Box<dyn crate::create::engine::Engine>,
-    ) -> Result<Self> {
+    ) -> std::result::Result<Self, PathsError> {
         Ok(Self {
             engine,
             ..Self::new(Some(root))?
@@ -523,8 +413,11 @@ impl Runtime {
         )?))
     }
 
-    fn record(&self, id: &ContainerId) -> Result<SandboxRecord> {
-        Ok(self.dirs.sandbox(id).record().read()?)
+    fn record(
+        &self,
+        id: &ContainerId,
+    ) -> std::result::Result<SandboxRecord, crate::files::FileError> {
+        self.dirs.sandbox(id).record().read()
     }
 
     /// The plan of a created sandbox, as create compiled it (`plan.json`), with its hardened
@@ -618,6 +511,105 @@ mod tests {
             (PsError::Container(libcontainer()).to_string(), "ps failed"),
             (
                 StartError::Lookup(LookupError::NotExist { id: id.clone() }).to_string(),
+                "container texts does not exist",
+            ),
+        ];
+        for (got, want) in texts {
+            assert_eq!(got, want);
+        }
+    }
+
+    /// The texts of create, restore, checkpoint, state, the workspace commands, the sidecar
+    /// commands are the ones the one `LifecycleError` printed for them before each
+    /// had its own type (the CLI prints the chain; transparent variants add no line).
+    #[test]
+    fn the_operations_split_from_lifecycle_error_keep_its_texts() {
+        let id = ContainerId::try_from("texts").unwrap();
+        let libcontainer = || {
+            Box::new(libcontainer::error::LibcontainerError::Other(
+                "x".to_owned(),
+            ))
+        };
+        let not_exist = || LookupError::NotExist { id: id.clone() };
+        let texts: Vec<(String, &str)> = vec![
+            (
+                CreateError::Exists { id: id.clone() }.to_string(),
+                "container with id texts already exists",
+            ),
+            (
+                CreateError::NoRoot {
+                    bundle: PathBuf::from("/b"),
+                }
+                .to_string(),
+                "bundle /b has no root.path in config.json",
+            ),
+            (
+                CreateError::Lookup(not_exist()).to_string(),
+                "container texts does not exist",
+            ),
+            (
+                CreateError::Container {
+                    op: "create",
+                    source: libcontainer(),
+                }
+                .to_string(),
+                "create failed",
+            ),
+            (
+                CreateError::Sysctl {
+                    settings: "a=\"1\"".to_owned(),
+                    source: libcontainer(),
+                }
+                .to_string(),
+                "create failed: cannot set sysctl a=\"1\" in the sandbox",
+            ),
+            (
+                CreateError::Build(BuildError::WorkingDir {
+                    what: "leave",
+                    source: std::io::Error::other("x"),
+                })
+                .to_string(),
+                "cannot leave the working directory around libcontainer's build",
+            ),
+            (
+                CreateError::Watchdog(WatchdogError::Spawn(std::io::Error::other("x"))).to_string(),
+                "cannot start the wall-clock watchdog",
+            ),
+            (
+                StateError::Lookup(not_exist()).to_string(),
+                "container texts does not exist",
+            ),
+            (
+                WorkspaceError::NoWorkspace { id: id.clone() }.to_string(),
+                "container texts has no workspace overlay",
+            ),
+            (
+                WorkspaceError::NotExist { id: id.clone() }.to_string(),
+                "container texts does not exist",
+            ),
+            (
+                CheckpointError::WrongState {
+                    id: id.clone(),
+                    status: "stopped",
+                    wanted: "running",
+                }
+                .to_string(),
+                "container texts is stopped, not running",
+            ),
+            (
+                CheckpointError::Resume(libcontainer()).to_string(),
+                "resume failed",
+            ),
+            (
+                CheckpointError::Lookup(not_exist()).to_string(),
+                "container texts does not exist",
+            ),
+            (
+                SidecarError::Kill(libcontainer()).to_string(),
+                "kill failed",
+            ),
+            (
+                SidecarError::Lookup(not_exist()).to_string(),
                 "container texts does not exist",
             ),
         ];

@@ -7,9 +7,30 @@ use std::path::Path;
 use agent_sandbox_policy::SandboxPolicy;
 use libcontainer::container::ContainerStatus;
 
-use super::{LifecycleError, Result, Runtime, container_err};
+use super::{LookupError, PlanError, Runtime};
 use crate::sidecars::syscall_audit::SyscallAuditError;
 use crate::state::ContainerId;
+
+/// Errors of the hidden sidecar commands (`watchdog`, `proxy`, `seccomp-supervise`).
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::harden::SandboxError),
+    #[error("kill failed")]
+    Kill(#[source] Box<libcontainer::error::LibcontainerError>),
+    #[error("audit trail")]
+    Audit(#[source] agent_sandbox_audit::AuditError),
+    #[error("network layer: the egress proxy")]
+    Egress(#[source] crate::sidecars::egress::EgressError),
+    #[error("denied-syscall audit")]
+    SyscallAudit(#[source] SyscallAuditError),
+}
+
+type Result<T> = std::result::Result<T, SidecarError>;
 
 impl Runtime {
     /// The watchdog body: waits, then kills the sandbox if it still runs the
@@ -88,15 +109,15 @@ impl Runtime {
             libcontainer::signal::Signal::from(nix::sys::signal::Signal::SIGKILL),
             true,
         )
-        .map_err(container_err("kill"))
+        .map_err(|e| SidecarError::Kill(Box::new(e)))
     }
 
     /// The egress proxy body (hidden `proxy` command, spawned by `create`):
     /// serves the sandbox's effective allowlist on its netns until killed.
     pub fn proxy(&self, id: &ContainerId, netns: &Path) -> Result<()> {
         let bundle = self.dirs.sandbox(id).bundle();
-        let (policy, _, _) = self.saved_policy(id, &bundle)?;
-        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let (plan, _) = self.saved_plan(id, &bundle)?;
+        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(SidecarError::Audit)?;
         let sandbox_dir = self.dirs.sandbox(id);
         let netns = || {
             if netns == Path::new(crate::sidecars::egress::NETNS_ON_STDIN) {
@@ -105,8 +126,8 @@ impl Runtime {
                 Ok(netns.to_path_buf())
             }
         };
-        crate::sidecars::egress::serve(netns, &policy, &log, id.as_str(), &sandbox_dir)
-            .map_err(LifecycleError::Egress)
+        crate::sidecars::egress::serve(netns, &plan, &log, id.as_str(), &sandbox_dir)
+            .map_err(SidecarError::Egress)
     }
 
     /// `seccomp-supervise`: the body of the sandbox's denied-syscall supervisor; with
@@ -121,7 +142,7 @@ impl Runtime {
     ) -> Result<()> {
         let arch = agent_sandbox_policy::seccomp::Arch::host()
             .ok_or(crate::harden::SandboxError::NoArch)?;
-        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(LifecycleError::Audit)?;
+        let log = crate::sidecars::trail::path(&self.dirs, id).map_err(SidecarError::Audit)?;
         // Its records share the log's cap with the proxy's (docs/audit.md).
         let bundle = self.dirs.sandbox(id).bundle();
         let (policy, _, _) = self.saved_policy(id, &bundle)?;
@@ -152,7 +173,7 @@ impl Runtime {
             cap,
             helper,
         )
-        .map_err(LifecycleError::SyscallAudit)
+        .map_err(SidecarError::SyscallAudit)
     }
 
     /// Turns the executor's seccomp layer into its user-notification form: starts the

@@ -3,7 +3,7 @@
 
 use libcontainer::container::{Container, ContainerStatus};
 
-use super::{LifecycleError, LookupError, PlanError, Runtime, status_name};
+use super::{LookupError, PlanError, Runtime, status_name};
 use crate::state::ContainerId;
 
 /// Errors of `start`, by its phase: finding the container, letting the init run, arming the
@@ -40,15 +40,6 @@ pub enum WatchdogError {
     Spawn(#[source] std::io::Error),
     #[error(transparent)]
     File(#[from] crate::files::FileError),
-}
-
-impl From<WatchdogError> for LifecycleError {
-    fn from(e: WatchdogError) -> Self {
-        match e {
-            WatchdogError::Spawn(e) => Self::Watchdog(e),
-            WatchdogError::File(e) => Self::File(e),
-        }
-    }
 }
 
 type Result<T> = std::result::Result<T, StartError>;

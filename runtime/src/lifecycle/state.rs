@@ -1,7 +1,18 @@
 //! `state`, `list` and `layers`: what a caller (or the user) reads about a sandbox.
 
-use super::{LifecycleError, Result, Runtime, status_name};
+use super::{LookupError, Runtime, status_name};
 use crate::state::ContainerId;
+
+/// Errors of `state` and `layers`.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error("layers record")]
+    Layers(#[source] crate::report::layers::LayersError),
+}
+
+type Result<T> = std::result::Result<T, StateError>;
 
 impl Runtime {
     /// `state`: runc's JSON.
@@ -40,7 +51,7 @@ impl Runtime {
         let c = self.load(id)?;
         let pid = c.pid().map(|p| p.as_raw());
         crate::report::layers::report(&self.dirs, id, status_name(c.status()), pid)
-            .map_err(LifecycleError::Layers)
+            .map_err(StateError::Layers)
     }
 
     /// Ids of all containers in this state root.

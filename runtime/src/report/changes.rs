@@ -86,6 +86,11 @@ pub enum ChangesError {
         ours: PathBuf,
     },
     #[error(
+        "change set {change} was not kept by a checkpoint of image {digest}: the image's \
+         manifest names it, the host does not (docs/checkpoint.md#refused)"
+    )]
+    Unbound { change: String, digest: String },
+    #[error(
         "cannot remove {path} (files a rootless sandbox's non-root users made belong to subordinate ids: run this under `podman unshare`)"
     )]
     Remove {
@@ -126,6 +131,12 @@ pub struct Record {
     /// `upper/` stay, so review says "no changes" instead of not finding the sandbox.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub empty: bool,
+    /// The digests of the checkpoint images taken of the sandbox while this was its change
+    /// set, as `checkpoint` computed them ([`bind_checkpoint`]). A restore reopens or copies
+    /// this change set only for an image of one of these digests: the host's word, written
+    /// where only the store's owner writes, never the image's (docs/checkpoint.md#refused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<String>,
 }
 
 /// One entry of the store.
@@ -404,6 +415,7 @@ pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
             ended: None,
             size_bytes: None,
             empty: false,
+            checkpoints: Vec::new(),
         },
     };
     entry.save()?;
@@ -576,21 +588,22 @@ pub fn of_sandbox(store: &Store, root: &Path, id: &str, change: Option<&str>) ->
 /// At `restore` of sandbox `container` (state root `root`): its ended change set `change`,
 /// live again, with its layer where `create` would put it (a size-capped one mounted on
 /// `mount_point`), so the restored processes see their unpromoted edits and `diff` shows
-/// them. Only a change set of the same sandbox id is reopened: an image cannot name another
-/// sandbox's changes.
+/// them. Only a change set of the same sandbox id, bound to the image's `digest` by its
+/// checkpoint ([`bind_checkpoint`]), is reopened: an image cannot name another sandbox's
+/// changes.
 pub fn reopen(
     store: &Store,
-    change: &str,
+    image: &ImageRef<'_>,
     root: &Path,
-    container: &str,
     mount_point: &Path,
 ) -> Result<Created> {
-    let mut entry = of_sandbox(store, root, container, Some(change))?;
+    let mut entry = of_sandbox(store, root, image.container, Some(image.change))?;
     if entry.live().is_some() {
         return Err(ChangesError::NotFound {
-            key: change.to_owned(),
+            key: image.change.to_owned(),
         });
     }
+    bound(&entry, image.digest)?;
     let base = if entry.image().is_file() {
         crate::enforce::mounts::mkdir_traversable(mount_point).map_err(|e| {
             ChangesError::Store {
@@ -610,34 +623,46 @@ pub fn reopen(
     Ok(Created { entry, base })
 }
 
-/// At `restore` under a new sandbox id (podman's `--import` with `--name`): the layer of the
-/// ended change set `change` of sandbox `from` (state root `root`) copied into the
-/// new sandbox's own change set `into`, before its overlay is mounted. Only a kept, ended
-/// change set of that sandbox and of the same workspace is copied (the image names it, the
-/// store vouches for it); it stays in the store for its own review. `cp -a` keeps owners
-/// (the restoring sandbox has the image's id block), modes, overlay whiteouts and xattrs, and
-/// copies links as links.
-pub fn copy_layer(
+/// At `restore` under a new sandbox id (podman's `--import` with `--name`), before anything
+/// is made for it: the change set the image names, if it may be copied. Only a kept, ended
+/// change set of the sandbox the image names, bound to the image's digest by its checkpoint
+/// ([`bind_checkpoint`]), of the restoring sandbox's `workspace` directory, is (the image
+/// names it, the store vouches for it).
+pub fn copy_source(
     store: &Store,
+    image: &ImageRef<'_>,
     root: &Path,
-    from: &str,
-    change: &str,
-    into: &Created,
-) -> Result<()> {
-    let entry = of_sandbox(store, root, from, Some(change))?;
+    workspace: &Path,
+) -> Result<Entry> {
+    let entry = of_sandbox(store, root, image.container, Some(image.change))?;
     if entry.live().is_some() || entry.record.ended.is_none() {
         return Err(ChangesError::Live {
-            change: change.to_owned(),
+            change: image.change.to_owned(),
         });
     }
-    if entry.record.workspace != into.entry.record.workspace {
-        return Err(ChangesError::OtherWorkspace {
-            change: change.to_owned(),
-            theirs: entry.record.workspace,
-            ours: into.entry.record.workspace.clone(),
-        });
+    bound(&entry, image.digest)?;
+    same_workspace(&entry, workspace)?;
+    Ok(entry)
+}
+
+fn same_workspace(entry: &Entry, workspace: &Path) -> Result<()> {
+    if entry.record.workspace == workspace {
+        return Ok(());
     }
-    let source = open(&entry)?;
+    Err(ChangesError::OtherWorkspace {
+        change: entry.record.change.clone(),
+        theirs: entry.record.workspace.clone(),
+        ours: workspace.to_owned(),
+    })
+}
+
+/// The layer of `entry` ([`copy_source`]) copied into the new sandbox's own change set
+/// `into`, before its overlay is mounted, if both are of the same workspace; it stays in
+/// the store for its own review. `cp -a` keeps owners, modes, overlay whiteouts and xattrs,
+/// and copies links as links.
+pub fn copy_layer(entry: &Entry, into: &Created) -> Result<()> {
+    same_workspace(entry, &into.entry.record.workspace)?;
+    let source = open(entry)?;
     let upper = into.base.join("upper");
     std::fs::create_dir_all(&upper).map_err(|source| ChangesError::Store {
         path: upper.clone(),
@@ -655,6 +680,43 @@ pub fn copy_layer(
         ],
         &source.upper,
     )
+}
+
+/// What a checkpoint image says of its change set, with the digest the restoring runtime
+/// computed of its own copy of the image's files.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageRef<'a> {
+    /// The sandbox the image names as the one it was taken of.
+    pub container: &'a str,
+    /// The change set the image names.
+    pub change: &'a str,
+    /// SHA-256 of the image's CRIU files (`crate::host::criu::image_digest`), computed by
+    /// the restoring runtime, not read from the image.
+    pub digest: &'a str,
+}
+
+/// At `checkpoint`: the change set whose entry is `dir` is bound to the image `digest` the
+/// runtime just wrote (kept in its record, which only the store's owner writes), so that a
+/// restore of exactly that image may reopen or copy it ([`reopen`], [`copy_layer`]).
+pub fn bind_checkpoint(dir: &Path, digest: &str) -> Result<()> {
+    let mut entry = Entry::load(dir)?;
+    if !entry.record.checkpoints.iter().any(|d| d == digest) {
+        entry.record.checkpoints.push(digest.to_owned());
+        entry.save()?;
+    }
+    Ok(())
+}
+
+/// The change set of `entry` was kept by a checkpoint whose image has `digest`.
+fn bound(entry: &Entry, digest: &str) -> Result<()> {
+    if entry.record.checkpoints.iter().any(|d| d == digest) {
+        return Ok(());
+    }
+    tracing::warn!(change = %entry.record.change, digest, "refused: the change set is not bound to the image");
+    Err(ChangesError::Unbound {
+        change: entry.record.change.clone(),
+        digest: digest.to_owned(),
+    })
 }
 
 /// Called at delete, before the sandbox's mounts go: an empty change set keeps only its
@@ -979,7 +1041,17 @@ mod tests {
             ended: Some(created),
             size_bytes: Some(10),
             empty: false,
+            checkpoints: vec![IMAGE.to_owned()],
         }
+    }
+
+    /// The digest of the image every test record was checkpointed to.
+    const IMAGE: &str = "sha256:aaaa";
+
+    /// [`copy_source`], then [`copy_layer`], as a fork's restore does.
+    fn copy_layer(store: &Store, image: &ImageRef<'_>, root: &Path, into: &Created) -> Result<()> {
+        let source = copy_source(store, image, root, &into.entry.record.workspace)?;
+        super::copy_layer(&source, into)
     }
 
     /// A sandbox that wrote nothing keeps its record and an empty upper dir, no layer: it is
@@ -1140,8 +1212,13 @@ mod tests {
             },
             base: tmp.path().join(format!("new{}", workspace.len())),
         };
+        let image = |container, change| ImageRef {
+            container,
+            change,
+            digest: IMAGE,
+        };
         let new = into("/w");
-        copy_layer(&store, root, "old", "aaaa00000001", &new).unwrap();
+        copy_layer(&store, &image("old", "aaaa00000001"), root, &new).unwrap();
         let copied = new.base.join("upper");
         assert_eq!(
             std::fs::read_to_string(copied.join("sub/notes.txt")).unwrap(),
@@ -1153,21 +1230,82 @@ mod tests {
         );
         let other = into("/other");
         assert!(matches!(
-            copy_layer(&store, root, "old", "aaaa00000001", &other),
+            copy_layer(&store, &image("old", "aaaa00000001"), root, &other),
             Err(ChangesError::OtherWorkspace { .. })
         ));
         assert!(!other.base.join("upper/sub").exists());
         // Another sandbox's change set is not found under this one's name.
         assert!(matches!(
-            copy_layer(&store, root, "someone", "aaaa00000001", &into("/w")),
+            copy_layer(&store, &image("someone", "aaaa00000001"), root, &into("/w")),
             Err(ChangesError::NotFound { .. })
         ));
         let mut open = record("cccc00000003", "old", None, 3);
         open.ended = None;
         put(&store, open);
         assert!(matches!(
-            copy_layer(&store, root, "old", "cccc00000003", &into("/w")),
+            copy_layer(&store, &image("old", "cccc00000003"), root, &into("/w")),
             Err(ChangesError::Live { .. })
         ));
+    }
+
+    /// The image's word alone opens nothing: a change set is reopened or copied only for an
+    /// image whose digest its own checkpoint bound to it, and a refused copy copies nothing.
+    #[test]
+    fn a_change_set_is_reopened_or_copied_only_for_an_image_bound_to_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store {
+            dir: tmp.path().join("store"),
+        };
+        let root = Path::new("/nonexistent-root");
+        // B ended with edits kept, never checkpointed; A was checkpointed to IMAGE.
+        let mut b = record("bbbb00000001", "b", None, 1);
+        b.checkpoints.clear();
+        put(&store, b);
+        std::fs::write(store.dir.join("bbbb00000001/upper/secret"), "B's edit").unwrap();
+        put(&store, record("aaaa00000002", "a", None, 2));
+        let into = Created {
+            entry: Entry {
+                dir: store.dir.join("cccc00000003"),
+                record: record("cccc00000003", "fork", None, 3),
+            },
+            base: tmp.path().join("fork"),
+        };
+        let refused = |got: Result<()>| {
+            assert!(matches!(&got, Err(ChangesError::Unbound { .. })), "{got:?}");
+            assert!(!into.base.join("upper/secret").exists());
+        };
+        // An image of A whose manifest names B's change set (and B): B's is bound to no image.
+        let named_b = ImageRef {
+            container: "b",
+            change: "bbbb00000001",
+            digest: IMAGE,
+        };
+        refused(copy_layer(&store, &named_b, root, &into));
+        let mount = tmp.path().join("mnt");
+        assert!(matches!(
+            reopen(&store, &named_b, root, &mount),
+            Err(ChangesError::Unbound { .. })
+        ));
+        // A's own change set, for an image of another digest (an edited image).
+        let edited = ImageRef {
+            container: "a",
+            change: "aaaa00000002",
+            digest: "sha256:bbbb",
+        };
+        refused(copy_layer(&store, &edited, root, &into));
+        // Once bound (as B's checkpoint would), B's copy goes through, and the binding is
+        // kept once.
+        bind_checkpoint(&store.dir.join("bbbb00000001"), IMAGE).unwrap();
+        bind_checkpoint(&store.dir.join("bbbb00000001"), IMAGE).unwrap();
+        let entry = Entry::load(&store.dir.join("bbbb00000001")).unwrap();
+        assert_eq!(entry.record.checkpoints, [IMAGE]);
+        copy_layer(&store, &named_b, root, &into).unwrap();
+        assert!(into.base.join("upper/secret").exists());
+        let e = ChangesError::Unbound {
+            change: "c".into(),
+            digest: "d".into(),
+        }
+        .to_string();
+        assert!(e.contains("docs/checkpoint.md#refused"), "{e}");
     }
 }

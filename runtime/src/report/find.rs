@@ -484,6 +484,7 @@ mod tests {
             ended: Some(1),
             size_bytes: Some(1),
             empty: false,
+            checkpoints: Vec::new(),
         }
     }
 

@@ -13,14 +13,14 @@ use agent_sandbox_audit::layout::human;
 use agent_sandbox_audit::promote::{self, PromoteError, Rules};
 
 use crate::harden::Ceiling;
-use crate::lifecycle::LifecycleError;
+use crate::lifecycle::WorkspaceError;
 use crate::report::find::Found;
 
 /// Errors of the `promote` command.
 #[derive(Debug, thiserror::Error)]
 pub enum PromoteCmdError {
     #[error(transparent)]
-    Lifecycle(#[from] LifecycleError),
+    Workspace(#[from] WorkspaceError),
     #[error("cannot read the workspace changes")]
     Scratch(#[from] agent_sandbox_audit::ScratchError),
     #[error(transparent)]
@@ -109,9 +109,40 @@ pub fn rules(
     Ok(Rules::new(names.iter().map(String::as_str)))
 }
 
-/// Runs the command, printing the plan to `out`.
-#[expect(clippy::too_many_lines)]
+/// Runs the command, printing the plan to `out`: the check, the plan printed, the refusals,
+/// then (unless a dry run) the staging and the apply.
 pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdError> {
+    let checked = check(req)?;
+    print_plan(req, &checked, out)?;
+    refuse(req, &checked, out)?;
+    if req.dry_run {
+        writeln!(out, "dry run: nothing was changed")?;
+        return Ok(());
+    }
+    stage_and_apply(req, checked, out)
+}
+
+/// What the check found, before anything is staged: the plan a dry run prints.
+struct Checked {
+    source: crate::report::review::ChangeSource,
+    /// The changes to promote (without the ignored ones unless asked).
+    changes: Vec<agent_sandbox_audit::Change>,
+    /// How many entries the checkout's `.gitignore` files ignore.
+    ignored: usize,
+    rules: Rules,
+    /// The sandbox's audit log, where the `promoted` record goes.
+    log: PathBuf,
+    limit: agent_sandbox_audit::SizeLimit,
+    /// The files' plan, checked without touching the target.
+    plan: promote::Plan,
+    hist: History,
+    /// The change set's digest: the one a dry run prints and `--digest` binds.
+    digest: String,
+}
+
+/// The check: the changes, the rules, the log and the limit, and the files' and history's
+/// plans, without touching the target.
+fn check(req: &Request<'_>) -> Result<Checked, PromoteCmdError> {
     let source = crate::report::review::source(req.found)?;
     let all = source.changes()?;
     // What the checkout ignores (`__pycache__`, build output) stays out unless asked.
@@ -132,8 +163,7 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
     }
     let limit = crate::report::review::size_limit(&source, req.policy)?;
     // The check runs without touching the target; only a clean plan is staged.
-    let checked = promote::prepare(&source.upper, &changes, req.to, &rules, false, &limit)?;
-    let plan = &checked;
+    let plan = promote::prepare(&source.upper, &changes, req.to, &rules, false, &limit)?;
     // The history comes back as commits under refs/agent-sandbox/CHANGE/ (or the sandbox's
     // id when it has no kept change set).
     let namespace = source
@@ -152,23 +182,39 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
         },
     )?;
     let digest = change_set_digest(&plan.digest, &hist);
+    Ok(Checked {
+        source,
+        changes,
+        ignored: ignored.paths.len(),
+        rules,
+        log,
+        limit,
+        plan,
+        hist,
+        digest,
+    })
+}
+
+/// The plan as the developer reviews it: entries, history, the ignored ones, the footprint.
+fn print_plan(req: &Request<'_>, c: &Checked, out: &mut impl Write) -> Result<(), PromoteCmdError> {
+    let plan = &c.plan;
     writeln!(
         out,
         "{} {} -> {} ({} entries, change set {})",
         if req.dry_run { "plan for" } else { "promote" },
-        source.container,
+        c.source.container,
         escape_path(req.to),
         plan.entries.len(),
-        digest
+        c.digest
     )?;
     for e in &plan.entries {
         writeln!(out, "  {}", e.describe())?;
     }
-    if !ignored.paths.is_empty() {
+    if c.ignored > 0 {
         writeln!(
             out,
             "  ({} entries the checkout's .gitignore ignores are {}: `diff --ignored` lists them)",
-            ignored.paths.len(),
+            c.ignored,
             if req.include_ignored {
                 "included (--include-ignored)"
             } else {
@@ -176,7 +222,7 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
             }
         )?;
     }
-    describe_history(&hist, out)?;
+    describe_history(&c.hist, out)?;
     writeln!(
         out,
         "writes {} of file data in {} files with {} names (holes and hard links kept; a copy that fills holes and breaks links: {}); limit {}, {}",
@@ -184,39 +230,62 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
         plan.footprint.files,
         plan.footprint.names,
         human(plan.footprint.naive),
-        human(limit.bytes),
-        limit.source
+        human(c.limit.bytes),
+        c.limit.source
     )?;
-    for (path, why) in &plan.refused {
+    Ok(())
+}
+
+/// The refusals, printed and logged: any refuses the whole promotion, and so does a
+/// `--digest` other than the change set's.
+fn refuse(req: &Request<'_>, c: &Checked, out: &mut impl Write) -> Result<(), PromoteCmdError> {
+    for (path, why) in &c.plan.refused {
         writeln!(out, "refused /{}: {why}", escape_path(path))?;
         tracing::info!(
-            id = %source.container,
+            id = %c.source.container,
             path = %escape_path(path),
             reason = %why,
             "promote refused an entry"
         );
     }
-    for r in &hist.refused {
+    for r in &c.hist.refused {
         writeln!(out, "refused {r}")?;
-        tracing::info!(id = %source.container, refusal = %r, "promote refused part of the history");
+        tracing::info!(id = %c.source.container, refusal = %r, "promote refused part of the history");
     }
-    if !plan.refused.is_empty() || !hist.refused.is_empty() {
+    if !c.plan.refused.is_empty() || !c.hist.refused.is_empty() {
         return Err(PromoteCmdError::Refused {
-            count: plan.refused.len() + hist.refused.len(),
+            count: c.plan.refused.len() + c.hist.refused.len(),
         });
     }
     if let Some(expected) = req.digest
-        && expected != digest
+        && expected != c.digest
     {
         return Err(PromoteCmdError::DigestMismatch {
             expected: expected.to_owned(),
-            actual: digest,
+            actual: c.digest.clone(),
         });
     }
-    if req.dry_run {
-        writeln!(out, "dry run: nothing was changed")?;
-        return Ok(());
-    }
+    Ok(())
+}
+
+/// Stages the checked plan again, then writes the history's objects and refs, the files
+/// and the fast-forward, and records the `promoted` event (an incomplete one on a failure).
+fn stage_and_apply(
+    req: &Request<'_>,
+    c: Checked,
+    out: &mut impl Write,
+) -> Result<(), PromoteCmdError> {
+    let Checked {
+        source,
+        changes,
+        rules,
+        log,
+        limit,
+        plan: checked,
+        hist,
+        digest,
+        ..
+    } = c;
     // Staging reads every file again: what it staged must be what was checked and printed.
     let printed = checked.digest.clone();
     drop(checked);
@@ -228,21 +297,27 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
     // Objects and quarantine refs first (they change nothing the developer uses), then the
     // files, then the checked fast-forward.
     let refs = hist.write()?;
+    let promoted = |applied: &[PathBuf], complete: bool| {
+        let mut event = plan.event(applied, complete);
+        if let agent_sandbox_audit::Event::Promoted {
+            paths, digest: d, ..
+        } = &mut event
+        {
+            // The digest the dry run printed: files and history.
+            d.clone_from(&digest);
+            paths.extend(refs.iter().map(|r| format!("R {r}")));
+        }
+        event
+    };
     match promote::apply(&plan) {
         Ok(applied) => {
             // Recorded whether or not the fast-forward still holds: files and refs are in.
             let advanced = hist.advance();
-            let mut event = plan.event(&applied, true);
-            if let agent_sandbox_audit::Event::Promoted {
-                paths, digest: d, ..
-            } = &mut event
+            let mut event = promoted(&applied, true);
+            if let (agent_sandbox_audit::Event::Promoted { paths, .. }, Ok(Some(a))) =
+                (&mut event, &advanced)
             {
-                // The digest the dry run printed: files and history.
-                d.clone_from(&digest);
-                paths.extend(refs.iter().map(|r| format!("R {r}")));
-                if let Ok(Some(a)) = &advanced {
-                    paths.push(format!("R {} {}", a.branch, a.to));
-                }
+                paths.push(format!("R {} {}", a.branch, a.to));
             }
             audit.append(&event)?;
             let advanced = advanced?;
@@ -279,15 +354,7 @@ pub fn run(req: &Request<'_>, out: &mut impl Write) -> Result<(), PromoteCmdErro
                 for p in applied {
                     writeln!(out, "  /{}", escape_path(p))?;
                 }
-                let mut event = plan.event(applied, false);
-                if let agent_sandbox_audit::Event::Promoted {
-                    paths, digest: d, ..
-                } = &mut event
-                {
-                    d.clone_from(&digest);
-                    paths.extend(refs.iter().map(|r| format!("R {r}")));
-                }
-                if let Err(e) = audit.append(&event) {
+                if let Err(e) = audit.append(&promoted(applied, false)) {
                     tracing::error!(error = %e, "cannot record the incomplete promotion");
                 }
             }

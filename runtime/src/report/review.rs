@@ -16,7 +16,7 @@ use crate::harden::{Ceiling, SandboxError};
 
 use std::sync::Arc;
 
-use crate::lifecycle::{LifecycleError, Runtime};
+use crate::lifecycle::{Runtime, WorkspaceError};
 use crate::report::changes::ReviewMount;
 use crate::report::find::Found;
 use crate::state::ContainerId;
@@ -269,7 +269,7 @@ fn write_history_and_ignored(
 
 /// The one place `diff`, `export` and `promote` find a sandbox's changes: those of the
 /// sandbox the shared resolver found (`crate::report::find`), live or kept.
-pub fn source(found: &Found) -> Result<ChangeSource, LifecycleError> {
+pub fn source(found: &Found) -> Result<ChangeSource, WorkspaceError> {
     let rt = Runtime::new(Some(&found.root))?;
     let id = &found.id;
     let ws = rt.workspace(id, found.change.as_deref())?;

@@ -16,9 +16,9 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use agent_sandbox_audit::{AuditError, AuditLog, Event, Gate, Passed};
-use agent_sandbox_policy::SandboxPolicy;
 use agent_sandbox_policy::network::{SecretSource, header_value_ok};
 use agent_sandbox_policy::policy::{AuditAtCap, NetworkMode, SniMismatch};
+use agent_sandbox_policy::{SandboxPlan, SandboxPolicy};
 use agent_sandbox_proxy::approval::{AnsweredBy, ApprovalRecord};
 use agent_sandbox_proxy::error_text::chain;
 use agent_sandbox_proxy::{
@@ -83,10 +83,11 @@ pub enum EgressError {
     Signalled { signal: &'static str },
 }
 
-/// Reads, on the host side, the secrets of the policy's credential rules and builds the
-/// headers the proxy adds. The values exist only in the proxy process: never in the
-/// sandbox's environment, files or config.
-pub fn load_credentials(policy: &SandboxPolicy) -> Result<Credentials, EgressError> {
+/// Reads, on the host side, the secrets of the plan's credential rules and builds the
+/// headers the proxy adds, each with the sandbox's own placeholder. The values exist only in
+/// the proxy process: never in the sandbox's environment, files or config.
+pub fn load_credentials(plan: &SandboxPlan) -> Result<Credentials, EgressError> {
+    let policy = &plan.policy;
     let mut entries = Vec::new();
     for (i, c) in policy.network.credentials.iter().enumerate() {
         let key = format!("network.credentials[{i}]");
@@ -124,7 +125,7 @@ pub fn load_credentials(policy: &SandboxPolicy) -> Result<Credentials, EgressErr
             placeholder: c
                 .placeholder_env
                 .as_deref()
-                .map(agent_sandbox_policy::network::placeholder_value),
+                .map(|name| plan.credential_placeholder(name)),
             upstream_ca: c.upstream_ca.as_ref().map(|p| PathBuf::from(p.as_str())),
         });
     }
@@ -471,13 +472,14 @@ fn write_records(
 #[expect(clippy::too_many_lines)]
 pub fn serve(
     netns: impl FnOnce() -> Result<std::path::PathBuf, EgressError>,
-    policy: &SandboxPolicy,
+    plan: &SandboxPlan,
     audit: &Path,
     id: &str,
     sandbox_dir: &SandboxDir,
 ) -> Result<(), EgressError> {
+    let policy = &plan.policy;
     let log = AuditLog::open(audit, id).map_err(EgressError::Audit)?;
-    let credentials = match load_credentials(policy) {
+    let credentials = match load_credentials(plan) {
         Ok(c) => c,
         Err(e) => {
             report(&chain(&e));
@@ -743,6 +745,13 @@ fn net_record(event: &EgressEvent) -> Option<Event> {
 mod tests {
     use super::*;
 
+    fn bare(policy: &SandboxPolicy) -> SandboxPlan {
+        SandboxPlan::bare(
+            policy.clone(),
+            agent_sandbox_policy::layers::LayerPlan::default(),
+        )
+    }
+
     fn finished(outcome: Outcome) -> EgressEvent {
         EgressEvent {
             stage: Stage::Finished,
@@ -825,25 +834,25 @@ mod tests {
         let file = dir.path().join("token");
         std::fs::write(&file, "s3cret\n").unwrap();
         let p = policy_with_credential(&format!("file = {:?}", file.display().to_string()));
-        let c = load_credentials(&p).unwrap();
+        let c = load_credentials(&bare(&p)).unwrap();
         let host = agent_sandbox_proxy::Host::parse("registry.test").unwrap();
         let found = c.find(&host, 8080).unwrap();
         assert_eq!(found.value, "Bearer s3cret");
 
         let missing = policy_with_credential("env = \"AGENT_SANDBOX_TEST_NO_SUCH_VAR\"");
-        let e = load_credentials(&missing).unwrap_err();
+        let e = load_credentials(&bare(&missing)).unwrap_err();
         assert!(
             matches!(&e, EgressError::SecretEnv { key, .. } if key == "network.credentials[0].env"),
             "{e}"
         );
         std::fs::write(&file, "a\nInjected: 1\n").unwrap();
         assert!(matches!(
-            load_credentials(&p),
+            load_credentials(&bare(&p)),
             Err(EgressError::SecretValue { .. })
         ));
         std::fs::remove_file(&file).unwrap();
         assert!(matches!(
-            load_credentials(&p),
+            load_credentials(&bare(&p)),
             Err(EgressError::SecretFile { .. })
         ));
     }

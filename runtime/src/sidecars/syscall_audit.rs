@@ -415,7 +415,6 @@ pub struct Helper<'a> {
 /// The supervisor's body: listens on `sandbox_dir/seccomp.sock`, reports ready on stdout,
 /// then answers and records notifications until killed or until its sandbox's init has
 /// exited ([`InitEnd`]).
-#[expect(clippy::too_many_lines)]
 pub fn supervise(
     log: &Path,
     id: &str,
@@ -425,194 +424,279 @@ pub fn supervise(
     cap: u64,
     helper: Helper<'_>,
 ) -> Result<(), SyscallAuditError> {
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let not_ready = |e: SyscallAuditError| {
-        // The runtime reads this line as the reason (stderr goes nowhere).
-        println!(
-            "{e}: {}",
-            std::error::Error::source(&e)
-                .map(ToString::to_string)
-                .unwrap_or_default()
-        );
-        e
-    };
-    // The sockets `start` opened and handed over; taken first, before anything else can
-    // open a descriptor.
-    let inherited =
-        |fd| agent_sandbox_sys::inherit::take_fd(fd).map_err(SyscallAuditError::Inherited);
-    let server = UnixListener::from(inherited(LISTENER_FD).map_err(not_ready)?);
-    // Held, never written, until this process ends: its end is the reaper's EOF.
-    let _dead_man = if helper.dead_man {
-        Some(inherited(DEAD_MAN_FD).map_err(not_ready)?)
-    } else {
-        None
-    };
-    let kernel = if kernel_audit {
-        let fd = DEAD_MAN_FD + i32::from(helper.dead_man);
-        Some(KernelAudit::from_fd(inherited(fd).map_err(not_ready)?))
-    } else {
-        None
-    };
-    let log = AuditLog::open(log, id)
-        .map_err(SyscallAuditError::Audit)
-        .map_err(not_ready)?;
-    // `stop` sends SIGTERM: it arrives as a readable descriptor in the poll below.
-    let term = {
-        use nix::sys::signal::{SigSet, Signal};
-        let mut set = SigSet::empty();
-        set.add(Signal::SIGTERM);
-        set.thread_block().ok().and_then(|()| {
-            nix::sys::signalfd::SignalFd::with_flags(
-                &set,
-                nix::sys::signalfd::SfdFlags::SFD_NONBLOCK
-                    | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
-            )
-            .ok()
-        })
-    };
+    let mut sup = Supervisor::open(log, id, errno, arch, kernel_audit, cap, helper)?;
     println!("{READY}");
     // Nothing else goes to stdout: the runtime closed its end after the ready line.
-    let mut streams: Vec<Stream> = Vec::new();
-    let mut listeners: Vec<OwnedFd> = Vec::new();
-    let mut bucket = RateLimit::new();
-    let mut fs_bucket = RateLimit::new();
-    // The denials' share of the log's cap (their own rate limits are the buckets above).
-    let mut gate = Gate::new(cap, Instant::now());
-    let mut tracker = LandlockTracker::default();
-    let mut names: HashMap<i32, String> = HashMap::new();
-    let answers = Answers::new(arch, errno);
-    let mut init_end = match std::io::stdin().as_fd().try_clone_to_owned() {
-        Ok(fd) => InitEnd::Reading(fd.into(), Vec::new()),
-        Err(_) => InitEnd::Unwatched,
-    };
     loop {
-        let (ready_server, ready_streams, ready_listeners, ready_kernel, ready_term, ready_end) = {
-            let mut fds = vec![PollFd::new(server.as_fd(), PollFlags::POLLIN)];
-            fds.extend(
-                streams
-                    .iter()
-                    .map(|s| PollFd::new(s.stream.as_fd(), PollFlags::POLLIN)),
-            );
-            fds.extend(
-                listeners
-                    .iter()
-                    .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
-            );
-            if let Some(k) = &kernel {
-                fds.push(PollFd::new(k.as_fd(), PollFlags::POLLIN));
-            }
-            if let Some(t) = &term {
-                fds.push(PollFd::new(t.as_fd(), PollFlags::POLLIN));
-            }
-            let end_fd = init_end.fd();
-            if let Some(e) = end_fd {
-                fds.push(PollFd::new(e, PollFlags::POLLIN));
-            }
-            // Pending kernel events, waiting probes and the end after the init have deadlines.
-            let timeout = if tracker.busy() || matches!(init_end, InitEnd::At(_)) {
-                PollTimeout::from(100u8)
-            } else {
-                PollTimeout::NONE
-            };
-            match poll(&mut fds, timeout) {
-                Ok(_) => {}
-                Err(nix::Error::EINTR) => continue,
-                Err(e) => return Err(SyscallAuditError::Poll(e)),
-            }
-            let flags: Vec<PollFlags> = fds
-                .iter()
-                .map(|f| f.revents().unwrap_or(PollFlags::empty()))
-                .collect();
-            let (first, rest) = flags.split_at(1);
-            let (s, rest) = rest.split_at(streams.len());
-            let (l, rest) = rest.split_at(listeners.len());
-            let (k, rest) = rest.split_at(usize::from(kernel.is_some()));
-            let (t, e) = rest.split_at(usize::from(term.is_some()));
-            (
-                first[0],
-                s.to_vec(),
-                l.to_vec(),
-                k.first().copied(),
-                t.first().copied(),
-                e.first().copied(),
-            )
+        let Some(ready) = sup.poll()? else {
+            continue;
         };
-        if ready_end.is_some_and(|f| !f.is_empty()) {
-            init_end.on_ready(id);
-        }
-        let ended = init_end.due(Instant::now());
-        if ended {
-            // Ended on its own, not died: see `Helper::pid_file`.
-            let _ = std::fs::remove_file(helper.pid_file);
-        }
-        if ready_term.is_some_and(|f| f.contains(PollFlags::POLLIN)) || ended {
-            write_pending(&log, id, &mut bucket, &mut fs_bucket);
-            if let Err(e) = gate.finish(&log) {
-                tracing::error!(id, error = %e, "cannot write the denials counted after the cap");
-            }
+        if sup.ends(&ready) {
+            sup.finish();
             return Ok(());
         }
         // Notifications first: a caller is waiting for each.
+        sup.answer_notifications(&ready.listeners);
+        let now = Instant::now();
+        let mut found = sup.take_handovers(&ready.streams, now);
+        found.extend(sup.read_kernel(ready.kernel, now));
+        sup.record(found, now);
+        if ready.server.contains(nix::poll::PollFlags::POLLIN) {
+            sup.accept();
+        }
+    }
+}
+
+/// The supervisor between two polls: its descriptors, the executors' streams and the
+/// notification listeners they handed over, and what its records are counted against.
+struct Supervisor<'a, 'h> {
+    id: &'a str,
+    arch: Arch,
+    server: UnixListener,
+    /// Held, never written, until this process ends: its end is the reaper's EOF.
+    _dead_man: Option<OwnedFd>,
+    kernel: Option<KernelAudit>,
+    /// `stop` sends SIGTERM: it arrives as a readable descriptor in the poll.
+    term: Option<nix::sys::signalfd::SignalFd>,
+    log: AuditLog,
+    streams: Vec<Stream>,
+    listeners: Vec<OwnedFd>,
+    bucket: RateLimit,
+    fs_bucket: RateLimit,
+    /// The denials' share of the log's cap (their own rate limits are the buckets above).
+    gate: Gate,
+    tracker: LandlockTracker,
+    names: HashMap<i32, String>,
+    answers: Answers,
+    init_end: InitEnd,
+    helper: Helper<'h>,
+}
+
+/// Which of the supervisor's descriptors one poll found ready, in [`Supervisor::poll`]'s
+/// order.
+struct Ready {
+    server: nix::poll::PollFlags,
+    streams: Vec<nix::poll::PollFlags>,
+    listeners: Vec<nix::poll::PollFlags>,
+    kernel: Option<nix::poll::PollFlags>,
+    term: Option<nix::poll::PollFlags>,
+    end: Option<nix::poll::PollFlags>,
+}
+
+impl<'a, 'h> Supervisor<'a, 'h> {
+    /// Takes the descriptors `start` handed over (before anything else can open one) and
+    /// opens the log; a failure is printed as the reason the runtime reads instead of the
+    /// ready line.
+    fn open(
+        log: &Path,
+        id: &'a str,
+        errno: i32,
+        arch: Arch,
+        kernel_audit: bool,
+        cap: u64,
+        helper: Helper<'h>,
+    ) -> Result<Self, SyscallAuditError> {
+        let not_ready = |e: SyscallAuditError| {
+            // The runtime reads this line as the reason (stderr goes nowhere).
+            println!(
+                "{e}: {}",
+                std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            );
+            e
+        };
+        let inherited =
+            |fd| agent_sandbox_sys::inherit::take_fd(fd).map_err(SyscallAuditError::Inherited);
+        let server = UnixListener::from(inherited(LISTENER_FD).map_err(not_ready)?);
+        let dead_man = if helper.dead_man {
+            Some(inherited(DEAD_MAN_FD).map_err(not_ready)?)
+        } else {
+            None
+        };
+        let kernel = if kernel_audit {
+            let fd = DEAD_MAN_FD + i32::from(helper.dead_man);
+            Some(KernelAudit::from_fd(inherited(fd).map_err(not_ready)?))
+        } else {
+            None
+        };
+        let log = AuditLog::open(log, id)
+            .map_err(SyscallAuditError::Audit)
+            .map_err(not_ready)?;
+        let init_end = match std::io::stdin().as_fd().try_clone_to_owned() {
+            Ok(fd) => InitEnd::Reading(fd.into(), Vec::new()),
+            Err(_) => InitEnd::Unwatched,
+        };
+        Ok(Self {
+            id,
+            arch,
+            server,
+            _dead_man: dead_man,
+            kernel,
+            term: sigterm_fd(),
+            log,
+            streams: Vec::new(),
+            listeners: Vec::new(),
+            bucket: RateLimit::new(),
+            fs_bucket: RateLimit::new(),
+            gate: Gate::new(cap, Instant::now()),
+            tracker: LandlockTracker::default(),
+            names: HashMap::new(),
+            answers: Answers::new(arch, errno),
+            init_end,
+            helper,
+        })
+    }
+
+    /// Waits for a descriptor to be ready, or for a deadline; `None` when a signal broke
+    /// the wait.
+    fn poll(&self) -> Result<Option<Ready>, SyscallAuditError> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut fds = vec![PollFd::new(self.server.as_fd(), PollFlags::POLLIN)];
+        fds.extend(
+            self.streams
+                .iter()
+                .map(|s| PollFd::new(s.stream.as_fd(), PollFlags::POLLIN)),
+        );
+        fds.extend(
+            self.listeners
+                .iter()
+                .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)),
+        );
+        if let Some(k) = &self.kernel {
+            fds.push(PollFd::new(k.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(t) = &self.term {
+            fds.push(PollFd::new(t.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(e) = self.init_end.fd() {
+            fds.push(PollFd::new(e, PollFlags::POLLIN));
+        }
+        // Pending kernel events, waiting probes and the end after the init have deadlines.
+        let timeout = if self.tracker.busy() || matches!(self.init_end, InitEnd::At(_)) {
+            PollTimeout::from(100u8)
+        } else {
+            PollTimeout::NONE
+        };
+        match poll(&mut fds, timeout) {
+            Ok(_) => {}
+            Err(nix::Error::EINTR) => return Ok(None),
+            Err(e) => return Err(SyscallAuditError::Poll(e)),
+        }
+        let flags: Vec<PollFlags> = fds
+            .iter()
+            .map(|f| f.revents().unwrap_or(PollFlags::empty()))
+            .collect();
+        let (first, rest) = flags.split_at(1);
+        let (s, rest) = rest.split_at(self.streams.len());
+        let (l, rest) = rest.split_at(self.listeners.len());
+        let (k, rest) = rest.split_at(usize::from(self.kernel.is_some()));
+        let (t, e) = rest.split_at(usize::from(self.term.is_some()));
+        Ok(Some(Ready {
+            server: first[0],
+            streams: s.to_vec(),
+            listeners: l.to_vec(),
+            kernel: k.first().copied(),
+            term: t.first().copied(),
+            end: e.first().copied(),
+        }))
+    }
+
+    /// Whether the supervisor ends now: `stop`'s SIGTERM, or the init's end (then on its
+    /// own, not died: see [`Helper::pid_file`]).
+    fn ends(&mut self, ready: &Ready) -> bool {
+        use nix::poll::PollFlags;
+        if ready.end.is_some_and(|f| !f.is_empty()) {
+            self.init_end.on_ready(self.id);
+        }
+        let ended = self.init_end.due(Instant::now());
+        if ended {
+            let _ = std::fs::remove_file(self.helper.pid_file);
+        }
+        ready.term.is_some_and(|f| f.contains(PollFlags::POLLIN)) || ended
+    }
+
+    /// The last records: what the rate limits and the cap counted.
+    fn finish(&mut self) {
+        write_pending(&self.log, self.id, &mut self.bucket, &mut self.fs_bucket);
+        if let Err(e) = self.gate.finish(&self.log) {
+            tracing::error!(id = self.id, error = %e, "cannot write the denials counted after the cap");
+        }
+    }
+
+    /// Answers each pending notification with its errno, recording it as the rate limit
+    /// lets through; drops the listeners whose filter is gone.
+    fn answer_notifications(&mut self, ready: &[nix::poll::PollFlags]) {
+        use nix::poll::PollFlags;
         let mut gone = Vec::new();
-        for (i, flags) in ready_listeners.iter().enumerate() {
-            let listener = listeners[i].as_fd();
+        for (i, flags) in ready.iter().enumerate() {
             if flags.contains(PollFlags::POLLIN) {
-                let Ok(n) = seccomp_notify::receive(listener) else {
-                    continue;
-                };
-                // The caller waits for the answer, so its /proc entries are stable until then:
-                // read them first (only for records the rate limit lets through), check the
-                // notification is still pending (the pid was not reused), then answer.
-                let record = bucket.take(Instant::now());
-                let who = record.then(|| (proc_text(n.pid, "comm"), proc_text(n.pid, "exe")));
-                let valid = seccomp_notify::id_valid(listener, n.id);
-                let errno = answers.errno_for(n.nr);
-                let answered = seccomp_notify::deny(listener, n.id, errno);
-                let Some((comm, exe)) = who.filter(|_| valid && answered.is_ok()) else {
-                    continue;
-                };
-                let comm = comm.unwrap_or_default();
-                let event = Event::SyscallDenied {
-                    syscall: name_of(&mut names, arch, i64::from(n.nr)),
-                    nr: i64::from(n.nr),
-                    pid: i32::try_from(n.pid).unwrap_or(-1),
-                    comm,
-                    exe,
-                    errno: Some(errno),
-                    suppressed: bucket.take_suppressed(),
-                };
-                if let Err(e) = gate.write(&log, RecordStream::Kernel, &event) {
-                    tracing::error!(id, error = %e, "cannot write a syscall_denied record");
-                }
+                self.answer_one(i);
             } else if flags.intersects(PollFlags::POLLHUP | PollFlags::POLLERR) {
                 gone.push(i);
             }
         }
         for i in gone.into_iter().rev() {
-            listeners.remove(i);
+            self.listeners.remove(i);
         }
-        let now = Instant::now();
+    }
+
+    /// Answers the notification pending on listener `i`.
+    fn answer_one(&mut self, i: usize) {
+        let listener = self.listeners[i].as_fd();
+        let Ok(n) = seccomp_notify::receive(listener) else {
+            return;
+        };
+        // The caller waits for the answer, so its /proc entries are stable until then:
+        // read them first (only for records the rate limit lets through), check the
+        // notification is still pending (the pid was not reused), then answer.
+        let record = self.bucket.take(Instant::now());
+        let who = record.then(|| (proc_text(n.pid, "comm"), proc_text(n.pid, "exe")));
+        let valid = seccomp_notify::id_valid(listener, n.id);
+        let errno = self.answers.errno_for(n.nr);
+        let answered = seccomp_notify::deny(listener, n.id, errno);
+        let Some((comm, exe)) = who.filter(|_| valid && answered.is_ok()) else {
+            return;
+        };
+        let event = Event::SyscallDenied {
+            syscall: name_of(&mut self.names, self.arch, i64::from(n.nr)),
+            nr: i64::from(n.nr),
+            pid: i32::try_from(n.pid).unwrap_or(-1),
+            comm: comm.unwrap_or_default(),
+            exe,
+            errno: Some(errno),
+            suppressed: self.bucket.take_suppressed(),
+        };
+        if let Err(e) = self.gate.write(&self.log, RecordStream::Kernel, &event) {
+            tracing::error!(id = self.id, error = %e, "cannot write a syscall_denied record");
+        }
+    }
+
+    /// What the executors' streams handed over: a notification listener (with, after a
+    /// Landlock probe, the probing process to wait for), or the wall clock to arm. Drops the
+    /// streams that ended.
+    fn take_handovers(&mut self, ready: &[nix::poll::PollFlags], now: Instant) -> Vec<Found> {
         let mut found = Vec::new();
         let mut gone = Vec::new();
-        for (i, flags) in ready_streams.iter().enumerate() {
+        for (i, flags) in ready.iter().enumerate() {
             if flags.is_empty() {
                 continue;
             }
-            match seccomp_notify::recv_fd(streams[i].stream.as_fd()) {
+            match seccomp_notify::recv_fd(self.streams[i].stream.as_fd()) {
                 Ok(Some(got)) => {
                     if let Handover::WallClock { seconds } = got.what {
-                        (helper.arm)(seconds, got.fd);
+                        (self.helper.arm)(seconds, got.fd);
                         continue;
                     }
-                    listeners.push(got.fd);
+                    self.listeners.push(got.fd);
                     if let Handover::Probed { port } = got.what {
-                        match (got.pid.filter(|p| *p > 0), &kernel) {
+                        match (got.pid.filter(|p| *p > 0), &self.kernel) {
                             (Some(pid), Some(_)) => {
-                                streams[i].waiting = Some(pid);
-                                found.extend(tracker.wait_for(pid, port, now));
+                                self.streams[i].waiting = Some(pid);
+                                found.extend(self.tracker.wait_for(pid, port, now));
                             }
                             // Nothing to wait for: answer at once.
-                            _ => streams[i].answer(),
+                            _ => self.streams[i].answer(),
                         }
                     }
                 }
@@ -620,24 +704,41 @@ pub fn supervise(
             }
         }
         for i in gone.into_iter().rev() {
-            streams.remove(i);
+            self.streams.remove(i);
         }
-        if let Some(k) = &kernel {
-            if ready_kernel.is_some_and(|f| f.contains(PollFlags::POLLIN)) {
-                let (records, lost) = k.drain(256);
-                if lost {
-                    tracing::warn!(id, "kernel audit records were dropped for this reader");
-                }
-                for r in &records {
-                    found.extend(tracker.feed(r, now));
-                }
+        found
+    }
+
+    /// The kernel audit records read now and what the Landlock tracker makes of them, with
+    /// the waits that expired.
+    fn read_kernel(&mut self, ready: Option<nix::poll::PollFlags>, now: Instant) -> Vec<Found> {
+        let mut found = Vec::new();
+        let Some(k) = &self.kernel else {
+            return found;
+        };
+        if ready.is_some_and(|f| f.contains(nix::poll::PollFlags::POLLIN)) {
+            let (records, lost) = k.drain(256);
+            if lost {
+                tracing::warn!(
+                    id = self.id,
+                    "kernel audit records were dropped for this reader"
+                );
             }
-            found.extend(tracker.expire(now));
+            for r in &records {
+                found.extend(self.tracker.feed(r, now));
+            }
         }
+        found.extend(self.tracker.expire(now));
+        found
+    }
+
+    /// Records what the tracker found (the filesystem denials as their rate limit lets
+    /// through) and lets the executors it names go on.
+    fn record(&mut self, found: Vec<Found>, now: Instant) {
         for f in found {
             let event = match f {
                 Found::Denied(d) => {
-                    if !fs_bucket.take(now) {
+                    if !self.fs_bucket.take(now) {
                         continue;
                     }
                     Event::FsDenied {
@@ -646,22 +747,24 @@ pub fn supervise(
                         pid: d.pid,
                         comm: d.comm,
                         exe: d.exe,
-                        syscall: d.syscall_nr.map(|nr| name_of(&mut names, arch, nr)),
+                        syscall: d
+                            .syscall_nr
+                            .map(|nr| name_of(&mut self.names, self.arch, nr)),
                         domain: Some(d.domain),
-                        suppressed: fs_bucket.take_suppressed(),
+                        suppressed: self.fs_bucket.take_suppressed(),
                     }
                 }
                 Found::Unrecorded { count, .. } => {
                     // Reported with the next record, like what the rate limit leaves out.
-                    fs_bucket.add_suppressed(count);
+                    self.fs_bucket.add_suppressed(count);
                     continue;
                 }
                 Found::Claimed { pid, .. } => {
-                    answer(&mut streams, pid);
+                    answer(&mut self.streams, pid);
                     continue;
                 }
                 Found::TimedOut { pid } => {
-                    answer(&mut streams, pid);
+                    answer(&mut self.streams, pid);
                     Event::LayerInactive {
                         layer: "fs_denied".to_owned(),
                         reason: format!(
@@ -671,25 +774,37 @@ pub fn supervise(
                 }
             };
             let written = match RecordStream::of(&event) {
-                Some(stream) => gate.write(&log, stream, &event).map(drop),
-                None => log.append(&event).map(drop),
+                Some(stream) => self.gate.write(&self.log, stream, &event).map(drop),
+                None => self.log.append(&event).map(drop),
             };
             if let Err(e) = written {
-                tracing::error!(id, error = %e, kind = event.kind(), "cannot write a record");
+                tracing::error!(id = self.id, error = %e, kind = event.kind(), "cannot write a record");
             }
         }
-        if ready_server.contains(PollFlags::POLLIN)
-            && let Ok((s, _)) = server.accept()
-        {
+    }
+
+    /// A new executor's stream.
+    fn accept(&mut self) {
+        if let Ok((s, _)) = self.server.accept() {
             // The executor sends its credentials; the kernel shows them only to a receiver
             // that asked for them.
             let _ = seccomp_notify::pass_credentials(s.as_fd());
-            streams.push(Stream {
+            self.streams.push(Stream {
                 stream: s,
                 waiting: None,
             });
         }
     }
+}
+
+/// SIGTERM blocked and read from a descriptor (none if that fails: `stop` then kills).
+fn sigterm_fd() -> Option<nix::sys::signalfd::SignalFd> {
+    use nix::sys::signal::{SigSet, Signal};
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.thread_block().ok()?;
+    SignalFd::with_flags(&set, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
 }
 
 /// One executor's stream, and the pid of the creator waiting on it for its probe answer.

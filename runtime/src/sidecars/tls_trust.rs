@@ -9,8 +9,10 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use agent_sandbox_policy::SandboxPolicy;
-use agent_sandbox_policy::network::{DomainRule, placeholder_value};
+use std::collections::BTreeMap;
+
+use agent_sandbox_policy::network::{DomainRule, placeholder_for, placeholder_value};
+use agent_sandbox_policy::{SandboxPlan, SandboxPolicy};
 use libcontainer::oci_spec::runtime::{Mount, Process, Spec};
 
 use crate::files::FileError;
@@ -45,6 +47,8 @@ const MAX_BUNDLE: u64 = 8 << 20;
 pub enum TrustError {
     #[error("cannot make the sandbox's CA")]
     Ca(#[source] agent_sandbox_proxy::ca::CaError),
+    #[error("cannot make the sandbox's credential placeholders")]
+    Placeholder(#[source] agent_sandbox_proxy::placeholder::PlaceholderError),
     #[error(transparent)]
     File(#[from] FileError),
     #[error("the pod's CA directory {path} is missing (the pod's policy has no https credential)", path = path.display())]
@@ -120,11 +124,37 @@ pub fn prepare(
     Ok(())
 }
 
-/// The variables that make common tools trust the sandbox's CA, and the placeholders of the
-/// policy's credentials, added to a process of the sandbox (init or exec); any the caller set
-/// are replaced.
-pub fn inject_env(process: &mut Process, policy: &SandboxPolicy) {
-    let vars = env_vars(policy);
+/// The sandbox's credential placeholders, one per `placeholder_env` of `policy`: the one `keep`
+/// holds for that name if it is well formed (a restore in place keeps its own, a pod's member
+/// takes its pod's), else a new one with a random suffix (a create, a fork; docs/egress.md#placeholders).
+pub fn placeholders(
+    policy: &SandboxPolicy,
+    keep: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, TrustError> {
+    let mut out = BTreeMap::new();
+    for name in policy
+        .network
+        .credentials
+        .iter()
+        .filter_map(|c| c.placeholder_env.as_ref())
+    {
+        let value = match keep.get(name) {
+            Some(v) if placeholder_for(name, v) => v.clone(),
+            _ => placeholder_value(
+                name,
+                &agent_sandbox_proxy::placeholder::suffix().map_err(TrustError::Placeholder)?,
+            ),
+        };
+        out.insert(name.clone(), value);
+    }
+    Ok(out)
+}
+
+/// The variables that make common tools trust the sandbox's CA, and the sandbox's own
+/// credential placeholders, added to a process of the sandbox (init or exec); any the caller
+/// set are replaced.
+pub fn inject_env(process: &mut Process, plan: &SandboxPlan) {
+    let vars = env_vars(plan);
     if vars.is_empty() {
         return;
     }
@@ -138,7 +168,8 @@ pub fn inject_env(process: &mut Process, policy: &SandboxPolicy) {
 }
 
 /// See [`inject_env`].
-pub fn env_vars(policy: &SandboxPolicy) -> Vec<(String, String)> {
+pub fn env_vars(plan: &SandboxPlan) -> Vec<(String, String)> {
+    let policy = &plan.policy;
     if !policy.network.terminates_tls() {
         return Vec::new();
     }
@@ -161,7 +192,7 @@ pub fn env_vars(policy: &SandboxPolicy) -> Vec<(String, String)> {
     ));
     for c in &policy.network.credentials {
         if let Some(name) = &c.placeholder_env {
-            vars.push((name.clone(), placeholder_value(name)));
+            vars.push((name.clone(), plan.credential_placeholder(name)));
         }
     }
     vars
@@ -220,6 +251,13 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), FileError> {
 mod tests {
     use super::*;
 
+    fn bare(policy: &SandboxPolicy) -> SandboxPlan {
+        SandboxPlan::bare(
+            policy.clone(),
+            agent_sandbox_policy::layers::LayerPlan::default(),
+        )
+    }
+
     fn policy(extra: &str) -> SandboxPolicy {
         let text = format!(
             "[network]\nmode = \"proxy\"\nallow = [\"api.example.com\"]\n\
@@ -227,6 +265,45 @@ mod tests {
              env = \"T\"\n{extra}"
         );
         SandboxPolicy::parse(&text, "test.toml").unwrap()
+    }
+
+    /// Each sandbox gets placeholders of its own; what `keep` holds for a name (a restore in
+    /// place: the sandbox's own; a pod's member: its pod's) stays, unless it is not a
+    /// placeholder for that name; a fork keeps nothing and gets new ones.
+    #[test]
+    fn placeholders_are_new_per_sandbox_kept_in_place_and_new_for_a_fork() {
+        let p = policy("https = true\nplaceholder_env = \"API_TOKEN\"\n");
+        let none = BTreeMap::new();
+        let parent = placeholders(&p, &none).unwrap();
+        let sibling = placeholders(&p, &none).unwrap();
+        assert_ne!(parent["API_TOKEN"], sibling["API_TOKEN"]);
+        // A restore in place hands the image's back: the same.
+        assert_eq!(placeholders(&p, &parent).unwrap(), parent);
+        // A fork hands nothing: a new one, the parent's and the sibling's both refused.
+        let fork = placeholders(&p, &none).unwrap();
+        assert!(
+            fork["API_TOKEN"] != parent["API_TOKEN"] && fork["API_TOKEN"] != sibling["API_TOKEN"]
+        );
+        // What is not a placeholder of the name is never kept (an edited image).
+        for bad in [
+            agent_sandbox_policy::network::legacy_placeholder_value("API_TOKEN"),
+            placeholder_value("OTHER", &"0".repeat(32)),
+            "x".to_owned(),
+        ] {
+            let keep = BTreeMap::from([("API_TOKEN".to_owned(), bad.clone())]);
+            let got = placeholders(&p, &keep).unwrap();
+            assert!(got["API_TOKEN"] != bad && placeholder_for("API_TOKEN", &got["API_TOKEN"]));
+        }
+        // Only the policy's names, whatever `keep` holds.
+        let extra = BTreeMap::from([(
+            "OTHER".to_owned(),
+            placeholder_value("OTHER", &"0".repeat(32)),
+        )]);
+        assert_eq!(
+            placeholders(&p, &extra).unwrap().keys().collect::<Vec<_>>(),
+            ["API_TOKEN"]
+        );
+        assert!(placeholders(&policy(""), &parent).unwrap().is_empty());
     }
 
     fn sandbox_dir(root: &Path) -> SandboxDir {
@@ -284,12 +361,16 @@ mod tests {
 
         let mut process = Process::default();
         process.set_env(Some(vec!["SSL_CERT_FILE=/mine".into(), "A=1".into()]));
-        inject_env(&mut process, &p);
+        let mut plan = bare(&p);
+        plan.credential_placeholders = placeholders(&p, &BTreeMap::new()).unwrap();
+        let own = plan.credential_placeholders["API_TOKEN"].clone();
+        assert!(placeholder_for("API_TOKEN", &own), "{own}");
+        inject_env(&mut process, &plan);
         let env = process.env().clone().unwrap();
         assert!(env.contains(&"A=1".to_owned()));
         assert!(env.contains(&format!("SSL_CERT_FILE={TRUST_DIR}/{BUNDLE_NAME}")));
         assert!(env.contains(&format!("NODE_EXTRA_CA_CERTS={TRUST_DIR}/{CA_NAME}")));
-        assert!(env.contains(&"API_TOKEN=agent-sandbox-placeholder-API_TOKEN".to_owned()));
+        assert!(env.contains(&format!("API_TOKEN={own}")));
         assert!(!env.contains(&"SSL_CERT_FILE=/mine".to_owned()));
     }
 
@@ -302,7 +383,7 @@ mod tests {
         let state = sandbox_dir(dir.path());
         prepare(&mut spec, &p, "abc", &state, dir.path(), dir.path(), None).unwrap();
         assert_eq!(spec.mounts(), &before);
-        assert!(env_vars(&p).is_empty());
+        assert!(env_vars(&bare(&p)).is_empty());
         assert!(!state.tls_key().exists());
     }
 }

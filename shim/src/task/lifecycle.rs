@@ -28,7 +28,6 @@ use crate::stdio::{Copies, StdioPaths};
 use super::{DELETED_MARKER, Result, TaskService, now};
 
 impl TaskService {
-    #[expect(clippy::too_many_lines)]
     pub(super) async fn do_create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
         check_id("container id", &req.id)?;
         if self
@@ -78,13 +77,7 @@ impl TaskService {
             }
         };
 
-        let cgroups = (pid != 0)
-            .then(|| {
-                Cgroups::of_pid(pid)
-                    .inspect_err(|e| warn!("cgroups of {pid}: {e}"))
-                    .ok()
-            })
-            .flatten();
+        let cgroups = init_cgroups(pid);
         let oom_published = Arc::new(AtomicBool::new(false));
         let oom_kills_at_create = cgroups.as_ref().and_then(Cgroups::oom_kills).unwrap_or(0);
         let oom_task = cgroups
@@ -114,11 +107,19 @@ impl TaskService {
             .containers
             .insert(req.id.clone(), container);
 
-        let rootfs = req.rootfs.clone();
+        self.publish_create(&req, paths, pid).await;
+        Ok(CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    /// The `TaskCreate` event of the task `req` created, with init `pid`.
+    async fn publish_create(&self, req: &CreateTaskRequest, paths: StdioPaths, pid: u32) {
         self.publish(TaskCreate {
             container_id: req.id.clone(),
             bundle: req.bundle.clone(),
-            rootfs,
+            rootfs: req.rootfs.clone(),
             io: Some(TaskIO {
                 stdin: paths.stdin,
                 stdout: paths.stdout,
@@ -132,10 +133,6 @@ impl TaskService {
             ..Default::default()
         })
         .await;
-        Ok(CreateTaskResponse {
-            pid,
-            ..Default::default()
-        })
     }
 
     /// Publishes TaskOOM for every OOM notification of the container's memory cgroup.
@@ -442,4 +439,16 @@ impl TaskService {
         .await;
         Ok(Empty::new())
     }
+}
+
+/// The cgroups of the task's init `pid` (none for a restore's placeholder pid 0, or when
+/// they cannot be read: logged).
+fn init_cgroups(pid: u32) -> Option<Cgroups> {
+    (pid != 0)
+        .then(|| {
+            Cgroups::of_pid(pid)
+                .inspect_err(|e| warn!("cgroups of {pid}: {e}"))
+                .ok()
+        })
+        .flatten()
 }

@@ -3,7 +3,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))] // a unit test may be a long scenario
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use agent_sandbox_audit::{Event, ExportTarget};
 use anyhow::{Context as _, Result, bail};
@@ -79,7 +79,6 @@ fn main() {
     }
 }
 
-#[expect(clippy::too_many_lines)]
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Append {
@@ -88,31 +87,8 @@ fn run(cli: Cli) -> Result<()> {
             event,
             count,
             batch,
-        } => {
-            let event: Event = serde_json::from_str(&event).context("invalid --event JSON")?;
-            let w = agent_sandbox_audit::AuditLog::open(&log, &sandbox)?;
-            let mut left = count;
-            while left > 0 {
-                let n = left.min(batch.max(1));
-                let events = vec![event.clone(); usize::try_from(n)?];
-                w.append_all(&events)?;
-                left -= n;
-            }
-        }
-        Cmd::Verify { log, anchor } => {
-            let r = match anchor {
-                None => agent_sandbox_audit::verify(&log)?,
-                Some(a) => {
-                    let (seq, head) = a.split_once(':').context("--anchor must be SEQ:HEAD")?;
-                    let anchor = agent_sandbox_audit::Anchor {
-                        seq: seq.parse().context("--anchor SEQ must be a number")?,
-                        head: head.to_owned(),
-                    };
-                    agent_sandbox_audit::verify_with_anchor(&log, &anchor)?
-                }
-            };
-            println!("ok: {} records, head {}", r.records, r.head);
-        }
+        } => append(&log, &sandbox, &event, count, batch)?,
+        Cmd::Verify { log, anchor } => verify(&log, anchor.as_deref())?,
         Cmd::Show { log, json } => {
             if json {
                 let data = std::fs::read(&log)
@@ -141,24 +117,7 @@ fn run(cli: Cli) -> Result<()> {
                 (None, Some(t)) => ExportTarget::Tar(t),
                 _ => bail!("give exactly one of --to-dir and --to-tar"),
             };
-            let limit = agent_sandbox_audit::SizeLimit {
-                bytes: max_bytes,
-                source: "--max-bytes".to_owned(),
-            };
-            let s = agent_sandbox_audit::export(&upper, lower.as_deref(), &to, &limit)?;
-            println!(
-                "exported {} files ({} bytes of data, {} apparent) and {} hard links, {} dirs, {} symlinks, {} special; {} deleted, {} opaque, {} skipped",
-                s.files,
-                s.bytes,
-                s.apparent,
-                s.links,
-                s.dirs,
-                s.symlinks,
-                s.special,
-                s.deleted.len(),
-                s.opaque.len(),
-                s.skipped.len()
-            );
+            export(&upper, lower.as_deref(), &to, max_bytes)?;
         }
         Cmd::Repair { log } => match agent_sandbox_audit::repair_torn_tail(&log)? {
             Some(t) => {
@@ -173,5 +132,59 @@ fn run(cli: Cli) -> Result<()> {
             None => eprintln!("log ends cleanly; nothing cut"),
         },
     }
+    Ok(())
+}
+
+/// `append`: `count` copies of `event`, `batch` to a write.
+fn append(log: &Path, sandbox: &str, event: &str, count: u64, batch: u64) -> Result<()> {
+    let event: Event = serde_json::from_str(event).context("invalid --event JSON")?;
+    let w = agent_sandbox_audit::AuditLog::open(log, sandbox)?;
+    let mut left = count;
+    while left > 0 {
+        let n = left.min(batch.max(1));
+        let events = vec![event.clone(); usize::try_from(n)?];
+        w.append_all(&events)?;
+        left -= n;
+    }
+    Ok(())
+}
+
+/// `verify`, against `--anchor SEQ:HEAD` when given.
+fn verify(log: &Path, anchor: Option<&str>) -> Result<()> {
+    let r = match anchor {
+        None => agent_sandbox_audit::verify(log)?,
+        Some(a) => {
+            let (seq, head) = a.split_once(':').context("--anchor must be SEQ:HEAD")?;
+            let anchor = agent_sandbox_audit::Anchor {
+                seq: seq.parse().context("--anchor SEQ must be a number")?,
+                head: head.to_owned(),
+            };
+            agent_sandbox_audit::verify_with_anchor(log, &anchor)?
+        }
+    };
+    println!("ok: {} records, head {}", r.records, r.head);
+    Ok(())
+}
+
+/// `export` to `to`, refused above `max_bytes`.
+fn export(upper: &Path, lower: Option<&Path>, to: &ExportTarget, max_bytes: u64) -> Result<()> {
+    let limit = agent_sandbox_audit::SizeLimit {
+        bytes: max_bytes,
+        source: "--max-bytes".to_owned(),
+    };
+    let s = agent_sandbox_audit::export(upper, lower, to, &limit)?;
+    println!(
+        "exported {} files ({} bytes of data, {} apparent) and {} hard links, {} dirs, {} symlinks, {} special; {} deleted, {} opaque, {} skipped",
+        s.files,
+        s.bytes,
+        s.apparent,
+        s.links,
+        s.dirs,
+        s.symlinks,
+        s.special,
+        s.deleted.len(),
+        s.opaque.len(),
+        s.skipped.len()
+    );
     Ok(())
 }

@@ -20,7 +20,7 @@ use super::harness::{SERVER_IP, TestRules, ip, resolver_for, start_proxy_with};
 const API: &str = "api.test";
 const OTHER: &str = "other.test";
 const SECRET: &str = "s3cret-token";
-const PLACEHOLDER: &str = "agent-sandbox-placeholder-API_TOKEN";
+const PLACEHOLDER: &str = "agent-sandbox-placeholder-API_TOKEN-0123456789abcdef0123456789abcdef";
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
