@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use libcontainer::oci_spec::runtime::Mount;
 use std::sync::Arc;
 
+use super::host_procs::PlacingGuards;
 use super::{CreateError, Hardened, Host, Ids, Result};
 use crate::enforce::executor::SandboxExecutor;
 use crate::lifecycle::{self, CreateOpts, Runtime};
@@ -69,7 +70,7 @@ impl Runtime {
     }
 
     /// libcontainer's create of the init from `bundle`, which then waits for `start`.
-    /// Returns the init's host pid, and HOME's guards for [`Runtime::place_home_guards`].
+    /// Returns the init's host pid, and HOME's guards for [`Runtime::start_home_guards`].
     ///
     /// Where `split_home_guards` allows, libcontainer creates the container from the spec
     /// without HOME's guards, in `bundle/engine/` (its checked mount path costs about 80
@@ -109,13 +110,26 @@ impl Runtime {
         Ok((pid, guards))
     }
 
-    /// HOME's guards that [`Runtime::build`] left to the runtime, placed in the created
-    /// container of `pid`. Before `start`: nothing of the sandbox has run yet.
-    pub(super) fn place_home_guards(&self, pid: i32, guards: &[Mount]) -> Result<()> {
+    /// Starts placing HOME's guards that [`Runtime::build`] left to the runtime in the
+    /// created container of `pid`; `None` without any. Before `start`: nothing of the
+    /// sandbox has run yet, and nothing may before [`Runtime::home_guards_placed`].
+    pub(super) fn start_home_guards(
+        &self,
+        pid: i32,
+        guards: &[Mount],
+    ) -> Result<Option<Box<dyn PlacingGuards>>> {
         if guards.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        Ok(self.procs().place_home_guards(pid, guards)?)
+        Ok(Some(self.procs().start_home_guards(pid, guards)?))
+    }
+
+    /// Waits until every guard [`Runtime::start_home_guards`] started placing is in place.
+    pub(super) fn home_guards_placed(&self, placing: Option<Box<dyn PlacingGuards>>) -> Result<()> {
+        match placing {
+            Some(p) => Ok(p.wait()?),
+            None => Ok(()),
+        }
     }
 
     /// libcontainer's create of the init from the spec in `bundle`.

@@ -1,7 +1,8 @@
 //! The HOME guards placed by the runtime instead of libcontainer: the mounts
 //! `agent_sandbox_policy::harden::split_home_guards` splits off the hardened spec, turned
 //! into the few raw system calls of `agent_sandbox_sys::guard_mounts` and placed in the
-//! created container before `create` returns. The spec's option words are read strictly:
+//! created container, by a child that runs while `create` ties the sidecars to the init,
+//! before `create` returns. The spec's option words are read strictly:
 //! one this code does not know fails the create rather than being dropped.
 
 use agent_sandbox_sys::guard_mounts::{self, Guard, GuardKind, GuardMount};
@@ -58,10 +59,11 @@ pub fn guard(m: &Mount) -> Result<Guard, MountError> {
     })
 }
 
-/// Places `mounts` (in order) in the created container whose init is `pid`.
-pub fn place(pid: i32, mounts: &[Mount]) -> Result<(), MountError> {
+/// Starts placing `mounts` (in order) in the created container whose init is `pid`; the
+/// returned child's [`Placing::wait`](guard_mounts::Placing::wait) says when they all are.
+pub fn start(pid: i32, mounts: &[Mount]) -> Result<guard_mounts::Placing, MountError> {
     let guards = mounts.iter().map(guard).collect::<Result<Vec<_>, _>>()?;
-    guard_mounts::place(pid, &guards).map_err(MountError::HomeGuards)
+    guard_mounts::start(pid, &guards).map_err(MountError::HomeGuards)
 }
 
 #[cfg(test)]
