@@ -174,9 +174,30 @@ const SPAWN: [Step; 3] = [
     Step::PrespawnProxy,
 ];
 
-/// The steps of phase 5 after the build for a sandbox of its own (not a pod's): `lo` up,
-/// the proxy bound in the init's namespace, the supervisor's ready line.
+/// The step of phase 5 right after libcontainer's create: the child that places HOME's
+/// guards in the container (`split_home_guards`) starts.
+const BUILT: [Step; 1] = [Step::HomeGuards];
+
+/// The steps of phase 5 after the build for a sandbox of its own (not a pod's), while the
+/// guards' child runs: `lo` up, the proxy bound in the init's namespace, the supervisor's
+/// ready line. A failure among them drops the child, which must not be left running.
 const ATTACH: [Step; 3] = [Step::LoopbackUp, Step::FinishProxy, Step::SupervisorReady];
+
+/// The last step of phase 5: the guards' child says every guard is in place.
+const PLACED: [Step; 1] = [Step::HomeGuardsPlaced];
+
+/// Every step of phases 4 and 5, then `then`.
+fn through_phase_5(then: &[Step]) -> Vec<Step> {
+    [
+        &INSTALL[..],
+        &SPAWN[..],
+        &BUILT[..],
+        &ATTACH[..],
+        &PLACED[..],
+        then,
+    ]
+    .concat()
+}
 
 /// How far libcontainer got.
 #[derive(Debug, Clone, Copy)]
@@ -415,12 +436,26 @@ fn cases_before_build() -> Vec<Case> {
 /// the record. Clean-up deletes the container too.
 fn cases_after_build() -> Vec<Case> {
     vec![
+        // HOME's guards' child cannot start in the built container: it is deleted, and the
+        // sidecars that started beside it are stopped.
+        Case {
+            name: "guards",
+            fail: &[Step::HomeGuards],
+            error: |e, _| {
+                matches!(
+                    e,
+                    CreateError::Mount(crate::enforce::mounts::MountError::GuardOption { .. })
+                )
+            },
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..]].concat(),
+            ..base(true)
+        },
         // `lo` cannot be brought up in the init's namespace.
         Case {
             name: "lo",
             fail: &[Step::LoopbackUp],
             error: |e, _| matches!(e, CreateError::Loopback(_)),
-            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..1]].concat(),
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..1]].concat(),
             ..base(true)
         },
         // A pod's sandbox container whose namespaces cannot be pinned for its members.
@@ -429,7 +464,13 @@ fn cases_after_build() -> Vec<Case> {
             spec: pod_sandbox,
             fail: &[Step::PinPod],
             error: |e, _| matches!(e, CreateError::Pod(crate::pod::PodError::Pin { .. })),
-            taken: [&INSTALL[..], &SPAWN[..], &[Step::LoopbackUp, Step::PinPod]].concat(),
+            taken: [
+                &INSTALL[..],
+                &SPAWN[..],
+                &BUILT[..],
+                &[Step::LoopbackUp, Step::PinPod],
+            ]
+            .concat(),
             ..base(true)
         },
         // The proxy cannot bind in the init's namespace; still running (its pid file was
@@ -438,7 +479,7 @@ fn cases_after_build() -> Vec<Case> {
             name: "bind",
             fail: &[Step::FinishProxy],
             error: |e, _| matches!(e, CreateError::Egress(EgressError::NotReady { .. })),
-            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..2]].concat(),
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..2]].concat(),
             ..base(true)
         },
         // The supervisor never says it is ready: a sandbox whose denials nobody answers is
@@ -452,7 +493,23 @@ fn cases_after_build() -> Vec<Case> {
                     CreateError::SyscallAudit(SyscallAuditError::NotReady { .. })
                 )
             },
-            taken: [&INSTALL[..], &SPAWN[..], &ATTACH[..]].concat(),
+            taken: [&INSTALL[..], &SPAWN[..], &BUILT[..], &ATTACH[..]].concat(),
+            ..base(true)
+        },
+        // The guards' child placed a part of them and failed: the sandbox, whose sidecars
+        // were all tied to it meanwhile, is not handed out.
+        Case {
+            name: "placed",
+            fail: &[Step::HomeGuardsPlaced],
+            error: |e, _| {
+                matches!(
+                    e,
+                    CreateError::Mount(crate::enforce::mounts::MountError::HomeGuards(
+                        agent_sandbox_sys::guard_mounts::GuardMountError::Place { .. }
+                    ))
+                )
+            },
+            taken: through_phase_5(&[]),
             ..base(true)
         },
         // Phase 6 (record): the limits read back are not those asked for. Every sidecar
@@ -462,13 +519,7 @@ fn cases_after_build() -> Vec<Case> {
             spec: podman,
             fail: &[Step::VerifyLimits],
             error: |e, _| matches!(e, CreateError::Cgroups(_)),
-            taken: [
-                &INSTALL[..],
-                &SPAWN[..],
-                &ATTACH[..],
-                &[Step::WatchOom, Step::VerifyLimits],
-            ]
-            .concat(),
+            taken: through_phase_5(&[Step::WatchOom, Step::VerifyLimits]),
             ..base(true)
         },
         // A watcher that fails never fails the create (podman's `OOMKilled` then stays
@@ -478,13 +529,7 @@ fn cases_after_build() -> Vec<Case> {
             spec: podman,
             fail: &[Step::WatchOom, Step::VerifyLimits],
             error: |e, _| matches!(e, CreateError::Cgroups(_)),
-            taken: [
-                &INSTALL[..],
-                &SPAWN[..],
-                &ATTACH[..],
-                &[Step::WatchOom, Step::StopOomWatch, Step::VerifyLimits],
-            ]
-            .concat(),
+            taken: through_phase_5(&[Step::WatchOom, Step::StopOomWatch, Step::VerifyLimits]),
             ..base(true)
         },
     ]

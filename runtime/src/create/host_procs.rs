@@ -98,6 +98,14 @@ pub trait HostProcs: Send + Sync {
     fn release_apparmor(&self, sandbox_dir: &SandboxDir);
     /// Makes the spec's mount points in the image rootfs (`mounts::ensure_mount_points`).
     fn make_mount_points(&self, rootfs: &Path, spec: &Spec) -> Result<(), MountError>;
+    /// Starts placing HOME's guards in the created container of `pid`
+    /// (`crate::enforce::home_guards::start`); they are in place once the result's `wait`
+    /// says so.
+    fn start_home_guards(
+        &self,
+        pid: i32,
+        guards: &[libcontainer::oci_spec::runtime::Mount],
+    ) -> Result<Box<dyn PlacingGuards>, MountError>;
     /// Binds the image rootfs read-only at the sandbox's rootfs mount.
     fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError>;
     /// Mounts the workspace overlay (`mounts::mount_overlay`).
@@ -160,6 +168,13 @@ pub trait StartingProxy {
     /// Hands the proxy the network namespace of the init `pid` and waits until it listens
     /// there; returns the proxy's pid.
     fn finish(self: Box<Self>, id: &str, pid: i32) -> Result<u32, EgressError>;
+}
+
+/// HOME's guards being placed by [`HostProcs::start_home_guards`]. Dropped without
+/// [`wait`](PlacingGuards::wait), the placing stops and nothing of it is left running.
+pub trait PlacingGuards {
+    /// Waits until every guard is in place, or for the failure that stopped them.
+    fn wait(self: Box<Self>) -> Result<(), MountError>;
 }
 
 /// The host's processes: the sidecars are this executable run again.
@@ -250,6 +265,15 @@ impl HostProcs for RealProcs {
         mounts::ensure_mount_points(rootfs, spec)
     }
 
+    fn start_home_guards(
+        &self,
+        pid: i32,
+        guards: &[libcontainer::oci_spec::runtime::Mount],
+    ) -> Result<Box<dyn PlacingGuards>, MountError> {
+        crate::enforce::home_guards::start(pid, guards)
+            .map(|p| Box::new(p) as Box<dyn PlacingGuards>)
+    }
+
     fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError> {
         mounts::bind_readonly(rootfs, at)
     }
@@ -312,6 +336,12 @@ impl StartingSupervisor for syscall_audit::Starting {
     }
 }
 
+impl PlacingGuards for agent_sandbox_sys::guard_mounts::Placing {
+    fn wait(self: Box<Self>) -> Result<(), MountError> {
+        agent_sandbox_sys::guard_mounts::Placing::wait(*self).map_err(MountError::HomeGuards)
+    }
+}
+
 impl StartingProxy for egress::PendingProxy {
     fn finish(self: Box<Self>, id: &str, pid: i32) -> Result<u32, EgressError> {
         egress::PendingProxy::finish(*self, id, pid)
@@ -331,7 +361,7 @@ pub mod fake {
     use agent_sandbox_policy::layers::{AppArmorHost, HostSupport};
     use libcontainer::oci_spec::runtime::{LinuxResources, Spec};
 
-    use super::{OomWatch, StartingProxy, StartingSupervisor};
+    use super::{OomWatch, PlacingGuards, StartingProxy, StartingSupervisor};
     use crate::enforce::mounts::WorkspaceOverlay;
     use crate::enforce::mounts::{MountError, OverlayMount, Ownership, SandboxUser};
     use crate::host::apparmor::AppArmorError;
@@ -361,6 +391,8 @@ pub mod fake {
         LoadApparmor,
         ReleaseApparmor,
         MountPoints,
+        HomeGuards,
+        HomeGuardsPlaced,
         BindRootfs,
         MountOverlay,
         SaveCgroups,
@@ -376,6 +408,8 @@ pub mod fake {
         Supervisor,
         Proxy,
         OomWatch,
+        /// The child placing HOME's guards (`guard_mounts::Placing`).
+        GuardsChild,
     }
 
     #[derive(Default)]
@@ -473,6 +507,30 @@ pub mod fake {
                 });
             }
             Ok(2)
+        }
+    }
+
+    struct Guards(FakeProcs, PathBuf);
+
+    impl PlacingGuards for Guards {
+        fn wait(self: Box<Self>) -> Result<(), MountError> {
+            self.0.set_running(Sidecar::GuardsChild, false);
+            if self.0.take(Step::HomeGuardsPlaced) {
+                return Err(MountError::HomeGuards(
+                    agent_sandbox_sys::guard_mounts::GuardMountError::Place {
+                        stage: "mount",
+                        path: self.1.clone(),
+                        source: io_error(Step::HomeGuardsPlaced),
+                    },
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    impl Drop for Guards {
+        fn drop(&mut self) {
+            self.0.set_running(Sidecar::GuardsChild, false);
         }
     }
 
@@ -679,6 +737,27 @@ pub mod fake {
                 });
             }
             Ok(())
+        }
+
+        /// The guards go into the container's own mount namespace: nothing to detach.
+        /// Their child runs until it is waited for or dropped, as the real one does.
+        fn start_home_guards(
+            &self,
+            _pid: i32,
+            guards: &[libcontainer::oci_spec::runtime::Mount],
+        ) -> Result<Box<dyn PlacingGuards>, MountError> {
+            let dest = guards
+                .first()
+                .map(|m| m.destination().clone())
+                .unwrap_or_default();
+            if self.take(Step::HomeGuards) {
+                return Err(MountError::GuardOption {
+                    dest,
+                    option: "the fake's".to_owned(),
+                });
+            }
+            self.set_running(Sidecar::GuardsChild, true);
+            Ok(Box::new(Guards(self.clone(), dest)))
         }
 
         fn bind_rootfs(&self, rootfs: &Path, at: &Path) -> Result<(), MountError> {

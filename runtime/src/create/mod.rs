@@ -9,9 +9,13 @@
 //!    profile, mount points, read-only rootfs, workspace overlay, the bundle libcontainer
 //!    reads).
 //! 5. [`spawn_sidecars`](Runtime::spawn_sidecars), [`build`](Runtime::build),
-//!    [`attach_sidecars`](Runtime::attach_sidecars): the denied-syscall supervisor and the
-//!    egress proxy start beside libcontainer's create and are tied to the init after it;
-//!    for podman, the OOM watcher of `sidecars::podman_oom` is registered.
+//!    [`start_home_guards`](Runtime::start_home_guards),
+//!    [`attach_sidecars`](Runtime::attach_sidecars),
+//!    [`home_guards_placed`](Runtime::home_guards_placed): the denied-syscall supervisor
+//!    and the egress proxy start beside libcontainer's create and are tied to the init
+//!    after it; meanwhile a child places HOME's guards in the container libcontainer made
+//!    without them, and create waits for it before going on; for podman, the OOM watcher
+//!    of `sidecars::podman_oom` is registered.
 //! 6. [`record`](Runtime::record_created): the audit records, the limits read back, the layers.
 //!
 //! A failed phase leaves the clean-up to `create`'s caller side
@@ -240,9 +244,16 @@ impl Runtime {
         marks.mark("mounts");
         let sidecars = self.spawn_sidecars(id, &ids, &host, &hardened, &mut executor)?;
         marks.mark("supervisor");
-        let pid = self.build(id, opts, &hardened, executor, &bundle)?;
+        let (pid, guards) = self.build(id, opts, &hardened, &host, executor, &bundle)?;
         marks.mark("libcontainer");
+        // A child places HOME's guards while the sidecars are tied to the init (neither
+        // touches what the other does); dropped on a failure, it is killed and reaped.
+        let placing = self.start_home_guards(pid, &guards)?;
         let proxy_pid = self.attach_sidecars(id, &ids, &host, pid, sidecars, marks)?;
+        // Keep before anything reports the sandbox created: `start` may run the program
+        // only once every guard is in place.
+        self.home_guards_placed(placing)?;
+        marks.mark("home_guards");
         // Before the program runs, so an OOM kill in its first moment is seen.
         self.watch_oom_for_podman(id, &hardened.spec, &opts.bundle, pid);
         // Keep this as the last step: a sandbox is reported created only with its records.

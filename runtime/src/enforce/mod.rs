@@ -17,6 +17,7 @@ use libcontainer::oci_spec::runtime::{LinuxNamespaceType, Spec};
 use crate::host::idmap::{self, IdKind};
 
 pub mod executor;
+pub mod home_guards;
 pub mod hooks;
 pub mod init_exec;
 mod landlock;

@@ -51,6 +51,10 @@ pub enum MountError {
     OverlayOption { path: PathBuf, option: &'static str },
     #[error("{path} is not a directory owned by this user (refusing to use it)")]
     Untrusted { path: PathBuf },
+    #[error("the guard mount at {dest} has an option the runtime cannot place: {option}")]
+    GuardOption { dest: PathBuf, option: String },
+    #[error("cannot keep the protected names of HOME unwritable")]
+    HomeGuards(#[source] agent_sandbox_sys::guard_mounts::GuardMountError),
 }
 
 /// Creates `dir` (and parents) and makes it traversable but not listable.

@@ -150,6 +150,14 @@ impl SandboxDir {
         self.bundle().join("config.json")
     }
 
+    /// `bundle/engine/`: the bundle libcontainer creates the container from when the runtime
+    /// places HOME's guards itself (its spec without them); its `config.json` is the whole
+    /// hardened spec again once the container exists, for the commands that find the spec
+    /// through libcontainer's state (`create::build`).
+    pub fn engine_bundle(&self) -> PathBuf {
+        self.bundle().join("engine")
+    }
+
     /// `ceiling.toml`: the ceiling policy the sandbox was created under (every exec and a
     /// pod's members use it) — `harden::Ceiling`.
     pub fn ceiling(&self) -> PathBuf {
@@ -415,6 +423,7 @@ mod tests {
             (d.record().path().to_owned(), "sandbox.json"),
             (d.bundle(), "bundle"),
             (d.hardened_spec(), "bundle/config.json"),
+            (d.engine_bundle(), "bundle/engine"),
             (d.ceiling(), "ceiling.toml"),
             (d.workspace().path().to_owned(), "workspace.json"),
             (

@@ -7,6 +7,7 @@ pub mod atomic_file;
 pub mod background_write;
 pub mod cgroupns;
 pub mod exec_signals;
+pub mod guard_mounts;
 pub mod idmap_mount;
 pub mod inherit;
 pub mod landlock_abi;

@@ -109,10 +109,7 @@ pub(super) fn guard_home(
                 home: home.display().to_string(),
                 scratch: scratch.path.to_string(),
             })?;
-    let owner = (process.user().uid(), process.user().gid());
-    let mut guards = home_guards(&home, scratch, policy, placeholders, owner);
-    // Parents before children: each tmpfs before the names inside it.
-    guards.sort_by_key(|m| m.destination().components().count());
+    let guards = sorted_guards(process, &home, scratch, policy, placeholders);
     let mut mounts = spec.mounts().clone().unwrap_or_default();
     let at = mounts
         .iter()
@@ -124,6 +121,78 @@ pub(super) fn guard_home(
     mounts.splice(at..at, guards);
     spec.set_mounts(Some(mounts));
     Ok(())
+}
+
+/// [`home_guards`] in the order they are mounted: parents before children, each tmpfs
+/// before the names inside it.
+fn sorted_guards(
+    process: &Process,
+    home: &Path,
+    scratch: &Scratch,
+    policy: &SandboxPolicy,
+    placeholders: &Placeholders,
+) -> Vec<Mount> {
+    let owner = (process.user().uid(), process.user().gid());
+    let mut guards = home_guards(home, scratch, policy, placeholders, owner);
+    guards.sort_by_key(|m| m.destination().components().count());
+    guards
+}
+
+/// The mounts [`guard_home`] put in the hardened `spec`, split off so that the runtime
+/// places them itself once the container exists (a few system calls each, where
+/// libcontainer's checked path costs about 80): returns the spec without them, and them in
+/// their order. Only where placing them last makes the same mounts: `None` (libcontainer
+/// mounts them in the spec's order) when the spec has none, when a later mount lies at,
+/// beneath or above HOME (it stays on top of, or covers, the guards), when the program's
+/// working directory is beneath a guard's tmpfs (it would stay beneath it), or when the
+/// spec asks for a mount label.
+pub fn split_home_guards(
+    spec: &Spec,
+    policy: &SandboxPolicy,
+    placeholders: &Placeholders,
+) -> Option<(Spec, Vec<Mount>)> {
+    let process = spec.process().as_ref()?;
+    let home = init_home(process)?;
+    if spec
+        .linux()
+        .as_ref()
+        .is_some_and(|l| l.mount_label().is_some())
+    {
+        return None;
+    }
+    let mounts = spec.mounts().as_ref()?;
+    // The deepest scratch tmpfs holding HOME, as guard_home found it before HOME got its own.
+    let (at, scratch) = policy
+        .filesystem
+        .scratch
+        .iter()
+        .filter(|s| home.starts_with(s.path.as_path()))
+        .filter_map(|s| {
+            let at = mounts.iter().rposition(|m| {
+                m.destination() == s.path.as_path() && m.typ().as_deref() == Some("tmpfs")
+            })?;
+            Some((at, s))
+        })
+        .max_by_key(|(_, s)| s.path.as_path().components().count())?;
+    let guards = sorted_guards(process, &home, scratch, policy, placeholders);
+    let run = at + 1..at + 1 + guards.len();
+    if guards.is_empty() || mounts.get(run.clone())? != guards.as_slice() {
+        return None;
+    }
+    let overlaps = |d: &Path| d.starts_with(&home) || home.starts_with(d);
+    if mounts[run.end..].iter().any(|m| overlaps(m.destination())) {
+        return None;
+    }
+    let cwd = process.cwd();
+    let home_is_scratch = home == scratch.path.as_path();
+    if cwd.starts_with(&home) && !(home_is_scratch && cwd == home.as_path()) {
+        return None;
+    }
+    let mut rest = mounts.clone();
+    rest.drain(run);
+    let mut engine = spec.clone();
+    engine.set_mounts(Some(rest));
+    Some((engine, guards))
 }
 
 /// The init's `HOME`, absolute and with `.` and `..` resolved (`/home/./x/../y/` is

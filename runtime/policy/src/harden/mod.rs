@@ -43,7 +43,7 @@ mod resources;
 
 pub use annotations::{effective_policy, effective_policy_with};
 use home::guard_home;
-pub use home::writable_home;
+pub use home::{split_home_guards, writable_home};
 use mounts::{harden_mounts, is_bind, is_safe_device, union};
 use namespaces::{
     check_mappings, check_pod_namespaces, namespace_requests, namespaces, oci_mappings,

@@ -1870,6 +1870,84 @@ fn a_callers_mount_beneath_home_stays_on_top() {
     );
 }
 
+/// The guards split off for the runtime to place are exactly [`harden::harden_spec`]'s,
+/// in its order, and the rest of the spec is untouched; nothing is split where placing
+/// them after libcontainer's mounts would not make the same tree.
+#[test]
+fn home_guards_split_off_only_where_placing_them_last_is_the_same() {
+    let policy = agent();
+    let placeholders = ctx().placeholders.unwrap();
+    for home in ["/root", "/home/agent"] {
+        let out = harden_ok(with_home(podman_like_spec(), home), &policy, &ctx());
+        let all = out.spec.mounts().clone().unwrap();
+        let (engine, guards) =
+            harden::split_home_guards(&out.spec, &policy, &placeholders).expect(home);
+        let rest = engine.mounts().clone().unwrap();
+        assert_eq!(rest.len() + guards.len(), all.len(), "{home}");
+        let at = all.iter().position(|m| *m == guards[0]).unwrap();
+        assert_eq!(&all[at..at + guards.len()], guards.as_slice(), "{home}");
+        assert_eq!(&all[..at], &rest[..at], "{home}");
+        assert_eq!(&all[at + guards.len()..], &rest[at..], "{home}");
+        let left: Vec<_> = rest
+            .iter()
+            .filter(|m| {
+                m.destination().starts_with("/home") && m.destination() != Path::new("/home")
+            })
+            .collect();
+        assert!(left.is_empty(), "{home}: {left:?}");
+        let mut without = engine.clone();
+        without.set_mounts(None);
+        let mut whole = out.spec.clone();
+        whole.set_mounts(None);
+        assert_eq!(without, whole, "only the mounts differ");
+    }
+    let split = |spec: Spec| {
+        let out = harden_ok(spec, &policy, &ctx());
+        harden::split_home_guards(&out.spec, &policy, &placeholders)
+    };
+    // A caller's mount beneath HOME must stay on top of the guards.
+    let mut spec = with_home(podman_like_spec(), "/root");
+    let mut mounts = spec.mounts().clone().unwrap();
+    mounts.push(bind("/srv/gitconfig", "/home/.gitconfig", &["ro"]));
+    spec.set_mounts(Some(mounts));
+    assert!(split(spec).is_none(), "a caller's mount beneath HOME");
+    // A working directory inside a guard's tmpfs would stay beneath it.
+    let mut spec = with_home(podman_like_spec(), "/home/agent");
+    let mut process = spec.process().clone().unwrap();
+    process.set_cwd("/home/agent".into());
+    spec.set_process(Some(process));
+    assert!(
+        split(spec).is_none(),
+        "a working directory in HOME's own tmpfs"
+    );
+    let mut spec = with_home(podman_like_spec(), "/root");
+    let mut process = spec.process().clone().unwrap();
+    process.set_cwd("/home".into());
+    spec.set_process(Some(process.clone()));
+    assert!(
+        split(spec.clone()).is_some(),
+        "HOME is the scratch top itself"
+    );
+    process.set_cwd("/home/.config".into());
+    spec.set_process(Some(process));
+    assert!(
+        split(spec).is_none(),
+        "a working directory in a guard's tmpfs"
+    );
+    // No guards (HOME off the scratch areas), or a spec edited after hardening.
+    assert!(split(with_home(podman_like_spec(), "/workspace")).is_none());
+    let out = harden_ok(with_home(podman_like_spec(), "/root"), &policy, &ctx());
+    let mut edited = out.spec.clone();
+    let mut mounts = edited.mounts().clone().unwrap();
+    let last = mounts
+        .iter()
+        .rposition(|m| m.destination().starts_with("/home/.bashrc"))
+        .unwrap();
+    mounts.remove(last);
+    edited.set_mounts(Some(mounts));
+    assert!(harden::split_home_guards(&edited, &policy, &placeholders).is_none());
+}
+
 #[test]
 fn joins_the_user_namespace_the_runtime_made_never_the_specs() {
     let ns_path = |spec: &Spec, typ: LinuxNamespaceType| {
