@@ -22,7 +22,7 @@ use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::Spec;
 
 use super::{CreateError, Hardened, Host, Ids, Marks, Result};
-use crate::enforce::restored::{self, Expected};
+use crate::enforce::restored::{self, Expected, ExpectedMounts};
 use crate::harden::Ceiling;
 use crate::host::console::{NewTerminal, TtyKey};
 use crate::host::criu::{self, CriuError};
@@ -318,6 +318,7 @@ impl Runtime {
                 + u32::try_from(executor.requested_seccomp.len()).unwrap_or(u32::MAX),
             host_ns: Expected::host_namespaces(Path::new("/proc"), "self")
                 .map_err(|e| fail(e.into()))?,
+            mounts: ExpectedMounts::of_spec(&hardened.spec, |p| Path::new(p).exists()),
         };
         // Before CRIU reads the image: the filters it would give every thread are exactly
         // the ones the executor installs (the pre-resume check sees only their count).
@@ -918,7 +919,9 @@ impl Runtime {
                 .read::<Expected>()
                 .map_err(|e| e.to_string())
                 .and_then(|exp| {
-                    restored::check(Path::new("/proc"), pid, &exp).map_err(|e| e.to_string())
+                    let proc = Path::new("/proc");
+                    restored::reseal(proc, pid, &exp.mounts).map_err(|e| e.to_string())?;
+                    restored::check(proc, pid, &exp).map_err(|e| e.to_string())
                 }),
         };
         let refusal = match (outcome, pid) {

@@ -16,6 +16,7 @@ pub mod loopback;
 pub mod owned_userns;
 pub mod pidfd_exit;
 pub mod reaper;
+pub mod reseal;
 pub mod seccomp_notify;
 pub mod selfexec;
 
