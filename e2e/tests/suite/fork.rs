@@ -1013,3 +1013,80 @@ fn a_fork_whose_claimed_profile_is_wider_than_the_ceiling_is_refused_naming_the_
     );
     Ok(())
 }
+
+/// The workspace entries of `name` and its `notes.txt`.
+fn workspace_and_notes(p: Podman, name: &str) -> anyhow::Result<(Vec<String>, String)> {
+    let notes = p.run_ok(&["exec", name, "cat", "/workspace/notes.txt"])?;
+    Ok((workspace(p, name)?, notes.stdout))
+}
+
+/// A golden image taken with `--leave-running` (the warm pool's way: the golden sandbox runs
+/// on) holds the workspace as it was at its checkpoint (docs/checkpoint.md#what-is-carried):
+/// a fork sees the edit and the deletion made before the checkpoint and none of the writes
+/// the parent made after it, whether the fork is made while the parent runs on or after the
+/// parent was restored in place and wrote more; and the parent's own restore in place from
+/// that checkpoint (`podman stop`, then `container restore`) returns its workspace to the
+/// checkpoint's too, as its memory is. The control: the runtime before workspace snapshots
+/// (`AGENT_SANDBOX_BIN_DIR` naming it) refuses the first fork (its copy was of the live
+/// change set).
+#[test]
+fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, policy) = fixture("optional")?;
+    std::fs::write(ws.join("notes.txt"), "host\n")?;
+    std::fs::write(ws.join("gone.txt"), "host\n")?;
+    let flag = policy_flag(&policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    let (parent, _) = p.run_detached(
+        &flags,
+        "golden",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
+    )?;
+    let edit = "echo edited > /workspace/notes.txt && rm /workspace/gone.txt";
+    p.run_ok(&["exec", &parent.name, "sh", "-c", edit])?;
+    count_reaches(p, &parent.name, 3)?;
+    let archive = dir.path().join("golden.tar");
+    let archive_arg = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--leave-running", "--export"]);
+    args.extend([archive_arg.as_str(), parent.name.as_str()]);
+    p.run_ok(&args)?;
+    let later = "echo later > /workspace/later.txt && echo again > /workspace/notes.txt";
+    p.run_ok(&["exec", &parent.name, "sh", "-c", later])?;
+    let golden = (vec!["notes.txt".to_owned()], "edited\n".to_owned());
+    let fork = import(p, &flags, &archive)?;
+    ensure!(
+        workspace_and_notes(p, &fork.name)? == golden,
+        "the fork of the running golden sandbox does not see the checkpoint's workspace: {:?}",
+        workspace_and_notes(p, &fork.name)?
+    );
+    count_reaches(p, &fork.name, 1)?;
+    let running = workspace_and_notes(p, &parent.name)?;
+    ensure!(
+        running.0 == ["later.txt", "notes.txt"] && running.1 == "again\n",
+        "the golden sandbox lost its own later writes: {running:?}"
+    );
+    // The parent's restore in place from the checkpoint: its workspace is the checkpoint's.
+    p.run_ok(&["stop", "-t", "2", &parent.name])?;
+    restore_in_place(p, &flags, &parent.name)?;
+    count_reaches(p, &parent.name, 1)?;
+    ensure!(
+        workspace_and_notes(p, &parent.name)? == golden,
+        "the parent restored in place does not have the checkpoint's workspace: {:?}",
+        workspace_and_notes(p, &parent.name)?
+    );
+    // A fork after the restored parent wrote more starts from the checkpoint too.
+    p.run_ok(&["exec", &parent.name, "sh", "-c", later])?;
+    let second = import(p, &flags, &archive)?;
+    ensure!(
+        workspace_and_notes(p, &second.name)? == golden,
+        "a fork made after the parent's restore in place sees its later writes: {:?}",
+        workspace_and_notes(p, &second.name)?
+    );
+    ensure!(
+        std::fs::read_to_string(ws.join("notes.txt"))? == "host\n" && ws.join("gone.txt").exists(),
+        "an edit reached the host checkout unpromoted"
+    );
+    Ok(())
+}

@@ -372,6 +372,7 @@ impl Runner {
         work: &Path,
         log: &str,
         as_uid: Option<u32>,
+        env: &[(&str, String)],
     ) -> Result<(), CriuError> {
         let mut cmd = match as_uid {
             Some(uid) => {
@@ -385,7 +386,8 @@ impl Runner {
             }
             None => std::process::Command::new(&self.binary),
         };
-        cmd.arg(action)
+        cmd.envs(env.iter().map(|(k, v)| (k, v)))
+            .arg(action)
             .args(args)
             .arg("--work-dir")
             .arg(work)
