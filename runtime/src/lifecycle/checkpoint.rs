@@ -216,6 +216,16 @@ impl Manifest {
     pub(crate) fn read(dir: &Path) -> std::result::Result<Self, crate::files::FileError> {
         crate::files::read_json(&dir.join(criu::MANIFEST))
     }
+
+    /// Writes `agent-sandbox.json` into the image directory `dir`, mode 0600.
+    fn write(&self, dir: &Path) -> std::result::Result<(), crate::files::FileError> {
+        let path = dir.join(criu::MANIFEST);
+        let json = serde_json::to_vec_pretty(self)
+            .map_err(|e| crate::files::FileError::encode(&path, e))?;
+        crate::files::write(&path, json)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| crate::files::FileError::write(&path, e))
+    }
 }
 
 /// The layers of `plan` that a CRIU image does not carry, each with its requirement and
@@ -377,12 +387,7 @@ impl Runtime {
                 .unwrap_or_default(),
             policy: Some(policy),
         };
-        let path = opts.criu.image_path.join(criu::MANIFEST);
-        let json = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| crate::files::FileError::encode(&path, e))?;
-        crate::files::write(&path, json)?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|e| crate::files::FileError::write(&path, e))?;
+        manifest.write(&opts.criu.image_path)?;
         tracing::info!(id = %id, digest = %manifest.image_digest, "checkpointed");
         drop(lock);
         if !opts.leave_running {
