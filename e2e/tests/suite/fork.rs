@@ -40,7 +40,7 @@ use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, COLLECTOR_IP, REGISTRY_HOST, 
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, bail, ensure};
 
-use super::checkpoint::{COUNTER, count_reaches, fixture, names_its_parent};
+use super::checkpoint::{COUNTER, count, count_reaches, fixture, names_its_parent};
 
 /// The host ids a running container's root maps: `(start, count)` of the first extent of
 /// its init's `uid_map`.
@@ -1088,5 +1088,87 @@ fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyho
         std::fs::read_to_string(ws.join("notes.txt"))? == "host\n" && ws.join("gone.txt").exists(),
         "an edit reached the host checkout unpromoted"
     );
+    Ok(())
+}
+
+/// The records of `kind` in the audit log of sandbox `id`.
+fn records(id: &str, kind: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let json = harness::runtime_ok(&["audit", "--json", id])?.stdout;
+    Ok(json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["kind"] == kind)
+        .collect())
+}
+
+/// Recycling through podman (docs/checkpoint.md#reset): a golden sandbox checkpointed with
+/// `--leave-running`, used (files planted in /workspace, /tmp and HOME, the count run on),
+/// then `podman stop` and `container restore --keep` in place, is the golden sandbox again,
+/// twice over: the planted files are gone, the count resumes from the checkpoint's value,
+/// each `restored` record names the `checkpointed` record's digest, and the log verifies.
+/// The control: the installed runtime of main keeps the file planted in /workspace (its
+/// restore mounts the change set as the sandbox left it).
+#[test]
+fn a_golden_sandbox_is_recycled_by_stop_and_restore_in_place() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    let flag = policy_flag(&policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    let (golden, id) = p.run_detached(
+        &flags,
+        "recycle",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
+    )?;
+    p.run_ok(&[
+        "exec",
+        &golden.name,
+        "sh",
+        "-c",
+        "echo golden > /workspace/notes.txt",
+    ])?;
+    count_reaches(p, &golden.name, 3)?;
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--leave-running", &golden.name]);
+    p.run_ok(&args)?;
+    let at_checkpoint = count(p, &golden.name)?;
+    let checkpointed = records(&id, "checkpointed")?;
+    let digest =
+        checkpointed.last().context("no checkpointed record")?["data"]["image_digest"].clone();
+    let plant =
+        "echo x > /workspace/planted && echo x > /tmp/planted && echo x > \"$HOME/planted\"";
+    let look = "ls /workspace /tmp \"$HOME\"";
+    for round in 1..=2 {
+        p.run_ok(&["exec", &golden.name, "sh", "-c", plant])?;
+        let used = count_reaches(p, &golden.name, at_checkpoint + 40)?;
+        p.run_ok(&["stop", "-t", "2", &golden.name])?;
+        let mut args = flags.to_vec();
+        args.extend([
+            "container",
+            "restore",
+            "--keep",
+            "--ignore-static-ip",
+            &golden.name,
+        ]);
+        p.run_ok(&args)?;
+        let seen = p.run_ok(&["exec", &golden.name, "sh", "-c", look])?;
+        ensure!(
+            !seen.stdout.contains("planted") && seen.stdout.contains("notes.txt"),
+            "round {round}: the recycled sandbox is not the golden one\n{seen}"
+        );
+        let resumed = count(p, &golden.name)?;
+        ensure!(
+            resumed + 15 < used && resumed + 10 > at_checkpoint,
+            "round {round}: the count did not resume from the checkpoint's {at_checkpoint} \
+             (it was {used} before the reset, {resumed} after)"
+        );
+        count_reaches(p, &golden.name, resumed + 1)?;
+        let restored = records(&id, "restored")?;
+        ensure!(
+            restored.len() == round && restored[round - 1]["data"]["image_digest"] == digest,
+            "round {round}: the restored record does not name the checkpoint's digest {digest}\n{restored:?}"
+        );
+        harness::runtime_ok(&["audit", "verify", &id])?;
+    }
     Ok(())
 }
