@@ -32,6 +32,13 @@
 //! table) is refused naming the key, as is an image whose manifest names no policy. The
 //! control there: under its parent's policy the fork's restored mount tree reads
 //! `/proc/cpuinfo`, which a sandbox created under the narrower policy cannot.
+//!
+//! And an image holds the workspace of its checkpoint (docs/checkpoint.md#workspace-snapshots):
+//! a golden sandbox checkpointed with `--leave-running` writes on, and its forks, made then or
+//! after its restore in place, see none of those writes; its own restore in place (podman's
+//! stop and restore, the engine's reset: docs/checkpoint.md#reset) brings back the
+//! checkpoint's workspace, `/tmp`, `HOME` and count. The control: main's runtime refuses those
+//! forks and keeps what was planted in `/workspace` across the reset.
 
 use std::path::{Path, PathBuf};
 
