@@ -1027,6 +1027,26 @@ fn workspace_and_notes(p: Podman, name: &str) -> anyhow::Result<(Vec<String>, St
     Ok((workspace(p, name)?, notes.stdout))
 }
 
+/// What the golden sandbox made of its workspace layer before the checkpoint, beside its
+/// edit: a directory of the checkout removed and made again (an opaque directory, its
+/// `user.overlay.opaque` xattr hiding the checkout's files), a hard link and a symlink
+/// out of the sandbox.
+const HOSTILE_LAYER: &str = "rm -r /workspace/d && mkdir /workspace/d && \
+    echo n > /workspace/d/new.txt && ln /workspace/d/new.txt /workspace/hard && \
+    ln -s /etc/shadow /workspace/link";
+
+/// The layer [`HOSTILE_LAYER`] made, as `name` sees it: the opaque directory hides the
+/// checkout's file, the hard link is one file, the symlink a link (never followed).
+fn hostile_layer_kept(p: Podman, name: &str) -> anyhow::Result<()> {
+    let look = "ls /workspace/d; stat -c %h /workspace/hard; readlink /workspace/link";
+    let seen = p.run_ok(&["exec", name, "sh", "-c", look])?;
+    ensure!(
+        seen.stdout == "new.txt\n2\n/etc/shadow\n",
+        "{name}'s copy of the layer is not the golden sandbox's\n{seen}"
+    );
+    Ok(())
+}
+
 /// A golden image taken with `--leave-running` (the warm pool's way: the golden sandbox runs
 /// on) holds the workspace as it was at its checkpoint (docs/checkpoint.md#what-is-carried):
 /// a fork sees the edit and the deletion made before the checkpoint and none of the writes
@@ -1042,6 +1062,9 @@ fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyho
     let (dir, ws, policy) = fixture("optional")?;
     std::fs::write(ws.join("notes.txt"), "host\n")?;
     std::fs::write(ws.join("gone.txt"), "host\n")?;
+    std::fs::create_dir(ws.join("d"))?;
+    std::fs::write(ws.join("d/old.txt"), "host\n")?;
+    let shadow = std::fs::read("/etc/shadow")?;
     let flag = policy_flag(&policy);
     let flags = ["--runtime-flag", flag.as_str()];
     let volume = format!("{}:/workspace", ws.display());
@@ -1052,6 +1075,7 @@ fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyho
     )?;
     let edit = "echo edited > /workspace/notes.txt && rm /workspace/gone.txt";
     p.run_ok(&["exec", &parent.name, "sh", "-c", edit])?;
+    p.run_ok(&["exec", &parent.name, "sh", "-c", HOSTILE_LAYER])?;
     count_reaches(p, &parent.name, 3)?;
     let archive = dir.path().join("golden.tar");
     let archive_arg = archive.display().to_string();
@@ -1061,17 +1085,27 @@ fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyho
     p.run_ok(&args)?;
     let later = "echo later > /workspace/later.txt && echo again > /workspace/notes.txt";
     p.run_ok(&["exec", &parent.name, "sh", "-c", later])?;
-    let golden = (vec!["notes.txt".to_owned()], "edited\n".to_owned());
+    let listing = |extra: &[&str]| {
+        let mut l: Vec<String> = ["d", "hard", "link", "notes.txt"]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect();
+        l.sort();
+        l
+    };
+    let golden = (listing(&[]), "edited\n".to_owned());
     let fork = import(p, &flags, &archive)?;
     ensure!(
         workspace_and_notes(p, &fork.name)? == golden,
         "the fork of the running golden sandbox does not see the checkpoint's workspace: {:?}",
         workspace_and_notes(p, &fork.name)?
     );
+    hostile_layer_kept(p, &fork.name)?;
     count_reaches(p, &fork.name, 1)?;
     let running = workspace_and_notes(p, &parent.name)?;
     ensure!(
-        running.0 == ["later.txt", "notes.txt"] && running.1 == "again\n",
+        running.0 == listing(&["later.txt"]) && running.1 == "again\n",
         "the golden sandbox lost its own later writes: {running:?}"
     );
     // The parent's restore in place from the checkpoint: its workspace is the checkpoint's.
@@ -1090,6 +1124,12 @@ fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyho
         workspace_and_notes(p, &second.name)? == golden,
         "a fork made after the parent's restore in place sees its later writes: {:?}",
         workspace_and_notes(p, &second.name)?
+    );
+    hostile_layer_kept(p, &parent.name)?;
+    hostile_layer_kept(p, &second.name)?;
+    ensure!(
+        std::fs::read("/etc/shadow")? == shadow && ws.join("d/old.txt").exists(),
+        "a copy followed the link or reached the checkout"
     );
     ensure!(
         std::fs::read_to_string(ws.join("notes.txt"))? == "host\n" && ws.join("gone.txt").exists(),

@@ -15,7 +15,7 @@
 //!
 //! The layer is the sandbox's data: it is copied by `cp -a --reflink=auto` (clones where the
 //! filesystem can, `FICLONE`, else a plain copy), which never follows a link and keeps owners,
-//! modes, hard links, xattrs (`trusted.overlay.*`) and overlay whiteouts (0:0 character
+//! modes, hard links, xattrs (`user.overlay.opaque`) and overlay whiteouts (0:0 character
 //! devices). A snapshot goes with its change set (discarded, promoted, expired).
 
 use std::path::{Path, PathBuf};
