@@ -498,6 +498,8 @@ impl Runtime {
             chown_dir(&opts.criu.image_path, record.ids.host_start)?;
         }
         let mut env = Vec::new();
+        // Held until CRIU is done: it runs the script from the runtime's descriptor.
+        let mut script = None;
         if let Some(s) = snapshot {
             // While CRIU holds the tasks stopped, after the image is written: the runtime's
             // own binary copies the layer (`crate::report::snapshots::run_hook`).
@@ -505,8 +507,9 @@ impl Runtime {
                 path: PathBuf::from("/proc/self/exe"),
                 source,
             })?;
+            let made = script.insert(criu::ActionScript::for_exe_at(&exe, "post-dump"));
             args.push("--action-script".to_owned());
-            args.push(exe.display().to_string());
+            args.push(made.path().display().to_string());
             env.push((crate::report::snapshots::HOOK_ENV, s.hook_env()));
         }
         let ran = runner.run(
@@ -517,6 +520,7 @@ impl Runtime {
             as_uid,
             &env,
         );
+        drop(script);
         // Nobody else reads the image: its pages are the sandbox's memory.
         private_files(&opts.criu.image_path)?;
         if let Some(work) = &opts.criu.work_path {

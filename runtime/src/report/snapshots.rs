@@ -8,10 +8,10 @@
 //!
 //! The copy is taken while CRIU holds the dumped tasks stopped: CRIU runs its action script
 //! at `post-dump` after the image is written and before the tasks resume (`--leave-running`)
-//! or are killed; the script is the runtime's own binary with [`HOOK_ENV`] set
-//! ([`run_hook`]), which copies the layer into a pending directory; `checkpoint` names it by
-//! the digest once it has computed that ([`keep`]). A failed copy fails the hook, and CRIU
-//! then fails the dump and leaves the tasks running.
+//! or are killed; the script (`crate::host::criu::ActionScript`) starts the runtime's own
+//! binary there with [`HOOK_ENV`] set ([`run_hook`]), which copies the layer into a pending
+//! directory; `checkpoint` names it by the digest once it has computed that ([`keep`]). A
+//! failed copy fails the hook, and CRIU then fails the dump and leaves the tasks running.
 //!
 //! The layer is the sandbox's data: it is copied by `cp -a --reflink=auto` (clones where the
 //! filesystem can, `FICLONE`, else a plain copy), which never follows a link and keeps owners,
