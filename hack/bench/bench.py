@@ -912,10 +912,15 @@ class CheckpointCase(Case):
     """podman checkpoint and restore of one running python3 holding 50 MiB, per round:
     `container checkpoint` and `container restore` in place, then `checkpoint --export` and
     `restore --import --name NEW` (each a phase); the exported original is removed untimed
-    and the imported container is the next round's."""
+    and the imported container is the next round's. With `workspace_kib`, the container has a
+    workspace (a host directory on /workspace) into which it writes that much before its
+    first checkpoint, so agent-sandbox's checkpoint snapshots a layer of that size."""
 
-    def __init__(self, name: str, runtime: str | None, image: str, workdir: Path, runtime_flags: list[str], run_flags: list[str]) -> None:
+    def __init__(
+        self, name: str, runtime: str | None, image: str, workdir: Path, runtime_flags: list[str], run_flags: list[str], workspace_kib: int = 0
+    ) -> None:
         super().__init__()
+        self.workspace_kib = workspace_kib
         self.name = name
         self.runtime = runtime
         self.image = image
@@ -959,8 +964,16 @@ class CheckpointCase(Case):
     def run_once(self, tag: str) -> Sample:
         if not self.current:
             self.current = self.fresh_name()
-            self.run(self.podman("run", "-d", "--name", self.current, *self.run_flags, self.image, "python3", "-c", HOLDER))
+            volume = []
+            if self.workspace_kib:
+                ws = self.workdir / f"{self.slug}-ws"
+                ws.mkdir(exist_ok=True)
+                volume = ["-v", f"{ws}:/workspace"]
+            self.run(self.podman("run", "-d", "--name", self.current, *volume, *self.run_flags, self.image, "python3", "-c", HOLDER))
             self.ready(self.current)
+            if self.workspace_kib:
+                write = f"head -c {self.workspace_kib * 1024} /dev/urandom > /workspace/edit.bin"
+                self.run(self.podman("exec", self.current, "sh", "-c", write))
         archive = self.workdir / f"{self.slug}.tar"
         new = self.fresh_name()
         steps = (
@@ -1000,10 +1013,20 @@ def checkpoint_policy(workdir: Path) -> Path:
 
 def section_checkpoint(args, workdir: Path, hybrid: bool) -> Section:
     policy = checkpoint_policy(workdir)
+    kib = args.checkpoint_workspace_kib
+    ours = (["--runtime-flag", f"policy={policy}"], ["--init"], kib)
     cases: list[Case] = [
-        CheckpointCase("agent-sandbox", args.agent_sandbox, args.checkpoint_image, workdir, ["--runtime-flag", f"policy={policy}"], ["--init"]),
-        CheckpointCase("runc", which("runc"), args.checkpoint_image, workdir, [], []),
+        CheckpointCase("agent-sandbox", args.agent_sandbox, args.checkpoint_image, workdir, *ours),
+        CheckpointCase("runc", which("runc"), args.checkpoint_image, workdir, [], [], kib),
     ]
+    ratios = [("agent-sandbox", "runc")]
+    notes = []
+    if args.baseline:
+        cases.insert(1, CheckpointCase("baseline", args.baseline, args.checkpoint_image, workdir, *ours))
+        ratios.insert(0, ("agent-sandbox", "baseline"))
+        notes.append(f"baseline = {args.baseline}")
+    if kib:
+        notes.append(f"each container writes {kib} KiB into a workspace (/workspace, a host directory) before its first checkpoint")
     return Section(
         key="checkpoint",
         title=f"podman checkpoint / restore / checkpoint --export / restore --import of python3 holding 50 MiB ({args.checkpoint_image})",
@@ -1011,12 +1034,13 @@ def section_checkpoint(args, workdir: Path, hybrid: bool) -> Section:
         rounds=args.checkpoint_rounds,
         warmup=1,
         subreaper=False,  # conmon daemonizes, as in the podman section
-        ratios=[("agent-sandbox", "runc")],
+        ratios=ratios,
         target=("agent-sandbox", "runc", 1.0, "issue 36: checkpoint and restore no slower than runc + CRIU"),
         notes=[
             "agent-sandbox runs with podman's --init and the agent policy with Landlock optional (docs/checkpoint.md#init, #layers);"
             " runc without --init (runc + CRIU cannot restore podman's init bind here)",
             "each round: checkpoint, restore in place, checkpoint --export, restore --import --name NEW (phases); the total is their sum",
+            *notes,
         ],
     )
 
@@ -1439,6 +1463,12 @@ def main() -> int:
         help="ctr and shim memory: run this containerd-shim-agent-sandbox by absolute path (it drives the agent-sandbox beside it) instead of io.agent.sandbox from containerd's config (env BENCH_SHIM)",
     )
     p.add_argument("--image", default="localhost/agent-sandbox/busybox:latest")
+    p.add_argument(
+        "--checkpoint-workspace-kib",
+        type=int,
+        default=int(os.environ.get("BENCH_CHECKPOINT_WORKSPACE_KIB", 0)),
+        help="checkpoint section: KiB each container writes into a workspace before its first checkpoint (0: no workspace; env BENCH_CHECKPOINT_WORKSPACE_KIB)",
+    )
     p.add_argument("--checkpoint-image", default="localhost/agent-sandbox/tools:latest", help="checkpoint section: an image with python3")
     p.add_argument(
         "--checkpoint-rounds", type=int, default=int(os.environ.get("BENCH_CHECKPOINT_ROUNDS", 10)), help="rounds of the checkpoint section (env BENCH_CHECKPOINT_ROUNDS)"

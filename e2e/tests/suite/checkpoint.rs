@@ -123,7 +123,7 @@ fn bare_sandbox(
 }
 
 /// The count the sandbox shows now.
-fn count(p: Podman, name: &str) -> anyhow::Result<u64> {
+pub(super) fn count(p: Podman, name: &str) -> anyhow::Result<u64> {
     let out = p.run_ok(&["exec", name, "cat", "/tmp/count"])?;
     out.stdout
         .trim()

@@ -32,6 +32,13 @@
 //! table) is refused naming the key, as is an image whose manifest names no policy. The
 //! control there: under its parent's policy the fork's restored mount tree reads
 //! `/proc/cpuinfo`, which a sandbox created under the narrower policy cannot.
+//!
+//! And an image holds the workspace of its checkpoint (docs/checkpoint.md#workspace-snapshots):
+//! a golden sandbox checkpointed with `--leave-running` writes on, and its forks, made then or
+//! after its restore in place, see none of those writes; its own restore in place (podman's
+//! stop and restore, the engine's reset: docs/checkpoint.md#reset) brings back the
+//! checkpoint's workspace, `/tmp`, `HOME` and count. The control: main's runtime refuses those
+//! forks and keeps what was planted in `/workspace` across the reset.
 
 use std::path::{Path, PathBuf};
 
@@ -40,7 +47,7 @@ use agent_sandbox_e2e::net::{self, COLLECTOR_HOST, COLLECTOR_IP, REGISTRY_HOST, 
 use agent_sandbox_e2e::podman::{ContainerGuard, Podman, Runtime, policy_flag, unique_name};
 use anyhow::{Context, bail, ensure};
 
-use super::checkpoint::{COUNTER, count_reaches, fixture, names_its_parent};
+use super::checkpoint::{COUNTER, count, count_reaches, fixture, names_its_parent};
 
 /// The host ids a running container's root maps: `(start, count)` of the first extent of
 /// its init's `uid_map`.
@@ -1011,5 +1018,204 @@ fn a_fork_whose_claimed_profile_is_wider_than_the_ceiling_is_refused_naming_the_
         denied_by_default(&refused) && collector.received().len() == 1,
         "the golden claim's fork reached the collector\n{refused}"
     );
+    Ok(())
+}
+
+/// The workspace entries of `name` and its `notes.txt`.
+fn workspace_and_notes(p: Podman, name: &str) -> anyhow::Result<(Vec<String>, String)> {
+    let notes = p.run_ok(&["exec", name, "cat", "/workspace/notes.txt"])?;
+    Ok((workspace(p, name)?, notes.stdout))
+}
+
+/// What the golden sandbox made of its workspace layer before the checkpoint, beside its
+/// edit: a directory of the checkout removed and made again (an opaque directory, its
+/// `user.overlay.opaque` xattr hiding the checkout's files), a hard link and a symlink
+/// out of the sandbox.
+const HOSTILE_LAYER: &str = "rm -r /workspace/d && mkdir /workspace/d && \
+    echo n > /workspace/d/new.txt && ln /workspace/d/new.txt /workspace/hard && \
+    ln -s /etc/shadow /workspace/link";
+
+/// The layer [`HOSTILE_LAYER`] made, as `name` sees it: the opaque directory hides the
+/// checkout's file, the hard link is one file, the symlink a link (never followed).
+fn hostile_layer_kept(p: Podman, name: &str) -> anyhow::Result<()> {
+    let look = "ls /workspace/d; stat -c %h /workspace/hard; readlink /workspace/link";
+    let seen = p.run_ok(&["exec", name, "sh", "-c", look])?;
+    ensure!(
+        seen.stdout == "new.txt\n2\n/etc/shadow\n",
+        "{name}'s copy of the layer is not the golden sandbox's\n{seen}"
+    );
+    Ok(())
+}
+
+/// A golden image taken with `--leave-running` (the warm pool's way: the golden sandbox runs
+/// on) holds the workspace as it was at its checkpoint (docs/checkpoint.md#what-is-carried):
+/// a fork sees the edit and the deletion made before the checkpoint and none of the writes
+/// the parent made after it, whether the fork is made while the parent runs on or after the
+/// parent was restored in place and wrote more; and the parent's own restore in place from
+/// that checkpoint (`podman stop`, then `container restore`) returns its workspace to the
+/// checkpoint's too, as its memory is. The control: the runtime before workspace snapshots
+/// (`AGENT_SANDBOX_BIN_DIR` naming it) refuses the first fork (its copy was of the live
+/// change set).
+#[test]
+fn a_leave_running_golden_image_holds_the_workspace_of_its_checkpoint() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (dir, ws, policy) = fixture("optional")?;
+    std::fs::write(ws.join("notes.txt"), "host\n")?;
+    std::fs::write(ws.join("gone.txt"), "host\n")?;
+    std::fs::create_dir(ws.join("d"))?;
+    std::fs::write(ws.join("d/old.txt"), "host\n")?;
+    let shadow = std::fs::read("/etc/shadow")?;
+    let flag = policy_flag(&policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    let (parent, _) = p.run_detached(
+        &flags,
+        "golden",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
+    )?;
+    let edit = "echo edited > /workspace/notes.txt && rm /workspace/gone.txt";
+    p.run_ok(&["exec", &parent.name, "sh", "-c", edit])?;
+    p.run_ok(&["exec", &parent.name, "sh", "-c", HOSTILE_LAYER])?;
+    count_reaches(p, &parent.name, 3)?;
+    let archive = dir.path().join("golden.tar");
+    let archive_arg = archive.display().to_string();
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--leave-running", "--export"]);
+    args.extend([archive_arg.as_str(), parent.name.as_str()]);
+    p.run_ok(&args)?;
+    let later = "echo later > /workspace/later.txt && echo again > /workspace/notes.txt";
+    p.run_ok(&["exec", &parent.name, "sh", "-c", later])?;
+    let listing = |extra: &[&str]| {
+        let mut l: Vec<String> = ["d", "hard", "link", "notes.txt"]
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect();
+        l.sort();
+        l
+    };
+    let golden = (listing(&[]), "edited\n".to_owned());
+    let fork = import(p, &flags, &archive)?;
+    ensure!(
+        workspace_and_notes(p, &fork.name)? == golden,
+        "the fork of the running golden sandbox does not see the checkpoint's workspace: {:?}",
+        workspace_and_notes(p, &fork.name)?
+    );
+    hostile_layer_kept(p, &fork.name)?;
+    count_reaches(p, &fork.name, 1)?;
+    let running = workspace_and_notes(p, &parent.name)?;
+    ensure!(
+        running.0 == listing(&["later.txt"]) && running.1 == "again\n",
+        "the golden sandbox lost its own later writes: {running:?}"
+    );
+    // The parent's restore in place from the checkpoint: its workspace is the checkpoint's.
+    p.run_ok(&["stop", "-t", "2", &parent.name])?;
+    restore_in_place(p, &flags, &parent.name)?;
+    count_reaches(p, &parent.name, 1)?;
+    ensure!(
+        workspace_and_notes(p, &parent.name)? == golden,
+        "the parent restored in place does not have the checkpoint's workspace: {:?}",
+        workspace_and_notes(p, &parent.name)?
+    );
+    // A fork after the restored parent wrote more starts from the checkpoint too.
+    p.run_ok(&["exec", &parent.name, "sh", "-c", later])?;
+    let second = import(p, &flags, &archive)?;
+    ensure!(
+        workspace_and_notes(p, &second.name)? == golden,
+        "a fork made after the parent's restore in place sees its later writes: {:?}",
+        workspace_and_notes(p, &second.name)?
+    );
+    hostile_layer_kept(p, &parent.name)?;
+    hostile_layer_kept(p, &second.name)?;
+    ensure!(
+        std::fs::read("/etc/shadow")? == shadow && ws.join("d/old.txt").exists(),
+        "a copy followed the link or reached the checkout"
+    );
+    ensure!(
+        std::fs::read_to_string(ws.join("notes.txt"))? == "host\n" && ws.join("gone.txt").exists(),
+        "an edit reached the host checkout unpromoted"
+    );
+    Ok(())
+}
+
+/// The records of `kind` in the audit log of sandbox `id`.
+fn records(id: &str, kind: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let json = harness::runtime_ok(&["audit", "--json", id])?.stdout;
+    Ok(json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r["kind"] == kind)
+        .collect())
+}
+
+/// Recycling through podman (docs/checkpoint.md#reset): a golden sandbox checkpointed with
+/// `--leave-running`, used (files planted in /workspace, /tmp and HOME, the count run on),
+/// then `podman stop` and `container restore --keep` in place, is the golden sandbox again,
+/// twice over: the planted files are gone, the count resumes from the checkpoint's value,
+/// each `restored` record names the `checkpointed` record's digest, and the log verifies.
+/// The control: the installed runtime of main keeps the file planted in /workspace (its
+/// restore mounts the change set as the sandbox left it).
+#[test]
+fn a_golden_sandbox_is_recycled_by_stop_and_restore_in_place() -> anyhow::Result<()> {
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, ws, policy) = fixture("optional")?;
+    let flag = policy_flag(&policy);
+    let flags = ["--runtime-flag", flag.as_str()];
+    let volume = format!("{}:/workspace", ws.display());
+    let (golden, id) = p.run_detached(
+        &flags,
+        "recycle",
+        &["--init", "-v", &volume, TOOLS_IMAGE, "sh", "-c", COUNTER],
+    )?;
+    p.run_ok(&[
+        "exec",
+        &golden.name,
+        "sh",
+        "-c",
+        "echo golden > /workspace/notes.txt",
+    ])?;
+    count_reaches(p, &golden.name, 3)?;
+    let mut args = flags.to_vec();
+    args.extend(["container", "checkpoint", "--leave-running", &golden.name]);
+    p.run_ok(&args)?;
+    let at_checkpoint = count(p, &golden.name)?;
+    let checkpointed = records(&id, "checkpointed")?;
+    let digest =
+        checkpointed.last().context("no checkpointed record")?["data"]["image_digest"].clone();
+    let plant =
+        "echo x > /workspace/planted && echo x > /tmp/planted && echo x > \"$HOME/planted\"";
+    let look = "ls /workspace /tmp \"$HOME\"";
+    for round in 1..=2 {
+        p.run_ok(&["exec", &golden.name, "sh", "-c", plant])?;
+        let used = count_reaches(p, &golden.name, at_checkpoint + 40)?;
+        p.run_ok(&["stop", "-t", "2", &golden.name])?;
+        let mut args = flags.to_vec();
+        args.extend([
+            "container",
+            "restore",
+            "--keep",
+            "--ignore-static-ip",
+            &golden.name,
+        ]);
+        p.run_ok(&args)?;
+        let seen = p.run_ok(&["exec", &golden.name, "sh", "-c", look])?;
+        ensure!(
+            !seen.stdout.contains("planted") && seen.stdout.contains("notes.txt"),
+            "round {round}: the recycled sandbox is not the golden one\n{seen}"
+        );
+        let resumed = count(p, &golden.name)?;
+        ensure!(
+            resumed + 15 < used && resumed + 10 > at_checkpoint,
+            "round {round}: the count did not resume from the checkpoint's {at_checkpoint} \
+             (it was {used} before the reset, {resumed} after)"
+        );
+        count_reaches(p, &golden.name, resumed + 1)?;
+        let restored = records(&id, "restored")?;
+        ensure!(
+            restored.len() == round && restored[round - 1]["data"]["image_digest"] == digest,
+            "round {round}: the restored record does not name the checkpoint's digest {digest}\n{restored:?}"
+        );
+        harness::runtime_ok(&["audit", "verify", &id])?;
+    }
     Ok(())
 }

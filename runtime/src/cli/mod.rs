@@ -94,6 +94,10 @@ impl Cli {
     /// As CRIU's action script at a restore ([`crate::create::restore::HOOK_ENV`]), the
     /// arguments are the hidden `restore-check`'s, or the process exits 0 at once.
     pub fn parse_args() -> Cli {
+        // As CRIU's action script at a checkpoint: the workspace snapshot, then exit.
+        if let Some(code) = crate::report::snapshots::run_hook() {
+            std::process::exit(code);
+        }
         let args = restore_hook_args().unwrap_or_else(|| std::env::args_os().collect());
         if let Some(cli) = Self::parse_plain(&args) {
             return cli;

@@ -372,6 +372,7 @@ impl Runner {
         work: &Path,
         log: &str,
         as_uid: Option<u32>,
+        env: &[(&str, String)],
     ) -> Result<(), CriuError> {
         let mut cmd = match as_uid {
             Some(uid) => {
@@ -385,7 +386,8 @@ impl Runner {
             }
             None => std::process::Command::new(&self.binary),
         };
-        cmd.arg(action)
+        cmd.envs(env.iter().map(|(k, v)| (k, v)))
+            .arg(action)
             .args(args)
             .arg("--work-dir")
             .arg(work)
@@ -478,8 +480,15 @@ pub struct ActionScript {
 }
 
 impl ActionScript {
+    /// The restore's script: the binary at `pre-resume`.
     pub fn for_exe(exe: &Path) -> Self {
-        match Self::shell(exe) {
+        Self::for_exe_at(exe, "pre-resume")
+    }
+
+    /// A script that runs the binary `exe` at CRIU's `stage` only (a checkpoint's workspace
+    /// snapshot: `post-dump`, `crate::report::snapshots`).
+    pub fn for_exe_at(exe: &Path, stage: &'static str) -> Self {
+        match Self::shell(exe, stage) {
             Ok(Some(script)) => script,
             Ok(None) => Self::binary(exe),
             Err(e) => {
@@ -501,7 +510,7 @@ impl ActionScript {
         &self.path
     }
 
-    fn shell(exe: &Path) -> std::io::Result<Option<Self>> {
+    fn shell(exe: &Path, stage: &'static str) -> std::io::Result<Option<Self>> {
         use nix::fcntl::{FcntlArg, SealFlag, fcntl};
         use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
         use std::io::Write;
@@ -521,7 +530,7 @@ impl ActionScript {
         let mut file = std::fs::File::from(fd);
         write!(
             file,
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\nexec '{quoted}'\n"
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = {stage} ] || exit 0\nexec '{quoted}'\n"
         )?;
         use std::os::unix::fs::PermissionsExt;
         file.set_permissions(std::fs::Permissions::from_mode(0o500))?;
@@ -886,6 +895,10 @@ mod tests {
                 .and_then(|mut f| std::io::Write::write_all(&mut f, b"id\n"))
                 .is_err()
         );
+        // A checkpoint's script runs the binary at post-dump only.
+        let dump = ActionScript::for_exe_at(Path::new("/bin/false"), "post-dump");
+        assert!(run(&dump, "pre-resume") && run(&dump, "network-lock"));
+        assert!(!run(&dump, "post-dump"));
         // A path the script cannot quote: the binary itself.
         let odd = Path::new("/opt/it's/agent-sandbox");
         assert_eq!(ActionScript::for_exe(odd).path(), odd);

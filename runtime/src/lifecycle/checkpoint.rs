@@ -6,7 +6,9 @@
 //! CRIU's files into the image (`agent-sandbox.json`, [`Manifest`]) and a `checkpointed`
 //! record naming the image's digest. Without `--leave-running` CRIU ends the processes and
 //! the sandbox is deleted as runc destroys its container; its workspace changes stay in the
-//! change store for `restore` (and for review).
+//! change store for review. While CRIU holds the dumped tasks stopped, the workspace's
+//! upper layer is copied into a snapshot bound to the image's digest
+//! (`crate::report::snapshots`): every restore of the image starts from it.
 
 use std::path::{Path, PathBuf};
 
@@ -214,6 +216,16 @@ impl Manifest {
     pub(crate) fn read(dir: &Path) -> std::result::Result<Self, crate::files::FileError> {
         crate::files::read_json(&dir.join(criu::MANIFEST))
     }
+
+    /// Writes `agent-sandbox.json` into the image directory `dir`, mode 0600.
+    fn write(&self, dir: &Path) -> std::result::Result<(), crate::files::FileError> {
+        let path = dir.join(criu::MANIFEST);
+        let json = serde_json::to_vec_pretty(self)
+            .map_err(|e| crate::files::FileError::encode(&path, e))?;
+        crate::files::write(&path, json)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|e| crate::files::FileError::write(&path, e))
+    }
 }
 
 /// The layers of `plan` that a CRIU image does not carry, each with its requirement and
@@ -332,6 +344,9 @@ impl Runtime {
         let carried = not_carried(&policy, &plan, dir.supervisor_pid().exists());
         refuse_uncarriable(&carried, &policy, &spec)?;
         let record = self.record(id)?;
+        let workspace: Option<crate::enforce::mounts::WorkspaceOverlay> =
+            dir.workspace().read_if_present()?;
+        let snapshot = Snapshot::prepare(workspace.as_ref()).map_err(CheckpointError::Changes)?;
         let stdio = (0..3)
             .map(|fd| {
                 std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
@@ -342,15 +357,15 @@ impl Runtime {
         let Dumped {
             externals,
             terminal,
-        } = self.dump_thawed(&mut c, id, pid, &record, &spec, opts)?;
+        } = self
+            .dump_thawed(&mut c, id, pid, &record, &spec, opts, snapshot.as_ref())
+            .inspect_err(|_| Snapshot::abandon(snapshot.as_ref()))?;
         let image_digest = criu::image_digest(&opts.criu.image_path)?;
+        Snapshot::keep(snapshot.as_ref(), &image_digest).map_err(CheckpointError::Changes)?;
         let wall_clock_used_ms = wall_clock_used(&dir);
         let audit_head =
             crate::sidecars::trail::checkpointed(&self.dirs, id, &image_digest, opts.leave_running)
                 .map_err(CheckpointError::Audit)?;
-        let workspace: Option<crate::enforce::mounts::WorkspaceOverlay> =
-            dir.workspace().read_if_present()?;
-        bind_change_set(workspace.as_ref(), &image_digest).map_err(CheckpointError::Changes)?;
         let manifest = Manifest {
             format: FORMAT,
             id: id.as_str().to_owned(),
@@ -372,12 +387,7 @@ impl Runtime {
                 .unwrap_or_default(),
             policy: Some(policy),
         };
-        let path = opts.criu.image_path.join(criu::MANIFEST);
-        let json = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| crate::files::FileError::encode(&path, e))?;
-        crate::files::write(&path, json)?;
-        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|e| crate::files::FileError::write(&path, e))?;
+        manifest.write(&opts.criu.image_path)?;
         tracing::info!(id = %id, digest = %manifest.image_digest, "checkpointed");
         drop(lock);
         if !opts.leave_running {
@@ -398,6 +408,7 @@ impl Runtime {
     /// a task the cgroup freezer holds sits in D state, unseizable ("Unseizable non-zombie
     /// ... state D"): ctr pauses a task before its checkpoint. Thawed for the dump, frozen
     /// again when the sandbox stays.
+    #[allow(clippy::too_many_arguments)]
     fn dump_thawed(
         &self,
         c: &mut libcontainer::container::Container,
@@ -406,13 +417,14 @@ impl Runtime {
         record: &super::SandboxRecord,
         spec: &oci_spec::runtime::Spec,
         opts: &CheckpointOpts,
+        snapshot: Option<&Snapshot>,
     ) -> Result<Dumped> {
         let was_paused = c.status() == ContainerStatus::Paused;
         if was_paused {
             c.resume()
                 .map_err(|e| CheckpointError::Resume(Box::new(e)))?;
         }
-        let dumped = self.dump(pid, record, spec, opts);
+        let dumped = self.dump(pid, record, spec, opts, snapshot);
         if was_paused
             && (opts.leave_running || dumped.is_err())
             && let Err(e) = c.pause()
@@ -422,14 +434,16 @@ impl Runtime {
         dumped
     }
 
-    /// Runs `criu dump` of the tree of `pid` into the image directory; returns the external
-    /// mounts and terminal it was told about.
+    /// Runs `criu dump` of the tree of `pid` into the image directory, its action script
+    /// copying the workspace into `snapshot` at `post-dump`; returns the external mounts and
+    /// terminal it was told about.
     fn dump(
         &self,
         pid: i32,
         record: &super::SandboxRecord,
         spec: &libcontainer::oci_spec::runtime::Spec,
         opts: &CheckpointOpts,
+        snapshot: Option<&Snapshot>,
     ) -> std::result::Result<Dumped, CheckpointError> {
         let runner = criu::Runner::locate()?;
         private_dir(&opts.criu.image_path)?;
@@ -483,7 +497,30 @@ impl Runtime {
             // The caller's work directory is left as it is.
             chown_dir(&opts.criu.image_path, record.ids.host_start)?;
         }
-        let ran = runner.run("dump", &args, &opts.criu.image_path, "dump.log", as_uid);
+        let mut env = Vec::new();
+        // Held until CRIU is done: it runs the script from the runtime's descriptor.
+        let mut script = None;
+        if let Some(s) = snapshot {
+            // While CRIU holds the tasks stopped, after the image is written: the runtime's
+            // own binary copies the layer (`crate::report::snapshots::run_hook`).
+            let exe = std::env::current_exe().map_err(|source| CheckpointError::ImageDir {
+                path: PathBuf::from("/proc/self/exe"),
+                source,
+            })?;
+            let made = script.insert(criu::ActionScript::for_exe_at(&exe, "post-dump"));
+            args.push("--action-script".to_owned());
+            args.push(made.path().display().to_string());
+            env.push((crate::report::snapshots::HOOK_ENV, s.hook_env()));
+        }
+        let ran = runner.run(
+            "dump",
+            &args,
+            &opts.criu.image_path,
+            "dump.log",
+            as_uid,
+            &env,
+        );
+        drop(script);
         // Nobody else reads the image: its pages are the sandbox's memory.
         private_files(&opts.criu.image_path)?;
         if let Some(work) = &opts.criu.work_path {
@@ -506,22 +543,61 @@ struct Dumped {
     terminal: Option<TtyKey>,
 }
 
-/// The sandbox's change set, if it has one, bound to the image it was just checkpointed to
-/// (in the change set's own record, in the root-owned store): a restore reuses a change set
-/// only for an image whose digest its checkpoint bound, whatever an image's manifest names.
-fn bind_change_set(
-    workspace: Option<&crate::enforce::mounts::WorkspaceOverlay>,
-    digest: &str,
-) -> std::result::Result<(), crate::report::changes::ChangesError> {
-    let Some(ws) = workspace else {
-        return Ok(());
-    };
-    let dir = match (&ws.change_dir, &ws.change) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(change)) => crate::report::changes::Store::locate()?.dir.join(change),
-        (None, None) => return Ok(()),
-    };
-    crate::report::changes::bind_checkpoint(&dir, digest)
+/// The workspace snapshot a checkpoint takes of the sandbox's change set, if it has one
+/// (`crate::report::snapshots`).
+pub(crate) struct Snapshot {
+    /// The change set's entry in the store.
+    entry_dir: PathBuf,
+    /// The live upper layer.
+    upper: PathBuf,
+    /// Where the hook copies it.
+    pending: PathBuf,
+}
+
+impl Snapshot {
+    fn prepare(
+        workspace: Option<&crate::enforce::mounts::WorkspaceOverlay>,
+    ) -> std::result::Result<Option<Snapshot>, crate::report::changes::ChangesError> {
+        let Some(ws) = workspace else {
+            return Ok(None);
+        };
+        let entry_dir = match (&ws.change_dir, &ws.change) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(change)) => crate::report::changes::Store::locate()?.dir.join(change),
+            (None, None) => return Ok(None),
+        };
+        crate::report::snapshots::drop_pending(&entry_dir);
+        let pending = crate::report::snapshots::pending(&entry_dir)?;
+        Ok(Some(Snapshot {
+            entry_dir,
+            upper: ws.upper.clone(),
+            pending,
+        }))
+    }
+
+    fn hook_env(&self) -> String {
+        crate::report::snapshots::hook_env(&self.upper, &self.pending)
+    }
+
+    fn abandon(snapshot: Option<&Snapshot>) {
+        if let Some(s) = snapshot {
+            let _ = std::fs::remove_dir_all(&s.pending);
+        }
+    }
+
+    /// The snapshot kept as the image `digest`'s, and the change set bound to the image (in
+    /// its own record, in the root-owned store): a restore reuses a change set only for an
+    /// image whose digest its checkpoint bound, whatever an image's manifest names.
+    fn keep(
+        snapshot: Option<&Snapshot>,
+        digest: &str,
+    ) -> std::result::Result<(), crate::report::changes::ChangesError> {
+        let Some(s) = snapshot else {
+            return Ok(());
+        };
+        crate::report::snapshots::keep(&s.entry_dir, &s.pending, digest)?;
+        crate::report::changes::bind_checkpoint(&s.entry_dir, digest)
+    }
 }
 
 /// Creates `dir` (and its parents) if missing, mode 0700.

@@ -9,6 +9,8 @@
 //! nothing of the sandbox can reach them once its mount namespace is gone. An entry
 //! `<store>/<change>/` holds
 //! - `change.json`: the index record ([`Record`]), replaced atomically (write, fsync, rename);
+//! - `snapshots/`: the layer as it was at each checkpoint of the sandbox, by image digest
+//!   (`crate::report::snapshots`), which restores start from;
 //! - `upper/` + `work/`: the overlay's layer, or, with the policy's `workspace_size`,
 //!   `layer.img`: a sparse ext4 image of that size, loop-mounted while the sandbox runs, whose
 //!   `upper/` and `work/` the overlay uses. Past the size the sandbox gets ENOSPC and the
@@ -90,6 +92,12 @@ pub enum ChangesError {
          manifest names it, the host does not (docs/checkpoint.md#refused)"
     )]
     Unbound { change: String, digest: String },
+    #[error(
+        "change set {change} holds no snapshot of image {digest} (an image taken by an older \
+         agent-sandbox, or its snapshot was removed): checkpoint the sandbox again \
+         (docs/checkpoint.md#what-is-carried)"
+    )]
+    NoSnapshot { change: String, digest: String },
     #[error(
         "cannot remove {path} (files a rootless sandbox's non-root users made belong to subordinate ids: run this under `podman unshare`)"
     )]
@@ -444,7 +452,11 @@ pub fn create(store: &Store, new: &NewChangeSet<'_>) -> Result<Created> {
     Ok(Created { entry, base })
 }
 
-fn run_tool(program: &'static str, args: &[&std::ffi::OsStr], path: &Path) -> Result<()> {
+pub(crate) fn run_tool(
+    program: &'static str,
+    args: &[&std::ffi::OsStr],
+    path: &Path,
+) -> Result<()> {
     let out = std::process::Command::new(program)
         .args(args)
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -604,6 +616,7 @@ pub fn reopen(
         });
     }
     bound(&entry, image.digest)?;
+    let snapshot = crate::report::snapshots::of_image(&entry, image.digest)?;
     let base = if entry.image().is_file() {
         crate::enforce::mounts::mkdir_traversable(mount_point).map_err(|e| {
             ChangesError::Store {
@@ -616,6 +629,9 @@ pub fn reopen(
     } else {
         entry.dir.clone()
     };
+    // The workspace as it was at the checkpoint: what the sandbox wrote after it (a
+    // `--leave-running` checkpoint) is not the image's (docs/checkpoint.md#what-is-carried).
+    crate::report::snapshots::restore_into(&snapshot, &base.join("upper"))?;
     entry.record.ended = None;
     entry.record.size_bytes = None;
     entry.record.empty = false;
@@ -624,25 +640,29 @@ pub fn reopen(
 }
 
 /// At `restore` under a new sandbox id (podman's `--import` with `--name`), before anything
-/// is made for it: the change set the image names, if it may be copied. Only a kept, ended
-/// change set of the sandbox the image names, bound to the image's digest by its checkpoint
-/// ([`bind_checkpoint`]), of the restoring sandbox's `workspace` directory, is (the image
-/// names it, the store vouches for it).
+/// is made for it: the change set the image names and its snapshot of the image, if it may
+/// be copied. Only a kept change set of the sandbox the image names, bound to the image's
+/// digest by its checkpoint ([`bind_checkpoint`]), of the restoring sandbox's `workspace`
+/// directory, is (the image names it, the store vouches for it). Its sandbox may run on (a
+/// `--leave-running` checkpoint, a restore in place): the copy is of the snapshot.
 pub fn copy_source(
     store: &Store,
     image: &ImageRef<'_>,
     root: &Path,
     workspace: &Path,
-) -> Result<Entry> {
+) -> Result<CopySource> {
     let entry = of_sandbox(store, root, image.container, Some(image.change))?;
-    if entry.live().is_some() || entry.record.ended.is_none() {
-        return Err(ChangesError::Live {
-            change: image.change.to_owned(),
-        });
-    }
     bound(&entry, image.digest)?;
     same_workspace(&entry, workspace)?;
-    Ok(entry)
+    let snapshot = crate::report::snapshots::of_image(&entry, image.digest)?;
+    Ok(CopySource { entry, snapshot })
+}
+
+/// What a fork copies ([`copy_source`]): the change set and its snapshot of the image.
+#[derive(Debug, Clone)]
+pub struct CopySource {
+    pub entry: Entry,
+    pub snapshot: PathBuf,
 }
 
 fn same_workspace(entry: &Entry, workspace: &Path) -> Result<()> {
@@ -656,30 +676,13 @@ fn same_workspace(entry: &Entry, workspace: &Path) -> Result<()> {
     })
 }
 
-/// The layer of `entry` ([`copy_source`]) copied into the new sandbox's own change set
+/// The snapshot of `source` ([`copy_source`]) copied into the new sandbox's own change set
 /// `into`, before its overlay is mounted, if both are of the same workspace; it stays in
-/// the store for its own review. `cp -a` keeps owners, modes, overlay whiteouts and xattrs,
-/// and copies links as links.
-pub fn copy_layer(entry: &Entry, into: &Created) -> Result<()> {
-    same_workspace(entry, &into.entry.record.workspace)?;
-    let source = open(entry)?;
-    let upper = into.base.join("upper");
-    std::fs::create_dir_all(&upper).map_err(|source| ChangesError::Store {
-        path: upper.clone(),
-        source,
-    })?;
-    let mut from_dir = source.upper.clone().into_os_string();
-    from_dir.push("/.");
-    run_tool(
-        "cp",
-        &[
-            "-a".as_ref(),
-            "--".as_ref(),
-            from_dir.as_os_str(),
-            upper.as_os_str(),
-        ],
-        &source.upper,
-    )
+/// the store. `cp -a` keeps owners, modes, overlay whiteouts and xattrs, and copies links
+/// as links (`crate::report::snapshots::copy_tree`).
+pub fn copy_layer(source: &CopySource, into: &Created) -> Result<()> {
+    same_workspace(&source.entry, &into.entry.record.workspace)?;
+    crate::report::snapshots::copy_tree(&source.snapshot, &into.base.join("upper"))
 }
 
 /// What a checkpoint image says of its change set, with the digest the restoring runtime
@@ -794,7 +797,7 @@ fn remove(entry: &Entry) -> Result<()> {
 /// directories it owns: overlayfs leaves `work/work` mode 0000, and a rootless sandbox's root
 /// (the invoking user) may make directories of any mode. Symlinks are never followed; other
 /// owners' directories are left as they are (their removal fails as before).
-fn remove_tree(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -830,7 +833,11 @@ fn keep_record_only(entry: &mut Entry) -> Result<()> {
     })?;
     for e in rd.filter_map(|e| e.ok()) {
         let path = e.path();
-        let gone = if e.file_name() == INDEX_FILE || e.file_name() == "upper" {
+        // The snapshots stay: a restore of a checkpoint starts from its own.
+        let gone = if [INDEX_FILE, "upper", crate::report::snapshots::DIR]
+            .iter()
+            .any(|n| e.file_name() == *n)
+        {
             continue;
         } else if e.file_type().is_ok_and(|t| t.is_dir()) {
             remove_tree(&path)
@@ -1048,8 +1055,23 @@ mod tests {
     /// The digest of the image every test record was checkpointed to.
     const IMAGE: &str = "sha256:aaaa";
 
-    /// [`copy_source`], then [`copy_layer`], as a fork's restore does.
+    /// The snapshot a checkpoint to `image` keeps of its change set's layer as it is now, if
+    /// the change set is bound to the image.
+    fn snapshot(store: &Store, image: &ImageRef<'_>) {
+        let dir = store.dir.join(image.change);
+        if let Ok(e) = Entry::load(&dir)
+            && e.record.checkpoints.iter().any(|d| d == image.digest)
+        {
+            let p = crate::report::snapshots::pending(&dir).unwrap();
+            crate::report::snapshots::copy_tree(&dir.join("upper"), &p.join("upper")).unwrap();
+            crate::report::snapshots::keep(&dir, &p, image.digest).unwrap();
+        }
+    }
+
+    /// A checkpoint's [`snapshot`], then [`copy_source`] and [`copy_layer`], as a fork's
+    /// restore does.
     fn copy_layer(store: &Store, image: &ImageRef<'_>, root: &Path, into: &Created) -> Result<()> {
+        snapshot(store, image);
         let source = copy_source(store, image, root, &into.entry.record.workspace)?;
         super::copy_layer(&source, into)
     }
@@ -1239,13 +1261,37 @@ mod tests {
             copy_layer(&store, &image("someone", "aaaa00000001"), root, &into("/w")),
             Err(ChangesError::NotFound { .. })
         ));
+        // A change set whose sandbox runs on (not ended) is copied from its snapshot: what it
+        // wrote after the checkpoint is not copied; without a snapshot nothing is.
         let mut open = record("cccc00000003", "old", None, 3);
         open.ended = None;
         put(&store, open);
+        let open_upper = store.dir.join("cccc00000003/upper");
+        std::fs::write(open_upper.join("before.txt"), "1").unwrap();
         assert!(matches!(
-            copy_layer(&store, &image("old", "cccc00000003"), root, &into("/w")),
-            Err(ChangesError::Live { .. })
+            copy_source(&store, &image("old", "cccc00000003"), root, Path::new("/w")),
+            Err(ChangesError::NoSnapshot { .. })
         ));
+        snapshot(&store, &image("old", "cccc00000003"));
+        std::fs::write(open_upper.join("later.txt"), "2").unwrap();
+        let source = copy_source(&store, &image("old", "cccc00000003"), root, Path::new("/w"));
+        let third = into("/w3");
+        super::copy_layer(
+            &source.unwrap(),
+            &Created {
+                entry: Entry {
+                    record: Record {
+                        workspace: PathBuf::from("/w"),
+                        ..third.entry.record.clone()
+                    },
+                    ..third.entry.clone()
+                },
+                base: third.base.clone(),
+            },
+        )
+        .unwrap();
+        assert!(third.base.join("upper/before.txt").exists());
+        assert!(!third.base.join("upper/later.txt").exists());
     }
 
     /// The image's word alone opens nothing: a change set is reopened or copied only for an

@@ -9,3 +9,4 @@ pub mod find;
 pub mod layers;
 pub mod promote;
 pub mod review;
+pub mod snapshots;
