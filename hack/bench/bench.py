@@ -792,11 +792,31 @@ def which(name: str) -> str | None:
     return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin")
 
 
+def fresh_copy(binary: str | None, workdir: Path, slug: str) -> str | None:
+    """`binary` copied to a new file of its own directory in the work dir, or `binary` itself
+    if it is not there. What an exec costs depends on how the file sits in the page cache,
+    not only on its bytes: two copies of one build differ by 5-10 % in CPU per exec when one
+    was written just now (large folios) and the other has aged there (reclaim and read-back
+    leave most of it in single pages). Copying every build under test the same way compares
+    builds, not file histories (docs/benchmarks.md#page-cache).
+    """
+    if not binary or not os.access(binary, os.X_OK):
+        return binary
+    # Its own directory: create re-executes itself from a read-only overlay of it.
+    target = workdir / f"bin-{slug}"
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)
+    copy = target / Path(binary).name
+    shutil.copyfile(binary, copy)
+    copy.chmod(0o755)
+    return str(copy)
+
+
 def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
     bundle = make_bundle(workdir, args.busybox, which("runc"))
     crun_view = "v1" if hybrid else "host"
     cases: list[Case] = [
-        LifecycleCase("agent-sandbox", args.agent_sandbox, "host", bundle, workdir, phase_trace=True),
+        LifecycleCase("agent-sandbox", fresh_copy(args.agent_sandbox, workdir, "agent-sandbox"), "host", bundle, workdir, phase_trace=True),
         LifecycleCase("crun", which("crun"), crun_view, bundle, workdir),
         LifecycleCase("runc", which("runc"), "host", bundle, workdir),
     ]
@@ -805,9 +825,10 @@ def section_runtime(args, workdir: Path, hybrid: bool) -> Section:
     if args.baseline:
         # Another build of the runtime in the same rounds: whether a change made it slower,
         # free of the drift between two runs.
-        cases.insert(1, LifecycleCase("baseline", args.baseline, "host", bundle, workdir, phase_trace=True))
+        cases.insert(1, LifecycleCase("baseline", fresh_copy(args.baseline, workdir, "baseline"), "host", bundle, workdir, phase_trace=True))
         ratios.insert(0, ("agent-sandbox", "baseline"))
         notes.append(f"baseline = {args.baseline}")
+    notes.append("agent-sandbox (and baseline) run from fresh copies in the work dir: one page-cache state for every build")
     if hybrid:
         cases.append(LifecycleCase("runc (v1 view)", which("runc"), "v1", bundle, workdir))
         notes.append("crun runs in the v1 view (cgroup2 mount detached in a private mount namespace): crun 1.8 refuses hybrid cgroups")
