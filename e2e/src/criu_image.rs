@@ -287,3 +287,40 @@ pub fn reseal_digest(image: &Path) -> anyhow::Result<String> {
     std::fs::write(&path, serde_json::to_vec_pretty(&manifest)?)?;
     Ok(digest)
 }
+
+/// Drops the mount at `point` from the image's `mountpoints-N.img` (a header of two magic
+/// numbers, then `MntEntry` messages, each after its 32-bit size; `mountpoint` is field 7),
+/// as a user holding the image could to restore a sandbox without one of its masks.
+pub fn drop_mount(image: &Path, point: &str) -> anyhow::Result<()> {
+    let mut dropped = 0;
+    for entry in std::fs::read_dir(image)? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if !(name.starts_with("mountpoints-") && name.ends_with(".img")) {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        ensure!(bytes.len() >= 8, "{} is too short", path.display());
+        let mut out = bytes[..8].to_vec();
+        let mut at = 8;
+        while at + 4 <= bytes.len() {
+            let size = u32::from_le_bytes(bytes[at..at + 4].try_into()?) as usize;
+            let end = at + 4 + size;
+            ensure!(end <= bytes.len(), "{} is truncated", path.display());
+            let fields = parse(&bytes[at + 4..end])?;
+            let here = fields.iter().any(|f| {
+                matches!(f, Field::Bytes(7, v)
+                    if String::from_utf8_lossy(v).trim_start_matches('.') == point)
+            });
+            if here {
+                dropped += 1;
+            } else {
+                out.extend_from_slice(&bytes[at..end]);
+            }
+            at = end;
+        }
+        std::fs::write(&path, out)?;
+    }
+    ensure!(dropped > 0, "{} has no mount at {point}", image.display());
+    Ok(())
+}

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_sandbox_e2e::criu_image::{
-    Field, add_sys_admin, drop_seccomp, edit_thread_core, map_root_to_host_root,
+    Field, add_sys_admin, drop_mount, drop_seccomp, edit_thread_core, map_root_to_host_root,
     permit_all_first_filter, reseal_digest,
 };
 use agent_sandbox_e2e::harness::{self, TOOLS_IMAGE, User};
@@ -957,6 +957,60 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             "the chain broke"
         );
     }
+    Ok(())
+}
+
+/// What `ls /sys/firmware` shows in a runc container whose image lost that mask.
+fn runc_restored_unmasked() -> anyhow::Result<String> {
+    let p = Podman::new(User::Root, Runtime::Runc);
+    let (g, id) = p.run_detached(&[], "ckpt-runc-mask", &[TOOLS_IMAGE, "sh", "-c", COUNTER])?;
+    count_reaches(p, &g.name, 2)?;
+    let masked = p.run_ok(&["exec", &g.name, "ls", "/sys/firmware"])?;
+    ensure!(
+        masked.stdout.trim().is_empty(),
+        "runc's /sys/firmware is not masked before the edit\n{masked}"
+    );
+    p.run_ok(&["container", "checkpoint", &g.name])?;
+    let image = PathBuf::from(format!(
+        "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
+    ));
+    drop_mount(&image, "/sys/firmware")?;
+    p.run_ok(&["container", "restore", "--ignore-static-ip", &g.name])?;
+    Ok(p.run_ok(&["exec", &g.name, "ls", "/sys/firmware"])?.stdout)
+}
+
+#[test]
+fn restore_refuses_an_image_edited_to_drop_a_mask_that_runc_drops() -> anyhow::Result<()> {
+    let shown = runc_restored_unmasked()?;
+    ensure!(
+        !shown.trim().is_empty(),
+        "runc kept /sys/firmware masked after the edit"
+    );
+    let p = Podman::new(User::Root, Runtime::AgentSandbox);
+    let (_dir, _ws, policy) = fixture("optional")?;
+    let (g, id, flag) = bare_sandbox(p, &policy, &["sh", "-c", COUNTER])?;
+    count_reaches(p, &g.name, 2)?;
+    p.run_ok(&["--runtime-flag", &flag, "container", "checkpoint", &g.name])?;
+    let image = PathBuf::from(format!(
+        "/var/lib/containers/storage/overlay-containers/{id}/userdata/checkpoint"
+    ));
+    drop_mount(&image, "/sys/firmware")?;
+    reseal_digest(&image)?;
+    let out = restore_in_place(p, &flag, &g.name)?;
+    ensure!(!out.success(), "the edited image was restored\n{out}");
+    ensure!(
+        out.stderr.contains("does not match the sandbox's plan")
+            && out
+                .stderr
+                .contains("the masked path \"/sys/firmware\" is not covered"),
+        "unclear refusal\n{out}"
+    );
+    let state = harness::runtime(&["state", &id])?;
+    ensure!(!state.success(), "a refused sandbox is left\n{state}");
+    ensure!(
+        harness::runtime_ok(&["audit", "verify", &id]).is_ok(),
+        "the chain broke"
+    );
     Ok(())
 }
 
