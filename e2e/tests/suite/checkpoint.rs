@@ -29,7 +29,7 @@ use anyhow::{Context, bail, ensure};
 /// The shell that counts in memory (and shows its count in a file on the sandbox's tmpfs,
 /// which CRIU carries with the sandbox's mounts).
 pub(super) const COUNTER: &str =
-    "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done";
+    "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
 
 /// `container restore NAME` in place under `--runtime-flag FLAG`, whatever podman answers
 /// (`--ignore-static-ip`: see the module's text).
@@ -620,7 +620,7 @@ fn checkpoint_is_refused_while_the_policy_requires_landlock() -> anyhow::Result<
 /// `/tmp/typed` (a reader on a copy of the terminal's descriptor: a background job's own
 /// standard input is `/dev/null`).
 const TTY_COUNTER: &str = "exec 3<&0; (while read l <&3; do echo \"$l\" > /tmp/typed; done) & \
-     i=0; while :; do i=$((i+1)); echo $i > /tmp/count; echo tick $i; \
+     i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; echo tick $i; \
      if [ -t 1 ]; then echo tty > /tmp/tty; else echo none > /tmp/tty; fi; sleep 0.2; done";
 
 /// `line` typed on the terminal of `name` (`podman attach`, its input from a pipe; attach

@@ -83,8 +83,20 @@ fn read_count(pid: u32) -> anyhow::Result<(String, u64)> {
 /// Reads until the count reaches `at_least`.
 fn wait_count(pid: u32, at_least: u64) -> anyhow::Result<(String, u64)> {
     let start = Instant::now();
+    let file = format!("/proc/{pid}/root/dev/shm/count");
     loop {
-        let (token, count) = read_count(pid)?;
+        let (token, count) = match read_count(pid) {
+            Ok(read) => read,
+            // A task just started under load may not have written its first count yet.
+            Err(_)
+                if std::fs::symlink_metadata(&file).is_err()
+                    && start.elapsed() < Duration::from_secs(60) =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if count >= at_least {
             return Ok((token, count));
         }

@@ -497,7 +497,7 @@ impl Api {
     /// both outcomes and that placeholder to `/tmp/out`.
     fn golden_program(&self) -> String {
         format!(
-            "CA=$(cat /etc/agent-sandbox/tls/ca.pem); i=0; while :; do i=$((i+1)); echo $i > /tmp/count; \
+            "CA=$(cat /etc/agent-sandbox/tls/ca.pem); i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; \
              if [ -e /tmp/go ]; then rm -f /tmp/go /tmp/out; printf '%s\\n' \"$CA\" > /tmp/cached.pem; \
              curl -sS -m 20 --cacert /tmp/cached.pem -o /dev/null -w 'cached=%{{http_code}}\\n' {} > /tmp/part 2>&1; \
              curl -sS -m 20 -o /dev/null -D - -w 'env-call=%{{http_code}}\\n' -H \"Authorization: Bearer ${TOKEN_ENV}\" {} >> /tmp/part 2>&1; \
