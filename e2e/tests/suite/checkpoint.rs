@@ -28,8 +28,7 @@ use anyhow::{Context, bail, ensure};
 
 /// The shell that counts in memory (and shows its count in a file on the sandbox's tmpfs,
 /// which CRIU carries with the sandbox's mounts).
-pub(super) const COUNTER: &str =
-    "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
+pub(super) const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done";
 
 /// `container restore NAME` in place under `--runtime-flag FLAG`, whatever podman answers
 /// (`--ignore-static-ip`: see the module's text).
@@ -884,6 +883,17 @@ fn rootless_checkpoint_is_a_clear_error_from_the_runtime_and_from_podman() -> an
     Ok(())
 }
 
+/// After a refused restore of `id`: no sandbox is left and its audit chain still verifies.
+fn refused_cleanly(id: &str) -> anyhow::Result<()> {
+    let state = harness::runtime(&["state", id])?;
+    ensure!(!state.success(), "a refused sandbox is left\n{state}");
+    ensure!(
+        harness::runtime_ok(&["audit", "verify", id]).is_ok(),
+        "the chain broke"
+    );
+    Ok(())
+}
+
 /// The init's `/proc/PID/status` line `field` under runc after podman restored it.
 fn runc_restored_status(edit: fn(Vec<Field>) -> Vec<Field>, field: &str) -> anyhow::Result<String> {
     let p = Podman::new(User::Root, Runtime::Runc);
@@ -950,12 +960,7 @@ fn restore_refuses_an_image_edited_to_drop_seccomp_or_add_a_capability_that_runc
             out.stderr.contains(refusal) && out.stderr.contains(want),
             "unclear refusal (wanted {want:?})\n{out}"
         );
-        let state = harness::runtime(&["state", &id])?;
-        ensure!(!state.success(), "a refused sandbox is left\n{state}");
-        ensure!(
-            harness::runtime_ok(&["audit", "verify", &id]).is_ok(),
-            "the chain broke"
-        );
+        refused_cleanly(&id)?;
     }
     Ok(())
 }
@@ -1005,13 +1010,7 @@ fn restore_refuses_an_image_edited_to_drop_a_mask_that_runc_drops() -> anyhow::R
                 .contains("the masked path \"/sys/firmware\" is not covered"),
         "unclear refusal\n{out}"
     );
-    let state = harness::runtime(&["state", &id])?;
-    ensure!(!state.success(), "a refused sandbox is left\n{state}");
-    ensure!(
-        harness::runtime_ok(&["audit", "verify", &id]).is_ok(),
-        "the chain broke"
-    );
-    Ok(())
+    refused_cleanly(&id)
 }
 
 /// A loop that runs the probe's `personality` check (ADDR_NO_RANDOMIZE, which podman's
@@ -1084,10 +1083,7 @@ fn restore_refuses_an_image_whose_seccomp_filter_allows_everything_that_runc_run
             && out.stderr.contains("is not the sandbox's own filter"),
         "unclear refusal\n{out}"
     );
-    let state = harness::runtime(&["state", &id])?;
-    ensure!(!state.success(), "a refused sandbox is left\n{state}");
-    harness::runtime_ok(&["audit", "verify", &id])?;
-    Ok(())
+    refused_cleanly(&id)
 }
 
 /// The image directory searchable and its `*.img` files readable, all owned by `uid`.

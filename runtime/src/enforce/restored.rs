@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::MsFlags;
 
+use crate::host::criu::unescape;
 use crate::host::idmap::IdRange;
 
 /// The namespaces a sandbox always has of its own (`time` stays the host's: CRIU may make
@@ -271,29 +272,6 @@ struct MountLine {
     /// The per-mount options (`ro`, `nosuid`, ...).
     options: Vec<String>,
     fstype: String,
-}
-
-/// Decodes the kernel's `\ooo` escapes (space, tab, newline, backslash) of a mountinfo field.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        match (bytes[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push(d.iter().fold(0u8, |n, b| n.wrapping_mul(8) + (b - b'0')));
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The lines of a mountinfo file; a line that does not parse is kept as a mount of an
