@@ -84,10 +84,17 @@ impl TaskService {
         } else {
             Kind::Exec
         };
-        let (drain, outputs, audit) = {
+        let (drain, outputs, audit, kills) = {
             let mut table = self.inner.table.lock().await;
             let Ok(c) = table.container_mut(cid) else {
                 return;
+            };
+            // The OOM-kill counter now, as the init is reaped: under the systemd driver the
+            // scope's cgroup goes once it is empty, and draining the output and writing the
+            // audit record first gave systemd time to remove it (TaskOOM was lost under load).
+            let kills = match kind {
+                Kind::Init => c.cgroups.as_ref().and_then(Cgroups::oom_kills),
+                Kind::Exec => None,
             };
             let runtime = c.runtime.clone();
             let record = c.init_exit_record.clone();
@@ -99,6 +106,7 @@ impl TaskService {
                 p.copies.output_watch(),
                 outputs,
                 (runtime, p.life.pid(), record),
+                kills,
             )
         };
         // Both before the exit is published, side by side: the process has ended, so its
@@ -112,7 +120,7 @@ impl TaskService {
         if let Ok(c) = table.container(cid)
             && exits::oom_before_exit(
                 kind,
-                c.cgroups.as_ref().and_then(Cgroups::oom_kills),
+                kills.or_else(|| c.cgroups.as_ref().and_then(Cgroups::oom_kills)),
                 c.oom_kills_at_create,
                 || !c.oom_published.swap(true, Ordering::SeqCst),
             )
